@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create .venv idempotently. torch is pinned in its own pip call first, so pip never
+# resolves an unpinned torch (that would fetch a multi-GB CUDA build).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hpcodegen-installed
+EXAMPLE ?= examples/llama_tp2
+
+.PHONY: venv test demo lint examples check-examples bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	$(BIN)/hpcodegen verify $(EXAMPLE) --hf-config examples/configs/llama
+	$(BIN)/hpcodegen inspect-plan $(EXAMPLE)
+	$(BIN)/hpcodegen launch $(EXAMPLE) --nproc 2 --model-dir examples/configs/llama --check-parity
+
+lint: venv
+	$(BIN)/ruff check .
+
+examples: venv
+	$(BIN)/python -m hpcodegen.generate.examples
+
+check-examples: venv
+	$(BIN)/python -m hpcodegen.generate.examples --check
+
+bench: venv
+	$(BIN)/python bench/gate_speed.py
+	$(BIN)/python bench/forward_overhead.py
+	$(BIN)/python bench/install_time.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Artifact layout, safe meta loading, hashing, signatures and atomic bundle writing (pure)."""

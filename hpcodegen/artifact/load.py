@@ -1,0 +1,159 @@
+"""Safe loading of an artifact's ``codegen_meta.json``: never a traceback, never code.
+
+Every way the input can be unreadable becomes an :class:`~hpcodegen.errors.InputError`
+(exit 2) naming the file and what was expected: a path that is neither an artifact dir nor a
+meta file, a missing meta, a file over the size limit (refused before it is read), bytes that
+are not UTF-8, JSON syntax errors (with line:column), a top level that is not an object.
+Duplicate object keys are legal JSON but ambiguous: they are returned as JSON pointers so the
+``schema`` check reports them as errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcodegen.errors import InputError, error
+
+META_NAME = "codegen_meta.json"
+#: Metas above this size are refused before parsing (a 10,000-entry plan is ~5 MB).
+MAX_META_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LoadedMeta:
+    """A parsed meta and where it came from.
+
+    Attributes:
+        data: the JSON object, as parsed (last value wins for duplicate keys).
+        meta_path: the ``codegen_meta.json`` file.
+        artifact_dir: its directory (the artifact).
+        duplicate_keys: JSON pointers of keys that occur more than once in one object.
+    """
+
+    data: dict[str, Any]
+    meta_path: Path
+    artifact_dir: Path
+    duplicate_keys: tuple[str, ...] = ()
+
+
+def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
+    """An artifact dir or a meta file -> the meta file; InputError when neither exists."""
+    p = Path(path)
+    if p.is_dir():
+        meta = p / META_NAME
+        if not meta.is_file():
+            raise InputError([error("load.no_meta", str(p),
+                                    f"artifact directory has no {META_NAME}",
+                                    hint="run `hpcodegen generate` to create the artifact",
+                                    file=str(meta))])
+        return meta
+    if p.is_file():
+        return p
+    raise InputError([error("load.not_found", str(p),
+                            "no such artifact directory or meta file",
+                            expected=f"a directory holding {META_NAME}, or the file itself",
+                            file=str(p))])
+
+
+def _pointer_token(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class _DuplicateTracker:
+    """``object_pairs_hook`` that remembers which parsed objects had repeated keys."""
+
+    def __init__(self) -> None:
+        self.dups: dict[int, list[str]] = {}
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in obj:
+                self.dups.setdefault(id(obj), []).append(key)
+            obj[key] = value
+        return obj
+
+    def pointers(self, root: Any) -> tuple[str, ...]:
+        if not self.dups:
+            return ()
+        found: list[str] = []
+        stack: list[tuple[str, Any]] = [("", root)]
+        while stack:
+            ptr, node = stack.pop()
+            if isinstance(node, dict):
+                found.extend(f"{ptr}/{_pointer_token(k)}" for k in self.dups.get(id(node), ()))
+                stack.extend((f"{ptr}/{_pointer_token(k)}", v) for k, v in node.items())
+            elif isinstance(node, list):
+                stack.extend((f"{ptr}/{i}", v) for i, v in enumerate(node))
+        return tuple(sorted(set(found)))
+
+
+def parse_json_text(raw: bytes, file: str, max_bytes: int = MAX_META_BYTES) -> tuple[Any, tuple[str, ...]]:
+    """Decode and parse JSON bytes; returns ``(value, duplicate key pointers)``.
+
+    Raises InputError for size, encoding and syntax problems.
+    """
+    if len(raw) > max_bytes:
+        raise InputError([error("load.too_large", "", f"file is {len(raw)} bytes",
+                                expected=f"at most {max_bytes} bytes", file=file)])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError([error("load.not_utf8", "", f"not UTF-8 text (byte {exc.start})",
+                                expected="a UTF-8 JSON file", file=file)]) from None
+    tracker = _DuplicateTracker()
+    try:
+        value = json.loads(text, object_pairs_hook=tracker)
+    except json.JSONDecodeError as exc:
+        raise InputError([error("load.invalid_json", f"line {exc.lineno}:{exc.colno}",
+                                f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                                file=file)]) from None
+    except RecursionError:
+        raise InputError([error("load.invalid_json", "", "JSON nested too deeply",
+                                file=file)]) from None
+    return value, tracker.pointers(value)
+
+
+def load_meta(path: str | os.PathLike[str], max_bytes: int = MAX_META_BYTES) -> LoadedMeta:
+    """Load a meta from an artifact dir or a meta file.
+
+    Args:
+        path: the artifact directory, or its ``codegen_meta.json``.
+        max_bytes: refuse larger files before reading them.
+
+    Returns:
+        The parsed meta. It is *not* schema-validated here: run the ``schema`` check.
+
+    Raises:
+        InputError: (exit 2) the meta cannot be read as one JSON object.
+
+    Example::
+
+        meta = load_meta("examples/llama_tp2")
+        meta.data["param_plan"]
+    """
+    meta_path = resolve_meta_path(path)
+    file = str(meta_path)
+    try:
+        size = meta_path.stat().st_size
+        if size > max_bytes:
+            raise InputError([error("load.too_large", "", f"file is {size} bytes",
+                                    expected=f"at most {max_bytes} bytes", file=file)])
+        raw = meta_path.read_bytes()
+    except OSError as exc:
+        raise InputError([error("load.unreadable", "", f"cannot read: {exc.strerror}",
+                                file=file)]) from None
+    value, dups = parse_json_text(raw, file, max_bytes)
+    if not isinstance(value, dict):
+        raise InputError([error("load.not_object", "", f"top level is a JSON {_json_type(value)}",
+                                expected="a JSON object", file=file)])
+    return LoadedMeta(value, meta_path, meta_path.parent, dups)
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null",
+            int: "number", float: "number"}.get(type(value), type(value).__name__)

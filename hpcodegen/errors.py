@@ -1,0 +1,133 @@
+"""One finding shape and one exception hierarchy for the whole project.
+
+Every problem hpcodegen reports, from a JSON syntax error to a gradient placement that does
+not fit the live mesh, is a :class:`Finding`: what is wrong, where (a JSON pointer, a module
+FQN or a file), what was expected, and a hint. Checks *yield* findings; code that must stop
+*raises* an :class:`HpcodegenError` carrying one, and the error knows its exit code, so the
+CLI never has to guess (0 ok, 1 a check failed, 2 usage error or unreadable input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class Severity(str, Enum):
+    """How much a finding matters: errors fail a check, warnings only with ``--strict``."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One reported problem or note.
+
+    Attributes:
+        code: stable machine name, ``<check>.<rule>`` (e.g. ``plan.unknown_axis``).
+        severity: error, warning or info.
+        where: a JSON pointer (``/param_plan/lm_head/params/weight/tp``), a module FQN or a
+            file name inside the artifact; ``""`` for the artifact as a whole.
+        message: what is wrong, in one sentence, naming the object.
+        expected: what would have been accepted, when that is short to say.
+        hint: how to fix it.
+        file: the file the finding is about (the meta, the modeling file, a config).
+    """
+
+    code: str
+    severity: Severity
+    where: str
+    message: str
+    expected: str | None = None
+    hint: str | None = None
+    file: str | None = None
+
+    def render(self) -> str:
+        """One line for logs and exception messages: ``file::where: message (expected ...)``."""
+        loc = f"{self.file}::{self.where}" if self.file else self.where
+        text = f"{loc}: {self.message}" if loc else self.message
+        if self.expected:
+            text += f" (expected {self.expected})"
+        if self.hint:
+            text += f"; hint: {self.hint}"
+        return text
+
+    def to_json(self) -> dict[str, str | None]:
+        """The stable JSON shape used by ``--json`` outputs."""
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "path": self.where,
+            "file": self.file,
+            "message": self.message,
+            "expected": self.expected,
+            "hint": self.hint,
+        }
+
+
+def error(code: str, where: str, message: str, **kw: str | None) -> Finding:
+    """Shorthand for an error finding."""
+    return Finding(code=code, severity=Severity.ERROR, where=where, message=message, **kw)
+
+
+def warning(code: str, where: str, message: str, **kw: str | None) -> Finding:
+    """Shorthand for a warning finding."""
+    return Finding(code=code, severity=Severity.WARNING, where=where, message=message, **kw)
+
+
+def info(code: str, where: str, message: str, **kw: str | None) -> Finding:
+    """Shorthand for an info finding."""
+    return Finding(code=code, severity=Severity.INFO, where=where, message=message, **kw)
+
+
+@dataclass
+class HpcodegenError(Exception):
+    """Base of every error hpcodegen raises on purpose; carries findings and an exit code."""
+
+    findings: list[Finding] = field(default_factory=list)
+    exit_code: int = EXIT_FAILED
+
+    def __post_init__(self) -> None:
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return "; ".join(f.render() for f in self.findings) or type(self).__name__
+
+    @classmethod
+    def of(cls, code: str, where: str, message: str, **kw: str | None) -> HpcodegenError:
+        """Build the error from a single error finding."""
+        return cls([error(code, where, message, **kw)])
+
+
+class InputError(HpcodegenError):
+    """Unreadable or missing input (a path, a file that is not JSON): exit code 2."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        super().__init__(findings, EXIT_USAGE)
+
+
+class UsageError(HpcodegenError):
+    """The command line asks for something impossible: exit code 2."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        super().__init__(findings, EXIT_USAGE)
+
+
+class PlanError(HpcodegenError):
+    """A frozen plan cannot be generated, installed or executed as declared: exit code 1."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        super().__init__(findings, EXIT_FAILED)
+
+
+class PlacementMismatchError(PlanError):
+    """A parameter is already sharded with placements other than the plan declares."""

@@ -1,0 +1,138 @@
+"""HF config reading (pure JSON) and the meta-device model (lazy torch + transformers).
+
+``read_hf_config`` and ``source_from_config`` never import transformers, so ``verify
+--hf-config`` stays fast; only :func:`build_meta_model` loads torch and transformers, to
+build the real model structure on the meta device (no weights, no download).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcodegen.artifact.load import parse_json_text
+from hpcodegen.errors import InputError, PlanError, error
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG_NAME = "config.json"
+MAX_CONFIG_BYTES = 8 * 1024 * 1024
+
+#: HF config fields that fix the model's shape; recorded as ``source.structure``.
+STRUCTURE_FIELDS: tuple[str, ...] = (
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "num_experts",
+    "num_experts_per_tok",
+    "num_local_experts",
+    "vocab_size",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+)
+
+
+def resolve_config_path(path: str | os.PathLike[str]) -> Path:
+    """A model dir or a ``config.json`` -> the config file; InputError when absent."""
+    p = Path(path)
+    candidate = p / CONFIG_NAME if p.is_dir() else p
+    if not candidate.is_file():
+        raise InputError([error("config.not_found", str(p), "no HF config found",
+                                expected=f"a {CONFIG_NAME} or a directory holding one",
+                                file=str(candidate))])
+    return candidate
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
+    """Read an HF ``config.json`` as plain JSON (no transformers import).
+
+    Returns:
+        ``(config dict, config path)``.
+
+    Raises:
+        InputError: missing, unreadable, not JSON, or not an object.
+    """
+    config_path = resolve_config_path(path)
+    try:
+        raw = config_path.read_bytes()
+    except OSError as exc:
+        raise InputError([error("config.unreadable", "", f"cannot read: {exc.strerror}",
+                                file=str(config_path))]) from None
+    value, _ = parse_json_text(raw, str(config_path), MAX_CONFIG_BYTES)
+    if not isinstance(value, dict):
+        raise InputError([error("config.not_object", "", "HF config is not a JSON object",
+                                file=str(config_path))])
+    return value, config_path
+
+
+def architecture_of(config: Mapping[str, Any]) -> str | None:
+    """``architectures[0]`` when present."""
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return None
+
+
+def structure_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The shape fields present in the config (``STRUCTURE_FIELDS``), in that order."""
+    return {key: config[key] for key in STRUCTURE_FIELDS if key in config}
+
+
+def source_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``meta.source`` that a config determines (architecture, type, structure)."""
+    return {
+        "architecture": architecture_of(config),
+        "model_type": config.get("model_type"),
+        "structure": structure_of(config),
+    }
+
+
+def load_transformers_config(config: Mapping[str, Any]) -> Any:
+    """A transformers ``PretrainedConfig`` from a config dict (imports transformers)."""
+    from transformers import AutoConfig
+
+    data = dict(config)
+    model_type = data.pop("model_type", None)
+    if not model_type:
+        raise PlanError([error("config.no_model_type", "/model_type",
+                               "HF config has no model_type")])
+    try:
+        return AutoConfig.for_model(model_type, **data)
+    except (ValueError, KeyError) as exc:
+        raise PlanError([error("config.unknown_model_type", "/model_type",
+                               f"transformers cannot build model_type {model_type!r}: {exc}")]) from None
+
+
+def model_class_for(config: Mapping[str, Any]) -> type:
+    """The transformers class named by ``architectures[0]`` (imports transformers)."""
+    import transformers
+
+    arch = architecture_of(config)
+    cls = getattr(transformers, arch, None) if arch else None
+    if not isinstance(cls, type):
+        raise PlanError([error("config.unknown_architecture", "/architectures/0",
+                               f"transformers has no model class {arch!r}")])
+    return cls
+
+
+def build_meta_model(config: Mapping[str, Any], model_cls: type | None = None) -> torch.nn.Module:
+    """Build the model on the meta device: the real structure, no weights, no download.
+
+    Args:
+        config: the HF config as a dict.
+        model_cls: the class to instantiate; default ``architectures[0]`` from transformers.
+    """
+    import torch
+
+    hf_config = load_transformers_config(config)
+    cls = model_cls or model_class_for(config)
+    with torch.device("meta"):
+        return cls(hf_config)

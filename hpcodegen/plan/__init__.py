@@ -1,0 +1,1 @@
+"""Frozen-plan reading, classification and prediction (pure: no torch)."""

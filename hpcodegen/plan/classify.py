@@ -1,0 +1,366 @@
+"""The one boundary classifier: forms and the collectives each transition lowers to (pure).
+
+Used by ``inspect-plan``, by ``generate`` (to choose each class's generated forward) and by
+the runtime's install-time re-validation; nothing else decides a form.
+
+A *transition* is one named input or output moving from its ``*_src`` to its ``*_dst``
+placement over the plan's mesh axes. Per decisions.md ("Forms"):
+
+* identity: src == dst on every axis (or the axis has size 1);
+* a **tp collective** when only the ``tp`` axis changes and the change is
+  ``S(d)->R`` all_gather(d), ``P(sum)->R`` all_reduce(sum) or ``P(sum)->S(d)``
+  reduce_scatter(d);
+* anything else is **generic** (executed by ``DTensor.redistribute``); for prediction each
+  generic transition also lists what DTensor would run per axis (:func:`redistribute_steps`).
+
+A boundary's form is ``region`` (a ``local_compute_fn`` injection), ``generic`` (an
+``inner_wrapper`` injection, or any generic transition), ``identity`` (nothing to do) or
+``tp_collective``. Entries with ``is_boundary: false`` are parameter-only (form ``params``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hpcodegen.placement import (
+    REPLICATE,
+    Partial,
+    Placement,
+    Replicate,
+    is_shard,
+    parse_placement,
+    resolve_placements,
+    shard_dim,
+)
+from hpcodegen.plan.entry import (
+    active_axes,
+    expand_injections,
+    is_boundary,
+    out_names,
+    param_plan,
+)
+
+Form = Literal["region", "generic", "identity", "tp_collective", "params"]
+OpKind = Literal["identity", "all_gather", "all_reduce", "reduce_scatter"]
+StepKind = Literal[
+    "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "chunk", "invalid"
+]
+TP = "tp"
+
+
+@dataclass(frozen=True, slots=True)
+class TPOp:
+    """A transition lowered to (at most) one collective on the ``tp`` axis.
+
+    ``kind == "identity"`` means no communication (the tensor is only unwrapped).
+    ``dim`` is the tensor dim (src dim for all_gather, dst dim for reduce_scatter).
+    """
+
+    kind: OpKind
+    dim: int | None = None
+    reduce_op: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "identity":
+            return "identity"
+        if self.kind == "all_reduce":
+            return f"all_reduce({self.reduce_op})"
+        return f"{self.kind}(dim={self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One per-axis step DTensor's redistribute would run (for predicting generic forms)."""
+
+    axis: str
+    kind: StepKind
+    dim: int | None = None
+    reduce_op: str | None = None
+    detail: str = ""
+
+    @property
+    def communicates(self) -> bool:
+        return self.kind not in ("chunk", "invalid")
+
+    def __str__(self) -> str:
+        if self.kind == "chunk":
+            return f"chunk(dim={self.dim})"
+        if self.kind == "all_reduce":
+            return f"all_reduce({self.reduce_op})"
+        if self.kind == "invalid":
+            return f"invalid({self.detail})"
+        return f"{self.kind}(dim={self.dim})"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One named input or output of a boundary."""
+
+    side: Literal["in", "out"]
+    name: str
+    src: tuple[Placement, ...]
+    dst: tuple[Placement, ...]
+    #: the lowered op, or None when the transition is not one tp collective (generic)
+    op: TPOp | None
+    #: what DTensor would run per axis (empty for identity)
+    steps: tuple[Step, ...]
+    #: ``"hidden_states: tp S(1) -> R ==> all_gather(dim=1)"``; "" when nothing changes
+    note: str
+    #: what the backward runs per axis for this transition's gradient (see ``grad_steps``)
+    grad_steps: tuple[Step, ...] = ()
+
+    @property
+    def is_identity(self) -> bool:
+        return self.op is not None and self.op.kind == "identity"
+
+
+@dataclass(frozen=True)
+class BoundaryForm:
+    """The classification of one ``param_plan`` entry."""
+
+    fqn: str
+    form: Form
+    inputs: tuple[Transition, ...] = ()
+    outputs: tuple[Transition, ...] = ()
+    out_names: tuple[str, ...] = ()
+    #: why the form is generic/region (empty otherwise)
+    reasons: tuple[str, ...] = ()
+    #: the injection record that applies, if any (communication inside it is opaque)
+    injection: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def transitions(self) -> tuple[Transition, ...]:
+        return self.inputs + self.outputs
+
+    @property
+    def in_ops(self) -> tuple[tuple[str, TPOp], ...]:
+        """Lowered input ops, identity ones included (they unwrap)."""
+        return tuple((t.name, t.op) for t in self.inputs if t.op is not None)
+
+    @property
+    def out_ops(self) -> tuple[tuple[str, TPOp], ...]:
+        """Lowered output ops; identity outputs are dropped (nothing to do)."""
+        return tuple(
+            (t.name, t.op) for t in self.outputs if t.op is not None and not t.is_identity
+        )
+
+
+def classify_transition(
+    src: Sequence[Placement], dst: Sequence[Placement], axes: Sequence[str]
+) -> TPOp | None:
+    """Lower ``src -> dst`` over ``axes`` to one tp op, or None when it is not lowerable."""
+    if tuple(src) == tuple(dst):
+        return TPOp("identity")
+    if TP not in axes:
+        return None
+    t = list(axes).index(TP)
+    if any(s != d for i, (s, d) in enumerate(zip(src, dst)) if i != t):
+        return None
+    s, d = src[t], dst[t]
+    if is_shard(s) and isinstance(d, Replicate):
+        return TPOp("all_gather", dim=shard_dim(s))
+    if isinstance(s, Partial) and s.reduce_op == "sum":
+        if isinstance(d, Replicate):
+            return TPOp("all_reduce", reduce_op="sum")
+        if is_shard(d):
+            return TPOp("reduce_scatter", dim=shard_dim(d), reduce_op="sum")
+    return None
+
+
+def redistribute_steps(
+    src: Sequence[Placement], dst: Sequence[Placement], axes: Sequence[str]
+) -> tuple[Step, ...]:
+    """What ``DTensor.redistribute`` runs, axis by axis, for ``src -> dst``.
+
+    ``S(i)->S(j)`` is an all_to_all (a ``cpu``/gloo mesh runs it as all_gather + chunk);
+    ``R->S`` is a local chunk; redistributing *to* Partial is refused by torch (invalid).
+    """
+    steps: list[Step] = []
+    for axis, s, d in zip(axes, src, dst):
+        if s == d:
+            continue
+        if isinstance(d, Partial):
+            steps.append(Step(axis, "invalid", detail=f"{s} -> {d}: cannot redistribute to Partial"))
+        elif isinstance(s, Partial):
+            if is_shard(d):
+                steps.append(Step(axis, "reduce_scatter", shard_dim(d), s.reduce_op))
+            else:
+                steps.append(Step(axis, "all_reduce", reduce_op=s.reduce_op))
+        elif isinstance(s, Replicate):
+            steps.append(Step(axis, "chunk", shard_dim(d)))
+        elif isinstance(d, Replicate):
+            steps.append(Step(axis, "all_gather", shard_dim(s)))
+        else:
+            steps.append(Step(axis, "all_to_all", shard_dim(d), detail=f"{s} -> {d}"))
+    return tuple(steps)
+
+
+def _note(name: str, src: Mapping[str, Any], dst: Mapping[str, Any], what: str) -> str:
+    """Render the axes whose raw strings differ (a missing axis reads ``R``)."""
+    axes = sorted(set(src) | set(dst))
+    parts = [
+        f"{axis} {src.get(axis, 'R')} -> {dst.get(axis, 'R')}"
+        for axis in axes
+        if src.get(axis, "R") != dst.get(axis, "R")
+    ]
+    return f"{name}: {', '.join(parts)} ==> {what}" if parts else ""
+
+
+def _degenerate(placements: tuple[Placement, ...], axes: Sequence[str],
+                sizes: Mapping[str, int] | None) -> tuple[Placement, ...]:
+    """On a size-1 axis every placement is Replicate (DTensor's shortcut)."""
+    if not sizes:
+        return placements
+    return tuple(REPLICATE if sizes.get(a, 2) == 1 else p for a, p in zip(axes, placements))
+
+
+def splits_compute(entry: Mapping[str, Any]) -> bool:
+    """True when the boundary's compute is split over ``tp``.
+
+    That is the case when it holds a tp-sharded parameter or produces a tp-Partial output.
+    Then the gradient of every replicated input is *partial* over tp inside the region
+    (each rank only sees its share of heads or of the vocab), as DTensor would track it.
+    """
+    for named in (entry.get("params") or {}).values():
+        if isinstance(named, Mapping) and _parses_as(named.get(TP), is_shard):
+            return True
+    for named in (entry.get("out_src") or {}).values():
+        if isinstance(named, Mapping) and _parses_as(named.get(TP),
+                                                     lambda p: isinstance(p, Partial)):
+            return True
+    return False
+
+
+def _parses_as(text: object, pred: Any) -> bool:
+    try:
+        return text is not None and bool(pred(parse_placement(text)))
+    except ValueError:
+        return False
+
+
+def grad_steps(side: Literal["in", "out"], src: tuple[Placement, ...],
+               dst: tuple[Placement, ...], axes: Sequence[str], split: bool) -> tuple[Step, ...]:
+    """What the backward of ``src -> dst`` runs, with DTensor's autograd.
+
+    The gradient arrives with the ``dst`` placements, except that an *input* replicated on tp
+    inside a compute-splitting boundary has a ``P(sum)`` gradient; it is redistributed back to
+    ``src``, where a Partial target is kept as Replicate (as torch does). So an input
+    all_gather backs off as reduce_scatter, an identity input as all_reduce, an output
+    reduce_scatter as all_gather, an output all_reduce as nothing.
+    """
+    grad = dst
+    if side == "in" and split:
+        grad = tuple(Partial("sum") if a == TP and isinstance(p, Replicate) else p
+                     for a, p in zip(axes, dst))
+    target = tuple(REPLICATE if isinstance(p, Partial) else p for p in src)
+    return redistribute_steps(grad, target, axes)
+
+
+def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Sequence[str],
+                 sizes: Mapping[str, int] | None) -> tuple[Transition, ...]:
+    split = splits_compute(entry)
+    src_map = entry.get(f"{side}_src") or {}
+    dst_map = entry.get(f"{side}_dst") or {}
+    out: list[Transition] = []
+    for name in sorted(set(src_map) | set(dst_map)):
+        raw_src, raw_dst = src_map.get(name) or {}, dst_map.get(name) or {}
+        src = _degenerate(resolve_placements(raw_src, axes), axes, sizes)
+        dst = _degenerate(resolve_placements(raw_dst, axes), axes, sizes)
+        op = classify_transition(src, dst, axes)
+        steps = () if op is not None and op.kind == "identity" else redistribute_steps(src, dst, axes)
+        what = str(op) if op is not None else "dtensor redistribute"
+        note = "" if op is not None and op.kind == "identity" else _note(name, raw_src, raw_dst, what)
+        back = grad_steps(side, src, dst, axes, split)
+        out.append(Transition(side, name, src, dst, op, steps, note, back))
+    return tuple(out)
+
+
+def _ep_changes(entry: Mapping[str, Any]) -> bool:
+    """True when an ``ep`` placement changes between src and dst on either side."""
+    for side in ("in", "out"):
+        src, dst = entry.get(f"{side}_src") or {}, entry.get(f"{side}_dst") or {}
+        for name in set(src) | set(dst):
+            if (src.get(name) or {}).get("ep", "R") != (dst.get(name) or {}).get("ep", "R"):
+                return True
+    return False
+
+
+def classify_boundary(
+    fqn: str,
+    entry: Mapping[str, Any],
+    axes: Sequence[str] | None,
+    injection: Mapping[str, Any] | None = None,
+    sizes: Mapping[str, int] | None = None,
+) -> BoundaryForm:
+    """Classify one ``param_plan`` entry over the mesh ``axes``.
+
+    Args:
+        fqn: the entry's module FQN (for the result only).
+        entry: the ``param_plan`` entry, as in the meta.
+        axes: the ordered active mesh axes (the plan's ``mesh_dim_names`` or a live mesh).
+        injection: the entry's injection record (``expand_injections``), if any.
+        sizes: axis sizes; an axis of size 1 makes every transition on it identity.
+
+    Returns:
+        The form, each transition with its lowered op (or None) and its DTensor steps.
+
+    Raises:
+        PlacementSyntaxError: a placement string is outside the grammar.
+    """
+    names = out_names(entry)
+    if not is_boundary(entry):
+        return BoundaryForm(fqn, "params", out_names=names, injection=injection)
+    injection = injection or {}
+    axes = tuple(axes or ())
+    if injection.get("local_compute_fn"):
+        inputs = _transitions(entry, "in", axes, sizes)
+        outputs = _transitions(entry, "out", axes, sizes)
+        return BoundaryForm(fqn, "region", inputs, outputs, names,
+                            ("local_compute_fn injection",), injection)
+    reasons: list[str] = []
+    if injection.get("inner_wrapper"):
+        reasons.append("inner_wrapper injection")
+    if not axes:
+        if _ep_changes(entry):
+            reasons.append("ep placement changes")
+        form: Form = "generic" if reasons else "identity"
+        return BoundaryForm(fqn, form, (), (), names, tuple(reasons), injection or None)
+    inputs = _transitions(entry, "in", axes, sizes)
+    outputs = _transitions(entry, "out", axes, sizes)
+    for t in inputs + outputs:
+        if t.op is None:
+            reasons.append(f"{t.side}put {t.name!r} is not one tp collective")
+    if reasons:
+        form = "generic"
+    elif all(t.is_identity for t in inputs + outputs):
+        form = "identity"
+    else:
+        form = "tp_collective"
+    return BoundaryForm(fqn, form, inputs, outputs, names, tuple(reasons), injection or None)
+
+
+def classify_plan(
+    meta: Mapping[str, Any],
+    axes: Sequence[str] | None = None,
+    sizes: Mapping[str, int] | None = None,
+) -> dict[str, BoundaryForm]:
+    """Classify every ``param_plan`` entry of a meta (frozen axes unless ``axes`` is given)."""
+    use_axes = tuple(axes) if axes is not None else active_axes(meta)
+    injections = expand_injections(meta)
+    return {
+        fqn: classify_boundary(fqn, entry, use_axes, injections.get(fqn), sizes)
+        for fqn, entry in param_plan(meta).items()
+    }
+
+
+def check_placement_strings(named: Mapping[str, Any]) -> list[str]:
+    """Messages for leaves of a named placement that do not parse (used by the plan check)."""
+    problems = []
+    for axis, text in named.items():
+        try:
+            parse_placement(text)
+        except ValueError as exc:
+            problems.append(f"{axis}: {exc}")
+    return problems

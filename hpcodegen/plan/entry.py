@@ -1,0 +1,107 @@
+"""Reading a loaded meta's plan: entries, boundary-ness, output names, injections (pure).
+
+The meta stays a plain dict (it is validated by the schema first); these helpers are the one
+place that knows how its plan fields are read, so classify, predict, checks, generate and the
+runtime read them alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+#: Both naming generations of the generated-code identifiers (decisions.md, item 1).
+FORM_MARKERS: tuple[str, ...] = ("_hp_boundary_form", "_hyper_boundary_form")
+COMPUTE_ATTRS: tuple[str, ...] = ("__hp_compute__", "__hyper_compute__")
+ENTRYPOINTS: tuple[str, ...] = ("hp_parallelize", "hyper_parallelize")
+TP_FORM_MARKER = "tp_collective"
+TOGGLE_FORM_MARKER = "toggle"
+
+TRANSITION_FIELDS: tuple[str, ...] = ("in_src", "in_dst", "out_src", "out_dst")
+
+
+def is_boundary(entry: Mapping[str, Any]) -> bool:
+    """An entry is a boundary when it says so, else when it declares any in/out placement."""
+    flag = entry.get("is_boundary")
+    if isinstance(flag, bool):
+        return flag
+    return any(entry.get(key) for key in TRANSITION_FIELDS)
+
+
+def out_names(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    """Tuple-position order of the outputs: ``out_names``, else the ``out_src`` key order."""
+    names = entry.get("out_names")
+    if names:
+        return tuple(names)
+    return tuple(entry.get("out_src") or ())
+
+
+def output_index(entry: Mapping[str, Any], name: str) -> int:
+    """Position of output ``name`` in the forward's tuple; an unknown name is index 0."""
+    names = out_names(entry)
+    return names.index(name) if name in names else 0
+
+
+def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
+    """``meta['param_plan']`` or an empty mapping."""
+    plan = meta.get("param_plan")
+    return plan if isinstance(plan, Mapping) else {}
+
+
+def iter_params(meta: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, str]]]:
+    """Yield ``(param_fqn, entry_fqn, named placement)`` for every planned parameter.
+
+    A parameter name ``""`` means the entry's module itself is the parameter.
+    """
+    for fqn, entry in param_plan(meta).items():
+        for rel, named in (entry.get("params") or {}).items():
+            yield join_fqn(fqn, rel), fqn, named
+
+
+def join_fqn(prefix: str, name: str) -> str:
+    """``a.b`` + ``c`` -> ``a.b.c``; either side may be empty (the root)."""
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def fqn_depth(fqn: str) -> int:
+    """Nesting depth of a module FQN (the root is 0); boundaries install deepest first."""
+    return 0 if not fqn else fqn.count(".") + 1
+
+
+def expand_injections(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Map each module FQN to its injection record; a list ``match`` fans out to every FQN."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in meta.get("injections") or ():
+        if not isinstance(record, Mapping):
+            continue
+        match = record.get("match")
+        fqns = [match] if isinstance(match, str) else list(match or ())
+        payload = {k: v for k, v in record.items() if k != "match"}
+        for fqn in fqns:
+            out[fqn] = payload
+    return out
+
+
+def active_axes(meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """The plan's active mesh axes: ``mesh_dim_names``, else derived from ``parallel_dims``.
+
+    Derived axes keep the order cp, tp (dp and size-1 axes are not plan axes).
+    """
+    names = meta.get("mesh_dim_names")
+    if isinstance(names, list):
+        return tuple(names)
+    dims = meta.get("parallel_dims") or {}
+    return tuple(
+        axis for axis in ("cp", "tp") if isinstance(dims.get(f"{axis}_size"), int)
+        and dims[f"{axis}_size"] > 1
+    )
+
+
+def axis_sizes(meta: Mapping[str, Any]) -> dict[str, int]:
+    """Frozen mesh axis sizes from ``parallel_dims`` (``tp_size`` -> ``{"tp": n}``)."""
+    dims = meta.get("parallel_dims") or {}
+    return {
+        key[: -len("_size")]: value
+        for key, value in dims.items()
+        if key.endswith("_size") and isinstance(value, int) and not isinstance(value, bool)
+    }

@@ -1,0 +1,1 @@
+"""JSON Schemas published with hpcodegen (installed as ``hpcodegen.schemas``)."""
