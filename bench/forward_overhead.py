@@ -1,0 +1,389 @@
+"""Per-call cost of the hpcodegen runtime against torch TP and a hand-written lower bound.
+
+The same tiny Llama and batch run at tp=2 under: the hpcodegen runtime on a generated
+artifact; torch ``parallelize_module`` with the equivalent plan (DTensor dispatch and module
+hooks on every call); a hand-written Megatron-style forward (explicit collectives on local
+tensors: the floor); HF's own ``tp_plan`` when accelerate is installed. A reference row runs
+transformers' model at the local shapes with no collectives at all (the HF Python floor).
+
+First on the fake process group (collectives return at once, so only framework overhead is
+left), then on 2 real gloo ranks, forward-only and forward+backward, medians of many calls.
+On gloo the hand-written and hpcodegen logits must match (a sanity check that the lower
+bound computes the same thing). Run: ``python bench/forward_overhead.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+
+TP = 2
+LAYERS = 4
+BATCH, SEQ = 2, 32
+CONFIG = common.tiny_llama_config(LAYERS, hidden=128, heads=4, kv_heads=2, vocab=512)
+ARM_LABELS = {
+    "hpcodegen": "hpcodegen runtime",
+    "parallelize_module": "torch parallelize_module",
+    "handwritten": "hand-written Megatron",
+    "hf_tp_plan": "HF tp_plan",
+    "hf_local": "ref: HF local shapes, no comm",
+}
+
+
+# ----------------------------------------------------------------------------- hand-written
+def _collective_functions() -> tuple[Any, Any, Any]:
+    """Megatron's f / g / gather operators as autograd functions over bare torch.distributed.
+
+    f (enter a tp region): identity forward, all_reduce backward. g (leave a rowwise
+    region): all_reduce forward, identity backward. gather: all_gather on the last dim
+    forward, keep the local slice backward.
+    """
+    import torch
+    import torch.distributed as dist
+
+    class EnterTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, group: Any) -> Any:
+            ctx.group = group
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            grad = grad.contiguous()
+            dist.all_reduce(grad, group=ctx.group)
+            return grad, None
+
+    class LeaveTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, group: Any) -> Any:
+            dist.all_reduce(x, group=group)
+            ctx.mark_dirty(x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad, None
+
+    class GatherLast(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, group: Any) -> Any:
+            world, ctx.rank = dist.get_world_size(group), dist.get_rank(group)
+            out = x.new_empty((world * x.shape[0], *x.shape[1:]))
+            dist.all_gather_single(out, x.contiguous(), group=group)
+            ctx.world = world
+            return torch.cat(out.chunk(world, dim=0), dim=-1)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad.chunk(ctx.world, dim=-1)[ctx.rank].contiguous(), None
+
+    return EnterTP.apply, LeaveTP.apply, GatherLast.apply
+
+
+class HandwrittenLlama:
+    """Llama at tp over local tensors: weights sliced by hand, collectives called by hand.
+
+    No module hooks, no DTensor, no nn.Module calls: the least a TP forward can cost here,
+    with transformers' math (RMSNorm in fp32, RoPE, causal GQA SDPA, SiLU MLP).
+    """
+
+    def __init__(self, full_model: Any, mesh: Any) -> None:
+        import torch
+
+        self.group = mesh.get_group()
+        rank, world = mesh.get_local_rank(), mesh.size()
+        cfg = full_model.config
+        self.head_dim, self.eps = cfg.head_dim, cfg.rms_norm_eps
+        self.inv_freq = full_model.model.rotary_emb.inv_freq.clone()
+        state = {k: v.detach() for k, v in full_model.state_dict().items()}
+
+        def part(name: str, dim: int | None) -> Any:
+            t = state[name] if dim is None else state[name].chunk(world, dim=dim)[rank]
+            return torch.nn.Parameter(t.contiguous().clone())
+
+        self.vocab_lo = rank * (cfg.vocab_size // world)
+        self.vocab_hi = self.vocab_lo + cfg.vocab_size // world
+        self.embed = part("model.embed_tokens.weight", 0)
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append({
+                "ln1": part(p + "input_layernorm.weight", None),
+                "ln2": part(p + "post_attention_layernorm.weight", None),
+                **{k: part(p + f"self_attn.{k}_proj.weight", 0) for k in "qkv"},
+                "o": part(p + "self_attn.o_proj.weight", 1),
+                **{k: part(p + f"mlp.{k}_proj.weight", 0) for k in ("gate", "up")},
+                "down": part(p + "mlp.down_proj.weight", 1),
+            })
+        self.norm = part("model.norm.weight", None)
+        self.lm_head = part("lm_head.weight", 0)
+        self.enter, self.leave, self.gather = _collective_functions()
+
+    def parameters(self) -> list[Any]:
+        layer_params = [t for layer in self.layers for t in layer.values()]
+        return [self.embed, *layer_params, self.norm, self.lm_head]
+
+    def _rms(self, x: Any, w: Any) -> Any:
+        import torch
+
+        var = x.pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(var + self.eps))
+
+    def _rope(self, seq: int) -> tuple[Any, Any]:
+        import torch
+
+        freqs = torch.arange(seq, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
+
+    @staticmethod
+    def _rotate(x: Any, cos: Any, sin: Any) -> Any:
+        import torch
+
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _attention(self, x: Any, layer: dict[str, Any], cos: Any, sin: Any) -> Any:
+        import torch.nn.functional as F
+
+        b, s, _ = x.shape
+        q, k, v = (F.linear(x, layer[n]).view(b, s, -1, self.head_dim).transpose(1, 2)
+                   for n in "qkv")
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.head_dim**-0.5,
+                                             enable_gqa=q.shape[1] != k.shape[1])
+        out = F.linear(out.transpose(1, 2).reshape(b, s, -1), layer["o"])
+        return self.leave(out, self.group)
+
+    def forward(self, ids: Any) -> Any:
+        import torch.nn.functional as F
+
+        outside = (ids < self.vocab_lo) | (ids >= self.vocab_hi)
+        h = F.embedding((ids - self.vocab_lo).masked_fill(outside, 0), self.embed)
+        h = self.leave(h.masked_fill(outside[..., None], 0.0), self.group)
+        cos, sin = self._rope(ids.shape[1])
+        for layer in self.layers:
+            x = self.enter(self._rms(h, layer["ln1"]), self.group)
+            h = h + self._attention(x, layer, cos, sin)
+            x = self.enter(self._rms(h, layer["ln2"]), self.group)
+            mlp = F.linear(F.silu(F.linear(x, layer["gate"])) * F.linear(x, layer["up"]),
+                           layer["down"])
+            h = h + self.leave(mlp, self.group)
+        x = self.enter(self._rms(h, self.norm), self.group)
+        return self.gather(F.linear(x, self.lm_head), self.group)
+
+
+# ----------------------------------------------------------------------------- arms
+def build_arms(mesh: Any, artifact_dir: Path | None, notes: list[str]) -> dict[str, Any]:
+    """Every runnable arm as ``name -> model-like callable(ids) -> logits`` plus its params."""
+    arms: dict[str, Any] = {}
+    missing = common.hpcodegen_runtime_missing()
+    if missing is None and artifact_dir is not None:
+        arms["hpcodegen"] = common.build_hpcodegen_model(CONFIG, mesh, artifact_dir)
+    else:
+        notes.append(f"hpcodegen: skipped: {missing or 'no artifact'}")
+    arms["parallelize_module"] = common.apply_torch_tp(common.build_model(CONFIG), mesh, LAYERS)
+    arms["handwritten"] = HandwrittenLlama(common.build_model(CONFIG), mesh)
+    if importlib.util.find_spec("accelerate") is None:
+        notes.append("hf_tp_plan: skipped: accelerate not installed")
+    else:
+        notes.append("hf_tp_plan: skipped: accelerate installed, but HF tp_plan loading "
+                     "needs a checkpoint and device_map support that this CPU bench lacks")
+    return arms
+
+
+def local_shape_model() -> Any:
+    """transformers' model at one rank's shapes (heads, ffn and vocab divided by tp)."""
+    return common.build_model(CONFIG, num_attention_heads=CONFIG["num_attention_heads"] // TP,
+                              num_key_value_heads=CONFIG["num_key_value_heads"] // TP,
+                              intermediate_size=CONFIG["intermediate_size"] // TP,
+                              vocab_size=CONFIG["vocab_size"] // TP)
+
+
+def logits_fn(arm: Any) -> Any:
+    """A closure ``ids -> logits`` over an arm (HF modules return an output object)."""
+    if isinstance(arm, HandwrittenLlama):
+        return arm.forward
+    return lambda ids: arm(input_ids=ids, use_cache=False).logits
+
+
+def step_fns(arm: Any, ids: Any) -> tuple[Any, Any]:
+    """(forward-only under no_grad, forward+backward with grads cleared) for one arm."""
+    import torch
+
+    run = logits_fn(arm)
+    params = list(arm.parameters())
+
+    def forward() -> None:
+        with torch.no_grad():
+            run(ids)
+
+    def forward_backward() -> None:
+        for p in params:
+            p.grad = None
+        run(ids).float().pow(2).mean().backward()
+
+    return forward, forward_backward
+
+
+def measure(arms: dict[str, Any], ids_for: dict[str, Any], args: argparse.Namespace
+            ) -> dict[str, dict[str, float]]:
+    """``{mode: {arm: median seconds}}`` for forward and forward+backward."""
+    fns = {name: step_fns(arm, ids_for[name]) for name, arm in arms.items()}
+    out = {}
+    for mode, idx in (("fwd", 0), ("fwd+bwd", 1)):
+        out[mode] = common.interleaved_medians(
+            {name: pair[idx] for name, pair in fns.items()},
+            warmup=args.warmup, rounds=args.rounds, per_round=args.per_round)
+    return out
+
+
+def batch_ids(vocab: int) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    return torch.randint(0, vocab, (BATCH, SEQ), generator=gen)
+
+
+# ----------------------------------------------------------------------------- fake PG
+def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list[str]
+                ) -> dict[str, dict[str, float]]:
+    """Rank 0 of a 2-rank fake process group: every collective is free."""
+    mesh = common.init_fake_pg(TP, rank=0)
+    try:
+        arms = build_arms(mesh, artifact_dir, notes)
+        arms["hf_local"] = local_shape_model()
+        ids = batch_ids(CONFIG["vocab_size"])
+        ids_for = {name: ids for name in arms}
+        ids_for["hf_local"] = ids % (CONFIG["vocab_size"] // TP)
+        return measure(arms, ids_for, args)
+    finally:
+        common.destroy_pg()
+
+
+# ----------------------------------------------------------------------------- gloo
+def gloo_worker(rank: int, store_path: str, artifact_dir: str | None, args: argparse.Namespace,
+                result_path: str) -> None:
+    """One of 2 real gloo ranks: check logits agree, then time every arm in lock step."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, TP)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=TP)
+    try:
+        mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+        notes: list[str] = []
+        arms = build_arms(mesh, Path(artifact_dir) if artifact_dir else None, notes)
+        ids = batch_ids(CONFIG["vocab_size"])
+        errors = check_logits(arms, ids)
+        timings = measure(arms, {name: ids for name in arms}, args)
+        if rank == 0:
+            Path(result_path).write_text(json.dumps({"timings": timings, "errors": errors}))
+        dist.barrier()  # neither rank tears gloo down while the other still talks
+    finally:
+        dist.destroy_process_group()
+
+
+def check_logits(arms: dict[str, Any], ids: Any) -> dict[str, float]:
+    """Max |logits - full-model logits| per arm; hand-written vs hpcodegen must be <= 1e-5."""
+    import torch
+
+    with torch.no_grad():
+        reference = common.build_model(CONFIG)(input_ids=ids, use_cache=False).logits
+        logits = {name: logits_fn(arm)(ids) for name, arm in arms.items()}
+    errors = {name: float((out - reference).abs().max()) for name, out in logits.items()}
+    if "hpcodegen" in logits:
+        diff = float((logits["hpcodegen"] - logits["handwritten"]).abs().max())
+        errors["hpcodegen_vs_handwritten"] = diff
+        if diff > 1e-5:
+            raise AssertionError(f"hand-written and hpcodegen logits differ by {diff:.3g}")
+    if errors["handwritten"] > 1e-5:
+        raise AssertionError(f"hand-written logits off the full model by {errors['handwritten']}")
+    return errors
+
+
+def run_gloo(artifact_dir: Path | None, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    result = tmp / "gloo.json"
+    mp.spawn(gloo_worker, args=(str(tmp / "store"), str(artifact_dir) if artifact_dir else None,
+                                args, str(result)), nprocs=TP, join=True)
+    return json.loads(result.read_text())
+
+
+# ----------------------------------------------------------------------------- report
+def print_table(title: str, timings: dict[str, dict[str, float]]) -> None:
+    fwd, both = timings["fwd"], timings["fwd+bwd"]
+    hw_f, hw_b = fwd.get("handwritten"), both.get("handwritten")
+    rows = [[ARM_LABELS[name], fwd[name] * 1e3, both[name] * 1e3,
+             common.ratio(fwd[name], hw_f), common.ratio(both[name], hw_b)]
+            for name in fwd]
+    print(f"\n{title}")
+    print(common.format_table(["arm", "fwd ms", "fwd+bwd ms", "fwd / hand", "f+b / hand"], rows))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few iterations (development)")
+    parser.add_argument("--no-gloo", action="store_true", help="fake process group only")
+    args = parser.parse_args()
+    scale = 1 if args.quick else 4
+    args.warmup, args.rounds, args.per_round = 3 * scale, 5 * scale, 5
+    return args
+
+
+def main() -> int:
+    import torch
+
+    args = parse_args()
+    torch.set_num_threads(1)
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="hpcg-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        artifact_dir = prepare_artifact(tmp, notes)
+        fake = run_fake_pg(artifact_dir, args, notes)
+        gloo = None if args.no_gloo else run_gloo(artifact_dir, args, tmp)
+    print(f"model: tiny Llama {LAYERS} layers, hidden {CONFIG['hidden_size']}, "
+          f"batch {BATCH}x{SEQ}, fp32, tp={TP}; {common.machine_note()}")
+    print(f"iterations: {args.warmup} warm-up, then {args.rounds} rounds x {args.per_round} "
+          "calls per arm, arms taking turns; medians")
+    for note in dict.fromkeys(notes):
+        print(note)
+    print_table("fake process group (rank 0 of 2): framework overhead only", fake)
+    if gloo is not None:
+        print_table("2 gloo ranks (rank 0's clock)", gloo["timings"])
+        errs = ", ".join(f"{k}={v:.2e}" for k, v in gloo["errors"].items())
+        print(f"logit check on gloo (max abs diff vs the unsharded model): {errs}")
+    fwd = fake["fwd"]
+    print(f"forward_overhead: vs_parallelize_module="
+          f"{common.ratio(fwd.get('hpcodegen'), fwd['parallelize_module'])} "
+          f"vs_handwritten={common.ratio(fwd.get('hpcodegen'), fwd['handwritten'])}")
+    return 0
+
+
+def prepare_artifact(tmp: Path, notes: list[str]) -> Path | None:
+    """Generate the tp=2 artifact for CONFIG, or None (with a note) when generate fails."""
+    if common.hpcodegen_runtime_missing() is not None:
+        return None
+    config_dir = common.write_config_dir(CONFIG, tmp / "model")
+    try:
+        return common.generate_artifact(config_dir, TP, tmp / "artifact")
+    except Exception as exc:  # reported as a skipped arm, the other arms still run
+        notes.append(f"hpcodegen: skipped: generate failed: {exc}")
+        return None
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
