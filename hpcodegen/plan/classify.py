@@ -156,7 +156,7 @@ def classify_transition(
     if TP not in axes:
         return None
     t = list(axes).index(TP)
-    if any(s != d for i, (s, d) in enumerate(zip(src, dst)) if i != t):
+    if any(s != d for i, (s, d) in enumerate(zip(src, dst, strict=False)) if i != t):
         return None
     s, d = src[t], dst[t]
     if is_shard(s) and isinstance(d, Replicate):
@@ -178,11 +178,12 @@ def redistribute_steps(
     ``R->S`` is a local chunk; redistributing *to* Partial is refused by torch (invalid).
     """
     steps: list[Step] = []
-    for axis, s, d in zip(axes, src, dst):
+    for axis, s, d in zip(axes, src, dst, strict=False):
         if s == d:
             continue
         if isinstance(d, Partial):
-            steps.append(Step(axis, "invalid", detail=f"{s} -> {d}: cannot redistribute to Partial"))
+            steps.append(Step(axis, "invalid",
+                              detail=f"{s} -> {d}: cannot redistribute to Partial"))
         elif isinstance(s, Partial):
             if is_shard(d):
                 steps.append(Step(axis, "reduce_scatter", shard_dim(d), s.reduce_op))
@@ -213,7 +214,8 @@ def _degenerate(placements: tuple[Placement, ...], axes: Sequence[str],
     """On a size-1 axis every placement is Replicate (DTensor's shortcut)."""
     if not sizes:
         return placements
-    return tuple(REPLICATE if sizes.get(a, 2) == 1 else p for a, p in zip(axes, placements))
+    return tuple(REPLICATE if sizes.get(a, 2) == 1 else p
+                 for a, p in zip(axes, placements, strict=False))
 
 
 def splits_compute(entry: Mapping[str, Any]) -> bool:
@@ -250,12 +252,24 @@ def grad_steps(side: Literal["in", "out"], src: tuple[Placement, ...],
     all_gather backs off as reduce_scatter, an identity input as all_reduce, an output
     reduce_scatter as all_gather, an output all_reduce as nothing.
     """
+    grad, target = grad_placements(side, src, dst, axes, split)
+    return redistribute_steps(grad, target, axes)
+
+
+def grad_placements(side: Literal["in", "out"], src: tuple[Placement, ...],
+                    dst: tuple[Placement, ...], axes: Sequence[str],
+                    split: bool) -> tuple[tuple[Placement, ...], tuple[Placement, ...]]:
+    """``(arriving gradient placements, target placements)`` of the backward of ``src -> dst``.
+
+    The one rule behind :func:`grad_steps`, exposed so volume prediction walks the same
+    placements the backward walks.
+    """
     grad = dst
     if side == "in" and split:
         grad = tuple(Partial("sum") if a == TP and isinstance(p, Replicate) else p
-                     for a, p in zip(axes, dst))
+                     for a, p in zip(axes, dst, strict=False))
     target = tuple(REPLICATE if isinstance(p, Partial) else p for p in src)
-    return redistribute_steps(grad, target, axes)
+    return grad, target
 
 
 def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Sequence[str],
@@ -269,10 +283,12 @@ def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Seq
         src = _degenerate(resolve_placements(raw_src, axes), axes, sizes)
         dst = _degenerate(resolve_placements(raw_dst, axes), axes, sizes)
         op = classify_transition(src, dst, axes)
-        steps = () if op is not None and op.kind == "identity" else redistribute_steps(src, dst, axes)
+        identity = op is not None and op.kind == "identity"
+        steps = () if identity else redistribute_steps(src, dst, axes)
         what = str(op) if op is not None else "dtensor redistribute"
-        note = "" if op is not None and op.kind == "identity" else _note(name, raw_src, raw_dst, what)
-        back = grad_steps(side, src, dst, axes, split)
+        note = "" if identity else _note(name, raw_src, raw_dst, what)
+        grad, target = grad_placements(side, src, dst, axes, split)
+        back = redistribute_steps(_degenerate(grad, axes, sizes), target, axes)
         out.append(Transition(side, name, src, dst, op, steps, note, back))
     return tuple(out)
 

@@ -1,0 +1,214 @@
+"""``hpcodegen inspect-plan``: what a frozen plan will run, read from the meta alone.
+
+Steps of :func:`run_inspect`, each a small function below:
+
+1. load the meta with the verify loader (unreadable: exit 2) and gate it with verify's
+   schema and plan checks when they are installed (errors: exit 1);
+2. classify every entry, over the frozen axes or over ``--mesh`` (then re-validate: which
+   boundaries change form on that mesh, as the runtime would decide);
+3. predict each boundary's collectives, fold repeated layers, summarize;
+4. with ``--hf-config``, trace boundary shapes on the meta device and add bytes per rank;
+5. render as rich text or as JSON (``docs/inspect-plan.md`` documents the JSON shape).
+
+torch is imported only in step 4.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpcodegen.artifact.load import LoadedMeta, load_meta
+from hpcodegen.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Finding,
+    HpcodegenError,
+    Severity,
+    UsageError,
+    error,
+)
+from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan
+from hpcodegen.plan.fold import Row, fold
+from hpcodegen.plan.predict import (
+    BoundaryPrediction,
+    Summary,
+    classify_entries,
+    predict_forms,
+    summarize,
+)
+from hpcodegen.plan.revalidate import FormChange, live_plan_axes, revalidate_forms
+
+_MESH_ITEM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InspectOptions:
+    """The command line of ``inspect-plan``, parsed.
+
+    Attributes:
+        path: the artifact dir or its ``codegen_meta.json``.
+        expand: one row per boundary instead of folded repeated layers.
+        mesh: a live mesh ``"tp=4,cp=2"`` to re-validate against (None: the frozen mesh).
+        as_json: print the documented JSON shape instead of tables.
+        hf_config: a model dir or config.json; asks for the volume estimate.
+        batch, seq: the traced ``input_ids`` shape (required with ``hf_config``).
+        dtype: element type of floating activations (``bf16``, ``fp32``, ...).
+        link_gbps: link bandwidth in gigabit/s for the time estimate.
+    """
+
+    path: str
+    expand: bool = False
+    mesh: str | None = None
+    as_json: bool = False
+    hf_config: str | None = None
+    batch: int | None = None
+    seq: int | None = None
+    dtype: str = "bf16"
+    link_gbps: float | None = None
+
+
+@dataclass
+class Inspection:
+    """Everything the renderers show."""
+
+    meta_path: str
+    axes: tuple[str, ...]
+    sizes: dict[str, int]
+    preds: list[BoundaryPrediction]
+    rows: list[Row]
+    summary: Summary
+    changes: list[FormChange] | None = None
+    volume: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+
+def parse_mesh(text: str) -> tuple[tuple[str, ...], dict[str, int]]:
+    """``"tp=4,cp=2"`` -> ``(("tp", "cp"), {"tp": 4, "cp": 2})``; UsageError otherwise."""
+    axes: list[str] = []
+    sizes: dict[str, int] = {}
+    for item in text.split(","):
+        match = _MESH_ITEM.match(item.strip())
+        if match is None or int(match[2]) < 1 or match[1] in sizes:
+            raise UsageError([error("inspect.bad_mesh", "--mesh", f"cannot read {item!r}",
+                                    expected="axis=size pairs, e.g. tp=4,cp=2 "
+                                             "(each axis once, size >= 1)")])
+        axes.append(match[1])
+        sizes[match[1]] = int(match[2])
+    return tuple(axes), sizes
+
+
+def _check_options(opts: InspectOptions) -> None:
+    volume_args = {"--batch": opts.batch, "--seq": opts.seq}
+    if opts.hf_config is None:
+        if opts.link_gbps is not None:
+            raise UsageError([error("inspect.usage", "--link-gbps",
+                                    "--link-gbps needs --hf-config (a volume estimate)")])
+        return
+    for flag, value in volume_args.items():
+        if value is None or value < 1:
+            raise UsageError([error("inspect.usage", flag,
+                                    f"{flag} is required with --hf-config",
+                                    expected="a positive integer")])
+    if opts.link_gbps is not None and opts.link_gbps <= 0:
+        raise UsageError([error("inspect.usage", "--link-gbps", "must be > 0")])
+
+
+def gate_findings(loaded: LoadedMeta) -> list[Finding]:
+    """verify's schema and plan checks, when they are installed; else nothing.
+
+    inspect-plan reads plans that verify accepts; a plan verify rejects is reported with
+    verify's own findings (exit 1) before anything is predicted.
+    """
+    try:
+        from hpcodegen.checks import gate as _gate  # type: ignore[attr-defined]
+    except ImportError:
+        return []
+    return list(_gate(loaded))
+
+
+def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
+    frozen_axes = active_axes(meta)
+    frozen, problems = classify_entries(meta)
+    if mesh is None:
+        preds = predict_forms(meta, frozen)
+        sizes = axis_sizes(meta)
+        return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
+                          preds, [], summarize(preds), findings=problems)
+    live_axes, live_sizes = parse_mesh(mesh)
+    axes = live_plan_axes(meta, live_axes)
+    live, _ = classify_entries(meta, axes, live_sizes)
+    effective, changes = revalidate_forms(frozen, live, axes)
+    preds = predict_forms(meta, live, effective)
+    sizes = {a: live_sizes[a] for a in axes}
+    return Inspection("", axes, sizes, preds, [], summarize(preds), changes, findings=problems)
+
+
+def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
+    """Steps 2-4 on a loaded meta (no rendering)."""
+    meta = loaded.data
+    result = _classify(meta, opts.mesh)
+    result.meta_path = str(loaded.meta_path)
+    result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
+    result.findings.extend(result.summary.problems)
+    if opts.hf_config is not None:
+        from hpcodegen.inspect_volume import volume_report
+
+        result.volume = volume_report(meta, result, opts)
+    return result
+
+
+def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO) -> None:
+    if as_json:
+        from hpcodegen.inspect_render import render_failure_json
+
+        render_failure_json(findings, out)
+    else:
+        for f in findings:
+            print(f"{f.severity}: {f.render()}", file=err)
+
+
+def run_inspect(opts: InspectOptions, out: TextIO | None = None,
+                err: TextIO | None = None) -> int:
+    """Run ``inspect-plan``; returns the exit code (0 ok, 1 plan errors, 2 usage/unreadable).
+
+    Example::
+
+        code = run_inspect(InspectOptions(path="examples/llama_tp2", as_json=True))
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        _check_options(opts)
+        loaded = load_meta(opts.path)
+        gate = gate_findings(loaded)
+        if any(f.severity is Severity.ERROR for f in gate):
+            _emit_failure(gate, opts.as_json, out, err)
+            return EXIT_FAILED
+        if not param_plan(loaded.data):
+            raise_plan = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
+                               file=str(loaded.meta_path))
+            _emit_failure([raise_plan], opts.as_json, out, err)
+            return EXIT_FAILED
+        result = inspect_meta(loaded, opts)
+    except HpcodegenError as exc:
+        _emit_failure(exc.findings, opts.as_json, out, err)
+        return exc.exit_code
+    failed = any(f.severity is Severity.ERROR for f in result.findings)
+    from hpcodegen.inspect_render import render_json, render_text
+
+    if opts.as_json:
+        render_json(result, out)
+    else:
+        render_text(result, out, err)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def meta_label(path: str) -> str:
+    """A short name for headings: the artifact dir name."""
+    p = Path(path)
+    return p.parent.name if p.name == "codegen_meta.json" else p.name

@@ -1,0 +1,205 @@
+"""Renderers of ``inspect-plan``: the documented JSON shape and rich tables.
+
+The JSON shape is fixed by ``docs/inspect-plan.md``; keys are only ever added. rich is
+imported only by the text renderer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from hpcodegen.errors import Finding, Severity
+from hpcodegen.plan.fold import Row, fold
+from hpcodegen.plan.predict import PredOp
+
+if TYPE_CHECKING:
+    from hpcodegen.inspect import Inspection
+
+JSON_VERSION = 1
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    p = row.pred
+    out: dict[str, Any] = {
+        "fqn": row.label, "class": p.cls, "form": p.form, "count": row.count,
+        "in_ops": [op.to_json() for op in p.in_ops],
+        "out_ops": [op.to_json() for op in p.out_ops],
+        "backward_ops": [op.to_json() for op in p.grad_ops],
+        "notes": list(p.notes), "reasons": list(p.reasons),
+        "opaque": [{"kind": k, "target": t} for k, t in p.opaque],
+    }
+    if row.folded:
+        out["fqns"] = list(row.fqns)
+    return out
+
+
+def _counts_json(counts: dict[tuple[str, str, int | None], int]) -> list[dict[str, Any]]:
+    return [{"kind": k, "axis": a or None, "dim": d, "count": n}
+            for (k, a, d), n in counts.items()]
+
+
+def summary_json(result: Inspection) -> dict[str, Any]:
+    """``summary``: forms, collectives per forward/backward, opaque callables."""
+    s = result.summary
+    return {
+        "forms": dict(sorted(s.forms.items())),
+        "collectives_per_forward": _counts_json(s.per_forward),
+        "collectives_per_backward": _counts_json(s.per_backward),
+        "opaque": [{"kind": k, "target": t, "count": len(fqns), "fqns": fqns}
+                   for (k, t), fqns in s.opaque.items()],
+    }
+
+
+def to_json(result: Inspection) -> dict[str, Any]:
+    """The whole ``--json`` document."""
+    failed = any(f.severity is Severity.ERROR for f in result.findings)
+    doc: dict[str, Any] = {
+        "version": JSON_VERSION,
+        "status": "fail" if failed else "ok",
+        "meta": result.meta_path,
+        "axes": list(result.axes),
+        "sizes": result.sizes,
+        "boundaries": [_row_json(r) for r in result.rows],
+        "summary": summary_json(result),
+        "findings": [f.to_json() for f in result.findings],
+    }
+    if result.changes is not None:
+        doc["mesh"] = {"axes": list(result.axes), "sizes": result.sizes,
+                       "changes": [c.to_json() for c in result.changes]}
+    if result.volume is not None:
+        doc["volume"] = result.volume
+    return doc
+
+
+def render_json(result: Inspection, out: TextIO) -> None:
+    json.dump(to_json(result), out, indent=2)
+    out.write("\n")
+
+
+def render_failure_json(findings: Sequence[Finding], out: TextIO) -> None:
+    failed = any(f.severity is Severity.ERROR for f in findings)
+    json.dump({"version": JSON_VERSION, "status": "fail" if failed else "ok",
+               "findings": [f.to_json() for f in findings]}, out, indent=2)
+    out.write("\n")
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def _ops_cell(ops: Sequence[PredOp]) -> str:
+    return "\n".join(op.label() for op in ops) or "-"
+
+
+def _boundary_table(result: Inspection) -> Any:
+    from rich.table import Table
+
+    table = Table(title="Boundaries", show_lines=False)
+    table.add_column("boundary", no_wrap=True)
+    for col in ("class", "form", "inputs", "outputs", "transitions"):
+        table.add_column(col, overflow="fold")
+    for row in result.rows:
+        p = row.pred
+        label = f"{row.label} x{row.count}" if row.folded else row.label or "<root>"
+        notes = list(p.notes) + [f"opaque {k}: {t}" for k, t in p.opaque]
+        table.add_row(label, p.cls or "-", p.form, _ops_cell(p.in_ops), _ops_cell(p.out_ops),
+                      "\n".join(notes) or "-")
+    return table
+
+
+def _counts_table(result: Inspection) -> Any:
+    from rich.table import Table
+
+    s = result.summary
+    table = Table(title="Collectives per step (every boundary instance)")
+    for col in ("kind", "axis", "dim", "forward", "backward"):
+        table.add_column(col, justify="right" if col in ("forward", "backward") else "left")
+    for key in sorted(set(s.per_forward) | set(s.per_backward),
+                      key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
+        kind, axis, dim = key
+        table.add_row(kind, axis or "-", "-" if dim is None else str(dim),
+                      str(s.per_forward.get(key, 0)), str(s.per_backward.get(key, 0)))
+    return table
+
+
+def _changes_table(result: Inspection) -> Any:
+    from rich.table import Table
+
+    table = Table(title="Form changes on the live mesh")
+    for col in ("boundary", "frozen", "live", "runs as", "why"):
+        table.add_column(col, overflow="fold")
+    by_fqn = {c.fqn: c for c in result.changes or ()}
+    preds = [p for p in result.preds if p.fqn in by_fqn]
+    for row in fold(preds):
+        c = by_fqn[row.fqns[0]]
+        label = f"{row.label} x{row.count}" if row.folded else row.label
+        table.add_row(label, c.frozen_form, c.live_form, c.effective_form, c.reason)
+    return table
+
+
+def _volume_table(volume: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"Bytes per rank (batch {volume['batch']}, seq {volume['seq']}, "
+                        f"{volume['dtype']})")
+    for col in ("boundary", "op", "shape", "bytes/rank each", "fwd total", "bwd total"):
+        table.add_column(col, overflow="fold")
+    for row in volume["boundaries"]:
+        label = f"{row['fqn']} x{row['count']}" if row["count"] > 1 else row["fqn"]
+        ops = "\n".join(f"{o['direction'][:3]} {o['name']}: {o['kind']}({o['axis']})"
+                        for o in row["ops"])
+        shapes = "\n".join(str(tuple(o["shape"])) if o["shape"] else "?" for o in row["ops"])
+        each = "\n".join(human_bytes(o["bytes"]) for o in row["ops"])
+        table.add_row(label, ops, shapes, each, human_bytes(row["forward_bytes"]),
+                      human_bytes(row["backward_bytes"]))
+    return table
+
+
+def _summary_lines(result: Inspection) -> list[str]:
+    s = result.summary
+    forms = ", ".join(f"{k} {v}" for k, v in sorted(s.forms.items()))
+    lines = [f"boundaries per form: {forms}"]
+    if s.opaque:
+        lines.append("injected callables (their communication is opaque, not predicted):")
+        lines.extend(f"  {k}: {t} on {len(fqns)} module(s), e.g. {fqns[0]}"
+                     for (k, t), fqns in s.opaque.items())
+    return lines
+
+
+def render_text(result: Inspection, out: TextIO, err: TextIO) -> None:
+    """Tables on ``out``; warnings and errors on ``err``."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    sizes = " ".join(f"{a}={n}" for a, n in result.sizes.items())
+    axes = ", ".join(result.axes)
+    console.print(f"[bold]{escape(result.meta_path)}[/bold]  axes ({axes})  {sizes}")
+    console.print(_boundary_table(result))
+    for line in _summary_lines(result):
+        console.print(line, markup=False)
+    console.print(_counts_table(result))
+    if result.changes is not None:
+        if result.changes:
+            console.print(_changes_table(result))
+        else:
+            console.print("live mesh: no boundary changes form")
+    if result.volume is not None:
+        v = result.volume
+        console.print(_volume_table(v))
+        line = (f"per forward: {human_bytes(v['per_forward_bytes'])}/rank, "
+                f"per backward: {human_bytes(v['per_backward_bytes'])}/rank")
+        if v["link_gbps"]:
+            line += (f"; at {v['link_gbps']} Gb/s: forward {v['est_forward_s'] * 1e3:.3f} ms, "
+                     f"backward {v['est_backward_s'] * 1e3:.3f} ms")
+        console.print(line, markup=False)
+    for f in result.findings:
+        print(f"{f.severity}: {f.render()}", file=err)

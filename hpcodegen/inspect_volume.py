@@ -1,0 +1,114 @@
+"""The volume part of ``inspect-plan --hf-config``: trace shapes, then bytes per collective.
+
+Kept apart from :mod:`hpcodegen.inspect` because it is the only path that loads torch
+(through :mod:`hpcodegen.trace`). The formula is in :mod:`hpcodegen.plan.volume`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from hpcodegen.errors import UsageError, error, warning
+from hpcodegen.hf import read_hf_config
+from hpcodegen.plan.entry import output_index, param_plan
+from hpcodegen.plan.volume import BoundaryVolume, dtype_bytes, seconds, transition_volume
+
+if TYPE_CHECKING:
+    from hpcodegen.inspect import Inspection, InspectOptions
+    from hpcodegen.trace import TraceResult, TraceTarget
+
+
+def _targets(result: Inspection, entries: Any) -> list[TraceTarget]:
+    from hpcodegen.trace import TraceTarget
+
+    targets = []
+    for p in result.preds:
+        if not p.transitions:
+            continue
+        entry = entries[p.fqn]
+        ins = tuple(t.name for t in p.transitions if t.side == "in")
+        outs = tuple((t.name, output_index(entry, t.name))
+                     for t in p.transitions if t.side == "out")
+        targets.append(TraceTarget(p.fqn, ins, outs))
+    return targets
+
+
+def _check_sizes(result: Inspection) -> None:
+    missing = [a for a in result.axes if a not in result.sizes]
+    if missing:
+        raise UsageError([error("inspect.unknown_axis_size", "/parallel_dims",
+                                f"size of mesh axis {', '.join(missing)} unknown",
+                                hint="pass --mesh, e.g. --mesh tp=2")])
+
+
+def _volumes(result: Inspection, entries: Any, trace: TraceResult,
+             float_bytes: int) -> dict[str, BoundaryVolume]:
+    out: dict[str, BoundaryVolume] = {}
+    for p in result.preds:
+        if not p.transitions:
+            continue
+        bv = BoundaryVolume(p.fqn)
+        for t in p.transitions:
+            info = trace.tensors.get((p.fqn, t.side, t.name))
+            bv.ops.extend(transition_volume(t, entries[p.fqn], result.axes, result.sizes,
+                                            info, float_bytes))
+        out[p.fqn] = bv
+    return out
+
+
+def _by_collective(volumes: dict[str, BoundaryVolume]) -> list[dict[str, Any]]:
+    counts: Counter[tuple[str, str, str, int]] = Counter()
+    nbytes: Counter[tuple[str, str, str, int]] = Counter()
+    for bv in volumes.values():
+        for op in bv.ops:
+            key = (op.direction, op.kind, op.axis, -1 if op.dim is None else op.dim)
+            counts[key] += 1
+            nbytes[key] += op.bytes or 0.0
+    return [{"direction": d, "kind": k, "axis": a, "dim": None if dim == -1 else dim,
+             "count": counts[(d, k, a, dim)], "bytes": nbytes[(d, k, a, dim)]}
+            for d, k, a, dim in sorted(counts)]
+
+
+def _rows(result: Inspection, volumes: dict[str, BoundaryVolume]) -> list[dict[str, Any]]:
+    rows = []
+    for row in result.rows:
+        vols = [volumes[f] for f in row.fqns if f in volumes]
+        if not vols or not vols[0].ops:
+            continue
+        rows.append({
+            "fqn": row.label, "count": row.count,
+            "ops": [op.to_json() for op in vols[0].ops],
+            "forward_bytes": sum(v.total("forward") for v in vols),
+            "backward_bytes": sum(v.total("backward") for v in vols),
+        })
+    return rows
+
+
+def volume_report(meta: dict[str, Any], result: Inspection,
+                  opts: InspectOptions) -> dict[str, Any]:
+    """Trace the model, then bytes per rank per collective, per forward and per backward."""
+    from hpcodegen.trace import trace_boundaries
+
+    float_bytes = dtype_bytes(opts.dtype)
+    _check_sizes(result)
+    config, _ = read_hf_config(opts.hf_config or "")
+    entries = param_plan(meta)
+    trace = trace_boundaries(config, _targets(result, entries), opts.batch or 1, opts.seq or 1)
+    result.findings.extend(trace.findings)
+    result.findings.extend(
+        warning("trace.called_repeatedly", fqn,
+                f"called {n} times in one forward; counts and bytes assume once")
+        for fqn, n in trace.calls.items() if n > 1)
+    volumes = _volumes(result, entries, trace, float_bytes)
+    fwd = sum(v.total("forward") for v in volumes.values())
+    bwd = sum(v.total("backward") for v in volumes.values())
+    return {
+        "dtype": opts.dtype, "batch": opts.batch, "seq": opts.seq,
+        "link_gbps": opts.link_gbps,
+        "per_forward_bytes": fwd, "per_backward_bytes": bwd,
+        "est_forward_s": seconds(fwd, opts.link_gbps),
+        "est_backward_s": seconds(bwd, opts.link_gbps),
+        "by_collective": _by_collective(volumes),
+        "boundaries": _rows(result, volumes),
+    }

@@ -1,0 +1,243 @@
+"""Predict every collective a frozen plan runs, per boundary, forward and backward (pure).
+
+``inspect-plan`` shows this; the runtime's comm-count tests compare against it. The rules
+follow what the runtime executes, form by form (design.md, decisions.md "Forms"):
+
+* ``tp_collective``: one lowered op per transition (identity inputs only unwrap; identity
+  outputs are dropped);
+* ``generic`` / ``region``: DTensor's redistribute steps per transition
+  (:func:`~hpcodegen.plan.classify.redistribute_steps`); communication *inside* an
+  injected callable (``local_compute_fn``, ``inner_wrapper``) is opaque and only listed;
+* ``identity`` / ``params``: the forward is untouched, nothing runs.
+
+The backward of each executed transition is its ``Transition.grad_steps`` (the one rule the
+runtime's autograd uses). A ``chunk`` is local (no communication) and is not counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcodegen.errors import Finding, error, warning
+from hpcodegen.plan.classify import (
+    TP,
+    BoundaryForm,
+    Step,
+    Transition,
+    classify_boundary,
+)
+from hpcodegen.plan.entry import active_axes, expand_injections, param_plan
+
+#: forms whose forward the runtime rewrites (identity and params run untouched)
+EXECUTED_FORMS = ("tp_collective", "generic", "region")
+
+
+@dataclass(frozen=True, slots=True)
+class PredOp:
+    """One predicted operation on one named input or output.
+
+    ``kind`` is ``identity`` (unwrap only), ``chunk`` (local split), ``invalid`` (torch
+    refuses it) or a collective: ``all_gather``, ``all_reduce``, ``reduce_scatter``,
+    ``all_to_all``. ``axis`` is the mesh axis it runs on (None for identity).
+    """
+
+    name: str
+    kind: str
+    dim: int | None = None
+    axis: str | None = None
+    reduce_op: str | None = None
+
+    @property
+    def communicates(self) -> bool:
+        return self.kind not in ("identity", "chunk", "invalid")
+
+    def label(self) -> str:
+        """``hidden_states: all_gather(tp, dim=1)``."""
+        if self.kind == "identity":
+            return f"{self.name}: to_local"
+        args = [a for a in (self.axis, None if self.dim is None else f"dim={self.dim}",
+                            self.reduce_op if self.kind == "all_reduce" else None) if a]
+        return f"{self.name}: {self.kind}({', '.join(args)})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "dim": self.dim, "axis": self.axis,
+                "reduce_op": self.reduce_op}
+
+
+@dataclass(frozen=True)
+class BoundaryPrediction:
+    """What one ``param_plan`` entry runs: forward ops per side, backward ops, notes."""
+
+    fqn: str
+    cls: str | None
+    form: str
+    in_ops: tuple[PredOp, ...] = ()
+    out_ops: tuple[PredOp, ...] = ()
+    grad_ops: tuple[PredOp, ...] = ()
+    notes: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    #: ``(kind, target)`` of an injected callable whose communication is opaque
+    opaque: tuple[tuple[str, str], ...] = ()
+    #: the executed transitions (for the volume estimate)
+    transitions: tuple[Transition, ...] = field(default=(), compare=False)
+
+    def signature(self) -> tuple[Any, ...]:
+        """Everything a folded row shows; equal signatures fold together."""
+        return (self.cls, self.form, self.in_ops, self.out_ops, self.grad_ops, self.notes,
+                self.reasons, self.opaque)
+
+
+def _step_op(name: str, step: Step) -> PredOp:
+    return PredOp(name, step.kind, step.dim, step.axis, step.reduce_op)
+
+
+def _forward_ops(bf: BoundaryForm, form: str) -> tuple[tuple[PredOp, ...], tuple[PredOp, ...]]:
+    if form not in EXECUTED_FORMS:
+        return (), ()
+    ins: list[PredOp] = []
+    outs: list[PredOp] = []
+    for t in bf.transitions:
+        target = ins if t.side == "in" else outs
+        if form == "tp_collective" and t.op is not None:
+            if t.is_identity:
+                if t.side == "in":
+                    ins.append(PredOp(t.name, "identity"))
+                continue
+            target.append(PredOp(t.name, t.op.kind, t.op.dim, TP, t.op.reduce_op))
+        elif not t.steps:
+            if t.side == "in":
+                ins.append(PredOp(t.name, "identity"))
+        else:
+            target.extend(_step_op(t.name, s) for s in t.steps)
+    return tuple(ins), tuple(outs)
+
+
+def executed_transitions(bf: BoundaryForm, form: str) -> tuple[Transition, ...]:
+    """The transitions the runtime executes: every input, the non-identity outputs."""
+    if form not in EXECUTED_FORMS:
+        return ()
+    return tuple(t for t in bf.transitions
+                 if t.side == "in" or (t.steps if t.op is None else not t.is_identity))
+
+
+def _opaque(injection: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    out = []
+    for key in ("local_compute_fn", "inner_wrapper"):
+        value = (injection or {}).get(key)
+        if value:
+            target = value.get("_target_", "?") if isinstance(value, Mapping) else str(value)
+            out.append((key, str(target)))
+    return tuple(out)
+
+
+def takes_token_ids(cls: str | None) -> bool:
+    """An embedding's input is integer token ids: it has no gradient, so no backward op."""
+    return bool(cls) and cls.endswith("Embedding")
+
+
+def predict_boundary(bf: BoundaryForm, cls: str | None = None,
+                     form: str | None = None) -> BoundaryPrediction:
+    """Predict one classified boundary; ``form`` overrides the executed form (re-validation)."""
+    form = form or bf.form
+    ins, outs = _forward_ops(bf, form)
+    executed = executed_transitions(bf, form)
+    grads = tuple(_step_op(t.name, s) for t in executed for s in t.grad_steps
+                  if not (t.side == "in" and takes_token_ids(cls)))
+    notes = tuple(t.note for t in bf.transitions if t.note)
+    return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes, bf.reasons,
+                              _opaque(bf.injection), executed)
+
+
+def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    classes = meta.get("boundary_classes")
+    return classes if isinstance(classes, Mapping) else {}
+
+
+def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
+                     sizes: Mapping[str, int] | None = None
+                     ) -> tuple[dict[str, BoundaryForm], list[Finding]]:
+    """Classify every entry; an entry that cannot be read becomes a finding, not a traceback."""
+    use_axes = tuple(axes) if axes is not None else active_axes(meta)
+    injections = expand_injections(meta)
+    forms: dict[str, BoundaryForm] = {}
+    problems: list[Finding] = []
+    for fqn, entry in param_plan(meta).items():
+        try:
+            if not isinstance(entry, Mapping):
+                raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
+            forms[fqn] = classify_boundary(fqn, entry, use_axes, injections.get(fqn), sizes)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            problems.append(error("inspect.bad_entry", f"/param_plan/{_ptr(fqn)}",
+                                  f"cannot classify {fqn!r}: {exc}",
+                                  hint="run `hpcodegen verify` for the full diagnosis"))
+    return forms, problems
+
+
+def _ptr(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
+                  effective: Mapping[str, str] | None = None) -> list[BoundaryPrediction]:
+    """Predictions for classified entries, in plan order."""
+    classes = _classes(meta)
+    effective = effective or {}
+    return [predict_boundary(bf, _str_or_none(classes.get(fqn)), effective.get(fqn))
+            for fqn, bf in forms.items()]
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Boundaries per form, collectives per forward/backward, opaque injected callables."""
+
+    forms: dict[str, int]
+    per_forward: dict[tuple[str, str, int | None], int]
+    per_backward: dict[tuple[str, str, int | None], int]
+    #: ``(kind, target) -> [fqn]``
+    opaque: dict[tuple[str, str], list[str]]
+    #: ops torch would refuse (redistribute to Partial), as warnings
+    problems: tuple[Finding, ...] = ()
+
+
+def _count(ops: Iterable[PredOp], into: Counter[tuple[str, str, int | None]]) -> None:
+    for op in ops:
+        if op.communicates:
+            into[(op.kind, op.axis or "", op.dim)] += 1
+
+
+def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
+    """Count per form and per (kind, axis, dim); every boundary instance counts once."""
+    forms: Counter[str] = Counter()
+    fwd: Counter[tuple[str, str, int | None]] = Counter()
+    bwd: Counter[tuple[str, str, int | None]] = Counter()
+    opaque: dict[tuple[str, str], list[str]] = {}
+    problems: list[Finding] = []
+    for p in preds:
+        forms[p.form] += 1
+        _count(p.in_ops + p.out_ops, fwd)
+        _count(p.grad_ops, bwd)
+        for key in p.opaque:
+            opaque.setdefault(key, []).append(p.fqn)
+        problems.extend(
+            warning("inspect.invalid_redistribute", p.fqn,
+                    f"{op.name}: torch refuses this redistribution ({op.axis})")
+            for op in p.in_ops + p.out_ops if op.kind == "invalid")
+    return Summary(dict(forms), _sorted(fwd), _sorted(bwd), opaque, tuple(problems))
+
+
+def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str, int | None], int]:
+    return dict(sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                       -1 if kv[0][2] is None else kv[0][2])))
+
+
+def predict_plan(meta: Mapping[str, Any]) -> tuple[list[BoundaryPrediction], list[Finding]]:
+    """Predict a meta as frozen (its own axes). Returns predictions and unreadable entries."""
+    forms, problems = classify_entries(meta)
+    return predict_forms(meta, forms), problems

@@ -1,0 +1,129 @@
+"""Install-time re-validation: which boundaries change form on a live mesh (pure).
+
+A plan is frozen for one mesh (``mesh_dim_names``, ``parallel_dims``); it may be installed on
+another. The runtime slices the live mesh to the plan's axes (kept in the live order; an axis
+the live mesh lacks is dropped), classifies every boundary again over those axes and sizes
+(a size-1 axis makes every transition on it identity), and then decides per form:
+
+* frozen ``tp_collective``: the lowered ops are bound only when ``tp`` is a live axis and the
+  live classification is ``tp_collective`` with the *same* ops; otherwise the generic engine
+  replaces the forward (``effective_form == "generic"``);
+* frozen ``generic`` / ``region``: the generic engine compiles the live transitions;
+* frozen ``identity`` / ``params``: the forward is untouched whatever the live mesh says.
+
+``inspect-plan --mesh`` shows this; the runtime calls :func:`revalidate` to decide the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpcodegen.plan.classify import TP, BoundaryForm
+from hpcodegen.plan.predict import classify_entries
+
+
+@dataclass(frozen=True)
+class FormChange:
+    """One boundary whose live classification differs from the frozen one.
+
+    Attributes:
+        fqn: the boundary's module FQN.
+        frozen_form: the form the artifact was generated with.
+        live_form: the classifier's form over the live axes and sizes.
+        effective_form: what the runtime executes (``generic`` for a refused tp_collective).
+        reason: one sentence, for people.
+    """
+
+    fqn: str
+    frozen_form: str
+    live_form: str
+    effective_form: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"fqn": self.fqn, "frozen_form": self.frozen_form, "live_form": self.live_form,
+                "effective_form": self.effective_form, "reason": self.reason}
+
+
+def live_plan_axes(meta: Mapping[str, Any], live_axes: Sequence[str]) -> tuple[str, ...]:
+    """The live axes the plan resolves over: the plan's axes in the live order.
+
+    A meta without ``mesh_dim_names`` (legacy: "use the full mesh") takes every live axis.
+    """
+    frozen = meta.get("mesh_dim_names")
+    if not isinstance(frozen, list):
+        return tuple(live_axes)
+    return tuple(axis for axis in live_axes if axis in frozen)
+
+
+def _ops(bf: BoundaryForm) -> tuple[Any, ...]:
+    return (bf.in_ops, bf.out_ops)
+
+
+def decide(frozen: BoundaryForm, live: BoundaryForm,
+           axes: Sequence[str]) -> tuple[str, FormChange | None]:
+    """The effective form of one boundary on the live mesh, and the change if any."""
+    fqn = frozen.fqn
+    if frozen.form == "tp_collective":
+        if TP not in axes:
+            return "generic", FormChange(fqn, frozen.form, live.form, "generic",
+                                         "tp is not a live axis: no lowerer, generic engine")
+        if live.form != "tp_collective" or _ops(live) != _ops(frozen):
+            why = (f"live form is {live.form}" if live.form != "tp_collective"
+                   else "live ops differ from the frozen ops")
+            return "generic", FormChange(fqn, frozen.form, live.form, "generic",
+                                         f"{why}: the generic engine replaces the forward")
+        return "tp_collective", None
+    if frozen.form in ("identity", "params"):
+        if live.form != frozen.form and frozen.form == "identity":
+            return "identity", FormChange(
+                fqn, frozen.form, live.form, "identity",
+                "frozen as identity: the forward runs untouched although the live mesh "
+                "would need transitions (regenerate for this mesh)")
+        return frozen.form, None
+    if live.form != frozen.form:
+        return frozen.form, FormChange(fqn, frozen.form, live.form, frozen.form,
+                                       f"live classification is {live.form}; the generic "
+                                       "engine still runs the live transitions")
+    return frozen.form, None
+
+
+def revalidate_forms(frozen: Mapping[str, BoundaryForm], live: Mapping[str, BoundaryForm],
+                     axes: Sequence[str]) -> tuple[dict[str, str], list[FormChange]]:
+    """Effective form per FQN and the changes, from two classifications of the same plan."""
+    effective: dict[str, str] = {}
+    changes: list[FormChange] = []
+    for fqn, bf in frozen.items():
+        if fqn not in live:
+            continue
+        form, change = decide(bf, live[fqn], axes)
+        effective[fqn] = form
+        if change is not None:
+            changes.append(change)
+    return effective, changes
+
+
+def revalidate(meta: Mapping[str, Any], live_axes: Sequence[str],
+               live_sizes: Mapping[str, int]) -> list[FormChange]:
+    """The boundaries whose form changes when the plan is installed on a live mesh.
+
+    Args:
+        meta: the loaded meta (a dict).
+        live_axes: the live mesh's axis names, in its order (e.g. ``("dp", "cp", "tp")``).
+        live_sizes: the size of each live axis.
+
+    Returns:
+        One :class:`FormChange` per boundary that changes; empty when the plan fits as frozen.
+        Entries that cannot be classified are left out (``verify`` reports them).
+
+    Example::
+
+        changes = revalidate(meta, ("tp",), {"tp": 1})
+        [c.fqn for c in changes if c.effective_form == "generic"]
+    """
+    axes = live_plan_axes(meta, live_axes)
+    frozen, _ = classify_entries(meta)
+    live, _ = classify_entries(meta, axes, live_sizes)
+    return revalidate_forms(frozen, live, axes)[1]

@@ -1,0 +1,147 @@
+"""Bytes each rank sends per predicted collective, and an estimated time (pure).
+
+The tensor a collective moves is the boundary's input or output as traced on the
+*unsharded* model (:mod:`hpcodegen.trace`): ``full = numel x element size``. A collective on
+mesh axis ``a`` of size ``n`` works on the part of that tensor one ``a``-group holds:
+``group = full / prod(size(b) for every other axis b the current placement shards)``.
+Each rank then sends, with ring algorithms (the usual NCCL/HCCL cost model):
+
+=================  ==============================
+all_gather         ``(n-1)/n * group``
+reduce_scatter     ``(n-1)/n * group``
+all_reduce         ``2(n-1)/n * group``
+all_to_all         ``(n-1)/n * group / n``
+chunk, identity    0 (local)
+=================  ==============================
+
+A multi-axis transition walks its steps in order, the placement of each axis becoming its
+target once its step ran (as DTensor's redistribute does). The backward walks the
+transition's ``grad_steps`` from the arriving gradient placements (``grad_placements``).
+Time per collective is ``bytes * 8 / (link_gbps * 1e9)``: bandwidth only, no latency term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcodegen.errors import UsageError, error
+from hpcodegen.placement import Placement, is_shard
+from hpcodegen.plan.classify import Step, Transition, grad_placements, splits_compute
+
+#: element size in bytes of ``--dtype`` spellings
+DTYPE_BYTES: dict[str, int] = {
+    "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
+    "fp32": 4, "float32": 4, "float": 4, "fp64": 8, "float64": 8, "double": 8,
+    "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+def dtype_bytes(name: str) -> int:
+    """Element size of a ``--dtype`` value; UsageError (exit 2) for an unknown name."""
+    try:
+        return DTYPE_BYTES[name.lower()]
+    except KeyError:
+        raise UsageError([error("inspect.bad_dtype", "--dtype", f"unknown dtype {name!r}",
+                                expected=", ".join(DTYPE_BYTES))]) from None
+
+
+def ring_factor(kind: str, n: int) -> float:
+    """Fraction of the group tensor one rank sends (all_to_all: of its local shard)."""
+    if n <= 1:
+        return 0.0
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    return 0.0
+
+
+def step_bytes(step: Step, current: Sequence[Placement], axes: Sequence[str],
+               sizes: Mapping[str, int], full_bytes: float) -> float:
+    """Bytes one rank sends for ``step`` while the tensor has placements ``current``."""
+    if not step.communicates:
+        return 0.0
+    others = math.prod(sizes.get(b, 1) for b, p in zip(axes, current, strict=False)
+                       if b != step.axis and is_shard(p))
+    n = sizes.get(step.axis, 1)
+    group = full_bytes / others
+    if step.kind == "all_to_all":
+        group /= max(n, 1)
+    return ring_factor(step.kind, n) * group
+
+
+def walk_bytes(steps: Sequence[Step], start: Sequence[Placement], target: Sequence[Placement],
+               axes: Sequence[str], sizes: Mapping[str, int], full_bytes: float) -> list[float]:
+    """Bytes per step of a redistribution from ``start`` to ``target``, in step order."""
+    current = list(start)
+    out: list[float] = []
+    for step in steps:
+        out.append(step_bytes(step, current, axes, sizes, full_bytes))
+        if step.axis in axes:
+            i = list(axes).index(step.axis)
+            current[i] = target[i]
+    return out
+
+
+@dataclass(frozen=True)
+class OpVolume:
+    """One collective's traffic on one boundary instance."""
+
+    direction: str  # "forward" | "backward"
+    side: str       # "in" | "out"
+    name: str
+    kind: str
+    axis: str
+    dim: int | None
+    shape: tuple[int, ...] | None
+    bytes: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"direction": self.direction, "side": self.side, "name": self.name,
+                "kind": self.kind, "axis": self.axis, "dim": self.dim,
+                "shape": list(self.shape) if self.shape is not None else None,
+                "bytes": self.bytes}
+
+
+@dataclass
+class BoundaryVolume:
+    """All collectives of one boundary instance with their bytes."""
+
+    fqn: str
+    ops: list[OpVolume] = field(default_factory=list)
+
+    def total(self, direction: str) -> float:
+        return sum(op.bytes or 0.0 for op in self.ops if op.direction == direction)
+
+
+#: traced tensor facts: ``(shape, itemsize or None for a floating tensor)``
+TensorInfo = tuple[tuple[int, ...], int | None]
+
+
+def transition_volume(t: Transition, entry: Mapping[str, Any], axes: Sequence[str],
+                      sizes: Mapping[str, int], info: TensorInfo | None,
+                      float_bytes: int) -> list[OpVolume]:
+    """Forward and backward collectives of one executed transition, with bytes."""
+    shape = info[0] if info else None
+    full = None
+    if info is not None:
+        full = float(math.prod(info[0]) * (info[1] or float_bytes))
+    grad, grad_target = grad_placements(t.side, t.src, t.dst, axes, splits_compute(entry))
+    out: list[OpVolume] = []
+    for direction, steps, start, target in (("forward", t.steps, t.src, t.dst),
+                                            ("backward", t.grad_steps, grad, grad_target)):
+        amounts = (walk_bytes(steps, start, target, axes, sizes, full) if full is not None
+                   else [None] * len(steps))
+        out.extend(OpVolume(direction, t.side, t.name, s.kind, s.axis, s.dim, shape, b)
+                   for s, b in zip(steps, amounts, strict=True) if s.communicates)
+    return out
+
+
+def seconds(nbytes: float, link_gbps: float | None) -> float | None:
+    """Bandwidth-only time for ``nbytes`` over a ``link_gbps`` (gigabit per second) link."""
+    if not link_gbps:
+        return None
+    return nbytes * 8 / (link_gbps * 1e9)
