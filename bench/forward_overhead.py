@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -40,15 +41,36 @@ ARM_LABELS = {
 
 
 # ----------------------------------------------------------------------------- hand-written
-def _collective_functions() -> tuple[Any, Any, Any]:
-    """Megatron's f / g / gather operators as autograd functions over bare torch.distributed.
+def _gather_last(x: Any, group: Any) -> Any:
+    """all_gather of equal shards, concatenated on the last dim."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    out = x.new_empty((world * x.shape[0], *x.shape[1:]))
+    dist.all_gather_single(out, x.contiguous(), group=group)
+    return torch.cat(out.chunk(world, dim=0), dim=-1)
+
+
+def _all_reduce_(x: Any, group: Any) -> Any:
+    import torch.distributed as dist
+
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _collective_functions(differentiable: bool) -> tuple[Any, Any, Any]:
+    """Megatron's f / g / gather operators over bare torch.distributed.
 
     f (enter a tp region): identity forward, all_reduce backward. g (leave a rowwise
     region): all_reduce forward, identity backward. gather: all_gather on the last dim
-    forward, keep the local slice backward.
+    forward, keep the local slice backward. Without autograd they are plain calls.
     """
     import torch
     import torch.distributed as dist
+
+    if not differentiable:
+        return (lambda x, group: x), _all_reduce_, _gather_last
 
     class EnterTP(torch.autograd.Function):
         @staticmethod
@@ -58,16 +80,13 @@ def _collective_functions() -> tuple[Any, Any, Any]:
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            grad = grad.contiguous()
-            dist.all_reduce(grad, group=ctx.group)
-            return grad, None
+            return _all_reduce_(grad.contiguous(), ctx.group), None
 
     class LeaveTP(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any, group: Any) -> Any:
-            dist.all_reduce(x, group=group)
             ctx.mark_dirty(x)
-            return x
+            return _all_reduce_(x, group)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
@@ -76,11 +95,8 @@ def _collective_functions() -> tuple[Any, Any, Any]:
     class GatherLast(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any, group: Any) -> Any:
-            world, ctx.rank = dist.get_world_size(group), dist.get_rank(group)
-            out = x.new_empty((world * x.shape[0], *x.shape[1:]))
-            dist.all_gather_single(out, x.contiguous(), group=group)
-            ctx.world = world
-            return torch.cat(out.chunk(world, dim=0), dim=-1)
+            ctx.world, ctx.rank = dist.get_world_size(group), dist.get_rank(group)
+            return _gather_last(x, group)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
@@ -126,7 +142,7 @@ class HandwrittenLlama:
             })
         self.norm = part("model.norm.weight", None)
         self.lm_head = part("lm_head.weight", 0)
-        self.enter, self.leave, self.gather = _collective_functions()
+        self._ops = {grad: _collective_functions(grad) for grad in (False, True)}
 
     def parameters(self) -> list[Any]:
         layer_params = [t for layer in self.layers for t in layer.values()]
@@ -165,8 +181,10 @@ class HandwrittenLlama:
         return self.leave(out, self.group)
 
     def forward(self, ids: Any) -> Any:
+        import torch
         import torch.nn.functional as F
 
+        self.enter, self.leave, self.gather = self._ops[torch.is_grad_enabled()]
         outside = (ids < self.vocab_lo) | (ids >= self.vocab_hi)
         h = F.embedding((ids - self.vocab_lo).masked_fill(outside, 0), self.embed)
         h = self.leave(h.masked_fill(outside[..., None], 0.0), self.group)
@@ -265,9 +283,33 @@ def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list
         ids = batch_ids(CONFIG["vocab_size"])
         ids_for = {name: ids for name in arms}
         ids_for["hf_local"] = ids % (CONFIG["vocab_size"] // TP)
-        return measure(arms, ids_for, args)
+        timings = measure(arms, ids_for, args)
+        if args.profile:
+            for name in args.profile:
+                if name in arms:
+                    args.profiles.append(profile_arm(name, arms[name], ids_for[name]))
+        return timings
     finally:
         common.destroy_pg()
+
+
+def profile_arm(name: str, arm: Any, ids: Any, calls: int = 200) -> str:
+    """cProfile ``calls`` no-grad forwards of one arm; print the top functions by own time."""
+    import cProfile
+    import pstats
+
+    forward, _ = step_fns(arm, ids)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        forward()
+    profiler.disable()
+    buf = io.StringIO()
+    buf.write(f"\n--- cProfile: {calls} fake-PG forwards of {ARM_LABELS[name]}\n")
+    stats = pstats.Stats(profiler, stream=buf)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(20)
+    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- gloo
@@ -337,7 +379,10 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (development)")
     parser.add_argument("--no-gloo", action="store_true", help="fake process group only")
+    parser.add_argument("--profile", nargs="+", choices=sorted(ARM_LABELS), default=[],
+                        metavar="ARM", help="cProfile these arms' fake-PG forwards too")
     args = parser.parse_args()
+    args.profiles = []
     scale = 1 if args.quick else 4
     args.warmup, args.rounds, args.per_round = 3 * scale, 5 * scale, 5
     return args
@@ -365,6 +410,8 @@ def main() -> int:
         print_table("2 gloo ranks (rank 0's clock)", gloo["timings"])
         errs = ", ".join(f"{k}={v:.2e}" for k, v in gloo["errors"].items())
         print(f"logit check on gloo (max abs diff vs the unsharded model): {errs}")
+    for text in args.profiles:
+        print(text)
     fwd = fake["fwd"]
     print(f"forward_overhead: vs_parallelize_module="
           f"{common.ratio(fwd.get('hpcodegen'), fwd['parallelize_module'])} "
