@@ -52,9 +52,21 @@ class IdentityBoundary:
         return "IDENTITY_BOUNDARY"
 
 
-def no_deferred_bias(outputs: Any) -> Any:
-    """Default deferred-bias hook: the bias is still inside the rowwise Linear."""
-    return outputs
+class NoDeferredBias:
+    """Default deferred-bias hook: the bias is still inside the rowwise Linear.
+
+    An object, not a function: a generated class sets ``_hp_deferred_bias = no_deferred_bias``
+    as a class attribute, and a plain function there would be bound as a method.
+    """
+
+    def __call__(self, outputs: Any) -> Any:
+        return outputs
+
+    def __repr__(self) -> str:
+        return "no_deferred_bias"
+
+
+no_deferred_bias = NoDeferredBias()
 
 
 IDENTITY_TP = IdentityTP()

@@ -1,0 +1,77 @@
+"""Reading the installed transformers' own TP plan and expanding its globs (lazy torch).
+
+The plan lives in two class attributes: the config's ``base_model_tp_plan`` (keys relative to
+the base model) and the model class's ``_tp_plan``; transformers merges them on the instance
+at ``post_init``. Every rule must match at least one module of the meta-device model, and
+every style must be one we can lift (:mod:`hpcodegen.generate.styles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.globs import expand_glob
+from hpcodegen.generate.styles import STYLE_KINDS, Kind, style_kind
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One module's style after glob expansion."""
+
+    fqn: str
+    kind: Kind
+    factor: int
+    style: str
+    rule: str
+
+
+def hf_rules(model: Any) -> list[tuple[str, str]]:
+    """The model's TP plan as ``(glob, style)`` pairs, in plan order.
+
+    Prefers the instance's merged ``_tp_plan``; else merges the config's
+    ``base_model_tp_plan`` (prefixed with ``base_model_prefix``) and the class ``_tp_plan``.
+    """
+    merged = getattr(model, "_tp_plan", None)
+    if isinstance(merged, Mapping) and merged:
+        return [(str(k), str(v)) for k, v in merged.items()]
+    rules: list[tuple[str, str]] = []
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    base = getattr(getattr(model, "config", None), "base_model_tp_plan", None) or {}
+    has_base = bool(prefix) and hasattr(model, prefix)
+    for key, style in base.items():
+        rules.append((f"{prefix}.{key}" if has_base else str(key), str(style)))
+    for key, style in (getattr(type(model), "_tp_plan", None) or {}).items():
+        rules.append((str(key), str(style)))
+    return rules
+
+
+def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str]) -> dict[str, Assignment]:
+    """Map each module FQN to its style; later rules win, as in transformers.
+
+    Raises:
+        PlanError: a style we cannot lift, or a rule that matches no module.
+    """
+    out: dict[str, Assignment] = {}
+    problems = []
+    for glob, style in rules:
+        kind = style_kind(style)
+        if kind is None:
+            problems.append(error(
+                "generate.unsupported_style", glob,
+                f"HF plan rule {glob!r}: style {style!r} is not supported",
+                expected=", ".join(sorted(STYLE_KINDS)),
+                hint="override the module with a recipe rule (--recipe)"))
+            continue
+        matched = expand_glob(glob, fqns)
+        if not matched:
+            problems.append(error(
+                "generate.rule_no_match", glob,
+                f"HF plan rule {glob!r} ({style}) matches no module of the model"))
+        for fqn in matched:
+            out[fqn] = Assignment(fqn, kind[0], kind[1], style, glob)
+    if problems:
+        raise PlanError(problems)
+    return out

@@ -1,0 +1,234 @@
+"""Lifting per-Linear HF styles to module boundaries (lazy torch: works on a meta model).
+
+HF shards each Linear and hooks its forward; we instead declare one boundary per region:
+the parent of a colwise group (q/k/v, gate/up) and a rowwise closer (o_proj, down_proj)
+becomes ONE entry whose input is gathered once and whose partial output is reduced once.
+The vocab-parallel embedding, ``lm_head`` and the norms get their own entries. With
+sequence parallelism (``sp``) activations between boundaries are sharded on the sequence
+dim (``S(1)``): region inputs are all-gathered and region outputs reduce-scattered.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.globs import parent_of, relative_to
+from hpcodegen.generate.hf_plan import Assignment
+from hpcodegen.generate.styles import Kind, shard
+
+SEQ = "S(1)"
+REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
+ABSORBED = (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE)
+
+
+def _named(name: str, src: str, dst: str) -> tuple[dict, dict]:
+    return {name: {"tp": src}}, {name: {"tp": dst}}
+
+
+def transitions(in_name: str, in_src: str, in_dst: str, out_src: str, out_dst: str) -> dict:
+    """The in/out fields of one boundary with a single input and the output ``output``."""
+    in_s, in_d = _named(in_name, in_src, in_dst)
+    out_s, out_d = _named("output", out_src, out_dst)
+    return {"in_src": in_s, "in_dst": in_d, "out_src": out_s, "out_dst": out_d,
+            "out_names": ["output"], "is_boundary": True}
+
+
+def first_arg(module: Any) -> str:
+    """The name of the first parameter of ``type(module).forward`` after ``self``."""
+    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return p.name
+    raise PlanError([error("generate.no_input", type(module).__name__,
+                           f"{type(module).__name__}.forward has no positional input to place")])
+
+
+def direct_params(module: Any) -> list[str]:
+    """Names of the parameters a module holds itself (not its children's)."""
+    return [name for name, p in module.named_parameters(recurse=False) if p is not None]
+
+
+def head_count_attrs(module: Any) -> list[str]:
+    """Integer attributes naming head counts that the class's forward reads.
+
+    The runtime divides them by tp (each rank holds heads/tp heads). transformers 5.x
+    attention reshapes with ``-1`` and keeps none, so this is usually ``[]``.
+    """
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return []
+    return sorted(
+        name for name, value in vars(module).items()
+        if "heads" in name and isinstance(value, int) and not isinstance(value, bool)
+        and f"self.{name}" in source
+    )
+
+
+class Lifter:
+    """Builds ``param_plan`` entries from expanded HF assignments (one instance per model)."""
+
+    def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool) -> None:
+        self.model = model
+        self.modules: dict[str, Any] = dict(model.named_modules())
+        self.assign = dict(assignments)
+        self.sp = sp
+        self.plan: dict[str, dict[str, Any]] = {}
+
+    # -- regions ---------------------------------------------------------------------------
+    def region_parents(self) -> dict[str, list[Assignment]]:
+        """Parents of colwise/rowwise Linears, each with its shard children."""
+        groups: dict[str, list[Assignment]] = {}
+        for a in self.assign.values():
+            if a.kind in REGION_KINDS:
+                groups.setdefault(parent_of(a.fqn), []).append(a)
+        for parent, members in groups.items():
+            kinds = {a.kind for a in members}
+            if kinds != set(REGION_KINDS):
+                a = members[0]
+                missing = "rowwise" if a.kind is Kind.COLWISE else "colwise"
+                raise PlanError([error(
+                    "generate.unpaired_style", a.fqn,
+                    f"HF plan rule {a.rule!r} ({a.style}): {parent or '<root>'} has no {missing} "
+                    "child to close the region, so no boundary can be lifted",
+                    hint="declare the boundary with a recipe rule (--recipe)")])
+        return groups
+
+    def _shard_params(self, entry_fqn: str, a: Assignment, out: dict, deferred: list) -> None:
+        rel = relative_to(a.fqn, entry_fqn)
+        module = self.modules[a.fqn]
+        col = a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE)
+        for pname in direct_params(module):
+            key = f"{rel}.{pname}" if rel else pname
+            if pname == "bias" and not col:
+                out[key] = {"tp": "R"}
+                deferred.append(key)
+            elif pname == "bias":
+                out[key] = {"tp": shard(0, a.factor)}
+            else:
+                out[key] = {"tp": shard(0 if col else 1, a.factor)}
+
+    def _absorb(self, entry_fqn: str, params: dict, deferred: list, partial: list) -> None:
+        """Put every assignment inside ``entry_fqn`` into its params."""
+        for a in self.assign.values():
+            rel = relative_to(a.fqn, entry_fqn)
+            if not rel:
+                continue
+            if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
+                self._shard_params(entry_fqn, a, params, deferred)
+            elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
+                for pname in direct_params(self.modules[a.fqn]):
+                    params[f"{rel}.{pname}"] = {"tp": "R"}
+                    if a.kind is Kind.REPLICATE_GRAD:
+                        partial.append(f"{rel}.{pname}")
+            else:
+                raise PlanError([error(
+                    "generate.nested_boundary", a.fqn,
+                    f"HF plan rule {a.rule!r} ({a.style}) declares a boundary inside the "
+                    f"region {entry_fqn}", hint="override one of them with a recipe rule")])
+
+    def region_entry(self, fqn: str) -> dict[str, Any]:
+        """One region boundary: gather the input once, reduce the partial output once."""
+        params: dict[str, Any] = {}
+        deferred: list[str] = []
+        partial: list[str] = []
+        self._absorb(fqn, params, deferred, partial)
+        module = self.modules[fqn]
+        entry = {"params": params, **transitions(
+            first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
+        entry["tp_divide_attrs"] = head_count_attrs(module)
+        if deferred:
+            entry["deferred_bias_params"] = sorted(deferred)
+            if self.sp:  # added after the reduce_scatter: each rank sees its sequence slice
+                partial.extend(deferred)
+        if partial:
+            entry["partial_grad_params"] = sorted(set(partial))
+        return entry
+
+    # -- standalone entries ----------------------------------------------------------------
+    def standalone_entry(self, a: Assignment) -> dict[str, Any]:
+        """An entry for a module whose own style says what it does."""
+        module = self.modules[a.fqn]
+        names = direct_params(module)
+        seq = SEQ if self.sp else "R"
+        if a.kind is Kind.COLWISE_GATHER:
+            params = {p: {"tp": shard(0, a.factor)} for p in names}
+            return {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", "R")}
+        if a.kind is Kind.EMBED_VOCAB:
+            params = {p: {"tp": "S(0)"} for p in names}
+            return {"params": params, **transitions(first_arg(module), "R", "R", "P(sum)", seq)}
+        if a.kind is Kind.EMBED_HIDDEN:
+            params = {p: {"tp": "S(1)"} for p in names}
+            return {"params": params, **transitions(first_arg(module), "R", "R", "S(-1)", seq)}
+        if a.kind is Kind.NORM:
+            entry = {"params": {p: {"tp": "R"} for p in names},
+                     **transitions(first_arg(module), seq, seq, seq, seq)}
+            if self.sp and names:
+                entry["partial_grad_params"] = sorted(names)
+            return entry
+        if a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
+            entry = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
+            if a.kind is Kind.REPLICATE_GRAD and names:
+                entry["partial_grad_params"] = sorted(names)
+            return entry
+        raise PlanError([error(
+            "generate.unsupported_style", a.fqn,
+            f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} needs an enclosing "
+            "region (a colwise/rowwise parent or a gather/all_reduce module)")])
+
+    # -- the whole plan --------------------------------------------------------------------
+    def _defaults(self) -> list[Assignment]:
+        """Embedding, lm_head and norms the HF plan leaves out (5.x lists no norms)."""
+        by_id = {id(m): fqn for fqn, m in self.modules.items()}
+        extra: list[Assignment] = []
+        emb = _call(self.model, "get_input_embeddings")
+        if emb is not None and by_id.get(id(emb)) not in self.assign:
+            extra.append(Assignment(by_id[id(emb)], Kind.EMBED_VOCAB, 1,
+                                    "embedding_rowwise", "<input embeddings>"))
+        head = _call(self.model, "get_output_embeddings")
+        if head is not None and by_id.get(id(head)) not in self.assign:
+            extra.append(Assignment(by_id[id(head)], Kind.COLWISE_GATHER, 1,
+                                    "colwise_gather_output", "<output embeddings>"))
+        for fqn, module in self.modules.items():
+            if fqn not in self.assign and is_norm(module):
+                extra.append(Assignment(fqn, Kind.NORM, 1, "sequence_parallel", "<norm>"))
+        return extra
+
+    def run(self) -> dict[str, dict[str, Any]]:
+        """Lift every assignment (and the defaults) into ``param_plan`` entries."""
+        regions = list(self.region_parents())
+        regions += [a.fqn for a in self.assign.values() if a.kind is Kind.REDUCE_OUTPUT]
+        for fqn in regions:
+            self.plan[fqn] = self.region_entry(fqn)
+
+        def inside(fqn: str) -> bool:
+            return any(relative_to(fqn, r) not in (None, "") for r in regions)
+
+        pending = [a for a in self.assign.values() if a.fqn not in self.plan]
+        pending += [a for a in self._defaults() if not inside(a.fqn)]
+        for a in pending:
+            if not inside(a.fqn):
+                self.plan[a.fqn] = self.standalone_entry(a)
+        return self.plan
+
+
+def _call(model: Any, name: str) -> Any:
+    fn = getattr(model, name, None)
+    try:
+        return fn() if callable(fn) else None
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def is_norm(module: Any) -> bool:
+    """RMSNorm/LayerNorm-like modules: the class name ends in ``Norm`` and holds a weight."""
+    name = type(module).__name__
+    return name.endswith(("RMSNorm", "LayerNorm")) and "weight" in direct_params(module)
+
+
+def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool) -> dict[str, dict]:
+    """``param_plan`` entries for a meta-device model from its expanded HF assignments."""
+    return Lifter(model, assignments, sp).run()

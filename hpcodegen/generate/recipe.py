@@ -1,0 +1,119 @@
+"""Recipes: YAML rules over module FQN globs that add or override plan entries.
+
+A recipe is a list of rules (``schemas/recipe.schema.json``)::
+
+    - match: "model.layers.*.self_attn"      # a glob or a list of globs
+      params: {q_proj.weight: {tp: "S(0)"}}  # merged into the entry, rule wins
+      out_dst: {output: {tp: "R"}}           # in/out fields replace the entry's
+      injections: {inner_wrapper: sdpa_hf}
+
+Recipes win over the HF plan: a parameter a rule places is removed from any entry the HF
+plan gave it to. A rule that matches nothing is an error naming its index and match. A file
+that cannot be read or parsed exits 2; one that breaks the schema exits 1 with a JSON
+pointer per problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hpcodegen.errors import InputError, PlanError, error
+from hpcodegen.generate.globs import fqn_matches
+from hpcodegen.plan.entry import join_fqn
+
+REPLACED_FIELDS = ("in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary",
+                   "tp_divide_attrs", "deferred_bias_params", "partial_grad_params")
+INJECTION_KEYS = ("inner_wrapper", "inner_target", "inner_out_src", "local_compute_fn")
+
+
+def recipe_schema() -> dict[str, Any]:
+    """The published recipe schema (``schemas/recipe.schema.json``)."""
+    text = resources.files("hpcodegen.schemas").joinpath("recipe.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def _pointer(path: Sequence[Any]) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def validate_recipe(data: Any, file: str = "") -> list[dict[str, Any]]:
+    """Schema-check a parsed recipe; PlanError (exit 1) with one finding per problem."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(recipe_schema())
+    problems = [
+        error("recipe.schema", _pointer(e.absolute_path), e.message, file=file or None)
+        for e in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+    if problems:
+        raise PlanError(problems)
+    return list(data)
+
+
+def load_recipe(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read, parse and validate a recipe file.
+
+    Raises:
+        InputError: (exit 2) missing, unreadable or not YAML.
+        PlanError: (exit 1) valid YAML that breaks the schema.
+    """
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError([error("recipe.unreadable", "", f"cannot read recipe: {exc}",
+                                file=str(p))]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError([error("recipe.invalid_yaml", "", f"not valid YAML: {exc}",
+                                file=str(p))]) from None
+    return validate_recipe(data, str(p))
+
+
+def _matches(index: int, rule: Mapping[str, Any], fqns: Sequence[str]) -> list[str]:
+    globs = [rule["match"]] if isinstance(rule["match"], str) else list(rule["match"])
+    found = [f for f in fqns if any(fqn_matches(g, f) for g in globs)]
+    if not found:
+        raise PlanError([error("recipe.no_match", f"/{index}/match",
+                               f"recipe rule {index} (match {rule['match']!r}) matches no module",
+                               hint="check the FQNs with `hpcodegen inspect-plan`")])
+    return found
+
+
+def apply_recipe(plan: dict[str, dict[str, Any]], rules: Sequence[Mapping[str, Any]],
+                 fqns: Sequence[str]) -> list[dict[str, Any]]:
+    """Apply every rule to ``plan`` in order (in place); returns the injection records."""
+    injections: dict[str, dict[str, Any]] = {}
+    for index, rule in enumerate(rules):
+        for fqn in _matches(index, rule, fqns):
+            entry = plan.setdefault(fqn, {})
+            params = rule.get("params")
+            if params is not None:
+                entry["params"] = {**(entry.get("params") or {}), **params}
+                for rel in params:
+                    _drop_elsewhere(plan, fqn, join_fqn(fqn, rel))
+            for key in REPLACED_FIELDS:
+                if key in rule:
+                    entry[key] = rule[key]
+            if rule.get("injections"):
+                injections.setdefault(fqn, {}).update(rule["injections"])
+    return [{"match": fqn, **injections[fqn]} for fqn in sorted(injections)]
+
+
+def _drop_elsewhere(plan: dict[str, dict[str, Any]], keep: str, full: str) -> None:
+    """Remove ``full`` from every entry but ``keep`` (the recipe's placement wins)."""
+    for fqn, entry in plan.items():
+        params = entry.get("params") or {}
+        if fqn == keep:
+            continue
+        for rel in list(params):
+            if join_fqn(fqn, rel) == full:
+                del params[rel]

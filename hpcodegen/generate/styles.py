@@ -1,0 +1,73 @@
+"""The HF tensor-parallel style names, of both generations, mapped to what we lift (pure).
+
+transformers renamed its styles in 5.1 (``colwise_rep`` became ``colwise_gather_output``,
+embeddings got their own names, ``replicated_with_grad_allreduce`` appeared). A plan from
+either generation reads the same here. A style that is not in :data:`STYLE_KINDS` is an
+error naming the rule: we never skip a rule silently.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Kind(str, Enum):
+    """What a style does to its module, in terms the lifter understands."""
+
+    #: a Linear sharded on its output features; lifted into its parent's boundary
+    COLWISE = "colwise"
+    #: a Linear sharded on its input features; its output is partial, reduced by the parent
+    ROWWISE = "rowwise"
+    #: a standalone colwise Linear whose output is gathered (lm_head)
+    COLWISE_GATHER = "colwise_gather"
+    #: an Embedding sharded on the vocab (rows): output partial, reduced after
+    EMBED_VOCAB = "embed_vocab"
+    #: an Embedding sharded on the hidden dim (columns): output gathered on the last dim
+    EMBED_HIDDEN = "embed_hidden"
+    #: parameters replicated, no communication
+    REPLICATE = "replicate"
+    #: parameters replicated whose gradient is partial over tp (per-head norms)
+    REPLICATE_GRAD = "replicate_grad"
+    #: a norm on sequence-sharded activations (a boundary with identity transitions)
+    NORM = "norm"
+    #: a module whose output is all-reduced; its ``local_*`` descendants hold the shards
+    REDUCE_OUTPUT = "reduce_output"
+    #: shard like colwise / rowwise, but the communication belongs to an ancestor
+    LOCAL_COLWISE = "local_colwise"
+    LOCAL_ROWWISE = "local_rowwise"
+
+
+#: style name -> (kind, shard factor for packed weights, 1 otherwise)
+STYLE_KINDS: dict[str, tuple[Kind, int]] = {
+    # both generations
+    "colwise": (Kind.COLWISE, 1),
+    "rowwise": (Kind.ROWWISE, 1),
+    "sequence_parallel": (Kind.NORM, 1),
+    "replicate": (Kind.REPLICATE, 1),
+    # pre-5.1
+    "colwise_rep": (Kind.COLWISE_GATHER, 1),
+    "rowwise_rep": (Kind.ROWWISE, 1),
+    "local_colwise": (Kind.LOCAL_COLWISE, 1),
+    "local_rowwise": (Kind.LOCAL_ROWWISE, 1),
+    "local": (Kind.REPLICATE, 1),
+    "gather": (Kind.REDUCE_OUTPUT, 1),
+    # 5.1+
+    "colwise_gather_output": (Kind.COLWISE_GATHER, 1),
+    "rowwise_split_input": (Kind.ROWWISE, 1),
+    "embedding_rowwise": (Kind.EMBED_VOCAB, 1),
+    "embedding_colwise": (Kind.EMBED_HIDDEN, 1),
+    "replicated_with_grad_allreduce": (Kind.REPLICATE_GRAD, 1),
+    "packed_colwise": (Kind.COLWISE, 2),
+    "packed_rowwise": (Kind.ROWWISE, 2),
+    "all_reduce": (Kind.REDUCE_OUTPUT, 1),
+}
+
+
+def style_kind(style: str) -> tuple[Kind, int] | None:
+    """The kind and packing factor of a style name, None when unsupported."""
+    return STYLE_KINDS.get(style)
+
+
+def shard(dim: int, factor: int) -> str:
+    """``S(dim)``, or the strided ``SS(dim,factor)`` of a packed (fused) weight."""
+    return f"S({dim})" if factor == 1 else f"SS({dim},{factor})"

@@ -1,0 +1,92 @@
+"""Checks a plan must pass before it is frozen: coverage, class contracts, divisibility.
+
+Each failure is a :class:`~hpcodegen.errors.PlanError` (exit 1) naming the parameter, the
+module or the config field, so nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hpcodegen.errors import Finding, PlanError, error
+from hpcodegen.plan.entry import is_boundary, join_fqn
+
+#: config fields that must divide the tp degree, with why
+DIVISIBLE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("num_attention_heads", "attention heads are split over tp"),
+    ("num_key_value_heads", "key/value heads are split over tp"),
+    ("intermediate_size", "the MLP is split over tp"),
+    ("vocab_size", "the embedding and lm_head are split on the vocab over tp"),
+)
+#: entry fields that make a class's contract (params aside)
+CONTRACT_FIELDS: tuple[str, ...] = (
+    "in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary",
+    "deferred_bias_params", "tp_divide_attrs",
+)
+
+
+def check_divisible(config: Mapping[str, Any], tp: int) -> None:
+    """Heads, kv heads, MLP width and vocab must divide ``tp``; PlanError naming the fields."""
+    problems = []
+    for key, why in DIVISIBLE_FIELDS:
+        value = config.get(key)
+        if key == "num_key_value_heads" and value is None:
+            value = config.get("num_attention_heads")
+        if isinstance(value, int) and value % tp:
+            problems.append(error(
+                "generate.indivisible", f"/{key}",
+                f"config {key}={value} is not divisible by --tp {tp} ({why})",
+                expected=f"a multiple of {tp}"))
+    if problems:
+        raise PlanError(problems)
+
+
+def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
+    """Every trainable parameter is planned exactly once, and every planned one exists."""
+    planned: dict[str, str] = {}
+    problems: list[Finding] = []
+    for fqn, entry in plan.items():
+        for rel in entry.get("params") or {}:
+            full = join_fqn(fqn, rel)
+            if full in planned:
+                problems.append(error("generate.param_twice", full,
+                                      f"parameter planned by both {planned[full]!r} and {fqn!r}"))
+            planned[full] = fqn
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, param in params.items():
+        if param.requires_grad and name not in planned:
+            problems.append(error(
+                "generate.param_not_covered", name,
+                "trainable parameter is not covered by the plan",
+                hint="add it with a recipe rule (params)"))
+    for full, fqn in planned.items():
+        if full not in params:
+            problems.append(error("generate.param_missing", f"/param_plan/{fqn}",
+                                  f"planned parameter {full!r} does not exist in the model"))
+    if problems:
+        raise PlanError(problems)
+
+
+def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
+                          classes: Mapping[str, str]) -> None:
+    """Every boundary FQN of one class carries the same contract (the emitter writes one)."""
+    first: dict[str, str] = {}
+    problems = []
+    for fqn, entry in plan.items():
+        if not is_boundary(entry):
+            continue
+        cls = classes[fqn]
+        if cls not in first:
+            first[cls] = fqn
+            continue
+        other = plan[first[cls]]
+        diff = [k for k in CONTRACT_FIELDS if entry.get(k) != other.get(k)]
+        if diff:
+            problems.append(error(
+                "generate.class_contract", fqn,
+                f"class {cls}: {fqn} and {first[cls]} declare different {', '.join(diff)}",
+                hint="one class has one generated forward; give every instance the same "
+                     "transitions"))
+    if problems:
+        raise PlanError(problems)
