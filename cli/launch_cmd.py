@@ -1,0 +1,67 @@
+"""``hpcodegen launch``: run an artifact on N ranks under torchrun (thin Typer verb)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .app import app
+
+_HELP = """Run ARTIFACT on a torchrun mesh and report every rank.
+
+Without a script: each rank builds the model (seeded, or safetensors weights from
+--model-dir), parallelizes it from the artifact, runs a timed forward, and optionally
+--check-parity (logits and gradients vs the unsharded model) and --steps K AdamW steps.
+With `-- SCRIPT ARGS`: runs your script on every rank; it calls
+hpcodegen.launch.setup() to get (model, mesh_context).
+
+The mesh is ("dp", *plan axes): dp = world size / product of the frozen axis sizes.
+
+Exit codes: 0 every rank succeeded; 1 a rank failed, a check failed or --timeout passed;
+2 usage error (bad options, unreadable artifact, impossible world size, missing device).
+"""
+
+
+@app.command("launch", help=_HELP, no_args_is_help=True)
+def launch(
+    artifact: Path = typer.Argument(..., help="Artifact directory (or its codegen_meta.json)."),
+    script: Optional[list[str]] = typer.Argument(
+        None, help="After `--`: a user script and its arguments, run on every rank."),
+    nproc: int = typer.Option(1, "--nproc", help="Ranks on this node."),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes: N or MIN:MAX (torchrun)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                help="host:port of the c10d rendezvous."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="Job id for all nodes."),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr",
+                                              help="Static rendezvous address."),
+    master_port: Optional[int] = typer.Option(None, "--master-port",
+                                              help="Static rendezvous port."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | npu | cpu."),
+    model_dir: Optional[Path] = typer.Option(
+        None, "--model-dir", help="HF config.json (+ *.safetensors); default: the artifact."),
+    steps: int = typer.Option(0, "--steps", help="AdamW steps on a synthetic batch."),
+    check_parity: bool = typer.Option(False, "--check-parity",
+                                      help="Compare with the unsharded model."),
+    tolerance: float = typer.Option(1e-5, "--tolerance", help="Parity max abs diff."),
+    seed: int = typer.Option(0, "--seed", help="Init and batch seed."),
+    timeout: Optional[float] = typer.Option(None, "--timeout",
+                                            help="End the whole job after S seconds."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir",
+                                           help="Keep per-rank logs and results here."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Print the torchrun command and rank environments."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    from hpcodegen.launch.options import LaunchOptions
+    from hpcodegen.launch.run import run_launch
+
+    opts = LaunchOptions(
+        artifact=artifact, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, master_addr=master_addr,
+        master_port=master_port, device=device, model_dir=model_dir, steps=steps,
+        check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
+        log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()))
+    raise typer.Exit(run_launch(opts))

@@ -1,0 +1,97 @@
+"""How a launch looks: the per-rank table, the live progress view and the JSON document.
+
+rich is used only here. The table has one row per rank: rank, device, local parameter
+bytes, forward time, parity max diffs, status. JSON (``--json``) goes to stdout with
+stable keys: ``status``, ``exit_code``, ``message``, ``mesh``, ``ranks``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hpcodegen.launch.results import (
+    STATUS_ENDED,
+    STATUS_ERROR,
+    STATUS_FAIL,
+    STATUS_LOST,
+    STATUS_OK,
+    RankRecord,
+)
+
+_STYLE = {STATUS_OK: "green", STATUS_FAIL: "red", STATUS_ERROR: "red", STATUS_LOST: "red",
+          STATUS_ENDED: "yellow"}
+_FINAL_LOOKING = (STATUS_LOST, STATUS_ENDED)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _diff(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2e}"
+
+
+def _status(record: RankRecord) -> str:
+    style = _STYLE.get(record.status, "yellow")
+    final = record.done or record.status in _FINAL_LOOKING
+    text = record.status if final else record.phase
+    return f"[{style}]{text}[/{style}]"
+
+
+COLUMNS = ("rank", "device", "local params", "forward", "logits diff", "grad diff", "loss",
+           "status")
+
+
+def _cells(rec: RankRecord) -> tuple[str, ...]:
+    parity = rec.parity or {}
+    fwd = "-" if rec.forward_ms is None else f"{rec.forward_ms:.1f} ms"
+    loss = f"{rec.losses[-1]:.4f}" if rec.losses else "-"
+    return (str(rec.rank), rec.device or "-", _bytes(rec.local_param_bytes), fwd,
+            _diff(parity.get("logits_max_diff")), _diff(parity.get("grad_max_diff")), loss,
+            _status(rec))
+
+
+def rank_table(records: Mapping[int, RankRecord], expected: int, title: str,
+               script: bool = False) -> Table:
+    """The per-rank table; ranks not heard from yet show as ``starting``.
+
+    A user script's table leaves out the smoke job's columns (forward, diffs, loss).
+    """
+    table = Table(title=title, title_justify="left")
+    keep = [i for i, c in enumerate(COLUMNS)
+            if not script or c in ("rank", "device", "local params", "status")]
+    for i in keep:
+        table.add_column(COLUMNS[i], justify="left" if COLUMNS[i] == "status" else "right")
+    for rank in sorted(set(records) | set(range(expected))):
+        rec = records.get(rank)
+        cells = (_cells(rec) if rec is not None
+                 else (str(rank), *["-"] * (len(COLUMNS) - 2), "[yellow]starting[/yellow]"))
+        table.add_row(*(cells[i] for i in keep))
+    return table
+
+
+def progress_line(rec: RankRecord) -> str:
+    """One plain line per phase change, for consoles that are not terminals."""
+    loss = f" loss {rec.losses[-1]:.4f}" if rec.losses and rec.phase.startswith("step") else ""
+    return f"[launch] rank {rec.rank}: {rec.status if rec.done else rec.phase}{loss}"
+
+
+def print_json(document: Mapping[str, Any]) -> None:
+    """The ``--json`` document on stdout."""
+    print(json.dumps(document, indent=2, sort_keys=True, allow_nan=True))
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console that honours NO_COLOR and does not wrap long lines in logs."""
+    return Console(stderr=stderr, soft_wrap=True, highlight=False)

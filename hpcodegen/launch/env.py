@@ -1,0 +1,51 @@
+"""The environment contract between the launcher and each rank.
+
+The launcher never pickles anything to its ranks: everything a rank needs is a string in
+its environment, so the same contract serves the built-in smoke job, a user script run
+with ``hpcodegen launch ARTIFACT -- train.py`` and a rank started by hand under torchrun.
+torchrun itself adds ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT``.
+"""
+
+from __future__ import annotations
+
+import os
+
+ARTIFACT = "HPCODEGEN_ARTIFACT"
+"""The artifact directory (absolute path)."""
+MODEL_DIR = "HPCODEGEN_MODEL_DIR"
+"""The HF model directory: ``config.json`` and optional ``*.safetensors`` weights."""
+RUN_DIR = "HPCODEGEN_RUN_DIR"
+"""Where each rank writes ``rank<N>.json`` (its progress, then its result)."""
+DEVICE = "HPCODEGEN_DEVICE"
+"""Resolved device kind: ``cuda``, ``npu`` or ``cpu`` (``auto`` resolves in the rank)."""
+STEPS = "HPCODEGEN_STEPS"
+"""Number of AdamW steps of the smoke job (``0``: forward/backward only)."""
+CHECK_PARITY = "HPCODEGEN_CHECK_PARITY"
+"""``1``: compare logits and gradients with the unsharded model."""
+SEED = "HPCODEGEN_SEED"
+"""Seed of the model init and the synthetic batch (same on every rank)."""
+TOLERANCE = "HPCODEGEN_TOLERANCE"
+"""Max abs difference accepted by the parity check."""
+FAULT = "HPCODEGEN_FAULT"
+"""Fault injection for tests and drills: ``raise:RANK`` or ``hang:RANK``."""
+
+#: Every variable above, in the order ``--dry-run`` prints them.
+ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
+                        TOLERANCE, FAULT)
+
+
+def get(name: str, default: str = "") -> str:
+    """An environment value, ``default`` when unset or empty."""
+    return os.environ.get(name) or default
+
+
+def get_int(name: str, default: int) -> int:
+    """An integer environment value; a non-integer is a clear error naming the variable."""
+    text = get(name)
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer") from None

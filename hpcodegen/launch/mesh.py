@@ -1,0 +1,110 @@
+"""The device mesh a launch builds: pure layout from the artifact, then (lazily) torch.
+
+The artifact freezes the non-data-parallel sizes (``parallel_dims``: ``tp_size``,
+``cp_size``, ``pp_size``, ``ep_size``) and the plan's active axes (``mesh_dim_names``). The
+data-parallel size is whatever is left of the world: ``dp = world / (cp * tp * pp)``. The
+launcher checks this *before* any process starts, so an impossible world size is an exit-2
+usage error, not N tracebacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpcodegen.errors import UsageError, error
+from hpcodegen.plan.entry import active_axes, axis_sizes
+
+#: Live mesh axis order, outermost first (the trainer's ``("dp", "cp", "tp")``).
+MESH_ORDER: tuple[str, ...] = ("dp", "cp", "tp")
+#: Axes hpcodegen launch cannot build yet, with the reason given to the user.
+UNSUPPORTED: dict[str, str] = {
+    "pp": "pipeline parallel stages are not run by hpcodegen launch",
+    "ep": "expert-parallel meshes are not built by hpcodegen launch yet",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshLayout:
+    """Names and sizes of the mesh one launch builds.
+
+    Attributes:
+        names: mesh axes, outermost first, e.g. ``("dp", "tp")``; ``dp`` is always present.
+        sizes: one size per axis; their product is the world size.
+        plan_axes: the plan's active axes in live-mesh order (what placements resolve over).
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    plan_axes: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        out = 1
+        for size in self.sizes:
+            out *= size
+        return out
+
+    def describe(self) -> str:
+        """``dp=1 x tp=2`` for messages and tables."""
+        return " x ".join(f"{n}={s}" for n, s in zip(self.names, self.sizes, strict=True))
+
+
+def resolve_mesh_layout(meta: Mapping[str, Any], world_size: int) -> MeshLayout:
+    """Fit the artifact's frozen sizes into ``world_size`` ranks.
+
+    Args:
+        meta: the loaded ``codegen_meta.json``.
+        world_size: total ranks (``nproc * nnodes``).
+
+    Returns:
+        The layout; ``dp`` takes the ranks the frozen axes leave.
+
+    Raises:
+        UsageError: (exit 2) the world size is not a multiple of the frozen sizes, or the
+            plan needs an axis launch cannot build.
+
+    Example::
+
+        >>> resolve_mesh_layout({"parallel_dims": {"tp_size": 2}}, 4).describe()
+        'dp=2 x tp=2'
+    """
+    sizes = axis_sizes(meta)
+    plan_axes = active_axes(meta)
+    for axis, why in UNSUPPORTED.items():
+        if sizes.get(axis, 1) > 1:
+            raise UsageError([error("launch.unsupported_axis", f"/parallel_dims/{axis}_size",
+                                    f"{axis}_size={sizes[axis]}: {why}",
+                                    expected=f"{axis}_size 1")])
+    unknown = [a for a in plan_axes if a not in MESH_ORDER]
+    if unknown:
+        raise UsageError([error("launch.unsupported_axis", "/mesh_dim_names",
+                                f"plan axes {unknown} cannot be built by hpcodegen launch",
+                                expected=f"axes among {list(MESH_ORDER[1:])}")])
+    frozen = {axis: sizes.get(f"{axis}", 1) for axis in MESH_ORDER[1:]}
+    for axis in plan_axes:
+        frozen[axis] = max(frozen.get(axis, 1), 1)
+    model = 1
+    for size in frozen.values():
+        model *= size
+    if world_size < 1 or model < 1 or world_size % model:
+        found = " x ".join(f"{a}={s}" for a, s in frozen.items() if s > 1) or "1"
+        raise UsageError([error(
+            "launch.world_size", "/parallel_dims",
+            f"world size {world_size} is not a multiple of the artifact's frozen mesh "
+            f"{found} (= {model} ranks per data-parallel replica)",
+            expected=f"--nproc x --nnodes a multiple of {model}",
+            hint=f"use --nproc {model} (or a multiple) per node")])
+    names = ("dp", *[a for a in MESH_ORDER[1:] if frozen[a] > 1 or a in plan_axes])
+    size_of = {"dp": world_size // model, **frozen}
+    ordered_plan = tuple(a for a in names if a in plan_axes)
+    return MeshLayout(names=names, sizes=tuple(size_of[n] for n in names),
+                      plan_axes=ordered_plan)
+
+
+def build_device_mesh(layout: MeshLayout, device_type: str) -> Any:
+    """The torch ``DeviceMesh`` for ``layout`` (imports torch; process group must exist)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, layout.sizes, mesh_dim_names=layout.names)

@@ -1,0 +1,102 @@
+"""The model a rank runs: its class, its weights, and the synthetic batch it is fed.
+
+The class comes from the artifact's generated modeling module (through the runtime's
+loader), so the boundary forwards the runtime binds exist on it; unparallelized, that class
+behaves exactly like transformers' own. Weights come from ``*.safetensors`` files in the
+model directory when there are any, else from a seeded random init: every rank builds the
+same full model, which is what lets the parity check compare against it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.hf import load_transformers_config, model_class_for, read_hf_config
+from hpcodegen.launch import env
+
+BATCH_SIZE = 2
+TOKENS_PER_RANK = 8
+
+
+def model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -> Path:
+    """``explicit``, else ``$HPCODEGEN_MODEL_DIR``, else the artifact directory."""
+    return Path(explicit or env.get(env.MODEL_DIR) or artifact)
+
+
+def model_class(artifact: Path, config: dict[str, Any]) -> type:
+    """The generated module's model class; transformers' class if no loader is available."""
+    try:
+        from hpcodegen.runtime import loader
+    except ImportError:
+        return model_class_for(config)
+    return loader.model_class(artifact, config)  # type: ignore[attr-defined]
+
+
+def _load_weights(model: Any, directory: Path) -> bool:
+    """Load every ``*.safetensors`` in ``directory`` into ``model``; False when none."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return False
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    result = model.load_state_dict(state, strict=False)
+    tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")}
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise PlanError([error("launch.weights", str(directory),
+                               f"weights do not match the model: missing {missing[:3]}, "
+                               f"unexpected {list(result.unexpected_keys)[:3]}")])
+    return True
+
+
+def build_model(directory: Path, artifact: Path, seed: int, device: Any) -> tuple[Any, Any]:
+    """The full (unsharded) model in float32 on ``device``, and its transformers config.
+
+    Args:
+        directory: holds ``config.json`` and optionally ``*.safetensors``.
+        artifact: the artifact dir (the generated class comes from it).
+        seed: torch seed for the random init (the same on every rank).
+        device: the rank's ``torch.device``.
+    """
+    import torch
+
+    config, _ = read_hf_config(directory)
+    hf_config = load_transformers_config(config)
+    cls = model_class(artifact, config)
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = cls(hf_config)
+    _load_weights(model, directory)
+    model = model.to(dtype=torch.float32, device=device)
+    model.eval()  # no dropout: the sharded and the reference model must see the same math
+    return model, hf_config
+
+
+def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any) -> tuple[Any, Any]:
+    """``(input_ids, labels)`` of shape ``(2, 8 * world)``, token ids < ``vocab_size``.
+
+    The sequence length is a multiple of the world size, so sequence-parallel plans split it
+    evenly; the same seed gives every rank the same batch.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (BATCH_SIZE, TOKENS_PER_RANK * world_size)
+    ids = torch.randint(0, vocab_size, shape, generator=gen)
+    labels = torch.randint(0, vocab_size, shape, generator=gen)
+    return ids.to(device), labels.to(device)
+
+
+def local_param_bytes(model: Any) -> int:
+    """Bytes of the parameters this rank holds (local shards; tied weights counted once)."""
+    total = 0
+    for _, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total

@@ -1,0 +1,91 @@
+"""What one ``hpcodegen launch`` asks for, checked before anything starts (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcodegen.errors import UsageError, error
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """The launch request, one field per CLI option.
+
+    Attributes:
+        artifact: the artifact directory (or its ``codegen_meta.json``).
+        nproc: ranks on this node (torchrun ``--nproc-per-node``).
+        nnodes: nodes in the job; an ``int`` string, or torchrun's elastic ``MIN:MAX``.
+        node_rank: this node's rank (static rendezvous).
+        rdzv_endpoint: ``host:port`` of the c10d rendezvous (multi-node).
+        rdzv_id: job id shared by all nodes.
+        master_addr: static rendezvous address (with ``master_port``).
+        master_port: static rendezvous port.
+        device: ``auto``, ``cuda``, ``npu`` or ``cpu``.
+        model_dir: HF ``config.json`` (+ optional safetensors weights); default: the artifact.
+        steps: AdamW steps of the smoke job on a synthetic batch.
+        check_parity: compare logits/gradients (and losses) with the unsharded model.
+        tolerance: max abs difference the parity check accepts.
+        seed: model init and batch seed.
+        timeout: seconds before the whole job is ended (None: no limit).
+        log_dir: keep per-rank logs and result files here.
+        dry_run: print the torchrun command and environments, run nothing.
+        json: machine output on stdout.
+        script: a user script and its arguments (after ``--``); empty for the smoke job.
+    """
+
+    artifact: Path
+    nproc: int = 1
+    nnodes: str = "1"
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    device: str = "auto"
+    model_dir: Path | None = None
+    steps: int = 0
+    check_parity: bool = False
+    tolerance: float = 1e-5
+    seed: int = 0
+    timeout: float | None = None
+    log_dir: Path | None = None
+    dry_run: bool = False
+    json: bool = False
+    script: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def multi_node(self) -> bool:
+        """Anything but one node with a local rendezvous."""
+        return (self.nnodes != "1" or self.rdzv_endpoint is not None
+                or self.master_addr is not None or self.node_rank not in (None, 0))
+
+    def min_world_size(self) -> int:
+        """``nproc * nnodes`` (for ``MIN:MAX`` nodes, the minimum)."""
+        return self.nproc * int(self.nnodes.split(":")[0])
+
+    def check(self) -> None:
+        """Refuse impossible requests (UsageError, exit 2) before anything starts."""
+        problems = []
+        if self.nproc < 1:
+            problems.append(error("launch.nproc", "--nproc", f"--nproc {self.nproc}",
+                                  expected="at least 1"))
+        parts = self.nnodes.split(":")
+        if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            problems.append(error("launch.nnodes", "--nnodes", f"--nnodes {self.nnodes!r}",
+                                  expected="N or MIN:MAX with positive integers"))
+        if self.steps < 0:
+            problems.append(error("launch.steps", "--steps", f"--steps {self.steps}",
+                                  expected=">= 0"))
+        if self.timeout is not None and self.timeout <= 0:
+            problems.append(error("launch.timeout", "--timeout", f"--timeout {self.timeout}",
+                                  expected="> 0 seconds"))
+        if self.script and (self.steps or self.check_parity):
+            problems.append(error("launch.script_options", "--steps/--check-parity",
+                                  "--steps and --check-parity drive the built-in smoke job, "
+                                  "not a user script", hint="drop them or the script"))
+        if self.script and not Path(self.script[0]).is_file():
+            problems.append(error("launch.script", self.script[0], "no such script file",
+                                  file=self.script[0]))
+        if problems:
+            raise UsageError(problems)

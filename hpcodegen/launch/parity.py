@@ -1,0 +1,99 @@
+"""Compare the parallelized model with the unsharded one: logits, gradients, parameters.
+
+Local shards are turned back into full tensors with DTensor (``from_local`` with the plan's
+placements, then ``full_tensor``), so uneven and strided shards are handled by torch, and
+the logits gather stays differentiable (the loss is taken on the full logits, the same
+function on both models). A parameter's placement is the plan's (``iter_params`` resolved
+over the live active axes); replicated parameters are compared as they are, which also
+checks that partial gradients (SP norms) were reduced by the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hpcodegen.placement import Replicate, resolve_placements
+from hpcodegen.plan.entry import is_boundary, iter_params, out_names, param_plan
+
+
+def _is_dtensor(value: Any) -> bool:
+    return hasattr(value, "full_tensor") and hasattr(value, "placements")
+
+
+def _full(local: Any, active: Any, named: Mapping[str, Any] | None, like: Any) -> Any:
+    """The full tensor of ``local`` placed by ``named`` on the active mesh."""
+    if _is_dtensor(local):
+        return local.full_tensor()
+    if active.degenerate:
+        return local
+    placements = resolve_placements(named, active.axes)
+    if all(isinstance(p, Replicate) for p in placements):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    from hpcodegen.runtime.mesh import to_torch_placements
+
+    kwargs = {} if like is None else {"shape": like.shape, "stride": like.stride()}
+    dt = DTensor.from_local(local, active.mesh, to_torch_placements(placements, local.ndim),
+                            run_check=False, **kwargs)
+    return dt.full_tensor()
+
+
+def _output_module_fqn(model: Any) -> str | None:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in model.named_modules():
+        if module is head:
+            return name
+    return None
+
+
+def full_logits(logits: Any, model: Any, meta: Mapping[str, Any], active: Any) -> Any:
+    """Gather the model's logits per the plan's output placement of the LM head.
+
+    The output placement is the head entry's ``out_dst`` (else ``out_src``) for its first
+    output; a head outside the plan produces replicated logits.
+    """
+    fqn = _output_module_fqn(model)
+    entry = param_plan(meta).get(fqn) if fqn is not None else None
+    named = None
+    if entry is not None and is_boundary(entry):
+        outs = entry.get("out_dst") or entry.get("out_src") or {}
+        names = out_names(entry)
+        named = outs.get(names[0]) if names else None
+    return _full(logits, active, named, None)
+
+
+def plan_placements(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """``{param_fqn: named placement}`` for every planned parameter."""
+    return {fqn: named for fqn, _, named in iter_params(meta)}
+
+
+def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active: Any,
+                   pick: Callable[[Any], Any]) -> tuple[float, str | None, list[str]]:
+    """Largest ``|pick(sharded p) - pick(reference p)|`` over all parameters.
+
+    Args:
+        pick: ``lambda p: p.grad`` or ``lambda p: p.data``.
+
+    Returns:
+        ``(max abs diff, FQN where it occurs, FQNs present on one side only)``.
+    """
+    placements = plan_placements(meta)
+    ref_params = dict(reference.named_parameters())
+    worst, where, odd = 0.0, None, []
+    for fqn, param in sharded.named_parameters():
+        ref = ref_params.get(fqn)
+        mine, theirs = pick(param), None if ref is None else pick(ref)
+        if mine is None or theirs is None:
+            if (mine is None) != (theirs is None):
+                odd.append(fqn)
+            continue
+        full = _full(mine.detach(), active, placements.get(fqn), theirs)
+        if tuple(full.shape) != tuple(theirs.shape):
+            odd.append(fqn)
+            continue
+        diff = float((full.float() - theirs.detach().float()).abs().max()) if full.numel() else 0.0
+        if where is None or diff > worst:
+            worst, where = diff, fqn
+    return worst, where, odd

@@ -1,0 +1,181 @@
+"""``hpcodegen launch``: check the request, start torchrun, report every rank.
+
+Order matters: everything that can be refused (options, the meta, the world size against
+the frozen mesh, the HF config, the device) is checked before a process starts, so those
+mistakes are exit-2 usage errors that start nothing. Then torchrun runs under
+``supervise.run_job`` and the verdict comes from the ranks' own result files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hpcodegen.artifact.load import load_meta
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, HpcodegenError
+from hpcodegen.hf import resolve_config_path
+from hpcodegen.launch import display
+from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
+from hpcodegen.launch.device import resolve_device
+from hpcodegen.launch.mesh import MeshLayout, resolve_mesh_layout
+from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.supervise import run_job
+from hpcodegen.launch.verdict import verdict
+
+
+def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
+    """Every pre-start check; returns the mesh layout, device kind and completed options."""
+    opts.check()
+    meta = load_meta(opts.artifact)
+    layout = resolve_mesh_layout(meta.data, opts.min_world_size())
+    if not opts.script:
+        model_dir = opts.model_dir or meta.artifact_dir
+        resolve_config_path(model_dir)
+        opts = _replace(opts, model_dir=Path(model_dir), artifact=meta.artifact_dir)
+    device = resolve_device(opts.device, opts.nproc)
+    return layout, device.kind, opts
+
+
+def _replace(opts: LaunchOptions, **changes: Any) -> LaunchOptions:
+    from dataclasses import replace
+
+    return replace(opts, **changes)
+
+
+def _dry_run(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
+             job_env: dict[str, str]) -> int:
+    envs = rank_environments(opts, job_env)
+    if opts.json:
+        display.print_json({"status": "dry-run", "exit_code": EXIT_OK, "argv": argv,
+                            "mesh": dict(zip(layout.names, layout.sizes, strict=True)),
+                            "rank_env": envs})
+        return EXIT_OK
+    import shlex
+
+    print(f"# mesh {layout.describe()}")
+    print(shlex.join(argv))
+    for rank_env in envs:
+        print(f"# local rank {rank_env['LOCAL_RANK']}:")
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in rank_env.items()))
+    return EXIT_OK
+
+
+def _run_dir(opts: LaunchOptions, create: bool) -> Path:
+    if opts.log_dir is not None:
+        path = Path(opts.log_dir) / "results"
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        return path
+    if create:
+        return Path(tempfile.mkdtemp(prefix="hpcodegen-launch-"))
+    return Path(tempfile.gettempdir()) / "hpcodegen-launch-XXXXXX"
+
+
+def run_launch(opts: LaunchOptions) -> int:
+    """Run one launch and return its exit code (0 only when every rank succeeded).
+
+    Example::
+
+        code = run_launch(LaunchOptions(artifact=Path("examples/llama_tp2"), nproc=2,
+                                        model_dir=Path("examples/configs/llama"),
+                                        check_parity=True))
+    """
+    err = display.make_console(stderr=True)
+    try:
+        layout, device, opts = _prepare(opts)
+    except HpcodegenError as exc:
+        for finding in exc.findings:
+            err.print(f"error: {finding.render()}", markup=False)
+        return exc.exit_code
+    run_dir = _run_dir(opts, create=not opts.dry_run)
+    logs = Path(opts.log_dir) if opts.log_dir else (None if opts.script else run_dir / "logs")
+    argv = torchrun_argv(opts, log_dir=logs, tee=bool(opts.script))
+    job_env = job_environment(opts, run_dir=run_dir, device=device)
+    if opts.dry_run:
+        return _dry_run(opts, layout, argv, job_env)
+    return _execute(opts, layout, argv, job_env, run_dir, logs)
+
+
+def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
+             job_env: dict[str, str], run_dir: Path, logs: Path | None) -> int:
+    live = _Progress(opts, layout)
+    with live:
+        outcome = run_job(argv, {**os.environ, **job_env}, run_dir=run_dir,
+                          expected=opts.nproc, timeout=opts.timeout,
+                          console_log=None if opts.script else run_dir / "torchrun.log",
+                          on_update=live.update)
+    code, message = verdict(outcome, opts, logs, run_dir)
+    if opts.json:
+        display.print_json({
+            "status": "ok" if code == EXIT_OK else "fail", "exit_code": code,
+            "message": message, "mesh": dict(zip(layout.names, layout.sizes, strict=True)),
+            "elapsed_s": round(outcome.elapsed, 3), "timed_out": outcome.timed_out,
+            "torchrun_returncode": outcome.returncode, "pids": outcome.pids,
+            "run_dir": str(run_dir), "log_dir": str(logs) if logs else None,
+            "ranks": [r.to_json() for _, r in sorted(outcome.records.items())]})
+    else:
+        out = display.make_console()
+        out.print(display.rank_table(outcome.records, _expected(opts), _title(opts, layout),
+                                     script=bool(opts.script)))
+        stream = out if code == EXIT_OK else display.make_console(stderr=True)
+        stream.print(message, markup=False)
+    if code == EXIT_OK and opts.log_dir is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return code
+
+
+def _expected(opts: LaunchOptions) -> int:
+    return 0 if opts.multi_node else opts.nproc
+
+
+def _title(opts: LaunchOptions, layout: MeshLayout) -> str:
+    job = " ".join(opts.script) if opts.script else "smoke"
+    return f"hpcodegen launch {Path(opts.artifact).name}: {job}, mesh {layout.describe()}"
+
+
+class _Progress:
+    """Live rank table on a terminal; one line per phase change on stderr otherwise."""
+
+    def __init__(self, opts: LaunchOptions, layout: MeshLayout) -> None:
+        self.opts, self.layout = opts, layout
+        self.console = display.make_console(stderr=True)
+        self.live: Any = None
+        self.last: dict[int, str] = {}
+        self.quiet = opts.json
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet and not self.opts.script and self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(display.rank_table({}, _expected(self.opts),
+                                                _title(self.opts, self.layout)),
+                             console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        elif not self.quiet:
+            print(f"[launch] starting {self.opts.nproc} rank(s), mesh "
+                  f"{self.layout.describe()}", file=sys.stderr, flush=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def update(self, records: dict) -> None:
+        if self.live is not None:
+            self.live.update(display.rank_table(records, _expected(self.opts),
+                                                _title(self.opts, self.layout)))
+            return
+        if self.quiet:
+            return
+        for rank, rec in sorted(records.items()):
+            line = display.progress_line(rec)
+            if self.last.get(rank) != line:
+                self.last[rank] = line
+                print(line, file=sys.stderr, flush=True)
+
+
+__all__ = ["EXIT_FAILED", "run_launch"]

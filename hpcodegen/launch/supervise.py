@@ -1,0 +1,110 @@
+"""Run torchrun as a child and watch the ranks' files until the job is decided.
+
+The job is decided by the first of: every rank reported a final state; a rank reported an
+error (the rest are ended at once, so one raising rank ends the job in seconds instead of
+at the collective timeout); torchrun exited; ``--timeout`` passed. Whatever decided it, no
+process of the job is left running afterwards (``procs.end_job``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcodegen.launch.procs import alive, end_job
+from hpcodegen.launch.results import RankRecord, first_error, read_records
+
+POLL_S = 0.2
+#: After every rank reported success, how long torchrun gets to exit on its own.
+EXIT_GRACE_S = 15.0
+
+
+@dataclass(kw_only=True)
+class JobOutcome:
+    """What the watch loop saw.
+
+    Attributes:
+        records: the last state of every rank that reported.
+        returncode: torchrun's exit code (None when the launcher ended it).
+        timed_out: ``--timeout`` passed before the job was decided.
+        ended_early: the launcher ended the job after a rank's error.
+        elapsed: seconds from start to decision.
+        pids: torchrun and every rank pid the launcher knew of (all gone afterwards).
+    """
+
+    records: dict[int, RankRecord] = field(default_factory=dict)
+    returncode: int | None = None
+    timed_out: bool = False
+    ended_early: bool = False
+    elapsed: float = 0.0
+    pids: list[int] = field(default_factory=list)
+
+
+def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path | None) -> subprocess.Popen:
+    """torchrun in its own session; its console output to ``log`` when given."""
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115 (closed by caller)
+    try:
+        return subprocess.Popen(list(argv), env=dict(environ), start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT if out else None)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=seconds)
+
+
+def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
+            expected: int, timeout: float | None, console_log: Path | None,
+            on_update: Callable[[dict[int, RankRecord]], None]) -> JobOutcome:
+    """Start torchrun, watch ``run_dir``, and end the job when it is decided.
+
+    Args:
+        argv: the torchrun command (``command.torchrun_argv``).
+        environ: its full environment.
+        run_dir: where the ranks write ``rank<N>.json``.
+        expected: how many ranks this node runs.
+        timeout: seconds before the job is ended (None: no limit).
+        console_log: file for torchrun's own console output (None: inherit the console).
+        on_update: called with the records whenever one changed (progress display).
+    """
+    start = time.monotonic()
+    proc = _start(argv, environ, console_log)
+    outcome = JobOutcome(pids=[proc.pid])
+    seen: dict[int, float] = {}
+    try:
+        while True:
+            records = read_records(run_dir)
+            if any(seen.get(r) != rec.updated for r, rec in records.items()):
+                seen = {r: rec.updated for r, rec in records.items()}
+                on_update(records)
+            outcome.records = records
+            if first_error(records) is not None:
+                outcome.ended_early = True
+                break
+            if len(records) >= expected and all(r.done for r in records.values()):
+                _wait_quietly(proc, EXIT_GRACE_S)
+                break
+            if proc.poll() is not None:
+                break
+            if timeout is not None and time.monotonic() - start > timeout:
+                outcome.timed_out = True
+                break
+            time.sleep(POLL_S)
+    finally:
+        rank_pids = [r.pid for r in outcome.records.values() if r.pid != os.getpid()]
+        outcome.pids += rank_pids
+        if proc.poll() is None or any(alive(p) for p in rank_pids):
+            end_job(proc.pid, rank_pids)
+        outcome.returncode = proc.wait()
+        outcome.elapsed = time.monotonic() - start
+    outcome.records = read_records(run_dir)
+    return outcome

@@ -1,0 +1,102 @@
+"""From what the ranks reported to one exit code and one line saying why.
+
+Exit 0 only when every expected rank reported ``ok``. Otherwise exit 1 and the line names
+the root cause: the first rank that raised (with its error and log file), a rank whose
+check failed, ranks that never reported, or the timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK
+from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.results import (
+    STATUS_ENDED,
+    STATUS_FAIL,
+    STATUS_LOST,
+    STATUS_OK,
+    RankRecord,
+    first_error,
+)
+from hpcodegen.launch.supervise import JobOutcome
+
+
+def rank_log(logs: Path | None, local_rank: int) -> Path | None:
+    """torchrun's ``stderr.log`` of ``local_rank`` under ``--log-dir`` (newest attempt)."""
+    if logs is None:
+        return None
+    found = sorted(Path(logs).glob(f"*/attempt_*/{local_rank}/stderr.log"),
+                   key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _where(logs: Path | None, rec: RankRecord | None, local_rank: int) -> str:
+    log = rank_log(logs, rec.local_rank if rec else local_rank)
+    return f" (log: {log})" if log else ""
+
+
+def _mark_lost(outcome: JobOutcome, expected: int) -> list[int]:
+    """Ranks without a final state become ``ended`` (the launcher ended the job) or
+    ``lost`` (they died on their own); returns them."""
+    status = STATUS_ENDED if outcome.timed_out or outcome.ended_early else STATUS_LOST
+    lost = []
+    for rank in range(expected):
+        if rank not in outcome.records:
+            outcome.records[rank] = RankRecord(rank=rank, local_rank=rank, pid=0,
+                                               status=status, phase="never reported")
+            lost.append(rank)
+    for rank, rec in outcome.records.items():
+        if not rec.done and rec.status not in (STATUS_LOST, STATUS_ENDED):
+            rec.status = status
+            lost.append(rank)
+    return sorted(set(lost))
+
+
+def _pending(records: dict[int, RankRecord]) -> str:
+    return ", ".join(f"{r} ({rec.phase})" for r, rec in sorted(records.items())
+                     if not rec.done) or "none"
+
+
+def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
+            run_dir: Path) -> tuple[int, str]:
+    """``(exit code, one-line message)`` for the finished job."""
+    expected = 0 if opts.multi_node else opts.nproc
+    keep = "" if logs is not None else f"; results kept in {run_dir}"
+    if outcome.timed_out:
+        pending = _pending(outcome.records)
+        _mark_lost(outcome, expected)
+        return EXIT_FAILED, (f"timed out after {opts.timeout:g} s with ranks still running: "
+                             f"{pending}; every process of the job was ended{keep}")
+    failed = first_error(outcome.records)
+    if failed is not None:
+        _mark_lost(outcome, expected)
+        return EXIT_FAILED, (f"rank {failed.rank} failed: {failed.error}"
+                             f"{_where(logs, failed, failed.rank)}")
+    lost = _mark_lost(outcome, max(expected, opts.nproc if not opts.multi_node else 0))
+    bad = [r for _, r in sorted(outcome.records.items()) if r.status == STATUS_FAIL]
+    if bad:
+        rec = bad[0]
+        return EXIT_FAILED, f"rank {rec.rank} check failed: {rec.error}{keep}"
+    if lost or len(outcome.records) < opts.nproc:
+        rank = lost[0] if lost else len(outcome.records)
+        return EXIT_FAILED, (f"rank {rank} ended without a result (torchrun exit code "
+                             f"{outcome.returncode}){_where(logs, None, rank)}{keep}")
+    if all(r.status == STATUS_OK for r in outcome.records.values()):
+        return EXIT_OK, _success(outcome)
+    return EXIT_FAILED, f"ranks did not all succeed{keep}"
+
+
+def _success(outcome: JobOutcome) -> str:
+    records = list(outcome.records.values())
+    text = f"all {len(records)} ranks ok in {outcome.elapsed:.1f} s"
+    parity = [r.parity for r in records if r.parity]
+    if parity:
+        logits = max(float(p.get("logits_max_diff") or 0.0) for p in parity)
+        grads = max(float(p.get("grad_max_diff") or 0.0) for p in parity)
+        tol = parity[0].get("tolerance")
+        text += f"; parity max diff logits {logits:.2e}, grads {grads:.2e} (tolerance {tol})"
+        losses = max((float(p.get("loss_max_diff") or 0.0) for p in parity), default=0.0)
+        if any("loss_max_diff" in p for p in parity):
+            text += f", losses {losses:.2e}"
+    return text
