@@ -1,0 +1,50 @@
+"""``hpcodegen verify``: the CI gate for codegen artifacts (options only; logic in
+:func:`hpcodegen.verify.run_verify`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from hpcodegen.cli.app import app
+
+_CHECKS_HELP = "schema, plan, outputs, source, signature, model (comma lists allowed; repeatable)"
+
+
+@app.command("verify")
+def verify(
+    paths: list[Path] = typer.Argument(..., metavar="PATH...",
+                                       help="Artifact directories or codegen_meta.json files."),
+    hf_config: Optional[Path] = typer.Option(
+        None, "--hf-config", metavar="PATH",
+        help="HF config.json or model dir: enables the signature and model checks."),
+    only: list[str] = typer.Option([], "--only", metavar="NAME", help=f"Run only: {_CHECKS_HELP}."),
+    skip: list[str] = typer.Option([], "--skip", metavar="NAME", help=f"Skip: {_CHECKS_HELP}."),
+    json_out: bool = typer.Option(False, "--json", help="Print the stable JSON document."),
+    junit: Optional[Path] = typer.Option(None, "--junit", metavar="FILE",
+                                         help="Also write JUnit XML to FILE (atomically)."),
+    strict: bool = typer.Option(False, "--strict", help="Warnings fail their check."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="List info findings too."),
+) -> None:
+    """Check codegen artifacts: schema, plan semantics, file hashes, generated source, and
+    (with --hf-config) the model they were made for.
+
+    Exit codes: 0 every check passed (warnings allowed), 1 a check failed (or a warning with
+    --strict), 2 usage error or an unreadable input.
+    """
+    from hpcodegen.verify import run_verify
+
+    try:
+        code = run_verify(paths, hf_config=hf_config, only=only, skip=skip,
+                          output="json" if json_out else "text", junit=junit,
+                          strict=strict, verbose=verbose)
+    except Exception as exc:  # the last guard: report, never a traceback
+        if os.environ.get("HPCODEGEN_DEBUG"):
+            raise
+        sys.stderr.write(f"hpcodegen verify: internal error: {type(exc).__name__}: {exc} "
+                         "(set HPCODEGEN_DEBUG=1 for the traceback)\n")
+        code = 1
+    raise typer.Exit(code)

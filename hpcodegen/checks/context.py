@@ -1,0 +1,93 @@
+"""What every check receives: the loaded meta, the artifact dir and the optional HF config.
+
+Checks read the meta defensively (it may violate the schema: the ``schema`` check reports
+that, the others must still not crash), so this module also holds the small typed readers
+they share and the JSON pointer builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcodegen.artifact.load import LoadedMeta
+
+
+class SkipCheck(Exception):
+    """Raised by a check (before yielding) when it cannot run; the message says why."""
+
+
+@dataclass
+class CheckContext:
+    """Inputs of one artifact's checks.
+
+    Attributes:
+        loaded: the parsed meta (``data``, ``meta_path``, ``artifact_dir``, duplicate keys).
+        hf_config: the HF ``config.json`` as a dict, when ``--hf-config`` was given.
+        hf_config_path: where that config was read from.
+        cache: per-artifact memo shared by checks (e.g. the schema errors).
+    """
+
+    loaded: LoadedMeta
+    hf_config: dict[str, Any] | None = None
+    hf_config_path: Path | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.loaded.data
+
+    @property
+    def artifact_dir(self) -> Path:
+        return self.loaded.artifact_dir
+
+    @property
+    def meta_file(self) -> str:
+        return str(self.loaded.meta_path)
+
+    def require_hf_config(self) -> dict[str, Any]:
+        """The HF config, or :class:`SkipCheck` saying which option provides it."""
+        if self.hf_config is None:
+            raise SkipCheck("needs --hf-config PATH (a config.json or a model dir)")
+        return self.hf_config
+
+
+def pointer(*parts: object) -> str:
+    """An RFC 6901 JSON pointer: ``pointer("param_plan", "a.b", "in_src")``."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def as_dict(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object, else an empty mapping (the schema reports it)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """``value`` when it is a JSON array, else an empty list (the schema reports it)."""
+    return value if isinstance(value, list) else []
+
+
+def plan_entries(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """``param_plan`` entries that are objects (others are schema errors)."""
+    return {fqn: e for fqn, e in as_dict(meta.get("param_plan")).items() if isinstance(e, Mapping)}
+
+
+def planned_params(meta: Mapping[str, Any]) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
+    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` over well-formed entries.
+
+    Built on :func:`hpcodegen.plan.entry.iter_params`, fed only the object-shaped parts so a
+    schema-invalid meta cannot make it fail.
+    """
+    from hpcodegen.plan.entry import iter_params
+
+    sane = {
+        fqn: {"params": {rel: as_dict(named) for rel, named in as_dict(e.get("params")).items()}}
+        for fqn, e in plan_entries(meta).items()
+    }
+    out: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
+    for param_fqn, entry_fqn, named in iter_params({"param_plan": sane}):
+        rel = param_fqn[len(entry_fqn) + 1:] if param_fqn != entry_fqn else ""
+        out.setdefault(param_fqn, (entry_fqn, rel, named))
+    return out

@@ -1,0 +1,33 @@
+"""The classifier's verdict on a meta, computed once per artifact and only when it can be.
+
+:func:`hpcodegen.plan.classify.classify_plan` expects a schema-valid plan; this wrapper
+returns None (with the reason) when the parts it reads are not, so the ``plan`` and
+``source`` checks never crash on bad input.
+"""
+
+from __future__ import annotations
+
+from hpcodegen.checks.context import CheckContext
+from hpcodegen.checks.schema import subtree_valid
+from hpcodegen.plan.classify import BoundaryForm, classify_plan
+
+#: The meta fields the classifier reads.
+CLASSIFIER_INPUTS: tuple[str, ...] = ("param_plan", "injections", "mesh_dim_names",
+                                      "parallel_dims")
+
+
+def classified(ctx: CheckContext) -> dict[str, BoundaryForm] | None:
+    """Every entry's form, or None when the classifier's inputs violate the schema."""
+    if "forms" not in ctx.cache:
+        forms = None
+        if subtree_valid(ctx, *CLASSIFIER_INPUTS):
+            try:
+                forms = classify_plan(ctx.meta)
+            except ValueError:  # a placement outside the grammar (only with a stale schema)
+                forms = None
+        ctx.cache["forms"] = forms
+    return ctx.cache["forms"]
+
+
+UNCLASSIFIABLE = ("the plan cannot be classified: param_plan, injections, mesh_dim_names or "
+                  "parallel_dims violate the schema (see the schema check)")

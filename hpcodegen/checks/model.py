@@ -1,0 +1,133 @@
+"""The ``model`` check: the frozen plan fits the real model built from ``--hf-config``.
+
+The only check that loads torch and transformers (lazily, through
+:func:`hpcodegen.hf.build_meta_model`: the real structure on the meta device, no weights, no
+download). Every planned ``<fqn>.<param>`` must exist (``""`` names the entry itself), every
+plan FQN must name a module (nothing is skipped silently, unlike torch's plan application),
+every trainable parameter must be covered by a planned key (equal, or below it), head and
+kv-head counts must divide the tp size, and a sharded dim that does not divide its axis size
+is a warning (torch shards it unevenly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_params, pointer
+from hpcodegen.checks.schema import subtree_valid
+from hpcodegen.errors import Finding, HpcodegenError, error, warning
+from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.plan.entry import axis_sizes, param_plan
+
+#: At most this many uncovered parameters are listed one by one.
+MAX_LISTED = 20
+
+
+def _resolve(root: Any, fqn: str) -> Any:
+    """``root.a.b.0.c`` by getattr (digit segments too), or None when any step is missing."""
+    obj = root
+    for part in fqn.split(".") if fqn else ():
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _heads(config: Mapping[str, Any], tp: int) -> Iterator[Finding]:
+    text = as_dict(config.get("text_config"))
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        value = config.get(key, text.get(key))
+        if isinstance(value, int) and not isinstance(value, bool) and value % tp:
+            yield error("model.heads_not_divisible", pointer("parallel_dims", "tp_size"),
+                        f"{key} = {value} is not divisible by tp_size = {tp}",
+                        hint="choose a tp size that divides the head counts")
+
+
+def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+    for fqn in param_plan(meta):
+        if _resolve(model, fqn) is None:
+            yield error("model.unknown_module", pointer("param_plan", fqn),
+                        f"plan FQN {fqn!r} matches no module of {type(model).__name__}")
+    for param_fqn, (entry, rel, _) in planned_params(meta).items():
+        if _resolve(model, entry) is None:
+            continue
+        target = _resolve(model, param_fqn)
+        if target is None or not hasattr(target, "requires_grad"):
+            what = "is missing from the model" if target is None else "is not a parameter"
+            yield error("model.missing_param", pointer("param_plan", entry, "params", rel),
+                        f"planned parameter {param_fqn} {what}")
+    for fqn, cls in as_dict(meta.get("boundary_classes")).items():
+        module = _resolve(model, fqn)
+        if module is not None and type(module).__name__ != cls:
+            yield error("model.class_mismatch", pointer("boundary_classes", fqn),
+                        f"{fqn or '<root>'} is a {type(module).__name__}, the plan says {cls}",
+                        expected=str(cls))
+
+
+def _covered(name: str, planned: set[str]) -> bool:
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in planned for i in range(1, len(parts) + 1))
+
+
+def _coverage(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+    planned = set(planned_params(meta))
+    missing = [n for n, p in model.named_parameters() if p.requires_grad
+               and not _covered(n, planned)]
+    for name in missing[:MAX_LISTED]:
+        yield error("model.uncovered_param", name, f"trainable parameter {name} is not covered "
+                    "by the frozen plan", hint="add it (R if replicated) to its entry's params")
+    if len(missing) > MAX_LISTED:
+        yield error("model.uncovered_param", "", f"{len(missing) - MAX_LISTED} more trainable "
+                    "parameters are not covered")
+
+
+def _divisibility(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+    sizes = axis_sizes(meta)
+    for param_fqn, (entry, rel, named) in planned_params(meta).items():
+        shape = getattr(_resolve(model, param_fqn), "shape", None)
+        if shape is None:
+            continue
+        for axis, text in named.items():
+            try:
+                p = parse_placement(text)
+            except ValueError:
+                continue
+            size = sizes.get(axis, 1)
+            if not isinstance(p, (Shard, StridedShard)) or size <= 1:
+                continue
+            where = pointer("param_plan", entry, "params", rel, axis)
+            dim = p.dim + len(shape) if p.dim < 0 else p.dim
+            if not 0 <= dim < len(shape):
+                yield error("model.shard_dim_out_of_range", where, f"{param_fqn}: {text} needs "
+                            f"dim < {len(shape)} ({len(shape)}-D tensor {tuple(shape)})",
+                            hint="S(-1) names the last dim")
+                continue
+            chunks = size * (p.split_factor if isinstance(p, StridedShard) else 1)
+            if shape[dim] % chunks:
+                yield warning("model.uneven_shard", where, f"{param_fqn}: dim {dim} of size "
+                              f"{shape[dim]} does not divide into {chunks} on {axis}; torch "
+                              "shards it unevenly")
+
+
+def check_model(ctx: CheckContext) -> Iterator[Finding]:
+    """Build the model on the meta device and fit the plan to it."""
+    config = ctx.require_hf_config()
+    if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes"):
+        raise SkipCheck("param_plan, parallel_dims or boundary_classes violate the schema")
+    tp = axis_sizes(ctx.meta).get("tp", 1)
+    yield from _heads(config, tp)
+    from hpcodegen.hf import build_meta_model
+
+    try:
+        model = build_meta_model(config)
+    except HpcodegenError as exc:
+        yield from exc.findings
+        return
+    except Exception as exc:  # transformers rejects the config in many ways
+        yield error("model.build_failed", "", f"transformers cannot build the model from the "
+                    f"config: {type(exc).__name__}: {exc}", file=str(ctx.hf_config_path))
+        return
+    yield from _fqns(ctx.meta, model)
+    yield from _coverage(ctx.meta, model)
+    yield from _divisibility(ctx.meta, model)

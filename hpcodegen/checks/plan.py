@@ -1,0 +1,156 @@
+"""The ``plan`` check: what the schema cannot say about a frozen plan.
+
+Placements parse and name known axes; ``mesh_dim_names`` agrees with ``parallel_dims``;
+``out_src``/``out_dst`` names are declared in ``out_names``; a plan that claims coverage is
+not empty; the cross references (``boundary_classes``, injections, handlers, tied pairs,
+``frozen_sharded_params``) are checked in :mod:`hpcodegen.checks.plan_refs`. Informational
+findings note a negative ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys
+the schema does not know (allowed, as the reference system ignores them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
+from hpcodegen.checks.plan_refs import check_references
+from hpcodegen.errors import Finding, error, info, warning
+from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.plan.entry import ENTRYPOINTS, TRANSITION_FIELDS
+
+#: Axes a placement key may name besides the plan's own: ep routes to the expert mesh,
+#: dp is FSDP-owned (decisions.md item 4).
+ALWAYS_KNOWN_AXES: frozenset[str] = frozenset({"ep", "dp"})
+#: Axes whose size > 1 must appear in ``mesh_dim_names`` (ep lives on the expert mesh).
+DENSE_AXES: tuple[str, ...] = ("cp", "tp")
+
+
+def known_axes(meta: Mapping[str, Any]) -> set[str]:
+    """Axis names a placement key may use: mesh_dim_names, parallel_dims axes, ep, dp."""
+    names = {n for n in as_list(meta.get("mesh_dim_names")) if isinstance(n, str)}
+    sizes = {k[: -len("_size")] for k in as_dict(meta.get("parallel_dims")) if k.endswith("_size")}
+    return names | sizes | ALWAYS_KNOWN_AXES
+
+
+def _named_leaves(entry: Mapping[str, Any]) -> Iterator[tuple[tuple[str, ...], str, Any]]:
+    """Yield ``(pointer parts below the entry, axis, raw placement)`` for every leaf."""
+    for field_name in ("params", *TRANSITION_FIELDS):
+        for name, named in as_dict(entry.get(field_name)).items():
+            for axis, text in as_dict(named).items():
+                yield (field_name, name, axis), axis, text
+
+
+def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    axes = known_axes(meta)
+    for fqn, entry in plan_entries(meta).items():
+        for parts, axis, text in _named_leaves(entry):
+            where = pointer("param_plan", fqn, *parts)
+            if axis not in axes:
+                yield error("plan.unknown_axis", where, f"axis {axis!r} is not a mesh axis of "
+                            "this plan", expected="one of " + ", ".join(sorted(axes)),
+                            hint="add it to mesh_dim_names / parallel_dims or fix the key")
+            try:
+                placement = parse_placement(text)
+            except ValueError as exc:
+                yield error("plan.bad_placement", where, str(exc),
+                            expected="R, S(n), SS(d,f) or P(op)")
+                continue
+            if isinstance(placement, (Shard, StridedShard)) and placement.dim < 0:
+                yield info("plan.negative_shard_dim", where,
+                           f"{text} counts dims from the end (torch semantics: S(-1) is the last "
+                           "dim); the reference system read it as an uneven shard of dim "
+                           f"{-placement.dim - 1}")
+
+
+def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    names = meta.get("mesh_dim_names")
+    dims = as_dict(meta.get("parallel_dims"))
+    if not isinstance(names, list):
+        return
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        where = pointer("mesh_dim_names", i)
+        if name in seen:
+            yield error("plan.duplicate_axis", where, f"axis {name!r} is listed twice")
+        seen.add(name)
+        size = dims.get(f"{name}_size")
+        if name == "dp":
+            yield warning("plan.fsdp_axis", where, "dp is an FSDP axis, not a plan axis",
+                          hint="drop it from mesh_dim_names")
+        elif size is None and isinstance(name, str):
+            yield warning("plan.axis_without_size", where,
+                          f"parallel_dims has no {name}_size for axis {name!r}")
+        elif size == 1:
+            yield info("plan.size_one_axis", where, f"axis {name!r} has size 1: every "
+                       "transition on it is identity")
+    for axis in DENSE_AXES:
+        size = dims.get(f"{axis}_size")
+        if isinstance(size, int) and size > 1 and axis not in seen:
+            yield error("plan.axis_not_in_mesh", pointer("mesh_dim_names"),
+                        f"parallel_dims.{axis}_size is {size} but {axis!r} is not in "
+                        "mesh_dim_names, so every placement on it would be dropped",
+                        expected=f"{axis!r} among {names}")
+
+
+def _check_outputs_names(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    for fqn, entry in plan_entries(meta).items():
+        names = entry.get("out_names")
+        if not isinstance(names, list) or not names:
+            continue
+        for side in ("out_src", "out_dst"):
+            for name in as_dict(entry.get(side)):
+                if name not in names:
+                    yield error("plan.unknown_output", pointer("param_plan", fqn, side, name),
+                                f"{fqn}: output {name!r} is not in out_names",
+                                expected="one of " + ", ".join(map(str, names)))
+
+
+def _check_coverage(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    plan = meta.get("param_plan")
+    empty = not isinstance(plan, Mapping) or not plan
+    covered = as_dict(meta.get("covered")).get("sharding_plan")
+    if empty and covered is True:
+        yield error("plan.covered_but_empty", pointer("covered", "sharding_plan"),
+                    "covered.sharding_plan is true but param_plan is empty",
+                    hint="regenerate the artifact; generation never freezes an empty plan")
+    elif empty:
+        yield error("plan.empty", pointer("param_plan"), "param_plan is empty: the artifact "
+                    "shards nothing", hint="regenerate the artifact")
+    elif covered is False:
+        yield info("plan.not_covered", pointer("covered", "sharding_plan"),
+                   "covered.sharding_plan is false although param_plan is not empty")
+
+
+def _check_entrypoint(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    name = as_dict(meta.get("entrypoints")).get("parallelize")
+    if name is None:
+        yield warning("plan.no_entrypoint", pointer("entrypoints", "parallelize"),
+                      "entrypoints.parallelize is missing; the reference runtime refuses such "
+                      "a meta", expected=" or ".join(ENTRYPOINTS))
+    elif name not in ENTRYPOINTS:
+        yield info("plan.custom_entrypoint", pointer("entrypoints", "parallelize"),
+                   f"entrypoint {name!r} is neither of the known names",
+                   expected=" or ".join(ENTRYPOINTS))
+
+
+def _check_unknown_keys(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    from hpcodegen.checks.schema import meta_schema
+
+    known = set(meta_schema()["properties"])
+    for key in meta:
+        if key not in known:
+            yield info("plan.unknown_key", pointer(key), f"top-level key {key!r} is not part of "
+                       "the meta format; it is ignored")
+
+
+def check_plan(ctx: CheckContext) -> Iterator[Finding]:
+    """Semantic rules of the frozen plan (see the module docstring)."""
+    meta = ctx.meta
+    yield from _check_coverage(meta)
+    yield from _check_placements(meta)
+    yield from _check_mesh(meta)
+    yield from _check_outputs_names(meta)
+    yield from check_references(ctx)
+    yield from _check_entrypoint(meta)
+    yield from _check_unknown_keys(meta)

@@ -1,0 +1,153 @@
+"""Cross references of a frozen plan: every name another field uses must be planned.
+
+``boundary_classes`` FQNs, injection ``match`` FQNs, ``special_handlers`` keys, both sides of
+``tied_pairs``, ``frozen_sharded_params`` and each entry's ``deferred_bias_params`` /
+``partial_grad_params`` must agree with ``param_plan``; every FQN of one class must carry
+the same contract (the generated class has one forward for all of them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hpcodegen.checks.context import (
+    CheckContext,
+    as_dict,
+    as_list,
+    plan_entries,
+    planned_params,
+    pointer,
+)
+from hpcodegen.checks.forms import classified
+from hpcodegen.errors import Finding, error, warning
+from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
+from hpcodegen.plan.entry import join_fqn
+
+
+def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
+    meta, plan = ctx.meta, plan_entries(ctx.meta)
+    classes = as_dict(meta.get("boundary_classes"))
+    first_of: dict[str, str] = {}
+    for fqn, cls in classes.items():
+        where = pointer("boundary_classes", fqn)
+        if fqn not in plan:
+            yield error("plan.boundary_class_unplanned", where,
+                        f"boundary {fqn!r} ({cls}) has no param_plan entry")
+            continue
+        contract = {k: v for k, v in plan[fqn].items() if k != "params"}
+        if cls in first_of:
+            other = first_of[cls]
+            if contract != {k: v for k, v in plan[other].items() if k != "params"}:
+                yield error("plan.class_contract_differs", pointer("param_plan", fqn),
+                            f"{fqn} and {other} are both {cls} but declare different "
+                            "transitions; one generated class cannot serve both",
+                            hint="give them the same in/out placements")
+        else:
+            first_of[cls] = fqn
+    forms = classified(ctx) or {}
+    for fqn, form in forms.items():
+        if form.form not in ("identity", "params") and fqn not in classes:
+            yield warning("plan.boundary_without_class", pointer("param_plan", fqn),
+                          f"{fqn} is a {form.form} boundary but boundary_classes does not name "
+                          "its class", hint="regenerate the artifact")
+
+
+def _injections(meta: Mapping[str, Any], plan: Mapping[str, Any]) -> Iterator[Finding]:
+    seen: dict[str, str] = {}
+    for i, record in enumerate(as_list(meta.get("injections"))):
+        match = as_dict(record).get("match")
+        if isinstance(match, str):
+            targets = [(pointer("injections", i, "match"), match)]
+        else:
+            targets = [(pointer("injections", i, "match", j), m)
+                       for j, m in enumerate(as_list(match)) if isinstance(m, str)]
+        for where, fqn in targets:
+            if fqn not in plan:
+                yield error("plan.injection_unplanned", where,
+                            f"injection matches {fqn!r}, which has no param_plan entry")
+            elif fqn in seen:
+                yield error("plan.injection_duplicate", where,
+                            f"{fqn!r} is matched by two injections (also {seen[fqn]})")
+            seen.setdefault(fqn, where)
+
+
+def _special_handlers(meta: Mapping[str, Any], params: Mapping[str, Any],
+                      plan: Mapping[str, Any]) -> Iterator[Finding]:
+    for key in as_dict(meta.get("special_handlers")):
+        module = key.rpartition(".")[0]
+        if key not in params and module not in plan:
+            yield error("plan.special_handler_unplanned", pointer("special_handlers", key),
+                        f"special handler target {key!r} is neither a planned parameter nor a "
+                        "parameter of a planned module")
+
+
+def _tied_pairs(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
+    for i, pair in enumerate(as_list(meta.get("tied_pairs"))):
+        pair = as_list(pair)
+        for j, fqn in enumerate(pair):
+            if isinstance(fqn, str) and fqn not in params:
+                yield error("plan.tied_unplanned", pointer("tied_pairs", i, j),
+                            f"tied parameter {fqn!r} is not in param_plan")
+        if len(pair) != 2 or not all(isinstance(p, str) and p in params for p in pair):
+            continue
+        if pair[0] == pair[1]:
+            yield error("plan.tied_self", pointer("tied_pairs", i),
+                        f"{pair[0]!r} is tied to itself")
+        elif dict(params[pair[0]][2]) != dict(params[pair[1]][2]):
+            yield warning("plan.tied_placements_differ", pointer("tied_pairs", i, 1),
+                          f"{pair[1]} shares {pair[0]}'s local storage but is planned with "
+                          "other placements", expected=json.dumps(dict(params[pair[0]][2])))
+
+
+def _is_sharded(named: Mapping[str, Any]) -> bool:
+    for text in named.values():
+        try:
+            if isinstance(parse_placement(text), (Shard, StridedShard, Partial)):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
+    listed = meta.get("frozen_sharded_params")
+    if not isinstance(listed, list):
+        return
+    for i, fqn in enumerate(listed):
+        if not isinstance(fqn, str):
+            continue
+        if fqn not in params:
+            yield error("plan.frozen_sharded_unplanned", pointer("frozen_sharded_params", i),
+                        f"{fqn!r} is listed as sharded but is not in param_plan")
+        elif not _is_sharded(params[fqn][2]):
+            yield warning("plan.frozen_sharded_replicated", pointer("frozen_sharded_params", i),
+                          f"{fqn!r} is listed as sharded but every placement is R")
+    for fqn, (entry, rel, named) in params.items():
+        if fqn not in listed and _is_sharded(named):
+            where = pointer("param_plan", entry, "params", rel)
+            yield warning("plan.frozen_sharded_missing", where,
+                          f"{fqn} is sharded but not listed in frozen_sharded_params")
+
+
+def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
+    for fqn, entry in plan_entries(meta).items():
+        for key in ("deferred_bias_params", "partial_grad_params"):
+            for i, rel in enumerate(as_list(entry.get(key))):
+                if isinstance(rel, str) and join_fqn(fqn, rel) not in params:
+                    yield error(f"plan.{key}_unplanned", pointer("param_plan", fqn, key, i),
+                                f"{join_fqn(fqn, rel)} is not a planned parameter",
+                                hint="paths are relative to the entry, e.g. o_proj.bias")
+
+
+def check_references(ctx: CheckContext) -> Iterator[Finding]:
+    """All cross-reference rules of the module docstring."""
+    meta, plan = ctx.meta, plan_entries(ctx.meta)
+    params = planned_params(meta)
+    yield from _boundary_classes(ctx)
+    yield from _injections(meta, plan)
+    yield from _special_handlers(meta, params, plan)
+    yield from _tied_pairs(meta, params)
+    yield from _frozen_sharded(meta, params)
+    yield from _entry_param_lists(meta, params)

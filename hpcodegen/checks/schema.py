@@ -1,0 +1,122 @@
+"""The ``schema`` check: every JSON Schema violation of the meta at once, each at its pointer.
+
+The schema (``schemas/codegen_meta.schema.json``, draft 2020-12) is the published definition
+of the meta; this check maps each violation to a :class:`~hpcodegen.errors.Finding` whose
+``where`` is the JSON pointer of the offending value (for a missing field, the pointer the
+field would have), and adds duplicate object keys, which JSON parsers silently collapse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from hpcodegen.checks.context import CheckContext, pointer
+from hpcodegen.errors import Finding, error
+from hpcodegen.placement import PLACEMENT_PATTERN
+
+SCHEMA_NAME = "codegen_meta.schema.json"
+
+#: Friendlier words for the patterns the schema uses.
+_PATTERN_WORDS: dict[str, tuple[str, str]] = {
+    PLACEMENT_PATTERN: ("is not a placement", "one of R, S(n), SS(d,f), P(op) without spaces"),
+    "^[0-9a-f]{12}$": ("is not a signature", "12 lowercase hex characters"),
+    "^[0-9a-f]{64}$": ("is not a sha256", "64 lowercase hex characters"),
+    "^([0-9a-f]{64})?$": ("is not a sha256", "64 lowercase hex characters or \"\""),
+}
+
+
+def schema_text() -> str:
+    """The schema file's text, as shipped in the package (``hpcodegen schema`` prints it)."""
+    return resources.files("hpcodegen.schemas").joinpath(SCHEMA_NAME).read_text("utf-8")
+
+
+@lru_cache(maxsize=1)
+def meta_schema() -> dict[str, Any]:
+    """The parsed meta schema."""
+    return json.loads(schema_text())
+
+
+@lru_cache(maxsize=1)
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(meta_schema())
+
+
+def _deepest(err: Any) -> Any:
+    """For anyOf/oneOf, the alternative that got furthest (jsonschema's best_match)."""
+    if not err.context:
+        return err
+    from jsonschema.exceptions import best_match
+
+    best = best_match(err.context)
+    return best if best is not None and len(best.absolute_path) > len(err.absolute_path) else err
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _findings_of(err: Any) -> Iterator[Finding]:
+    """Map one jsonschema error to findings (one per missing or unexpected key)."""
+    err = _deepest(err)
+    path = list(err.absolute_path)
+    kind = err.validator
+    if kind == "required":
+        present = err.instance if isinstance(err.instance, Mapping) else {}
+        for key in err.validator_value:
+            if key not in present:
+                yield error("schema.required", pointer(*path, key),
+                            f"required field {key!r} is missing")
+        return
+    if kind == "additionalProperties" and isinstance(err.instance, Mapping):
+        known = set(err.schema.get("properties", {}))
+        for key in err.instance:
+            if key not in known:
+                yield error("schema.unknown_key", pointer(*path, key), f"unexpected key {key!r}",
+                            expected="one of " + ", ".join(sorted(known)))
+        return
+    if kind == "pattern" and err.validator_value in _PATTERN_WORDS:
+        what, expected = _PATTERN_WORDS[err.validator_value]
+        yield error("schema.pattern", pointer(*path), f"{_short(err.instance)} {what}",
+                    expected=expected)
+        return
+    yield error(f"schema.{kind}", pointer(*path), err.message if len(err.message) < 200
+                else f"{_short(err.instance)} violates {kind}")
+
+
+def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
+    """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings)."""
+    out: list[Finding] = []
+    for err in _validator().iter_errors(meta):
+        out.extend(_findings_of(err))
+    return sorted(out, key=lambda f: (f.where, f.code))
+
+
+def cached_schema_findings(ctx: CheckContext) -> list[Finding]:
+    """:func:`schema_findings` memoized on the context (other checks consult it)."""
+    if "schema" not in ctx.cache:
+        ctx.cache["schema"] = schema_findings(ctx.meta)
+    return ctx.cache["schema"]
+
+
+def subtree_valid(ctx: CheckContext, *roots: str) -> bool:
+    """True when no schema error lies at or under any of the given top-level keys."""
+    prefixes = tuple(pointer(r) for r in roots)
+    return not any(
+        f.where == p or f.where.startswith(p + "/")
+        for f in cached_schema_findings(ctx) for p in prefixes
+    )
+
+
+def check_schema(ctx: CheckContext) -> Iterator[Finding]:
+    """Every schema violation, plus duplicate object keys, each at its JSON pointer."""
+    for ptr in ctx.loaded.duplicate_keys:
+        yield error("schema.duplicate_key", ptr, "key occurs more than once in its object; "
+                    "JSON readers keep only the last value", hint="remove the duplicate")
+    yield from cached_schema_findings(ctx)

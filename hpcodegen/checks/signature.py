@@ -1,0 +1,96 @@
+"""The ``signature`` check: the artifact was made for the model described by ``--hf-config``.
+
+The config is read as plain JSON (:func:`hpcodegen.hf.read_hf_config`, no transformers).
+``source.architecture`` must equal ``architectures[0]`` and ``source.model_type`` the config's
+``model_type``; each ``source.structure`` field that the config sets differently is named with
+both values. For metas hpcodegen wrote, the signature is recomputed with the config's source
+(decisions.md item 5) and a mismatch names the differing fields; other generators' signatures
+cannot be recomputed ("skipped: foreign generator", info).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hpcodegen.artifact.digest import is_hpcodegen_meta, meta_signature
+from hpcodegen.checks.context import CheckContext, as_dict, pointer
+from hpcodegen.errors import Finding, error, info, warning
+from hpcodegen.hf import architecture_of, source_from_config
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "absent" if value is _MISSING else json.dumps(value)
+
+
+def _compare_identity(source: Mapping[str, Any], config: Mapping[str, Any],
+                      file: str | None) -> Iterator[Finding]:
+    arch, meta_arch = architecture_of(config), source.get("architecture")
+    if arch is None:
+        yield warning("signature.no_architecture", "/architectures/0", "the HF config has no "
+                      "architectures[0] to compare with source.architecture", file=file)
+    elif meta_arch is None:
+        yield warning("signature.meta_architecture_missing", pointer("source", "architecture"),
+                      f"the meta records no source.architecture (config: {arch})")
+    elif meta_arch != arch:
+        yield error("signature.architecture", pointer("source", "architecture"),
+                    f"artifact made for {meta_arch}, config is {arch}", expected=arch,
+                    hint="use the artifact generated for this model")
+    mt, meta_mt = config.get("model_type"), source.get("model_type")
+    if mt is not None and meta_mt is not None and mt != meta_mt:
+        yield error("signature.model_type", pointer("source", "model_type"),
+                    f"artifact made for model_type {meta_mt!r}, config has {mt!r}",
+                    expected=repr(mt))
+
+
+def _compare_structure(source: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[Finding]:
+    for key, recorded in as_dict(source.get("structure")).items():
+        actual = config.get(key, _MISSING)
+        where = pointer("source", "structure", key)
+        if actual is _MISSING:
+            yield warning("signature.structure_unset", where, f"{key}: the artifact recorded "
+                          f"{_show(recorded)}, the config does not set it")
+        elif actual != recorded:
+            yield error("signature.structure", where, f"{key}: artifact {_show(recorded)}, "
+                        f"config {_show(actual)}", expected=_show(actual),
+                        hint="the model's shape changed; regenerate the artifact")
+
+
+def _differing_fields(meta_source: Mapping[str, Any], cfg_source: Mapping[str, Any]) -> list[str]:
+    fields = [k for k in ("architecture", "model_type")
+              if meta_source.get(k) != cfg_source.get(k)]
+    ms, cs = as_dict(meta_source.get("structure")), as_dict(cfg_source.get("structure"))
+    fields += [f"structure.{k}" for k in sorted(set(ms) | set(cs))
+               if ms.get(k, _MISSING) != cs.get(k, _MISSING)]
+    return fields
+
+
+def _recompute(meta: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[Finding]:
+    if not is_hpcodegen_meta(meta):
+        yield info("signature.foreign", pointer("signature"), "skipped: foreign generator (the "
+                   "signature is recomputable only for metas hpcodegen wrote); architecture and "
+                   "structure were still compared")
+        return
+    cfg_source = source_from_config(config)
+    actual, stored = meta_signature(meta, source=cfg_source), meta.get("signature")
+    if actual == stored:
+        return
+    fields = _differing_fields(as_dict(meta.get("source")), cfg_source)
+    detail = (f"differing fields: {', '.join(fields)}" if fields
+              else "the config matches the recorded source, so the plan itself was edited")
+    yield error("signature.mismatch", pointer("signature"), f"signature {stored} does not "
+                f"match this config ({actual}); {detail}", expected=actual,
+                hint="regenerate the artifact for this config")
+
+
+def check_signature(ctx: CheckContext) -> Iterator[Finding]:
+    """Architecture, model type and structure against the config; our signatures recomputed."""
+    config = ctx.require_hf_config()
+    file = str(ctx.hf_config_path) if ctx.hf_config_path else None
+    source = as_dict(ctx.meta.get("source"))
+    yield from _compare_identity(source, config, file)
+    yield from _compare_structure(source, config)
+    yield from _recompute(ctx.meta, config)

@@ -1,0 +1,186 @@
+"""``hpcodegen verify``: load each artifact, run the chosen checks, report, return an exit code.
+
+Also :func:`load_checked_meta`, the same load-and-check path for the runtime (no torch), so a
+drifted or malformed artifact is refused before anything imports it.
+
+The ``--json`` document (stable; docs/verify.md)::
+
+    {"ok": bool,
+     "artifacts": [{"path": str, "ok": bool,
+                    "checks": {"<check>": {"status": "pass" | "fail" | "skipped",
+                                           "reason": str | null,
+                                           "findings": [{"code", "severity", "path", "file",
+                                                         "message", "expected", "hint"}]}}}]}
+
+An unreadable meta appears as the single check ``load`` with status ``fail``; an unreadable
+``--hf-config`` fails ``signature`` and ``model``. Exit codes: 0 every check passed (warnings
+allowed unless ``strict``), 1 a check failed, 2 usage error or an unreadable input.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpcodegen.artifact.load import LoadedMeta, load_meta
+from hpcodegen.checks.context import CheckContext
+from hpcodegen.checks.registry import run_checks, select_checks
+from hpcodegen.checks.result import ArtifactResult, CheckResult, VerifyResult
+from hpcodegen.errors import (
+    EXIT_USAGE,
+    Finding,
+    InputError,
+    PlanError,
+    Severity,
+    UsageError,
+)
+
+#: Checks that read ``--hf-config``.
+CONFIG_CHECKS: tuple[str, ...] = ("signature", "model")
+#: What the runtime checks before it imports an artifact (all pure and fast).
+RUNTIME_CHECKS: tuple[str, ...] = ("schema", "plan", "outputs")
+
+
+def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
+                    hf_config: Mapping[str, Any] | None = None,
+                    hf_config_path: Path | None = None,
+                    config_problem: Sequence[Finding] = (),
+                    strict: bool = False) -> ArtifactResult:
+    """Load one artifact and run the named checks; never raises for bad input."""
+    art = ArtifactResult(str(path))
+    try:
+        loaded = load_meta(path)
+    except InputError as exc:
+        art.unreadable = True
+        art.checks["load"] = CheckResult("load", "fail", list(exc.findings),
+                                         reason="the meta cannot be read")
+        return art
+    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None, hf_config_path)
+    if config_problem:
+        art.unreadable = True
+        for name in names:
+            if name in CONFIG_CHECKS:
+                art.checks[name] = CheckResult(name, "fail", list(config_problem),
+                                               reason="--hf-config cannot be read")
+        names = [n for n in names if n not in CONFIG_CHECKS]
+    art.checks = {**run_checks(ctx, names, strict), **art.checks}
+    order = [n for n in ("load", *names, *CONFIG_CHECKS) if n in art.checks]
+    art.checks = {n: art.checks[n] for n in order}
+    return art
+
+
+def _write_atomic(path: Path, render: Any) -> None:
+    """Write through a temp file in the same dir, then rename: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            render(stream)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _usage(message: str, stderr: TextIO) -> int:
+    stderr.write(f"hpcodegen verify: error: {message}\n")
+    return EXIT_USAGE
+
+
+def run_verify(paths: Sequence[str | os.PathLike[str]], *,
+               hf_config: str | os.PathLike[str] | None = None,
+               only: Sequence[str] = (), skip: Sequence[str] = (),
+               output: str = "text", junit: str | os.PathLike[str] | None = None,
+               strict: bool = False, verbose: bool = False,
+               stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
+
+    Args:
+        paths: artifact directories or ``codegen_meta.json`` files.
+        hf_config: a ``config.json`` or a model dir, for the ``signature`` and ``model`` checks.
+        only / skip: check names (comma lists allowed).
+        output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
+        junit: also write JUnit XML to this file (atomically).
+        strict: warnings fail their check.
+
+    Example::
+
+        code = run_verify(["examples/llama_tp2"], output="json")
+    """
+    from hpcodegen.report import REPORTERS
+
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        names = select_checks(only, skip)
+    except UsageError as exc:
+        return _usage(str(exc), stderr)
+    if output not in REPORTERS or output == "junit":
+        return _usage(f"unknown output format {output!r} (text or json)", stderr)
+    if not paths:
+        return _usage("give at least one artifact directory or codegen_meta.json", stderr)
+    junit_path = Path(junit) if junit is not None else None
+    if junit_path is not None and not junit_path.parent.is_dir():
+        return _usage(f"--junit: directory {junit_path.parent} does not exist", stderr)
+    config, config_path, problem = _read_config(hf_config, names)
+    result = VerifyResult(strict=strict)
+    for path in paths:
+        result.artifacts.append(verify_artifact(path, names, hf_config=config,
+                                                hf_config_path=config_path,
+                                                config_problem=problem, strict=strict))
+    REPORTERS[output].write(result, stdout, verbose=verbose)
+    if junit_path is not None:
+        _write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))
+    return result.exit_code
+
+
+def _read_config(hf_config: str | os.PathLike[str] | None, names: Sequence[str]
+                 ) -> tuple[dict[str, Any] | None, Path | None, list[Finding]]:
+    if hf_config is None or not any(n in CONFIG_CHECKS for n in names):
+        return None, None, []
+    from hpcodegen.hf import read_hf_config
+
+    try:
+        config, path = read_hf_config(hf_config)
+    except InputError as exc:
+        return None, None, list(exc.findings)
+    return config, path, []
+
+
+def load_checked_meta(artifact_dir: str | os.PathLike[str],
+                      checks: Sequence[str] = RUNTIME_CHECKS, *,
+                      hf_config: Mapping[str, Any] | None = None) -> LoadedMeta:
+    """Load a meta and run ``checks`` on it, as ``verify`` would; no torch.
+
+    Args:
+        artifact_dir: the artifact directory (or its meta file).
+        checks: check names; ``signature`` needs ``hf_config`` (else it is skipped).
+        hf_config: the HF config as a dict (``PretrainedConfig.to_dict()``), optional.
+
+    Returns:
+        The loaded meta, when no check reported an error (warnings are ignored).
+
+    Raises:
+        InputError: (exit 2) the meta cannot be read.
+        UsageError: (exit 2) an unknown check name.
+        PlanError: (exit 1) carrying every error finding of the checks.
+
+    Example::
+
+        loaded = load_checked_meta("examples/llama_tp2")
+        plan = loaded.data["param_plan"]
+    """
+    names = select_checks(checks)
+    loaded = load_meta(artifact_dir)
+    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None)
+    results = run_checks(ctx, names)
+    errors = [f for r in results.values() for f in r.findings if f.severity is Severity.ERROR]
+    if errors:
+        raise PlanError(errors)
+    return loaded
+
+
+__all__ = ["CONFIG_CHECKS", "RUNTIME_CHECKS", "load_checked_meta", "run_verify",
+           "verify_artifact"]
