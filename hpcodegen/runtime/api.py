@@ -1,0 +1,184 @@
+"""``parallelize_from_generated``: execute a frozen plan on a live DeviceMesh, exactly.
+
+The one public entry of the runtime. Every refusal (drifted files, another architecture,
+unknown handlers, foreign injection targets) happens before the model is touched or the
+generated module is imported; then the phases run in the reference's order A, B, D, C.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from hpcodegen.artifact.load import LoadedMeta
+from hpcodegen.errors import PlanError, error
+from hpcodegen.hf import architecture_of
+from hpcodegen.placement import REPLICATE
+from hpcodegen.plan.classify import classify_plan
+from hpcodegen.plan.entry import expand_injections, join_fqn, param_plan
+from hpcodegen.runtime.boundaries import install_boundaries
+from hpcodegen.runtime.grad_sync import install_grad_allreduce
+from hpcodegen.runtime.handlers import apply_handlers, check_handlers
+from hpcodegen.runtime.loader import import_generated_module
+from hpcodegen.runtime.mesh import (
+    TP,
+    ActiveMesh,
+    MeshContext,
+    as_context,
+    resolve_active_mesh,
+    to_torch_placements,
+)
+from hpcodegen.runtime.params import ShardedParam, divide_attrs, shard_parameters
+from hpcodegen.runtime.targets import resolve_injections
+from hpcodegen.runtime.tied import tie_weights, tied_pairs
+
+__all__ = ["MeshContext", "parallelize_from_generated"]
+
+SourceInfo = dict[str, tuple[tuple[Any, ...], Any]]
+_DONE = "_hp_parallelized"
+
+
+def _config_dict(hf_config: Any) -> dict[str, Any] | None:
+    if hf_config is None or isinstance(hf_config, Mapping):
+        return dict(hf_config) if hf_config is not None else None
+    if hasattr(hf_config, "to_dict"):
+        return hf_config.to_dict()
+    from hpcodegen.hf import read_hf_config
+
+    return read_hf_config(hf_config)[0]
+
+
+def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = None) -> LoadedMeta:
+    """Load the meta with verify's loader and checks (schema, plan, output hashes).
+
+    Then refuse a config of another architecture (``architectures[0]`` vs
+    ``source.architecture``). Nothing is imported from the artifact before this passes.
+    """
+    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
+
+    loaded = load_checked_meta(artifact_dir, RUNTIME_CHECKS)
+    config = _config_dict(hf_config)
+    if config is not None:
+        want = (loaded.data.get("source") or {}).get("architecture")
+        got = architecture_of(config)
+        if want != got:
+            raise PlanError([error("runtime.architecture", "/source/architecture",
+                                   f"the artifact was generated for {want!r}, the config is "
+                                   f"for {got!r}", expected=str(want), file=str(loaded.meta_path),
+                                   hint="generate an artifact for this model")])
+    return loaded
+
+
+def _source_info(model: nn.Module, active: ActiveMesh,
+                 sharded: Mapping[str, ShardedParam]) -> SourceInfo:
+    """``{param_fqn: (placements over the active axes, source submesh)}``, always tuples."""
+    replicated = to_torch_placements((REPLICATE,) * len(active.axes))
+    return {
+        fqn: (tuple(sharded[fqn].placements) if fqn in sharded else replicated,
+              active.source_mesh)
+        for fqn, _ in model.named_parameters(remove_duplicate=False)
+    }
+
+
+def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],
+                     records: Mapping[str, Mapping[str, Any]]) -> None:
+    """Call each injection factory as ``factory(module, **kwargs)``.
+
+    A ``local_compute_fn`` result is bound as ``module.__hp_compute__`` (the region forms
+    call it); an ``inner_wrapper`` result that is a module replaces the ``inner_target``
+    child.
+    """
+    for fqn, targets in resolved.items():
+        module = model.get_submodule(fqn) if fqn else model
+        for key, (factory, kwargs) in targets.items():
+            result = factory(module, **kwargs)
+            if key == "local_compute_fn":
+                module.__dict__["__hp_compute__"] = result
+                module.__dict__["__hyper_compute__"] = result
+                continue
+            target = (records.get(fqn) or {}).get("inner_target") or "self"
+            if isinstance(result, nn.Module) and target != "self":
+                setattr(module, target, result)
+
+
+def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
+    return [join_fqn(fqn, rel) for fqn, entry in param_plan(meta).items()
+            for rel in entry.get("partial_grad_params") or ()]
+
+
+def parallelize_from_generated(model: nn.Module, mesh_context: Any,
+                               artifact_dir: str | os.PathLike[str], *, hf_config: Any = None,
+                               allowed_target_prefixes: tuple[str, ...] = ()) -> SourceInfo:
+    """Install the artifact's frozen plan on ``model``; return the FSDP2 source info.
+
+    Phases, in order:
+
+    0. Refuse a second call; load and check the meta like ``verify`` (schema, plan, output
+       hashes: a drifted file is refused); refuse a config of another architecture;
+       resolve special handlers and injection targets (allowlist). Nothing is mutated or
+       imported before all of this passes.
+    1. Import the generated module (synthetic package); if it defines the meta's
+       ``entrypoints.parallelize`` function, call it and return its result.
+    2. Resolve the active submesh (plan axes in the live order, size-1 axes dropped). No
+       active axis (tp=1, or tp absent) -> an exact no-op, returning ``{}``.
+    3. Classify the plan frozen and live (``classify_plan``, the one classifier).
+    A. Shard parameters (``distribute_tensor``, keep the local shard); ``tp_divide_attrs``.
+    B. Special handlers.   D. Tied weights.
+    C. Boundaries, deepest FQN first; injections bound; partial gradients synchronised.
+
+    Args:
+        model: built from the artifact's model class (or the transformers class).
+        mesh_context: a ``DeviceMesh`` with named axes, or a :class:`MeshContext`.
+        artifact_dir: the artifact directory.
+        hf_config: the model's HF config (dict, ``PretrainedConfig`` or path), to gate the
+            architecture.
+        allowed_target_prefixes: module prefixes whose injection targets may be imported.
+
+    Returns:
+        ``{param_fqn: (placements tuple over the plan axes, source submesh)}``.
+
+    Raises:
+        PlanError: any refusal above (``PlacementMismatchError`` for a parameter already
+            sharded otherwise).
+
+    Example::
+
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        info = parallelize_from_generated(model, mesh, "examples/llama_tp2")
+
+    .. note:: every parameter is a plain local tensor afterwards; wrap them for FSDP2 with
+       the returned placements, and never call this twice on one model.
+    """
+    if getattr(model, _DONE, False):
+        raise PlanError([error("runtime.second_call", type(model).__name__,
+                               "parallelize_from_generated already ran on this model")])
+    loaded = load_verified_meta(artifact_dir, hf_config)
+    meta = loaded.data
+    handlers = check_handlers(meta)
+    records = expand_injections(meta)
+    injections = resolve_injections(records, allowed_target_prefixes)
+    digest = ((meta.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
+    module = import_generated_module(loaded.artifact_dir, digest)
+    entry_name = (meta.get("entrypoints") or {}).get("parallelize")
+    entry_fn = getattr(module, entry_name, None) if entry_name else None
+    context = as_context(mesh_context)
+    setattr(model, _DONE, True)
+    if callable(entry_fn):
+        return entry_fn(model, context)
+    active = resolve_active_mesh(meta, context)
+    if active.degenerate:
+        return {}
+    frozen = classify_plan(meta)
+    live = classify_plan(meta, active.axes, active.sizes)
+    sharded = shard_parameters(model, meta, active)
+    divide_attrs(model, meta, active)
+    apply_handlers(model, handlers, active)
+    tie_weights(model, tied_pairs(model, meta), {k: v.placements for k, v in sharded.items()})
+    install_boundaries(model, meta, active, frozen, live, sharded)
+    _bind_injections(model, injections, records)
+    if TP in active.axes:
+        install_grad_allreduce(model, _partial_grad_fqns(meta), active.tp_group())
+    return _source_info(model, active, sharded)

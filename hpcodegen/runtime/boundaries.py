@@ -1,0 +1,207 @@
+"""Phase C: install every boundary, deepest FQN first.
+
+Per module (the effective form comes from :func:`hpcodegen.plan.revalidate.decide`, the same
+decision ``inspect-plan --mesh`` shows):
+
+* a generated class (it has ``_forward_impl``) marked ``tp_collective`` gets a per-instance
+  :class:`~hpcodegen.runtime.collectives.TPOps` as ``_hp_tp``; when the live mesh contradicts
+  the frozen form, the generic engine replaces ``forward`` and a warning names the module;
+* another generated class gets the generic engine as ``_hp_boundary``;
+* a class not defined in the generated file (``nn.Linear``, ``nn.Embedding``, or an
+  unmodified transformers class) has its *instance* forward wrapped: inputs -> original ->
+  outputs (-> deferred biases); a tp-sharded ``nn.Embedding`` first gets the masked
+  vocab-parallel lookup.
+
+Deferred biases (``deferred_bias_params``) are hidden from the rowwise layer and added once
+after the output reduction, by ``module._hp_deferred_bias``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import nn
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.placement import Shard
+from hpcodegen.plan.classify import BoundaryForm, splits_compute
+from hpcodegen.plan.entry import (
+    FORM_MARKERS,
+    TOGGLE_FORM_MARKER,
+    TP_FORM_MARKER,
+    fqn_depth,
+    output_index,
+    param_plan,
+)
+from hpcodegen.plan.revalidate import decide
+from hpcodegen.runtime.binding import InputBinder, apply_outputs
+from hpcodegen.runtime.collectives import TPOps
+from hpcodegen.runtime.embedding import (
+    install_default_position_ids,
+    install_vocab_parallel,
+    is_sp_embedding_entry,
+)
+from hpcodegen.runtime.generic import GenericBoundary, transition_fn
+from hpcodegen.runtime.grad_sync import install_grad_allreduce
+from hpcodegen.runtime.mesh import TP, ActiveMesh
+from hpcodegen.runtime.params import ShardedParam
+
+
+class RuntimeFallbackWarning(UserWarning):
+    """A frozen tp_collective boundary runs on the generic engine on this live mesh."""
+
+
+def _marker(module: nn.Module) -> str | None:
+    for attr in FORM_MARKERS:
+        value = getattr(type(module), attr, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _bind(module: nn.Module, name: str, value: Any) -> None:
+    """Bind both naming generations (``_hp_*`` and ``_hyper_*``) on the instance."""
+    module.__dict__[f"_hp_{name}"] = value
+    module.__dict__[f"_hyper_{name}"] = value
+
+
+def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` run with ``owner.<name>`` hidden (None), restored afterwards."""
+
+    def bias_free_forward(*args: Any, **kwargs: Any) -> Any:
+        saved = owner._parameters[name]
+        owner._parameters[name] = None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            owner._parameters[name] = saved
+    return bias_free_forward
+
+
+def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+                          form: BoundaryForm, lowered: bool, active: ActiveMesh
+                          ) -> Callable[[Any], Any] | None:
+    """Hide each deferred bias inside and return the exit hook that adds it once."""
+    paths = list(entry.get("deferred_bias_params") or ())
+    if not paths:
+        return None
+    for path in paths:
+        owner_path, _, name = path.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        if name not in owner._parameters:
+            raise PlanError([error("runtime.missing_param", f"{fqn}.{path}",
+                                   "deferred_bias_params names a missing parameter")])
+        if owner_path:
+            owner.forward = _bias_free(owner, owner.forward, name)
+        elif lowered:
+            module._forward_impl = _bias_free(module, module._forward_impl, name)
+    first = [t for t in form.outputs if output_index(entry, t.name) == 0]
+    if first and any(isinstance(p, Shard) for a, p in zip(active.axes, first[0].dst, strict=True)
+                         if a == TP):
+        # the bias is added to a tp shard: its gradient is partial (decisions.md item 6)
+        install_grad_allreduce(module, paths, active.tp_group())
+
+    def add_deferred_biases(outputs: Any) -> Any:
+        biases = [module.get_parameter(p) for p in paths]
+        return apply_outputs(outputs, [(0, lambda x: _add_all(x, biases))])
+    _bind(module, "deferred_bias", add_deferred_biases)
+    return add_deferred_biases
+
+
+def _add_all(x: Any, biases: list[Any]) -> Any:
+    for b in biases:
+        x = x + b
+    return x
+
+
+def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+                       frozen: BoundaryForm, live: BoundaryForm, effective: str,
+                       active: ActiveMesh) -> str:
+    marker = _marker(module)
+    deferred = install_deferred_bias(module, fqn, entry, live, True, active)
+    if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER) and effective == "tp_collective":
+        _bind(module, "tp", TPOps(fqn, live.transitions, active.tp_group()))
+        if marker == TOGGLE_FORM_MARKER:
+            for axis in ("tp", "cp", "ep"):
+                setattr(module, f"{axis}_enable", axis in active.axes)
+        return "tp_collective"
+    engine = GenericBoundary(live, entry, active, module._forward_impl)
+    if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER):
+        warnings.warn(f"{fqn} ({type(module).__name__}): the frozen tp_collective form does "
+                      f"not hold on the live mesh {active.axes} (live form {live.form}); "
+                      "running it on the generic redistribute engine",
+                      RuntimeFallbackWarning, stacklevel=4)
+        module.forward = engine(module._forward_impl, deferred)
+        return "generic"
+    _bind(module, "boundary", engine)
+    return "generic"
+
+
+def _vocab_offset(module: nn.Module, fqn: str, sharded: Mapping[str, ShardedParam],
+                  active: ActiveMesh) -> int | None:
+    record = sharded.get(f"{fqn}.weight" if fqn else "weight")
+    if not isinstance(module, nn.Embedding) or record is None or TP not in active.axes:
+        return None
+    tp_placement = record.placements[active.axes.index(TP)]
+    return record.global_offset[0] if getattr(tp_placement, "dim", None) == 0 and \
+        tp_placement.is_shard() else None
+
+
+def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+                     live: BoundaryForm, effective: str, active: ActiveMesh,
+                     sharded: Mapping[str, ShardedParam]) -> str:
+    offset = _vocab_offset(module, fqn, sharded, active)
+    if offset is not None:
+        install_vocab_parallel(module, offset)
+    deferred = install_deferred_bias(module, fqn, entry, live, False, active)
+    if effective == "identity" and deferred is None:
+        return "identity"
+    split = splits_compute(entry)
+    original = module.forward
+    if "bias" in (entry.get("deferred_bias_params") or ()):
+        original = _bias_free(module, original, "bias")
+    in_fns = {t.name: transition_fn(t, active, split, fqn) for t in live.inputs}
+    out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, fqn))
+               for t in live.outputs if not t.is_identity]
+    binder = InputBinder(module.forward, list(in_fns), fqn)
+
+    def hp_boundary_forward(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = binder.apply(args, kwargs, in_fns)
+        outputs = apply_outputs(original(*args, **kwargs), out_fns)
+        return deferred(outputs) if deferred is not None else outputs
+
+    module.forward = hp_boundary_forward
+    return effective
+
+
+def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
+                       frozen: Mapping[str, BoundaryForm], live: Mapping[str, BoundaryForm],
+                       sharded: Mapping[str, ShardedParam]) -> dict[str, str]:
+    """Phase C over the plan; returns ``{fqn: installed form}``."""
+    entries = param_plan(meta)
+    installed: dict[str, str] = {}
+    for fqn in sorted(entries, key=fqn_depth, reverse=True):
+        if live[fqn].form == "params":
+            continue
+        try:
+            module = model.get_submodule(fqn) if fqn else model
+        except AttributeError:
+            raise PlanError([error("runtime.missing_module", fqn,
+                                   "the plan names a module the model does not have")]) from None
+        if getattr(module, "_hp_installed", False):
+            raise PlanError([error("runtime.reinstall", fqn, "boundary already installed")])
+        entry = entries[fqn]
+        effective, _ = decide(frozen[fqn], live[fqn], active.axes)
+        if is_sp_embedding_entry(entry) and "." in fqn:
+            install_default_position_ids(model.get_submodule(fqn.rpartition(".")[0]))
+        if hasattr(module, "_forward_impl"):
+            if effective != "identity":
+                installed[fqn] = _install_generated(module, fqn, entry, frozen[fqn],
+                                                    live[fqn], effective, active)
+        else:
+            installed[fqn] = _install_wrapped(module, fqn, entry, live[fqn], effective,
+                                              active, sharded)
+        module._hp_installed = True
+    return installed

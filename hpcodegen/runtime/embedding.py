@@ -1,0 +1,88 @@
+"""Embedding-specific install steps: the vocab-parallel lookup and SP default position ids.
+
+* A ``nn.Embedding`` whose weight is ``Shard(0)`` on tp holds rows ``[start, end)`` of the
+  vocabulary. Ids outside are looked up as row 0 and their rows zeroed, so the output is a
+  ``Partial(sum)`` over tp, which the boundary's output op then reduces.
+* With sequence parallelism the embedding output is reduce-scattered on dim 1, and HF's
+  ``*Model.forward`` derives default ``position_ids`` from ``inputs_embeds.shape[1]`` (now the
+  local length). The parent forward is wrapped to pass the global ``arange(seq_len)`` built
+  from ``input_ids``. The causal mask is then right for sdpa without a padding mask (it is
+  None: attention runs ``is_causal`` on the gathered sequence); an explicit 2-D padding mask
+  would be sized for the local length and is not supported with SP.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcodegen.placement import Partial, Shard, parse_placement
+
+
+def install_vocab_parallel(module: nn.Embedding, start: int) -> None:
+    """Replace the instance forward by the masked lookup of the local vocabulary rows."""
+
+    def vocab_parallel_forward(input: torch.Tensor) -> torch.Tensor:
+        weight = module.weight
+        end = start + weight.shape[0]
+        outside = (input < start) | (input >= end)
+        local_ids = (input - start).masked_fill(outside, 0)
+        pad = module.padding_idx
+        local_pad = pad - start if pad is not None and start <= pad < end else None
+        out = F.embedding(local_ids, weight, local_pad, module.max_norm, module.norm_type,
+                          module.scale_grad_by_freq, module.sparse)
+        return out.masked_fill(outside.unsqueeze(-1), 0.0)
+
+    module.forward = vocab_parallel_forward
+    module._hp_vocab_range = (start, start + module.weight.shape[0])
+
+
+def _tp_of(named: Mapping[str, Any] | None) -> Any:
+    text = (named or {}).get("tp")
+    return parse_placement(text) if isinstance(text, str) else None
+
+
+def is_sp_embedding_entry(entry: Mapping[str, Any]) -> bool:
+    """Output Partial on tp and reduce-scattered onto the sequence dim (1)."""
+    for name, src in (entry.get("out_src") or {}).items():
+        dst = (entry.get("out_dst") or {}).get(name)
+        if isinstance(_tp_of(src), Partial) and _tp_of(dst) == Shard(1):
+            return True
+    return False
+
+
+def install_default_position_ids(parent: nn.Module) -> bool:
+    """Wrap ``parent.forward`` to pass global default ``position_ids``; False if it can't."""
+    if getattr(parent, "_hp_position_ids_wrapped", False):
+        return True
+    original = parent.forward
+    sig = inspect.signature(original)
+    if "input_ids" not in sig.parameters or "position_ids" not in sig.parameters:
+        return False
+
+    positional = [n for n, p in sig.parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    index = positional.index("position_ids") if "position_ids" in positional else None
+
+    def sp_position_ids_forward(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind_partial(*args, **kwargs)
+        input_ids = bound.arguments.get("input_ids")
+        if bound.arguments.get("position_ids") is not None or input_ids is None:
+            return original(*args, **kwargs)
+        cache = bound.arguments.get("past_key_values")
+        seen = cache.get_seq_length() if cache is not None else 0
+        ids = (torch.arange(input_ids.shape[-1], device=input_ids.device) + seen).unsqueeze(0)
+        if index is not None and index < len(args):
+            args = (*args[:index], ids, *args[index + 1:])
+        else:
+            kwargs = {**kwargs, "position_ids": ids}
+        return original(*args, **kwargs)
+
+    parent.forward = sp_position_ids_forward
+    parent._hp_position_ids_wrapped = True
+    return True

@@ -1,0 +1,58 @@
+"""Partial gradients of replicated parameters, summed over tp (decisions.md item 6).
+
+A parameter replicated on tp but used on a tp-split activation (an SP norm on a sequence
+shard, a Qwen3 per-head ``q_norm`` on the local heads, a bias added after a reduce_scatter)
+gets only its rank's share of the gradient. We all-reduce that gradient over tp before it
+is accumulated, so ``.grad`` equals the unsharded model's.
+
+How: a forward pre-hook on the owning module registers, once per parameter *object*, a
+tensor hook on the parameter the forward is about to use. That is the plain parameter
+without FSDP, and FSDP2's unsharded parameter (set on the module before the forward runs)
+under ``fully_shard``, so FSDP then reduces an already tp-complete gradient over dp. Leaf
+hooks fire once per backward with the summed gradient of every use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.runtime.collectives import reduce
+
+_FLAG = "_hp_grad_allreduce"
+
+
+def _hook_tensor(param: torch.Tensor, group: Any) -> None:
+    if getattr(param, _FLAG, False) or not param.requires_grad:
+        return
+    param.register_hook(lambda grad: reduce(grad, group))
+    setattr(param, _FLAG, True)
+
+
+def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
+    """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
+    by_owner: dict[str, list[str]] = {}
+    for fqn in fqns:
+        owner_path, _, name = fqn.rpartition(".")
+        try:
+            owner = model.get_submodule(owner_path) if owner_path else model
+        except AttributeError:
+            owner = None
+        if owner is None or name not in owner._parameters:
+            raise PlanError([error("runtime.missing_param", fqn,
+                                   "partial_grad_params names a parameter the model lacks")])
+        by_owner.setdefault(owner_path, []).append(name)
+    for owner_path, names in by_owner.items():
+        owner = model.get_submodule(owner_path) if owner_path else model
+
+        def pre_hook(module: nn.Module, _args: Any, names: list[str] = names) -> None:
+            for name in names:
+                value = getattr(module, name)
+                if isinstance(value, torch.Tensor):
+                    _hook_tensor(value, group)
+        owner.register_forward_pre_hook(pre_hook)
+    return sorted(f"{p}.{n}".lstrip(".") for p, ns in by_owner.items() for n in ns)

@@ -1,0 +1,135 @@
+"""The live mesh a frozen plan runs on: active submesh, axis order, torch placements.
+
+The plan freezes its active axes in its own order (``mesh_dim_names``, e.g. ``["cp", "tp"]``);
+the live mesh may declare them in another order or hold more axes (``dp``). Placements are
+therefore always resolved over the *live* order of the plan axes the mesh really has, with
+size-1 axes removed (on a size-1 axis every placement is a no-op). When no active axis is
+left (tp=1, or tp absent), the install is an exact no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.placement import Partial, Placement, Replicate, Shard, StridedShard
+from hpcodegen.plan.entry import active_axes
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+TP = "tp"
+
+
+@dataclass
+class MeshContext:
+    """The meshes a plan is installed on.
+
+    Attributes:
+        device_mesh: the dense device mesh holding the plan axes (e.g. ``("dp", "tp")``).
+        fsdp_mesh: optional mesh FSDP2 shards over; when it holds the plan axes, the source
+            info names its submesh (the trainer's view) instead of ``device_mesh``'s.
+    """
+
+    device_mesh: DeviceMesh
+    fsdp_mesh: DeviceMesh | None = None
+
+
+@dataclass(frozen=True)
+class ActiveMesh:
+    """The submesh a plan executes on.
+
+    Attributes:
+        axes: the plan axes present in the live mesh with size > 1, in the live order.
+        sizes: their sizes.
+        mesh: the submesh over ``axes`` (None when ``axes`` is empty: a no-op install).
+        source_mesh: the submesh named in the FSDP2 source info.
+    """
+
+    axes: tuple[str, ...]
+    sizes: dict[str, int]
+    mesh: Any
+    source_mesh: Any
+
+    @property
+    def degenerate(self) -> bool:
+        return not self.axes
+
+    @property
+    def tp_size(self) -> int:
+        return self.sizes.get(TP, 1)
+
+    def tp_group(self) -> Any:
+        """The tp process group (the submesh's own group when tp is its only axis)."""
+        return self.mesh.get_group(TP)
+
+    def tp_rank(self) -> int:
+        return self.mesh.get_local_rank(TP)
+
+
+def as_context(mesh_context: Any) -> MeshContext:
+    """A bare ``DeviceMesh`` or a :class:`MeshContext` -> MeshContext; else PlanError."""
+    if isinstance(mesh_context, MeshContext):
+        return mesh_context
+    if hasattr(mesh_context, "mesh_dim_names") and hasattr(mesh_context, "get_group"):
+        return MeshContext(device_mesh=mesh_context)
+    raise PlanError([error("runtime.bad_mesh", "mesh_context",
+                           "expected a DeviceMesh or MeshContext, got "
+                           f"{type(mesh_context).__name__}")])
+
+
+def _submesh(mesh: Any, axes: tuple[str, ...]) -> Any:
+    names = tuple(mesh.mesh_dim_names or ())
+    return mesh if names == axes else mesh[axes if len(axes) > 1 else axes[0]]
+
+
+def resolve_active_mesh(meta: Mapping[str, Any], context: MeshContext) -> ActiveMesh:
+    """The plan axes the live mesh holds (live order, size > 1) and their submesh.
+
+    Raises:
+        PlanError: the mesh has no axis names (placements could not be matched to axes).
+    """
+    mesh = context.device_mesh
+    names = tuple(mesh.mesh_dim_names or ())
+    if not names:
+        raise PlanError([error("runtime.unnamed_mesh", "mesh_context",
+                               "the device mesh has no mesh_dim_names",
+                               hint="init_device_mesh(..., mesh_dim_names=('tp',))")])
+    plan_axes = set(active_axes(meta)) or {TP}
+    shape = dict(zip(names, mesh.mesh.shape, strict=True))
+    axes = tuple(a for a in names if a in plan_axes and shape[a] > 1)
+    if not axes:
+        return ActiveMesh((), {}, None, None)
+    sub = _submesh(mesh, axes)
+    source = sub
+    fsdp = context.fsdp_mesh
+    if fsdp is not None and set(axes) <= set(fsdp.mesh_dim_names or ()):
+        source = _submesh(fsdp, axes)
+    return ActiveMesh(axes, {a: shape[a] for a in axes}, sub, source)
+
+
+def to_torch_placements(placements: Sequence[Placement], ndim: int | None = None) -> tuple:
+    """hpcodegen placements -> torch DTensor placements (negative dims normalized by ``ndim``)."""
+    from torch.distributed.tensor import Partial as TPartial
+    from torch.distributed.tensor import Replicate as TReplicate
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    def dim(d: int) -> int:
+        return d % ndim if ndim and d < 0 else d
+
+    out: list[Any] = []
+    for p in placements:
+        if isinstance(p, Replicate):
+            out.append(TReplicate())
+        elif isinstance(p, StridedShard):
+            out.append(_StridedShard(dim(p.dim), split_factor=p.split_factor))
+        elif isinstance(p, Shard):
+            out.append(TShard(dim(p.dim)))
+        elif isinstance(p, Partial):
+            out.append(TPartial(p.reduce_op))
+        else:  # pragma: no cover - the grammar has no other kind
+            raise TypeError(f"unknown placement {p!r}")
+    return tuple(out)

@@ -1,0 +1,113 @@
+"""Phase A: shard every planned parameter, then keep only its local shard.
+
+Each parameter named in ``param_plan`` is distributed with ``distribute_tensor`` on the
+active submesh (placements resolved over the live axis order) and replaced by an
+``nn.Parameter`` of the local shard: after install every parameter is a plain local tensor
+and the forwards run bare collectives on local tensors. A parameter that already is a
+DTensor is accepted only with the planned placements (else ``PlacementMismatchError``).
+Meta-device parameters stay on meta, shrunk to the local shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcodegen.errors import PlacementMismatchError, PlanError, error
+from hpcodegen.placement import format_placements, resolve_placements
+from hpcodegen.plan.entry import iter_params, param_plan
+from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
+
+
+@dataclass(frozen=True)
+class ShardedParam:
+    """What Phase A did to one parameter (used by later phases and the source info)."""
+
+    fqn: str
+    placements: tuple  # torch placements over the active axes
+    global_shape: tuple[int, ...]
+    global_offset: tuple[int, ...]
+
+
+def _owner(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
+    owner_path, _, name = fqn.rpartition(".")
+    try:
+        owner = model.get_submodule(owner_path) if owner_path else model
+    except AttributeError:
+        owner = None
+    if owner is None or not isinstance(owner._parameters.get(name), nn.Parameter):
+        raise PlanError([error("runtime.missing_param", fqn,
+                               "the plan names a parameter the model does not have",
+                               hint="build the model from the artifact's model class and config")])
+    return owner, name
+
+
+def _local_of_dtensor(fqn: str, param: Any, placements: tuple) -> torch.Tensor:
+    if tuple(param.placements) != tuple(placements):
+        found = ", ".join(str(p) for p in param.placements)
+        raise PlacementMismatchError([error(
+            "runtime.placement_mismatch", fqn,
+            f"already sharded as ({found}), the plan declares "
+            f"({', '.join(str(p) for p in placements)})",
+            hint="this usually means another parallelization already ran on the model")])
+    return param.to_local()
+
+
+def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
+                    active: ActiveMesh) -> ShardedParam:
+    """Shard one parameter in place (see module docstring)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    owner, name = _owner(model, fqn)
+    param = owner._parameters[name]
+    ours = resolve_placements(named, active.axes)
+    placements = to_torch_placements(ours, param.dim())
+    shape = tuple(param.shape)
+    local_shape, offset = compute_local_shape_and_global_offset(
+        shape, active.mesh, placements)
+    if isinstance(param, DTensor) or isinstance(param.data, DTensor):
+        local = _local_of_dtensor(fqn, param if isinstance(param, DTensor) else param.data,
+                                  placements)
+    elif param.is_meta:
+        local = torch.empty(local_shape, dtype=param.dtype, device="meta")
+    else:  # rank 0 of each group is the source, as distribute_tensor documents
+        local = distribute_tensor(param.detach(), active.mesh, placements).to_local()
+    if not param.is_meta and tuple(local.shape) != tuple(local_shape):
+        raise PlanError([error("runtime.local_shape", fqn,
+                               f"local shard {tuple(local.shape)} for {format_placements(ours)}",
+                               expected=str(tuple(local_shape)))])
+    owner._parameters[name] = nn.Parameter(local.contiguous(), requires_grad=param.requires_grad)
+    return ShardedParam(fqn, placements, shape, tuple(offset))
+
+
+def shard_parameters(model: nn.Module, meta: Mapping[str, Any],
+                     active: ActiveMesh) -> dict[str, ShardedParam]:
+    """Phase A over the whole plan; returns ``{param_fqn: ShardedParam}``."""
+    done: dict[str, ShardedParam] = {}
+    for fqn, _entry_fqn, named in iter_params(meta):
+        done[fqn] = shard_parameter(model, fqn, named or {}, active)
+    return done
+
+
+def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+    """Divide each entry's ``tp_divide_attrs`` (TP-local head counts) by the tp size."""
+    n = active.tp_size
+    for fqn, entry in param_plan(meta).items():
+        for attr in entry.get("tp_divide_attrs") or ():
+            owner_path, _, name = f"{fqn}.{attr}".lstrip(".").rpartition(".")
+            where = f"{fqn}.{attr}" if fqn else attr
+            try:
+                owner: Any = model.get_submodule(owner_path) if owner_path else model
+                value = getattr(owner, name)
+            except AttributeError:
+                raise PlanError([error("runtime.missing_attr", where,
+                                       "tp_divide_attrs names a missing attribute")]) from None
+            if not isinstance(value, int) or value % n:
+                raise PlanError([error("runtime.indivisible_attr", where,
+                                       f"{name}={value!r} does not divide by {TP}={n}")])
+            setattr(owner, name, value // n)

@@ -1,0 +1,141 @@
+"""Rank workers for the runtime tests (spawned processes; real gloo ranks or the fake PG).
+
+Each worker builds the unsharded transformers model and the model from the artifact's
+generated classes with the same weights, installs the plan on the second one and compares
+logits and every gradient (the reference gradient chunked by the parameter's placement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+CONFIGS = {"llama": "llama", "llama_bias": "llama_bias", "qwen3": "qwen3"}
+BATCH, SEQ = 2, 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config_name(artifact: str) -> str:
+    return artifact.rsplit("_tp", 1)[0]
+
+
+def hf_config(artifact: str) -> dict[str, Any]:
+    path = EXAMPLES / "configs" / config_name(artifact) / "config.json"
+    return json.loads(path.read_text())
+
+
+def build_pair(artifact: str, seed: int = 0) -> tuple[Any, Any]:
+    """(unsharded transformers model, model from the generated classes), same weights."""
+    import torch
+
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+
+    config_dict = hf_config(artifact)
+    config = load_transformers_config(config_dict)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    ref = model_class_for(config_dict)(config).float()
+    from hpcodegen.artifact.load import load_meta
+
+    meta = load_meta(EXAMPLES / artifact).data
+    gen_cls = generated_model_class(meta, import_generated_module(EXAMPLES / artifact))
+    gen = gen_cls(config).float()
+    gen.load_state_dict(ref.state_dict())
+    return ref, gen
+
+
+def batch(vocab: int, seed: int = 1) -> tuple[Any, Any]:
+    """Token ids and next-token labels (seeded, the same on every rank)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (BATCH, SEQ + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def loss_of(logits: Any, labels: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def local_of(full: Any, placements: Sequence[Any], mesh: Any) -> Any:
+    """The shard of ``full`` this rank holds under ``placements`` on ``mesh``."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    if all(isinstance(p, Replicate) for p in placements):
+        return full
+    return distribute_tensor(full.detach().clone(), mesh, placements).to_local()
+
+
+def compare(artifact: str, mesh: Any, tol: float = 1e-5) -> dict[str, float]:
+    """Install the artifact on a fresh model, run forward+backward, return max diffs."""
+    from hpcodegen.runtime import parallelize_from_generated
+
+    ref, gen = build_pair(artifact)
+    info = parallelize_from_generated(gen, mesh, EXAMPLES / artifact,
+                                      hf_config=hf_config(artifact))
+    ids, labels = batch(ref.config.vocab_size)
+    out_ref = ref(input_ids=ids, use_cache=False).logits
+    out_gen = gen(input_ids=ids, use_cache=False).logits
+    loss_of(out_ref, labels).backward()
+    loss_of(out_gen, labels).backward()
+    result = {"logits": (out_ref - out_gen).abs().max().item(),
+              "grad_scale": max(p.grad.abs().max().item() for p in ref.parameters())}
+    ref_params = dict(ref.named_parameters())
+    worst, worst_name = 0.0, ""
+    for name, p in gen.named_parameters():
+        placements, source = info[name]
+        want = local_of(ref_params[name].grad, placements, source)
+        diff = (p.grad - want).abs().max().item()
+        if diff > worst:
+            worst, worst_name = diff, name
+    result["grad"] = worst
+    result["grad_name"] = worst_name
+    return result
+
+
+def run_ranks(rank: int, world: int, port: int, out_dir: str, fn: Callable[..., Any],
+              args: tuple) -> None:
+    """Spawn target: init gloo, run ``fn(*args)``, write its JSON result per rank."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        result = fn(*args)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(world: int, fn: Callable[..., Any], *args: Any, out_dir: str) -> list[Any]:
+    """Run ``fn`` on ``world`` gloo ranks; return the per-rank results."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(run_ranks, args=(world, free_port(), out_dir, fn, args), nprocs=world, join=True)
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def parity_many(artifacts: Sequence[str], tp: int) -> dict[str, Any]:
+    """Parity of several artifacts on one 1-D tp mesh (one process start for all)."""
+    import torch
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+    return {a: compare(a, mesh) for a in artifacts}
