@@ -31,10 +31,13 @@ def inspect_plan(
     dtype: str = typer.Option("bf16", "--dtype", help="Activation dtype (bf16, fp16, fp32)."),
     link_gbps: Optional[float] = typer.Option(
         None, "--link-gbps", help="Link bandwidth in Gb/s for a time estimate."),
+    checks: bool = typer.Option(
+        True, "--checks/--no-checks",
+        help="Run verify's schema and plan checks first (skip for plans already verified)."),
 ) -> None:
     from hpcodegen.inspect import InspectOptions, run_inspect
 
     code = run_inspect(InspectOptions(
         path=path, expand=expand, mesh=mesh, as_json=as_json, hf_config=hf_config,
-        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps))
+        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps, checks=checks))
     raise typer.Exit(code)

@@ -43,6 +43,8 @@ from hpcodegen.plan.predict import (
 )
 from hpcodegen.plan.revalidate import FormChange, live_plan_axes, revalidate_forms
 
+#: the verify checks run before predicting (pure, milliseconds)
+GATE_CHECKS = ("schema", "plan")
 _MESH_ITEM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)$")
 
 
@@ -59,6 +61,8 @@ class InspectOptions:
         batch, seq: the traced ``input_ids`` shape (required with ``hf_config``).
         dtype: element type of floating activations (``bf16``, ``fp32``, ...).
         link_gbps: link bandwidth in gigabit/s for the time estimate.
+        checks: run verify's schema and plan checks first (``--no-checks`` skips them, for
+            plans CI already verified: they dominate the time on very large plans).
     """
 
     path: str
@@ -70,6 +74,7 @@ class InspectOptions:
     seq: int | None = None
     dtype: str = "bf16"
     link_gbps: float | None = None
+    checks: bool = True
 
 
 @dataclass
@@ -119,16 +124,19 @@ def _check_options(opts: InspectOptions) -> None:
 
 
 def gate_findings(loaded: LoadedMeta) -> list[Finding]:
-    """verify's schema and plan checks, when they are installed; else nothing.
+    """verify's schema and plan checks; errors stop inspect-plan, warnings are shown.
 
     inspect-plan reads plans that verify accepts; a plan verify rejects is reported with
     verify's own findings (exit 1) before anything is predicted.
     """
-    try:
-        from hpcodegen.checks import gate as _gate  # type: ignore[attr-defined]
-    except ImportError:
-        return []
-    return list(_gate(loaded))
+    from hpcodegen.checks.context import CheckContext
+    from hpcodegen.checks.registry import CHECKS, run_check
+
+    ctx = CheckContext(loaded)
+    findings: list[Finding] = []
+    for name in GATE_CHECKS:
+        findings.extend(run_check(CHECKS[name], ctx, strict=False).findings)
+    return [f for f in findings if f.severity is not Severity.INFO]
 
 
 def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
@@ -185,7 +193,7 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
     try:
         _check_options(opts)
         loaded = load_meta(opts.path)
-        gate = gate_findings(loaded)
+        gate = gate_findings(loaded) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
             _emit_failure(gate, opts.as_json, out, err)
             return EXIT_FAILED
@@ -195,6 +203,7 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
             _emit_failure([raise_plan], opts.as_json, out, err)
             return EXIT_FAILED
         result = inspect_meta(loaded, opts)
+        result.findings[:0] = gate
     except HpcodegenError as exc:
         _emit_failure(exc.findings, opts.as_json, out, err)
         return exc.exit_code

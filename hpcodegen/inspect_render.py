@@ -154,7 +154,7 @@ def _volume_table(volume: dict[str, Any]) -> Any:
         table.add_column(col, overflow="fold")
     for row in volume["boundaries"]:
         label = f"{row['fqn']} x{row['count']}" if row["count"] > 1 else row["fqn"]
-        ops = "\n".join(f"{o['direction'][:3]} {o['name']}: {o['kind']}({o['axis']})"
+        ops = "\n".join(f"{o['direction'][0]}wd {o['name']}: {o['kind']}({o['axis']})"
                         for o in row["ops"])
         shapes = "\n".join(str(tuple(o["shape"])) if o["shape"] else "?" for o in row["ops"])
         each = "\n".join(human_bytes(o["bytes"]) for o in row["ops"])

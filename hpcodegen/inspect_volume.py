@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.plan.entry import output_index, param_plan
+from hpcodegen.plan.predict import takes_token_ids
 from hpcodegen.plan.volume import BoundaryVolume, dtype_bytes, seconds, transition_volume
 
 if TYPE_CHECKING:
@@ -51,23 +52,25 @@ def _volumes(result: Inspection, entries: Any, trace: TraceResult,
         bv = BoundaryVolume(p.fqn)
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
+            backward = not (t.side == "in" and takes_token_ids(p.cls))
             bv.ops.extend(transition_volume(t, entries[p.fqn], result.axes, result.sizes,
-                                            info, float_bytes))
+                                            info, float_bytes, backward))
         out[p.fqn] = bv
     return out
 
 
 def _by_collective(volumes: dict[str, BoundaryVolume]) -> list[dict[str, Any]]:
-    counts: Counter[tuple[str, str, str, int]] = Counter()
-    nbytes: Counter[tuple[str, str, str, int]] = Counter()
+    counts: Counter[tuple[str, str, str, int | None]] = Counter()
+    nbytes: Counter[tuple[str, str, str, int | None]] = Counter()
     for bv in volumes.values():
         for op in bv.ops:
-            key = (op.direction, op.kind, op.axis, -1 if op.dim is None else op.dim)
+            key = (op.direction, op.kind, op.axis, op.dim)
             counts[key] += 1
             nbytes[key] += op.bytes or 0.0
-    return [{"direction": d, "kind": k, "axis": a, "dim": None if dim == -1 else dim,
+    order = sorted(counts, key=lambda k: (k[0], k[1], k[2], k[3] is not None, k[3] or 0))
+    return [{"direction": d, "kind": k, "axis": a, "dim": dim,
              "count": counts[(d, k, a, dim)], "bytes": nbytes[(d, k, a, dim)]}
-            for d, k, a, dim in sorted(counts)]
+            for d, k, a, dim in order]
 
 
 def _rows(result: Inspection, volumes: dict[str, BoundaryVolume]) -> list[dict[str, Any]]:

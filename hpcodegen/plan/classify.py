@@ -21,7 +21,7 @@ A boundary's form is ``region`` (a ``local_compute_fn`` injection), ``generic`` 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from hpcodegen.placement import (
@@ -365,10 +365,32 @@ def classify_plan(
     """Classify every ``param_plan`` entry of a meta (frozen axes unless ``axes`` is given)."""
     use_axes = tuple(axes) if axes is not None else active_axes(meta)
     injections = expand_injections(meta)
+    memo: dict[str, BoundaryForm] = {}
     return {
-        fqn: classify_boundary(fqn, entry, use_axes, injections.get(fqn), sizes)
+        fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
         for fqn, entry in param_plan(meta).items()
     }
+
+
+def classify_memo(
+    memo: dict[str, BoundaryForm],
+    fqn: str,
+    entry: Mapping[str, Any],
+    axes: Sequence[str],
+    injection: Mapping[str, Any] | None = None,
+    sizes: Mapping[str, int] | None = None,
+) -> BoundaryForm:
+    """:func:`classify_boundary` with a per-plan memo: repeated layers are classified once.
+
+    The form depends on the FQN only through the field it is stored in, so entries with the
+    same content (every layer of a model) share one classification. ``memo`` must only be
+    reused for the same ``axes`` and ``sizes``.
+    """
+    key = repr((entry, injection))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = classify_boundary(fqn, entry, axes, injection, sizes)
+    return hit if hit.fqn == fqn else replace(hit, fqn=fqn)
 
 
 def check_placement_strings(named: Mapping[str, Any]) -> list[str]:

@@ -27,7 +27,7 @@ from hpcodegen.plan.classify import (
     BoundaryForm,
     Step,
     Transition,
-    classify_boundary,
+    classify_memo,
 )
 from hpcodegen.plan.entry import active_axes, expand_injections, param_plan
 
@@ -164,11 +164,12 @@ def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
     injections = expand_injections(meta)
     forms: dict[str, BoundaryForm] = {}
     problems: list[Finding] = []
+    memo: dict[str, BoundaryForm] = {}
     for fqn, entry in param_plan(meta).items():
         try:
             if not isinstance(entry, Mapping):
                 raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
-            forms[fqn] = classify_boundary(fqn, entry, use_axes, injections.get(fqn), sizes)
+            forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             problems.append(error("inspect.bad_entry", f"/param_plan/{_ptr(fqn)}",
                                   f"cannot classify {fqn!r}: {exc}",

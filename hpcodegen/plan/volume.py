@@ -123,16 +123,21 @@ TensorInfo = tuple[tuple[int, ...], int | None]
 
 def transition_volume(t: Transition, entry: Mapping[str, Any], axes: Sequence[str],
                       sizes: Mapping[str, int], info: TensorInfo | None,
-                      float_bytes: int) -> list[OpVolume]:
-    """Forward and backward collectives of one executed transition, with bytes."""
+                      float_bytes: int, backward: bool = True) -> list[OpVolume]:
+    """Forward and backward collectives of one executed transition, with bytes.
+
+    ``backward=False`` (or an integer tensor) leaves the backward out: no gradient flows.
+    """
     shape = info[0] if info else None
     full = None
     if info is not None:
         full = float(math.prod(info[0]) * (info[1] or float_bytes))
     grad, grad_target = grad_placements(t.side, t.src, t.dst, axes, splits_compute(entry))
+    passes = [("forward", t.steps, t.src, t.dst)]
+    if backward and not (info is not None and info[1] is not None):  # integers: no gradient
+        passes.append(("backward", t.grad_steps, grad, grad_target))
     out: list[OpVolume] = []
-    for direction, steps, start, target in (("forward", t.steps, t.src, t.dst),
-                                            ("backward", t.grad_steps, grad, grad_target)):
+    for direction, steps, start, target in passes:
         amounts = (walk_bytes(steps, start, target, axes, sizes, full) if full is not None
                    else [None] * len(steps))
         out.extend(OpVolume(direction, t.side, t.name, s.kind, s.axis, s.dim, shape, b)
