@@ -27,12 +27,20 @@ def model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -> Path:
 
 
 def model_class(artifact: Path, config: dict[str, Any]) -> type:
-    """The generated module's model class; transformers' class if no loader is available."""
+    """The generated module's model class (``meta.model_class``), imported only after the
+    artifact passed the runtime's checks (output hashes included).
+
+    Until the runtime's loader exists (older checkouts), transformers' own class is used.
+    """
     try:
-        from hpcodegen.runtime import loader
+        from hpcodegen.runtime.api import load_verified_meta
+        from hpcodegen.runtime.loader import generated_model_class, import_generated_module
     except ImportError:
         return model_class_for(config)
-    return loader.model_class(artifact, config)  # type: ignore[attr-defined]
+    loaded = load_verified_meta(artifact, config)
+    digest = ((loaded.data.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
+    module = import_generated_module(loaded.artifact_dir, digest)
+    return generated_model_class(loaded.data, module)
 
 
 def _load_weights(model: Any, directory: Path) -> bool:

@@ -1,0 +1,62 @@
+"""``--dry-run`` prints the exact torchrun command and each rank's environment."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+
+from hpcodegen.launch.command import torchrun_argv
+from hpcodegen.launch.options import LaunchOptions
+
+
+def test_dry_run_prints_command_and_rank_env(tmp_path):
+    logs = tmp_path / "logs"
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--check-parity", "--steps", "3", "--log-dir", logs, "--dry-run")
+    assert run.code == 0, run.stderr
+    lines = run.stdout.splitlines()
+    argv = shlex.split(next(line for line in lines if "torch.distributed.run" in line))
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert "--standalone" in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[argv.index("--log-dir") + 1] == str(logs)
+    assert argv[-2:] == ["-m", "hpcodegen.launch.worker"]
+    envs = [dict(kv.split("=", 1) for kv in shlex.split(line))
+            for line in lines if line.startswith("RANK=")]
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert all(e["WORLD_SIZE"] == "2" and e["HPCODEGEN_DEVICE"] == "cpu" for e in envs)
+    assert envs[0]["HPCODEGEN_ARTIFACT"] == str(EXAMPLE)
+    assert envs[0]["HPCODEGEN_MODEL_DIR"] == str(LLAMA_CONFIG)
+    assert (envs[0]["HPCODEGEN_STEPS"], envs[0]["HPCODEGEN_CHECK_PARITY"]) == ("3", "1")
+    assert "mesh dp=1 x tp=2" in run.stdout
+    assert not logs.exists(), "a dry run must not create anything"
+
+
+def test_dry_run_json_with_user_script(tiny_artifact, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    run = run_cli(tiny_artifact, "--nproc", "4", "--device", "cpu", "--dry-run", "--json",
+                  "--", script, "--lr", "0.1")
+    assert run.code == 0, run.stderr
+    doc = run.json()
+    assert doc["status"] == "dry-run"
+    assert doc["mesh"] == {"dp": 2, "tp": 2}
+    assert doc["argv"][-5:] == ["-m", "hpcodegen.launch.worker", str(script), "--lr", "0.1"]
+    assert [e["LOCAL_RANK"] for e in doc["rank_env"]] == ["0", "1", "2", "3"]
+
+
+def test_multi_node_options_pass_through():
+    opts = LaunchOptions(artifact=Path("a"), nproc=8, nnodes="2", node_rank=1,
+                         rdzv_endpoint="head:29400", rdzv_id="job7")
+    argv = torchrun_argv(opts, log_dir=None, tee=False)
+    assert "--standalone" not in argv
+    joined = " ".join(argv)
+    for part in ("--nnodes 2", "--node-rank 1", "--rdzv-backend c10d",
+                 "--rdzv-endpoint head:29400", "--rdzv-id job7", "--nproc-per-node 8"):
+        assert part in joined
+    static = LaunchOptions(artifact=Path("a"), nproc=2, nnodes="2", node_rank=0,
+                           master_addr="10.0.0.1", master_port=29500)
+    joined = " ".join(torchrun_argv(static, log_dir=None, tee=False))
+    assert "--master-addr 10.0.0.1 --master-port 29500" in joined

@@ -1,0 +1,85 @@
+"""Faults end the whole job: a raising rank promptly, a hang at --timeout; no process left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from launch_helpers import leftover, run_cli
+
+RAISE_ON_1 = """
+import os, pathlib, sys, time
+rank = int(os.environ["RANK"])
+pathlib.Path(sys.argv[1], f"pid{rank}").write_text(str(os.getpid()))
+assert os.environ["HPCODEGEN_ARTIFACT"]
+if rank == 1:
+    time.sleep(1)
+    raise ValueError("boom from rank one")
+time.sleep(300)   # a rank blocked forever, as in a collective its peer never joins
+"""
+
+HANG_ON_0 = """
+import os, pathlib, subprocess, sys, time
+rank = int(os.environ["RANK"])
+pathlib.Path(sys.argv[1], f"pid{rank}").write_text(str(os.getpid()))
+if rank == 0:   # a grandchild in the rank's session must be ended too
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    pathlib.Path(sys.argv[1], "child").write_text(str(child.pid))
+time.sleep(300)
+"""
+
+
+def _script(tmp_path, text):
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    return script, pids
+
+
+@pytest.mark.timeout(60)
+def test_raising_rank_ends_the_job(tiny_artifact, tmp_path):
+    script, pids = _script(tmp_path, RAISE_ON_1)
+    logs = tmp_path / "logs"
+    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--log-dir", logs, "--",
+                  script, pids)
+    assert run.code == 1
+    failure = [line for line in run.stderr.splitlines() if line.startswith("rank 1 failed")]
+    assert len(failure) == 1, run.stderr
+    assert "ValueError: boom from rank one" in failure[0]
+    assert "stderr.log" in failure[0]
+    assert run.seconds < 15
+    assert len(list(pids.iterdir())) == 2
+    assert leftover(pids) == []
+    log = failure[0].split("(log: ")[1].rstrip(")")
+    assert "boom from rank one" in Path(log).read_text()
+
+
+@pytest.mark.timeout(60)
+def test_injected_fault_in_the_smoke_job(tiny_artifact, tmp_path):
+    """HPCODEGEN_FAULT=raise:1 (before the model is built: no config needed to fail)."""
+    (tiny_artifact / "config.json").write_text('{"model_type": "llama"}')
+    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--json",
+                  env={"HPCODEGEN_FAULT": "raise:1"})
+    assert run.code == 1
+    doc = run.json()
+    assert doc["message"].startswith("rank 1 failed: InjectedFault")
+    statuses = {r["rank"]: r["status"] for r in doc["ranks"]}
+    assert statuses[1] == "error"
+    assert run.seconds < 15
+    assert leftover(None, [p for p in doc["pids"] if p]) == []
+
+
+@pytest.mark.timeout(60)
+def test_hang_ends_at_timeout(tiny_artifact, tmp_path):
+    script, pids = _script(tmp_path, HANG_ON_0)
+    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--timeout", "6",
+                  "--json", "--", script, pids)
+    assert run.code == 1
+    doc = run.json()
+    assert doc["timed_out"] is True
+    assert doc["message"].startswith("timed out after 6 s")
+    assert {r["status"] for r in doc["ranks"]} == {"ended"}
+    assert 6 <= run.seconds < 20
+    assert (pids / "child").exists()
+    assert leftover(pids, doc["pids"]) == []

@@ -1,0 +1,31 @@
+"""Requests refused before any process starts: exit 2, one clear message, nothing created."""
+
+from __future__ import annotations
+
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+
+
+def test_impossible_world_size(tmp_path):
+    logs = tmp_path / "logs"
+    run = run_cli(EXAMPLE, "--nproc", "3", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--log-dir", logs, "--check-parity")
+    assert run.code == 2
+    assert "world size 3 is not a multiple" in run.stderr
+    assert "tp=2" in run.stderr and "--nproc 2" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not logs.exists(), "no process may start (torchrun would create the log dir)"
+    assert run.seconds < 10  # nothing imported torch, nothing ran
+
+
+def test_missing_artifact_and_config(tmp_path):
+    run = run_cli(tmp_path / "nope", "--device", "cpu")
+    assert run.code == 2 and "no such artifact" in run.stderr
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu")  # no config.json in the artifact
+    assert run.code == 2 and "no HF config found" in run.stderr
+
+
+def test_bad_options(tiny_artifact):
+    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--nnodes", "x")
+    assert run.code == 2 and "--nnodes" in run.stderr
+    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--timeout", "0")
+    assert run.code == 2 and "--timeout" in run.stderr
