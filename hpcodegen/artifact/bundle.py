@@ -3,14 +3,16 @@
 A bundle is published all at once or not at all: every file is staged in a sibling temp dir
 (``.hpcodegen_tmp_*`` next to the target), the meta is written last with the ``outputs``
 hashes of the staged files, then the old bundle is moved aside (``.hpcodegen_old_*``), the
-staged one renamed into place and the old one deleted. A failure at any step (or a kill
-before the swap) leaves the previous bundle as it was; a failure during the swap moves the
-old bundle back. Rendering is separate from writing, so ``--check`` compares the exact bytes
+staged one renamed into place and the old one deleted. The swap is one atomic
+``renameat2(RENAME_EXCHANGE)`` on Linux, so a failure or a kill at any moment leaves either
+the previous bundle or the new one in place, never a mix (elsewhere a failed swap moves the
+old bundle back). Rendering is separate from writing, so ``--check`` compares the exact bytes
 that would be written with what is on disk.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -75,7 +77,7 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=target.parent))
+    stage = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}_", dir=target.parent))
     try:
         os.chmod(stage, 0o777 & ~_umask())
         for name in sorted(n for n in rendered if n != META_NAME):
@@ -95,12 +97,33 @@ def _umask() -> int:
     return mask
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically (Linux ``renameat2``); False when unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    return rc == 0
+
+
 def _swap(stage: Path, target: Path) -> None:
-    """Move ``target`` aside, rename ``stage`` in, drop the old one (restored on failure)."""
+    """Publish ``stage`` as ``target``; the old bundle is never lost.
+
+    A new target is one rename. An existing one is exchanged with the staged dir in one
+    atomic step where the kernel allows it (then the old bundle, now in the staging dir, is
+    deleted); otherwise it is moved aside to ``.hpcodegen_old_<name>_*``, the staged dir
+    renamed in, and on failure moved back.
+    """
     if not target.exists():
         os.rename(stage, target)
         return
-    old = Path(tempfile.mkdtemp(prefix=OLD_PREFIX, dir=target.parent))
+    if _exchange(stage, target):
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f"{OLD_PREFIX}{target.name}_", dir=target.parent))
     os.rmdir(old)
     os.rename(target, old)
     try:

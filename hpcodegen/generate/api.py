@@ -14,19 +14,22 @@ Steps, in order:
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hpcodegen.artifact.bundle import diff_bundle, render_bundle, write_bundle
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK, PlanError, UsageError, error
+from hpcodegen.artifact.load import META_NAME
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, HpcodegenError, UsageError, error
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan
-from hpcodegen.generate.recipe import apply_recipe, load_recipe
+from hpcodegen.generate.recipe import apply_recipe, load_recipe, recipe_modules
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.validate import check_class_contracts, check_coverage, check_divisible
 from hpcodegen.hf import read_hf_config, source_from_config
@@ -103,7 +106,9 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     model = build_meta_model(config)
     modules = dict(model.named_modules())
     fqns = list(modules)
-    plan = lift_plan(model, expand_rules(hf_rules(model), fqns), sp)
+    params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    overridden = recipe_modules(recipe or [], fqns)
+    plan = lift_plan(model, expand_rules(hf_rules(model), fqns, params, overridden), sp)
     injections = apply_recipe(plan, recipe or [], fqns)
     plan = {fqn: plan[fqn] for fqn in sorted(plan)}
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
@@ -126,12 +131,13 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     return render_bundle(files, roles, meta)
 
 
-def run_generate(args: GenerateArgs) -> int:
+def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     """Generate (or ``--check``) one artifact; returns the exit code.
 
     Raises:
         HpcodegenError: bad inputs or a plan that cannot be frozen (it carries the code).
     """
+    stdout = stdout or sys.stdout
     config, config_path = read_hf_config(args.model_dir)
     recipe = load_recipe(args.recipe) if args.recipe else None
     label = config_path.parent.name or "model"
@@ -139,10 +145,31 @@ def run_generate(args: GenerateArgs) -> int:
     if args.check:
         drifted = diff_bundle(args.out, rendered)
         for line in drifted:
-            print(f"{os.fspath(args.out)}: {line}")
+            stdout.write(f"{os.fspath(args.out)}/{line}\n")
+        if not drifted:
+            stdout.write(f"{os.fspath(args.out)}: up to date\n")
         return EXIT_FAILED if drifted else EXIT_OK
     write_bundle(args.out, rendered)
+    meta = json.loads(rendered[META_NAME])
+    stdout.write(f"wrote {os.fspath(args.out)} (signature {meta['signature']})\n")
     return EXIT_OK
 
 
-__all__ = ["GenerateArgs", "PlanError", "build_bundle", "run_generate"]
+def run_generate(args: GenerateArgs, stdout: TextIO | None = None,
+                 stderr: TextIO | None = None) -> int:
+    """:func:`generate_artifact` with every expected error reported as findings on stderr.
+
+    Example::
+
+        code = run_generate(GenerateArgs(Path("examples/configs/llama"), 2, Path("out")))
+    """
+    stderr = stderr or sys.stderr
+    try:
+        return generate_artifact(args, stdout)
+    except HpcodegenError as exc:
+        for finding in exc.findings:
+            stderr.write(f"hpcodegen generate: {finding.render()}\n")
+        return exc.exit_code
+
+
+__all__ = ["GenerateArgs", "build_bundle", "generate_artifact", "run_generate"]

@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcodegen.errors import HpcodegenError
 from hpcodegen.generate.api import GenerateArgs, run_generate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +40,16 @@ EXAMPLES: tuple[Example, ...] = (
 )
 
 
+class _Relative:
+    """A stdout that prints paths relative to the repository root."""
+
+    def __init__(self, root: Path) -> None:
+        self.prefix = f"{root}/"
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text.replace(self.prefix, ""))
+
+
 def run_examples(check: bool, root: Path = REPO_ROOT, only: tuple[str, ...] = ()) -> int:
     """Generate (or check) every example; returns the worst exit code."""
     worst = 0
@@ -48,13 +57,7 @@ def run_examples(check: bool, root: Path = REPO_ROOT, only: tuple[str, ...] = ()
         if only and ex.out not in only and Path(ex.out).name not in only:
             continue
         args = GenerateArgs(root / ex.config, ex.tp, root / ex.out, sp=ex.sp, check=check)
-        try:
-            code = run_generate(args)
-        except HpcodegenError as exc:
-            print(f"{ex.out}: {exc}", file=sys.stderr)
-            code = exc.exit_code
-        if not check and code == 0:
-            print(f"wrote {ex.out}")
+        code = run_generate(args, stdout=_Relative(root))
         worst = max(worst, code)
     return worst
 

@@ -8,12 +8,12 @@ every style must be one we can lift (:mod:`hpcodegen.generate.styles`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.generate.globs import expand_glob
+from hpcodegen.generate.globs import expand_glob, parent_of
 from hpcodegen.generate.styles import STYLE_KINDS, Kind, style_kind
 
 
@@ -48,8 +48,13 @@ def hf_rules(model: Any) -> list[tuple[str, str]]:
     return rules
 
 
-def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str]) -> dict[str, Assignment]:
+def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
+                 param_fqns: Sequence[str] = (),
+                 overridden: Set[str] = frozenset()) -> dict[str, Assignment]:
     """Map each module FQN to its style; later rules win, as in transformers.
+
+    A rule whose every match (module, or the module owning a matched parameter) is in
+    ``overridden`` (matched by a recipe rule) is dropped: recipes win over the HF plan.
 
     Raises:
         PlanError: a style we cannot lift, or a rule that matches no module.
@@ -57,16 +62,24 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str]) -> dict[
     out: dict[str, Assignment] = {}
     problems = []
     for glob, style in rules:
+        if _overridden(glob, fqns, param_fqns, overridden):
+            continue
         kind = style_kind(style)
         if kind is None:
             problems.append(error(
                 "generate.unsupported_style", glob,
                 f"HF plan rule {glob!r}: style {style!r} is not supported",
                 expected=", ".join(sorted(STYLE_KINDS)),
-                hint="override the module with a recipe rule (--recipe)"))
+                hint="override the module with a recipe rule (--recipe); recipes win"))
             continue
         matched = expand_glob(glob, fqns)
-        if not matched:
+        if not matched and expand_glob(glob, param_fqns):
+            problems.append(error(
+                "generate.rule_on_parameter", glob,
+                f"HF plan rule {glob!r} ({style}) names parameters, not modules; "
+                "per-parameter styles are not supported",
+                hint="place the parameters with a recipe rule (params)"))
+        elif not matched:
             problems.append(error(
                 "generate.rule_no_match", glob,
                 f"HF plan rule {glob!r} ({style}) matches no module of the model"))
@@ -75,3 +88,9 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str]) -> dict[
     if problems:
         raise PlanError(problems)
     return out
+
+
+def _overridden(glob: str, fqns: Sequence[str], param_fqns: Sequence[str],
+                overridden: Set[str]) -> bool:
+    owners = expand_glob(glob, fqns) or [parent_of(p) for p in expand_glob(glob, param_fqns)]
+    return bool(owners) and all(o in overridden for o in owners)

@@ -88,6 +88,11 @@ def _matches(index: int, rule: Mapping[str, Any], fqns: Sequence[str]) -> list[s
     return found
 
 
+def recipe_modules(rules: Sequence[Mapping[str, Any]], fqns: Sequence[str]) -> set[str]:
+    """Every module FQN some rule matches (a rule matching nothing is an error)."""
+    return {fqn for index, rule in enumerate(rules) for fqn in _matches(index, rule, fqns)}
+
+
 def apply_recipe(plan: dict[str, dict[str, Any]], rules: Sequence[Mapping[str, Any]],
                  fqns: Sequence[str]) -> list[dict[str, Any]]:
     """Apply every rule to ``plan`` in order (in place); returns the injection records."""

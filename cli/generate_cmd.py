@@ -1,0 +1,49 @@
+"""``hpcodegen generate``: freeze an HF model's TP plan into an artifact (options only; logic
+in :func:`hpcodegen.generate.api.run_generate`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from hpcodegen.cli.app import app
+
+
+@app.command("generate")
+def generate(
+    model: Path = typer.Option(..., "--model", metavar="DIR",
+                               help="Directory holding config.json (weights optional)."),
+    tp: int = typer.Option(..., "--tp", metavar="N", help="Tensor-parallel degree."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
+    sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
+    recipe: Optional[Path] = typer.Option(
+        None, "--recipe", metavar="FILE",
+        help="YAML rules (schemas/recipe.schema.json) that add or override plan entries."),
+    check: bool = typer.Option(False, "--check",
+                               help="Regenerate in memory and fail on any drift from OUT."),
+) -> None:
+    """Freeze the installed transformers' TP plan (plus a recipe) into a reproducible artifact.
+
+    The artifact is codegen_meta.json, the generated modeling module, its diff, __init__.py.
+
+    Exit 0: written, or up to date with --check.
+
+    Exit 1: the plan cannot be frozen (a rule matching nothing, an unsupported style, heads
+    not divisible by N, an invalid recipe), or the artifact drifted (--check).
+
+    Exit 2: usage error or an unreadable input.
+    """
+    from hpcodegen.generate.api import GenerateArgs, run_generate
+
+    try:
+        code = run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))
+    except Exception as exc:  # the last guard: report, never a traceback
+        if os.environ.get("HPCODEGEN_DEBUG"):
+            raise
+        sys.stderr.write(f"hpcodegen generate: internal error: {type(exc).__name__}: {exc} "
+                         "(set HPCODEGEN_DEBUG=1 for the traceback)\n")
+        code = 1
+    raise typer.Exit(code)

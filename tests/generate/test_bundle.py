@@ -1,0 +1,121 @@
+"""Atomic, reproducible bundles: same inputs -> same bytes; a failed or killed write leaves
+the previous bundle intact; ``--check`` names each drifted file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hpcodegen.cli.app import _register, app
+from typer.testing import CliRunner
+
+from hpcodegen.artifact.bundle import diff_bundle, render_bundle, write_bundle
+from hpcodegen.artifact.digest import bytes_digest
+from hpcodegen.artifact.load import META_NAME
+
+_register()
+
+
+def _bundle(text: str) -> dict[str, bytes]:
+    files = {"modeling_x_gen_npu.py": text.encode(), "__init__.py": b'"""x"""\n'}
+    roles = {"modeling_x_gen_npu.py": "modeling", "__init__.py": "init"}
+    return render_bundle(files, roles, {"codegen_version": "0.1.1", "signature": "abc"})
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_render_hashes_outputs_and_writes_meta_last(tmp_path: Path) -> None:
+    rendered = _bundle("a = 1\n")
+    meta = json.loads(rendered[META_NAME])
+    assert meta["outputs"]["modeling"] == bytes_digest(b"a = 1\n")
+    assert META_NAME not in meta["outputs"] and "init" in meta["outputs"]
+    assert rendered[META_NAME].endswith(b"}\n")
+    seen: list[list[str]] = []
+    write_bundle(tmp_path / "art", rendered, _after_stage=lambda s: seen.append(
+        sorted(p.name for p in s.iterdir())))
+    assert seen == [sorted(rendered)]
+    assert _snapshot(tmp_path / "art") == rendered
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("disk full"), KeyboardInterrupt()])
+def test_failure_after_staging_keeps_previous_bundle(tmp_path: Path, exc: BaseException) -> None:
+    target = tmp_path / "art"
+    write_bundle(target, _bundle("old = 1\n"))
+    before = _snapshot(target)
+
+    def fail(stage: Path) -> None:
+        raise exc
+
+    with pytest.raises(type(exc)):
+        write_bundle(target, _bundle("new = 2\n"), _after_stage=fail)
+    assert _snapshot(target) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # staging removed
+
+
+@pytest.mark.timeout(60)
+def test_kill_after_staging_keeps_previous_bundle(tmp_path: Path) -> None:
+    target = tmp_path / "art"
+    write_bundle(target, _bundle("old = 1\n"))
+    before = _snapshot(target)
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from hpcodegen.artifact.bundle import render_bundle, write_bundle\n"
+        "r = render_bundle({'m.py': b'new = 2\\n'}, {'m.py': 'modeling'}, {'signature': 'x'})\n"
+        "write_bundle(Path(sys.argv[1]), r,\n"
+        "             _after_stage=lambda s: os.kill(os.getpid(), signal.SIGKILL))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(target)], timeout=50)
+    assert proc.returncode == -signal.SIGKILL
+    assert _snapshot(target) == before
+
+
+def test_replacing_drops_obsolete_files(tmp_path: Path) -> None:
+    target = tmp_path / "art"
+    write_bundle(target, _bundle("a = 1\n"))
+    (target / "stale.py").write_text("x")
+    rendered = _bundle("b = 2\n")
+    assert "stale.py: not part of the regenerated bundle" in diff_bundle(target, rendered)
+    write_bundle(target, rendered)
+    assert _snapshot(target) == rendered
+    assert oct(target.stat().st_mode & 0o777) != oct(0o700)
+
+
+def test_rejects_non_plain_names() -> None:
+    with pytest.raises(ValueError, match="plain names"):
+        render_bundle({"../x.py": b""}, {}, {})
+
+
+@pytest.mark.slow
+def test_cli_generate_reproducible_and_check(tmp_path: Path, llama_dir: Path) -> None:
+    runner = CliRunner()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        res = runner.invoke(app, ["generate", "--model", str(llama_dir), "--tp", "2", "--sp",
+                                  "-o", str(out)])
+        assert res.exit_code == 0, res.output
+    assert _snapshot(a) == _snapshot(b)
+    res = runner.invoke(app, ["generate", "--model", str(llama_dir), "--tp", "2", "--sp",
+                              "-o", str(a), "--check"])
+    assert res.exit_code == 0 and "up to date" in res.output
+    modeling = next(a.glob("modeling_*.py"))
+    modeling.write_text(modeling.read_text() + "# drift\n")
+    os.remove(a / "__init__.py")
+    res = runner.invoke(app, ["generate", "--model", str(llama_dir), "--tp", "2", "--sp",
+                              "-o", str(a), "--check"])
+    assert res.exit_code == 1
+    assert f"{modeling.name}: bytes differ from the regenerated bundle" in res.output
+    assert "__init__.py: missing on disk" in res.output
+    shutil.rmtree(b)
+    res = runner.invoke(app, ["generate", "--model", str(llama_dir), "--tp", "2",
+                              "-o", str(a)])  # overwrite in place, without --sp
+    assert res.exit_code == 0
+    assert json.loads((a / META_NAME).read_text())["parallel_dims"]["sequence_parallel"] is False

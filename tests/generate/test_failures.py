@@ -1,0 +1,118 @@
+"""Every way generation refuses a plan: a message naming the culprit and exit code 1 (2 for
+unreadable input), through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hpcodegen.cli.app import _register, app
+from typer.testing import CliRunner
+
+from hpcodegen.errors import PlanError
+from hpcodegen.generate.hf_plan import expand_rules
+
+pytestmark = pytest.mark.slow
+_register()
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, ["generate", *args])
+    return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
+
+
+def test_indivisible_heads_names_config_fields(tmp_path: Path, make_config) -> None:
+    model = make_config(tmp_path / "m", "llama", num_attention_heads=6, num_key_value_heads=3,
+                         head_dim=16, hidden_size=96)
+    code, out = invoke("--model", str(model), "--tp", "4", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert "num_attention_heads=6 is not divisible by --tp 4" in out
+    assert "num_key_value_heads=3 is not divisible by --tp 4" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_style_names_the_rule(tmp_path: Path) -> None:
+    model = tmp_path / "mixtral"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "head_dim": 16, "num_hidden_layers": 1, "vocab_size": 256, "num_local_experts": 2,
+        "num_experts_per_tok": 1, "tie_word_embeddings": False}))
+    code, out = invoke("--model", str(model), "--tp", "2", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert ("HF plan rule 'model.layers.*.mlp.experts': style 'moe_tp_experts' "
+            "is not supported") in out
+
+
+def test_unsupported_style_and_no_match_unit() -> None:
+    fqns = ["", "model", "model.layers.0.mlp", "model.layers.0.mlp.up_proj"]
+    with pytest.raises(PlanError) as info:
+        expand_rules([("model.layers.*.mlp.up_proj", "mystery"),
+                      ("model.layers.*.mlp.nope", "colwise")], fqns)
+    codes = [f.code for f in info.value.findings]
+    assert codes == ["generate.unsupported_style", "generate.rule_no_match"]
+    assert info.value.exit_code == 1
+    assert "'model.layers.*.mlp.nope' (colwise) matches no module" in str(info.value)
+    # a recipe covering the module wins over the unsupported HF style
+    got = expand_rules([("model.layers.*.mlp.up_proj", "mystery")], fqns,
+                       overridden={"model.layers.0.mlp.up_proj"})
+    assert got == {}
+
+
+def test_recipe_rule_matching_nothing(tmp_path: Path, llama_dir: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("- match: model.layers.*.mlp\n  is_boundary: true\n"
+                      "- match: [model.nothing.*, model.other]\n  is_boundary: false\n")
+    code, out = invoke("--model", str(llama_dir), "--tp", "2", "--recipe", str(recipe),
+                       "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert ("/1/match: recipe rule 1 (match ['model.nothing.*', 'model.other']) "
+            "matches no module") in out
+
+
+def test_invalid_recipe_reports_json_pointers(tmp_path: Path, llama_dir: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("- match: lm_head\n  params: {weight: {tp: 'Shard(0)'}}\n  bogus: 1\n")
+    code, out = invoke("--model", str(llama_dir), "--tp", "2", "--recipe", str(recipe),
+                       "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert "::/0: Additional properties are not allowed ('bogus' was unexpected)" in out
+    assert "::/0/params/weight/tp: 'Shard(0)' does not match" in out
+
+
+@pytest.mark.parametrize("text", [None, "- match: [unclosed\n"])
+def test_unreadable_recipe_exits_2(tmp_path: Path, llama_dir: Path, text: str | None) -> None:
+    recipe = tmp_path / "r.yaml"
+    if text is not None:
+        recipe.write_text(text)
+    code, out = invoke("--model", str(llama_dir), "--tp", "2", "--recipe", str(recipe),
+                       "-o", str(tmp_path / "out"))
+    assert code == 2
+    assert "recipe" in out
+
+
+def test_missing_model_dir_exits_2(tmp_path: Path) -> None:
+    code, out = invoke("--model", str(tmp_path / "none"), "--tp", "2", "-o", str(tmp_path / "o"))
+    assert code == 2
+    assert "no HF config found" in out
+
+
+def test_different_contracts_for_one_class_refused(tmp_path: Path, llama_dir: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("- match: model.layers.0.mlp\n  out_dst: {output: {tp: 'S(1)'}}\n")
+    code, out = invoke("--model", str(llama_dir), "--tp", "2", "--recipe", str(recipe),
+                       "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert ("class LlamaMLP: model.layers.1.mlp and model.layers.0.mlp "
+            "declare different out_dst") in out
+
+
+def test_uncovered_and_unknown_params_refused(tmp_path: Path, llama_dir: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("- match: model.norm\n  params: {bias: {tp: R}}\n")
+    code, out = invoke("--model", str(llama_dir), "--tp", "2", "--recipe", str(recipe),
+                       "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert "planned parameter 'model.norm.bias' does not exist in the model" in out
