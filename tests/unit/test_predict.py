@@ -1,0 +1,206 @@
+"""Predicted collectives per boundary, summaries, folding and install-time re-validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcodegen.plan.fold import fold, format_ranges
+from hpcodegen.plan.predict import PredOp, classify_entries, predict_plan, summarize
+from hpcodegen.plan.revalidate import live_plan_axes, revalidate
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "inspect"
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name / "codegen_meta.json").read_text())
+
+
+def by_fqn(meta: dict[str, Any]) -> dict[str, Any]:
+    preds, problems = predict_plan(meta)
+    assert problems == []
+    return {p.fqn: p for p in preds}
+
+
+def test_llama_sp_ops_per_boundary() -> None:
+    preds = by_fqn(load("llama_tp2_sp"))
+    attn = preds["model.layers.1.self_attn"]
+    assert attn.form == "tp_collective" and attn.cls == "LlamaAttention"
+    assert attn.in_ops == (PredOp("hidden_states", "all_gather", 1, "tp"),)
+    assert attn.out_ops == (PredOp("output", "reduce_scatter", 1, "tp", "sum"),)
+    assert [(o.kind, o.dim) for o in attn.grad_ops] == [("reduce_scatter", 1), ("all_gather", 1)]
+    assert preds["model.layers.0.input_layernorm"].form == "identity"
+    assert preds["model.layers.0.input_layernorm"].in_ops == ()
+    embed = preds["model.embed_tokens"]
+    assert embed.in_ops == (PredOp("input", "identity"),)
+    # token ids carry no gradient: only the output's backward all_gather remains
+    assert [(o.name, o.kind) for o in embed.grad_ops] == [("output", "all_gather")]
+
+
+def test_llama_sp_summary() -> None:
+    preds, _ = predict_plan(load("llama_tp2_sp"))
+    s = summarize(preds)
+    assert s.forms == {"tp_collective": 6, "identity": 5}
+    assert s.per_forward == {("all_gather", "tp", 1): 5, ("reduce_scatter", "tp", 1): 5}
+    assert s.per_backward == {("all_gather", "tp", 1): 5, ("reduce_scatter", "tp", 1): 5}
+    assert s.opaque == {} and s.problems == ()
+
+
+def test_llama_no_sp_summary() -> None:
+    preds, _ = predict_plan(load("llama_tp2"))
+    s = summarize(preds)
+    assert s.forms == {"tp_collective": 5, "identity": 1, "params": 5}
+    assert s.per_forward == {("all_reduce", "tp", None): 5}
+    # the identity inputs of attention and MLP all-reduce their partial gradients (Megatron f)
+    assert s.per_backward == {("all_reduce", "tp", None): 4}
+
+
+def test_cp_tp_generic_and_opaque() -> None:
+    preds = by_fqn(load("moe_cp2_tp2"))
+    attn = preds["model.layers.2.self_attn"]
+    assert attn.form == "generic" and attn.reasons == ("inner_wrapper injection",)
+    assert attn.opaque == (("inner_wrapper", "hpcodegen.injections.sdpa_cp"),)
+    norm = preds["model.norm"]
+    assert [(o.axis, o.kind, o.dim) for o in norm.out_ops] == [("cp", "all_gather", 1),
+                                                               ("tp", "all_gather", 1)]
+    # replicated gradient back to S(1) on both axes: local chunks, no communication
+    assert [(o.axis, o.kind) for o in norm.grad_ops] == [("cp", "chunk"), ("tp", "chunk")]
+    s = summarize(list(preds.values()))
+    assert s.opaque[("local_compute_fn", "hpcodegen.injections.ep_experts")] == [
+        f"model.layers.{i}.mlp" for i in range(3)]
+    assert s.forms["params"] == 3
+    assert s.per_forward[("all_gather", "cp", 1)] == 1
+
+
+def test_unreadable_entry_is_a_finding() -> None:
+    meta = {"mesh_dim_names": ["tp"], "param_plan": {
+        "a": {"in_src": {"x": {"tp": "Shard(1)"}}, "in_dst": {"x": {"tp": "R"}}},
+        "b": "not an object",
+        "c": {"in_src": {"x": "S(1)"}, "in_dst": {"x": {"tp": "R"}}},
+    }}
+    forms, problems = classify_entries(meta)
+    assert forms == {} or set(forms) <= {"c"}
+    assert {f.where for f in problems} >= {"/param_plan/a", "/param_plan/b"}
+    assert all(f.code == "inspect.bad_entry" for f in problems)
+
+
+def test_invalid_redistribution_is_a_warning() -> None:
+    meta = {"mesh_dim_names": ["tp"], "param_plan": {
+        "m": {"in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "P(sum)"}}}}}
+    preds, _ = predict_plan(meta)
+    s = summarize(preds)
+    assert preds[0].form == "generic"
+    assert [f.code for f in s.problems] == ["inspect.invalid_redistribute"]
+    assert s.per_forward == {}
+
+
+# --- folding ----------------------------------------------------------------------------------
+
+def test_format_ranges() -> None:
+    assert format_ranges([0, 1, 2, 3]) == "0..3"
+    assert format_ranges([5, 0, 1, 2, 7, 8]) == "0..2,5,7..8"
+    assert format_ranges([4]) == "4"
+
+
+def test_fold_layers_and_expand() -> None:
+    preds, _ = predict_plan(load("llama_tp2_sp"))
+    rows = fold(preds)
+    labels = {r.label: r.count for r in rows}
+    assert labels["model.layers.{0..1}.self_attn"] == 2
+    assert labels["model.layers.{0..1}.input_layernorm"] == 2
+    assert labels["lm_head"] == 1
+    assert sum(r.count for r in rows) == len(preds)
+    assert [r.label for r in fold(preds, expand=True)] == [p.fqn for p in preds]
+
+
+def _meta_grid(layers: int, experts: int, skip: tuple[int, int] | None = None) -> dict[str, Any]:
+    e = {"in_src": {"x": {"tp": "S(1)"}}, "in_dst": {"x": {"tp": "R"}}}
+    plan = {f"model.layers.{i}.mlp.experts.{j}": e for i in range(layers) for j in range(experts)
+            if (i, j) != skip}
+    return {"mesh_dim_names": ["tp"], "param_plan": plan}
+
+
+def test_fold_full_grid_is_one_row() -> None:
+    preds, _ = predict_plan(_meta_grid(4, 3))
+    rows = fold(preds)
+    assert [(r.label, r.count) for r in rows] == [("model.layers.{0..3}.mlp.experts.{0..2}", 12)]
+
+
+def test_fold_partial_grid_splits_on_first_index() -> None:
+    preds, _ = predict_plan(_meta_grid(3, 2, skip=(1, 1)))
+    rows = fold(preds)
+    assert sum(r.count for r in rows) == 5
+    assert {r.label for r in rows} == {"model.layers.0.mlp.experts.{0..1}",
+                                       "model.layers.1.mlp.experts.0",
+                                       "model.layers.2.mlp.experts.{0..1}"}
+
+
+def test_fold_keeps_different_contracts_apart() -> None:
+    meta = load("llama_tp2_sp")
+    meta["injections"] = [{"match": "model.layers.1.self_attn", "inner_wrapper": "sdpa_hf"}]
+    preds, _ = predict_plan(meta)
+    labels = [r.label for r in fold(preds)]
+    assert "model.layers.0.self_attn" in labels and "model.layers.1.self_attn" in labels
+    assert "model.layers.{0..1}.mlp" in labels
+
+
+def test_fold_leading_zero_is_not_an_index() -> None:
+    meta = {"mesh_dim_names": ["tp"], "param_plan": {
+        n: {"in_src": {"x": {"tp": "S(1)"}}, "in_dst": {"x": {"tp": "R"}}}
+        for n in ("h.01.a", "h.1.a")}}
+    preds, _ = predict_plan(meta)
+    assert len(fold(preds)) == 2
+
+
+# --- re-validation on a live mesh -------------------------------------------------------------
+
+def test_live_plan_axes_keep_live_order_and_overlap() -> None:
+    assert live_plan_axes({"mesh_dim_names": ["cp", "tp"]}, ("tp", "dp", "cp")) == ("tp", "cp")
+    assert live_plan_axes({"mesh_dim_names": ["cp", "tp"]}, ("tp",)) == ("tp",)
+    assert live_plan_axes({}, ("dp", "tp")) == ("dp", "tp")
+
+
+def test_same_mesh_or_larger_tp_changes_nothing() -> None:
+    meta = load("llama_tp2_sp")
+    assert revalidate(meta, ("tp",), {"tp": 2}) == []
+    assert revalidate(meta, ("dp", "tp"), {"dp": 8, "tp": 4}) == []
+
+
+def test_tp_of_size_one_falls_back_to_generic() -> None:
+    changes = revalidate(load("llama_tp2_sp"), ("tp",), {"tp": 1})
+    assert {c.fqn for c in changes} == {"model.embed_tokens", "lm_head",
+                                        *(f"model.layers.{i}.{m}" for i in range(2)
+                                          for m in ("self_attn", "mlp"))}
+    assert all((c.frozen_form, c.live_form, c.effective_form)
+               == ("tp_collective", "identity", "generic") for c in changes)
+
+
+def test_mesh_without_tp_has_no_lowerer() -> None:
+    changes = revalidate(load("llama_tp2_sp"), ("cp",), {"cp": 2})
+    assert changes and all(c.effective_form == "generic" for c in changes)
+    assert "tp is not a live axis" in changes[0].reason
+
+
+def test_dropping_cp_makes_generic_lowerable_but_it_stays_generic() -> None:
+    changes = revalidate(load("moe_cp2_tp2"), ("tp",), {"tp": 4})
+    assert [(c.fqn, c.frozen_form, c.live_form, c.effective_form) for c in changes] == [
+        ("model.norm", "generic", "tp_collective", "generic")]
+
+
+def test_frozen_identity_that_the_live_mesh_would_need_is_flagged() -> None:
+    meta = {"parallel_dims": {"tp_size": 2}, "param_plan": {
+        "m": {"in_src": {"x": {"cp": "S(1)"}}, "in_dst": {"x": {"cp": "R"}}}}}
+    changes = revalidate(meta, ("cp", "tp"), {"cp": 2, "tp": 2})
+    assert [(c.frozen_form, c.live_form, c.effective_form) for c in changes] == [
+        ("identity", "generic", "identity")]
+
+
+@pytest.mark.parametrize("name", ["llama_tp2", "llama_tp2_sp", "moe_cp2_tp2"])
+def test_revalidate_on_the_frozen_mesh_is_empty(name: str) -> None:
+    meta = load(name)
+    axes = tuple(meta["mesh_dim_names"])
+    sizes = {a: meta["parallel_dims"][f"{a}_size"] for a in axes}
+    assert revalidate(meta, axes, sizes) == []
