@@ -8,6 +8,7 @@ lazily inside the functions, so importing this module is cheap.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -150,23 +151,39 @@ def build_hpcodegen_model(config: Mapping[str, Any], mesh: Any, artifact_dir: Pa
 
 
 def generated_model_class(artifact_dir: Path) -> type:
-    """The entry class (``meta.model_class``) of the artifact's generated modeling module."""
-    from hpcodegen.runtime import load_generated_module  # type: ignore[attr-defined]
+    """The entry class (``meta.model_class``) of the artifact's generated modeling module.
 
-    module, meta = load_generated_module(artifact_dir)
-    return getattr(module, meta["model_class"])
+    Loaded the way ``hpcodegen launch`` does: verify's checks first, then the runtime's
+    loader (cached per directory, so timing an install afterwards does not re-import it).
+    """
+    from hpcodegen.runtime.api import load_verified_meta
+    from hpcodegen.runtime.loader import generated_model_class as model_class
+    from hpcodegen.runtime.loader import import_generated_module
+
+    loaded = load_verified_meta(artifact_dir)
+    digest = ((loaded.data.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
+    return model_class(loaded.data, import_generated_module(loaded.artifact_dir, digest))
 
 
 def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = False) -> Path:
     """Generate an artifact for ``config_dir`` at ``tp`` into ``out_dir``.
 
-    The Python API is used when it exists (no second interpreter, so no second torch
-    import); else the documented CLI ``hpcodegen generate --model DIR --tp N -o OUT``.
+    The Python API (``hpcodegen.generate.api``) runs in-process when present: no second
+    interpreter, so no second torch import. Else the documented CLI
+    ``hpcodegen generate --model DIR --tp N [--sp] -o OUT``.
     """
-    api = _generate_api()
-    if api is not None:
-        api(config_dir, tp, out_dir, sp)
-        return out_dir
+    try:
+        from hpcodegen.generate.api import GenerateArgs, run_generate
+    except ImportError:
+        return _generate_cli(config_dir, tp, out_dir, sp)
+    out, err = io.StringIO(), io.StringIO()
+    code = run_generate(GenerateArgs(model_dir=config_dir, tp=tp, out=out_dir, sp=sp), out, err)
+    if code != 0:
+        raise RuntimeError(f"hpcodegen generate exited {code}: {err.getvalue().strip()}")
+    return out_dir
+
+
+def _generate_cli(config_dir: Path, tp: int, out_dir: Path, sp: bool) -> Path:
     cmd = [sys.executable, "-m", "hpcodegen", "generate", "--model", str(config_dir),
            "--tp", str(tp), "-o", str(out_dir)] + (["--sp"] if sp else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
@@ -174,19 +191,6 @@ def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = Fa
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n"
                            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return out_dir
-
-
-def _generate_api() -> Callable[[Path, int, Path, bool], Any] | None:
-    """The in-process generate entry point, or None while it does not exist yet."""
-    try:
-        from hpcodegen.generate import generate_artifact as api  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-
-    def call(config_dir: Path, tp: int, out_dir: Path, sp: bool) -> Any:
-        return api(config_dir, tp=tp, out_dir=out_dir, sp=sp)
-
-    return call
 
 
 # ----------------------------------------------------------------------------- timing
