@@ -1,0 +1,73 @@
+"""Collectives per forward and backward, counted by CommDebugMode on the fake process group,
+equal what inspect-plan predicts (``hpcodegen.plan.predict``) for each example artifact.
+
+predict.py does not count the gradient all-reduces of ``partial_grad_params`` (they are not
+boundary transitions): the expected backward adds one ``all_reduce`` on tp per listed
+parameter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from rt_workers import EXAMPLES, batch, build_pair, hf_config
+
+ARTIFACTS = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2"]
+OP_KIND = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+           "all_reduce": "all_reduce", "allreduce_": "all_reduce",
+           "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+
+
+def _counted(mode) -> Counter:
+    out: Counter = Counter()
+    for op, n in mode.get_comm_counts().items():
+        name = str(op).split(".")[-1].split("'")[0]
+        out[OP_KIND.get(name, name)] += n
+    return out
+
+
+def _predicted(meta) -> tuple[Counter, Counter]:
+    from hpcodegen.plan.entry import param_plan
+    from hpcodegen.plan.predict import predict_plan, summarize
+
+    summary = summarize(predict_plan(meta)[0])
+    fwd, bwd = Counter(), Counter()
+    for (kind, _axis, _dim), n in summary.per_forward.items():
+        fwd[kind] += n
+    for (kind, _axis, _dim), n in summary.per_backward.items():
+        bwd[kind] += n
+    bwd["all_reduce"] += sum(len(e.get("partial_grad_params") or ())
+                             for e in param_plan(meta).values())
+    return +fwd, +bwd
+
+
+@pytest.mark.timeout(120)
+def test_counts_match_prediction(fake_world) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.runtime import parallelize_from_generated
+
+    fake_world(2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    seen = {}
+    for artifact in ARTIFACTS:
+        _, model = build_pair(artifact)
+        parallelize_from_generated(model, mesh, EXAMPLES / artifact,
+                                   hf_config=hf_config(artifact))
+        ids, _ = batch(model.config.vocab_size)
+        with CommDebugMode() as fwd_mode:
+            logits = model(input_ids=ids, use_cache=False).logits
+        with CommDebugMode() as bwd_mode:
+            logits.float().sum().backward()
+        want_fwd, want_bwd = _predicted(load_meta(EXAMPLES / artifact).data)
+        seen[artifact] = (_counted(fwd_mode), _counted(bwd_mode), want_fwd, want_bwd)
+    for artifact, (fwd, bwd, want_fwd, want_bwd) in seen.items():
+        assert fwd == want_fwd, (artifact, "forward", fwd, want_fwd)
+        assert bwd == want_bwd, (artifact, "backward", bwd, want_bwd)
+    # the SP variants really run sequence-parallel collectives
+    assert seen["llama_tp2_sp"][0]["reduce_scatter"] > 0
+    assert seen["llama_tp2"][0]["reduce_scatter"] == 0
