@@ -77,6 +77,7 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    recover_bundle(target)
     stage = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}_", dir=target.parent))
     try:
         os.chmod(stage, 0o777 & ~_umask())
@@ -89,6 +90,22 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def recover_bundle(target: Path) -> None:
+    """Undo what a killed writer left next to ``target``.
+
+    Staging dirs of ``target`` are deleted (the meta in them may be unwritten). A bundle
+    moved aside by the non-atomic fallback swap is moved back when ``target`` is missing.
+    """
+    target = Path(target)
+    if not target.parent.is_dir():
+        return
+    olds = sorted(target.parent.glob(f"{OLD_PREFIX}{target.name}_*"))
+    if olds and not target.exists():
+        os.rename(olds.pop(), target)
+    for stale in [*olds, *target.parent.glob(f"{TMP_PREFIX}{target.name}_*")]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _umask() -> int:

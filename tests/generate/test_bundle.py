@@ -15,7 +15,7 @@ import pytest
 from hpcodegen.cli.app import _register, app
 from typer.testing import CliRunner
 
-from hpcodegen.artifact.bundle import diff_bundle, render_bundle, write_bundle
+from hpcodegen.artifact.bundle import diff_bundle, recover_bundle, render_bundle, write_bundle
 from hpcodegen.artifact.digest import bytes_digest
 from hpcodegen.artifact.load import META_NAME
 
@@ -75,6 +75,18 @@ def test_kill_after_staging_keeps_previous_bundle(tmp_path: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", script, str(target)], timeout=50)
     assert proc.returncode == -signal.SIGKILL
+    assert _snapshot(target) == before
+    assert len(list(tmp_path.glob(".hpcodegen_tmp_art_*"))) == 1  # the killed writer's stage
+    write_bundle(target, _bundle("next = 3\n"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # stale stage cleaned
+
+
+def test_recover_moves_aside_bundle_back(tmp_path: Path) -> None:
+    target = tmp_path / "art"
+    write_bundle(target, _bundle("old = 1\n"))
+    before = _snapshot(target)
+    os.rename(target, tmp_path / ".hpcodegen_old_art_x")  # killed between the two renames
+    recover_bundle(target)
     assert _snapshot(target) == before
 
 

@@ -1,0 +1,80 @@
+"""Lifting HF per-Linear styles to boundaries, for the pre-5.1 and the 5.1+ style names."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcodegen.errors import PlanError
+from hpcodegen.generate.hf_plan import expand_rules, hf_rules
+from hpcodegen.generate.lift import lift_plan
+from hpcodegen.hf import read_hf_config
+
+pytestmark = pytest.mark.slow
+
+OLD_STYLE = [  # transformers < 5.1 spelling, with the MLP as gather + local shards
+    ("model.embed_tokens", "embedding_rowwise"),
+    ("model.layers.*.self_attn.q_proj", "colwise"),
+    ("model.layers.*.self_attn.k_proj", "colwise"),
+    ("model.layers.*.self_attn.v_proj", "colwise"),
+    ("model.layers.*.self_attn.o_proj", "rowwise_rep"),
+    ("model.layers.*.mlp", "gather"),
+    ("model.layers.*.mlp.gate_proj", "local_colwise"),
+    ("model.layers.*.mlp.up_proj", "local_colwise"),
+    ("model.layers.*.mlp.down_proj", "local_rowwise"),
+    ("model.norm", "sequence_parallel"),
+    ("lm_head", "colwise_rep"),
+]
+
+
+@pytest.fixture(scope="module")
+def llama(llama_dir):
+    from hpcodegen.hf import build_meta_model
+
+    config, _ = read_hf_config(llama_dir)
+    return build_meta_model(config)
+
+
+def _lift(model, rules, sp):
+    fqns = [name for name, _ in model.named_modules()]
+    return lift_plan(model, expand_rules(rules, fqns), sp)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_old_and_new_style_names_lift_to_the_same_plan(llama, sp: bool) -> None:
+    new = _lift(llama, hf_rules(llama), sp)
+    old = _lift(llama, OLD_STYLE, sp)
+    assert old == new
+    attn = new["model.layers.1.self_attn"]
+    assert attn["params"]["o_proj.weight"] == {"tp": "S(1)"}
+    assert attn["in_src"] == {"hidden_states": {"tp": "S(1)" if sp else "R"}}
+    assert attn["out_dst"] == {"output": {"tp": "S(1)" if sp else "R"}}
+    assert new["model.layers.0.mlp"]["in_src"] == {"x": {"tp": "S(1)" if sp else "R"}}
+    assert new["lm_head"]["out_src"] == {"output": {"tp": "S(-1)"}}
+    norm = new["model.layers.0.input_layernorm"]
+    assert norm["params"] == {"weight": {"tp": "R"}}
+    assert ("partial_grad_params" in norm) is sp
+
+
+def test_colwise_without_rowwise_sibling_is_refused(llama) -> None:
+    rules = [("model.layers.*.mlp.gate_proj", "colwise")]
+    with pytest.raises(PlanError, match=r"model\.layers\.0\.mlp has no rowwise child"):
+        _lift(llama, rules, False)
+
+
+def test_packed_colwise_is_strided(llama) -> None:
+    rules = [("model.layers.*.mlp.gate_proj", "packed_colwise"),
+             ("model.layers.*.mlp.down_proj", "rowwise")]
+    plan = _lift(llama, rules, False)
+    assert plan["model.layers.0.mlp"]["params"]["gate_proj.weight"] == {"tp": "SS(0,2)"}
+
+
+def test_tied_embeddings_recorded(tmp_path, make_config) -> None:
+    import json
+
+    from hpcodegen.generate.api import build_bundle
+
+    model = make_config(tmp_path / "tied", "llama", tie_word_embeddings=True)
+    config = json.loads((model / "config.json").read_text())
+    meta = json.loads(build_bundle(config, 2, False, None, "tied")["codegen_meta.json"])
+    assert meta["tied_pairs"] == [["model.embed_tokens.weight", "lm_head.weight"]]
+    assert meta["source"]["structure"]["tie_word_embeddings"] is True
