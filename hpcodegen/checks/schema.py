@@ -48,13 +48,14 @@ def _validator() -> Any:
 
 
 def _deepest(err: Any) -> Any:
-    """For anyOf/oneOf, the alternative that got furthest (jsonschema's best_match)."""
-    if not err.context:
-        return err
-    from jsonschema.exceptions import best_match
-
-    best = best_match(err.context)
-    return best if best is not None and len(best.absolute_path) > len(err.absolute_path) else err
+    """For anyOf/oneOf, the alternative error that got deepest into the value, when one
+    got strictly deeper than the anyOf itself (``[1]`` for a list of strings -> ``/0``)."""
+    while err.context:
+        best = max(err.context, key=lambda e: len(e.absolute_path))
+        if len(best.absolute_path) <= len(err.absolute_path):
+            break
+        err = best
+    return err
 
 
 def _short(value: Any) -> str:
