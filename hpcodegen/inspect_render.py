@@ -104,8 +104,9 @@ def _boundary_table(result: Inspection) -> Any:
 
     table = Table(title="Boundaries", show_lines=False)
     table.add_column("boundary", no_wrap=True)
-    for col in ("class", "form", "inputs", "outputs", "transitions"):
+    for col in ("class", "form", "inputs", "outputs"):
         table.add_column(col, overflow="fold")
+    table.add_column("transitions", overflow="fold", min_width=28)
     for row in result.rows:
         p = row.pred
         label = f"{row.label} x{row.count}" if row.folded else row.label or "<root>"
@@ -179,7 +180,7 @@ def render_text(result: Inspection, out: TextIO, err: TextIO) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    console = Console(file=out, width=None if out.isatty() else 200, highlight=False)
     sizes = " ".join(f"{a}={n}" for a, n in result.sizes.items())
     axes = ", ".join(result.axes)
     console.print(f"[bold]{escape(result.meta_path)}[/bold]  axes ({axes})  {sizes}")
