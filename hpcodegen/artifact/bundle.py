@@ -76,6 +76,7 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     with the staging dir just before the swap (to simulate a failure there).
     """
     target = Path(target)
+    check_target(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     recover_bundle(target)
     stage = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}_", dir=target.parent))
@@ -90,6 +91,20 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+class BundleTargetError(ValueError):
+    """The target exists and is not a bundle: replacing it would destroy the user's files."""
+
+
+def check_target(target: Path) -> None:
+    """Refuse a target that is a file, or a non-empty directory without a meta."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise BundleTargetError(f"{target} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not (target / META_NAME).is_file():
+        raise BundleTargetError(f"{target} is a non-empty directory without {META_NAME}; "
+                                "refusing to replace it (choose an empty or new directory)")
 
 
 def recover_bundle(target: Path) -> None:

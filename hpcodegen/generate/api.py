@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcodegen.artifact.bundle import diff_bundle, render_bundle, write_bundle
+from hpcodegen.artifact.bundle import (
+    BundleTargetError,
+    diff_bundle,
+    render_bundle,
+    write_bundle,
+)
 from hpcodegen.artifact.load import META_NAME
 from hpcodegen.errors import EXIT_FAILED, EXIT_OK, HpcodegenError, UsageError, error
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
@@ -149,7 +154,10 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         if not drifted:
             stdout.write(f"{os.fspath(args.out)}: up to date\n")
         return EXIT_FAILED if drifted else EXIT_OK
-    write_bundle(args.out, rendered)
+    try:
+        write_bundle(args.out, rendered)
+    except BundleTargetError as exc:
+        raise UsageError([error("generate.out_not_bundle", "-o", str(exc))]) from None
     meta = json.loads(rendered[META_NAME])
     stdout.write(f"wrote {os.fspath(args.out)} (signature {meta['signature']})\n")
     return EXIT_OK

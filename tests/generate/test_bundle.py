@@ -15,7 +15,13 @@ import pytest
 from hpcodegen.cli.app import _register, app
 from typer.testing import CliRunner
 
-from hpcodegen.artifact.bundle import diff_bundle, recover_bundle, render_bundle, write_bundle
+from hpcodegen.artifact.bundle import (
+    BundleTargetError,
+    diff_bundle,
+    recover_bundle,
+    render_bundle,
+    write_bundle,
+)
 from hpcodegen.artifact.digest import bytes_digest
 from hpcodegen.artifact.load import META_NAME
 
@@ -131,3 +137,17 @@ def test_cli_generate_reproducible_and_check(tmp_path: Path, llama_dir: Path) ->
                               "-o", str(a)])  # overwrite in place, without --sp
     assert res.exit_code == 0
     assert json.loads((a / META_NAME).read_text())["parallel_dims"]["sequence_parallel"] is False
+
+
+def test_refuses_to_replace_a_non_bundle_directory(tmp_path: Path, llama_dir: Path) -> None:
+    target = tmp_path / "project"
+    target.mkdir()
+    (target / "precious.txt").write_text("keep")
+    with pytest.raises(BundleTargetError, match="non-empty directory"):
+        write_bundle(target, _bundle("a = 1\n"))
+    assert (target / "precious.txt").read_text() == "keep"
+    res = CliRunner().invoke(app, ["generate", "--model", str(llama_dir), "--tp", "2",
+                                   "-o", str(target)])
+    assert res.exit_code == 2
+    assert "refusing to replace it" in res.output
+    assert (target / "precious.txt").read_text() == "keep"
