@@ -107,6 +107,7 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
         outcome = run_job(argv, {**os.environ, **job_env}, run_dir=run_dir,
                           expected=opts.nproc, timeout=opts.timeout,
                           console_log=None if opts.script else run_dir / "torchrun.log",
+                          keep_stdout=not opts.json,
                           on_update=live.update)
     code, message = verdict(outcome, opts, logs, run_dir)
     if opts.json:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,16 +46,16 @@ class JobOutcome:
     pids: list[int] = field(default_factory=list)
 
 
-def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path | None) -> subprocess.Popen:
-    """torchrun in its own session; its console output to ``log`` when given."""
-    out = open(log, "ab") if log is not None else None  # noqa: SIM115 (closed by caller)
-    try:
-        return subprocess.Popen(list(argv), env=dict(environ), start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT if out else None)
-    finally:
-        if out is not None:
-            out.close()
+def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path | None,
+           keep_stdout: bool) -> subprocess.Popen:
+    """torchrun in its own session; its console output to ``log`` when given, else to the
+    console (stdout folded into stderr unless ``keep_stdout``: ``--json`` owns stdout)."""
+    common = {"env": dict(environ), "start_new_session": True, "stdin": subprocess.DEVNULL}
+    if log is None:
+        return subprocess.Popen(list(argv), stdout=None if keep_stdout else sys.stderr.fileno(),
+                                **common)
+    with open(log, "ab") as out:
+        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, **common)
 
 
 def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:
@@ -64,6 +65,7 @@ def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:
 
 def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
             expected: int, timeout: float | None, console_log: Path | None,
+            keep_stdout: bool = True,
             on_update: Callable[[dict[int, RankRecord]], None]) -> JobOutcome:
     """Start torchrun, watch ``run_dir``, and end the job when it is decided.
 
@@ -74,10 +76,11 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
         expected: how many ranks this node runs.
         timeout: seconds before the job is ended (None: no limit).
         console_log: file for torchrun's own console output (None: inherit the console).
+        keep_stdout: with no ``console_log``, let ranks write to stdout (else to stderr).
         on_update: called with the records whenever one changed (progress display).
     """
     start = time.monotonic()
-    proc = _start(argv, environ, console_log)
+    proc = _start(argv, environ, console_log, keep_stdout)
     outcome = JobOutcome(pids=[proc.pid])
     seen: dict[int, float] = {}
     try:
@@ -91,7 +94,8 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
                 outcome.ended_early = True
                 break
             if len(records) >= expected and all(r.done for r in records.values()):
-                _wait_quietly(proc, EXIT_GRACE_S)
+                left = EXIT_GRACE_S if timeout is None else timeout - (time.monotonic() - start)
+                _wait_quietly(proc, max(0.0, min(EXIT_GRACE_S, left)))
                 break
             if proc.poll() is not None:
                 break
