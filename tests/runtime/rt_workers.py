@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CONFIGS = {"llama": "llama", "llama_bias": "llama_bias", "qwen3": "qwen3"}
 BATCH, SEQ = 2, 8
+LR = 1e-3
+#: first-step Adam updates are ~lr*sign(grad): a larger eps keeps fp32 roundoff of
+#: near-zero gradients from being amplified to the update size
+EPS = 1e-6
 
 
 def free_port() -> int:
@@ -133,9 +137,76 @@ def spawn(world: int, fn: Callable[..., Any], *args: Any, out_dir: str) -> list[
 def parity_many(artifacts: Sequence[str], tp: int) -> dict[str, Any]:
     """Parity of several artifacts on one 1-D tp mesh (one process start for all)."""
     import torch
-
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
     return {a: compare(a, mesh) for a in artifacts}
+
+
+def fsdp_adamw_step(artifact: str, dp: int, tp: int) -> dict[str, Any]:
+    """One AdamW step with ``fully_shard`` over dp on a (dp, tp) mesh vs one process.
+
+    Each dp rank takes its slice of the global batch; FSDP averages gradients over dp, so
+    the step equals the single-process step on the whole batch (mean loss).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    ref, gen = build_pair(artifact)
+    info = parallelize_from_generated(gen, MeshContext(mesh), EXAMPLES / artifact,
+                                      hf_config=hf_config(artifact))
+    for layer in gen.model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(gen, mesh=mesh["dp"])
+    ids, labels = batch_global(ref.config.vocab_size, dp * BATCH)
+    r = mesh.get_local_rank("dp")
+    rows = slice(r * BATCH, (r + 1) * BATCH)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR, eps=EPS)
+    opt_gen = torch.optim.AdamW(gen.parameters(), lr=LR, eps=EPS)
+    loss_ref = loss_of(ref(input_ids=ids, use_cache=False).logits, labels)
+    loss_ref.backward()
+    opt_ref.step()
+    loss_gen = loss_of(gen(input_ids=ids[rows], use_cache=False).logits, labels[rows])
+    loss_gen.backward()
+    grad_diff = _max_diff(gen, {n: q.grad for n, q in ref.named_parameters()}, info,
+                          lambda q: q.grad)
+    opt_gen.step()
+    mean_loss = loss_gen.detach().clone()
+    dist.all_reduce(mean_loss, group=mesh.get_group("dp"))
+    mean_loss /= dp
+    moved = 0.0
+    param_diff = _max_diff(gen, {n: q.detach() for n, q in ref.named_parameters()}, info,
+                           lambda q: q.detach())
+    for p0, p1 in zip(build_pair(artifact)[0].parameters(), ref.parameters(), strict=True):
+        moved = max(moved, (p0 - p1).abs().max().item())
+    return {"loss": abs(mean_loss.item() - loss_ref.item()), "grad": grad_diff,
+            "param": param_diff, "moved": moved}
+
+
+def _max_diff(gen: Any, want: dict[str, Any], info: dict[str, Any],
+              get: Callable[[Any], Any]) -> list[Any]:
+    """Max abs diff of each FSDP parameter's tp-local value vs the reference's shard."""
+    worst: list[Any] = [0.0, ""]
+    for name, p in gen.named_parameters():
+        value = get(p)
+        local = value.full_tensor() if hasattr(value, "full_tensor") else value
+        placements, source = info[name]
+        diff = (local - local_of(want[name], placements, source)).abs().max().item()
+        if diff > worst[0]:
+            worst = [diff, name]
+    return worst
+
+
+def batch_global(vocab: int, rows: int, seed: int = 1) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, SEQ + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()

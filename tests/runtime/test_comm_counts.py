@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from rt_workers import EXAMPLES, batch, build_pair, hf_config
 
 ARTIFACTS = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2"]
