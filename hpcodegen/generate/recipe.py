@@ -120,5 +120,12 @@ def _drop_elsewhere(plan: dict[str, dict[str, Any]], keep: str, full: str) -> No
         if fqn == keep:
             continue
         for rel in list(params):
-            if join_fqn(fqn, rel) == full:
-                del params[rel]
+            if join_fqn(fqn, rel) != full:
+                continue
+            del params[rel]
+            for key in ("deferred_bias_params", "partial_grad_params"):
+                names = [n for n in entry.get(key) or () if n != rel]
+                if names:
+                    entry[key] = names
+                else:
+                    entry.pop(key, None)
