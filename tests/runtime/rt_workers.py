@@ -84,11 +84,19 @@ def local_of(full: Any, placements: Sequence[Any], mesh: Any) -> Any:
     return distribute_tensor(full.detach().clone(), mesh, placements).to_local()
 
 
-def compare(artifact: str, mesh: Any, tol: float = 1e-5) -> dict[str, float]:
-    """Install the artifact on a fresh model, run forward+backward, return max diffs."""
+def compare(artifact: str, mesh: Any) -> dict[str, float]:
+    """Install the artifact on a fresh model, run forward+backward, return max diffs.
+
+    ``artifact`` may end in ``:plain``: the model is then built from the transformers
+    classes instead of the generated ones.
+    """
     from hpcodegen.runtime import parallelize_from_generated
 
+    artifact, _, variant = artifact.partition(":")
     ref, gen = build_pair(artifact)
+    if variant == "plain":  # the unmodified transformers classes: wrapped on the instances
+        gen = type(ref)(ref.config).float()
+        gen.load_state_dict(ref.state_dict())
     info = parallelize_from_generated(gen, mesh, EXAMPLES / artifact,
                                       hf_config=hf_config(artifact))
     ids, labels = batch(ref.config.vocab_size)

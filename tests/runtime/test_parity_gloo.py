@@ -11,7 +11,9 @@ import pytest
 from rt_workers import parity_many, spawn
 
 TOL = 1e-5
-TP2 = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2"]
+TP2 = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",
+       # the same plans on the unmodified transformers classes (instance-wrapped boundaries)
+       "llama_tp2_sp:plain", "llama_bias_tp2:plain"]
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 

@@ -1,0 +1,166 @@
+"""Refusals and no-ops of ``parallelize_from_generated`` (fake process group, one process).
+
+Each refusal is a PlanError with a stable code naming the object, raised before the model is
+touched (and, for drift and architecture, before the generated module is imported).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from artifacts import copy_artifact
+from rt_workers import EXAMPLES, batch, build_pair, hf_config
+
+from hpcodegen.errors import PlacementMismatchError, PlanError
+from hpcodegen.runtime.loader import package_name
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _codes(exc: PlanError) -> list[str]:
+    return [f.code for f in exc.findings]
+
+
+@pytest.fixture
+def tp2(fake_world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fake_world(2)
+    return init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+
+
+def _params(model) -> dict:
+    return {n: p for n, p in model.named_parameters()}
+
+
+def test_drifted_modeling_file_refused_before_import(tmp_path, tp2) -> None:
+    from hpcodegen.runtime import parallelize_from_generated
+
+    art = copy_artifact("llama_tp2", tmp_path / "drift")
+    modeling = next(art.glob("modeling_*_gen_npu.py"))
+    modeling.write_text(modeling.read_text() + "\nraise RuntimeError('must not run')\n")
+    _, model = build_pair("llama_tp2")
+    before = _params(model)
+    with pytest.raises(PlanError) as info:
+        parallelize_from_generated(model, tp2, art)
+    assert "outputs.sha256_drift" in _codes(info.value)
+    assert modeling.name in str(info.value)
+    assert not any(m.startswith(package_name(art)) for m in sys.modules)
+    assert _params(model) == before
+
+
+def test_wrong_architecture_refused(tp2) -> None:
+    from hpcodegen.runtime import parallelize_from_generated
+
+    _, model = build_pair("llama_tp2")
+    before = _params(model)
+    with pytest.raises(PlanError) as info:
+        parallelize_from_generated(model, tp2, EXAMPLES / "llama_tp2",
+                                   hf_config=hf_config("qwen3_tp2"))
+    assert _codes(info.value) == ["runtime.architecture"]
+    assert "Qwen3ForCausalLM" in str(info.value) and "LlamaForCausalLM" in str(info.value)
+    assert _params(model) == before
+
+
+def _inject(target: str):
+    def edit(meta):
+        meta["injections"] = [{"match": "model.layers.0.self_attn",
+                               "local_compute_fn": {"_target_": target, "use_grouped_gemm": True}}]
+    return edit
+
+
+def test_foreign_injection_target_refused(tmp_path, tp2) -> None:
+    from hpcodegen.runtime import parallelize_from_generated
+
+    target = "hyper_parallel.distributed.ep.make_grouped_experts"
+    art = copy_artifact("llama_tp2", tmp_path / "foreign", _inject(target))
+    _, model = build_pair("llama_tp2")
+    before = _params(model)
+    with pytest.raises(PlanError) as info:
+        parallelize_from_generated(model, tp2, art)
+    assert _codes(info.value) == ["runtime.foreign_target"]
+    assert target in str(info.value)
+    assert _params(model) == before
+
+
+def test_allowlisted_target_resolves() -> None:
+    from hpcodegen.runtime.identity import no_deferred_bias
+    from hpcodegen.runtime.targets import resolve_target
+
+    assert resolve_target("hpcodegen.runtime.identity.no_deferred_bias", (), "t") \
+        is no_deferred_bias
+    import os.path
+
+    assert resolve_target("os.path.join", ("os.path",), "t") is os.path.join
+    with pytest.raises(PlanError, match=r"os\.path\.join"):
+        resolve_target("os.path.join", (), "t")
+    with pytest.raises(PlanError) as info:
+        resolve_target("hpcodegen.runtime.identity.nothing_here", (), "t")
+    assert _codes(info.value) == ["runtime.missing_target"]
+
+
+def test_unknown_special_handler_refused(tmp_path, tp2) -> None:
+    from hpcodegen.runtime import parallelize_from_generated
+
+    def edit(meta):
+        meta["special_handlers"] = {"model.norm.weight": "no_such_handler"}
+    art = copy_artifact("llama_tp2", tmp_path / "handler", edit)
+    _, model = build_pair("llama_tp2")
+    with pytest.raises(PlanError) as info:
+        parallelize_from_generated(model, tp2, art)
+    assert _codes(info.value) == ["runtime.unknown_handler"]
+    assert "no_such_handler" in str(info.value)
+
+
+def test_placement_mismatch_with_sharded_parameter(tp2) -> None:
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from hpcodegen.runtime import parallelize_from_generated
+
+    _, model = build_pair("llama_tp2")
+    weight = model.lm_head.weight
+    model.lm_head.weight = nn.Parameter(distribute_tensor(weight.detach(), tp2, [Shard(1)]))
+    with pytest.raises(PlacementMismatchError) as info:
+        parallelize_from_generated(model, tp2, EXAMPLES / "llama_tp2")
+    assert info.value.findings[0].where == "lm_head.weight"
+    assert "S(1)" in str(info.value) or "Shard(dim=1)" in str(info.value)
+
+
+def test_already_sharded_with_planned_placement_is_accepted(tp2) -> None:
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from hpcodegen.runtime import parallelize_from_generated
+
+    _, model = build_pair("llama_tp2")
+    weight = model.lm_head.weight.detach()
+    model.lm_head.weight = nn.Parameter(distribute_tensor(weight, tp2, [Shard(0)]))
+    parallelize_from_generated(model, tp2, EXAMPLES / "llama_tp2")
+    assert model.lm_head.weight.shape == (weight.shape[0] // 2, weight.shape[1])
+    assert not hasattr(model.lm_head.weight, "placements")
+
+
+def test_tp1_is_an_exact_noop_and_second_call_refused(fake_world) -> None:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+
+    fake_world(2)
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    ref, model = build_pair("llama_tp2")
+    before = _params(model)
+    info = parallelize_from_generated(model, MeshContext(mesh), EXAMPLES / "llama_tp2",
+                                      hf_config=hf_config("llama_tp2"))
+    assert info == {}
+    assert _params(model) == before
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert all(type(m)._hp_tp.__class__.__name__ == "IdentityTP"
+               for m in model.modules() if hasattr(type(m), "_hp_tp"))
+    ids, _ = batch(ref.config.vocab_size)
+    assert torch.equal(ref(input_ids=ids).logits, model(input_ids=ids).logits)
+    with pytest.raises(PlanError) as second:
+        parallelize_from_generated(model, mesh, EXAMPLES / "llama_tp2")
+    assert _codes(second.value) == ["runtime.second_call"]
