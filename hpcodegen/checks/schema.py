@@ -48,13 +48,19 @@ def _validator() -> Any:
 
 
 def _deepest(err: Any) -> Any:
-    """For anyOf/oneOf, the alternative error that got deepest into the value, when one
-    got strictly deeper than the anyOf itself (``[1]`` for a list of strings -> ``/0``)."""
+    """For anyOf/oneOf, the alternative that explains the failure best.
+
+    That is the alternative whose type matched (its error is not a ``type`` error), else one
+    that got strictly deeper into the value (``[1]`` for a list of strings -> ``/0``); when
+    neither exists the anyOf error itself is reported.
+    """
     while err.context:
-        best = max(err.context, key=lambda e: len(e.absolute_path))
-        if len(best.absolute_path) <= len(err.absolute_path):
+        typed = [e for e in err.context if e.validator != "type"]
+        pool = typed or [e for e in err.context
+                         if len(e.absolute_path) > len(err.absolute_path)]
+        if not pool:
             break
-        err = best
+        err = max(pool, key=lambda e: len(e.absolute_path))
     return err
 
 
