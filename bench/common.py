@@ -8,6 +8,7 @@ lazily inside the functions, so importing this module is cheap.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -194,12 +195,14 @@ def _generate_cli(config_dir: Path, tp: int, out_dir: Path, sp: bool) -> Path:
 
 
 # ----------------------------------------------------------------------------- timing
-def interleaved_medians(arms: Mapping[str, Callable[[], Any]], *, warmup: int, rounds: int,
-                        per_round: int) -> dict[str, float]:
-    """Median seconds per call of each arm, the arms taking turns round by round.
+def interleaved_timings(arms: Mapping[str, Callable[[], Any]], *, warmup: int, rounds: int
+                        ) -> dict[str, dict[str, float]]:
+    """``{arm: {"median": s, "min": s}}`` per call, the arms taking turns call by call.
 
-    Taking turns spreads the noise of a shared machine over every arm alike, instead of
-    letting a burst of someone else's work land on one arm's whole block.
+    Taking turns call by call spreads the noise of a shared machine over every arm alike,
+    instead of letting a burst of someone else's work land on one arm's whole block. The
+    median is the headline figure; the minimum (noise only ever adds time) is the cleanest
+    estimate of the work itself when the machine is loaded.
     """
     for fn in arms.values():
         for _ in range(warmup):
@@ -208,15 +211,24 @@ def interleaved_medians(arms: Mapping[str, Callable[[], Any]], *, warmup: int, r
     clock = time.perf_counter
     for _ in range(rounds):
         for name, fn in arms.items():
-            for _ in range(per_round):
-                t0 = clock()
-                fn()
-                samples[name].append(clock() - t0)
-    return {name: statistics.median(vals) for name, vals in samples.items()}
+            t0 = clock()
+            fn()
+            samples[name].append(clock() - t0)
+    return {name: summary(vals) for name, vals in samples.items()}
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Median and minimum of timing samples (seconds)."""
+    return {"median": statistics.median(values), "min": min(values)}
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Wall seconds of one call and its result."""
+    """Wall seconds of one call and its result, after a full GC.
+
+    The collection first keeps garbage left by earlier work (a previous model) from being
+    charged to this call; GC stays on during the call, as its own garbage is its cost.
+    """
+    gc.collect()
     t0 = time.perf_counter()
     result = fn()
     return time.perf_counter() - t0, result

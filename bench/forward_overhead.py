@@ -253,15 +253,17 @@ def step_fns(arm: Any, ids: Any) -> tuple[Any, Any]:
     return forward, forward_backward
 
 
-def measure(arms: dict[str, Any], ids_for: dict[str, Any], args: argparse.Namespace
-            ) -> dict[str, dict[str, float]]:
-    """``{mode: {arm: median seconds}}`` for forward and forward+backward."""
+Timings = dict[str, dict[str, dict[str, float]]]
+
+
+def measure(arms: dict[str, Any], ids_for: dict[str, Any], args: argparse.Namespace) -> Timings:
+    """``{mode: {arm: {"median": s, "min": s}}}`` for forward and forward+backward."""
     fns = {name: step_fns(arm, ids_for[name]) for name, arm in arms.items()}
     out = {}
     for mode, idx in (("fwd", 0), ("fwd+bwd", 1)):
-        out[mode] = common.interleaved_medians(
+        out[mode] = common.interleaved_timings(
             {name: pair[idx] for name, pair in fns.items()},
-            warmup=args.warmup, rounds=args.rounds, per_round=args.per_round)
+            warmup=args.warmup, rounds=args.rounds)
     return out
 
 
@@ -274,7 +276,7 @@ def batch_ids(vocab: int) -> Any:
 
 # ----------------------------------------------------------------------------- fake PG
 def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list[str]
-                ) -> dict[str, dict[str, float]]:
+                ) -> Timings:
     """Rank 0 of a 2-rank fake process group: every collective is free."""
     mesh = common.init_fake_pg(TP, rank=0)
     try:
@@ -365,14 +367,23 @@ def run_gloo(artifact_dir: Path | None, args: argparse.Namespace, tmp: Path) -> 
 
 
 # ----------------------------------------------------------------------------- report
-def print_table(title: str, timings: dict[str, dict[str, float]]) -> None:
+def print_table(title: str, timings: Timings) -> None:
     fwd, both = timings["fwd"], timings["fwd+bwd"]
-    hw_f, hw_b = fwd.get("handwritten"), both.get("handwritten")
-    rows = [[ARM_LABELS[name], fwd[name] * 1e3, both[name] * 1e3,
-             common.ratio(fwd[name], hw_f), common.ratio(both[name], hw_b)]
+
+    def over(mode: dict[str, dict[str, float]], name: str, ref: str) -> str:
+        return common.ratio(mode[name]["median"], (mode.get(ref) or {}).get("median"))
+
+    rows = [[ARM_LABELS[name], fwd[name]["median"] * 1e3, fwd[name]["min"] * 1e3,
+             both[name]["median"] * 1e3, both[name]["min"] * 1e3,
+             over(fwd, name, "handwritten"), over(both, name, "handwritten")]
             for name in fwd]
     print(f"\n{title}")
-    print(common.format_table(["arm", "fwd ms", "fwd+bwd ms", "fwd / hand", "f+b / hand"], rows))
+    print(common.format_table(["arm", "fwd ms", "(min)", "fwd+bwd ms", "(min)", "fwd / hand",
+                               "f+b / hand"], rows))
+    if "hpcodegen" in fwd and "hf_local" in fwd:
+        print(f"hpcodegen / HF local-shape floor (the runtime's own cost): "
+              f"fwd {over(fwd, 'hpcodegen', 'hf_local')}, "
+              f"fwd+bwd {over(both, 'hpcodegen', 'hf_local')}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -383,8 +394,7 @@ def parse_args() -> argparse.Namespace:
                         metavar="ARM", help="cProfile these arms' fake-PG forwards too")
     args = parser.parse_args()
     args.profiles = []
-    scale = 1 if args.quick else 4
-    args.warmup, args.rounds, args.per_round = 3 * scale, 5 * scale, 5
+    args.warmup, args.rounds = (3, 30) if args.quick else (10, 200)
     return args
 
 
@@ -401,8 +411,8 @@ def main() -> int:
         gloo = None if args.no_gloo else run_gloo(artifact_dir, args, tmp)
     print(f"model: tiny Llama {LAYERS} layers, hidden {CONFIG['hidden_size']}, "
           f"batch {BATCH}x{SEQ}, fp32, tp={TP}; {common.machine_note()}")
-    print(f"iterations: {args.warmup} warm-up, then {args.rounds} rounds x {args.per_round} "
-          "calls per arm, arms taking turns; medians")
+    print(f"iterations: {args.warmup} warm-up calls per arm, then {args.rounds} rounds of one "
+          "call per arm, arms taking turns; ms per call, median (and min)")
     for note in dict.fromkeys(notes):
         print(note)
     print_table("fake process group (rank 0 of 2): framework overhead only", fake)
@@ -412,7 +422,7 @@ def main() -> int:
         print(f"logit check on gloo (max abs diff vs the unsharded model): {errs}")
     for text in args.profiles:
         print(text)
-    fwd = fake["fwd"]
+    fwd = {name: t["median"] for name, t in fake["fwd"].items()}
     print(f"forward_overhead: vs_parallelize_module="
           f"{common.ratio(fwd.get('hpcodegen'), fwd['parallelize_module'])} "
           f"vs_handwritten={common.ratio(fwd.get('hpcodegen'), fwd['handwritten'])}")
