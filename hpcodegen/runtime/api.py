@@ -54,21 +54,25 @@ def _config_dict(hf_config: Any) -> dict[str, Any] | None:
 def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = None) -> LoadedMeta:
     """Load the meta with verify's loader and checks (schema, plan, output hashes).
 
-    Then refuse a config of another architecture (``architectures[0]`` vs
-    ``source.architecture``). Nothing is imported from the artifact before this passes.
+    With a config: refuse another architecture (``architectures[0]`` vs
+    ``source.architecture``), then run verify's ``signature`` check against it (a config of
+    the same architecture but another shape is refused too). Nothing is imported from the
+    artifact before this passes.
     """
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
     loaded = load_checked_meta(artifact_dir, RUNTIME_CHECKS)
     config = _config_dict(hf_config)
-    if config is not None:
-        want = (loaded.data.get("source") or {}).get("architecture")
-        got = architecture_of(config)
-        if want != got:
-            raise PlanError([error("runtime.architecture", "/source/architecture",
-                                   f"the artifact was generated for {want!r}, the config is "
-                                   f"for {got!r}", expected=str(want), file=str(loaded.meta_path),
-                                   hint="generate an artifact for this model")])
+    if config is None:
+        return loaded
+    want = (loaded.data.get("source") or {}).get("architecture")
+    got = architecture_of(config)
+    if want != got:
+        raise PlanError([error("runtime.architecture", "/source/architecture",
+                               f"the artifact was generated for {want!r}, the config is "
+                               f"for {got!r}", expected=str(want), file=str(loaded.meta_path),
+                               hint="generate an artifact for this model")])
+    load_checked_meta(artifact_dir, ("signature",), hf_config=config)
     return loaded
 
 

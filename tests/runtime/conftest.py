@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 
 @pytest.fixture
-def fake_world() -> Iterator[callable]:
+def fake_world() -> Iterator[Callable[[int], None]]:
     """``init(world)`` starts a fake process group of that size as rank 0; torn down after."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -94,11 +94,20 @@ def compare(artifact: str, mesh: Any) -> dict[str, float]:
 
     artifact, _, variant = artifact.partition(":")
     ref, gen = build_pair(artifact)
-    if variant == "plain":  # the unmodified transformers classes: wrapped on the instances
+    if variant in ("plain", "dtensor"):  # unmodified transformers classes, wrapped instances
         gen = type(ref)(ref.config).float()
         gen.load_state_dict(ref.state_dict())
-    info = parallelize_from_generated(gen, mesh, EXAMPLES / artifact,
-                                      hf_config=hf_config(artifact))
+    if variant == "dtensor":  # every transition through DTensor.redistribute, none lowered
+        import hpcodegen.runtime.boundaries as boundaries
+        from hpcodegen.runtime.generic import dtensor_fn
+
+        lowered, boundaries.transition_fn = boundaries.transition_fn, dtensor_fn
+    try:
+        info = parallelize_from_generated(gen, mesh, EXAMPLES / artifact,
+                                          hf_config=hf_config(artifact))
+    finally:
+        if variant == "dtensor":
+            boundaries.transition_fn = lowered
     ids, labels = batch(ref.config.vocab_size)
     out_ref = ref(input_ids=ids, use_cache=False).logits
     out_gen = gen(input_ids=ids, use_cache=False).logits

@@ -13,7 +13,9 @@ from rt_workers import parity_many, spawn
 TOL = 1e-5
 TP2 = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",
        # the same plans on the unmodified transformers classes (instance-wrapped boundaries)
-       "llama_tp2_sp:plain", "llama_bias_tp2:plain"]
+       "llama_tp2_sp:plain", "llama_bias_tp2:plain",
+       # every transition through DTensor.redistribute (the generic engine's path)
+       "llama_tp2_sp:dtensor", "qwen3_tp2:dtensor"]
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 

@@ -164,3 +164,13 @@ def test_tp1_is_an_exact_noop_and_second_call_refused(fake_world) -> None:
     with pytest.raises(PlanError) as second:
         parallelize_from_generated(model, mesh, EXAMPLES / "llama_tp2")
     assert _codes(second.value) == ["runtime.second_call"]
+
+
+def test_same_architecture_other_shape_refused(tp2) -> None:
+    from hpcodegen.runtime import parallelize_from_generated
+
+    _, model = build_pair("llama_tp2")
+    config = {**hf_config("llama_tp2"), "num_hidden_layers": 3}
+    with pytest.raises(PlanError) as info:
+        parallelize_from_generated(model, tp2, EXAMPLES / "llama_tp2", hf_config=config)
+    assert "num_hidden_layers" in str(info.value)
