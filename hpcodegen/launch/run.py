@@ -103,13 +103,14 @@ def run_launch(opts: LaunchOptions) -> int:
 def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
              job_env: dict[str, str], run_dir: Path, logs: Path | None) -> int:
     live = _Progress(opts, layout)
+    console_log = None if opts.script or logs is None else logs / "torchrun.log"
+    if console_log is not None:
+        console_log.parent.mkdir(parents=True, exist_ok=True)
     with live:
         outcome = run_job(argv, {**os.environ, **job_env}, run_dir=run_dir,
-                          expected=opts.nproc, timeout=opts.timeout,
-                          console_log=None if opts.script else run_dir / "torchrun.log",
-                          keep_stdout=not opts.json,
-                          on_update=live.update)
-    code, message = verdict(outcome, opts, logs, run_dir)
+                          expected=opts.nproc, timeout=opts.timeout, console_log=console_log,
+                          keep_stdout=not opts.json, on_update=live.update)
+    code, message = verdict(outcome, opts, logs, run_dir, console_log)
     if opts.json:
         display.print_json({
             "status": "ok" if code == EXIT_OK else "fail", "exit_code": code,

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,7 @@ class JobOutcome:
         returncode: torchrun's exit code (None when the launcher ended it).
         timed_out: ``--timeout`` passed before the job was decided.
         ended_early: the launcher ended the job after a rank's error.
+        interrupted: the launcher got Ctrl-C or SIGTERM and ended the job.
         elapsed: seconds from start to decision.
         pids: torchrun and every rank pid the launcher knew of (all gone afterwards).
     """
@@ -42,6 +45,7 @@ class JobOutcome:
     returncode: int | None = None
     timed_out: bool = False
     ended_early: bool = False
+    interrupted: bool = False
     elapsed: float = 0.0
     pids: list[int] = field(default_factory=list)
 
@@ -63,6 +67,54 @@ def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:
         proc.wait(timeout=seconds)
 
 
+class _Terminated(Exception):
+    """The launcher itself got SIGTERM (e.g. a CI timeout): end the job, then stop."""
+
+
+@contextlib.contextmanager
+def _sigterm_ends_job() -> Iterator[None]:
+    """While the job runs, SIGTERM to the launcher unwinds (so the job is ended) instead of
+    killing the launcher and orphaning torchrun. Only possible on the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _watch(proc: subprocess.Popen, outcome: JobOutcome, run_dir: Path, expected: int,
+           timeout: float | None, start: float,
+           on_update: Callable[[dict[int, RankRecord]], None]) -> None:
+    """Poll the rank files until the job is decided; records the reason in ``outcome``."""
+    seen: dict[int, float] = {}
+    while True:
+        records = read_records(run_dir)
+        if any(seen.get(r) != rec.updated for r, rec in records.items()):
+            seen = {r: rec.updated for r, rec in records.items()}
+            on_update(records)
+        outcome.records = records
+        if first_error(records) is not None:
+            outcome.ended_early = True
+            return
+        if len(records) >= expected and all(r.done for r in records.values()):
+            left = EXIT_GRACE_S if timeout is None else timeout - (time.monotonic() - start)
+            _wait_quietly(proc, max(0.0, min(EXIT_GRACE_S, left)))
+            return
+        if proc.poll() is not None:
+            return
+        if timeout is not None and time.monotonic() - start > timeout:
+            outcome.timed_out = True
+            return
+        time.sleep(POLL_S)
+
+
 def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
             expected: int, timeout: float | None, console_log: Path | None,
             keep_stdout: bool = True,
@@ -78,37 +130,24 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
         console_log: file for torchrun's own console output (None: inherit the console).
         keep_stdout: with no ``console_log``, let ranks write to stdout (else to stderr).
         on_update: called with the records whenever one changed (progress display).
+
+    .. note:: Ctrl-C or SIGTERM to the launcher ends the job too (``interrupted``).
     """
     start = time.monotonic()
-    proc = _start(argv, environ, console_log, keep_stdout)
-    outcome = JobOutcome(pids=[proc.pid])
-    seen: dict[int, float] = {}
-    try:
-        while True:
-            records = read_records(run_dir)
-            if any(seen.get(r) != rec.updated for r, rec in records.items()):
-                seen = {r: rec.updated for r, rec in records.items()}
-                on_update(records)
-            outcome.records = records
-            if first_error(records) is not None:
-                outcome.ended_early = True
-                break
-            if len(records) >= expected and all(r.done for r in records.values()):
-                left = EXIT_GRACE_S if timeout is None else timeout - (time.monotonic() - start)
-                _wait_quietly(proc, max(0.0, min(EXIT_GRACE_S, left)))
-                break
-            if proc.poll() is not None:
-                break
-            if timeout is not None and time.monotonic() - start > timeout:
-                outcome.timed_out = True
-                break
-            time.sleep(POLL_S)
-    finally:
-        rank_pids = [r.pid for r in outcome.records.values() if r.pid != os.getpid()]
-        outcome.pids += rank_pids
-        if proc.poll() is None or any(alive(p) for p in rank_pids):
-            end_job(proc.pid, rank_pids)
-        outcome.returncode = proc.wait()
-        outcome.elapsed = time.monotonic() - start
+    outcome = JobOutcome()
+    with _sigterm_ends_job():
+        proc = _start(argv, environ, console_log, keep_stdout)
+        outcome.pids.append(proc.pid)
+        try:
+            _watch(proc, outcome, run_dir, expected, timeout, start, on_update)
+        except (KeyboardInterrupt, _Terminated):
+            outcome.interrupted = True
+        finally:
+            rank_pids = [r.pid for r in outcome.records.values() if r.pid != os.getpid()]
+            outcome.pids += rank_pids
+            if proc.poll() is None or any(alive(p) for p in rank_pids):
+                end_job(proc.pid, rank_pids)
+            outcome.returncode = proc.wait()
+            outcome.elapsed = time.monotonic() - start
     outcome.records = read_records(run_dir)
     return outcome

@@ -39,7 +39,8 @@ def _where(logs: Path | None, rec: RankRecord | None, local_rank: int) -> str:
 def _mark_lost(outcome: JobOutcome, expected: int) -> list[int]:
     """Ranks without a final state become ``ended`` (the launcher ended the job) or
     ``lost`` (they died on their own); returns them."""
-    status = STATUS_ENDED if outcome.timed_out or outcome.ended_early else STATUS_LOST
+    ended = outcome.timed_out or outcome.ended_early or outcome.interrupted
+    status = STATUS_ENDED if ended else STATUS_LOST
     lost = []
     for rank in range(expected):
         if rank not in outcome.records:
@@ -59,10 +60,17 @@ def _pending(records: dict[int, RankRecord]) -> str:
 
 
 def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
-            run_dir: Path) -> tuple[int, str]:
+            run_dir: Path, console_log: Path | None = None) -> tuple[int, str]:
     """``(exit code, one-line message)`` for the finished job."""
     expected = 0 if opts.multi_node else opts.nproc
     keep = "" if logs is not None else f"; results kept in {run_dir}"
+    if outcome.interrupted:
+        _mark_lost(outcome, expected)
+        return EXIT_FAILED, f"interrupted; every process of the job was ended{keep}"
+    if not outcome.records and not outcome.timed_out:
+        console = f"; torchrun output: {console_log}" if console_log else ""
+        return EXIT_FAILED, (f"no rank reported (torchrun exit code {outcome.returncode})"
+                             f"{console}{keep}")
     if outcome.timed_out:
         pending = _pending(outcome.records)
         _mark_lost(outcome, expected)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -82,4 +83,29 @@ def test_hang_ends_at_timeout(tiny_artifact, tmp_path):
     assert {r["status"] for r in doc["ranks"]} == {"ended"}
     assert 6 <= run.seconds < 20
     assert (pids / "child").exists()
+    assert leftover(pids, doc["pids"]) == []
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_the_launcher_ends_the_job(tiny_artifact, tmp_path):
+    """A CI runner killing the launcher must not orphan torchrun or its ranks."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, pids = _script(tmp_path, HANG_ON_0)
+    proc = subprocess.Popen([sys.executable, "-m", "hpcodegen", "launch", str(tiny_artifact),
+                             "--nproc", "2", "--device", "cpu", "--json", "--", str(script),
+                             str(pids)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    deadline = time.monotonic() + 40
+    while len(list(pids.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    doc = json.loads(out)
+    assert doc["message"].startswith("interrupted")
     assert leftover(pids, doc["pids"]) == []
