@@ -143,7 +143,7 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     frozen_axes = active_axes(meta)
     frozen, problems = classify_entries(meta)
     if mesh is None:
-        preds = predict_forms(meta, frozen)
+        preds = predict_forms(meta, frozen, tp_live="tp" in frozen_axes)
         sizes = axis_sizes(meta)
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
@@ -151,7 +151,8 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     axes = live_plan_axes(meta, live_axes)
     live, _ = classify_entries(meta, axes, live_sizes)
     effective, changes = revalidate_forms(frozen, live, axes)
-    preds = predict_forms(meta, live, effective)
+    preds = predict_forms(meta, live, effective,
+                          tp_live="tp" in axes and live_sizes.get("tp", 1) > 1)
     sizes = {a: live_sizes[a] for a in axes}
     return Inspection("", axes, sizes, preds, [], summarize(preds), changes, findings=problems)
 

@@ -29,6 +29,7 @@ def _row_json(row: Row) -> dict[str, Any]:
         "backward_ops": [op.to_json() for op in p.grad_ops],
         "notes": list(p.notes), "reasons": list(p.reasons),
         "opaque": [{"kind": k, "target": t} for k, t in p.opaque],
+        "grad_sync_params": list(p.grad_sync),
     }
     if row.folded:
         out["fqns"] = list(row.fqns)
@@ -49,6 +50,7 @@ def summary_json(result: Inspection) -> dict[str, Any]:
         "collectives_per_backward": _counts_json(s.per_backward),
         "opaque": [{"kind": k, "target": t, "count": len(fqns), "fqns": fqns}
                    for (k, t), fqns in s.opaque.items()],
+        "grad_sync_per_backward": _counts_json(s.grad_sync),
     }
 
 
@@ -168,6 +170,9 @@ def _summary_lines(result: Inspection) -> list[str]:
     s = result.summary
     forms = ", ".join(f"{k} {v}" for k, v in sorted(s.forms.items()))
     lines = [f"boundaries per form: {forms}"]
+    for (kind, axis, _), n in s.grad_sync.items():
+        lines.append(f"parameter gradient sync (partial_grad_params): {n} {kind}({axis}) "
+                     "per backward, besides the boundary collectives below")
     if s.opaque:
         lines.append("injected callables (their communication is opaque, not predicted):")
         lines.extend(f"  {k}: {t} on {len(fqns)} module(s), e.g. {fqns[0]}"

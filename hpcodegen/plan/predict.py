@@ -81,13 +81,16 @@ class BoundaryPrediction:
     reasons: tuple[str, ...] = ()
     #: ``(kind, target)`` of an injected callable whose communication is opaque
     opaque: tuple[tuple[str, str], ...] = ()
+    #: ``partial_grad_params``: replicated parameters whose gradient the runtime all-reduces
+    #: over tp after the backward (decisions.md item 6), one all_reduce each
+    grad_sync: tuple[str, ...] = ()
     #: the executed transitions (for the volume estimate)
     transitions: tuple[Transition, ...] = field(default=(), compare=False)
 
     def signature(self) -> tuple[Any, ...]:
         """Everything a folded row shows; equal signatures fold together."""
         return (self.cls, self.form, self.in_ops, self.out_ops, self.grad_ops, self.notes,
-                self.reasons, self.opaque)
+                self.reasons, self.opaque, self.grad_sync)
 
 
 def _step_op(name: str, step: Step) -> PredOp:
@@ -139,8 +142,12 @@ def takes_token_ids(cls: str | None) -> bool:
 
 
 def predict_boundary(bf: BoundaryForm, cls: str | None = None,
-                     form: str | None = None) -> BoundaryPrediction:
-    """Predict one classified boundary; ``form`` overrides the executed form (re-validation)."""
+                     form: str | None = None,
+                     grad_sync: Sequence[str] = ()) -> BoundaryPrediction:
+    """Predict one classified boundary; ``form`` overrides the executed form (re-validation).
+
+    ``grad_sync`` are the entry's ``partial_grad_params`` when tp is live (size > 1).
+    """
     form = form or bf.form
     ins, outs = _forward_ops(bf, form)
     executed = executed_transitions(bf, form)
@@ -148,7 +155,7 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                   if not (t.side == "in" and takes_token_ids(cls)))
     notes = tuple(t.note for t in bf.transitions if t.note)
     return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes, bf.reasons,
-                              _opaque(bf.injection), executed)
+                              _opaque(bf.injection), tuple(grad_sync), executed)
 
 
 def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -182,12 +189,23 @@ def _ptr(key: str) -> str:
 
 
 def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
-                  effective: Mapping[str, str] | None = None) -> list[BoundaryPrediction]:
-    """Predictions for classified entries, in plan order."""
+                  effective: Mapping[str, str] | None = None,
+                  tp_live: bool = True) -> list[BoundaryPrediction]:
+    """Predictions for classified entries, in plan order.
+
+    ``tp_live``: tp is a mesh axis of size > 1, so ``partial_grad_params`` are synced.
+    """
     classes = _classes(meta)
     effective = effective or {}
-    return [predict_boundary(bf, _str_or_none(classes.get(fqn)), effective.get(fqn))
+    plan = param_plan(meta)
+    return [predict_boundary(bf, _str_or_none(classes.get(fqn)), effective.get(fqn),
+                             _grad_sync(plan.get(fqn)) if tp_live else ())
             for fqn, bf in forms.items()]
+
+
+def _grad_sync(entry: Any) -> tuple[str, ...]:
+    names = entry.get("partial_grad_params") if isinstance(entry, Mapping) else None
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 
 
 def _str_or_none(value: object) -> str | None:
@@ -203,6 +221,8 @@ class Summary:
     per_backward: dict[tuple[str, str, int | None], int]
     #: ``(kind, target) -> [fqn]``
     opaque: dict[tuple[str, str], list[str]]
+    #: gradient all-reduces of ``partial_grad_params`` per backward (not boundary transitions)
+    grad_sync: dict[tuple[str, str, int | None], int] = field(default_factory=dict)
     #: ops torch would refuse (redistribute to Partial), as warnings
     problems: tuple[Finding, ...] = ()
 
@@ -220,6 +240,7 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
     bwd: Counter[tuple[str, str, int | None]] = Counter()
     opaque: dict[tuple[str, str], list[str]] = {}
     problems: list[Finding] = []
+    sync = sum(len(p.grad_sync) for p in preds)
     for p in preds:
         forms[p.form] += 1
         _count(p.in_ops + p.out_ops, fwd)
@@ -230,7 +251,9 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
             warning("inspect.invalid_redistribute", p.fqn,
                     f"{op.name}: torch refuses this redistribution ({op.axis})")
             for op in p.in_ops + p.out_ops if op.kind == "invalid")
-    return Summary(dict(forms), _sorted(fwd), _sorted(bwd), opaque, tuple(problems))
+    return Summary(forms=dict(forms), per_forward=_sorted(fwd), per_backward=_sorted(bwd),
+                   opaque=opaque, problems=tuple(problems),
+                   grad_sync={("all_reduce", TP, None): sync} if sync else {})
 
 
 def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str, int | None], int]:

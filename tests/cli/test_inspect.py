@@ -171,3 +171,11 @@ def test_text_tables() -> None:
     assert "boundaries per form: identity 5, tp_collective 6" in out
     _, out, _ = inspect(path=SP, mesh="tp=1")
     assert "Form changes on the live mesh" in out and "generic" in out
+
+
+def test_grad_sync_follows_the_live_tp() -> None:
+    _, doc = inspect_json(path=SP)
+    assert doc["summary"]["grad_sync_per_backward"] == [
+        {"kind": "all_reduce", "axis": "tp", "dim": None, "count": 5}]
+    _, live = inspect_json(path=SP, mesh="tp=1")
+    assert live["summary"]["grad_sync_per_backward"] == []

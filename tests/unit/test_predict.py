@@ -204,3 +204,15 @@ def test_revalidate_on_the_frozen_mesh_is_empty(name: str) -> None:
     axes = tuple(meta["mesh_dim_names"])
     sizes = {a: meta["parallel_dims"][f"{a}_size"] for a in axes}
     assert revalidate(meta, axes, sizes) == []
+
+
+def test_partial_grad_params_are_a_separate_backward_sync() -> None:
+    meta = load("llama_tp2_sp")
+    preds, _ = predict_plan(meta)
+    s = summarize(preds)
+    listed = sum(len(e.get("partial_grad_params", ())) for e in meta["param_plan"].values())
+    assert listed == 5 and s.grad_sync == {("all_reduce", "tp", None): listed}
+    assert ("all_reduce", "tp", None) not in s.per_backward  # not a boundary transition
+    by = {p.fqn: p for p in preds}
+    assert by["model.norm"].grad_sync == ("weight",) and by["lm_head"].grad_sync == ()
+    assert summarize(predict_plan(load("llama_tp2"))[0]).grad_sync == {}
