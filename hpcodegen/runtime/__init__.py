@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MeshContext", "parallelize_from_generated"]
+__all__ = ["MeshContext", "generated_model_class", "import_generated_module",
+           "parallelize_from_generated"]
+
+_HOMES = {"MeshContext": "api", "parallelize_from_generated": "api",
+          "generated_model_class": "loader", "import_generated_module": "loader"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from hpcodegen.runtime import api
+    if name in _HOMES:
+        from importlib import import_module
 
-        return getattr(api, name)
+        return getattr(import_module(f"hpcodegen.runtime.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'hpcodegen.runtime' has no attribute {name!r}")

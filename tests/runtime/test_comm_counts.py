@@ -43,6 +43,8 @@ def _predicted(meta) -> tuple[Counter, Counter]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
+@pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
 def test_counts_match_prediction(fake_world) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
@@ -70,3 +72,30 @@ def test_counts_match_prediction(fake_world) -> None:
     # the SP variants really run sequence-parallel collectives
     assert seen["llama_tp2_sp"][0]["reduce_scatter"] > 0
     assert seen["llama_tp2"][0]["reduce_scatter"] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
+@pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
+def test_grad_allreduce_special_handler_adds_one_backward_all_reduce(tmp_path, fake_world) -> None:
+    """The built-in ``replicated_with_grad_allreduce`` handler sums one more gradient."""
+    from artifacts import copy_artifact
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.runtime import parallelize_from_generated
+
+    def edit(meta):
+        meta["special_handlers"] = {"model.norm.weight": "replicated_with_grad_allreduce"}
+    art = copy_artifact("llama_tp2", tmp_path / "handler", edit)
+    fake_world(2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    counts = []
+    for path in (EXAMPLES / "llama_tp2", art):
+        _, model = build_pair("llama_tp2")
+        parallelize_from_generated(model, mesh, path)
+        logits = model(input_ids=batch(256)[0], use_cache=False).logits
+        with CommDebugMode() as mode:
+            logits.sum().backward()
+        counts.append(_counted(mode)["all_reduce"])
+    assert counts[1] == counts[0] + 1
