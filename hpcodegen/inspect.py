@@ -31,6 +31,7 @@ from hpcodegen.errors import (
     Severity,
     UsageError,
     error,
+    warning,
 )
 from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan
 from hpcodegen.plan.fold import Row, fold
@@ -157,10 +158,50 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     return Inspection("", axes, sizes, preds, [], summarize(preds), changes, findings=problems)
 
 
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _sane_injection(record: Any) -> bool:
+    if not isinstance(record, Mapping):
+        return False
+    match = record.get("match")
+    return isinstance(match, str) or _is_str_list(match)
+
+
+def readable_view(meta: Mapping[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
+    """A shallow copy whose top-level plan fields have the shapes the plan readers expect.
+
+    verify's schema check rejects such metas first; with ``--no-checks`` a field of the wrong
+    type is ignored with a warning instead of crashing a reader.
+    """
+    view = dict(meta)
+    dropped: list[str] = []
+    if "mesh_dim_names" in view and view["mesh_dim_names"] is not None \
+            and not _is_str_list(view["mesh_dim_names"]):
+        dropped.append("mesh_dim_names")
+        view["mesh_dim_names"] = None
+    if not isinstance(view.get("parallel_dims", {}), Mapping):
+        dropped.append("parallel_dims")
+        view["parallel_dims"] = {}
+    injections = view.get("injections")
+    if injections is not None:
+        records = injections if isinstance(injections, list) else []
+        sane = [r for r in records if _sane_injection(r)]
+        if len(sane) != len(records) or not isinstance(injections, list):
+            dropped.append("injections")
+        view["injections"] = sane
+    return view, [warning("inspect.ignored_field", f"/{name}",
+                          f"{name} has an unexpected shape and was ignored",
+                          hint="run `hpcodegen verify` for the schema errors")
+                  for name in dropped]
+
+
 def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     """Steps 2-4 on a loaded meta (no rendering)."""
-    meta = loaded.data
+    meta, ignored = readable_view(loaded.data)
     result = _classify(meta, opts.mesh)
+    result.findings[:0] = ignored
     result.meta_path = str(loaded.meta_path)
     result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
     result.findings.extend(result.summary.problems)
