@@ -117,8 +117,7 @@ def _add_all(x: Any, biases: list[Any]) -> Any:
 
 
 def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
-                       frozen: BoundaryForm, live: BoundaryForm, effective: str,
-                       active: ActiveMesh) -> str:
+                       live: BoundaryForm, effective: str, active: ActiveMesh) -> str:
     marker = _marker(module)
     deferred = install_deferred_bias(module, fqn, entry, live, True, active)
     if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER) and effective == "tp_collective":
@@ -198,8 +197,8 @@ def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: Active
             install_default_position_ids(model.get_submodule(fqn.rpartition(".")[0]))
         if hasattr(module, "_forward_impl"):
             if effective != "identity":
-                installed[fqn] = _install_generated(module, fqn, entry, frozen[fqn],
-                                                    live[fqn], effective, active)
+                installed[fqn] = _install_generated(module, fqn, entry, live[fqn],
+                                                    effective, active)
         else:
             installed[fqn] = _install_wrapped(module, fqn, entry, live[fqn], effective,
                                               active, sharded)

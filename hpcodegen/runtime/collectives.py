@@ -206,6 +206,7 @@ class TPOps:
 
 
 def _same_dim(declared: int | None, called: int | None, ndim: int | None) -> bool:
+    """Equal dims, also when one counts from the end (``-1`` vs ``2`` on a 3-D tensor)."""
     if declared is None or called is None or declared == called:
-        return declared == called or declared is None or called is None
+        return True
     return ndim is not None and declared % ndim == called % ndim

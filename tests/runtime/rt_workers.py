@@ -161,7 +161,17 @@ def parity_many(artifacts: Sequence[str], tp: int) -> dict[str, Any]:
     return {a: compare(a, mesh) for a in artifacts}
 
 
-def fsdp_adamw_step(artifact: str, dp: int, tp: int) -> dict[str, Any]:
+def fsdp_many(artifacts: Sequence[str], dp: int, tp: int) -> dict[str, Any]:
+    """:func:`fsdp_adamw_step` for several artifacts on one (dp, tp) mesh."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    return {a: fsdp_adamw_step(a, mesh) for a in artifacts}
+
+
+def fsdp_adamw_step(artifact: str, mesh: Any) -> dict[str, Any]:
     """One AdamW step with ``fully_shard`` over dp on a (dp, tp) mesh vs one process.
 
     Each dp rank takes its slice of the global batch; FSDP averages gradients over dp, so
@@ -169,13 +179,11 @@ def fsdp_adamw_step(artifact: str, dp: int, tp: int) -> dict[str, Any]:
     """
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
 
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    dp = mesh.size(0)
     ref, gen = build_pair(artifact)
     info = parallelize_from_generated(gen, MeshContext(mesh), EXAMPLES / artifact,
                                       hf_config=hf_config(artifact))
