@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcodegen.errors import Finding, PlanError, error, warning
+from hpcodegen.errors import Finding, HpcodegenError, PlanError, error, warning
 
 #: ``(shape, itemsize)``; itemsize is None for floating tensors (they take ``--dtype``)
 TensorInfo = tuple[tuple[int, ...], int | None]
@@ -118,6 +118,20 @@ def _run_forward(model: Any, batch: int, seq: int) -> None:
         model(input_ids=ids, attention_mask=mask, use_cache=False)
 
 
+def _build(config: Mapping[str, Any]) -> Any:
+    """The meta-device model; any failure of transformers' constructors becomes a PlanError."""
+    from hpcodegen.hf import build_meta_model
+
+    try:
+        return build_meta_model(dict(config))
+    except HpcodegenError:
+        raise
+    except Exception as exc:  # model code may reject a config in many ways; report it
+        raise PlanError([error("trace.build_failed", "",
+                               f"cannot build the model from --hf-config: "
+                               f"{type(exc).__name__}: {exc}")]) from None
+
+
 def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
                      batch: int, seq: int) -> TraceResult:
     """Run one meta-device forward and record every target's tensor shapes.
@@ -134,9 +148,7 @@ def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
     Raises:
         PlanError: the model cannot be built or its forward fails on the meta device.
     """
-    from hpcodegen.hf import build_meta_model
-
-    model = build_meta_model(dict(config))
+    model = _build(config)
     _use_eager(model)
     modules = dict(model.named_modules())
     result = TraceResult()

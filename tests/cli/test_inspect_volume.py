@@ -76,3 +76,21 @@ def test_plan_for_another_model_names_the_missing_module() -> None:
     assert code == 1
     missing = [f for f in doc["findings"] if f["code"] == "trace.missing_module"]
     assert [f["path"] for f in missing] == ["model.layers.2.self_attn"]
+
+
+@pytest.mark.timeout(120)
+def test_config_problems_are_findings(tmp_path: Path) -> None:
+    out = io.StringIO()
+    missing = run_inspect(InspectOptions(path=str(FIXTURES / "llama_tp2_sp"), as_json=True,
+                                         hf_config=str(tmp_path / "nope"), batch=1, seq=4),
+                          out, io.StringIO())
+    assert missing == 2 and json.loads(out.getvalue())["findings"][0]["code"] == \
+        "config.not_found"
+    bad = dict(CONFIG, num_attention_heads=3)  # 64 is not divisible by 3 heads
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    out = io.StringIO()
+    code = run_inspect(InspectOptions(path=str(FIXTURES / "llama_tp2_sp"), as_json=True,
+                                      hf_config=str(tmp_path), batch=1, seq=4),
+                       out, io.StringIO())
+    codes = [f["code"] for f in json.loads(out.getvalue())["findings"]]
+    assert code == 1 and codes and codes[0].startswith("trace."), codes
