@@ -11,7 +11,6 @@ Run: ``python bench/install_time.py [--quick]``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -84,29 +83,34 @@ def linearity(medians: dict[int, float]) -> tuple[float, float, float]:
 
 def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
            notes: list[str]) -> None:
-    med = {arm: {n: statistics.median(t[arm]) for n, t in results.items() if t[arm]}
-           for arm in ("hpcodegen", "parallelize_module")}
+    stats = {arm: {n: common.summary(t[arm]) for n, t in results.items() if t[arm]}
+             for arm in ("hpcodegen", "parallelize_module")}
+    hpc, pm = stats["hpcodegen"], stats["parallelize_module"]
     print(f"model: Llama, hidden 64, 8 heads / 8 kv heads, fp32, tp={TP} on the fake "
           f"process group (rank 0 of 8); {common.machine_note()}")
-    print(f"median of {args.repeats} installs per cell, each on a fresh model, after one "
-          "warm-up install per arm")
+    print(f"{args.repeats} installs per cell, each on a fresh model, after one warm-up "
+          "install per arm; seconds, median (and min)")
     for note in dict.fromkeys(notes):
         print(note)
-    rows = [[n, med["hpcodegen"].get(n), med["parallelize_module"][n],
-             common.ratio(med["hpcodegen"].get(n), med["parallelize_module"][n])]
-            for n in LAYER_COUNTS]
+    rows = [[n, _get(hpc, n, "median"), _get(hpc, n, "min"), pm[n]["median"], pm[n]["min"],
+             common.ratio(_get(hpc, n, "median"), pm[n]["median"])] for n in LAYER_COUNTS]
     print()
-    print(common.format_table(["layers", "hpcodegen s", "parallelize_module s", "ratio"], rows))
+    print(common.format_table(["layers", "hpcodegen s", "(min)", "parallelize_module s",
+                               "(min)", "ratio"], rows))
     print()
-    for arm, by_layers in med.items():
+    for arm, by_layers in stats.items():
         if len(by_layers) == len(LAYER_COUNTS):
-            slope, grow, dev = linearity(by_layers)
-            print(f"{arm}: {slope * 1e3:.2f} ms/layer; t64/t8 = {grow:.2f} (8.00 with no fixed "
-                  f"cost); t32 off the t8-t64 line by {dev:+.1%} ({linear_word(dev)})")
-    hpc64 = med["hpcodegen"].get(64)
-    s64 = "n/a" if hpc64 is None else f"{hpc64:.3f}"
-    print(f"install_time: s_64_layers={s64} "
-          f"vs_parallelize_module={common.ratio(hpc64, med['parallelize_module'][64])}")
+            slope, grow, dev = linearity({n: v["min"] for n, v in by_layers.items()})
+            print(f"{arm + ' (min):':26} {slope * 1e3:.2f} ms/layer; t64/t8 = {grow:.2f} "
+                  f"(8.00 with no fixed cost); t32 off the t8-t64 line by {dev:+.1%} "
+                  f"({linear_word(dev)})")
+    s64 = _get(hpc, 64, "median")
+    print(f"install_time: s_64_layers={'n/a' if s64 is None else f'{s64:.3f}'} "
+          f"vs_parallelize_module={common.ratio(s64, pm[64]['median'])}")
+
+
+def _get(stats: dict[int, dict[str, float]], layers: int, key: str) -> float | None:
+    return stats[layers][key] if layers in stats else None
 
 
 def linear_word(deviation: float) -> str:
@@ -119,7 +123,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one install per cell")
     args = parser.parse_args()
-    args.repeats = 1 if args.quick else 5
+    args.repeats = 1 if args.quick else 7
     torch.set_num_threads(1)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcg-install-") as tmp_name:
