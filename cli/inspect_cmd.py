@@ -21,7 +21,8 @@ from .app import app
     ),
 )
 def inspect_plan(
-    path: str = typer.Argument(..., help="Artifact directory or its codegen_meta.json."),
+    path: str = typer.Argument(..., metavar="PATH",
+                               help="Artifact directory or its codegen_meta.json."),
     expand: bool = typer.Option(False, "--expand", help="One row per boundary (no folding)."),
     mesh: Optional[str] = typer.Option(
         None, "--mesh", help="Live mesh to re-validate against, e.g. tp=4,cp=2."),

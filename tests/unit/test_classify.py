@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpcodegen.placement import parse_placement, resolve_placements
 from hpcodegen.plan.classify import (
@@ -283,3 +285,47 @@ def test_classify_plan_uses_frozen_axes_injection_lists_and_keeps_fqns() -> None
     assert forms["model.layers.0.self_attn"].inputs[0].src == p("R", "S(1)")
     live = classify_plan(meta, axes=("tp",), sizes={"tp": 1})
     assert live["model.layers.0.self_attn"].form == "identity"
+
+
+# --- properties over random placements on up to three axes --------------------------------
+
+AXES = st.lists(st.sampled_from(["cp", "tp", "ep", "dp"]), unique=True, max_size=3)
+
+
+@st.composite
+def transition(draw: Any) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]:
+    axes = tuple(draw(AXES))
+    src = tuple(parse_placement(draw(st.sampled_from(PLACEMENTS))) for _ in axes)
+    dst = tuple(parse_placement(draw(st.sampled_from(PLACEMENTS))) for _ in axes)
+    return axes, src, dst
+
+
+@settings(max_examples=300, deadline=None)
+@given(transition())
+def test_lowered_op_agrees_with_redistribute_steps(case: Any) -> None:
+    axes, src, dst = case
+    op = classify_transition(src, dst, axes)
+    steps = redistribute_steps(src, dst, axes)
+    assert (op == ID) == (src == dst) == (steps == ())
+    if op is not None and op != ID:
+        # one collective on tp, the same DTensor would run
+        assert [(s.axis, s.kind, s.dim) for s in steps] == [("tp", op.kind, op.dim)]
+    changed = {a for a, s, d in zip(axes, src, dst, strict=True) if s != d}
+    assert {s.axis for s in steps} == changed
+
+
+@settings(max_examples=200, deadline=None)
+@given(transition(), st.data())
+def test_size_one_axes_never_communicate(case: Any, data: Any) -> None:
+    axes, src, dst = case
+    sizes = {a: data.draw(st.sampled_from([1, 2, 4])) for a in axes}
+    names = ("x",)
+    e = {"in_src": {n: {a: str(p) for a, p in zip(axes, src, strict=True)} for n in names},
+         "in_dst": {n: {a: str(p) for a, p in zip(axes, dst, strict=True)} for n in names}}
+    bf = classify_boundary("m", e, axes, sizes=sizes)
+    if not axes:
+        return
+    t = bf.inputs[0]
+    assert all(sizes[s.axis] > 1 for s in t.steps + t.grad_steps)
+    if all(sizes[a] == 1 for a in axes):
+        assert bf.form == "identity"
