@@ -19,7 +19,6 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from hpcodegen.artifact.load import LoadedMeta, load_meta
@@ -109,6 +108,9 @@ def parse_mesh(text: str) -> tuple[tuple[str, ...], dict[str, int]]:
 
 
 def _check_options(opts: InspectOptions) -> None:
+    """Usage errors (exit 2) before anything is read."""
+    if opts.mesh is not None:
+        parse_mesh(opts.mesh)
     volume_args = {"--batch": opts.batch, "--seq": opts.seq}
     if opts.hf_config is None:
         if opts.link_gbps is not None:
@@ -240,9 +242,9 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
             _emit_failure(gate, opts.as_json, out, err)
             return EXIT_FAILED
         if not param_plan(loaded.data):
-            raise_plan = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
-                               file=str(loaded.meta_path))
-            _emit_failure([raise_plan], opts.as_json, out, err)
+            empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
+                          file=str(loaded.meta_path))
+            _emit_failure([empty], opts.as_json, out, err)
             return EXIT_FAILED
         result = inspect_meta(loaded, opts)
         result.findings[:0] = gate
@@ -257,9 +259,3 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
     else:
         render_text(result, out, err)
     return EXIT_FAILED if failed else EXIT_OK
-
-
-def meta_label(path: str) -> str:
-    """A short name for headings: the artifact dir name."""
-    p = Path(path)
-    return p.parent.name if p.name == "codegen_meta.json" else p.name
