@@ -175,6 +175,17 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     active = resolve_active_mesh(meta, context)
     if active.degenerate:
         return {}
+    return _execute(model, meta, active, handlers, injections, records)
+
+
+def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
+             handlers: Mapping[str, Any], injections: Mapping[str, Any],
+             records: Mapping[str, Mapping[str, Any]]) -> SourceInfo:
+    """Phases A, B, D, C in the reference's order.
+
+    D (tying) follows A because sharding replaced each parameter object; C comes last so
+    the boundaries see the final local parameters (the vocab range of a sharded embedding).
+    """
     frozen = classify_plan(meta)
     live = classify_plan(meta, active.axes, active.sizes)
     sharded = shard_parameters(model, meta, active)

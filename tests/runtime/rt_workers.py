@@ -119,6 +119,7 @@ def compare(artifact: str, mesh: Any) -> dict[str, float]:
     worst, worst_name = 0.0, ""
     for name, p in gen.named_parameters():
         placements, source = info[name]
+        assert isinstance(placements, tuple), (name, placements)  # FSDP2 needs a tuple
         want = local_of(ref_params[name].grad, placements, source)
         diff = (p.grad - want).abs().max().item()
         if diff > worst:
