@@ -19,19 +19,19 @@ import os
 from typing import Any
 
 from hpcodegen.launch import env
-from hpcodegen.launch.model import build_model, local_param_bytes, model_dir
+from hpcodegen.launch.model import build_model, local_param_bytes, resolve_model_dir
 from hpcodegen.launch.rank import init_rank
 from hpcodegen.launch.reporter import current
 
 
 def setup(*, artifact: str | os.PathLike[str] | None = None,
-          model_dir_path: str | os.PathLike[str] | None = None,
+          model_dir: str | os.PathLike[str] | None = None,
           seed: int | None = None, device: str | None = None) -> tuple[Any, Any]:
     """Init this rank and return ``(model, mesh_context)`` parallelized from the artifact.
 
     Keyword Args:
         artifact: the artifact dir; default ``$HPCODEGEN_ARTIFACT`` (set by the launcher).
-        model_dir_path: ``config.json`` (+ safetensors) dir; default ``$HPCODEGEN_MODEL_DIR``,
+        model_dir: ``config.json`` (+ safetensors) dir; default ``$HPCODEGEN_MODEL_DIR``,
             else the artifact dir.
         seed: init seed (default ``$HPCODEGEN_SEED``, else 0); the same on every rank.
         device: ``cuda``/``npu``/``cpu``/``auto``; default ``$HPCODEGEN_DEVICE``.
@@ -47,7 +47,7 @@ def setup(*, artifact: str | os.PathLike[str] | None = None,
     ctx = init_rank(artifact, device)
     reporter.update(phase="build", device=str(ctx.device), world_size=ctx.world_size)
     seed = env.get_int(env.SEED, 0) if seed is None else seed
-    directory = model_dir(model_dir_path, ctx.meta.artifact_dir)
+    directory = resolve_model_dir(model_dir, ctx.meta.artifact_dir)
     model, hf_config = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device)
     reporter.update(phase="parallelize")
     context = MeshContext(device_mesh=ctx.mesh)

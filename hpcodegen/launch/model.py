@@ -2,9 +2,10 @@
 
 The class comes from the artifact's generated modeling module (through the runtime's
 loader), so the boundary forwards the runtime binds exist on it; unparallelized, that class
-behaves exactly like transformers' own. Weights come from ``*.safetensors`` files in the
-model directory when there are any, else from a seeded random init: every rank builds the
-same full model, which is what lets the parity check compare against it.
+behaves exactly like transformers' own (its class defaults are no-ops), which is why the
+parity reference is a deep copy of the same model taken before sharding. Weights come from
+``*.safetensors`` files in the model directory when there are any, else from a seeded
+random init: every rank builds the same full model.
 """
 
 from __future__ import annotations
@@ -14,29 +15,28 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.hf import load_transformers_config, model_class_for, read_hf_config
+from hpcodegen.hf import load_transformers_config, read_hf_config
 from hpcodegen.launch import env
 
 BATCH_SIZE = 2
 TOKENS_PER_RANK = 8
 
 
-def model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -> Path:
+def resolve_model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -> Path:
     """``explicit``, else ``$HPCODEGEN_MODEL_DIR``, else the artifact directory."""
     return Path(explicit or env.get(env.MODEL_DIR) or artifact)
 
 
 def model_class(artifact: Path, config: dict[str, Any]) -> type:
-    """The generated module's model class (``meta.model_class``), imported only after the
-    artifact passed the runtime's checks (output hashes included).
+    """The generated module's model class (``meta.model_class``).
 
-    Until the runtime's loader exists (older checkouts), transformers' own class is used.
+    The module is imported only after the artifact passed the runtime's own checks (output
+    hashes included, architecture against ``config``), through the runtime's loader, so
+    :func:`~hpcodegen.runtime.parallelize_from_generated` later finds the same module.
     """
-    try:
-        from hpcodegen.runtime.api import load_verified_meta
-        from hpcodegen.runtime.loader import generated_model_class, import_generated_module
-    except ImportError:
-        return model_class_for(config)
+    from hpcodegen.runtime.api import load_verified_meta
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+
     loaded = load_verified_meta(artifact, config)
     digest = ((loaded.data.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
     module = import_generated_module(loaded.artifact_dir, digest)

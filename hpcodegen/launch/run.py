@@ -12,12 +12,13 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hpcodegen.artifact.load import load_meta
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK, HpcodegenError
-from hpcodegen.hf import resolve_config_path
+from hpcodegen.errors import EXIT_OK, HpcodegenError
+from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import display
 from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
 from hpcodegen.launch.device import resolve_device
@@ -28,22 +29,26 @@ from hpcodegen.launch.verdict import verdict
 
 
 def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
-    """Every pre-start check; returns the mesh layout, device kind and completed options."""
+    """Every pre-start check; returns the mesh layout, device kind and completed options.
+
+    The artifact is checked as the runtime will check it on every rank (schema, plan,
+    output hashes; architecture, structure and signature against the config when there is
+    one), so a drifted artifact or a config of another model is refused once, here,
+    instead of N times.
+    """
+    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
+
     opts.check()
-    meta = load_meta(opts.artifact)
+    load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
+    model_dir = opts.model_dir or (None if opts.script else load_meta(opts.artifact).artifact_dir)
+    config = read_hf_config(model_dir)[0] if model_dir is not None else None
+    checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
+    meta = load_checked_meta(opts.artifact, checks, hf_config=config)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
-    if not opts.script:
-        model_dir = opts.model_dir or meta.artifact_dir
-        resolve_config_path(model_dir)
-        opts = _replace(opts, model_dir=Path(model_dir), artifact=meta.artifact_dir)
     device = resolve_device(opts.device, opts.nproc)
+    opts = replace(opts, artifact=meta.artifact_dir,
+                   model_dir=Path(model_dir) if model_dir is not None else None)
     return layout, device.kind, opts
-
-
-def _replace(opts: LaunchOptions, **changes: Any) -> LaunchOptions:
-    from dataclasses import replace
-
-    return replace(opts, **changes)
 
 
 def _dry_run(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
@@ -179,5 +184,3 @@ class _Progress:
                 self.last[rank] = line
                 print(line, file=sys.stderr, flush=True)
 
-
-__all__ = ["EXIT_FAILED", "run_launch"]

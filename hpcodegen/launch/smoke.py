@@ -22,7 +22,7 @@ from hpcodegen.launch import env
 from hpcodegen.launch.model import (
     build_model,
     local_param_bytes,
-    model_dir,
+    resolve_model_dir,
     synthetic_batch,
 )
 from hpcodegen.launch.parity import full_logits, max_param_diff
@@ -129,7 +129,7 @@ def run(reporter: RankReporter) -> None:
     tol = float(env.get(env.TOLERANCE, "1e-5"))
     ctx = init_rank()
     reporter.update(device=str(ctx.device), phase="build", world_size=ctx.world_size)
-    directory = model_dir(None, ctx.meta.artifact_dir)
+    directory = resolve_model_dir(None, ctx.meta.artifact_dir)
     model, hf_config = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device)
     ref = copy.deepcopy(model) if parity_on else None
     reporter.update(phase="parallelize")

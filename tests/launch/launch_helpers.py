@@ -18,14 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama_tp2"
 LLAMA_CONFIG = REPO / "examples" / "configs" / "llama"
 
-TINY_META = {
-    "codegen_version": "0.1.1", "signature": "000000000000", "yaml_path": "",
-    "yaml_sha256": "", "mesh_dim_names": ["tp"], "param_plan": {},
-    "parallel_dims": {"dp_size": 1, "tp_size": 2, "cp_size": 1, "ep_size": 1, "pp_size": 1,
-                      "sequence_parallel": False, "loss_parallel": False},
-}
-
-
 @dataclass
 class CliRun:
     code: int

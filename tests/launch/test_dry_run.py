@@ -34,10 +34,10 @@ def test_dry_run_prints_command_and_rank_env(tmp_path):
     assert not logs.exists(), "a dry run must not create anything"
 
 
-def test_dry_run_json_with_user_script(tiny_artifact, tmp_path):
+def test_dry_run_json_with_user_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
-    run = run_cli(tiny_artifact, "--nproc", "4", "--device", "cpu", "--dry-run", "--json",
+    run = run_cli(EXAMPLE, "--nproc", "4", "--device", "cpu", "--dry-run", "--json",
                   "--", script, "--lr", "0.1")
     assert run.code == 0, run.stderr
     doc = run.json()

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_helpers import leftover, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, leftover, run_cli
 
 RAISE_ON_1 = """
 import os, pathlib, sys, time
@@ -39,10 +39,10 @@ def _script(tmp_path, text):
 
 
 @pytest.mark.timeout(60)
-def test_raising_rank_ends_the_job(tiny_artifact, tmp_path):
+def test_raising_rank_ends_the_job(tmp_path):
     script, pids = _script(tmp_path, RAISE_ON_1)
     logs = tmp_path / "logs"
-    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--log-dir", logs, "--",
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--log-dir", logs, "--",
                   script, pids)
     assert run.code == 1
     failure = [line for line in run.stderr.splitlines() if line.startswith("rank 1 failed")]
@@ -57,10 +57,10 @@ def test_raising_rank_ends_the_job(tiny_artifact, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_injected_fault_in_the_smoke_job(tiny_artifact, tmp_path):
-    """HPCODEGEN_FAULT=raise:1 (before the model is built: no config needed to fail)."""
-    (tiny_artifact / "config.json").write_text('{"model_type": "llama"}')
-    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--json",
+def test_injected_fault_in_the_smoke_job(tmp_path):
+    """HPCODEGEN_FAULT=raise:1: rank 1 raises at start-up while rank 0 builds the model."""
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--json",
                   env={"HPCODEGEN_FAULT": "raise:1"})
     assert run.code == 1
     doc = run.json()
@@ -72,9 +72,9 @@ def test_injected_fault_in_the_smoke_job(tiny_artifact, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_hang_ends_at_timeout(tiny_artifact, tmp_path):
+def test_hang_ends_at_timeout(tmp_path):
     script, pids = _script(tmp_path, HANG_ON_0)
-    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--timeout", "6",
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--timeout", "6",
                   "--json", "--", script, pids)
     assert run.code == 1
     doc = run.json()
@@ -87,7 +87,7 @@ def test_hang_ends_at_timeout(tiny_artifact, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_to_the_launcher_ends_the_job(tiny_artifact, tmp_path):
+def test_sigterm_to_the_launcher_ends_the_job(tmp_path):
     """A CI runner killing the launcher must not orphan torchrun or its ranks."""
     import os
     import signal
@@ -96,7 +96,7 @@ def test_sigterm_to_the_launcher_ends_the_job(tiny_artifact, tmp_path):
     import time
 
     script, pids = _script(tmp_path, HANG_ON_0)
-    proc = subprocess.Popen([sys.executable, "-m", "hpcodegen", "launch", str(tiny_artifact),
+    proc = subprocess.Popen([sys.executable, "-m", "hpcodegen", "launch", str(EXAMPLE),
                              "--nproc", "2", "--device", "cpu", "--json", "--", str(script),
                              str(pids)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)

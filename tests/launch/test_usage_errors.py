@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
 
@@ -24,8 +26,29 @@ def test_missing_artifact_and_config(tmp_path):
     assert run.code == 2 and "no HF config found" in run.stderr
 
 
-def test_bad_options(tiny_artifact):
-    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--nnodes", "x")
+def test_bad_options():
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--nnodes", "x")
     assert run.code == 2 and "--nnodes" in run.stderr
-    run = run_cli(tiny_artifact, "--nproc", "2", "--device", "cpu", "--timeout", "0")
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--timeout", "0")
     assert run.code == 2 and "--timeout" in run.stderr
+
+
+def test_drifted_artifact_is_refused_before_start(tmp_path):
+    """A modeling file edited after generation: the runtime's checks refuse it, once, here."""
+    art = tmp_path / "llama_tp2"
+    shutil.copytree(EXAMPLE, art)
+    modeling = next(art.glob("modeling_*_gen_npu.py"))
+    modeling.write_text(modeling.read_text() + "\n# edited by hand\n")
+    logs = tmp_path / "logs"
+    run = run_cli(art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--log-dir", logs)
+    assert run.code == 1
+    assert "outputs" in run.stderr and modeling.name in run.stderr
+    assert not logs.exists()
+
+
+def test_config_of_another_model_is_refused(tmp_path):
+    qwen = LLAMA_CONFIG.parent / "qwen3"
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", qwen, "--dry-run")
+    assert run.code == 1
+    assert "artifact made for LlamaForCausalLM, config is Qwen3ForCausalLM" in run.stderr
