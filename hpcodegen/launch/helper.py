@@ -48,8 +48,9 @@ def setup(*, artifact: str | os.PathLike[str] | None = None,
     reporter.update(phase="build", device=str(ctx.device), world_size=ctx.world_size)
     seed = env.get_int(env.SEED, 0) if seed is None else seed
     directory = resolve_model_dir(model_dir, ctx.meta.artifact_dir)
-    model, hf_config = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device)
-    reporter.update(phase="parallelize")
+    model, hf_config, weights = build_model(directory, ctx.meta.artifact_dir, seed,
+                                            ctx.device)
+    reporter.update(phase="parallelize", weights=weights)
     context = MeshContext(device_mesh=ctx.mesh)
     parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config)
     reporter.update(phase="running", local_param_bytes=local_param_bytes(model))

@@ -43,11 +43,11 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
     return generated_model_class(loaded.data, module)
 
 
-def _load_weights(model: Any, directory: Path) -> bool:
-    """Load every ``*.safetensors`` in ``directory`` into ``model``; False when none."""
+def _load_weights(model: Any, directory: Path) -> int:
+    """Load every ``*.safetensors`` in ``directory`` into ``model``; returns the file count."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        return False
+        return 0
     from safetensors.torch import load_file
 
     state: dict[str, Any] = {}
@@ -60,11 +60,12 @@ def _load_weights(model: Any, directory: Path) -> bool:
         raise PlanError([error("launch.weights", str(directory),
                                f"weights do not match the model: missing {missing[:3]}, "
                                f"unexpected {list(result.unexpected_keys)[:3]}")])
-    return True
+    return len(files)
 
 
-def build_model(directory: Path, artifact: Path, seed: int, device: Any) -> tuple[Any, Any]:
-    """The full (unsharded) model in float32 on ``device``, and its transformers config.
+def build_model(directory: Path, artifact: Path, seed: int, device: Any) -> tuple[Any, Any, str]:
+    """The full (unsharded) model in float32 on ``device``, its transformers config, and
+    where its weights came from (``"N safetensors file(s)"`` or ``"seeded init (seed S)"``).
 
     Args:
         directory: holds ``config.json`` and optionally ``*.safetensors``.
@@ -80,10 +81,11 @@ def build_model(directory: Path, artifact: Path, seed: int, device: Any) -> tupl
     torch.manual_seed(seed)
     with torch.device("cpu"):
         model = cls(hf_config)
-    _load_weights(model, directory)
+    files = _load_weights(model, directory)
     model = model.to(dtype=torch.float32, device=device)
     model.eval()  # no dropout: the sharded and the reference model must see the same math
-    return model, hf_config
+    weights = f"{files} safetensors file(s)" if files else f"seeded init (seed {seed})"
+    return model, hf_config, weights
 
 
 def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any) -> tuple[Any, Any]:

@@ -130,9 +130,10 @@ def run(reporter: RankReporter) -> None:
     ctx = init_rank()
     reporter.update(device=str(ctx.device), phase="build", world_size=ctx.world_size)
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
-    model, hf_config = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device)
+    model, hf_config, weights = build_model(directory, ctx.meta.artifact_dir, seed,
+                                            ctx.device)
     ref = copy.deepcopy(model) if parity_on else None
-    reporter.update(phase="parallelize")
+    reporter.update(phase="parallelize", weights=weights)
     active = parallelize(model, ctx, hf_config)
     batch = synthetic_batch(hf_config.vocab_size, ctx.world_size, seed, ctx.device)
     reporter.update(phase="forward", local_param_bytes=local_param_bytes(model))

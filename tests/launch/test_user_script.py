@@ -1,34 +1,71 @@
-"""A user script under ``hpcodegen launch ARTIFACT -- train.py``: setup() gives the model."""
+"""A user script under ``hpcodegen launch ARTIFACT -- train.py``: setup() gives the model,
+sharded from the safetensors weights found in ``--model-dir``."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
 TRAIN = """
 import sys, torch
+from safetensors.torch import load_file
 import hpcodegen.launch
 
 model, mesh_context = hpcodegen.launch.setup()
+rank = torch.distributed.get_rank()
 assert mesh_context.device_mesh.mesh_dim_names == ("dp", "tp")
-ids = torch.randint(0, 256, (1, 8))
-logits = model(input_ids=ids).logits
+saved = load_file(sys.argv[1])
+q = model.model.layers[0].self_attn.q_proj.weight          # S(0) over tp=2: 32 of 64 rows
+assert torch.equal(q, saved["model.layers.0.self_attn.q_proj.weight"][32 * rank: 32 * rank + 32])
+down = model.model.layers[1].mlp.down_proj.weight          # S(1): 64 of 128 columns
+assert torch.equal(down, saved["model.layers.1.mlp.down_proj.weight"][:, 64 * rank: 64 * rank + 64])
+assert torch.equal(model.model.norm.weight, saved["model.norm.weight"])   # replicated
+logits = model(input_ids=torch.randint(0, 256, (1, 8))).logits
 assert logits.shape == (1, 8, 256), logits.shape
-q = model.model.layers[0].self_attn.q_proj.weight
-assert q.shape == (32, 64), q.shape   # 64 output features split over tp=2
-print("script args", sys.argv[1:], flush=True)
+print("script args", sys.argv[2:], flush=True)
 """
+
+
+def _llama_state(config: dict) -> dict:
+    """A full llama state dict for ``config`` (random values; names as transformers saves)."""
+    import torch
+
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    q = config["num_attention_heads"] * config["head_dim"]
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),
+              "lm_head.weight": (v, h)}
+    for n in range(config["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                   p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                   p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
+                   p + "post_attention_layernorm.weight": (h,)}
+    gen = torch.Generator().manual_seed(7)
+    return {name: torch.randn(shape, generator=gen) * 0.02 for name, shape in shapes.items()}
 
 
 @pytest.mark.gloo
 @pytest.mark.timeout(150)
-def test_setup_in_user_script(tmp_path):
+def test_setup_in_user_script_loads_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    model_dir = tmp_path / "llama"
+    shutil.copytree(LLAMA_CONFIG, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    save_file(_llama_state(config), str(model_dir / "model.safetensors"))
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--json", "--", script, "--lr", "3e-4", timeout=140)
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
+                  "--json", "--", script, model_dir / "model.safetensors", "--lr", "3e-4",
+                  timeout=140)
     assert run.code == 0, run.stdout + run.stderr
     doc = run.json()
     assert [r["status"] for r in doc["ranks"]] == ["ok", "ok"]
+    assert all(r["weights"] == "1 safetensors file(s)" for r in doc["ranks"])
     assert all(r["local_param_bytes"] > 0 for r in doc["ranks"])
-    assert "script args ['--lr', '3e-4']" in run.stderr + run.stdout
+    assert "script args ['--lr', '3e-4']" in run.stderr
