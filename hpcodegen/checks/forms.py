@@ -29,5 +29,15 @@ def classified(ctx: CheckContext) -> dict[str, BoundaryForm] | None:
     return ctx.cache["forms"]
 
 
+#: The meta fields the signature is computed over (decisions.md item 5).
+SIGNED_INPUTS: tuple[str, ...] = ("generator", "source", "parallel_dims", "mesh_dim_names",
+                                  "param_plan", "injections", "tied_pairs", "special_handlers")
+
+
+def signable(ctx: CheckContext) -> bool:
+    """True when the signed fields are schema-valid, so the signature can be recomputed."""
+    return subtree_valid(ctx, *SIGNED_INPUTS)
+
+
 UNCLASSIFIABLE = ("the plan cannot be classified: param_plan, injections, mesh_dim_names or "
                   "parallel_dims violate the schema (see the schema check)")

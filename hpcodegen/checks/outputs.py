@@ -23,6 +23,7 @@ from hpcodegen.checks.files import (
     role_file_name,
     unsafe_name_reason,
 )
+from hpcodegen.checks.forms import signable
 from hpcodegen.errors import Finding, error, warning
 
 
@@ -63,7 +64,7 @@ def _check_one(ctx: CheckContext, key: str, name: str, recorded: object) -> Iter
 def _check_signature(ctx: CheckContext) -> Iterator[Finding]:
     meta = ctx.meta
     stored = meta.get("signature")
-    if not is_hpcodegen_meta(meta) or not isinstance(stored, str):
+    if not is_hpcodegen_meta(meta) or not isinstance(stored, str) or not signable(ctx):
         return
     actual = meta_signature(meta)
     if actual != stored:

@@ -71,6 +71,8 @@ def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:
     seen: set[str] = set()
     for i, name in enumerate(names):
         where = pointer("mesh_dim_names", i)
+        if not isinstance(name, str):
+            continue  # a schema error
         if name in seen:
             yield error("plan.duplicate_axis", where, f"axis {name!r} is listed twice")
         seen.add(name)
@@ -78,7 +80,7 @@ def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:
         if name == "dp":
             yield warning("plan.fsdp_axis", where, "dp is an FSDP axis, not a plan axis",
                           hint="drop it from mesh_dim_names")
-        elif size is None and isinstance(name, str):
+        elif size is None:
             yield warning("plan.axis_without_size", where,
                           f"parallel_dims has no {name}_size for axis {name!r}")
         elif size == 1:
@@ -135,9 +137,9 @@ def _check_entrypoint(meta: Mapping[str, Any]) -> Iterator[Finding]:
 
 
 def _check_unknown_keys(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    from hpcodegen.checks.schema import meta_schema
+    from hpcodegen.checks.schema import top_level_keys
 
-    known = set(meta_schema()["properties"])
+    known = top_level_keys()
     for key in meta:
         if key not in known:
             yield info("plan.unknown_key", pointer(key), f"top-level key {key!r} is not part of "

@@ -31,6 +31,8 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
     classes = as_dict(meta.get("boundary_classes"))
     first_of: dict[str, str] = {}
     for fqn, cls in classes.items():
+        if not isinstance(cls, str):
+            continue  # a schema error
         where = pointer("boundary_classes", fqn)
         if fqn not in plan:
             yield error("plan.boundary_class_unplanned", where,

@@ -35,9 +35,13 @@ def schema_text() -> str:
 
 
 @lru_cache(maxsize=1)
+def _schema_json() -> str:
+    return schema_text()
+
+
 def meta_schema() -> dict[str, Any]:
-    """The parsed meta schema."""
-    return json.loads(schema_text())
+    """The parsed meta schema (a fresh copy: callers may mutate it)."""
+    return json.loads(_schema_json())
 
 
 @lru_cache(maxsize=1)
@@ -45,6 +49,12 @@ def _validator() -> Any:
     from jsonschema import Draft202012Validator
 
     return Draft202012Validator(meta_schema())
+
+
+@lru_cache(maxsize=1)
+def top_level_keys() -> frozenset[str]:
+    """The top-level properties the schema defines."""
+    return frozenset(meta_schema()["properties"])
 
 
 def _deepest(err: Any) -> Any:

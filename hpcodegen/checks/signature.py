@@ -16,6 +16,7 @@ from typing import Any
 
 from hpcodegen.artifact.digest import is_hpcodegen_meta, meta_signature
 from hpcodegen.checks.context import CheckContext, as_dict, pointer
+from hpcodegen.checks.forms import signable
 from hpcodegen.errors import Finding, error, info, warning
 from hpcodegen.hf import architecture_of, source_from_config
 
@@ -68,11 +69,16 @@ def _differing_fields(meta_source: Mapping[str, Any], cfg_source: Mapping[str, A
     return fields
 
 
-def _recompute(meta: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[Finding]:
+def _recompute(ctx: CheckContext, config: Mapping[str, Any]) -> Iterator[Finding]:
+    meta = ctx.meta
     if not is_hpcodegen_meta(meta):
         yield info("signature.foreign", pointer("signature"), "skipped: foreign generator (the "
                    "signature is recomputable only for metas hpcodegen wrote); architecture and "
                    "structure were still compared")
+        return
+    if not signable(ctx):
+        yield info("signature.not_recomputed", pointer("signature"), "the signature was not "
+                   "recomputed: the fields it covers violate the schema (see the schema check)")
         return
     cfg_source = source_from_config(config)
     actual, stored = meta_signature(meta, source=cfg_source), meta.get("signature")
@@ -93,4 +99,4 @@ def check_signature(ctx: CheckContext) -> Iterator[Finding]:
     source = as_dict(ctx.meta.get("source"))
     yield from _compare_identity(source, config, file)
     yield from _compare_structure(source, config)
-    yield from _recompute(ctx.meta, config)
+    yield from _recompute(ctx, config)

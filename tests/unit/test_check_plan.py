@@ -144,3 +144,14 @@ def test_schema_invalid_shapes_never_crash(broken: dict[str, Any]) -> None:
     meta.update(broken)
     result = plan(meta)
     assert not any(f.code.endswith(".internal") for f in result.findings)
+
+
+@pytest.mark.parametrize("field", ["source", "parallel_dims", "generator", "param_plan"])
+def test_signature_inputs_of_the_wrong_type_never_crash(field: str) -> None:
+    meta = vf.llama_meta()
+    meta[field] = ["not", "an", "object"]
+    meta["generator"] = meta["generator"] if field != "generator" else {"name": "hpcodegen",
+                                                                        "version": []}
+    for name in ("plan", "outputs", "source", "signature"):
+        result = vf.run_check(name, meta, hf_config=dict(vf.LLAMA_CONFIG))
+        assert not any(f.code.endswith(".internal") for f in result.findings), result.findings

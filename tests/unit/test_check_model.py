@@ -1,0 +1,72 @@
+"""The ``model`` check: the plan fits the transformers model built on the meta device."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+import verify_fixtures as vf  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+MLP = "model.layers.0.mlp"
+
+
+def model(meta: dict[str, Any], config: dict[str, Any] | None) -> Any:
+    return vf.run_check("model", meta, hf_config=config)
+
+
+def test_skipped_without_config() -> None:
+    result = model(vf.llama_meta(), None)
+    assert result.status == "skipped" and "--hf-config" in result.reason
+
+
+@pytest.mark.parametrize("gen", ["g2", "g3"])
+def test_moe_plan_with_expert_parameters_fits(gen: str) -> None:
+    result = model(vf.qwen3_moe_meta(gen), dict(vf.QWEN3_MOE_CONFIG))
+    assert result.status == "pass" and result.findings == []
+
+
+def test_entry_that_is_a_parameter_itself() -> None:
+    meta = vf.qwen3_moe_meta("g3")
+    del meta["param_plan"][MLP]["params"]["experts.gate_up_proj"]
+    meta["param_plan"][f"{MLP}.experts.gate_up_proj"] = {"params": {"": {"ep": "S(0)"}}}
+    assert model(meta, dict(vf.QWEN3_MOE_CONFIG)).findings == []
+    meta["param_plan"][f"{MLP}.experts"] = {"params": {"": {"ep": "S(0)"}}}
+    assert vf.codes(model(meta, dict(vf.QWEN3_MOE_CONFIG))) == {
+        ("model.missing_param", f"/param_plan/{MLP}.experts/params/")}
+
+
+def test_uneven_shard_is_a_warning() -> None:
+    config = dict(vf.LLAMA_CONFIG, vocab_size=255)
+    result = model(vf.llama_meta(), config)
+    assert result.status == "pass"
+    assert vf.codes(result) == {
+        ("model.uneven_shard", "/param_plan/model.embed_tokens/params/weight/tp"),
+        ("model.uneven_shard", "/param_plan/lm_head/params/weight/tp"),
+    }
+    assert "dim 0 of size 255 does not divide into 2" in result.findings[0].message
+
+
+def test_kv_heads_must_divide_tp() -> None:
+    meta = vf.llama_meta(tp=4)
+    result = model(meta, dict(vf.LLAMA_CONFIG))
+    (f,) = [f for f in result.findings if f.code == "model.heads_not_divisible"]
+    assert f.message == "num_key_value_heads = 2 is not divisible by tp_size = 4"
+
+
+def test_unknown_model_type_is_a_finding() -> None:
+    config = dict(vf.LLAMA_CONFIG, model_type="no_such_model")
+    (f,) = model(vf.llama_meta(), config).findings
+    assert (f.code, f.where) == ("config.unknown_model_type", "/model_type")
+
+
+def test_schema_invalid_plan_skips() -> None:
+    meta = vf.llama_meta()
+    meta["param_plan"]["lm_head"] = []
+    result = model(meta, dict(vf.LLAMA_CONFIG))
+    assert result.status == "skipped" and "schema" in result.reason
