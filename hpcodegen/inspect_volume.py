@@ -88,6 +88,19 @@ def _rows(result: Inspection, volumes: dict[str, BoundaryVolume]) -> list[dict[s
     return rows
 
 
+def _uneven_findings(volumes: dict[str, BoundaryVolume]) -> list[Any]:
+    """One warning per distinct uneven reduce_scatter, naming its first boundary."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for bv in volumes.values():
+        for op in bv.ops:
+            if op.detail:
+                seen.setdefault((f"{op.name} ({op.direction})", op.detail), []).append(bv.fqn)
+    return [warning("volume.uneven_reduce_scatter", fqns[0],
+                    f"{name}: {detail} (on {len(fqns)} boundary instance(s))",
+                    hint="choose --seq (or the plan's dim) divisible by the axis size")
+            for (name, detail), fqns in seen.items()]
+
+
 def volume_report(meta: dict[str, Any], result: Inspection,
                   opts: InspectOptions) -> dict[str, Any]:
     """Trace the model, then bytes per rank per collective, per forward and per backward."""
@@ -104,6 +117,7 @@ def volume_report(meta: dict[str, Any], result: Inspection,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
     volumes = _volumes(result, entries, trace, float_bytes)
+    result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())
     return {

@@ -98,12 +98,34 @@ class OpVolume:
     dim: int | None
     shape: tuple[int, ...] | None
     bytes: float | None
+    #: why the op differs from the plan's (an uneven reduce_scatter), else ""
+    detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"direction": self.direction, "side": self.side, "name": self.name,
                 "kind": self.kind, "axis": self.axis, "dim": self.dim,
                 "shape": list(self.shape) if self.shape is not None else None,
-                "bytes": self.bytes}
+                "bytes": self.bytes, "detail": self.detail}
+
+
+def _uneven(step: Step, shape: tuple[int, ...] | None, sizes: Mapping[str, int]) -> str:
+    """The runtime runs a reduce_scatter whose dim does not divide as all_reduce + chunk."""
+    n = sizes.get(step.axis, 1)
+    if step.kind != "reduce_scatter" or not shape or step.dim is None or n <= 1:
+        return ""
+    if not -len(shape) <= step.dim < len(shape) or shape[step.dim] % n == 0:
+        return ""
+    return (f"dim {step.dim} of size {shape[step.dim]} does not divide by {n}: "
+            "runs as all_reduce + chunk")
+
+
+def _op(direction: str, t: Transition, step: Step, shape: tuple[int, ...] | None,
+        nbytes: float | None, sizes: Mapping[str, int]) -> OpVolume:
+    detail = _uneven(step, shape, sizes)
+    if detail:
+        return OpVolume(direction, t.side, t.name, "all_reduce", step.axis, None, shape,
+                        None if nbytes is None else 2 * nbytes, detail)
+    return OpVolume(direction, t.side, t.name, step.kind, step.axis, step.dim, shape, nbytes)
 
 
 @dataclass
@@ -140,7 +162,7 @@ def transition_volume(t: Transition, entry: Mapping[str, Any], axes: Sequence[st
     for direction, steps, start, target in passes:
         amounts = (walk_bytes(steps, start, target, axes, sizes, full) if full is not None
                    else [None] * len(steps))
-        out.extend(OpVolume(direction, t.side, t.name, s.kind, s.axis, s.dim, shape, b)
+        out.extend(_op(direction, t, s, shape, b, sizes)
                    for s, b in zip(steps, amounts, strict=True) if s.communicates)
     return out
 

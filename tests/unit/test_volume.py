@@ -99,3 +99,12 @@ def test_dtype_and_seconds() -> None:
     assert info.value.exit_code == EXIT_USAGE
     assert seconds(1e9, 8) == pytest.approx(1.0)
     assert seconds(1e9, None) is None
+
+
+def test_uneven_reduce_scatter_runs_as_all_reduce() -> None:
+    t = classify_boundary("a", ATTN_SP, ("tp",)).outputs[0]
+    even = transition_volume(t, ATTN_SP, ("tp",), {"tp": 2}, ((1, 16, 8), None), 2)
+    odd = transition_volume(t, ATTN_SP, ("tp",), {"tp": 2}, ((1, 15, 8), None), 2)
+    assert [o.kind for o in even] == ["reduce_scatter", "all_gather"]
+    assert odd[0].kind == "all_reduce" and "does not divide by 2" in odd[0].detail
+    assert odd[0].bytes == pytest.approx(2 * 15 * 8 * 2 / 2)  # 2(n-1)/n of the full tensor
