@@ -14,9 +14,17 @@ from hpcodegen.cli.app import app
 _CHECKS_HELP = "schema, plan, outputs, source, signature, model (comma lists allowed; repeatable)"
 
 
-@app.command("verify")
+_HELP = (
+    "Check codegen artifacts: schema, plan semantics, file hashes, generated source, and (with "
+    "--hf-config) the model they were made for.\n\n"
+    "Exit codes: 0 every check passed (warnings allowed), 1 a check failed (or a warning with "
+    "--strict), 2 usage error or an unreadable input."
+)
+
+
+@app.command("verify", help=_HELP)
 def verify(
-    paths: list[Path] = typer.Argument(..., metavar="PATH...",
+    paths: list[Path] = typer.Argument(..., metavar="PATH",
                                        help="Artifact directories or codegen_meta.json files."),
     hf_config: Optional[Path] = typer.Option(
         None, "--hf-config", metavar="PATH",
@@ -29,12 +37,7 @@ def verify(
     strict: bool = typer.Option(False, "--strict", help="Warnings fail their check."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List info findings too."),
 ) -> None:
-    """Check codegen artifacts: schema, plan semantics, file hashes, generated source, and
-    (with --hf-config) the model they were made for.
-
-    Exit codes: 0 every check passed (warnings allowed), 1 a check failed (or a warning with
-    --strict), 2 usage error or an unreadable input.
-    """
+    """Parse the options and hand them to :func:`hpcodegen.verify.run_verify`."""
     from hpcodegen.verify import run_verify
 
     try:

@@ -23,10 +23,11 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcodegen.artifact.load import LoadedMeta, load_meta
+from hpcodegen.artifact.load import META_NAME, LoadedMeta, load_meta
 from hpcodegen.checks.context import CheckContext
 from hpcodegen.checks.registry import run_checks, select_checks
 from hpcodegen.checks.result import ArtifactResult, CheckResult, VerifyResult
@@ -73,6 +74,24 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
     return art
 
 
+def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
+    """Map a generated file (``modeling_*_gen_npu.py[.diff]``, ``__init__.py``) to its
+    artifact dir, so a pre-commit hook that passes changed files verifies their artifact;
+    each artifact once, in the order given."""
+    out: list[str | os.PathLike[str]] = []
+    seen: set[str] = set()
+    for path in paths:
+        p = Path(path)
+        if p.is_file() and (p.name == "__init__.py" or fnmatch(p.name, "modeling_*_gen_npu.py")
+                            or fnmatch(p.name, "modeling_*_gen_npu.py.diff")):
+            path = p.parent
+        key = os.path.abspath(Path(path).parent if Path(path).name == META_NAME else path)
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
+
+
 def _write_atomic(path: Path, render: Any) -> None:
     """Write through a temp file in the same dir, then rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -99,7 +118,8 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
 
     Args:
-        paths: artifact directories or ``codegen_meta.json`` files.
+        paths: artifact directories or ``codegen_meta.json`` files (a generated modeling,
+            diff or ``__init__.py`` file stands for its artifact dir; duplicates run once).
         hf_config: a ``config.json`` or a model dir, for the ``signature`` and ``model`` checks.
         only / skip: check names (comma lists allowed).
         output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
@@ -126,7 +146,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         return _usage(f"--junit: directory {junit_path.parent} does not exist", stderr)
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
-    for path in paths:
+    for path in artifact_paths(paths):
         result.artifacts.append(verify_artifact(path, names, hf_config=config,
                                                 hf_config_path=config_path,
                                                 config_problem=problem, strict=strict))

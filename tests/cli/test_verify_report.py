@@ -1,0 +1,97 @@
+"""Reporters (text, json, junit) and the pre-commit conventions."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import yaml
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+import verify_fixtures as vf  # noqa: E402
+
+from hpcodegen.checks.result import ArtifactResult, CheckResult, VerifyResult  # noqa: E402
+from hpcodegen.errors import error, info, warning  # noqa: E402
+from hpcodegen.report import REPORTERS  # noqa: E402
+from hpcodegen.verify import run_verify  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sample() -> VerifyResult:
+    bad = error("plan.unknown_axis", "/param_plan/x/params/w/xp", "axis 'xp' [bold]unknown[/]",
+                expected="tp", hint="fix it", file="m.json")
+    art = ArtifactResult("art\x01dir", {
+        "schema": CheckResult("schema", "pass"),
+        "plan": CheckResult("plan", "fail", [bad, info("plan.unknown_key", "/k", "k")]),
+        "outputs": CheckResult("outputs", "pass", [warning("outputs.unrecorded_file", "n.txt",
+                                                           "n.txt unrecorded")]),
+        "model": CheckResult("model", "skipped", reason="needs --hf-config"),
+    })
+    return VerifyResult([art])
+
+
+def render(name: str, verbose: bool = False) -> str:
+    out = io.StringIO()
+    REPORTERS[name].write(sample(), out, verbose=verbose)
+    return out.getvalue()
+
+
+def test_reporters_are_registered_by_name() -> None:
+    assert sorted(REPORTERS) == ["json", "junit", "text"]
+
+
+def test_json_reporter_is_the_documented_shape() -> None:
+    doc = json.loads(render("json"))
+    assert doc["ok"] is False
+    (art,) = doc["artifacts"]
+    assert art["checks"]["model"] == {"status": "skipped", "reason": "needs --hf-config",
+                                      "findings": []}
+    assert art["checks"]["plan"]["findings"][0] == {
+        "code": "plan.unknown_axis", "severity": "error", "path": "/param_plan/x/params/w/xp",
+        "file": "m.json", "message": "axis 'xp' [bold]unknown[/]", "expected": "tp",
+        "hint": "fix it"}
+
+
+def test_text_reporter_rows_findings_and_no_markup_injection() -> None:
+    text = render("text")
+    assert re.search(r"plan\s+fail\s+1 error, 1 info", text)
+    assert re.search(r"model\s+skipped\s+needs --hf-config", text)
+    assert "m.json::/param_plan/x/params/w/xp: axis 'xp' [bold]unknown[/] (expected tp); " \
+           "hint: fix it" in text
+    assert "outputs.unrecorded_file" in text and "plan.unknown_key" not in text
+    assert "plan.unknown_key" in render("text", verbose=True)
+    assert "1 artifact: 0 passed, 1 failed" in text
+
+
+def test_junit_reporter_is_valid_xml_even_with_control_characters() -> None:
+    root = ET.fromstring(render("junit").split("\n", 1)[1])
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("4", "1", "1")
+    (suite,) = root.findall("testsuite")
+    assert suite.get("name") == "art\ufffddir"
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["plan"].find("failure").get("message").startswith("[error] plan.unknown_axis")
+    assert cases["model"].find("skipped").get("message") == "needs --hf-config"
+    assert cases["schema"].find("failure") is None
+
+
+def test_pre_commit_hook_files_pattern_and_generated_files_stand_for_their_artifact(
+        tmp_path: Path) -> None:
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert [h["id"] for h in hooks] == ["hpcodegen-verify", "hpcodegen-verify-system"]
+    assert all(h["entry"] == "hpcodegen verify" for h in hooks)
+    art = vf.build_fixture("qwen3_moe_g3", tmp_path / "gen")
+    changed = [art / "codegen_meta.json", art / vf.modeling_name(art),
+               art / (vf.modeling_name(art) + ".diff"), tmp_path / "gen" / "__init__.py"]
+    pattern = re.compile(hooks[0]["files"])
+    assert [bool(pattern.search(str(p))) for p in changed] == [True, True, True, False]
+    out = io.StringIO()
+    assert run_verify([p for p in changed if pattern.search(str(p))], output="json",
+                      stdout=out) == 0
+    assert [a["path"] for a in json.loads(out.getvalue())["artifacts"]] == [
+        str(art / "codegen_meta.json")]
