@@ -79,7 +79,7 @@ def test_counts_match_prediction(fake_world) -> None:
 @pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
 def test_grad_allreduce_special_handler_adds_one_backward_all_reduce(tmp_path, fake_world) -> None:
     """The built-in ``replicated_with_grad_allreduce`` handler sums one more gradient."""
-    from artifacts import copy_artifact
+    from rt_artifacts import copy_artifact
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 

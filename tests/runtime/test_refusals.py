@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from artifacts import copy_artifact
+from rt_artifacts import copy_artifact
 from rt_workers import EXAMPLES, batch, build_pair, hf_config
 
 from hpcodegen.errors import PlacementMismatchError, PlanError

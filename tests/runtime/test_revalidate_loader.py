@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from artifacts import copy_artifact
+from rt_artifacts import copy_artifact
 from rt_workers import build_pair
 
 from hpcodegen.errors import PlanError
