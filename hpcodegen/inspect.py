@@ -40,6 +40,7 @@ from hpcodegen.plan.predict import (
     classify_entries,
     predict_forms,
     summarize,
+    unreduced_grad_findings,
 )
 from hpcodegen.plan.revalidate import FormChange, live_plan_axes, revalidate_forms
 
@@ -146,16 +147,19 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     frozen_axes = active_axes(meta)
     frozen, problems = classify_entries(meta)
     if mesh is None:
-        preds = predict_forms(meta, frozen, tp_live="tp" in frozen_axes)
+        tp_live = "tp" in frozen_axes
+        preds = predict_forms(meta, frozen, tp_live=tp_live)
         sizes = axis_sizes(meta)
+        problems += unreduced_grad_findings(meta, preds, tp_live)
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
     live_axes, live_sizes = parse_mesh(mesh)
     axes = live_plan_axes(meta, live_axes)
     live, _ = classify_entries(meta, axes, live_sizes)
     effective, changes = revalidate_forms(frozen, live, axes)
-    preds = predict_forms(meta, live, effective,
-                          tp_live="tp" in axes and live_sizes.get("tp", 1) > 1)
+    tp_live = "tp" in axes and live_sizes.get("tp", 1) > 1
+    preds = predict_forms(meta, live, effective, tp_live=tp_live)
+    problems += unreduced_grad_findings(meta, preds, tp_live)
     sizes = {a: live_sizes[a] for a in axes}
     return Inspection("", axes, sizes, preds, [], summarize(preds), changes, findings=problems)
 

@@ -28,6 +28,7 @@ from hpcodegen.plan.classify import (
     Step,
     Transition,
     classify_memo,
+    splits_compute,
 )
 from hpcodegen.plan.entry import active_axes, expand_injections, param_plan
 
@@ -265,3 +266,44 @@ def predict_plan(meta: Mapping[str, Any]) -> tuple[list[BoundaryPrediction], lis
     """Predict a meta as frozen (its own axes). Returns predictions and unreadable entries."""
     forms, problems = classify_entries(meta)
     return predict_forms(meta, forms), problems
+
+
+def _ancestors(fqn: str) -> list[str]:
+    """Enclosing module FQNs, nearest first, the root ``""`` last (``fqn`` itself excluded)."""
+    parts = fqn.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
+
+
+def unreduced_grad_findings(meta: Mapping[str, Any], preds: Sequence[BoundaryPrediction],
+                            tp_live: bool) -> list[Finding]:
+    """Warn where a backward would silently lose the tp sum of an input gradient.
+
+    A boundary that splits compute over tp (tp-sharded parameter or tp-Partial output) gets a
+    *partial* gradient for every input it takes replicated on tp. A ``tp_collective`` or
+    generic boundary all-reduces it (its input's ``grad_steps``); an ``identity`` boundary
+    runs untouched, so unless an enclosing executed boundary splits compute too, nothing
+    reduces it and every gradient upstream is wrong by the other ranks' share. One warning
+    per class and input name.
+    """
+    if not tp_live:
+        return []
+    plan = param_plan(meta)
+    covering = {p.fqn for p in preds
+                if p.form in EXECUTED_FORMS and splits_compute(plan.get(p.fqn) or {})}
+    hits: dict[tuple[str | None, str], list[str]] = {}
+    for p in preds:
+        entry = plan.get(p.fqn)
+        if p.form != "identity" or takes_token_ids(p.cls) or not isinstance(entry, Mapping):
+            continue
+        if not splits_compute(entry) or any(a in covering for a in _ancestors(p.fqn)):
+            continue
+        for name, named in (entry.get("in_dst") or {}).items():
+            if isinstance(named, Mapping) and named.get(TP, "R") == "R":
+                hits.setdefault((p.cls, name), []).append(p.fqn)
+    return [warning("inspect.unreduced_input_grad", fqns[0],
+                    f"identity boundary splits compute over tp, so the gradient of its "
+                    f"replicated input {name!r} is partial and nothing all-reduces it "
+                    f"({len(fqns)} instance(s){f' of {cls}' if cls else ''})",
+                    hint="declare a transition on this boundary (e.g. an output all_gather) "
+                         "so it is executed, or make an enclosing boundary split compute")
+            for (cls, name), fqns in hits.items()]

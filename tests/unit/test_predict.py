@@ -216,3 +216,37 @@ def test_partial_grad_params_are_a_separate_backward_sync() -> None:
     by = {p.fqn: p for p in preds}
     assert by["model.norm"].grad_sync == ("weight",) and by["lm_head"].grad_sync == ()
     assert summarize(predict_plan(load("llama_tp2"))[0]).grad_sync == {}
+
+
+def test_identity_boundary_that_splits_compute_is_flagged() -> None:
+    from hpcodegen.plan.predict import unreduced_grad_findings
+
+    meta = load("llama_tp2")  # lm_head: weight S(0), input R -> R, output S(-1) -> S(-1)
+    preds, _ = predict_plan(meta)
+    found = unreduced_grad_findings(meta, preds, tp_live=True)
+    assert [(f.code, f.where) for f in found] == [("inspect.unreduced_input_grad", "lm_head")]
+    assert unreduced_grad_findings(meta, preds, tp_live=False) == []
+    # gathering the logits makes lm_head executed: its input's backward all-reduces
+    meta["param_plan"]["lm_head"]["out_dst"]["output"]["tp"] = "R"
+    preds, _ = predict_plan(meta)
+    assert unreduced_grad_findings(meta, preds, tp_live=True) == []
+    lm_head = {p.fqn: p for p in preds}["lm_head"]
+    assert [o.kind for o in lm_head.grad_ops if o.communicates] == ["all_reduce"]
+
+
+def test_nested_identity_inside_a_splitting_boundary_is_fine() -> None:
+    meta = {"mesh_dim_names": ["tp"], "param_plan": {
+        "blk": {"params": {"w": {"tp": "S(0)"}}, "in_src": {"x": {"tp": "R"}},
+                "in_dst": {"x": {"tp": "R"}}, "out_src": {"output": {"tp": "P(sum)"}},
+                "out_dst": {"output": {"tp": "R"}}},
+        "blk.proj": {"params": {"weight": {"tp": "S(0)"}}, "in_src": {"input": {"tp": "R"}},
+                     "in_dst": {"input": {"tp": "R"}}, "out_src": {"output": {"tp": "S(-1)"}},
+                     "out_dst": {"output": {"tp": "S(-1)"}}},
+    }}
+    from hpcodegen.plan.predict import unreduced_grad_findings
+
+    preds, _ = predict_plan(meta)
+    assert unreduced_grad_findings(meta, preds, tp_live=True) == []
+    del meta["param_plan"]["blk"]
+    preds, _ = predict_plan(meta)
+    assert [f.where for f in unreduced_grad_findings(meta, preds, tp_live=True)] == ["blk.proj"]
