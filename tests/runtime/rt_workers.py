@@ -109,8 +109,8 @@ def compare(artifact: str, mesh: Any) -> dict[str, float]:
         if variant == "dtensor":
             boundaries.transition_fn = lowered
     ids, labels = batch(ref.config.vocab_size)
-    out_ref = ref(input_ids=ids, use_cache=False).logits
-    out_gen = gen(input_ids=ids, use_cache=False).logits
+    out_ref = ref(input_ids=ids).logits  # default use_cache: a DynamicCache is built
+    out_gen = gen(input_ids=ids).logits
     loss_of(out_ref, labels).backward()
     loss_of(out_gen, labels).backward()
     result = {"logits": (out_ref - out_gen).abs().max().item(),
