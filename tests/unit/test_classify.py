@@ -300,7 +300,7 @@ def transition(draw: Any) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, 
     return axes, src, dst
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(transition())
 def test_lowered_op_agrees_with_redistribute_steps(case: Any) -> None:
     axes, src, dst = case
@@ -314,7 +314,7 @@ def test_lowered_op_agrees_with_redistribute_steps(case: Any) -> None:
     assert {s.axis for s in steps} == changed
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(transition(), st.data())
 def test_size_one_axes_never_communicate(case: Any, data: Any) -> None:
     axes, src, dst = case
