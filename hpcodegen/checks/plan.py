@@ -41,22 +41,40 @@ def _named_leaves(entry: Mapping[str, Any]) -> Iterator[tuple[tuple[str, ...], s
                 yield (field_name, name, axis), axis, text
 
 
+def _parsed(text: Any, memo: dict[Any, Any]) -> Any:
+    """``parse_placement`` memoized per run (a plan repeats a handful of strings); the
+    exception instance stands for a string outside the grammar."""
+    key = (type(text), text) if isinstance(text, (str, int, float, bool, type(None))) else None
+    if key is not None and key in memo:
+        return memo[key]
+    try:
+        value: Any = parse_placement(text)
+    except ValueError as exc:
+        value = exc
+    if key is not None:
+        memo[key] = value
+    return value
+
+
 def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
     axes = known_axes(meta)
+    memo: dict[Any, Any] = {}
     for fqn, entry in plan_entries(meta).items():
         for parts, axis, text in _named_leaves(entry):
+            placement = _parsed(text, memo)
+            bad_axis = axis not in axes
+            negative = isinstance(placement, (Shard, StridedShard)) and placement.dim < 0
+            if not (bad_axis or negative or isinstance(placement, ValueError)):
+                continue
             where = pointer("param_plan", fqn, *parts)
-            if axis not in axes:
+            if bad_axis:
                 yield error("plan.unknown_axis", where, f"axis {axis!r} is not a mesh axis of "
                             "this plan", expected="one of " + ", ".join(sorted(axes)),
                             hint="add it to mesh_dim_names / parallel_dims or fix the key")
-            try:
-                placement = parse_placement(text)
-            except ValueError as exc:
-                yield error("plan.bad_placement", where, str(exc),
+            if isinstance(placement, ValueError):
+                yield error("plan.bad_placement", where, str(placement),
                             expected="R, S(n), SS(d,f) or P(op)")
-                continue
-            if isinstance(placement, (Shard, StridedShard)) and placement.dim < 0:
+            elif negative:
                 yield info("plan.negative_shard_dim", where,
                            f"{text} counts dims from the end (torch semantics: S(-1) is the last "
                            "dim); the reference system read it as an uneven shard of dim "

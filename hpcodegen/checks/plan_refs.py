@@ -117,6 +117,7 @@ def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Itera
     listed = meta.get("frozen_sharded_params")
     if not isinstance(listed, list):
         return
+    listed_set = {f for f in listed if isinstance(f, str)}
     for i, fqn in enumerate(listed):
         if not isinstance(fqn, str):
             continue
@@ -127,7 +128,7 @@ def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Itera
             yield warning("plan.frozen_sharded_replicated", pointer("frozen_sharded_params", i),
                           f"{fqn!r} is listed as sharded but every placement is R")
     for fqn, (entry, rel, named) in params.items():
-        if fqn not in listed and _is_sharded(named):
+        if fqn not in listed_set and _is_sharded(named):
             where = pointer("param_plan", entry, "params", rel)
             yield warning("plan.frozen_sharded_missing", where,
                           f"{fqn} is sharded but not listed in frozen_sharded_params")

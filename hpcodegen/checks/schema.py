@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
+from dataclasses import replace
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -107,10 +108,42 @@ def _findings_of(err: Any) -> Iterator[Finding]:
                 else f"{_short(err.instance)} violates {kind}")
 
 
+#: Top-level maps whose values all share one schema (``additionalProperties``): each distinct
+#: value is validated once and its errors are reported under every key holding it.
+_UNIFORM_MAPS: tuple[str, ...] = ("param_plan", "boundary_classes", "special_handlers")
+
+
+@cache
+def _value_validator(field: str) -> Any:
+    """Validates one value of a uniform top-level map (refs resolve from the root schema)."""
+    return _validator().evolve(schema={"$ref": f"#/properties/{field}/additionalProperties"})
+
+
+def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
+    """Validate each *distinct* value once: repeated layers share their verdict.
+
+    A 1,000-layer plan has a handful of distinct entries, so the check stays linear in the
+    number of distinct contracts rather than in the number of modules.
+    """
+    verdicts: dict[str, list[Any]] = {}
+    for key, value in values.items():
+        seen = repr(value)
+        if seen not in verdicts:
+            verdicts[seen] = list(_value_validator(field).iter_errors(value))
+        for err in verdicts[seen]:
+            for f in _findings_of(err):
+                yield replace(f, where=pointer(field, key) + f.where)
+
+
 def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
     """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings)."""
     out: list[Finding] = []
-    for err in _validator().iter_errors(meta):
+    rest = dict(meta)
+    for field in _UNIFORM_MAPS:
+        if isinstance(meta.get(field), Mapping):
+            out.extend(_map_findings(field, meta[field]))
+            rest[field] = {}
+    for err in _validator().iter_errors(rest):
         out.extend(_findings_of(err))
     return sorted(out, key=lambda f: (f.where, f.code))
 
