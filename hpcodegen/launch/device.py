@@ -26,10 +26,12 @@ VISIBLE_DEVICES_VAR: dict[str, str] = {"cuda": "CUDA_VISIBLE_DEVICES",
 
 @dataclass(frozen=True)
 class DeviceChoice:
-    """A resolved device kind and its process-group backend."""
+    """A resolved device kind, its process-group backend, and why ``auto`` passed over an
+    accelerator (None when it did not)."""
 
     kind: str
     backend: str
+    note: str | None = None
 
 
 def _npu_module() -> Any | None:
@@ -63,7 +65,8 @@ def resolve_device(requested: str, nproc: int | None = None) -> DeviceChoice:
 
     Args:
         requested: ``auto``, ``cuda``, ``npu`` or ``cpu``.
-        nproc: ranks per node; more ranks than devices is refused (None: not checked).
+        nproc: ranks per node; more ranks than devices is refused for an explicit kind and
+            passed over by ``auto`` (None: not checked).
 
     Returns:
         The device kind and its backend (``nccl``, ``hccl``, ``gloo``).
@@ -80,17 +83,22 @@ def resolve_device(requested: str, nproc: int | None = None) -> DeviceChoice:
         raise UsageError([error("launch.device", "--device", f"unknown device {requested!r}",
                                 expected=" | ".join(DEVICE_KINDS))])
     candidates = ("cuda", "npu", "cpu") if requested == "auto" else (requested,)
+    skipped: list[str] = []
     for kind in candidates:
         ok, count = _available(kind)
         if not ok:
             continue
         if kind != "cpu" and nproc is not None and count < nproc:
+            if requested == "auto":  # auto: a device kind that can hold every rank
+                skipped.append(f"{count} {kind} device(s) for {nproc} ranks")
+                continue
             raise UsageError([error(
                 "launch.device_count", "--nproc",
                 f"{nproc} ranks per node but only {count} {kind} device(s) visible",
                 expected=f"--nproc <= {count}",
                 hint=f"check {VISIBLE_DEVICES_VAR[kind]}")])
-        return DeviceChoice(kind, BACKENDS[kind])
+        note = f"--device auto chose {kind}: only {', '.join(skipped)}" if skipped else None
+        return DeviceChoice(kind, BACKENDS[kind], note)
     hint = "install torch_npu (Ascend)" if requested == "npu" else "use --device cpu"
     raise UsageError([error("launch.device", "--device",
                             f"--device {requested}: no {requested} device is available",

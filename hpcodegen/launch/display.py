@@ -62,22 +62,29 @@ def _cells(rec: RankRecord) -> tuple[str, ...]:
             _status(rec))
 
 
+OPTIONAL = ("forward", "logits diff", "grad diff", "loss")
+
+
 def rank_table(records: Mapping[int, RankRecord], expected: int, title: str,
                script: bool = False) -> Table:
     """The per-rank table; ranks not heard from yet show as ``starting``.
 
-    A user script's table leaves out the smoke job's columns (forward, diffs, loss).
+    Optional columns (forward, diffs, loss) appear once some rank has a value for them; a
+    user script's table never has them.
     """
     table = Table(title=title, title_justify="left")
-    keep = [i for i, c in enumerate(COLUMNS)
-            if not script or c in ("rank", "device", "local params", "status")]
-    for i in keep:
-        table.add_column(COLUMNS[i], justify="left" if COLUMNS[i] == "status" else "right")
+    rows = []
     for rank in sorted(set(records) | set(range(expected))):
         rec = records.get(rank)
-        cells = (_cells(rec) if rec is not None
-                 else (str(rank), *["-"] * (len(COLUMNS) - 2), "[yellow]starting[/yellow]"))
-        table.add_row(*(cells[i] for i in keep))
+        rows.append(_cells(rec) if rec is not None
+                    else (str(rank), *["-"] * (len(COLUMNS) - 2), "[yellow]starting[/yellow]"))
+    keep = [i for i, c in enumerate(COLUMNS)
+            if c not in OPTIONAL or (not script and any(row[i] != "-" for row in rows))]
+    for i in keep:
+        table.add_column(COLUMNS[i], justify="left" if COLUMNS[i] == "status" else "right",
+                         no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
     return table
 
 

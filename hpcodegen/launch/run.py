@@ -46,6 +46,8 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     meta = load_checked_meta(opts.artifact, checks, hf_config=config)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
     device = resolve_device(opts.device, opts.nproc)
+    if device.note and not opts.json:
+        print(f"[launch] note: {device.note}", file=sys.stderr)
     opts = replace(opts, artifact=meta.artifact_dir,
                    model_dir=Path(model_dir) if model_dir is not None else None)
     return layout, device.kind, opts

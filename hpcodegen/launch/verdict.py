@@ -63,7 +63,7 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
             run_dir: Path, console_log: Path | None = None) -> tuple[int, str]:
     """``(exit code, one-line message)`` for the finished job."""
     expected = 0 if opts.multi_node else opts.nproc
-    keep = "" if logs is not None else f"; results kept in {run_dir}"
+    keep = "" if opts.log_dir is not None else f"; run files kept in {run_dir}"
     if outcome.interrupted:
         _mark_lost(outcome, expected)
         return EXIT_FAILED, f"interrupted; every process of the job was ended{keep}"

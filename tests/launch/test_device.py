@@ -55,6 +55,17 @@ def test_more_ranks_than_gpus_is_refused(monkeypatch):
         resolve_device("cuda", nproc=4)
 
 
+def test_auto_passes_over_too_few_gpus(monkeypatch):
+    """`make demo` (2 ranks, --device auto) on a one-GPU machine runs on CPU, and says so."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    choice = resolve_device("auto", nproc=2)
+    assert (choice.kind, choice.backend) == ("cpu", "gloo")
+    assert choice.note == "--device auto chose cpu: only 1 cuda device(s) for 2 ranks"
+    assert resolve_device("auto", nproc=1).kind == "cuda"
+
+
 def test_npu_is_hccl_through_torch_npu(no_cuda, fake_npu):
     assert resolve_device("npu", nproc=4).backend == "hccl"
     assert resolve_device("auto", nproc=2).kind == "npu"

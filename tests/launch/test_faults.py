@@ -60,7 +60,7 @@ def test_raising_rank_ends_the_job(tmp_path):
 def test_injected_fault_in_the_smoke_job(tmp_path):
     """HPCODEGEN_FAULT=raise:1: rank 1 raises at start-up while rank 0 builds the model."""
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--json",
+                  "--json", "--log-dir", tmp_path / "logs",
                   env={"HPCODEGEN_FAULT": "raise:1"})
     assert run.code == 1
     doc = run.json()
@@ -75,7 +75,7 @@ def test_injected_fault_in_the_smoke_job(tmp_path):
 def test_hang_ends_at_timeout(tmp_path):
     script, pids = _script(tmp_path, HANG_ON_0)
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--timeout", "6",
-                  "--json", "--", script, pids)
+                  "--json", "--log-dir", tmp_path / "logs", "--", script, pids)
     assert run.code == 1
     doc = run.json()
     assert doc["timed_out"] is True
@@ -97,7 +97,8 @@ def test_sigterm_to_the_launcher_ends_the_job(tmp_path):
 
     script, pids = _script(tmp_path, HANG_ON_0)
     proc = subprocess.Popen([sys.executable, "-m", "hpcodegen", "launch", str(EXAMPLE),
-                             "--nproc", "2", "--device", "cpu", "--json", "--", str(script),
+                             "--nproc", "2", "--device", "cpu", "--json", "--log-dir",
+                             str(tmp_path / "logs"), "--", str(script),
                              str(pids)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
     deadline = time.monotonic() + 40

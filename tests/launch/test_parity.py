@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
@@ -27,11 +29,20 @@ def _check(doc: dict, steps: int) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_check_parity_two_ranks():
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--check-parity", "--json", timeout=140)
+def test_check_parity_two_ranks(tmp_path):
+    """Text mode (the `make demo` command); the numbers come from the kept result files."""
+    run = run_cli(EXAMPLE, "--nproc", "2", "--model-dir", LLAMA_CONFIG, "--check-parity",
+                  "--log-dir", tmp_path, timeout=140)
     assert run.code == 0, run.stdout + run.stderr
-    _check(run.json(), steps=0)
+    for column in ("rank", "device", "local params", "forward", "logits diff", "grad diff",
+                   "status"):
+        assert column in run.stdout
+    assert "loss" not in run.stdout.split("all 2 ranks ok")[0]  # no --steps: no loss column
+    assert "all 2 ranks ok" in run.stdout and "tolerance 1e-05" in run.stdout
+    ranks = [json.loads((tmp_path / "results" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    _check({"status": "ok", "message": run.stdout, "ranks": ranks}, steps=0)
+    assert (tmp_path / "torchrun.log").is_file()
+    assert sorted(p.parent.name for p in tmp_path.glob("*/attempt_0/*/stderr.log")) == ["0", "1"]
 
 
 @pytest.mark.timeout(150)
@@ -40,14 +51,3 @@ def test_check_parity_with_three_steps():
                   "--check-parity", "--steps", "3", "--json", timeout=140)
     assert run.code == 0, run.stdout + run.stderr
     _check(run.json(), steps=3)
-
-
-@pytest.mark.timeout(150)
-def test_text_report_and_tolerance_failure():
-    """The same job with an impossible tolerance: the check fails (exit 1) and says why."""
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--check-parity", "--tolerance", "1e-30", timeout=140)
-    assert run.code == 1
-    assert "rank 0 check failed: parity logits max diff" in run.stderr
-    for column in ("local params", "forward", "logits diff", "grad diff", "status"):
-        assert column in run.stdout.replace("\n", " ") or column.split()[0] in run.stdout
