@@ -86,9 +86,10 @@ def test_shipped_examples_pass_with_hf_config(meta: Path) -> None:
 
 def test_json_shape_and_skips_without_hf_config(tmp_path: Path) -> None:
     art = vf.build_fixture("qwen3_moe_g3", tmp_path / "a")
-    code, doc = verify_json([art, art / "codegen_meta.json"])
+    other = vf.build_fixture("qwen3_moe_g2", tmp_path / "b") / "codegen_meta.json"
+    code, doc = verify_json([art, other, art / "codegen_meta.json"])
     assert code == 0 and doc["ok"] is True
-    assert [a["path"] for a in doc["artifacts"]] == [str(art), str(art / "codegen_meta.json")]
+    assert [a["path"] for a in doc["artifacts"]] == [str(art), str(other)]  # each once
     checks = doc["artifacts"][0]["checks"]
     assert set(doc) == {"ok", "artifacts"} and set(doc["artifacts"][0]) == {"path", "ok", "checks"}
     for name in ("signature", "model"):
