@@ -21,11 +21,14 @@ Usage: ``python bench/gate_speed.py [--runs N] [--sizes 30,1000,10000]``
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,43 +49,62 @@ def commands(artifact: Path) -> dict[str, list[str]]:
     }
 
 
-def time_once(argv: list[str]) -> tuple[float, int]:
+@dataclass(frozen=True)
+class Timing:
+    """Medians over the timed runs: wall clock, and CPU (user+sys) of the child process."""
+
+    wall: float
+    cpu: float
+    code: int
+
+
+def time_once(argv: list[str]) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one run (CPU from the children's rusage delta)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode not in (0, 1):
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
         print(f"  warning: {' '.join(argv[2:4])} exited {proc.returncode}: {' | '.join(tail)}",
               file=sys.stderr)
-    return elapsed, proc.returncode
+    return elapsed, cpu, proc.returncode
 
 
-def median_time(argv: list[str], runs: int) -> tuple[float, int]:
-    """Median wall time over ``runs`` after one warm-up run; and the exit code seen."""
-    _, code = time_once(argv)
-    times = [time_once(argv)[0] for _ in range(runs)]
-    return statistics.median(times), code
+def median_time(argv: list[str], runs: int) -> Timing:
+    """Medians over ``runs`` after one warm-up run; and the exit code seen.
+
+    The CPU time hardly depends on other load on the machine; the wall time does.
+    """
+    code = time_once(argv)[2]
+    samples = [time_once(argv) for _ in range(runs)]
+    return Timing(statistics.median(s[0] for s in samples),
+                  statistics.median(s[1] for s in samples), code)
 
 
-def measure(sizes: list[int], runs: int, workdir: Path) -> tuple[dict, float]:
-    results: dict[int, dict[str, tuple[float, int]]] = {}
+def measure(sizes: list[int], runs: int, workdir: Path) -> tuple[dict[int, dict[str, Timing]],
+                                                                  Timing]:
+    results: dict[int, dict[str, Timing]] = {}
     for n in sizes:
         artifact = write_synthetic(workdir / f"meta_{n}", n)
         results[n] = {name: median_time(argv, runs) for name, argv in commands(artifact).items()}
         print(f"  measured {n} entries", file=sys.stderr, flush=True)
-    torch_s, _ = median_time(IMPORT_TORCH, runs)
-    return results, torch_s
+    return results, median_time(IMPORT_TORCH, runs)
 
 
-def print_table(results: dict, torch_s: float) -> None:
+def print_table(results: dict[int, dict[str, Timing]], torch: Timing) -> None:
     cols = list(next(iter(results.values())))
-    head = f"{'entries':>8} | " + " | ".join(f"{c:>20}" for c in cols)
+    head = f"{'entries':>8} | " + " | ".join(f"{c + ' wall/cpu s':>26}" for c in cols)
     print(head)
     print("-" * len(head))
     for n, row in results.items():
-        cells = [f"{t:8.3f} s (exit {code})" for t, code in row.values()]
-        print(f"{n:>8} | " + " | ".join(f"{c:>20}" for c in cells))
-    print(f"{'':>8}   python -c 'import torch': {torch_s:.3f} s")
+        cells = [f"{t.wall:7.3f} / {t.cpu:6.3f} (exit {t.code})" for t in row.values()]
+        print(f"{n:>8} | " + " | ".join(f"{c:>26}" for c in cells))
+    print(f"{'':>8}   python -c 'import torch': {torch.wall:.3f} s wall, {torch.cpu:.3f} s cpu")
+    print(f"{'':>8}   load average at the end: {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} cores (wall times grow with it, CPU times hardly)")
 
 
 def main() -> None:
@@ -92,15 +114,18 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="gate_speed_") as tmp:
-        results, torch_s = measure(sizes, args.runs, Path(tmp))
-    print_table(results, torch_s)
-    verify_1k = results.get(1000, {}).get("verify", (float("nan"), 0))[0]
-    inspect_10k = results.get(10000, {}).get("inspect-plan", (float("nan"), 0))[0]
-    inspect_10k_nc = results.get(10000, {}).get("inspect --no-checks", (float("nan"), 0))[0]
-    ratio = torch_s / verify_1k if verify_1k == verify_1k and verify_1k > 0 else float("nan")
-    print(f"gate_speed: verify_1k_s={verify_1k:.3f} inspect_10k_s={inspect_10k:.3f} "
-          f"verify_vs_import_torch={ratio:.2f} inspect_10k_nochecks_s={inspect_10k_nc:.3f} "
-          f"import_torch_s={torch_s:.3f}", flush=True)
+        results, torch = measure(sizes, args.runs, Path(tmp))
+    print_table(results, torch)
+    missing = Timing(float("nan"), float("nan"), -1)
+    verify_1k = results.get(1000, {}).get("verify", missing)
+    inspect_10k = results.get(10000, {}).get("inspect-plan", missing)
+    inspect_10k_nc = results.get(10000, {}).get("inspect --no-checks", missing)
+    ratio = torch.wall / verify_1k.wall if verify_1k.wall > 0 else float("nan")
+    print(f"gate_speed: verify_1k_s={verify_1k.wall:.3f} inspect_10k_s={inspect_10k.wall:.3f} "
+          f"verify_vs_import_torch={ratio:.2f} inspect_10k_nochecks_s={inspect_10k_nc.wall:.3f} "
+          f"import_torch_s={torch.wall:.3f} verify_1k_cpu_s={verify_1k.cpu:.3f} "
+          f"inspect_10k_cpu_s={inspect_10k.cpu:.3f} import_torch_cpu_s={torch.cpu:.3f}",
+          flush=True)
 
 
 if __name__ == "__main__":
