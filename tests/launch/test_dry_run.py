@@ -60,3 +60,23 @@ def test_multi_node_options_pass_through():
                            master_addr="10.0.0.1", master_port=29500)
     joined = " ".join(torchrun_argv(static, log_dir=None, tee=False))
     assert "--master-addr 10.0.0.1 --master-port 29500" in joined
+
+
+def test_launcher_imports_no_torch_for_cpu():
+    """Every pre-start check is pure: refusals come back in well under a second."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from hpcodegen.launch.options import LaunchOptions\n"
+        "from hpcodegen.launch.run import run_launch\n"
+        f"opts = LaunchOptions(artifact=Path({str(EXAMPLE)!r}), nproc=2, device='cpu',\n"
+        f"                     model_dir=Path({str(LLAMA_CONFIG)!r}), dry_run=True, json=True)\n"
+        "assert run_launch(opts) == 0\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
