@@ -44,6 +44,9 @@ def verify(
         code = run_verify(paths, hf_config=hf_config, only=only, skip=skip,
                           output="json" if json_out else "text", junit=junit,
                           strict=strict, verbose=verbose)
+    except BrokenPipeError:  # `hpcodegen verify ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
     except Exception as exc:  # the last guard: report, never a traceback
         if os.environ.get("HPCODEGEN_DEBUG"):
             raise

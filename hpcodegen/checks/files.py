@@ -7,6 +7,7 @@ reference loader's rule, kept so its loader reads our bundles); output keys are 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 MODELING_GLOB = "modeling_*_gen_npu.py"
@@ -54,11 +55,14 @@ def escapes(artifact_dir: Path, path: Path) -> bool:
 
 
 def present_files(artifact_dir: Path) -> set[str]:
-    """Relative POSIX names of every file under the dir, ``__pycache__`` excluded."""
+    """Relative POSIX names of every file under the dir, ``__pycache__`` excluded.
+
+    Links to directories are listed, not followed (a link cycle cannot hang the check).
+    """
     out: set[str] = set()
-    for p in artifact_dir.rglob("*"):
-        rel = p.relative_to(artifact_dir)
-        if "__pycache__" in rel.parts or p.is_dir():
-            continue
-        out.add(rel.as_posix())
+    for root, dirs, files in os.walk(artifact_dir, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        base = Path(root).relative_to(artifact_dir)
+        links = [d for d in dirs if (Path(root) / d).is_symlink()]
+        out.update((base / name).as_posix() for name in (*files, *links))
     return out

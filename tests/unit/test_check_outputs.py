@@ -80,3 +80,10 @@ def test_foreign_signatures_are_not_recomputed(tmp_path: Path) -> None:
     meta["param_plan"]["lm_head"]["params"]["weight"]["tp"] = "S(1)"
     vf.save_meta(art, meta)
     assert vf.run_check("outputs", art).status == "pass"
+
+
+def test_link_cycle_is_listed_not_followed(tmp_path: Path) -> None:
+    art = vf.build_fixture("llama_hp", tmp_path / "a")
+    (art / "loop").symlink_to(art, target_is_directory=True)
+    result = vf.run_check("outputs", art)
+    assert vf.codes(result) == {("outputs.unrecorded_file", "loop")}
