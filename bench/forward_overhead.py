@@ -394,7 +394,7 @@ def parse_args() -> argparse.Namespace:
                         metavar="ARM", help="cProfile these arms' fake-PG forwards too")
     args = parser.parse_args()
     args.profiles = []
-    args.warmup, args.rounds = (3, 30) if args.quick else (10, 200)
+    args.warmup, args.rounds = (3, 30) if args.quick else (10, 150)
     return args
 
 
