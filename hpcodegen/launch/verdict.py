@@ -97,7 +97,8 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
 
 def _success(outcome: JobOutcome) -> str:
     records = list(outcome.records.values())
-    text = f"all {len(records)} ranks ok in {outcome.elapsed:.1f} s"
+    n = len(records)
+    text = f"{'all ' if n > 1 else ''}{n} rank{'s' if n > 1 else ''} ok in {outcome.elapsed:.1f} s"
     parity = [r.parity for r in records if r.parity]
     if parity:
         logits = max(float(p.get("logits_max_diff") or 0.0) for p in parity)
