@@ -5,8 +5,8 @@ The only check that loads torch and transformers (lazily, through
 download). Every planned ``<fqn>.<param>`` must exist (``""`` names the entry itself), every
 plan FQN must name a module (nothing is skipped silently, unlike torch's plan application),
 every trainable parameter must be covered by a planned key (equal, or below it), head and
-kv-head counts must divide the tp size, and a sharded dim that does not divide its axis size
-is a warning (torch shards it unevenly).
+kv-head counts and each ``tp_divide_attrs`` attribute must divide the tp size, and a sharded
+dim that does not divide its axis size is a warning (torch shards it unevenly).
 """
 
 from __future__ import annotations
@@ -63,6 +63,23 @@ def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
             yield error("model.class_mismatch", pointer("boundary_classes", fqn),
                         f"{fqn or '<root>'} is a {type(module).__name__}, the plan says {cls}",
                         expected=str(cls))
+
+
+def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int) -> Iterator[Finding]:
+    """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size."""
+    for fqn, entry in param_plan(meta).items():
+        module = _resolve(model, fqn)
+        if module is None:
+            continue
+        for i, attr in enumerate(entry.get("tp_divide_attrs") or ()):
+            where = pointer("param_plan", fqn, "tp_divide_attrs", i)
+            value = _resolve(module, attr)
+            if value is None:
+                yield error("model.missing_attr", where, f"{fqn}.{attr} does not exist on "
+                            f"{type(module).__name__}; the runtime cannot divide it by tp")
+            elif not isinstance(value, int) or isinstance(value, bool) or value % tp:
+                yield error("model.indivisible_attr", where, f"{fqn}.{attr} = {value!r} is not "
+                            f"an integer divisible by tp_size = {tp}")
 
 
 def _covered(name: str, planned: set[str]) -> bool:
@@ -129,5 +146,6 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     f"config: {type(exc).__name__}: {exc}", file=str(ctx.hf_config_path))
         return
     yield from _fqns(ctx.meta, model)
+    yield from _divide_attrs(ctx.meta, model, tp)
     yield from _coverage(ctx.meta, model)
     yield from _divisibility(ctx.meta, model)

@@ -160,9 +160,16 @@ def _check_names(ctx: CheckContext, scan: ModuleScan) -> Iterator[Finding]:
         yield error("source.model_class_missing", "/model_class", f"model class {model_class} "
                     "is not defined in the modeling file")
     for i, name in enumerate(as_list(ctx.meta.get("external_state_classes"))):
-        if isinstance(name, str) and name not in scan.classes:
+        if not isinstance(name, str):
+            continue
+        cls = scan.classes.get(name)
+        if cls is None:
             yield error("source.external_class_missing", f"/external_state_classes/{i}",
                         f"external-state class {name} is not defined in the modeling file")
+        elif cls.marker == TP_FORM_MARKER:
+            yield error("source.stray_marker", name, f"external-state class {name} (line "
+                        f"{cls.line}) carries the tp_collective marker; its forward is an "
+                        "inline strategy body, not a lowered boundary")
 
 
 def check_source(ctx: CheckContext) -> Iterator[Finding]:

@@ -70,3 +70,13 @@ def test_schema_invalid_plan_skips() -> None:
     meta["param_plan"]["lm_head"] = []
     result = model(meta, dict(vf.LLAMA_CONFIG))
     assert result.status == "skipped" and "schema" in result.reason
+
+
+def test_tp_divide_attrs_exist_and_divide() -> None:
+    meta = vf.qwen3_moe_meta("g3", layers=1)
+    attn = meta["param_plan"]["model.layers.0.self_attn"]
+    attn["tp_divide_attrs"] = ["num_key_value_groups", "num_heads", "is_causal"]
+    assert vf.codes(model(meta, dict(vf.QWEN3_MOE_CONFIG, num_hidden_layers=1))) == {
+        ("model.missing_attr", "/param_plan/model.layers.0.self_attn/tp_divide_attrs/1"),
+        ("model.indivisible_attr", "/param_plan/model.layers.0.self_attn/tp_divide_attrs/2"),
+    }

@@ -126,3 +126,10 @@ def test_unclassifiable_plan_is_reported_not_crashed(tmp_path: Path) -> None:
     result = vf.run_check("source", artifact(tmp_path, meta=break_plan))
     assert ("source.unclassified", "") in vf.codes(result, "info")
     assert result.status == "pass"
+
+
+def test_external_state_class_must_not_carry_the_tp_marker(tmp_path: Path) -> None:
+    edit = in_class("Qwen3MoeSparseMoeBlock", "    ep_enable = False\n",
+                    '    ep_enable = False\n    _hp_boundary_form = "tp_collective"\n')
+    result = vf.run_check("source", artifact(tmp_path, "qwen3_moe_g3", source=edit))
+    assert vf.codes(result, "error") == {("source.stray_marker", "Qwen3MoeSparseMoeBlock")}
