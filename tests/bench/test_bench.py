@@ -1,0 +1,97 @@
+"""The benchmarks' own correctness: the lower bound is a real equivalent, the lines parse.
+
+The hand-written Megatron forward is the yardstick of ``forward_overhead.py``; if it computed
+something cheaper than the model, every ratio against it would flatter nobody but be wrong.
+At tp=1 (a one-rank gloo group) it must give transformers' logits and gradients.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+
+@pytest.fixture
+def one_rank_mesh() -> Iterator[object]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_handwritten_forward_matches_transformers(one_rank_mesh: object) -> None:
+    import common
+    import forward_overhead as fo
+    import torch
+
+    config = common.tiny_llama_config(2, hidden=64, heads=4, kv_heads=2, vocab=128)
+    model = common.build_model(config)
+    hand = fo.HandwrittenLlama(common.build_model(config), one_rank_mesh)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    ref = model(input_ids=ids, use_cache=False).logits
+    out = hand.forward(ids)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+    ref.pow(2).mean().backward()
+    out.pow(2).mean().backward()
+    pairs = {"model.embed_tokens.weight": hand.embed, "lm_head.weight": hand.lm_head,
+             "model.layers.1.self_attn.q_proj.weight": hand.layers[1]["q"],
+             "model.layers.0.mlp.down_proj.weight": hand.layers[0]["down"]}
+    for name, param in pairs.items():
+        torch.testing.assert_close(param.grad, model.get_parameter(name).grad,
+                                   atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_linearity_helper_flags_a_quadratic_install() -> None:
+    import install_time as it
+
+    slope, grow, dev = it.linearity({8: 0.010 + 8e-3, 32: 0.010 + 32e-3, 64: 0.010 + 64e-3})
+    assert slope == pytest.approx(1e-3) and dev == pytest.approx(0.0, abs=1e-12)
+    assert grow < 8 and it.linear_word(dev) == "linear"
+    _, _, dev_sq = it.linearity({n: (n / 8) ** 2 for n in (8, 32, 64)})
+    assert it.linear_word(dev_sq) == "NOT linear"
+
+
+def test_format_table_aligns_and_marks_missing_cells() -> None:
+    import common
+
+    text = common.format_table(["arm", "ms"], [["a", 1.23456], ["long name", None]])
+    lines = text.splitlines()
+    assert lines[0].split() == ["arm", "ms"] and set(lines[1]) <= {"-", " "}
+    assert lines[2].split() == ["a", "1.235"] and lines[3].endswith("-")
+    assert common.ratio(1.0, None) == "n/a" and common.ratio(3.0, 2.0) == "1.50"
+
+
+LAST_LINES = {
+    "install_time.py": r"install_time: s_64_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
+    "forward_overhead.py": r"forward_overhead: vs_parallelize_module=\d+\.\d\d "
+                           r"vs_handwritten=\d+\.\d\d",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", sorted(LAST_LINES))
+def test_benchmark_runs_and_ends_with_its_ratio_line(script: str) -> None:
+    """A --quick run exits 0, measures every arm (no ``n/a``) and ends with its line."""
+    extra = ["--no-gloo"] if script == "forward_overhead.py" else []
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", *extra],
+                          capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(LAST_LINES[script], last), proc.stdout[-3000:]
