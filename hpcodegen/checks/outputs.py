@@ -101,5 +101,5 @@ def check_outputs(ctx: CheckContext) -> Iterator[Finding]:
               - {META_NAME, ctx.loaded.meta_path.name})
     for name in sorted(extras):
         yield warning("outputs.unrecorded_file", name, f"{name} is in the artifact dir but not "
-                      "recorded in outputs", file=str(ctx.artifact_dir / name))
+                      "recorded in outputs", file=str(ctx.artifact_dir))
     yield from _check_signature(ctx)

@@ -72,8 +72,7 @@ def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
                             "this plan", expected="one of " + ", ".join(sorted(axes)),
                             hint="add it to mesh_dim_names / parallel_dims or fix the key")
             if isinstance(placement, ValueError):
-                yield error("plan.bad_placement", where, str(placement),
-                            expected="R, S(n), SS(d,f) or P(op)")
+                yield error("plan.bad_placement", where, str(placement))
             elif negative:
                 yield info("plan.negative_shard_dim", where,
                            f"{text} counts dims from the end (torch semantics: S(-1) is the last "

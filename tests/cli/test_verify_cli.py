@@ -16,7 +16,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
+sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
 from hpcodegen.hf import read_hf_config, source_from_config  # noqa: E402

@@ -12,7 +12,7 @@ from xml.etree import ElementTree as ET
 import yaml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
+sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
 from hpcodegen.checks.result import ArtifactResult, CheckResult, VerifyResult  # noqa: E402

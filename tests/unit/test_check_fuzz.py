@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
+sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
 from hpcodegen.checks.schema import meta_schema  # noqa: E402

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
+sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
+sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
 ATTN = [f"model.layers.{i}.self_attn" for i in range(2)]
