@@ -88,6 +88,21 @@ def rank_table(records: Mapping[int, RankRecord], expected: int, title: str,
     return table
 
 
+def loss_lines(records: Mapping[int, RankRecord]) -> list[str]:
+    """The loss per step of the lowest rank that has losses (tp ranks share one loss), and
+    the unsharded reference's when parity was checked."""
+    with_losses = [r for _, r in sorted(records.items()) if r.losses]
+    if not with_losses:
+        return []
+    rec = with_losses[0]
+    head = f"loss per step (rank {rec.rank}): "
+    lines = [head + " ".join(f"{x:.6f}" for x in rec.losses)]
+    if rec.ref_losses:
+        ref = "unsharded reference: ".ljust(len(head))
+        lines.append(ref + " ".join(f"{x:.6f}" for x in rec.ref_losses))
+    return lines
+
+
 def progress_line(rec: RankRecord) -> str:
     """One plain line per phase change, for consoles that are not terminals."""
     loss = f" loss {rec.losses[-1]:.4f}" if rec.losses and rec.phase.startswith("step") else ""
@@ -99,6 +114,13 @@ def print_json(document: Mapping[str, Any]) -> None:
     print(json.dumps(document, indent=2, sort_keys=True, allow_nan=True))
 
 
+#: Width of the table when output goes to a file or pipe (rich would assume 80 columns).
+LOG_WIDTH = 120
+
+
 def make_console(stderr: bool = False) -> Console:
     """A console that honours NO_COLOR and does not wrap long lines in logs."""
-    return Console(stderr=stderr, soft_wrap=True, highlight=False)
+    console = Console(stderr=stderr, soft_wrap=True, highlight=False)
+    if not console.is_terminal:
+        console.width = LOG_WIDTH
+    return console

@@ -130,6 +130,8 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
         out = display.make_console()
         out.print(display.rank_table(outcome.records, _expected(opts), _title(opts, layout),
                                      script=bool(opts.script)))
+        for line in display.loss_lines(outcome.records):
+            out.print(line, markup=False)
         stream = out if code == EXIT_OK else display.make_console(stderr=True)
         stream.print(message, markup=False)
     if code == EXIT_OK and opts.log_dir is None:

@@ -87,3 +87,13 @@ def test_table_columns():
         assert cell in text
     console.print(rank_table(recs, 2, "t", script=True))
     assert "logits diff" not in console.export_text()
+
+
+def test_loss_lines_align_sharded_and_reference():
+    from hpcodegen.launch.display import loss_lines
+
+    recs = {1: RankRecord(rank=1, losses=[2.0, 1.5], ref_losses=[2.0, 1.25]),
+            0: RankRecord(rank=0, losses=[2.0, 1.5], ref_losses=[2.0, 1.25])}
+    assert loss_lines(recs) == ["loss per step (rank 0): 2.000000 1.500000",
+                                "unsharded reference:    2.000000 1.250000"]
+    assert loss_lines({0: RankRecord(rank=0)}) == []
