@@ -101,13 +101,15 @@ def mutated(draw: Any) -> tuple[str, dict[str, Any]]:
     return name, meta
 
 
-def _verify(meta: Any, base: str | None) -> None:
+def _verify(meta: Any, base: str | None, modeling: bytes | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         art = Path(tmp) / "a"
         if base is None:
             art.mkdir()
         else:
             vf.build_fixture(base, art)
+        if modeling is not None:
+            (art / vf.modeling_name(art)).write_bytes(modeling)
         (art / "codegen_meta.json").write_text(json.dumps(meta), encoding="utf-8")
         out = io.StringIO()
         code = run_verify([art], hf_config=CONFIG, skip=["model"], output="json",
@@ -129,8 +131,25 @@ def test_schema_generated_metas_never_crash(meta: dict[str, Any]) -> None:
     _verify(meta, None)
 
 
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=150)
 @given(mutated())
 def test_mutated_fixture_metas_never_crash(case: tuple[str, dict[str, Any]]) -> None:
     base, meta = case
     _verify(meta, base)
+
+
+@st.composite
+def spliced_source(draw: Any) -> bytes:
+    """The fixture's modeling file with a random slice replaced by random bytes or text."""
+    source = vf.llama_source().encode()
+    start = draw(st.integers(0, len(source)))
+    end = draw(st.integers(start, min(len(source), start + 200)))
+    junk = draw(st.binary(max_size=40) | st.text(max_size=40).map(str.encode)
+                | st.sampled_from([b"(", b"\x00", b"    ", b"class X(:\n", b"def forward(*a):"]))
+    return source[:start] + junk + source[end:]
+
+
+@settings(SETTINGS, max_examples=60)
+@given(spliced_source())
+def test_garbled_modeling_files_never_crash(modeling: bytes) -> None:
+    _verify(BASES["llama_hp"], "llama_hp", modeling)
