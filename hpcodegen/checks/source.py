@@ -56,11 +56,10 @@ def _read_tree(ctx: CheckContext) -> tuple[ast.Module | None, Path | None, list[
         return None, path, [error("source.modeling_not_plain", "", "the modeling file is not a "
                                   "plain file inside the artifact dir", file=str(path))]
     try:
-        raw = path.read_bytes()[: MAX_SOURCE_BYTES + 1]
-        if len(raw) > MAX_SOURCE_BYTES:
+        if path.stat().st_size > MAX_SOURCE_BYTES:
             return None, path, [error("source.too_large", "", "modeling file is too large",
                                       expected=f"at most {MAX_SOURCE_BYTES} bytes", file=str(path))]
-        tree = ast.parse(raw.decode("utf-8"), filename=str(path))
+        tree = ast.parse(path.read_bytes().decode("utf-8"), filename=str(path))
     except (OSError, UnicodeDecodeError) as exc:
         return None, path, [error("source.unreadable", "", f"cannot read as UTF-8: {exc}",
                                   file=str(path))]
