@@ -214,8 +214,9 @@ def build_arms(mesh: Any, artifact_dir: Path | None, notes: list[str]) -> dict[s
     if importlib.util.find_spec("accelerate") is None:
         notes.append("hf_tp_plan: skipped: accelerate not installed")
     else:
-        notes.append("hf_tp_plan: skipped: accelerate installed, but HF tp_plan loading "
-                     "needs a checkpoint and device_map support that this CPU bench lacks")
+        notes.append("hf_tp_plan: skipped: not wired: HF's tp_plan runs through "
+                     "from_pretrained(tp_plan=...) loading; applying model.tp_plan to a built "
+                     "model fails in transformers 5.23 (embedding_rowwise mixes Tensor/DTensor)")
     return arms
 
 
