@@ -157,9 +157,9 @@ def generated_model_class(artifact_dir: Path) -> type:
     Loaded the way ``hpcodegen launch`` does: verify's checks first, then the runtime's
     loader (cached per directory, so timing an install afterwards does not re-import it).
     """
+    from hpcodegen.runtime import generated_model_class as model_class
+    from hpcodegen.runtime import import_generated_module
     from hpcodegen.runtime.api import load_verified_meta
-    from hpcodegen.runtime.loader import generated_model_class as model_class
-    from hpcodegen.runtime.loader import import_generated_module
 
     loaded = load_verified_meta(artifact_dir)
     digest = ((loaded.data.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
