@@ -107,8 +107,8 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
     try:
         return AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
-        raise PlanError([error("config.unknown_model_type", "/model_type",
-                               f"transformers cannot build model_type {model_type!r}: {exc}")]) from None
+        message = f"transformers cannot build model_type {model_type!r}: {exc}"
+        raise PlanError([error("config.unknown_model_type", "/model_type", message)]) from None
 
 
 def model_class_for(config: Mapping[str, Any]) -> type:

@@ -92,7 +92,9 @@ class _DuplicateTracker:
         return tuple(sorted(set(found)))
 
 
-def parse_json_text(raw: bytes, file: str, max_bytes: int = MAX_META_BYTES) -> tuple[Any, tuple[str, ...]]:
+def parse_json_text(
+    raw: bytes, file: str, max_bytes: int = MAX_META_BYTES
+) -> tuple[Any, tuple[str, ...]]:
     """Decode and parse JSON bytes; returns ``(value, duplicate key pointers)``.
 
     Raises InputError for size, encoding and syntax problems.

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import hypothesis.internal.conjecture.utils as cu
-import hypothesis_jsonschema._from_schema as hjs_impl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,31 +30,6 @@ from hpcodegen.verify import run_verify  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
-
-class _ManyCompat:
-    """hypothesis-jsonschema 0.23.1 drives ``cu.many`` through ``more()``, which hypothesis
-    6.170 replaced by a context manager + iterator; this adapter restores the old calls."""
-
-    def __init__(self, data: Any, min_size: int, max_size: float, average_size: float) -> None:
-        self._many = cu.many(data, min_size=min_size, max_size=max_size,
-                             average_size=average_size)
-        self._many.__enter__()
-        self._it = iter(self._many)
-
-    def more(self) -> bool:
-        try:
-            next(self._it)
-        except StopIteration:
-            self._many.__exit__(None, None, None)
-            return False
-        return True
-
-    def reject(self, why: str | None = None) -> None:
-        self._many.reject(why)
-
-
-if not hasattr(cu.many, "more"):
-    hjs_impl.cu = type("_CU", (), {"many": _ManyCompat})
 
 SETTINGS = settings(deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
