@@ -21,7 +21,7 @@ A boundary's form is ``region`` (a ``local_compute_fn`` injection), ``generic`` 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hpcodegen.placement import (
@@ -390,7 +390,10 @@ def classify_memo(
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = classify_boundary(fqn, entry, axes, injection, sizes)
-    return hit if hit.fqn == fqn else replace(hit, fqn=fqn)
+    if hit.fqn == fqn:
+        return hit
+    return BoundaryForm(fqn, hit.form, hit.inputs, hit.outputs, hit.out_names, hit.reasons,
+                        hit.injection)
 
 
 def check_placement_strings(named: Mapping[str, Any]) -> list[str]:

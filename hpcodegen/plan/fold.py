@@ -1,9 +1,10 @@
 """Fold repeated layers into one row: ``model.layers.{0..31}.self_attn x32`` (pure).
 
 Two boundaries fold together when their FQNs differ only in integer path components (layer
-and expert indices) and everything a row shows is identical (class, form, ops, notes). When
-the indices of a group fill a full grid (every layer x every expert) the group is one row with
-a range per varying position; otherwise it is split on its first varying index until it does.
+and expert indices, written without leading zeros) and everything a row shows is identical
+(class, form, ops, notes). When the indices of a group fill a full grid (every layer x every
+expert) the group is one row with a range per varying position; otherwise it is split on its
+first varying index until it does.
 """
 
 from __future__ import annotations
@@ -30,10 +31,6 @@ class Row:
     @property
     def folded(self) -> bool:
         return len(self.fqns) > 1
-
-
-def _is_index(part: str) -> bool:
-    return part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0"))
 
 
 def format_ranges(values: Sequence[int]) -> str:
@@ -93,8 +90,9 @@ def fold(preds: Sequence[BoundaryPrediction], expand: bool = False) -> list[Row]
     groups: dict[tuple[object, ...], tuple[tuple[str | None, ...], list[Member]]] = {}
     for p in preds:
         parts = p.fqn.split(".") if p.fqn else [""]
-        template = tuple(None if _is_index(x) else x for x in parts)
-        idx = tuple(int(x) for x in parts if _is_index(x))
+        marks = [x.isdigit() and x.isascii() and (x == "0" or x[0] != "0") for x in parts]
+        template = tuple(None if m else x for x, m in zip(parts, marks, strict=True))
+        idx = tuple(int(x) for x, m in zip(parts, marks, strict=True) if m)
         key = (template, p.signature())
         groups.setdefault(key, (template, []))[1].append((idx, p))
     rows: list[Row] = []

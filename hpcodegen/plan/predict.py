@@ -199,9 +199,24 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
     classes = _classes(meta)
     effective = effective or {}
     plan = param_plan(meta)
-    return [predict_boundary(bf, _str_or_none(classes.get(fqn)), effective.get(fqn),
-                             _grad_sync(plan.get(fqn)) if tp_live else ())
-            for fqn, bf in forms.items()]
+    memo: dict[tuple[Any, ...], BoundaryPrediction] = {}
+    out: list[BoundaryPrediction] = []
+    for fqn, bf in forms.items():
+        cls, form = _str_or_none(classes.get(fqn)), effective.get(fqn)
+        sync = _grad_sync(plan.get(fqn)) if tp_live else ()
+        # memo classifications share their transition tuples: repeated layers predict once
+        key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
+               sync)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = predict_boundary(bf, cls, form, sync)
+        out.append(hit if hit.fqn == fqn else _renamed(hit, fqn))
+    return out
+
+
+def _renamed(p: BoundaryPrediction, fqn: str) -> BoundaryPrediction:
+    return BoundaryPrediction(fqn, p.cls, p.form, p.in_ops, p.out_ops, p.grad_ops, p.notes,
+                              p.reasons, p.opaque, p.grad_sync, p.transitions)
 
 
 def _grad_sync(entry: Any) -> tuple[str, ...]:
@@ -288,18 +303,20 @@ def unreduced_grad_findings(meta: Mapping[str, Any], preds: Sequence[BoundaryPre
     if not tp_live:
         return []
     plan = param_plan(meta)
-    covering = {p.fqn for p in preds
-                if p.form in EXECUTED_FORMS and splits_compute(plan.get(p.fqn) or {})}
+    executed = {p.fqn for p in preds if p.form in EXECUTED_FORMS}
     hits: dict[tuple[str | None, str], list[str]] = {}
     for p in preds:
         entry = plan.get(p.fqn)
         if p.form != "identity" or takes_token_ids(p.cls) or not isinstance(entry, Mapping):
             continue
-        if not splits_compute(entry) or any(a in covering for a in _ancestors(p.fqn)):
+        names = [name for name, named in (entry.get("in_dst") or {}).items()
+                 if isinstance(named, Mapping) and named.get(TP, "R") == "R"]
+        if not names or not splits_compute(entry):
             continue
-        for name, named in (entry.get("in_dst") or {}).items():
-            if isinstance(named, Mapping) and named.get(TP, "R") == "R":
-                hits.setdefault((p.cls, name), []).append(p.fqn)
+        if any(a in executed and splits_compute(plan.get(a) or {}) for a in _ancestors(p.fqn)):
+            continue
+        for name in names:
+            hits.setdefault((p.cls, name), []).append(p.fqn)
     return [warning("inspect.unreduced_input_grad", fqns[0],
                     f"identity boundary splits compute over tp, so the gradient of its "
                     f"replicated input {name!r} is partial and nothing all-reduces it "
