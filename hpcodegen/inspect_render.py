@@ -192,7 +192,10 @@ def render_text(result: Inspection, out: TextIO, err: TextIO) -> None:
     console.print(_boundary_table(result))
     for line in _summary_lines(result):
         console.print(line, markup=False)
-    console.print(_counts_table(result))
+    if result.summary.per_forward or result.summary.per_backward:
+        console.print(_counts_table(result))
+    else:
+        console.print("no collectives at the boundaries, forward or backward")
     if result.changes is not None:
         if result.changes:
             console.print(_changes_table(result))
