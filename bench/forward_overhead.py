@@ -341,21 +341,51 @@ def gloo_worker(rank: int, store_path: str, artifact_dir: str | None, args: argp
 
 
 def check_logits(arms: dict[str, Any], ids: Any) -> dict[str, float]:
-    """Max |logits - full-model logits| per arm; hand-written vs hpcodegen must be <= 1e-5."""
+    """Max |logits - full-model logits| per arm; hand-written vs hpcodegen must be <= 1e-5.
+
+    The local gradient shards of hpcodegen and hand-written must agree too, so the
+    forward+backward figures compare the same computation.
+    """
     import torch
 
     with torch.no_grad():
         reference = common.build_model(CONFIG)(input_ids=ids, use_cache=False).logits
         logits = {name: logits_fn(arm)(ids) for name, arm in arms.items()}
     errors = {name: float((out - reference).abs().max()) for name, out in logits.items()}
+    if errors["handwritten"] > 1e-5:
+        raise AssertionError(f"hand-written logits off the full model by {errors['handwritten']}")
     if "hpcodegen" in logits:
         diff = float((logits["hpcodegen"] - logits["handwritten"]).abs().max())
         errors["hpcodegen_vs_handwritten"] = diff
         if diff > 1e-5:
             raise AssertionError(f"hand-written and hpcodegen logits differ by {diff:.3g}")
-    if errors["handwritten"] > 1e-5:
-        raise AssertionError(f"hand-written logits off the full model by {errors['handwritten']}")
+        errors["grad_rel_hpcodegen_vs_handwritten"] = compare_grads(
+            arms["hpcodegen"], arms["handwritten"], ids)
     return errors
+
+
+def compare_grads(model: Any, hand: HandwrittenLlama, ids: Any) -> float:
+    """Largest relative gradient difference over a few local shards; raises above 1e-4."""
+    for arm in (model, hand):
+        for p in arm.parameters():
+            p.grad = None
+        logits_fn(arm)(ids).float().pow(2).mean().backward()
+    last = len(hand.layers) - 1
+    pairs = {"model.embed_tokens.weight": hand.embed, "lm_head.weight": hand.lm_head,
+             "model.norm.weight": hand.norm,
+             "model.layers.0.self_attn.q_proj.weight": hand.layers[0]["q"],
+             f"model.layers.{last}.self_attn.o_proj.weight": hand.layers[last]["o"],
+             f"model.layers.{last}.mlp.down_proj.weight": hand.layers[last]["down"],
+             "model.layers.0.input_layernorm.weight": hand.layers[0]["ln1"]}
+    worst = 0.0
+    for name, param in pairs.items():
+        ref, scale = param.grad, float(param.grad.abs().max())
+        diff = float((model.get_parameter(name).grad - ref).abs().max()) / max(scale, 1e-30)
+        if not scale > 0 or not diff <= 1e-4:
+            raise AssertionError(f"{name}: hpcodegen and hand-written gradients differ "
+                                 f"(relative {diff:.3g})")
+        worst = max(worst, diff)
+    return worst
 
 
 def run_gloo(artifact_dir: Path | None, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
