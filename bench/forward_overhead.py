@@ -450,7 +450,8 @@ def main() -> int:
     if gloo is not None:
         print_table("2 gloo ranks (rank 0's clock)", gloo["timings"])
         errs = ", ".join(f"{k}={v:.2e}" for k, v in gloo["errors"].items())
-        print(f"logit check on gloo (max abs diff vs the unsharded model): {errs}")
+        print(f"equivalence on gloo (logits: max abs diff vs the unsharded model; grads: "
+              f"relative): {errs}")
     for text in args.profiles:
         print(text)
     fwd = {name: t["median"] for name, t in fake["fwd"].items()}
