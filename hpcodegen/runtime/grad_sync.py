@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.errors import PlanError, error
 from hpcodegen.runtime.collectives import reduce
+from hpcodegen.runtime.params import param_owner
 
 _FLAG = "_hp_grad_allreduce"
 
@@ -37,14 +37,8 @@ def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) ->
     """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
     by_owner: dict[str, list[str]] = {}
     for fqn in fqns:
+        param_owner(model, fqn, "partial_grad_params")
         owner_path, _, name = fqn.rpartition(".")
-        try:
-            owner = model.get_submodule(owner_path) if owner_path else model
-        except AttributeError:
-            owner = None
-        if owner is None or name not in owner._parameters:
-            raise PlanError([error("runtime.missing_param", fqn,
-                                   "partial_grad_params names a parameter the model lacks")])
         by_owner.setdefault(owner_path, []).append(name)
     for owner_path, names in by_owner.items():
         owner = model.get_submodule(owner_path) if owner_path else model

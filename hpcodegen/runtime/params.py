@@ -33,15 +33,20 @@ class ShardedParam:
     global_offset: tuple[int, ...]
 
 
-def _owner(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
+def param_owner(model: nn.Module, fqn: str, field: str = "the plan") -> tuple[nn.Module, str]:
+    """The module holding parameter ``fqn`` and the parameter's name in it.
+
+    Raises PlanError (``runtime.missing_param``) naming the FQN and the meta ``field`` that
+    asked for it when the model has no such parameter.
+    """
     owner_path, _, name = fqn.rpartition(".")
     try:
         owner = model.get_submodule(owner_path) if owner_path else model
     except AttributeError:
         owner = None
-    if owner is None or not isinstance(owner._parameters.get(name), nn.Parameter):
+    if owner is None or not isinstance(owner._parameters.get(name), torch.Tensor):
         raise PlanError([error("runtime.missing_param", fqn,
-                               "the plan names a parameter the model does not have",
+                               f"{field} names a parameter the model does not have",
                                hint="build the model from the artifact's model class and config")])
     return owner, name
 
@@ -63,7 +68,7 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    owner, name = _owner(model, fqn)
+    owner, name = param_owner(model, fqn)
     param = owner._parameters[name]
     ours = resolve_placements(named, active.axes)
     placements = to_torch_placements(ours, param.dim())

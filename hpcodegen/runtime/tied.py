@@ -15,18 +15,7 @@ from typing import Any
 from torch import nn
 
 from hpcodegen.errors import PlanError, error
-
-
-def _owner(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
-    owner_path, _, name = fqn.rpartition(".")
-    try:
-        owner = model.get_submodule(owner_path) if owner_path else model
-    except AttributeError:
-        owner = None
-    if owner is None or name not in owner._parameters:
-        raise PlanError([error("runtime.missing_param", fqn,
-                               "tied_pairs names a parameter the model does not have")])
-    return owner, name
+from hpcodegen.runtime.params import param_owner
 
 
 def tied_pairs(model: nn.Module, meta: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -47,8 +36,8 @@ def tie_weights(model: nn.Module, pairs: list[tuple[str, str]],
                 placements: Mapping[str, tuple]) -> None:
     """Make side B of every pair the same parameter object as side A."""
     for a, b in pairs:
-        owner_a, name_a = _owner(model, a)
-        owner_b, name_b = _owner(model, b)
+        owner_a, name_a = param_owner(model, a, "tied_pairs")
+        owner_b, name_b = param_owner(model, b, "tied_pairs")
         pa, pb = owner_a._parameters[name_a], owner_b._parameters[name_b]
         where = f"{a} <-> {b}"
         if a in placements and b in placements and placements[a] != placements[b]:
