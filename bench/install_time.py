@@ -123,7 +123,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one install per cell")
     args = parser.parse_args()
-    args.repeats = 1 if args.quick else 7
+    args.repeats = 1 if args.quick else 15
     torch.set_num_threads(1)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcg-install-") as tmp_name:
