@@ -297,7 +297,7 @@ def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list
 
 
 def profile_arm(name: str, arm: Any, ids: Any, calls: int = 200) -> str:
-    """cProfile ``calls`` no-grad forwards of one arm; print the top functions by own time."""
+    """cProfile ``calls`` no-grad forwards of one arm: the top functions, as text."""
     import cProfile
     import pstats
 
