@@ -74,6 +74,20 @@ class Finding:
         }
 
 
+def pointer(*parts: object) -> str:
+    """An RFC 6901 JSON pointer, the ``where`` of findings about the meta.
+
+    Every JSON location hpcodegen reports is built here, so ``~`` and ``/`` inside a module
+    FQN or a key are escaped alike everywhere.
+
+    Example::
+
+        >>> pointer("param_plan", "a/b", 0)
+        '/param_plan/a~1b/0'
+    """
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
 def error(code: str, where: str, message: str, **kw: str | None) -> Finding:
     """Shorthand for an error finding."""
     return Finding(code=code, severity=Severity.ERROR, where=where, message=message, **kw)

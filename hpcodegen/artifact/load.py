@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.errors import InputError, error
+from hpcodegen.errors import InputError, error, pointer
 
 META_NAME = "codegen_meta.json"
 #: Metas above this size are refused before parsing (a 10,000-entry plan is ~5 MB).
@@ -59,10 +59,6 @@ def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
                             file=str(p))])
 
 
-def _pointer_token(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 class _DuplicateTracker:
     """``object_pairs_hook`` that remembers which parsed objects had repeated keys."""
 
@@ -85,8 +81,8 @@ class _DuplicateTracker:
         while stack:
             ptr, node = stack.pop()
             if isinstance(node, dict):
-                found.extend(f"{ptr}/{_pointer_token(k)}" for k in self.dups.get(id(node), ()))
-                stack.extend((f"{ptr}/{_pointer_token(k)}", v) for k, v in node.items())
+                found.extend(ptr + pointer(k) for k in self.dups.get(id(node), ()))
+                stack.extend((ptr + pointer(k), v) for k, v in node.items())
             elif isinstance(node, list):
                 stack.extend((f"{ptr}/{i}", v) for i, v in enumerate(node))
         return tuple(sorted(set(found)))

@@ -2,7 +2,7 @@
 
 Checks read the meta defensively (it may violate the schema: the ``schema`` check reports
 that, the others must still not crash), so this module also holds the small typed readers
-they share and the JSON pointer builder.
+they share (the JSON pointer builder is :func:`hpcodegen.errors.pointer`, re-exported).
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.artifact.load import LoadedMeta
+from hpcodegen.errors import pointer
+
+__all__ = ["CheckContext", "SkipCheck", "as_dict", "as_list", "plan_entries", "planned_params",
+           "pointer"]
 
 
 class SkipCheck(Exception):
@@ -52,11 +56,6 @@ class CheckContext:
         if self.hf_config is None:
             raise SkipCheck("needs --hf-config PATH (a config.json or a model dir)")
         return self.hf_config
-
-
-def pointer(*parts: object) -> str:
-    """An RFC 6901 JSON pointer: ``pointer("param_plan", "a.b", "in_src")``."""
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 def as_dict(value: Any) -> Mapping[str, Any]:

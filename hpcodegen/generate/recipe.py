@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.errors import InputError, PlanError, error
+from hpcodegen.errors import InputError, PlanError, error, pointer
 from hpcodegen.generate.globs import fqn_matches
 from hpcodegen.plan.entry import join_fqn
 
@@ -37,17 +37,13 @@ def recipe_schema() -> dict[str, Any]:
     return json.loads(text)
 
 
-def _pointer(path: Sequence[Any]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
-
-
 def validate_recipe(data: Any, file: str = "") -> list[dict[str, Any]]:
     """Schema-check a parsed recipe; PlanError (exit 1) with one finding per problem."""
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(recipe_schema())
     problems = [
-        error("recipe.schema", _pointer(e.absolute_path), e.message, file=file or None)
+        error("recipe.schema", pointer(*e.absolute_path), e.message, file=file or None)
         for e in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     ]
     if problems:

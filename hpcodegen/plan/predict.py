@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcodegen.errors import Finding, error, warning
+from hpcodegen.errors import Finding, error, pointer, warning
 from hpcodegen.plan.classify import (
     TP,
     BoundaryForm,
@@ -179,14 +179,10 @@ def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
                 raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
             forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            problems.append(error("inspect.bad_entry", f"/param_plan/{_ptr(fqn)}",
+            problems.append(error("inspect.bad_entry", pointer("param_plan", fqn),
                                   f"cannot classify {fqn!r}: {exc}",
                                   hint="run `hpcodegen verify` for the full diagnosis"))
     return forms, problems
-
-
-def _ptr(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
