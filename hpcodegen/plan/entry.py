@@ -42,6 +42,17 @@ def output_index(entry: Mapping[str, Any], name: str) -> int:
     return names.index(name) if name in names else 0
 
 
+def partial_grad_params(entry: Any) -> tuple[str, ...]:
+    """The entry's ``partial_grad_params`` (relative names): replicated parameters whose
+    gradient is partial over tp, all-reduced after the backward (decisions.md item 6).
+
+    Read here once so inspect-plan predicts exactly the syncs the runtime installs; a field
+    of the wrong shape reads as empty (the schema check reports it).
+    """
+    names = entry.get("partial_grad_params") if isinstance(entry, Mapping) else None
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     """``meta['param_plan']`` or an empty mapping."""
     plan = meta.get("param_plan")

@@ -30,7 +30,12 @@ from hpcodegen.plan.classify import (
     classify_memo,
     splits_compute,
 )
-from hpcodegen.plan.entry import active_axes, expand_injections, param_plan
+from hpcodegen.plan.entry import (
+    active_axes,
+    expand_injections,
+    param_plan,
+    partial_grad_params,
+)
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -199,7 +204,7 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
     out: list[BoundaryPrediction] = []
     for fqn, bf in forms.items():
         cls, form = _str_or_none(classes.get(fqn)), effective.get(fqn)
-        sync = _grad_sync(plan.get(fqn)) if tp_live else ()
+        sync = partial_grad_params(plan.get(fqn)) if tp_live else ()
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
                sync)
@@ -213,11 +218,6 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
 def _renamed(p: BoundaryPrediction, fqn: str) -> BoundaryPrediction:
     return BoundaryPrediction(fqn, p.cls, p.form, p.in_ops, p.out_ops, p.grad_ops, p.notes,
                               p.reasons, p.opaque, p.grad_sync, p.transitions)
-
-
-def _grad_sync(entry: Any) -> tuple[str, ...]:
-    names = entry.get("partial_grad_params") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 
 
 def _str_or_none(value: object) -> str | None:

@@ -18,7 +18,7 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.hf import architecture_of
 from hpcodegen.placement import REPLICATE
 from hpcodegen.plan.classify import classify_plan
-from hpcodegen.plan.entry import expand_injections, join_fqn, param_plan
+from hpcodegen.plan.entry import expand_injections, join_fqn, param_plan, partial_grad_params
 from hpcodegen.runtime.boundaries import install_boundaries
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.handlers import apply_handlers, check_handlers
@@ -110,7 +110,7 @@ def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]]
 
 def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
     return [join_fqn(fqn, rel) for fqn, entry in param_plan(meta).items()
-            for rel in entry.get("partial_grad_params") or ()]
+            for rel in partial_grad_params(entry)]
 
 
 def parallelize_from_generated(model: nn.Module, mesh_context: Any,
