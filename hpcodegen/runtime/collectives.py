@@ -4,12 +4,27 @@ A ``tp_collective`` boundary runs bare collectives on plain local tensors instea
 ``DTensor.redistribute``. To stay exact, each one has the backward DTensor would run: the
 forward op comes from ``Transition.op`` and the backward from ``Transition.grad_steps``
 (``hpcodegen.plan.classify.grad_steps``, the one rule; see docs/design.md "Autograd of
-lowered collectives"). The collectives are ``torch.distributed._functional_collectives``
-ops, so ``CommDebugMode`` counts them (forward and backward alike).
+lowered collectives").
 
-Measured on torch 2.13: gloo runs ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
-through the functional ops, so no all_reduce + chunk emulation is needed; a reduce_scatter
-whose dim does not divide by the group size still falls back to all_reduce + chunk.
+Why plain c10d calls: the collectives are the in-place ``torch.distributed`` ops
+(``all_reduce``, ``all_gather_single``, ``reduce_scatter_single``) into a result buffer we
+allocate, not ``torch.distributed._functional_collectives``. The functional ops cost 26-40 us
+per call on a no-op process group (their Python autograd wrapper, the
+``AsyncCollectiveTensor`` wrap and the wait) against 3-12 us for the in-place ones, and
+both reach the same ``ProcessGroup`` methods, so backend support is the same. ``CommDebugMode``
+counts the in-place c10d ops too (``allreduce_``, ``_allgather_base_``,
+``_reduce_scatter_base_``), forward and backward alike. The input is never written: an
+all_reduce reduces a fresh copy, so tensors that autograd saved or the caller still holds
+(a residual, a gradient shared by two branches) keep their values.
+
+Why ``_Lowered`` is skipped when no gradient can flow (``no_grad``, or an input that does
+not require grad): ``autograd.Function.apply`` costs a few microseconds per call and would
+record nothing.
+
+Measured on torch 2.13: gloo runs ``all_gather_single`` (concatenated output form only, not
+the stacked one) and ``reduce_scatter_single``, so no all_reduce + chunk emulation is
+needed; a reduce_scatter whose dim does not divide by the group size still falls back to
+all_reduce + chunk.
 """
 
 from __future__ import annotations
@@ -19,16 +34,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import Step, TPOp, Transition
 
 LocalFn = Callable[[torch.Tensor], torch.Tensor]
 
-
-def _wait(t: torch.Tensor) -> torch.Tensor:
-    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+#: torch 2.13 names; older torch has only the (now deprecated) ``*_tensor`` spellings
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _unwrap(value: Any) -> Any:
@@ -37,15 +51,21 @@ def _unwrap(value: Any) -> Any:
     return to_local() if callable(to_local) and hasattr(value, "placements") else value
 
 
-def gather(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+def gather(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> torch.Tensor:
     """all_gather of equal local shards, concatenated on ``dim`` (negative allowed)."""
-    fn = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-    return _wait(fn(x.contiguous(), dim % x.dim(), group))
+    n = world or dist.get_world_size(group)
+    x = x.contiguous()
+    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+    _ALL_GATHER(out, x, group=group)
+    d = dim % x.dim()
+    return out if d == 0 or n == 1 else torch.cat(out.chunk(n), d)
 
 
 def reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """all_reduce(sum)."""
-    return _wait(funcol.all_reduce(x.contiguous(), "sum", group))
+    """all_reduce(sum) into a fresh tensor (``x`` itself is left as it was)."""
+    out = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, group=group)
+    return out
 
 
 def local_chunk(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
@@ -59,23 +79,42 @@ def local_chunk(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return x.new_empty(shape)
 
 
-def scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+def scatter(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> torch.Tensor:
     """reduce_scatter(sum) on ``dim``; all_reduce + chunk when the dim does not divide."""
+    n = world or dist.get_world_size(group)
     d = dim % x.dim()
-    if x.shape[d] % dist.get_world_size(group):
+    if x.shape[d] % n:
         return local_chunk(reduce(x, group), d, group)
-    fn = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
-    return _wait(fn(x.contiguous(), "sum", d, group))
+    # the c10d op scatters dim 0: lay the chunks of ``d`` out one after the other
+    src = x.contiguous() if d == 0 else torch.cat(torch.chunk(x, n, d))
+    out = src.new_empty((src.shape[0] // n, *src.shape[1:]))
+    _REDUCE_SCATTER(out, src, group=group)
+    return out
+
+
+class _World:
+    """The group's size, looked up on first use (the group may not exist at install)."""
+
+    __slots__ = ("group", "size")
+
+    def __init__(self, group: Any) -> None:
+        self.group, self.size = group, 0
+
+    def __call__(self) -> int:
+        if not self.size:
+            self.size = dist.get_world_size(self.group)
+        return self.size
 
 
 def step_fn(kind: str, dim: int | None, group: Any, where: str) -> LocalFn:
     """The local function of one collective kind on the tp group."""
+    world = _World(group)
     if kind == "all_gather":
-        return lambda x: gather(x, dim, group)
+        return lambda x: gather(x, dim, group, world())
     if kind == "all_reduce":
         return lambda x: reduce(x, group)
     if kind == "reduce_scatter":
-        return lambda x: scatter(x, dim, group)
+        return lambda x: scatter(x, dim, group, world())
     if kind == "chunk":
         return lambda x: local_chunk(x, dim, group)
     raise PlanError([error("runtime.unlowerable", where,
@@ -85,6 +124,8 @@ def step_fn(kind: str, dim: int | None, group: Any, where: str) -> LocalFn:
 def _chain(fns: Sequence[LocalFn]) -> LocalFn | None:
     if not fns:
         return None
+    if len(fns) == 1:
+        return fns[0]
 
     def run(x: torch.Tensor) -> torch.Tensor:
         for fn in fns:
@@ -128,19 +169,31 @@ def _grad_step(s: Step, group: Any, where: str) -> LocalFn:
 
 
 def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None) -> Callable[[Any], Any]:
-    """Wrap ``fwd``/``bwd`` as a function over values (tensors, tuples of them, None)."""
+    """Wrap ``fwd``/``bwd`` as a function over values (tensors, tuples of them, None).
+
+    The autograd Function runs only when a gradient can flow through it (grad mode on and
+    a floating input that requires grad); otherwise ``fwd`` runs directly (identity: the
+    value itself), which records the same nothing at a fraction of the cost.
+    """
+    plain = torch.Tensor
+    grad_enabled = torch.is_grad_enabled
+    apply = _Lowered.apply
 
     def run(value: Any) -> Any:
-        value = _unwrap(value)
-        if isinstance(value, (tuple, list)):
-            return type(value)(run(v) for v in value)
-        if not isinstance(value, torch.Tensor):
+        if type(value) is not plain:
+            value = _unwrap(value)
+            if isinstance(value, (tuple, list)):
+                return type(value)(run(v) for v in value)
+            if not isinstance(value, plain):
+                return value
+        if fwd is None and bwd is None:
             return value
-        if fwd is None and (bwd is None or not value.requires_grad):
-            return value
-        if not value.is_floating_point() and not value.is_complex():
-            return fwd(value) if fwd is not None else value
-        return _Lowered.apply(value, fwd, bwd)
+        if value.requires_grad:
+            if grad_enabled():
+                return apply(value, fwd, bwd)
+            if fwd is None:  # as the Function's view under no_grad: no graph to follow
+                return value.detach()
+        return fwd(value) if fwd is not None else value
     return run
 
 
@@ -153,6 +206,9 @@ class TPOps:
     all_reduce), the one after the previous call wins, in the generated call order (inputs
     by sorted name, then outputs), wrapping around at the next forward. A call that matches
     no transition is a PlanError: the file and the meta disagree.
+
+    The match depends only on ``(kind, dim, tensor rank, previous call)``, so it is resolved
+    once per such key and remembered: a forward's calls are dictionary lookups.
     """
 
     def __init__(self, fqn: str, transitions: Sequence[Transition], group: Any) -> None:
@@ -163,6 +219,7 @@ class TPOps:
             if t.op is not None and not (t.side == "out" and t.is_identity)
         ]
         self._cursor = 0
+        self._bound: dict[tuple[str, int | None, int | None, int], int] = {}
 
     def to_local(self, tensor: Any) -> Any:
         return self._call("identity", None, tensor)
@@ -177,12 +234,15 @@ class TPOps:
         return self._call("reduce_scatter", dim, tensor)
 
     def _call(self, kind: str, dim: int | None, tensor: Any) -> Any:
-        index = self._match(kind, dim, tensor)
+        ndim = tensor.dim() if isinstance(tensor, torch.Tensor) else None
+        key = (kind, dim, ndim, self._cursor)
+        index = self._bound.get(key)
+        if index is None:
+            index = self._bound[key] = self._match(kind, dim, ndim)
         self._cursor = index + 1
         return self._calls[index][1](tensor)
 
-    def _match(self, kind: str, dim: int | None, tensor: Any) -> int:
-        ndim = tensor.dim() if isinstance(tensor, torch.Tensor) else None
+    def _match(self, kind: str, dim: int | None, ndim: int | None) -> int:
         hits = [i for i, (op, _) in enumerate(self._calls)
                 if op.kind == kind and _same_dim(op.dim, dim, ndim)]
         if not hits:
