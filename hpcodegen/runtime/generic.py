@@ -4,8 +4,9 @@ Compiled once at install: per input name and per output index, the function that
 local tensor from its ``*_src`` to its ``*_dst`` placements. Transitions lowerable to one tp
 collective run as such (:mod:`hpcodegen.runtime.collectives`); the others go through
 ``DTensor.from_local(src).redistribute(dst).to_local(grad_placements=...)``, where the
-gradient placements follow the same rule as the lowered ops: an input replicated on tp
-inside a compute-splitting boundary has a ``P(sum)`` gradient.
+gradient placements are :func:`hpcodegen.plan.classify.grad_placements`, the rule the
+lowered ops follow too: an input replicated on tp inside a compute-splitting boundary has a
+``P(sum)`` gradient.
 """
 
 from __future__ import annotations
@@ -16,19 +17,11 @@ from typing import Any
 import torch
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.placement import Partial, Replicate
-from hpcodegen.plan.classify import BoundaryForm, Transition, splits_compute
+from hpcodegen.plan.classify import BoundaryForm, Transition, grad_placements, splits_compute
 from hpcodegen.plan.entry import output_index
 from hpcodegen.runtime.binding import InputBinder, apply_outputs
 from hpcodegen.runtime.collectives import _unwrap, lowered_fn
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
-
-
-def _grad_placements(t: Transition, axes: tuple[str, ...], split: bool) -> tuple:
-    if t.side == "in" and split:
-        return tuple(Partial("sum") if a == TP and isinstance(p, Replicate) else p
-                     for a, p in zip(axes, t.dst, strict=True))
-    return t.dst
 
 
 def dtensor_fn(t: Transition, active: ActiveMesh, split: bool, where: str) -> Callable[[Any], Any]:
@@ -39,7 +32,7 @@ def dtensor_fn(t: Transition, active: ActiveMesh, split: bool, where: str) -> Ca
     if bad:
         raise PlanError([error("runtime.invalid_redistribute", where,
                                f"{t.side}put {t.name!r}: {bad[0].detail}")])
-    grad = _grad_placements(t, active.axes, split)
+    grad, _ = grad_placements(t.side, t.src, t.dst, active.axes, split)
     mesh = active.mesh
 
     def run(value: Any) -> Any:
