@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from hpcodegen.artifact.load import META_NAME, LoadedMeta, load_meta
 from hpcodegen.checks.context import CheckContext
+from hpcodegen.checks.files import INIT_NAME, MODELING_GLOB
 from hpcodegen.checks.registry import run_checks, select_checks
 from hpcodegen.checks.result import ArtifactResult, CheckResult, VerifyResult
 from hpcodegen.errors import (
@@ -82,8 +83,8 @@ def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.Pat
     seen: set[str] = set()
     for path in paths:
         p = Path(path)
-        if p.is_file() and (p.name == "__init__.py" or fnmatch(p.name, "modeling_*_gen_npu.py")
-                            or fnmatch(p.name, "modeling_*_gen_npu.py.diff")):
+        if p.is_file() and (p.name == INIT_NAME or fnmatch(p.name, MODELING_GLOB)
+                            or fnmatch(p.name, MODELING_GLOB + ".diff")):
             path = p.parent
         key = os.path.abspath(Path(path).parent if Path(path).name == META_NAME else path)
         if key not in seen:

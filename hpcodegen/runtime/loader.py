@@ -18,16 +18,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.checks.files import MODELING_GLOB, modeling_files
 from hpcodegen.errors import PlanError, error
 
 ROOT_PACKAGE = "hpcodegen_generated"
-MODELING_GLOB = "modeling_*_gen_npu.py"
 _CACHE: dict[str, tuple[str, types.ModuleType]] = {}
 
 
 def find_modeling_file(artifact_dir: Path) -> Path:
-    """The one ``modeling_*_gen_npu.py`` of the artifact; PlanError for none or several."""
-    found = sorted(Path(artifact_dir).glob(MODELING_GLOB))
+    """The one ``modeling_*_gen_npu.py`` of the artifact; PlanError for none or several.
+
+    Found by verify's own rule (:func:`hpcodegen.checks.files.modeling_files`), so the file
+    imported is the file the ``outputs`` and ``source`` checks read.
+    """
+    found = modeling_files(Path(artifact_dir))
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"
         raise PlanError([error("runtime.modeling_file", str(artifact_dir),
