@@ -80,6 +80,14 @@ class LaunchOptions:
         if self.timeout is not None and self.timeout <= 0:
             problems.append(error("launch.timeout", "--timeout", f"--timeout {self.timeout}",
                                   expected="> 0 seconds"))
+        if not self.tolerance >= 0:  # also refuses NaN
+            problems.append(error("launch.tolerance", "--tolerance",
+                                  f"--tolerance {self.tolerance}", expected=">= 0"))
+        if self.log_dir is not None and Path(self.log_dir).exists() \
+                and not Path(self.log_dir).is_dir():
+            problems.append(error("launch.log_dir", "--log-dir",
+                                  f"{self.log_dir} exists and is not a directory",
+                                  expected="a directory (created when missing)"))
         if self.script and (self.steps or self.check_parity):
             problems.append(error("launch.script_options", "--steps/--check-parity",
                                   "--steps and --check-parity drive the built-in smoke job, "

@@ -97,6 +97,10 @@ def run_launch(opts: LaunchOptions) -> int:
     except HpcodegenError as exc:
         for finding in exc.findings:
             err.print(f"error: {finding.render()}", markup=False)
+        if opts.json:  # the documented shape on stdout even when nothing started
+            display.print_json({"status": "error", "exit_code": exc.exit_code,
+                                "message": str(exc),
+                                "findings": [f.to_json() for f in exc.findings]})
         return exc.exit_code
     run_dir = _run_dir(opts, create=not opts.dry_run)
     logs = Path(opts.log_dir) if opts.log_dir else (None if opts.script else run_dir / "logs")

@@ -52,3 +52,26 @@ def test_config_of_another_model_is_refused(tmp_path):
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", qwen, "--dry-run")
     assert run.code == 1
     assert "artifact made for LlamaForCausalLM, config is Qwen3ForCausalLM" in run.stderr
+
+
+def test_bad_tolerance_and_log_dir_file(tmp_path):
+    """A negative or NaN tolerance, and a --log-dir that is a file: exit 2, no traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--tolerance", "nan", "--log-dir", afile)
+    assert run.code == 2, run.stderr
+    assert "--tolerance nan" in run.stderr
+    assert f"--log-dir: {afile} exists and is not a directory" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_json_refusal_is_one_json_document(tmp_path):
+    """--json: a refused request still prints the documented JSON (and only it) on stdout."""
+    run = run_cli(EXAMPLE, "--nproc", "3", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--dry-run", "--json")
+    assert run.code == 2
+    doc = run.json()
+    assert doc["status"] == "error" and doc["exit_code"] == 2
+    assert doc["findings"][0]["code"] == "launch.world_size"
+    assert "world size 3" in doc["message"]
