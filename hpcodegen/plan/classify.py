@@ -13,6 +13,9 @@ placement over the plan's mesh axes. Per decisions.md ("Forms"):
 * anything else is **generic** (executed by ``DTensor.redistribute``); for prediction each
   generic transition also lists what DTensor would run per axis (:func:`redistribute_steps`).
 
+The per-transition rules (:func:`classify_transition`, :func:`redistribute_steps`,
+:func:`grad_steps`) are in :mod:`hpcodegen.plan.steps`; this module combines them per entry.
+
 A boundary's form is ``region`` (a ``local_compute_fn`` injection), ``generic`` (an
 ``inner_wrapper`` injection, or any generic transition), ``identity`` (nothing to do) or
 ``tp_collective``. Entries with ``is_boundary: false`` are parameter-only (form ``params``).
@@ -28,11 +31,9 @@ from hpcodegen.placement import (
     REPLICATE,
     Partial,
     Placement,
-    Replicate,
     is_shard,
     parse_placement,
     resolve_placements,
-    shard_dim,
 )
 from hpcodegen.plan.entry import (
     active_axes,
@@ -41,57 +42,25 @@ from hpcodegen.plan.entry import (
     out_names,
     param_plan,
 )
+from hpcodegen.plan.steps import (
+    TP,
+    OpKind,
+    Step,
+    StepKind,
+    TPOp,
+    classify_transition,
+    grad_placements,
+    grad_steps,
+    redistribute_steps,
+)
+
+__all__ = [  # the step algebra lives in plan/steps.py; re-exported for existing importers
+    "TP", "BoundaryForm", "Form", "OpKind", "Step", "StepKind", "TPOp", "Transition",
+    "classify_boundary", "classify_memo", "classify_plan", "classify_transition",
+    "grad_placements", "grad_steps", "redistribute_steps", "splits_compute",
+]
 
 Form = Literal["region", "generic", "identity", "tp_collective", "params"]
-OpKind = Literal["identity", "all_gather", "all_reduce", "reduce_scatter"]
-StepKind = Literal[
-    "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "chunk", "invalid"
-]
-TP = "tp"
-
-
-@dataclass(frozen=True, slots=True)
-class TPOp:
-    """A transition lowered to (at most) one collective on the ``tp`` axis.
-
-    ``kind == "identity"`` means no communication (the tensor is only unwrapped).
-    ``dim`` is the tensor dim (src dim for all_gather, dst dim for reduce_scatter).
-    """
-
-    kind: OpKind
-    dim: int | None = None
-    reduce_op: str | None = None
-
-    def __str__(self) -> str:
-        if self.kind == "identity":
-            return "identity"
-        if self.kind == "all_reduce":
-            return f"all_reduce({self.reduce_op})"
-        return f"{self.kind}(dim={self.dim})"
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One per-axis step DTensor's redistribute would run (for predicting generic forms)."""
-
-    axis: str
-    kind: StepKind
-    dim: int | None = None
-    reduce_op: str | None = None
-    detail: str = ""
-
-    @property
-    def communicates(self) -> bool:
-        return self.kind not in ("chunk", "invalid")
-
-    def __str__(self) -> str:
-        if self.kind == "chunk":
-            return f"chunk(dim={self.dim})"
-        if self.kind == "all_reduce":
-            return f"all_reduce({self.reduce_op})"
-        if self.kind == "invalid":
-            return f"invalid({self.detail})"
-        return f"{self.kind}(dim={self.dim})"
 
 
 @dataclass(frozen=True)
@@ -147,57 +116,6 @@ class BoundaryForm:
         )
 
 
-def classify_transition(
-    src: Sequence[Placement], dst: Sequence[Placement], axes: Sequence[str]
-) -> TPOp | None:
-    """Lower ``src -> dst`` over ``axes`` to one tp op, or None when it is not lowerable."""
-    if tuple(src) == tuple(dst):
-        return TPOp("identity")
-    if TP not in axes:
-        return None
-    t = list(axes).index(TP)
-    if any(s != d for i, (s, d) in enumerate(zip(src, dst, strict=False)) if i != t):
-        return None
-    s, d = src[t], dst[t]
-    if is_shard(s) and isinstance(d, Replicate):
-        return TPOp("all_gather", dim=shard_dim(s))
-    if isinstance(s, Partial) and s.reduce_op == "sum":
-        if isinstance(d, Replicate):
-            return TPOp("all_reduce", reduce_op="sum")
-        if is_shard(d):
-            return TPOp("reduce_scatter", dim=shard_dim(d), reduce_op="sum")
-    return None
-
-
-def redistribute_steps(
-    src: Sequence[Placement], dst: Sequence[Placement], axes: Sequence[str]
-) -> tuple[Step, ...]:
-    """What ``DTensor.redistribute`` runs, axis by axis, for ``src -> dst``.
-
-    ``S(i)->S(j)`` is an all_to_all (a ``cpu``/gloo mesh runs it as all_gather + chunk);
-    ``R->S`` is a local chunk; redistributing *to* Partial is refused by torch (invalid).
-    """
-    steps: list[Step] = []
-    for axis, s, d in zip(axes, src, dst, strict=False):
-        if s == d:
-            continue
-        if isinstance(d, Partial):
-            steps.append(Step(axis, "invalid",
-                              detail=f"{s} -> {d}: cannot redistribute to Partial"))
-        elif isinstance(s, Partial):
-            if is_shard(d):
-                steps.append(Step(axis, "reduce_scatter", shard_dim(d), s.reduce_op))
-            else:
-                steps.append(Step(axis, "all_reduce", reduce_op=s.reduce_op))
-        elif isinstance(s, Replicate):
-            steps.append(Step(axis, "chunk", shard_dim(d)))
-        elif isinstance(d, Replicate):
-            steps.append(Step(axis, "all_gather", shard_dim(s)))
-        else:
-            steps.append(Step(axis, "all_to_all", shard_dim(d), detail=f"{s} -> {d}"))
-    return tuple(steps)
-
-
 def _note(name: str, src: Mapping[str, Any], dst: Mapping[str, Any], what: str) -> str:
     """Render the axes whose raw strings differ (a missing axis reads ``R``)."""
     axes = sorted(set(src) | set(dst))
@@ -240,36 +158,6 @@ def _parses_as(text: object, pred: Any) -> bool:
         return text is not None and bool(pred(parse_placement(text)))
     except ValueError:
         return False
-
-
-def grad_steps(side: Literal["in", "out"], src: tuple[Placement, ...],
-               dst: tuple[Placement, ...], axes: Sequence[str], split: bool) -> tuple[Step, ...]:
-    """What the backward of ``src -> dst`` runs, with DTensor's autograd.
-
-    The gradient arrives with the ``dst`` placements, except that an *input* replicated on tp
-    inside a compute-splitting boundary has a ``P(sum)`` gradient; it is redistributed back to
-    ``src``, where a Partial target is kept as Replicate (as torch does). So an input
-    all_gather backs off as reduce_scatter, an identity input as all_reduce, an output
-    reduce_scatter as all_gather, an output all_reduce as nothing.
-    """
-    grad, target = grad_placements(side, src, dst, axes, split)
-    return redistribute_steps(grad, target, axes)
-
-
-def grad_placements(side: Literal["in", "out"], src: tuple[Placement, ...],
-                    dst: tuple[Placement, ...], axes: Sequence[str],
-                    split: bool) -> tuple[tuple[Placement, ...], tuple[Placement, ...]]:
-    """``(arriving gradient placements, target placements)`` of the backward of ``src -> dst``.
-
-    The one rule behind :func:`grad_steps`, exposed so volume prediction walks the same
-    placements the backward walks.
-    """
-    grad = dst
-    if side == "in" and split:
-        grad = tuple(Partial("sum") if a == TP and isinstance(p, Replicate) else p
-                     for a, p in zip(axes, dst, strict=False))
-    target = tuple(REPLICATE if isinstance(p, Partial) else p for p in src)
-    return grad, target
 
 
 def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Sequence[str],
@@ -394,14 +282,3 @@ def classify_memo(
         return hit
     return BoundaryForm(fqn, hit.form, hit.inputs, hit.outputs, hit.out_names, hit.reasons,
                         hit.injection)
-
-
-def check_placement_strings(named: Mapping[str, Any]) -> list[str]:
-    """Messages for leaves of a named placement that do not parse (used by the plan check)."""
-    problems = []
-    for axis, text in named.items():
-        try:
-            parse_placement(text)
-        except ValueError as exc:
-            problems.append(f"{axis}: {exc}")
-    return problems
