@@ -19,6 +19,7 @@ allowed unless ``strict``), 1 a check failed, 2 usage error or an unreadable inp
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -105,8 +106,12 @@ def _write_atomic(path: Path, render: Any) -> None:
         raise
 
 
-def _usage(message: str, stderr: TextIO) -> int:
+def _usage(message: str, stderr: TextIO, stdout: TextIO | None = None) -> int:
+    """Report a usage error on stderr; with ``--json`` also as the JSON document on stdout."""
     stderr.write(f"hpcodegen verify: error: {message}\n")
+    if stdout is not None:
+        json.dump({"ok": False, "artifacts": [], "usage_error": message}, stdout, indent=2)
+        stdout.write("\n")
     return EXIT_USAGE
 
 
@@ -134,17 +139,20 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     from hpcodegen.report import REPORTERS
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    json_out = stdout if output == "json" else None
     try:
         names = select_checks(only, skip)
     except UsageError as exc:
-        return _usage(str(exc), stderr)
+        return _usage(str(exc), stderr, json_out)
     if output not in REPORTERS or output == "junit":
         return _usage(f"unknown output format {output!r} (text or json)", stderr)
     if not paths:
-        return _usage("give at least one artifact directory or codegen_meta.json", stderr)
+        return _usage("give at least one artifact directory or codegen_meta.json", stderr,
+                      json_out)
     junit_path = Path(junit) if junit is not None else None
     if junit_path is not None and not junit_path.parent.is_dir():
-        return _usage(f"--junit: directory {junit_path.parent} does not exist", stderr)
+        return _usage(f"--junit: directory {junit_path.parent} does not exist", stderr,
+                      json_out)
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
     for path in artifact_paths(paths):

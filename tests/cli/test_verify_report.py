@@ -95,3 +95,16 @@ def test_pre_commit_hook_files_pattern_and_generated_files_stand_for_their_artif
                       stdout=out) == 0
     assert [a["path"] for a in json.loads(out.getvalue())["artifacts"]] == [
         str(art / "codegen_meta.json")]
+
+
+def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None:
+    """--json: an unknown check or a --junit in a missing dir is exit 2 with JSON on stdout."""
+    art = str(REPO / "examples" / "llama_tp2")
+    for kwargs, needle in (({"only": ["bogus"]}, "unknown check(s): bogus"),
+                           ({"junit": tmp_path / "nodir" / "v.xml"}, "--junit: directory")):
+        out, err = io.StringIO(), io.StringIO()
+        code = run_verify([art], output="json", stdout=out, stderr=err, **kwargs)
+        assert code == 2
+        doc = json.loads(out.getvalue())
+        assert doc["ok"] is False and doc["artifacts"] == []
+        assert needle in doc["usage_error"] and needle in err.getvalue()
