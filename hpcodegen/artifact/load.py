@@ -42,6 +42,10 @@ class LoadedMeta:
 
 def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
     """An artifact dir or a meta file -> the meta file; InputError when neither exists."""
+    if not isinstance(path, (str, os.PathLike)):  # Python callers: None, a dict, ...
+        raise InputError([error("load.bad_path", "artifact_dir",
+                                f"not a path: got {type(path).__name__}",
+                                expected=f"a directory holding {META_NAME} (str or PathLike)")])
     p = Path(path)
     if p.is_dir():
         meta = p / META_NAME

@@ -46,6 +46,11 @@ def _config_dict(hf_config: Any) -> dict[str, Any] | None:
         return dict(hf_config) if hf_config is not None else None
     if hasattr(hf_config, "to_dict"):
         return hf_config.to_dict()
+    if not isinstance(hf_config, (str, os.PathLike)):
+        raise PlanError([error("runtime.bad_hf_config", "hf_config",
+                               f"unusable hf_config of type {type(hf_config).__name__}",
+                               expected="a PretrainedConfig, a dict, or a path to config.json "
+                                        "or its directory")])
     from hpcodegen.hf import read_hf_config
 
     return read_hf_config(hf_config)[0]
@@ -156,6 +161,10 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     .. note:: every parameter is a plain local tensor afterwards; wrap them for FSDP2 with
        the returned placements, and never call this twice on one model.
     """
+    if not isinstance(model, nn.Module):
+        raise PlanError([error("runtime.bad_model", "model",
+                               f"expected a torch.nn.Module, got {type(model).__name__}",
+                               hint="build the model from the artifact's generated class")])
     if getattr(model, _DONE, False):
         raise PlanError([error("runtime.second_call", type(model).__name__,
                                "parallelize_from_generated already ran on this model")])
