@@ -32,12 +32,12 @@ from hpcodegen.errors import (
     error,
     warning,
 )
+from hpcodegen.plan.classify import classify_entries
 from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan
 from hpcodegen.plan.fold import Row, fold
 from hpcodegen.plan.predict import (
     BoundaryPrediction,
     Summary,
-    classify_entries,
     predict_forms,
     summarize,
     unreduced_grad_findings,

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hpcodegen.errors import Finding, error, pointer
 from hpcodegen.placement import (
     REPLICATE,
     Partial,
@@ -56,8 +57,9 @@ from hpcodegen.plan.steps import (
 
 __all__ = [  # the step algebra lives in plan/steps.py; re-exported for existing importers
     "TP", "BoundaryForm", "Form", "OpKind", "Step", "StepKind", "TPOp", "Transition",
-    "classify_boundary", "classify_memo", "classify_plan", "classify_transition",
-    "grad_placements", "grad_steps", "redistribute_steps", "splits_compute",
+    "classify_boundary", "classify_entries", "classify_memo", "classify_plan",
+    "classify_transition", "grad_placements", "grad_steps", "redistribute_steps",
+    "splits_compute",
 ]
 
 Form = Literal["region", "generic", "identity", "tp_collective", "params"]
@@ -258,6 +260,30 @@ def classify_plan(
         fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
         for fqn, entry in param_plan(meta).items()
     }
+
+
+def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
+                     sizes: Mapping[str, int] | None = None
+                     ) -> tuple[dict[str, BoundaryForm], list[Finding]]:
+    """:func:`classify_plan` for readers of unverified metas (inspect-plan, re-validation).
+
+    An entry that cannot be classified becomes an error finding, not a traceback.
+    """
+    use_axes = tuple(axes) if axes is not None else active_axes(meta)
+    injections = expand_injections(meta)
+    forms: dict[str, BoundaryForm] = {}
+    problems: list[Finding] = []
+    memo: dict[str, BoundaryForm] = {}
+    for fqn, entry in param_plan(meta).items():
+        try:
+            if not isinstance(entry, Mapping):
+                raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
+            forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            problems.append(error("inspect.bad_entry", pointer("param_plan", fqn),
+                                  f"cannot classify {fqn!r}: {exc}",
+                                  hint="run `hpcodegen verify` for the full diagnosis"))
+    return forms, problems
 
 
 def classify_memo(

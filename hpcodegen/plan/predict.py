@@ -21,21 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcodegen.errors import Finding, error, pointer, warning
+from hpcodegen.errors import Finding, warning
 from hpcodegen.plan.classify import (
     TP,
     BoundaryForm,
     Step,
     Transition,
-    classify_memo,
+    classify_entries,
     splits_compute,
 )
-from hpcodegen.plan.entry import (
-    active_axes,
-    expand_injections,
-    param_plan,
-    partial_grad_params,
-)
+from hpcodegen.plan.entry import param_plan, partial_grad_params
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -167,27 +162,6 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
 def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
     classes = meta.get("boundary_classes")
     return classes if isinstance(classes, Mapping) else {}
-
-
-def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
-                     sizes: Mapping[str, int] | None = None
-                     ) -> tuple[dict[str, BoundaryForm], list[Finding]]:
-    """Classify every entry; an entry that cannot be read becomes a finding, not a traceback."""
-    use_axes = tuple(axes) if axes is not None else active_axes(meta)
-    injections = expand_injections(meta)
-    forms: dict[str, BoundaryForm] = {}
-    problems: list[Finding] = []
-    memo: dict[str, BoundaryForm] = {}
-    for fqn, entry in param_plan(meta).items():
-        try:
-            if not isinstance(entry, Mapping):
-                raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
-            forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            problems.append(error("inspect.bad_entry", pointer("param_plan", fqn),
-                                  f"cannot classify {fqn!r}: {exc}",
-                                  hint="run `hpcodegen verify` for the full diagnosis"))
-    return forms, problems
 
 
 def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],

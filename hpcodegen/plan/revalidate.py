@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.plan.classify import TP, BoundaryForm
-from hpcodegen.plan.predict import classify_entries
+from hpcodegen.plan.classify import TP, BoundaryForm, classify_entries
 
 
 @dataclass(frozen=True)
