@@ -35,13 +35,11 @@ def _hook_tensor(param: torch.Tensor, group: Any) -> None:
 
 def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
     """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
-    by_owner: dict[str, list[str]] = {}
+    by_owner: dict[str, tuple[nn.Module, list[str]]] = {}
     for fqn in fqns:
-        param_owner(model, fqn, "partial_grad_params")
-        owner_path, _, name = fqn.rpartition(".")
-        by_owner.setdefault(owner_path, []).append(name)
-    for owner_path, names in by_owner.items():
-        owner = model.get_submodule(owner_path) if owner_path else model
+        owner, name = param_owner(model, fqn, "partial_grad_params")
+        by_owner.setdefault(fqn.rpartition(".")[0], (owner, []))[1].append(name)
+    for owner, names in by_owner.values():
 
         def pre_hook(module: nn.Module, _args: Any, names: list[str] = names) -> None:
             for name in names:
@@ -49,4 +47,4 @@ def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) ->
                 if isinstance(value, torch.Tensor):
                     _hook_tensor(value, group)
         owner.register_forward_pre_hook(pre_hook)
-    return sorted(f"{p}.{n}".lstrip(".") for p, ns in by_owner.items() for n in ns)
+    return sorted(f"{p}.{n}".lstrip(".") for p, (_, ns) in by_owner.items() for n in ns)

@@ -16,6 +16,7 @@ from torch import nn
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
+from hpcodegen.runtime.params import split_owner
 
 ENTRY_POINT_GROUP = "hpcodegen.special_handlers"
 Handler = Callable[[nn.Module, str, Any], None]
@@ -58,9 +59,8 @@ def check_handlers(meta: Mapping[str, Any]) -> dict[str, Handler]:
 def apply_handlers(model: nn.Module, handlers: Mapping[str, Handler], active: Any) -> None:
     """Phase B: call each handler on its module and parameter name."""
     for key, handler in handlers.items():
-        owner_path, _, name = key.rpartition(".")
         try:
-            module = model.get_submodule(owner_path) if owner_path else model
+            module, name = split_owner(model, key)
         except AttributeError:
             raise PlanError([error("runtime.missing_module", key,
                                    "special handler names a missing module")]) from None

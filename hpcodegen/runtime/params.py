@@ -33,17 +33,27 @@ class ShardedParam:
     global_offset: tuple[int, ...]
 
 
+def split_owner(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    """``"a.b.weight"`` -> ``(root.a.b, "weight")``: the one FQN-to-owner lookup of the runtime.
+
+    Raises:
+        AttributeError: a module on the path is missing (callers turn it into a PlanError
+            naming the meta field that asked).
+    """
+    owner_path, _, name = dotted.rpartition(".")
+    return (root.get_submodule(owner_path) if owner_path else root), name
+
+
 def param_owner(model: nn.Module, fqn: str, field: str = "the plan") -> tuple[nn.Module, str]:
     """The module holding parameter ``fqn`` and the parameter's name in it.
 
     Raises PlanError (``runtime.missing_param``) naming the FQN and the meta ``field`` that
     asked for it when the model has no such parameter.
     """
-    owner_path, _, name = fqn.rpartition(".")
     try:
-        owner = model.get_submodule(owner_path) if owner_path else model
+        owner, name = split_owner(model, fqn)
     except AttributeError:
-        owner = None
+        owner, name = None, ""
     if owner is None or not isinstance(owner._parameters.get(name), torch.Tensor):
         raise PlanError([error("runtime.missing_param", fqn,
                                f"{field} names a parameter the model does not have",
@@ -104,10 +114,9 @@ def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) 
     n = active.tp_size
     for fqn, entry in param_plan(meta).items():
         for attr in entry.get("tp_divide_attrs") or ():
-            owner_path, _, name = f"{fqn}.{attr}".lstrip(".").rpartition(".")
             where = f"{fqn}.{attr}" if fqn else attr
             try:
-                owner: Any = model.get_submodule(owner_path) if owner_path else model
+                owner, name = split_owner(model, where)
                 value = getattr(owner, name)
             except AttributeError:
                 raise PlanError([error("runtime.missing_attr", where,
