@@ -107,8 +107,13 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
     try:
         return AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
-        message = f"transformers cannot build model_type {model_type!r}: {exc}"
-        raise PlanError([error("config.unknown_model_type", "/model_type", message)]) from None
+        # transformers' message lists every model type it knows (~500): keep its first clause
+        reason = str(exc).split(". Should contain one of")[0].strip()
+        reason = reason if len(reason) <= 200 else reason[:200] + "..."
+        message = f"transformers cannot build model_type {model_type!r}: {reason}"
+        raise PlanError([error("config.unknown_model_type", "/model_type", message,
+                               hint="check the config's model_type, or the installed "
+                                    "transformers version")]) from None
 
 
 def model_class_for(config: Mapping[str, Any]) -> type:
@@ -116,7 +121,11 @@ def model_class_for(config: Mapping[str, Any]) -> type:
     import transformers
 
     arch = architecture_of(config)
-    cls = getattr(transformers, arch, None) if arch else None
+    if arch is None:
+        raise PlanError([error("config.no_architecture", "/architectures",
+                               "the HF config names no model class (architectures[0])",
+                               expected='e.g. "architectures": ["LlamaForCausalLM"]')])
+    cls = getattr(transformers, arch, None)
     if not isinstance(cls, type):
         raise PlanError([error("config.unknown_architecture", "/architectures/0",
                                f"transformers has no model class {arch!r}")])

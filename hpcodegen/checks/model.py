@@ -12,6 +12,7 @@ dim that does not divide its axis size is a warning (torch shards it unevenly).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_params, pointer
@@ -138,8 +139,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
 
     try:
         model = build_meta_model(config)
-    except HpcodegenError as exc:
-        yield from exc.findings
+    except HpcodegenError as exc:  # about the config: say so, not the meta
+        yield from (replace(f, file=f.file or str(ctx.hf_config_path)) for f in exc.findings)
         return
     except Exception as exc:  # transformers rejects the config in many ways
         yield error("model.build_failed", "", f"transformers cannot build the model from the "

@@ -80,3 +80,21 @@ def test_tp_divide_attrs_exist_and_divide() -> None:
         ("model.missing_attr", "/param_plan/model.layers.0.self_attn/tp_divide_attrs/1"),
         ("model.indivisible_attr", "/param_plan/model.layers.0.self_attn/tp_divide_attrs/2"),
     }
+
+
+def test_config_findings_name_the_config_file(tmp_path) -> None:
+    """A config transformers cannot build is reported against config.json, not the meta."""
+    import io
+    import json
+
+    from hpcodegen.verify import run_verify
+
+    config = dict(vf.LLAMA_CONFIG)
+    config.pop("architectures", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = io.StringIO()
+    run_verify([FIXTURES.parents[1] / "examples" / "llama_tp2"], hf_config=tmp_path, only=["model"],
+               output="json", stdout=out, stderr=io.StringIO())
+    (f,) = json.loads(out.getvalue())["artifacts"][0]["checks"]["model"]["findings"]
+    assert (f["code"], f["path"]) == ("config.no_architecture", "/architectures")
+    assert f["file"] == str(tmp_path / "config.json")
