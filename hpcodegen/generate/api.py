@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,7 +29,7 @@ from hpcodegen.artifact.bundle import (
     write_bundle,
 )
 from hpcodegen.artifact.load import META_NAME
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK, HpcodegenError, UsageError, error
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, Finding, HpcodegenError, UsageError, error
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
@@ -136,6 +136,14 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     return render_bundle(files, roles, meta)
 
 
+def _locate(finding: Finding, config_path: Path, recipe: Path | None) -> Finding:
+    """Name the file a JSON pointer is in: the recipe for ``recipe.*``, else the config."""
+    if finding.file or not finding.where.startswith("/"):
+        return finding
+    owner = recipe if finding.code.startswith("recipe.") else config_path
+    return replace(finding, file=os.fspath(owner)) if owner is not None else finding
+
+
 def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     """Generate (or ``--check``) one artifact; returns the exit code.
 
@@ -146,7 +154,11 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     config, config_path = read_hf_config(args.model_dir)
     recipe = load_recipe(args.recipe) if args.recipe else None
     label = config_path.parent.name or "model"
-    rendered = build_bundle(config, args.tp, args.sp, recipe, label)
+    try:
+        rendered = build_bundle(config, args.tp, args.sp, recipe, label)
+    except HpcodegenError as exc:
+        exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
+        raise
     if args.check:
         drifted = diff_bundle(args.out, rendered)
         for line in drifted:

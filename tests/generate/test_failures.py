@@ -116,3 +116,19 @@ def test_uncovered_and_unknown_params_refused(tmp_path: Path, llama_dir: Path) -
                        "-o", str(tmp_path / "out"))
     assert code == 1
     assert "planned parameter 'model.norm.bias' does not exist in the model" in out
+
+
+def test_config_problems_name_the_config_file(tmp_path: Path, make_config) -> None:
+    """No architectures / an unknown model_type: one short line naming config.json."""
+    noarch = make_config(tmp_path / "noarch", "llama")
+    data = json.loads((noarch / "config.json").read_text())
+    del data["architectures"]
+    (noarch / "config.json").write_text(json.dumps(data))
+    code, out = invoke("--model", str(noarch), "--tp", "2", "-o", str(tmp_path / "o1"))
+    assert code == 1
+    assert f"{noarch / 'config.json'}::/architectures: the HF config names no model class" in out
+    bogus = make_config(tmp_path / "bogus", "llama", model_type="no_such_model")
+    code, out = invoke("--model", str(bogus), "--tp", "2", "-o", str(tmp_path / "o2"))
+    assert code == 1
+    assert f"{bogus / 'config.json'}::/model_type: transformers cannot build" in out
+    assert "Should contain one of" not in out  # not transformers' list of ~500 types
