@@ -158,12 +158,11 @@ def generated_model_class(artifact_dir: Path) -> type:
     loader (cached per directory, so timing an install afterwards does not re-import it).
     """
     from hpcodegen.runtime import generated_model_class as model_class
-    from hpcodegen.runtime import import_generated_module
+    from hpcodegen.runtime import import_verified_module
     from hpcodegen.runtime.api import load_verified_meta
 
     loaded = load_verified_meta(artifact_dir)
-    digest = ((loaded.data.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
-    return model_class(loaded.data, import_generated_module(loaded.artifact_dir, digest))
+    return model_class(loaded.data, import_verified_module(loaded))
 
 
 def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = False) -> Path:

@@ -35,12 +35,10 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
     :func:`~hpcodegen.runtime.parallelize_from_generated` later finds the same module.
     """
     from hpcodegen.runtime.api import load_verified_meta
-    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+    from hpcodegen.runtime.loader import generated_model_class, import_verified_module
 
     loaded = load_verified_meta(artifact, config)
-    digest = ((loaded.data.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
-    module = import_generated_module(loaded.artifact_dir, digest)
-    return generated_model_class(loaded.data, module)
+    return generated_model_class(loaded.data, import_verified_module(loaded))
 
 
 def _load_weights(model: Any, directory: Path) -> int:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["MeshContext", "generated_model_class", "import_generated_module",
-           "parallelize_from_generated"]
+           "import_verified_module", "load_verified_meta", "parallelize_from_generated"]
 
-_HOMES = {"MeshContext": "api", "parallelize_from_generated": "api",
-          "generated_model_class": "loader", "import_generated_module": "loader"}
+_HOMES = {"MeshContext": "api", "parallelize_from_generated": "api", "load_verified_meta": "api",
+          "generated_model_class": "loader", "import_generated_module": "loader",
+          "import_verified_module": "loader"}
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ from hpcodegen.plan.entry import expand_injections, join_fqn, param_plan, partia
 from hpcodegen.runtime.boundaries import install_boundaries
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.handlers import apply_handlers, check_handlers
-from hpcodegen.runtime.loader import import_generated_module
+from hpcodegen.runtime.loader import import_verified_module
 from hpcodegen.runtime.mesh import (
     TP,
     ActiveMesh,
@@ -173,8 +173,7 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     handlers = check_handlers(meta)
     records = expand_injections(meta)
     injections = resolve_injections(records, allowed_target_prefixes)
-    digest = ((meta.get("outputs") or {}).get("modeling") or {}).get("sha256", "")
-    module = import_generated_module(loaded.artifact_dir, digest)
+    module = import_verified_module(loaded)
     entry_name = (meta.get("entrypoints") or {}).get("parallelize")
     entry_fn = getattr(module, entry_name, None) if entry_name else None
     context = as_context(mesh_context)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.artifact.load import LoadedMeta
 from hpcodegen.checks.files import MODELING_GLOB, modeling_files
 from hpcodegen.errors import PlanError, error
 
@@ -95,6 +96,23 @@ def import_generated_module(artifact_dir: str | Path, digest: str = "") -> types
                                f"{type(exc).__name__}: {exc}", file=str(path))]) from exc
     _CACHE[str(absdir)] = (digest, module)
     return module
+
+
+def import_verified_module(loaded: LoadedMeta) -> types.ModuleType:
+    """:func:`import_generated_module` for a meta that passed verify's checks.
+
+    Keyed by the modeling file's recorded sha256 (``outputs.modeling.sha256``), as
+    ``parallelize_from_generated`` keys it, so a model class taken from this module and the
+    install later share one import.
+
+    Example::
+
+        loaded = load_verified_meta("examples/llama_tp2")
+        cls = generated_model_class(loaded.data, import_verified_module(loaded))
+    """
+    outputs = loaded.data.get("outputs") or {}
+    digest = (outputs.get("modeling") or {}).get("sha256", "")
+    return import_generated_module(loaded.artifact_dir, digest)
 
 
 def generated_model_class(meta: Mapping[str, Any], module: types.ModuleType) -> type:
