@@ -52,8 +52,12 @@ class Finding:
     file: str | None = None
 
     def render(self) -> str:
-        """One line for logs and exception messages: ``file::where: message (expected ...)``."""
-        loc = f"{self.file}::{self.where}" if self.file else self.where
+        """One line for logs and exception messages: ``file::where: message (expected ...)``.
+
+        ``file::`` is left out when there is no pointer, or the pointer is the file itself.
+        """
+        same = not self.where or self.where == self.file
+        loc = f"{self.file}::{self.where}" if self.file and not same else self.file or self.where
         text = f"{loc}: {self.message}" if loc else self.message
         if self.expected:
             text += f" (expected {self.expected})"
