@@ -120,8 +120,8 @@ def _check_options(opts: InspectOptions) -> None:
         return
     for flag, value in volume_args.items():
         if value is None or value < 1:
-            raise UsageError([error("inspect.usage", flag,
-                                    f"{flag} is required with --hf-config",
+            what = f"{flag} is required with --hf-config" if value is None else f"{flag} {value}"
+            raise UsageError([error("inspect.usage", flag, what,
                                     expected="a positive integer")])
     if opts.link_gbps is not None and opts.link_gbps <= 0:
         raise UsageError([error("inspect.usage", "--link-gbps", "must be > 0")])

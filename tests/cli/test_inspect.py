@@ -95,6 +95,12 @@ def test_volume_usage_errors(kw: dict[str, Any], flag: str) -> None:
     assert code == 2 and flag in err
 
 
+def test_nonpositive_batch_is_named_not_called_missing() -> None:
+    code, _, err = inspect(path=SP, hf_config="x", batch=-1, seq=4)
+    assert code == 2 and "--batch -1 (expected a positive integer)" in err
+    assert "required" not in err
+
+
 def _bad_plan(tmp_path: Path) -> Path:
     meta = json.loads((FIXTURES / "llama_tp2_sp" / "codegen_meta.json").read_text())
     meta["param_plan"]["lm_head"]["in_src"]["input"]["tp"] = "Shard(1)"
