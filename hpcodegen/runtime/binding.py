@@ -56,6 +56,32 @@ class InputBinder:
                 new_args[i] = fn(new_args[i])
         return tuple(new_args), new_kwargs
 
+    def compile(self, fns: Mapping[str, ValueFn]
+                ) -> Callable[[tuple[Any, ...], dict[str, Any]],
+                              tuple[tuple[Any, ...], dict[str, Any]]] | None:
+        """``apply`` with ``fns`` fixed, specialised for the common lone input.
+
+        Why: a wrapped ``nn.Embedding`` / ``lm_head`` runs this on every call, and the general
+        form copies the arguments into a list and a dict each time. None when there is
+        nothing to apply.
+        """
+        if not fns:
+            return None
+        if len(fns) > 1:
+            return lambda args, kwargs: self.apply(args, kwargs, fns)
+        ((name, fn),) = fns.items()
+        i = self.index.get(name)
+
+        def bind_one(args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            if name in kwargs:
+                value = kwargs[name]
+                return args, (kwargs if value is None else {**kwargs, name: fn(value)})
+            if i is not None and i < len(args) and args[i] is not None:
+                args = (*args[:i], fn(args[i]), *args[i + 1:])
+            return args, kwargs
+        return bind_one
+
 
 def apply_outputs(outputs: Any, fns: Sequence[tuple[int, ValueFn]]) -> Any:
     """Run each ``(index, fn)`` on the forward's outputs, keeping the container type.
@@ -83,3 +109,19 @@ def apply_outputs(outputs: Any, fns: Sequence[tuple[int, ValueFn]]) -> Any:
         if index == 0 and outputs is not None:
             outputs = fn(outputs)
     return outputs
+
+
+def compile_outputs(fns: Sequence[tuple[int, ValueFn]]) -> ValueFn | None:
+    """``apply_outputs`` with ``fns`` fixed; a lone index-0 function on a plain tensor output
+    (``nn.Embedding``, ``nn.Linear``) is called directly. None when there is nothing to apply.
+    """
+    if not fns:
+        return None
+    fns = list(fns)
+    if len(fns) == 1 and fns[0][0] == 0:
+        import torch
+
+        plain, fn = torch.Tensor, fns[0][1]
+        return lambda outputs: (fn(outputs) if type(outputs) is plain
+                                else apply_outputs(outputs, fns))
+    return lambda outputs: apply_outputs(outputs, fns)

@@ -36,7 +36,7 @@ from hpcodegen.plan.entry import (
     param_plan,
 )
 from hpcodegen.plan.revalidate import decide
-from hpcodegen.runtime.binding import InputBinder, apply_outputs
+from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_outputs
 from hpcodegen.runtime.collectives import TPOps
 from hpcodegen.runtime.embedding import (
     install_default_position_ids,
@@ -164,11 +164,15 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     in_fns = {t.name: transition_fn(t, active, split, fqn) for t in live.inputs}
     out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, fqn))
                for t in live.outputs if not t.is_identity]
-    binder = InputBinder(module.forward, list(in_fns), fqn)
+    bind_in = InputBinder(module.forward, list(in_fns), fqn).compile(in_fns)
+    bind_out = compile_outputs(out_fns)
 
     def hp_boundary_forward(*args: Any, **kwargs: Any) -> Any:
-        args, kwargs = binder.apply(args, kwargs, in_fns)
-        outputs = apply_outputs(original(*args, **kwargs), out_fns)
+        if bind_in is not None:
+            args, kwargs = bind_in(args, kwargs)
+        outputs = original(*args, **kwargs)
+        if bind_out is not None:
+            outputs = bind_out(outputs)
         return deferred(outputs) if deferred is not None else outputs
 
     module.forward = hp_boundary_forward

@@ -208,7 +208,10 @@ class TPOps:
     no transition is a PlanError: the file and the meta disagree.
 
     The match depends only on ``(kind, dim, tensor rank, previous call)``, so it is resolved
-    once per such key and remembered: a forward's calls are dictionary lookups.
+    once per such key and remembered. When no kind is declared twice (the common case: one
+    input ``to_local``, one output ``all_reduce``) the previous call cannot change any match,
+    and each declared kind's method is bound on the instance straight to its transition's
+    function (a dim that does not match still takes the checked path and its PlanError).
     """
 
     def __init__(self, fqn: str, transitions: Sequence[Transition], group: Any) -> None:
@@ -220,6 +223,22 @@ class TPOps:
         ]
         self._cursor = 0
         self._bound: dict[tuple[str, int | None, int | None, int], int] = {}
+        kinds = [op.kind for op, _ in self._calls]
+        if len(set(kinds)) == len(kinds):
+            for op, fn in self._calls:
+                setattr(self, _METHOD[op.kind], self._direct(op, fn))
+
+    def _direct(self, op: TPOp, fn: Callable[[Any], Any]) -> Callable[..., Any]:
+        """The method for ``op.kind`` when only ``op`` can match it: no cursor, no lookup."""
+        if op.kind in ("identity", "all_reduce"):
+            return lambda tensor: fn(tensor)
+        kind, declared = op.kind, op.dim
+
+        def direct(tensor: Any, dim: int | None = None) -> Any:
+            if dim is None or declared is None or dim == declared:
+                return fn(tensor)
+            return self._call(kind, dim, tensor)  # equal modulo the rank, or a PlanError
+        return direct
 
     def to_local(self, tensor: Any) -> Any:
         return self._call("identity", None, tensor)
@@ -263,6 +282,10 @@ class TPOps:
 
     def __repr__(self) -> str:
         return f"TPOps({self.fqn}: {', '.join(str(op) for op, _ in self._calls)})"
+
+
+_METHOD = {"identity": "to_local", "all_gather": "all_gather", "all_reduce": "all_reduce",
+           "reduce_scatter": "reduce_scatter"}
 
 
 def _same_dim(declared: int | None, called: int | None, ndim: int | None) -> bool:

@@ -69,3 +69,72 @@ def test_unknown_call_and_negative_dims(fake_world) -> None:
         ops.reduce_scatter(torch.randn(2, 4), dim=0)
     assert info.value.findings[0].code == "runtime.unbound_call"
     assert info.value.findings[0].where == "head"
+
+
+
+def test_no_grad_skips_autograd_but_not_the_collective(fake_world) -> None:
+    """Under no_grad the ops run without an autograd node (and count the same); with grad,
+    the replicated input of a compute-splitting boundary still all-reduces its gradient."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.runtime.collectives import TPOps
+
+    fake_world(2)
+    entry = {"params": {"proj.weight": {"tp": "S(1)"}},
+             "in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "R"}},
+             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}}}
+    form = classify_boundary("block", entry, ("tp",))
+    ops = TPOps("block", form.transitions, dist.group.WORLD)
+    assert {"to_local", "all_reduce"} <= set(vars(ops))  # one per kind: bound directly
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.no_grad(), CommDebugMode() as mode:
+        y = ops.to_local(x)
+        z = ops.all_reduce(y * 2)
+    assert not y.requires_grad and y.grad_fn is None and z.grad_fn is None
+    assert mode.get_total_counts() == 1
+    y = ops.to_local(x)
+    assert y.grad_fn is not None
+    z = ops.all_reduce(y * 2)
+    assert _backward_all_reduces(lambda: z.sum().backward()) == 1  # the input's, not z's
+
+def _gloo_collectives() -> dict:
+    """On each rank: the c10d collectives against their single-process definition."""
+    import torch
+    import torch.distributed as dist
+
+    from hpcodegen.runtime.collectives import gather, reduce, scatter
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.group.WORLD
+    full = [torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6) * (r + 1)
+            for r in range(world)]
+    x = full[rank]
+    kept = x.clone()
+    total = sum(full)
+    checks = {
+        "reduce": torch.equal(reduce(x, group), total),
+        "reduce_leaves_input": torch.equal(x, kept),
+        "reduce_noncontiguous": torch.equal(reduce(x.transpose(0, 2), group),
+                                            total.transpose(0, 2)),
+        "scatter_uneven": torch.equal(scatter(x[:, :3], 1, group),
+                                      total[:, :3].chunk(world, 1)[rank]),
+    }
+    for dim in (0, 1, -1):
+        # rank r contributes chunk r of its own tensor; the gather is their concatenation
+        mine = [t.chunk(world, dim)[r] for r, t in enumerate(full)]
+        checks[f"gather_{dim}"] = torch.equal(gather(mine[rank], dim, group), torch.cat(mine, dim))
+        checks[f"scatter_{dim}"] = torch.equal(scatter(x, dim, group),
+                                               total.chunk(world, dim)[rank])
+    return checks
+
+
+@pytest.mark.gloo
+def test_c10d_collectives_on_gloo(tmp_path) -> None:
+    """all_gather_single / reduce_scatter_single run on gloo for every dim; all_reduce
+    reduces a copy (the caller's tensor keeps its value)."""
+    from rt_workers import spawn
+
+    for rank, checks in enumerate(spawn(2, _gloo_collectives, out_dir=str(tmp_path))):
+        assert all(checks.values()), (rank, checks)
