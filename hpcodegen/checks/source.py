@@ -35,8 +35,8 @@ from hpcodegen.checks.source_scan import (
     self_attrs,
 )
 from hpcodegen.errors import Finding, error, info
-from hpcodegen.plan.classify import BoundaryForm
-from hpcodegen.plan.entry import TOGGLE_FORM_MARKER, TP_FORM_MARKER, output_index
+from hpcodegen.plan.classify import BoundaryForm, outputs_not_first
+from hpcodegen.plan.entry import TOGGLE_FORM_MARKER, TP_FORM_MARKER
 
 MAX_SOURCE_BYTES = 32 * 1024 * 1024
 _FORBIDDEN_CALLS = ("get_parallel_state", "get_inline_parallel_state")
@@ -71,7 +71,7 @@ def _read_tree(ctx: CheckContext) -> tuple[ast.Module | None, Path | None, list[
     return tree, path, []
 
 
-def _emitted_form(form: BoundaryForm, entry: Mapping[str, Any], cls: ClassInfo) -> tuple[str, str]:
+def _emitted_form(form: BoundaryForm, cls: ClassInfo) -> tuple[str, str]:
     """The form the generator emits for the class, and why it differs from the verdict."""
     if form.form == "params":
         return "identity", ""
@@ -79,7 +79,7 @@ def _emitted_form(form: BoundaryForm, entry: Mapping[str, Any], cls: ClassInfo) 
         return form.form, ""
     original = cls.methods.get("_forward_impl") or cls.methods.get("forward")
     reasons = lowering_gates(original, {t.name for t in form.inputs}) if original else []
-    if any(output_index(entry, name) != 0 for name, _ in form.out_ops):
+    if outputs_not_first(form):
         reasons.append("an output op targets a tuple position other than 0")
     return ("generic", "; ".join(reasons)) if reasons else ("tp_collective", "")
 
@@ -144,7 +144,7 @@ def _check_classes(ctx: CheckContext, scan: ModuleScan, file: str) -> Iterator[F
             yield info("source.class_not_in_file", cls_name, f"{cls_name} (e.g. {fqn}) is not "
                        "defined in the modeling file; the runtime wraps its instances", file=file)
             continue
-        form, why = _emitted_form(forms[fqn], plan[fqn], cls)
+        form, why = _emitted_form(forms[fqn], cls)
         yield from _class_findings(cls, form, why, fqn, plan[fqn], file)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcodegen.plan.classify import BoundaryForm, TPOp, Transition
+from hpcodegen.plan.classify import BoundaryForm, TPOp, Transition, outputs_not_first
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,9 @@ def tp_collective_gate(form: BoundaryForm, sig: Signature) -> str | None:
     for t in form.inputs:
         if t.name not in names:
             return f"input {t.name!r} is not a forward parameter"
-    for name, _ in form.out_ops:
-        if name in form.out_names and form.out_names.index(name) != 0:
-            return f"output {name!r} is not the first output"
+    later = outputs_not_first(form)
+    if later:
+        return f"output {later[0]!r} is not the first output"
     return None
 
 

@@ -58,8 +58,8 @@ from hpcodegen.plan.steps import (
 __all__ = [  # the step algebra lives in plan/steps.py; re-exported for existing importers
     "TP", "BoundaryForm", "Form", "OpKind", "Step", "StepKind", "TPOp", "Transition",
     "classify_boundary", "classify_entries", "classify_memo", "classify_plan",
-    "classify_transition", "grad_placements", "grad_steps", "redistribute_steps",
-    "splits_compute",
+    "classify_transition", "grad_placements", "grad_steps", "outputs_not_first",
+    "redistribute_steps", "splits_compute",
 ]
 
 Form = Literal["region", "generic", "identity", "tp_collective", "params"]
@@ -116,6 +116,17 @@ class BoundaryForm:
         return tuple(
             (t.name, t.op) for t in self.outputs if t.op is not None and not t.is_identity
         )
+
+
+def outputs_not_first(form: BoundaryForm) -> tuple[str, ...]:
+    """Lowered outputs that are not the forward's first return value (tuple position > 0).
+
+    A generated tp_collective forward only transforms ``outputs[0]`` (or the single return),
+    so ``generate`` emits such a boundary generic and verify's ``source`` check expects it
+    generic: both ask here.
+    """
+    names = form.out_names
+    return tuple(name for name, _ in form.out_ops if name in names and names.index(name) != 0)
 
 
 def _note(name: str, src: Mapping[str, Any], dst: Mapping[str, Any], what: str) -> str:
