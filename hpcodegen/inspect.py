@@ -155,6 +155,11 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
                           preds, [], summarize(preds), findings=problems)
     live_axes, live_sizes = parse_mesh(mesh)
     axes = live_plan_axes(meta, live_axes)
+    if frozen_axes and not axes:  # a typo (--mesh pt=4) would silently predict nothing
+        problems.append(warning("inspect.no_plan_axis", "--mesh",
+                                f"--mesh {mesh} holds none of the plan's axes: every "
+                                "boundary runs without communication",
+                                expected=f"one of {', '.join(frozen_axes)}"))
     live, _ = classify_entries(meta, axes, live_sizes)
     effective, changes = revalidate_forms(frozen, live, axes)
     tp_live = "tp" in axes and live_sizes.get("tp", 1) > 1

@@ -81,6 +81,15 @@ def test_bad_mesh_is_a_usage_error(mesh: str) -> None:
     assert code == 2 and "--mesh" in err
 
 
+def test_mesh_without_any_plan_axis_warns() -> None:
+    """A typo'd axis (pt=4) must not pass silently as an all-identity prediction."""
+    code, _, err = inspect(path=SP, mesh="pt=4")
+    assert code == 0
+    assert "--mesh pt=4 holds none of the plan's axes" in err and "expected one of tp" in err
+    code, _, err = inspect(path=SP, mesh="dp=2,tp=4")
+    assert code == 0 and "none of the plan's axes" not in err
+
+
 def test_parse_mesh() -> None:
     assert parse_mesh("tp=4,cp=2") == (("tp", "cp"), {"tp": 4, "cp": 2})
 
