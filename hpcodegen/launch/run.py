@@ -39,8 +39,8 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
     opts.check()
-    load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
-    model_dir = opts.model_dir or (None if opts.script else load_meta(opts.artifact).artifact_dir)
+    loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
+    model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = read_hf_config(model_dir)[0] if model_dir is not None else None
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config)
