@@ -127,18 +127,27 @@ def _check_options(opts: InspectOptions) -> None:
         raise UsageError([error("inspect.usage", "--link-gbps", "must be > 0")])
 
 
-def gate_findings(loaded: LoadedMeta) -> list[Finding]:
+def gate_findings(loaded: LoadedMeta, hf_config: str | None = None) -> list[Finding]:
     """verify's schema and plan checks; errors stop inspect-plan, warnings are shown.
 
     inspect-plan reads plans that verify accepts; a plan verify rejects is reported with
-    verify's own findings (exit 1) before anything is predicted.
+    verify's own findings (exit 1) before anything is predicted. With ``--hf-config``,
+    verify's ``signature`` check too: bytes traced from another model's config (another
+    architecture or hidden size) would be wrong numbers that look right.
     """
     from hpcodegen.checks.context import CheckContext
     from hpcodegen.checks.registry import CHECKS, run_check
 
-    ctx = CheckContext(loaded)
+    names = GATE_CHECKS
+    config, config_path = None, None
+    if hf_config is not None:
+        from hpcodegen.hf import read_hf_config
+
+        config, config_path = read_hf_config(hf_config)
+        names = (*GATE_CHECKS, "signature")
+    ctx = CheckContext(loaded, config, config_path)
     findings: list[Finding] = []
-    for name in GATE_CHECKS:
+    for name in names:
         findings.extend(run_check(CHECKS[name], ctx, strict=False).findings)
     return [f for f in findings if f.severity is not Severity.INFO]
 
@@ -246,7 +255,7 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
     try:
         _check_options(opts)
         loaded = load_meta(opts.path)
-        gate = gate_findings(loaded) if opts.checks else []
+        gate = gate_findings(loaded, opts.hf_config) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
             _emit_failure(gate, opts.as_json, out, err)
             return EXIT_FAILED

@@ -94,3 +94,18 @@ def test_config_problems_are_findings(tmp_path: Path) -> None:
                        out, io.StringIO())
     codes = [f["code"] for f in json.loads(out.getvalue())["findings"]]
     assert code == 1 and codes and codes[0].startswith("trace."), codes
+
+
+def test_config_of_another_shape_is_refused_before_tracing(tmp_path: Path) -> None:
+    """Bytes from another model's config would look right and be wrong: verify's signature
+    check runs first (exit 1); --no-checks still traces on purpose."""
+    examples = FIXTURES.parents[2] / "examples"
+    config = json.loads((examples / "configs" / "llama" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, hidden_size=128)))
+    opts = {"path": str(examples / "llama_tp2_sp"), "hf_config": str(tmp_path), "batch": 2,
+            "seq": 16, "as_json": True}
+    out = io.StringIO()
+    assert run_inspect(InspectOptions(**opts), out, io.StringIO()) == 1
+    codes = {f["code"] for f in json.loads(out.getvalue())["findings"]}
+    assert "signature.structure" in codes
+    assert run_inspect(InspectOptions(**opts, checks=False), io.StringIO(), io.StringIO()) == 0
