@@ -14,8 +14,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -168,28 +166,15 @@ def generated_model_class(artifact_dir: Path) -> type:
 def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = False) -> Path:
     """Generate an artifact for ``config_dir`` at ``tp`` into ``out_dir``.
 
-    The Python API (``hpcodegen.generate.api``) runs in-process when present: no second
-    interpreter, so no second torch import. Else the documented CLI
-    ``hpcodegen generate --model DIR --tp N [--sp] -o OUT``.
+    In-process (:func:`hpcodegen.generate.api.run_generate`, what ``hpcodegen generate``
+    calls): no second interpreter, so no second torch import.
     """
-    try:
-        from hpcodegen.generate.api import GenerateArgs, run_generate
-    except ImportError:
-        return _generate_cli(config_dir, tp, out_dir, sp)
+    from hpcodegen.generate.api import GenerateArgs, run_generate
+
     out, err = io.StringIO(), io.StringIO()
     code = run_generate(GenerateArgs(model_dir=config_dir, tp=tp, out=out_dir, sp=sp), out, err)
     if code != 0:
         raise RuntimeError(f"hpcodegen generate exited {code}: {err.getvalue().strip()}")
-    return out_dir
-
-
-def _generate_cli(config_dir: Path, tp: int, out_dir: Path, sp: bool) -> Path:
-    cmd = [sys.executable, "-m", "hpcodegen", "generate", "--model", str(config_dir),
-           "--tp", str(tp), "-o", str(out_dir)] + (["--sp"] if sp else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n"
-                           f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return out_dir
 
 
