@@ -1,0 +1,121 @@
+"""Bad inputs through the real ``hpcodegen`` processes: the documented exit code, a message
+naming the culprit, and never a Python traceback.
+
+The in-process tests of each verb check the findings in detail; this one runs every case as
+the user would (a console script, a fresh interpreter), a few at a time, and only cases that
+stop before torch or transformers load, so the whole batch stays within a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "llama_tp2"
+LLAMA = REPO / "examples" / "configs" / "llama"
+
+
+def _inputs(root: Path) -> dict[str, Path]:
+    """Broken artifacts, configs and recipes, one per way a file can be wrong."""
+    paths = {name: root / name for name in ("nometa", "array", "truncated", "garbage",
+                                            "wrongtypes", "syntax", "symlink", "drift", "huge",
+                                            "emptycfg", "badcfg", "nonart")}
+    for p in paths.values():
+        p.mkdir()
+    meta = (EXAMPLE / "codegen_meta.json").read_text()
+    (paths["array"] / "codegen_meta.json").write_text("[1, 2]")
+    (paths["truncated"] / "codegen_meta.json").write_text(meta[:300])
+    (paths["garbage"] / "codegen_meta.json").write_bytes(bytes(range(256)) * 8)
+    with open(paths["huge"] / "codegen_meta.json", "wb") as f:  # sparse: no disk, no time
+        f.truncate(100 * 1024 * 1024)
+    data = json.loads(meta)
+    data["param_plan"]["lm_head"] = [1, 2]
+    data["param_plan"]["model.embed_tokens"]["params"] = 5
+    (paths["wrongtypes"] / "codegen_meta.json").write_text(json.dumps(data))
+    for name, edit in (("syntax", "\ndef (:\n"), ("drift", "\n# edited\n"), ("symlink", None)):
+        shutil.rmtree(paths[name])
+        shutil.copytree(EXAMPLE, paths[name])
+        modeling = next(paths[name].glob("modeling_*_gen_npu.py"))
+        if edit is None:
+            outside = root / "outside.py"
+            modeling.rename(outside)
+            modeling.symlink_to(outside)
+        else:
+            modeling.write_text(modeling.read_text() + edit)
+    (paths["badcfg"] / "config.json").write_text('{"a":')
+    (paths["nonart"] / "notes.txt").write_text("mine")
+    (root / "afile").write_text("x")
+    (root / "notyaml.yaml").write_text(": : not yaml [")
+    return {**paths, "afile": root / "afile", "notyaml": root / "notyaml.yaml"}
+
+
+def _cases(p: dict[str, Path]) -> list[tuple[list[str], int, str]]:
+    """(arguments, exit code, text the error must contain)."""
+    ex, cfg = str(EXAMPLE), str(LLAMA)
+    return [
+        (["verify", "/nonexistent/art"], 2, "no such artifact directory"),
+        (["verify", str(p["nometa"])], 2, "has no codegen_meta.json"),
+        (["verify", str(p["array"])], 2, "top level is a JSON array"),
+        (["verify", str(p["truncated"])], 2, "invalid JSON"),
+        (["verify", str(p["garbage"])], 2, "not UTF-8"),
+        (["verify", str(p["huge"])], 2, "is 104857600 bytes"),
+        (["verify", str(p["wrongtypes"])], 1, "/param_plan/lm_head: [1, 2] is not of type"),
+        (["verify", str(p["syntax"])], 1, "does not parse"),
+        (["verify", str(p["symlink"])], 1, "links outside the artifact"),
+        (["verify", str(p["drift"])], 1, "changed since generation"),
+        (["verify", ex, "--hf-config", str(p["emptycfg"])], 2, "no HF config found"),
+        (["verify", ex, "--hf-config", str(p["badcfg"]), "--only", "signature"], 2,
+         "invalid JSON"),
+        (["verify", ex, "--only", "bogus"], 2, "unknown check(s): bogus"),
+        (["inspect-plan", str(p["garbage"])], 2, "not UTF-8"),
+        (["inspect-plan", ex, "--mesh", "tp=x"], 2, "--mesh: cannot read 'tp=x'"),
+        (["inspect-plan", ex, "--mesh", "tp=0"], 2, "--mesh: cannot read 'tp=0'"),
+        (["inspect-plan", ex, "--hf-config", cfg, "--batch", "-1", "--seq", "4"], 2,
+         "--batch -1"),
+        (["inspect-plan", ex, "--hf-config", cfg, "--batch", "1", "--seq", "4",
+          "--dtype", "fp7"], 2, "unknown dtype 'fp7'"),
+        (["generate", "--model", "/nonexistent/m", "--tp", "2", "-o", str(p["nonart"])], 2,
+         "no HF config found"),
+        (["generate", "--model", cfg, "--tp", "0", "-o", str(p["nonart"])], 2, "--tp must be"),
+        (["generate", "--model", cfg, "--tp", "2", "--recipe", str(p["notyaml"]),
+          "-o", str(p["nonart"])], 2, "not valid YAML"),
+        (["launch", ex, "--nproc", "0"], 2, "--nproc 0"),
+        (["launch", ex, "--nproc", "3", "--model-dir", cfg], 2, "world size 3"),
+        (["launch", ex, "--nproc", "2", "--model-dir", cfg, "--timeout", "-1"], 2,
+         "--timeout -1"),
+        (["launch", ex, "--nproc", "2", "--model-dir", cfg, "--log-dir", str(p["afile"])], 2,
+         "is not a directory"),
+        (["launch", str(p["drift"]), "--nproc", "2", "--model-dir", cfg], 1,
+         "changed since generation"),
+    ]
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("hpcodegen")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpcodegen"]
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    env.pop("HPCODEGEN_DEBUG", None)
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env=env)
+
+
+@pytest.mark.timeout(120)
+def test_bad_inputs_exit_codes_messages_and_no_traceback(tmp_path: Path) -> None:
+    cases = _cases(_inputs(tmp_path))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        runs = list(pool.map(_run, [args for args, _, _ in cases]))
+    problems = []
+    for (args, code, needle), run in zip(cases, runs, strict=True):
+        text = run.stdout + run.stderr
+        if "Traceback" in text or run.returncode != code or needle not in text:
+            problems.append(f"hpcodegen {' '.join(args)} -> {run.returncode} (want {code}, "
+                            f"{needle!r}):\n{text[-600:]}")
+    assert not problems, "\n\n".join(problems)
