@@ -23,7 +23,7 @@ from hpcodegen.checks.context import (
 from hpcodegen.checks.forms import classified
 from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
-from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.entry import contract_differences, join_fqn
 
 
 def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
@@ -38,10 +38,9 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
             yield error("plan.boundary_class_unplanned", where,
                         f"boundary {fqn!r} ({cls}) has no param_plan entry")
             continue
-        contract = {k: v for k, v in plan[fqn].items() if k != "params"}
         if cls in first_of:
             other = first_of[cls]
-            if contract != {k: v for k, v in plan[other].items() if k != "params"}:
+            if contract_differences(plan[fqn], plan[other]):
                 yield error("plan.class_contract_differs", pointer("param_plan", fqn),
                             f"{fqn} and {other} are both {cls} but declare different "
                             "transitions; one generated class cannot serve both",

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, error
-from hpcodegen.plan.entry import is_boundary, join_fqn
+from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
 
 #: config fields that must divide the tp degree, with why
 DIVISIBLE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -18,11 +18,6 @@ DIVISIBLE_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_key_value_heads", "key/value heads are split over tp"),
     ("intermediate_size", "the MLP is split over tp"),
     ("vocab_size", "the embedding and lm_head are split on the vocab over tp"),
-)
-#: entry fields that make a class's contract (params aside)
-CONTRACT_FIELDS: tuple[str, ...] = (
-    "in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary",
-    "deferred_bias_params", "tp_divide_attrs",
 )
 
 
@@ -70,7 +65,10 @@ def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
 
 def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
                           classes: Mapping[str, str]) -> None:
-    """Every boundary FQN of one class carries the same contract (the emitter writes one)."""
+    """Every boundary FQN of one class carries the same contract (the emitter writes one).
+
+    The rule is :func:`hpcodegen.plan.entry.contract_differences`, the one verify applies.
+    """
     first: dict[str, str] = {}
     problems = []
     for fqn, entry in plan.items():
@@ -81,7 +79,7 @@ def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
             first[cls] = fqn
             continue
         other = plan[first[cls]]
-        diff = [k for k in CONTRACT_FIELDS if entry.get(k) != other.get(k)]
+        diff = contract_differences(entry, other)
         if diff:
             problems.append(error(
                 "generate.class_contract", fqn,

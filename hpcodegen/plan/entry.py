@@ -36,6 +36,21 @@ def out_names(entry: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(entry.get("out_src") or ())
 
 
+def contract_differences(entry: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """The fields two entries of one class declare differently, ``params`` aside (sorted).
+
+    One class has one generated forward, so every FQN of it must carry the same contract:
+    ``generate`` refuses to freeze a plan where this is non-empty and verify's ``plan`` check
+    rejects such an artifact, by this one rule (docs/design.md). A field one entry lacks
+    differs from any value the other gives it.
+    """
+    keys = sorted((set(entry) | set(other)) - {"params"})
+    return [k for k in keys if entry.get(k, _ABSENT) != other.get(k, _ABSENT)]
+
+
+_ABSENT = object()
+
+
 def output_index(entry: Mapping[str, Any], name: str) -> int:
     """Position of output ``name`` in the forward's tuple; an unknown name is index 0."""
     names = out_names(entry)
