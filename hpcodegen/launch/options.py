@@ -70,10 +70,7 @@ class LaunchOptions:
         if self.nproc < 1:
             problems.append(error("launch.nproc", "--nproc", f"--nproc {self.nproc}",
                                   expected="at least 1"))
-        parts = self.nnodes.split(":")
-        if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            problems.append(error("launch.nnodes", "--nnodes", f"--nnodes {self.nnodes!r}",
-                                  expected="N or MIN:MAX with positive integers"))
+        problems += self._node_problems()
         if self.steps < 0:
             problems.append(error("launch.steps", "--steps", f"--steps {self.steps}",
                                   expected=">= 0"))
@@ -97,3 +94,23 @@ class LaunchOptions:
                                   file=self.script[0]))
         if problems:
             raise UsageError(problems)
+
+    def _node_problems(self) -> list:
+        """--nnodes, --node-rank and --master-port: what torchrun would reject late."""
+        problems = []
+        parts = self.nnodes.split(":")
+        nodes_ok = len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts)
+        if not nodes_ok:
+            problems.append(error("launch.nnodes", "--nnodes", f"--nnodes {self.nnodes!r}",
+                                  expected="N or MIN:MAX with positive integers"))
+        max_nodes = int(parts[-1]) if nodes_ok else None
+        if self.node_rank is not None and (
+                self.node_rank < 0 or (max_nodes is not None and self.node_rank >= max_nodes)):
+            problems.append(error("launch.node_rank", "--node-rank",
+                                  f"--node-rank {self.node_rank}",
+                                  expected=f"0 .. {max_nodes - 1} (one per node of --nnodes)"
+                                  if max_nodes else ">= 0"))
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            problems.append(error("launch.master_port", "--master-port",
+                                  f"--master-port {self.master_port}", expected="1 .. 65535"))
+        return problems

@@ -75,3 +75,20 @@ def test_json_refusal_is_one_json_document(tmp_path):
     assert doc["status"] == "error" and doc["exit_code"] == 2
     assert doc["findings"][0]["code"] == "launch.world_size"
     assert "world size 3" in doc["message"]
+
+
+def test_node_rank_and_master_port_out_of_range() -> None:
+    """torchrun would fail late (or hang waiting for node 5 of 2): refuse them up front."""
+    import pytest
+
+    from hpcodegen.errors import UsageError
+    from hpcodegen.launch.options import LaunchOptions
+
+    for kw, needle in (({"node_rank": -1}, "--node-rank -1 (expected 0 .. 0"),
+                       ({"node_rank": 2, "nnodes": "2"}, "--node-rank 2 (expected 0 .. 1"),
+                       ({"node_rank": 3, "nnodes": "1:3"}, "--node-rank 3 (expected 0 .. 2"),
+                       ({"master_port": 99999}, "--master-port 99999 (expected 1 .. 65535)")):
+        with pytest.raises(UsageError) as info:
+            LaunchOptions(artifact=EXAMPLE, nproc=2, **kw).check()
+        assert needle in str(info.value)
+    LaunchOptions(artifact=EXAMPLE, nproc=2, nnodes="2", node_rank=1, master_port=29500).check()
