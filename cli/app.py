@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
+
 import typer
 
 app = typer.Typer(
@@ -14,6 +18,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def guarded(verb: str, call: Callable[[], int]) -> int:
+    """Run a verb's library call and return its exit code; the last guard of every verb.
+
+    Library code reports bad input as findings with their own exit codes; an exception that
+    still escapes is a bug, shown as one line (exit 1) instead of a traceback, unless
+    ``HPCODEGEN_DEBUG`` is set.
+    """
+    try:
+        return call()
+    except Exception as exc:
+        if os.environ.get("HPCODEGEN_DEBUG"):
+            raise
+        sys.stderr.write(f"hpcodegen {verb}: internal error: {type(exc).__name__}: {exc} "
+                         "(set HPCODEGEN_DEBUG=1 for the traceback)\n")
+        return 1
 
 
 def _register() -> None:

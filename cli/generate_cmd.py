@@ -3,13 +3,11 @@ in :func:`hpcodegen.generate.api.run_generate`)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from hpcodegen.cli.app import app
+from hpcodegen.cli.app import app, guarded
 
 
 @app.command("generate")
@@ -38,12 +36,5 @@ def generate(
     """
     from hpcodegen.generate.api import GenerateArgs, run_generate
 
-    try:
-        code = run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))
-    except Exception as exc:  # the last guard: report, never a traceback
-        if os.environ.get("HPCODEGEN_DEBUG"):
-            raise
-        sys.stderr.write(f"hpcodegen generate: internal error: {type(exc).__name__}: {exc} "
-                         "(set HPCODEGEN_DEBUG=1 for the traceback)\n")
-        code = 1
-    raise typer.Exit(code)
+    raise typer.Exit(guarded("generate", lambda: run_generate(
+        GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))))

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Optional
 
 import typer
 
-from .app import app
+from .app import app, guarded
 
 
 @app.command(
@@ -40,14 +38,6 @@ def inspect_plan(
 ) -> None:
     from hpcodegen.inspect import InspectOptions, run_inspect
 
-    try:
-        code = run_inspect(InspectOptions(
-            path=path, expand=expand, mesh=mesh, as_json=as_json, hf_config=hf_config,
-            batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps, checks=checks))
-    except Exception as exc:  # the last guard: report, never a traceback
-        if os.environ.get("HPCODEGEN_DEBUG"):
-            raise
-        sys.stderr.write(f"hpcodegen inspect-plan: internal error: {type(exc).__name__}: "
-                         f"{exc} (set HPCODEGEN_DEBUG=1 for the traceback)\n")
-        code = 1
-    raise typer.Exit(code)
+    raise typer.Exit(guarded("inspect-plan", lambda: run_inspect(InspectOptions(
+        path=path, expand=expand, mesh=mesh, as_json=as_json, hf_config=hf_config,
+        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps, checks=checks))))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from hpcodegen.cli.app import app
+from hpcodegen.cli.app import app, guarded
 
 _CHECKS_HELP = "schema, plan, outputs, source, signature, model (comma lists allowed; repeatable)"
 
@@ -40,17 +40,12 @@ def verify(
     """Parse the options and hand them to :func:`hpcodegen.verify.run_verify`."""
     from hpcodegen.verify import run_verify
 
-    try:
-        code = run_verify(paths, hf_config=hf_config, only=only, skip=skip,
-                          output="json" if json_out else "text", junit=junit,
-                          strict=strict, verbose=verbose)
-    except BrokenPipeError:  # `hpcodegen verify ... | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 1
-    except Exception as exc:  # the last guard: report, never a traceback
-        if os.environ.get("HPCODEGEN_DEBUG"):
-            raise
-        sys.stderr.write(f"hpcodegen verify: internal error: {type(exc).__name__}: {exc} "
-                         "(set HPCODEGEN_DEBUG=1 for the traceback)\n")
-        code = 1
-    raise typer.Exit(code)
+    def call() -> int:
+        try:
+            return run_verify(paths, hf_config=hf_config, only=only, skip=skip,
+                              output="json" if json_out else "text", junit=junit,
+                              strict=strict, verbose=verbose)
+        except BrokenPipeError:  # `hpcodegen verify ... | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+    raise typer.Exit(guarded("verify", call))
