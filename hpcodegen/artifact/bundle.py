@@ -102,6 +102,9 @@ def check_target(target: Path) -> None:
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise BundleTargetError(f"{target} exists and is not a directory")
+    existing = next((p for p in target.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise BundleTargetError(f"{existing} is a file: it cannot hold {target.name}")
     if target.is_dir() and any(target.iterdir()) and not (target / META_NAME).is_file():
         raise BundleTargetError(f"{target} is a non-empty directory without {META_NAME}; "
                                 "refusing to replace it (choose an empty or new directory)")

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from hpcodegen.artifact.bundle import (
     BundleTargetError,
+    check_target,
     diff_bundle,
     render_bundle,
     write_bundle,
@@ -144,6 +145,25 @@ def _locate(finding: Finding, config_path: Path, recipe: Path | None) -> Finding
     return replace(finding, file=os.fspath(owner)) if owner is not None else finding
 
 
+def _publish(out: Path, rendered: Mapping[str, bytes] | None) -> None:
+    """Write the bundle to ``-o`` (only check the target when ``rendered`` is None).
+
+    A target that is a file or a foreign directory, or a path that cannot be created, is a
+    usage error naming ``-o``.
+    """
+    try:
+        if rendered is None:
+            check_target(out)
+        else:
+            write_bundle(out, rendered)
+    except BundleTargetError as exc:
+        raise UsageError([error("generate.out_not_bundle", "-o", str(exc))]) from None
+    except OSError as exc:
+        raise UsageError([error("generate.out_unwritable", "-o",
+                                f"cannot write {os.fspath(out)}: {exc.strerror or exc}"
+                                + (f" ({exc.filename})" if exc.filename else ""))]) from None
+
+
 def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     """Generate (or ``--check``) one artifact; returns the exit code.
 
@@ -151,6 +171,8 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         HpcodegenError: bad inputs or a plan that cannot be frozen (it carries the code).
     """
     stdout = stdout or sys.stdout
+    if not args.check:  # refuse an unusable -o before the seconds-long build
+        _publish(args.out, None)
     config, config_path = read_hf_config(args.model_dir)
     recipe = load_recipe(args.recipe) if args.recipe else None
     label = config_path.parent.name or "model"
@@ -166,10 +188,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         if not drifted:
             stdout.write(f"{os.fspath(args.out)}: up to date\n")
         return EXIT_FAILED if drifted else EXIT_OK
-    try:
-        write_bundle(args.out, rendered)
-    except BundleTargetError as exc:
-        raise UsageError([error("generate.out_not_bundle", "-o", str(exc))]) from None
+    _publish(args.out, rendered)
     meta = json.loads(rendered[META_NAME])
     stdout.write(f"wrote {os.fspath(args.out)} (signature {meta['signature']})\n")
     return EXIT_OK

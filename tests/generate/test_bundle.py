@@ -151,3 +151,32 @@ def test_refuses_to_replace_a_non_bundle_directory(tmp_path: Path, llama_dir: Pa
     assert res.exit_code == 2
     assert "refusing to replace it" in res.output
     assert (target / "precious.txt").read_text() == "keep"
+
+
+
+def test_unusable_out_is_refused_before_the_build(tmp_path: Path, llama_dir: Path,
+                                                  monkeypatch) -> None:
+    """-o a file or under a file: exit 2 naming -o, before the model is built."""
+    import hpcodegen.generate.api as gen_api
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.setattr(gen_api, "build_bundle", lambda *a: pytest.fail("built anyway"))
+    for out, needle in ((afile, f"-o: {afile} exists and is not a directory"),
+                        (afile / "sub" / "x", f"-o: {afile} is a file: it cannot hold x")):
+        res = CliRunner().invoke(app, ["generate", "--model", str(llama_dir), "--tp", "2",
+                                       "-o", str(out)])
+        assert res.exit_code == 2 and needle in res.output, res.output
+
+
+def test_write_failure_is_a_usage_error_naming_out(tmp_path: Path, monkeypatch) -> None:
+    """An OSError while publishing (read-only fs, permissions) is exit 2, not 'internal error'."""
+    import hpcodegen.generate.api as gen_api
+    from hpcodegen.errors import UsageError
+
+    def refuse(target, rendered):
+        raise PermissionError(13, "Permission denied", str(target.parent))
+
+    monkeypatch.setattr(gen_api, "write_bundle", refuse)
+    with pytest.raises(UsageError, match=r"-o: cannot write .*: Permission denied"):
+        gen_api._publish(tmp_path / "out", {"codegen_meta.json": b"{}"})
