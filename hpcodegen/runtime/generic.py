@@ -57,6 +57,20 @@ def transition_fn(t: Transition, active: ActiveMesh, split: bool, where: str) ->
     return dtensor_fn(t, active, split, where)
 
 
+def compile_transitions(form: BoundaryForm, entry: Mapping[str, Any], active: ActiveMesh
+                        ) -> tuple[dict[str, Callable], list[tuple[int, Callable]]]:
+    """``({input name: fn}, [(output index, fn)])`` for a boundary's live transitions.
+
+    Every input is compiled (identity ones unwrap); identity outputs are left out. Outputs
+    are addressed by their position in ``out_names`` (:func:`~hpcodegen.plan.entry.output_index`).
+    """
+    split = splits_compute(entry)
+    in_fns = {t.name: transition_fn(t, active, split, form.fqn) for t in form.inputs}
+    out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, form.fqn))
+               for t in form.outputs if not t.is_identity]
+    return in_fns, out_fns
+
+
 class GenericBoundary:
     """``self._hp_boundary`` of one module: ``redistribute_inputs`` / ``redistribute_outputs``.
 
@@ -69,11 +83,8 @@ class GenericBoundary:
 
     def __init__(self, form: BoundaryForm, entry: Mapping[str, Any], active: ActiveMesh,
                  forward: Callable[..., Any]) -> None:
-        split = splits_compute(entry)
         self.fqn = form.fqn
-        self.in_fns = {t.name: transition_fn(t, active, split, form.fqn) for t in form.inputs}
-        self.out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, form.fqn))
-                        for t in form.outputs if not t.is_identity]
+        self.in_fns, self.out_fns = compile_transitions(form, entry, active)
         self.binder = InputBinder(forward, list(self.in_fns), form.fqn)
 
     def redistribute_inputs(self, payload: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
