@@ -153,6 +153,9 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     if junit_path is not None and not junit_path.parent.is_dir():
         return _usage(f"--junit: directory {junit_path.parent} does not exist", stderr,
                       json_out)
+    if junit_path is not None and junit_path.is_dir():
+        return _usage(f"--junit: {junit_path} is a directory (expected a file name)", stderr,
+                      json_out)
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
     for path in artifact_paths(paths):
@@ -161,7 +164,10 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                                                 config_problem=problem, strict=strict))
     REPORTERS[output].write(result, stdout, verbose=verbose)
     if junit_path is not None:
-        _write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))
+        try:
+            _write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))
+        except OSError as exc:  # read-only dir, full disk: the report is out, say why not XML
+            return _usage(f"--junit: cannot write {junit_path}: {exc.strerror or exc}", stderr)
     return result.exit_code
 
 

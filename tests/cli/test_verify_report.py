@@ -101,10 +101,26 @@ def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None
     """--json: an unknown check or a --junit in a missing dir is exit 2 with JSON on stdout."""
     art = str(REPO / "examples" / "llama_tp2")
     for kwargs, needle in (({"only": ["bogus"]}, "unknown check(s): bogus"),
-                           ({"junit": tmp_path / "nodir" / "v.xml"}, "--junit: directory")):
+                           ({"junit": tmp_path / "nodir" / "v.xml"}, "--junit: directory"),
+                           ({"junit": tmp_path}, "is a directory (expected a file name)")):
         out, err = io.StringIO(), io.StringIO()
         code = run_verify([art], output="json", stdout=out, stderr=err, **kwargs)
         assert code == 2
         doc = json.loads(out.getvalue())
         assert doc["ok"] is False and doc["artifacts"] == []
         assert needle in doc["usage_error"] and needle in err.getvalue()
+
+
+def test_junit_write_failure_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:
+    """An OSError writing --junit (read-only dir, full disk): exit 2 and why, no traceback."""
+    import hpcodegen.verify as verify_mod
+
+    def refuse(path, render):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(verify_mod, "_write_atomic", refuse)
+    out, err = io.StringIO(), io.StringIO()
+    code = run_verify([str(REPO / "examples" / "llama_tp2")], junit=tmp_path / "v.xml",
+                      stdout=out, stderr=err)
+    assert code == 2
+    assert "--junit: cannot write" in err.getvalue() and "No space left" in err.getvalue()
