@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.artifact.load import load_meta
-from hpcodegen.errors import EXIT_OK, HpcodegenError
+from hpcodegen.errors import EXIT_OK, HpcodegenError, UsageError, error
 from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import display
 from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
@@ -75,11 +75,26 @@ def _run_dir(opts: LaunchOptions, create: bool) -> Path:
     if opts.log_dir is not None:
         path = Path(opts.log_dir) / "results"
         if create:
-            path.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError([error("launch.log_dir", "--log-dir",
+                                        f"cannot create {path}: {exc.strerror or exc}")]) from None
         return path
     if create:
         return Path(tempfile.mkdtemp(prefix="hpcodegen-launch-"))
     return Path(tempfile.gettempdir()) / "hpcodegen-launch-XXXXXX"
+
+
+def _refuse(exc: HpcodegenError, opts: LaunchOptions, err: Any) -> int:
+    """Report a request refused before anything started; its exit code."""
+    for finding in exc.findings:
+        err.print(f"error: {finding.render()}", markup=False)
+    if opts.json:  # the documented shape on stdout even when nothing started
+        display.print_json({"status": "error", "exit_code": exc.exit_code,
+                            "message": str(exc),
+                            "findings": [f.to_json() for f in exc.findings]})
+    return exc.exit_code
 
 
 def run_launch(opts: LaunchOptions) -> int:
@@ -95,14 +110,11 @@ def run_launch(opts: LaunchOptions) -> int:
     try:
         layout, device, opts = _prepare(opts)
     except HpcodegenError as exc:
-        for finding in exc.findings:
-            err.print(f"error: {finding.render()}", markup=False)
-        if opts.json:  # the documented shape on stdout even when nothing started
-            display.print_json({"status": "error", "exit_code": exc.exit_code,
-                                "message": str(exc),
-                                "findings": [f.to_json() for f in exc.findings]})
-        return exc.exit_code
-    run_dir = _run_dir(opts, create=not opts.dry_run)
+        return _refuse(exc, opts, err)
+    try:
+        run_dir = _run_dir(opts, create=not opts.dry_run)
+    except HpcodegenError as exc:
+        return _refuse(exc, opts, err)
     logs = Path(opts.log_dir) if opts.log_dir else (None if opts.script else run_dir / "logs")
     argv = torchrun_argv(opts, log_dir=logs, tee=bool(opts.script))
     job_env = job_environment(opts, run_dir=run_dir, device=device)

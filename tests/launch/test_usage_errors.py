@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
@@ -63,6 +64,19 @@ def test_bad_tolerance_and_log_dir_file(tmp_path):
     assert run.code == 2, run.stderr
     assert "--tolerance nan" in run.stderr
     assert f"--log-dir: {afile} exists and is not a directory" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_log_dir_that_cannot_be_created(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    logs = "/proc/hpcodegen-nope" if os.geteuid() == 0 else ro / "logs"  # root writes anywhere
+    if os.geteuid() != 0:
+        ro.chmod(0o500)
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                  "--log-dir", logs, "--json")
+    assert run.code == 2 and "--log-dir: cannot create" in run.stderr
+    assert run.json()["findings"][0]["code"] == "launch.log_dir"
     assert "Traceback" not in run.stderr
 
 
