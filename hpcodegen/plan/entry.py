@@ -18,6 +18,9 @@ TP_FORM_MARKER = "tp_collective"
 TOGGLE_FORM_MARKER = "toggle"
 
 TRANSITION_FIELDS: tuple[str, ...] = ("in_src", "in_dst", "out_src", "out_dst")
+#: Injection fields naming a callable by ``_target_`` (the runtime imports them through an
+#: allowlist; inspect-plan lists them as opaque communication).
+INJECTED_CALLABLES: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
 
 
 def is_boundary(entry: Mapping[str, Any]) -> bool:

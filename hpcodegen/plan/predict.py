@@ -30,7 +30,7 @@ from hpcodegen.plan.classify import (
     classify_entries,
     splits_compute,
 )
-from hpcodegen.plan.entry import param_plan, partial_grad_params
+from hpcodegen.plan.entry import INJECTED_CALLABLES, param_plan, partial_grad_params
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -129,7 +129,7 @@ def executed_transitions(bf: BoundaryForm, form: str) -> tuple[Transition, ...]:
 
 def _opaque(injection: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
     out = []
-    for key in ("local_compute_fn", "inner_wrapper"):
+    for key in INJECTED_CALLABLES:
         value = (injection or {}).get(key)
         if value:
             target = value.get("_target_", "?") if isinstance(value, Mapping) else str(value)

@@ -15,10 +15,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
+from hpcodegen.plan.entry import INJECTED_CALLABLES
 
 ENTRY_POINT_GROUP = "hpcodegen.injection_targets"
 BUILTIN_PREFIXES: tuple[str, ...] = ("hpcodegen.",)
-INJECTION_KEYS: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
+INJECTION_KEYS: tuple[str, ...] = INJECTED_CALLABLES
 
 
 def _allowed(path: str, prefixes: Iterable[str]) -> bool:
