@@ -59,7 +59,7 @@ def _inputs(root: Path) -> dict[str, Path]:
 
 def _cases(p: dict[str, Path]) -> list[tuple[list[str], int, str]]:
     """(arguments, exit code, text the error must contain)."""
-    ex, cfg = str(EXAMPLE), str(LLAMA)
+    ex, cfg, new = str(EXAMPLE), str(LLAMA), str(p["nonart"].parent / "new_out")
     return [
         (["verify", "/nonexistent/art"], 2, "no such artifact directory"),
         (["verify", str(p["nometa"])], 2, "has no codegen_meta.json"),
@@ -82,11 +82,15 @@ def _cases(p: dict[str, Path]) -> list[tuple[list[str], int, str]]:
          "--batch -1"),
         (["inspect-plan", ex, "--hf-config", cfg, "--batch", "1", "--seq", "4",
           "--dtype", "fp7"], 2, "unknown dtype 'fp7'"),
-        (["generate", "--model", "/nonexistent/m", "--tp", "2", "-o", str(p["nonart"])], 2,
+        (["generate", "--model", "/nonexistent/m", "--tp", "2", "-o", new], 2,
          "no HF config found"),
-        (["generate", "--model", cfg, "--tp", "0", "-o", str(p["nonart"])], 2, "--tp must be"),
+        (["generate", "--model", cfg, "--tp", "0", "-o", new], 2, "--tp must be"),
         (["generate", "--model", cfg, "--tp", "2", "--recipe", str(p["notyaml"]),
-          "-o", str(p["nonart"])], 2, "not valid YAML"),
+          "-o", new], 2, "not valid YAML"),
+        (["generate", "--model", cfg, "--tp", "2", "-o", str(p["nonart"])], 2,
+         "refusing to replace it"),
+        (["generate", "--model", cfg, "--tp", "2", "-o", str(p["afile"] / "x")], 2,
+         "is a file: it cannot hold x"),
         (["launch", ex, "--nproc", "0"], 2, "--nproc 0"),
         (["launch", ex, "--nproc", "3", "--model-dir", cfg], 2, "world size 3"),
         (["launch", ex, "--nproc", "2", "--model-dir", cfg, "--timeout", "-1"], 2,
