@@ -30,6 +30,7 @@ all_reduce + chunk.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -112,7 +113,7 @@ def step_fn(kind: str, dim: int | None, group: Any, where: str) -> LocalFn:
     if kind == "all_gather":
         return lambda x: gather(x, dim, group, world())
     if kind == "all_reduce":
-        return lambda x: reduce(x, group)
+        return partial(reduce, group=group)
     if kind == "reduce_scatter":
         return lambda x: scatter(x, dim, group, world())
     if kind == "chunk":
@@ -179,21 +180,21 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None) -> Callable[[Any], A
     grad_enabled = torch.is_grad_enabled
     apply = _Lowered.apply
 
-    def run(value: Any) -> Any:
-        if type(value) is not plain:
-            value = _unwrap(value)
-            if isinstance(value, (tuple, list)):
-                return type(value)(run(v) for v in value)
-            if not isinstance(value, plain):
-                return value
+    def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
+        if type(tensor) is not plain:
+            tensor = _unwrap(tensor)
+            if isinstance(tensor, (tuple, list)):
+                return type(tensor)(run(v) for v in tensor)
+            if not isinstance(tensor, plain):
+                return tensor
         if fwd is None and bwd is None:
-            return value
-        if value.requires_grad:
+            return tensor
+        if tensor.requires_grad:
             if grad_enabled():
-                return apply(value, fwd, bwd)
+                return apply(tensor, fwd, bwd)
             if fwd is None:  # as the Function's view under no_grad: no graph to follow
-                return value.detach()
-        return fwd(value) if fwd is not None else value
+                return tensor.detach()
+        return fwd(tensor) if fwd is not None else tensor
     return run
 
 
@@ -231,7 +232,7 @@ class TPOps:
     def _direct(self, op: TPOp, fn: Callable[[Any], Any]) -> Callable[..., Any]:
         """The method for ``op.kind`` when only ``op`` can match it: no cursor, no lookup."""
         if op.kind in ("identity", "all_reduce"):
-            return lambda tensor: fn(tensor)
+            return fn  # ``run(tensor)``: the method's own signature
         kind, declared = op.kind, op.dim
 
         def direct(tensor: Any, dim: int | None = None) -> Any:
