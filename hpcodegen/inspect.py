@@ -43,6 +43,7 @@ from hpcodegen.plan.predict import (
     unreduced_grad_findings,
 )
 from hpcodegen.plan.revalidate import FormChange, live_plan_axes, revalidate_forms
+from hpcodegen.plan.volume import dtype_bytes
 
 #: the verify checks run before predicting (pure, milliseconds)
 GATE_CHECKS = ("schema", "plan")
@@ -113,10 +114,13 @@ def _check_options(opts: InspectOptions) -> None:
     if opts.mesh is not None:
         parse_mesh(opts.mesh)
     volume_args = {"--batch": opts.batch, "--seq": opts.seq}
+    dtype_bytes(opts.dtype)  # an unknown --dtype is an error with or without --hf-config
     if opts.hf_config is None:
-        if opts.link_gbps is not None:
-            raise UsageError([error("inspect.usage", "--link-gbps",
-                                    "--link-gbps needs --hf-config (a volume estimate)")])
+        given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps}
+        for flag, value in given.items():
+            if value is not None:  # would be ignored: the user expects bytes they won't get
+                raise UsageError([error("inspect.usage", flag,
+                                        f"{flag} needs --hf-config (a volume estimate)")])
         return
     for flag, value in volume_args.items():
         if value is None or value < 1:

@@ -96,7 +96,8 @@ def test_parse_mesh() -> None:
 
 @pytest.mark.parametrize(("kw", "flag"), [
     ({"hf_config": "x"}, "--batch"), ({"hf_config": "x", "batch": 2}, "--seq"),
-    ({"link_gbps": 10.0}, "--link-gbps"),
+    ({"link_gbps": 10.0}, "--link-gbps"), ({"batch": 8}, "--batch needs --hf-config"),
+    ({"seq": 8}, "--seq needs --hf-config"), ({"dtype": "fp7"}, "unknown dtype 'fp7'"),
     ({"hf_config": "x", "batch": 2, "seq": 4, "link_gbps": -1.0}, "--link-gbps"),
 ])
 def test_volume_usage_errors(kw: dict[str, Any], flag: str) -> None:
