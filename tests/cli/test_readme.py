@@ -66,3 +66,23 @@ def test_readme_python_snippet_defines_every_name_it_uses() -> None:
             defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
         for target in getattr(node, "targets", []):
             defined |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def test_ci_md_offline_step_passes_on_its_documented_layout(tmp_path: Path) -> None:
+    """docs/ci.md's layout (artifact dirs + a `<name>.model` mapping) passes its own --strict
+    step: a mapping file inside the artifact dir would be an unrecorded-file warning."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    ci = (REPO / "docs" / "ci.md").read_text()
+    (step,) = [b for b in re.findall(r"run: \|\n(.*?)\n\s*- ", ci, re.S) if "--strict" in b]
+    shutil.copytree(REPO / "examples" / "llama_tp2", tmp_path / "artifacts" / "llama_tp2")
+    for name in re.findall(r'cat "\$dir([^"]*)"', ci):  # the mapping file, where ci.md reads it
+        (tmp_path / "artifacts" / f"llama_tp2{name}").write_text("llama")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.run(["bash", "-ec", step], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "verify-offline.xml").is_file()
