@@ -41,6 +41,20 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
     return generated_model_class(loaded.data, import_verified_module(loaded))
 
 
+def _check_shapes(model: Any, state: dict[str, Any], directory: Path) -> None:
+    """Name the tensors whose shape is not the model's (torch lists them in a long text)."""
+    own = model.state_dict()
+    wrong = [f"{k}: file {tuple(v.shape)}, model {tuple(own[k].shape)}"
+             for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise PlanError([error("launch.weights_shape", str(directory),
+                               f"weights of another shape than the model: "
+                               f"{'; '.join(wrong[:3])}{more}",
+                               hint="--model-dir must hold the config the weights were saved "
+                                    "with")])
+
+
 def _load_weights(model: Any, directory: Path) -> int:
     """Load every ``*.safetensors`` in ``directory`` into ``model``; returns the file count."""
     files = sorted(directory.glob("*.safetensors"))
@@ -50,7 +64,13 @@ def _load_weights(model: Any, directory: Path) -> int:
 
     state: dict[str, Any] = {}
     for file in files:
-        state.update(load_file(str(file)))
+        try:
+            state.update(load_file(str(file)))
+        except Exception as exc:  # safetensors raises its own error types on a bad header
+            raise PlanError([error("launch.weights_unreadable", "", "not a readable "
+                                   f"safetensors file: {type(exc).__name__}: {exc}",
+                                   file=str(file))]) from None
+    _check_shapes(model, state, directory)
     result = model.load_state_dict(state, strict=False)
     tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")}
     missing = [k for k in result.missing_keys if k not in tied]
