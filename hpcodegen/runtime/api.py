@@ -8,6 +8,7 @@ generated module is imported; then the phases run in the reference's order A, B,
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,13 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.hf import architecture_of
 from hpcodegen.placement import REPLICATE
 from hpcodegen.plan.classify import classify_plan
-from hpcodegen.plan.entry import expand_injections, join_fqn, param_plan, partial_grad_params
+from hpcodegen.plan.entry import (
+    active_axes,
+    expand_injections,
+    join_fqn,
+    param_plan,
+    partial_grad_params,
+)
 from hpcodegen.runtime.boundaries import install_boundaries
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.handlers import apply_handlers, check_handlers
@@ -118,6 +125,18 @@ def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
             for rel in partial_grad_params(entry)]
 
 
+def _warn_without_plan_axes(meta: Mapping[str, Any], context: MeshContext) -> None:
+    """A mesh with none of the plan's axes installs nothing, by design (decisions.md 4);
+    say so, since a mesh named ``("dp",)`` or ``("model",)`` is more often a mistake than
+    a wish for an unsharded model. A plan axis of size 1 (tp=1) stays silent."""
+    frozen = active_axes(meta)
+    names = tuple(context.device_mesh.mesh_dim_names or ())
+    if frozen and not set(frozen) & set(names):
+        warnings.warn(f"the device mesh {names} has none of the artifact's axes "
+                      f"{frozen}: nothing is sharded, the model runs unparallelized",
+                      UserWarning, stacklevel=3)
+
+
 def parallelize_from_generated(model: nn.Module, mesh_context: Any,
                                artifact_dir: str | os.PathLike[str], *, hf_config: Any = None,
                                allowed_target_prefixes: tuple[str, ...] = ()) -> SourceInfo:
@@ -182,6 +201,7 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
         return entry_fn(model, context)
     active = resolve_active_mesh(meta, context)
     if active.degenerate:
+        _warn_without_plan_axes(meta, context)
         return {}
     return _execute(model, meta, active, handlers, injections, records)
 

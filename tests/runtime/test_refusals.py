@@ -193,3 +193,25 @@ def test_api_misuse_is_a_clear_error_not_a_type_error(tp2) -> None:
             parallelize_from_generated(*args, **kwargs)
         assert _codes(info.value) == [code], info.value
     assert _params(model) == before
+
+
+def test_mesh_without_plan_axes_warns_and_installs_nothing(fake_world) -> None:
+    """A ("dp",) mesh for a tp artifact: the documented no-op, but never a silent one."""
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpcodegen.runtime import parallelize_from_generated
+
+    fake_world(2)
+    _, model = build_pair("llama_tp2")
+    before = _params(model)
+    dp = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    with pytest.warns(UserWarning, match=r"has none of the artifact's axes \('tp',\)"):
+        assert parallelize_from_generated(model, dp, EXAMPLES / "llama_tp2") == {}
+    assert _params(model) == before
+    _, other = build_pair("llama_tp2")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*none of the artifact's axes")  # tp=1: silent
+        tp1 = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+        assert parallelize_from_generated(other, tp1, EXAMPLES / "llama_tp2") == {}
