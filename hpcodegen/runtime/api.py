@@ -151,7 +151,8 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     1. Import the generated module (synthetic package); if it defines the meta's
        ``entrypoints.parallelize`` function, call it and return its result.
     2. Resolve the active submesh (plan axes in the live order, size-1 axes dropped). No
-       active axis (tp=1, or tp absent) -> an exact no-op, returning ``{}``.
+       active axis (tp=1, or tp absent) -> an exact no-op, returning ``{}``
+       (with a UserWarning when the mesh has none of the plan's axes).
     3. Classify the plan frozen and live (``classify_plan``, the one classifier).
     A. Shard parameters (``distribute_tensor``, keep the local shard); ``tp_divide_attrs``.
     B. Special handlers.   D. Tied weights.
