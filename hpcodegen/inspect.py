@@ -164,6 +164,13 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
         preds = predict_forms(meta, frozen, tp_live=tp_live)
         sizes = axis_sizes(meta)
         problems += unreduced_grad_findings(meta, preds, tp_live)
+        if frozen_axes and all(sizes.get(a, 1) == 1 for a in frozen_axes):
+            frozen_mesh = ",".join(f"{a}=1" for a in frozen_axes)
+            problems.append(warning(  # the runtime drops size-1 axes: nothing is installed
+                "inspect.size1_mesh", "/parallel_dims",
+                f"the frozen mesh is {frozen_mesh}: there the runtime installs nothing; the "
+                "collectives below are those of a live mesh where the axes are larger",
+                hint="pass --mesh (e.g. --mesh tp=2) to see a given live mesh"))
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
     live_axes, live_sizes = parse_mesh(mesh)

@@ -90,6 +90,19 @@ def test_mesh_without_any_plan_axis_warns() -> None:
     assert code == 0 and "none of the plan's axes" not in err
 
 
+def test_frozen_size1_mesh_says_nothing_is_installed(tmp_path: Path) -> None:
+    """A tp=1 artifact (``generate --tp 1``): the runtime installs nothing on its own mesh, so
+    the listed collectives must come with a warning saying they need a larger live mesh."""
+    meta = json.loads((FIXTURES / "llama_tp2_sp" / "codegen_meta.json").read_text())
+    meta["parallel_dims"]["tp_size"] = 1
+    (tmp_path / "codegen_meta.json").write_text(json.dumps(meta))
+    code, doc = inspect_json(path=str(tmp_path), checks=False)
+    assert code == 0
+    assert "inspect.size1_mesh" in {f["code"] for f in doc["findings"]}
+    _, doc = inspect_json(path=SP)
+    assert "inspect.size1_mesh" not in {f["code"] for f in doc["findings"]}
+
+
 def test_parse_mesh() -> None:
     assert parse_mesh("tp=4,cp=2") == (("tp", "cp"), {"tp": 4, "cp": 2})
 
