@@ -124,8 +124,9 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
 
     Args:
-        paths: artifact directories or ``codegen_meta.json`` files (a generated modeling,
-            diff or ``__init__.py`` file stands for its artifact dir; duplicates run once).
+        paths: artifact directories or ``codegen_meta.json`` files, or a single one (a
+            generated modeling, diff or ``__init__.py`` file stands for its artifact dir;
+            duplicates run once).
         hf_config: a ``config.json`` or a model dir, for the ``signature`` and ``model`` checks.
         only / skip: check names (comma lists allowed).
         output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
@@ -140,6 +141,8 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
 
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     json_out = stdout if output == "json" else None
+    if isinstance(paths, (str, os.PathLike)):  # one path, not its characters
+        paths = [paths]
     try:
         names = select_checks(only, skip)
     except UsageError as exc:

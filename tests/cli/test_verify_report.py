@@ -124,3 +124,11 @@ def test_junit_write_failure_is_a_usage_error(tmp_path: Path, monkeypatch) -> No
                       stdout=out, stderr=err)
     assert code == 2
     assert "--junit: cannot write" in err.getvalue() and "No space left" in err.getvalue()
+
+
+def test_a_single_path_string_is_one_artifact() -> None:
+    """run_verify("dir") is one artifact, not one per character of the string."""
+    out = io.StringIO()
+    code = run_verify(str(REPO / "examples" / "llama_tp2"), output="json", stdout=out,
+                      stderr=io.StringIO())
+    assert code == 0 and len(json.loads(out.getvalue())["artifacts"]) == 1
