@@ -37,6 +37,22 @@ def guarded(verb: str, call: Callable[[], int]) -> int:
         return 1
 
 
+def _version(value: bool) -> None:
+    if value:
+        from hpcodegen import __version__
+
+        typer.echo(f"hpcodegen {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Options before the verb (``hpcodegen --version``)."""
+
+
 def _register() -> None:
     """Import each verb module; each adds its command to ``app``."""
     from . import verbs  # noqa: F401

@@ -123,3 +123,15 @@ def test_bad_inputs_exit_codes_messages_and_no_traceback(tmp_path: Path) -> None
             problems.append(f"hpcodegen {' '.join(args)} -> {run.returncode} (want {code}, "
                             f"{needle!r}):\n{text[-600:]}")
     assert not problems, "\n\n".join(problems)
+
+
+def test_version_option() -> None:
+    """`hpcodegen --version`: what a bug report needs first."""
+    from hpcodegen.cli.app import _register, app
+    from typer.testing import CliRunner
+
+    from hpcodegen import __version__
+
+    _register()
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"hpcodegen {__version__}"
