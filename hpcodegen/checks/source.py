@@ -8,8 +8,10 @@ what the class must look like (both naming generations accepted):
   and no form marker;
 * tp_collective: ``_forward_impl`` and the marker ``_hp_boundary_form`` /
   ``_hyper_boundary_form`` = ``"tp_collective"`` (or ``"toggle"``), no generic engine call;
-  a forward that fails the reference's lowering gates (``*args``, bare ``return``, inputs that
-  are not parameters, an output op not on output 0) is emitted generic instead;
+  a forward that fails the lowering gates (``*args``, a bare ``return`` or returns of mixed
+  tuple/non-tuple shape, inputs that are not parameters, an output op not on output 0) is
+  emitted generic instead: :func:`hpcodegen.plan.lowering.lowering_gates` on the
+  ``_forward_impl`` (the original forward), the rule ``generate`` applies;
 * generic and region: ``_forward_impl`` and no tp_collective marker.
 
 Classes not defined in the file (``nn.Linear``) are wrapped at run time: info. A declared
@@ -30,13 +32,13 @@ from hpcodegen.checks.source_scan import (
     ClassInfo,
     ModuleScan,
     called_names,
-    lowering_gates,
     scan_module,
     self_attrs,
 )
 from hpcodegen.errors import Finding, error, info
-from hpcodegen.plan.classify import BoundaryForm, outputs_not_first
+from hpcodegen.plan.classify import BoundaryForm
 from hpcodegen.plan.entry import TOGGLE_FORM_MARKER, TP_FORM_MARKER
+from hpcodegen.plan.lowering import forward_signature, lowering_gates
 
 MAX_SOURCE_BYTES = 32 * 1024 * 1024
 _FORBIDDEN_CALLS = ("get_parallel_state", "get_inline_parallel_state")
@@ -78,9 +80,7 @@ def _emitted_form(form: BoundaryForm, cls: ClassInfo) -> tuple[str, str]:
     if form.form != "tp_collective":
         return form.form, ""
     original = cls.methods.get("_forward_impl") or cls.methods.get("forward")
-    reasons = lowering_gates(original, {t.name for t in form.inputs}) if original else []
-    if outputs_not_first(form):
-        reasons.append("an output op targets a tuple position other than 0")
+    reasons = lowering_gates(form, forward_signature(original)) if original else []
     return ("generic", "; ".join(reasons)) if reasons else ("tp_collective", "")
 
 

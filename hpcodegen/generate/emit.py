@@ -16,13 +16,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.generate.forward_text import (
-    Signature,
-    generic_body,
-    tp_collective_body,
-    tp_collective_gate,
-)
+from hpcodegen.generate.forward_text import generic_body, tp_collective_body
 from hpcodegen.plan.classify import BoundaryForm
+from hpcodegen.plan.lowering import ForwardSignature, class_forwards, lowering_gates
 
 RUNTIME_IMPORT = (
     "from hpcodegen.runtime.identity import IDENTITY_BOUNDARY, IDENTITY_TP, no_deferred_bias\n"
@@ -54,41 +50,6 @@ class _AbsoluteImports(cst.CSTTransformer):
                                     whitespace_after_from=cst.SimpleWhitespace(" "))
 
 
-def _returns(func: cst.FunctionDef) -> tuple[str, bool]:
-    """Shape of the forward's own returns (nested functions and classes not counted)."""
-    found: list[cst.Return] = []
-
-    class _Collect(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is func
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Return(self, node: cst.Return) -> None:
-            found.append(node)
-
-    func.visit(_Collect())
-    bare = any(r.value is None for r in found)
-    tuples = [isinstance(r.value, cst.Tuple) for r in found if r.value is not None]
-    shape = "tuple" if tuples and all(tuples) else "single" if not any(tuples) else "mixed"
-    return shape, bare
-
-
-def signature_of(func: cst.FunctionDef) -> Signature:
-    """Parameter names of a forward (``self`` dropped) and the shape of its returns."""
-    p = func.params
-    positional = [x.name.value for x in (*p.posonly_params, *p.params)][1:]
-    star = p.star_arg.name.value if isinstance(p.star_arg, cst.Param) else None
-    varkw = p.star_kwarg.name.value if p.star_kwarg else None
-    shape, bare = _returns(func)
-    return Signature(tuple(positional), tuple(x.name.value for x in p.kwonly_params),
-                     star, varkw, shape, bare)
-
-
 def _block(lines: Sequence[str]) -> cst.BaseSuite:
     text = "def _f():\n" + "".join(f"    {line}\n" for line in lines)
     return cst.ensure_type(cst.parse_statement(text), cst.FunctionDef).body
@@ -101,8 +62,10 @@ def _attrs(names: Sequence[tuple[str, str]]) -> list[cst.BaseStatement]:
 class _RewriteClasses(cst.CSTTransformer):
     """Rewrites each planned class defined at the top level of the module."""
 
-    def __init__(self, plans: Mapping[str, ClassPlan]) -> None:
+    def __init__(self, plans: Mapping[str, ClassPlan],
+                 forwards: Mapping[str, ForwardSignature]) -> None:
         self.plans = plans
+        self.forwards = forwards
         self.done: dict[str, str] = {}
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
@@ -122,20 +85,19 @@ class _RewriteClasses(cst.CSTTransformer):
             raise PlanError([error("generate.no_forward", node.name.value,
                                    f"class {node.name.value} defines no forward to rewrite")])
         forward = cst.ensure_type(body[index], cst.FunctionDef)
-        sig = signature_of(forward)
+        sig = self.forwards[node.name.value]
         form = plan.form
         if form.form == "region":
             raise PlanError([error("generate.region_form", node.name.value,
                                    "region boundaries (local_compute_fn) are not emitted yet")])
-        emitted, gate = form.form, None
-        if emitted == "tp_collective":
-            gate = tp_collective_gate(form, sig)
-            emitted = "generic" if gate else emitted
+        emitted = form.form
+        gates = lowering_gates(form, sig) if emitted == "tp_collective" else []
+        emitted = "generic" if gates else emitted
         if emitted == "tp_collective":
             lines = tp_collective_body(form, sig, plan.deferred_bias)
             attrs = [("_hp_boundary_form", '"tp_collective"'), ("_hp_tp", "IDENTITY_TP")]
         else:
-            lines = generic_body(form, sig, plan.deferred_bias, [gate] if gate else [])
+            lines = generic_body(form, sig, plan.deferred_bias, gates)
             attrs = [("_hp_boundary", "IDENTITY_BOUNDARY")]
         if plan.deferred_bias:
             attrs.append(("_hp_deferred_bias", "no_deferred_bias"))
@@ -192,10 +154,11 @@ def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassP
     Returns:
         ``(generated text, {class name: emitted form})`` for the classes rewritten.
     """
+    forwards = class_forwards(source_text)  # the gates read the original forwards (ast)
     module = cst.parse_module(source_text)
     module = module.visit(_AbsoluteImports(module_name.rsplit(".", 1)[0]))
     module = _add_runtime_import(module)
-    rewriter = _RewriteClasses(plans)
+    rewriter = _RewriteClasses(plans, forwards)
     module = module.visit(rewriter)
     header = [cst.EmptyLine(comment=cst.Comment(f"# {line}".rstrip())) for line in banner]
     module = module.with_changes(header=[*header, cst.EmptyLine(indent=False), *module.header])

@@ -4,29 +4,16 @@ The body performs the declared transitions around ``self._forward_impl`` (the or
 forward, kept byte-for-byte). tp_collective forms call one bare collective per transition
 (``hidden_states = self._hp_tp.all_gather(hidden_states, dim=1)``) so a reviewer reads every
 communication in the diff; generic forms hand the arguments to the bound engine. Each
-transition gets a comment: the classifier's note.
+transition gets a comment: the classifier's note. Which of the two a tp_collective verdict
+gets is :func:`hpcodegen.plan.lowering.lowering_gates` (the rule verify applies too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from hpcodegen.plan.classify import BoundaryForm, TPOp, Transition, outputs_not_first
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What the generated forward needs to know about the original one."""
-
-    positional: tuple[str, ...]
-    kwonly: tuple[str, ...]
-    varargs: str | None
-    varkw: str | None
-    #: "tuple" when every return is a tuple literal, "single" when none is, "mixed" else
-    returns: str
-    #: a bare ``return`` (no value) somewhere in the body
-    bare_return: bool
+from hpcodegen.plan.classify import BoundaryForm, TPOp, Transition
+from hpcodegen.plan.lowering import ForwardSignature as Signature
 
 
 def _op_call(op: TPOp, arg: str) -> str:
@@ -39,22 +26,6 @@ def _op_call(op: TPOp, arg: str) -> str:
 
 def _comment(t: Transition) -> str:
     return f"# {t.note}" if t.note else f"# {t.name}: unchanged ==> to_local"
-
-
-def tp_collective_gate(form: BoundaryForm, sig: Signature) -> str | None:
-    """Why a tp_collective verdict cannot be emitted as bare collectives (None: it can)."""
-    if sig.varargs:
-        return f"forward takes *{sig.varargs}"
-    if sig.bare_return or sig.returns == "mixed":
-        return "forward has returns of different shapes"
-    names = set(sig.positional) | set(sig.kwonly)
-    for t in form.inputs:
-        if t.name not in names:
-            return f"input {t.name!r} is not a forward parameter"
-    later = outputs_not_first(form)
-    if later:
-        return f"output {later[0]!r} is not the first output"
-    return None
 
 
 def _call_args(sig: Signature) -> str:
