@@ -70,15 +70,21 @@ class ActiveMesh:
         """The tp process group (the submesh's own group when tp is its only axis)."""
         return self.mesh.get_group(TP)
 
-    def tp_rank(self) -> int:
-        return self.mesh.get_local_rank(TP)
+
+def _is_mesh(value: Any) -> bool:
+    return hasattr(value, "mesh_dim_names") and hasattr(value, "get_group")
 
 
 def as_context(mesh_context: Any) -> MeshContext:
     """A bare ``DeviceMesh`` or a :class:`MeshContext` -> MeshContext; else PlanError."""
     if isinstance(mesh_context, MeshContext):
+        for name in ("device_mesh", "fsdp_mesh"):
+            value = getattr(mesh_context, name)
+            if not _is_mesh(value) and not (name == "fsdp_mesh" and value is None):
+                raise PlanError([error("runtime.bad_mesh", f"mesh_context.{name}",
+                                       f"expected a DeviceMesh, got {type(value).__name__}")])
         return mesh_context
-    if hasattr(mesh_context, "mesh_dim_names") and hasattr(mesh_context, "get_group"):
+    if _is_mesh(mesh_context):
         return MeshContext(device_mesh=mesh_context)
     raise PlanError([error("runtime.bad_mesh", "mesh_context",
                            "expected a DeviceMesh or MeshContext, got "

@@ -179,13 +179,16 @@ def test_same_architecture_other_shape_refused(tp2) -> None:
 def test_api_misuse_is_a_clear_error_not_a_type_error(tp2) -> None:
     """Wrong argument types give InputError/PlanError naming the argument, model untouched."""
     from hpcodegen.errors import InputError
-    from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
 
     _, model = build_pair("llama_tp2")
     art = EXAMPLES / "llama_tp2"
     before = _params(model)
     cases = [((None, tp2, art), {}, PlanError, "runtime.bad_model"),
              ((model, None, art), {}, PlanError, "runtime.bad_mesh"),
+             ((model, MeshContext(None), art), {}, PlanError, "runtime.bad_mesh"),
+             ((model, MeshContext(tp2, fsdp_mesh="dp"), art), {}, PlanError,
+              "runtime.bad_mesh"),
              ((model, tp2, None), {}, InputError, "load.bad_path"),
              ((model, tp2, art), {"hf_config": 5}, PlanError, "runtime.bad_hf_config")]
     for args, kwargs, kind, code in cases:
