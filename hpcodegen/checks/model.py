@@ -5,8 +5,10 @@ The only check that loads torch and transformers (lazily, through
 download). Every planned ``<fqn>.<param>`` must exist (``""`` names the entry itself), every
 plan FQN must name a module (nothing is skipped silently, unlike torch's plan application),
 every trainable parameter must be covered by a planned key (equal, or below it), head and
-kv-head counts and each ``tp_divide_attrs`` attribute must divide the tp size, and a sharded
-dim that does not divide its axis size is a warning (torch shards it unevenly).
+kv-head counts (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the rule ``generate``
+refuses by; an MLP width or vocab that does not divide is a warning there) and each
+``tp_divide_attrs`` attribute must divide the tp size, and a sharded dim that does not divide
+its axis size is a warning (torch shards it unevenly).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hpcodegen.checks.schema import subtree_valid
 from hpcodegen.errors import Finding, HpcodegenError, error, warning
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.entry import axis_sizes, param_plan
+from hpcodegen.plan.tp_divisible import tp_divisibility
 
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
@@ -33,16 +36,6 @@ def _resolve(root: Any, fqn: str) -> Any:
         if obj is None:
             return None
     return obj
-
-
-def _heads(config: Mapping[str, Any], tp: int) -> Iterator[Finding]:
-    text = as_dict(config.get("text_config"))
-    for key in ("num_attention_heads", "num_key_value_heads"):
-        value = config.get(key, text.get(key))
-        if isinstance(value, int) and not isinstance(value, bool) and value % tp:
-            yield error("model.heads_not_divisible", pointer("parallel_dims", "tp_size"),
-                        f"{key} = {value} is not divisible by tp_size = {tp}",
-                        hint="choose a tp size that divides the head counts")
 
 
 def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
@@ -134,7 +127,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes"):
         raise SkipCheck("param_plan, parallel_dims or boundary_classes violate the schema")
     tp = axis_sizes(ctx.meta).get("tp", 1)
-    yield from _heads(config, tp)
+    yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"))
     from hpcodegen.hf import build_meta_model
 
     try:

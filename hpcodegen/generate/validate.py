@@ -7,32 +7,23 @@ module or the config field, so nothing is skipped silently.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from hpcodegen.errors import Finding, PlanError, error
+from hpcodegen.errors import Finding, PlanError, Severity, error
 from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
-
-#: config fields that must divide the tp degree, with why
-DIVISIBLE_FIELDS: tuple[tuple[str, str], ...] = (
-    ("num_attention_heads", "attention heads are split over tp"),
-    ("num_key_value_heads", "key/value heads are split over tp"),
-    ("intermediate_size", "the MLP is split over tp"),
-    ("vocab_size", "the embedding and lm_head are split on the vocab over tp"),
-)
+from hpcodegen.plan.tp_divisible import tp_divisibility
 
 
 def check_divisible(config: Mapping[str, Any], tp: int) -> None:
-    """Heads, kv heads, MLP width and vocab must divide ``tp``; PlanError naming the fields."""
-    problems = []
-    for key, why in DIVISIBLE_FIELDS:
-        value = config.get(key)
-        if key == "num_key_value_heads" and value is None:
-            value = config.get("num_attention_heads")
-        if isinstance(value, int) and value % tp:
-            problems.append(error(
-                "generate.indivisible", f"/{key}",
-                f"config {key}={value} is not divisible by --tp {tp} ({why})",
-                expected=f"a multiple of {tp}"))
+    """Refuse a config whose sizes do not divide ``tp``: PlanError naming the fields.
+
+    The rule is :func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the one verify's
+    ``model`` check applies. Its warnings (an MLP width or vocab that torch would shard
+    unevenly) are refused here too: the generator only emits even shards.
+    """
+    problems = [replace(f, severity=Severity.ERROR)
+                for f in tp_divisibility(config, tp, "generate")]
     if problems:
         raise PlanError(problems)
 

@@ -27,9 +27,26 @@ def test_indivisible_heads_names_config_fields(tmp_path: Path, make_config) -> N
                          head_dim=16, hidden_size=96)
     code, out = invoke("--model", str(model), "--tp", "4", "-o", str(tmp_path / "out"))
     assert code == 1
-    assert "num_attention_heads=6 is not divisible by --tp 4" in out
-    assert "num_key_value_heads=3 is not divisible by --tp 4" in out
+    assert "num_attention_heads = 6 is not divisible by tp_size = 4" in out
+    assert "num_key_value_heads = 3 is not divisible by tp_size = 4" in out
     assert not (tmp_path / "out").exists()
+
+
+def test_divisibility_is_verify_rule_and_refuses_its_warnings_too() -> None:
+    """generate refuses what verify's model check reports: heads (errors), and the sharded
+    dims verify only warns about (an uneven MLP or vocab is never emitted), text_config too."""
+    from hpcodegen.generate.validate import check_divisible
+    from hpcodegen.plan.tp_divisible import tp_divisibility
+
+    config = {"vocab_size": 255, "text_config": {"num_attention_heads": 6,
+                                                 "intermediate_size": 128}}
+    assert {(f.code, f.severity.value) for f in tp_divisibility(config, 4, "model")} == {
+        ("model.heads_not_divisible", "error"), ("model.uneven_dim", "warning")}
+    with pytest.raises(PlanError) as exc:
+        check_divisible(config, 4)
+    assert {(f.where, f.severity.value) for f in exc.value.findings} == {
+        ("/text_config/num_attention_heads", "error"), ("/vocab_size", "error")}
+    check_divisible(config, 1)  # everything divides 1
 
 
 def test_unsupported_style_names_the_rule(tmp_path: Path) -> None:

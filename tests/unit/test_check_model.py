@@ -46,17 +46,31 @@ def test_uneven_shard_is_a_warning() -> None:
     result = model(vf.llama_meta(), config)
     assert result.status == "pass"
     assert vf.codes(result) == {
+        ("model.uneven_dim", "/parallel_dims/tp_size"),
         ("model.uneven_shard", "/param_plan/model.embed_tokens/params/weight/tp"),
         ("model.uneven_shard", "/param_plan/lm_head/params/weight/tp"),
     }
-    assert "dim 0 of size 255 does not divide into 2" in result.findings[0].message
+    assert result.findings[0].message.startswith("vocab_size = 255 is not divisible by tp_size")
+    assert "dim 0 of size 255 does not divide into 2" in result.findings[1].message
 
 
 def test_kv_heads_must_divide_tp() -> None:
     meta = vf.llama_meta(tp=4)
     result = model(meta, dict(vf.LLAMA_CONFIG))
     (f,) = [f for f in result.findings if f.code == "model.heads_not_divisible"]
-    assert f.message == "num_key_value_heads = 2 is not divisible by tp_size = 4"
+    assert f.message == ("num_key_value_heads = 2 is not divisible by tp_size = 4 "
+                         "(key/value heads are split over tp)")
+
+
+def test_heads_in_text_config_must_divide_tp() -> None:
+    """Multimodal configs keep the head counts in text_config (the rule generate refuses by)."""
+    from hpcodegen.plan.tp_divisible import tp_divisibility
+
+    config = {"text_config": {"num_attention_heads": 6, "num_key_value_heads": 4}}
+    (f,) = tp_divisibility(config, 4, "model", "/parallel_dims/tp_size")
+    assert (f.code, f.where, f.severity.value) == (
+        "model.heads_not_divisible", "/parallel_dims/tp_size", "error")
+    assert f.message.startswith("text_config.num_attention_heads = 6 is not divisible")
 
 
 def test_unknown_model_type_is_a_finding() -> None:
