@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import Step, TPOp, Transition
+from hpcodegen.runtime.identity import unwrap_local
 
 LocalFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -46,10 +47,14 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _unwrap(value: Any) -> Any:
-    """A DTensor's local shard; anything else unchanged."""
-    to_local = getattr(value, "to_local", None)
-    return to_local() if callable(to_local) and hasattr(value, "placements") else value
+def map_local_tensors(value: Any, leaf: LocalFn) -> Any:
+    """``leaf`` applied to every local tensor of ``value``: a DTensor is unwrapped to its
+    local shard, tuples and lists are walked (nested, type kept), anything else is returned
+    as is. The one walker of the lowered ops and the generic engine."""
+    value = unwrap_local(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_local_tensors(v, leaf) for v in value)
+    return leaf(value) if isinstance(value, torch.Tensor) else value
 
 
 def gather(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> torch.Tensor:
@@ -180,13 +185,7 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None) -> Callable[[Any], A
     grad_enabled = torch.is_grad_enabled
     apply = _Lowered.apply
 
-    def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
-        if type(tensor) is not plain:
-            tensor = _unwrap(tensor)
-            if isinstance(tensor, (tuple, list)):
-                return type(tensor)(run(v) for v in tensor)
-            if not isinstance(tensor, plain):
-                return tensor
+    def on_tensor(tensor: torch.Tensor) -> torch.Tensor:
         if fwd is None and bwd is None:
             return tensor
         if tensor.requires_grad:
@@ -195,6 +194,11 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None) -> Callable[[Any], A
             if fwd is None:  # as the Function's view under no_grad: no graph to follow
                 return tensor.detach()
         return fwd(tensor) if fwd is not None else tensor
+
+    def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
+        if type(tensor) is plain:  # the hot path: a local tensor, nothing to walk
+            return on_tensor(tensor)
+        return map_local_tensors(tensor, on_tensor)
     return run
 
 

@@ -20,7 +20,7 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import BoundaryForm, Transition, grad_placements, splits_compute
 from hpcodegen.plan.entry import output_index
 from hpcodegen.runtime.binding import InputBinder, apply_outputs
-from hpcodegen.runtime.collectives import _unwrap, lowered_fn
+from hpcodegen.runtime.collectives import lowered_fn, map_local_tensors
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
 
 
@@ -35,18 +35,13 @@ def dtensor_fn(t: Transition, active: ActiveMesh, split: bool, where: str) -> Ca
     grad, _ = grad_placements(t.side, t.src, t.dst, active.axes, split)
     mesh = active.mesh
 
-    def run(value: Any) -> Any:
-        value = _unwrap(value)
-        if isinstance(value, (tuple, list)):
-            return type(value)(run(v) for v in value)
-        if not isinstance(value, torch.Tensor):
-            return value
+    def redistribute(value: torch.Tensor) -> torch.Tensor:
         nd = value.dim()
         d = DTensor.from_local(value, mesh, to_torch_placements(t.src, nd), run_check=False)
         d = d.redistribute(mesh, to_torch_placements(t.dst, nd))
         grad_placements = to_torch_placements(grad, nd) if t.side == "in" else None
         return d.to_local(grad_placements=grad_placements)
-    return run
+    return lambda value: map_local_tensors(value, redistribute)
 
 
 def transition_fn(t: Transition, active: ActiveMesh, split: bool, where: str) -> Callable:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def _unwrap(value: Any) -> Any:
-    """A DTensor's local shard, anything else unchanged (torch never imported here)."""
+def unwrap_local(value: Any) -> Any:
+    """A DTensor's local shard, anything else unchanged: the one unwrap of the runtime
+    (torch never imported here, so generated modules can use it at load)."""
     to_local = getattr(value, "to_local", None)
     return to_local() if callable(to_local) and hasattr(value, "placements") else value
 
@@ -21,16 +22,16 @@ class IdentityTP:
     """The no-op stand-in for :class:`hpcodegen.runtime.collectives.TPOps`."""
 
     def to_local(self, tensor: Any) -> Any:
-        return _unwrap(tensor)
+        return unwrap_local(tensor)
 
     def all_gather(self, tensor: Any, dim: int | None = None) -> Any:
-        return _unwrap(tensor)
+        return unwrap_local(tensor)
 
     def all_reduce(self, tensor: Any) -> Any:
-        return _unwrap(tensor)
+        return unwrap_local(tensor)
 
     def reduce_scatter(self, tensor: Any, dim: int | None = None) -> Any:
-        return _unwrap(tensor)
+        return unwrap_local(tensor)
 
     def __repr__(self) -> str:
         return "IDENTITY_TP"
