@@ -46,7 +46,7 @@ from hpcodegen.runtime.embedding import (
 from hpcodegen.runtime.generic import GenericBoundary, transition_fn
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.mesh import TP, ActiveMesh
-from hpcodegen.runtime.params import ShardedParam
+from hpcodegen.runtime.params import ShardedParam, param_owner
 
 
 class RuntimeFallbackWarning(UserWarning):
@@ -88,12 +88,8 @@ def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     if not paths:
         return None
     for path in paths:
-        owner_path, _, name = path.rpartition(".")
-        owner = module.get_submodule(owner_path) if owner_path else module
-        if name not in owner._parameters:
-            raise PlanError([error("runtime.missing_param", f"{fqn}.{path}",
-                                   "deferred_bias_params names a missing parameter")])
-        if owner_path:
+        owner, name = param_owner(module, path, "deferred_bias_params", prefix=fqn)
+        if owner is not module:
             owner.forward = _bias_free(owner, owner.forward, name)
         elif lowered:
             module._forward_impl = _bias_free(module, module._forward_impl, name)

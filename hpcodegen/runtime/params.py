@@ -19,7 +19,7 @@ from torch import nn
 
 from hpcodegen.errors import PlacementMismatchError, PlanError, error
 from hpcodegen.placement import format_placements, resolve_placements
-from hpcodegen.plan.entry import iter_params, param_plan
+from hpcodegen.plan.entry import iter_params, join_fqn, param_plan
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
 
 
@@ -44,18 +44,20 @@ def split_owner(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return (root.get_submodule(owner_path) if owner_path else root), name
 
 
-def param_owner(model: nn.Module, fqn: str, field: str = "the plan") -> tuple[nn.Module, str]:
+def param_owner(model: nn.Module, fqn: str, field: str = "the plan",
+                prefix: str = "") -> tuple[nn.Module, str]:
     """The module holding parameter ``fqn`` and the parameter's name in it.
 
-    Raises PlanError (``runtime.missing_param``) naming the FQN and the meta ``field`` that
-    asked for it when the model has no such parameter.
+    Raises PlanError (``runtime.missing_param``) naming the FQN (``prefix.fqn`` when ``fqn``
+    is relative to ``model``, the module at ``prefix``) and the meta ``field`` that asked for
+    it when the model has no such parameter, whether its module or the parameter is missing.
     """
     try:
         owner, name = split_owner(model, fqn)
     except AttributeError:
         owner, name = None, ""
     if owner is None or not isinstance(owner._parameters.get(name), torch.Tensor):
-        raise PlanError([error("runtime.missing_param", fqn,
+        raise PlanError([error("runtime.missing_param", join_fqn(prefix, fqn),
                                f"{field} names a parameter the model does not have",
                                hint="build the model from the artifact's model class and config")])
     return owner, name
