@@ -4,7 +4,8 @@ The only check that loads torch and transformers (lazily, through
 :func:`hpcodegen.hf.build_meta_model`: the real structure on the meta device, no weights, no
 download). Every planned ``<fqn>.<param>`` must exist (``""`` names the entry itself), every
 plan FQN must name a module (nothing is skipped silently, unlike torch's plan application),
-every trainable parameter must be covered by a planned key (equal, or below it), head and
+every trainable parameter must be covered by a planned key (equal, or below it:
+:func:`hpcodegen.plan.coverage.uncovered`, the rule ``generate`` refuses by), head and
 kv-head counts (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the rule ``generate``
 refuses by; an MLP width or vocab that does not divide is a warning there) and each
 ``tp_divide_attrs`` attribute must divide the tp size, and a sharded dim that does not divide
@@ -21,6 +22,7 @@ from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_p
 from hpcodegen.checks.schema import subtree_valid
 from hpcodegen.errors import Finding, HpcodegenError, error, warning
 from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, param_plan
 from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -76,15 +78,8 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int) -> Iterator[Find
                             f"an integer divisible by tp_size = {tp}")
 
 
-def _covered(name: str, planned: set[str]) -> bool:
-    parts = name.split(".")
-    return any(".".join(parts[:i]) in planned for i in range(1, len(parts) + 1))
-
-
 def _coverage(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
-    planned = set(planned_params(meta))
-    missing = [n for n, p in model.named_parameters() if p.requires_grad
-               and not _covered(n, planned)]
+    missing = uncovered(trainable_names(model), planned_params(meta))
     for name in missing[:MAX_LISTED]:
         yield error("model.uncovered_param", name, f"trainable parameter {name} is not covered "
                     "by the frozen plan", hint="add it (R if replicated) to its entry's params")

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, Severity, error
+from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
 from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -29,7 +30,12 @@ def check_divisible(config: Mapping[str, Any], tp: int) -> None:
 
 
 def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
-    """Every trainable parameter is planned exactly once, and every planned one exists."""
+    """Every planned parameter is planned once and exists; every trainable one is covered.
+
+    Coverage is :func:`hpcodegen.plan.coverage.uncovered` (the reference's rule: equal to a
+    planned key or below one, tied weights counted once), the one verify's ``model`` check
+    applies.
+    """
     planned: dict[str, str] = {}
     problems: list[Finding] = []
     for fqn, entry in plan.items():
@@ -39,13 +45,12 @@ def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
                 problems.append(error("generate.param_twice", full,
                                       f"parameter planned by both {planned[full]!r} and {fqn!r}"))
             planned[full] = fqn
+    for name in uncovered(trainable_names(model), planned):
+        problems.append(error(
+            "generate.param_not_covered", name,
+            "trainable parameter is not covered by the plan",
+            hint="add it with a recipe rule (params)"))
     params = dict(model.named_parameters(remove_duplicate=False))
-    for name, param in params.items():
-        if param.requires_grad and name not in planned:
-            problems.append(error(
-                "generate.param_not_covered", name,
-                "trainable parameter is not covered by the plan",
-                hint="add it with a recipe rule (params)"))
     for full, fqn in planned.items():
         if full not in params:
             problems.append(error("generate.param_missing", f"/param_plan/{fqn}",

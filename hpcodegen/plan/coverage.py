@@ -1,0 +1,29 @@
+"""Which trainable parameters a plan covers (pure; the one rule generate and verify apply).
+
+Per the reference: every trainable parameter, deduplicated by identity (a tied weight counts
+once, under its first name), must equal a planned key or start with a planned key plus
+``"."``. ``generate`` refuses a plan that leaves one uncovered; verify's ``model`` check reports
+it. The model is only asked for ``named_parameters()``; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Any
+
+
+def is_covered(name: str, planned: Collection[str]) -> bool:
+    """``name`` equals a planned key or lies below one (``key + "."`` is a prefix of it)."""
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in planned for i in range(1, len(parts) + 1))
+
+
+def trainable_names(model: Any) -> list[str]:
+    """Names of the trainable parameters, deduplicated by identity (first name kept)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def uncovered(names: Iterable[str], planned: Iterable[str]) -> list[str]:
+    """The names (in order) that no planned key covers."""
+    keys = set(planned)
+    return [name for name in names if not is_covered(name, keys)]
