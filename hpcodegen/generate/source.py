@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcodegen.artifact.digest import bytes_digest
 from hpcodegen.errors import PlanError, error
 
 
@@ -29,11 +29,13 @@ class ModelingSource:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+        return str(bytes_digest(self.text.encode("utf-8"))["sha256"])
 
     @property
     def line_count(self) -> int:
-        return len(self.text.splitlines())
+        """Lines as :func:`hpcodegen.artifact.digest.bytes_digest` counts them for
+        ``outputs`` (over the bytes: a form feed or U+2028 does not start a line)."""
+        return int(bytes_digest(self.text.encode("utf-8"))["lines"])
 
 
 def modeling_source(model_cls: type) -> ModelingSource:
