@@ -18,6 +18,7 @@ after the output reduction, by ``module._hp_deferred_bias``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -68,8 +69,10 @@ def _bind(module: nn.Module, name: str, value: Any) -> None:
 
 
 def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``fn`` run with ``owner.<name>`` hidden (None), restored afterwards."""
+    """``fn`` run with ``owner.<name>`` hidden (None), restored afterwards (``fn``'s
+    signature kept: inputs bind to it by name)."""
 
+    @functools.wraps(fn)
     def bias_free_forward(*args: Any, **kwargs: Any) -> Any:
         saved = owner._parameters[name]
         owner._parameters[name] = None
@@ -81,18 +84,22 @@ def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[
 
 
 def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any],
-                          form: BoundaryForm, lowered: bool, active: ActiveMesh
+                          form: BoundaryForm, active: ActiveMesh
                           ) -> Callable[[Any], Any] | None:
-    """Hide each deferred bias inside and return the exit hook that adds it once."""
+    """Hide each deferred bias inside and return the exit hook that adds it once.
+
+    The bias is hidden from the forward that would add it: a child's own ``forward``; for
+    the boundary's own bias, its compute (a generated class's ``_forward_impl``) or, on a
+    wrapped class, its instance ``forward``, which the boundary wrapper then calls.
+    """
     paths = list(entry.get("deferred_bias_params") or ())
     if not paths:
         return None
     for path in paths:
         owner, name = param_owner(module, path, "deferred_bias_params", prefix=fqn)
-        if owner is not module:
-            owner.forward = _bias_free(owner, owner.forward, name)
-        elif lowered:
-            module._forward_impl = _bias_free(module, module._forward_impl, name)
+        attr = "_forward_impl" if owner is module and hasattr(module, "_forward_impl") \
+            else "forward"
+        setattr(owner, attr, _bias_free(owner, getattr(owner, attr), name))
     first = [t for t in form.outputs if output_index(entry, t.name) == 0]
     if first and any(isinstance(p, Shard) for a, p in zip(active.axes, first[0].dst, strict=True)
                          if a == TP):
@@ -115,7 +122,7 @@ def _add_all(x: Any, biases: list[Any]) -> Any:
 def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
                        live: BoundaryForm, effective: str, active: ActiveMesh) -> str:
     marker = _marker(module)
-    deferred = install_deferred_bias(module, fqn, entry, live, True, active)
+    deferred = install_deferred_bias(module, fqn, entry, live, active)
     if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER) and effective == "tp_collective":
         _bind(module, "tp", TPOps(fqn, live.transitions, active.tp_group()))
         if marker == TOGGLE_FORM_MARKER:
@@ -150,13 +157,11 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     offset = _vocab_offset(module, fqn, sharded, active)
     if offset is not None:
         install_vocab_parallel(module, offset)
-    deferred = install_deferred_bias(module, fqn, entry, live, False, active)
+    deferred = install_deferred_bias(module, fqn, entry, live, active)
     if effective == "identity" and deferred is None:
         return "identity"
     split = splits_compute(entry)
     original = module.forward
-    if "bias" in (entry.get("deferred_bias_params") or ()):
-        original = _bias_free(module, original, "bias")
     in_fns = {t.name: transition_fn(t, active, split, fqn) for t in live.inputs}
     out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, fqn))
                for t in live.outputs if not t.is_identity]
