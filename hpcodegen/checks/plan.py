@@ -17,6 +17,7 @@ from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entrie
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
 from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.plan.coverage import params_planned_twice
 from hpcodegen.plan.entry import ENTRYPOINTS, TRANSITION_FIELDS
 
 #: Axes a placement key may name besides the plan's own: ep routes to the expert mesh,
@@ -141,6 +142,14 @@ def _check_coverage(meta: Mapping[str, Any]) -> Iterator[Finding]:
                    "covered.sharding_plan is false although param_plan is not empty")
 
 
+def _check_params_once(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    for full, first, second in params_planned_twice(plan_entries(meta)):
+        yield error("plan.param_twice", pointer("param_plan", second, "params"),
+                    f"parameter {full!r} is planned by both {first!r} and {second!r}",
+                    expected="each parameter in one entry's params",
+                    hint="keep the placement in one entry")
+
+
 def _check_entrypoint(meta: Mapping[str, Any]) -> Iterator[Finding]:
     name = as_dict(meta.get("entrypoints")).get("parallelize")
     if name is None:
@@ -167,6 +176,7 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     """Semantic rules of the frozen plan (see the module docstring)."""
     meta = ctx.meta
     yield from _check_coverage(meta)
+    yield from _check_params_once(meta)
     yield from _check_placements(meta)
     yield from _check_mesh(meta)
     yield from _check_outputs_names(meta)

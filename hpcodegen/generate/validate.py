@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, Severity, error
-from hpcodegen.plan.coverage import trainable_names, uncovered
+from hpcodegen.plan.coverage import params_planned_twice, trainable_names, uncovered
 from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
 from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -36,15 +36,12 @@ def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
     planned key or below one, tied weights counted once), the one verify's ``model`` check
     applies.
     """
-    planned: dict[str, str] = {}
-    problems: list[Finding] = []
-    for fqn, entry in plan.items():
-        for rel in entry.get("params") or {}:
-            full = join_fqn(fqn, rel)
-            if full in planned:
-                problems.append(error("generate.param_twice", full,
-                                      f"parameter planned by both {planned[full]!r} and {fqn!r}"))
-            planned[full] = fqn
+    problems: list[Finding] = [
+        error("generate.param_twice", full, f"parameter planned by both {first!r} and {second!r}")
+        for full, first, second in params_planned_twice(plan)
+    ]
+    planned = {join_fqn(fqn, rel): fqn for fqn, entry in plan.items()
+               for rel in entry.get("params") or {}}
     for name in uncovered(trainable_names(model), planned):
         problems.append(error(
             "generate.param_not_covered", name,

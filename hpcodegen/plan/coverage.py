@@ -8,8 +8,10 @@ it. The model is only asked for ``named_parameters()``; nothing here imports tor
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
+
+from hpcodegen.plan.entry import join_fqn
 
 
 def is_covered(name: str, planned: Collection[str]) -> bool:
@@ -27,3 +29,25 @@ def uncovered(names: Iterable[str], planned: Iterable[str]) -> list[str]:
     """The names (in order) that no planned key covers."""
     keys = set(planned)
     return [name for name in names if not is_covered(name, keys)]
+
+
+def params_planned_twice(
+    plan: Mapping[str, Mapping[str, Any]],
+) -> list[tuple[str, str, str]]:
+    """``(param_fqn, first entry FQN, second entry FQN)`` for each parameter two entries plan.
+
+    ``{"a": {"params": {"b.weight": ...}}}`` and ``{"a.b": {"params": {"weight": ...}}}`` name
+    the same parameter; which placement would win is undefined, so both generate and verify
+    refuse it.
+    """
+    owner: dict[str, str] = {}
+    twice: list[tuple[str, str, str]] = []
+    for fqn, entry in plan.items():
+        params = entry.get("params") if isinstance(entry, Mapping) else None
+        for rel in params if isinstance(params, Mapping) else ():
+            full = join_fqn(fqn, rel)
+            if full in owner:
+                twice.append((full, owner[full], fqn))
+            else:
+                owner[full] = fqn
+    return twice

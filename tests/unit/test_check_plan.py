@@ -155,3 +155,11 @@ def test_signature_inputs_of_the_wrong_type_never_crash(field: str) -> None:
     for name in ("plan", "outputs", "source", "signature"):
         result = vf.run_check(name, meta, hf_config=dict(vf.LLAMA_CONFIG))
         assert not any(f.code.endswith(".internal") for f in result.findings), result.findings
+
+
+def test_a_parameter_planned_by_two_entries_is_an_error() -> None:
+    meta = vf.llama_meta()
+    meta["param_plan"][f"{ATTN}.q_proj"] = {"params": {"weight": {"tp": "S(1)"}},
+                                            "is_boundary": False}
+    errors = vf.codes(plan(meta), "error")
+    assert ("plan.param_twice", f"/param_plan/{ATTN}.q_proj/params") in errors
