@@ -27,7 +27,7 @@ from torch import nn
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.placement import Shard
-from hpcodegen.plan.classify import BoundaryForm, splits_compute
+from hpcodegen.plan.classify import BoundaryForm
 from hpcodegen.plan.entry import (
     FORM_MARKERS,
     TOGGLE_FORM_MARKER,
@@ -44,7 +44,7 @@ from hpcodegen.runtime.embedding import (
     install_vocab_parallel,
     is_sp_embedding_entry,
 )
-from hpcodegen.runtime.generic import GenericBoundary, transition_fn
+from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.mesh import TP, ActiveMesh
 from hpcodegen.runtime.params import ShardedParam, param_owner
@@ -160,12 +160,9 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     deferred = install_deferred_bias(module, fqn, entry, live, active)
     if effective == "identity" and deferred is None:
         return "identity"
-    split = splits_compute(entry)
     original = module.forward
-    in_fns = {t.name: transition_fn(t, active, split, fqn) for t in live.inputs}
-    out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, fqn))
-               for t in live.outputs if not t.is_identity]
-    bind_in = InputBinder(module.forward, list(in_fns), fqn).compile(in_fns)
+    in_fns, out_fns = compile_transitions(live, entry, active)
+    bind_in = InputBinder(original, list(in_fns), fqn).compile(in_fns)
     bind_out = compile_outputs(out_fns)
 
     def hp_boundary_forward(*args: Any, **kwargs: Any) -> Any:

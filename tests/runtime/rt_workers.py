@@ -98,16 +98,15 @@ def compare(artifact: str, mesh: Any) -> dict[str, float]:
         gen = type(ref)(ref.config).float()
         gen.load_state_dict(ref.state_dict())
     if variant == "dtensor":  # every transition through DTensor.redistribute, none lowered
-        import hpcodegen.runtime.boundaries as boundaries
-        from hpcodegen.runtime.generic import dtensor_fn
+        import hpcodegen.runtime.generic as generic
 
-        lowered, boundaries.transition_fn = boundaries.transition_fn, dtensor_fn
+        lowered, generic.transition_fn = generic.transition_fn, generic.dtensor_fn
     try:
         info = parallelize_from_generated(gen, mesh, EXAMPLES / artifact,
                                           hf_config=hf_config(artifact))
     finally:
         if variant == "dtensor":
-            boundaries.transition_fn = lowered
+            generic.transition_fn = lowered
     ids, labels = batch(ref.config.vocab_size)
     out_ref = ref(input_ids=ids).logits  # default use_cache: a DynamicCache is built
     out_gen = gen(input_ids=ids).logits
