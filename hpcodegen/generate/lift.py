@@ -18,6 +18,7 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.styles import Kind, shard
+from hpcodegen.plan.entry import partial_deferred_biases
 
 SEQ = "S(1)"
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
@@ -142,8 +143,8 @@ class Lifter:
         entry["tp_divide_attrs"] = head_count_attrs(module)
         if deferred:
             entry["deferred_bias_params"] = sorted(deferred)
-            if self.sp:  # added after the reduce_scatter: each rank sees its sequence slice
-                partial.extend(deferred)
+            # added after the SP reduce_scatter: each rank sees its sequence slice
+            partial.extend(partial_deferred_biases(entry))
         if partial:
             entry["partial_grad_params"] = sorted(set(partial))
         return entry

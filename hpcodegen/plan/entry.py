@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hpcodegen.placement import Shard, parse_placement
+
 #: Both naming generations of the generated-code identifiers (decisions.md, item 1).
 FORM_MARKERS: tuple[str, ...] = ("_hp_boundary_form", "_hyper_boundary_form")
 COMPUTE_ATTRS: tuple[str, ...] = ("__hp_compute__", "__hyper_compute__")
@@ -69,6 +71,43 @@ def partial_grad_params(entry: Any) -> tuple[str, ...]:
     """
     names = entry.get("partial_grad_params") if isinstance(entry, Mapping) else None
     return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
+def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
+    """The entry's ``deferred_bias_params`` whose gradient is partial over tp.
+
+    A deferred bias is added once to the boundary's first output after its output
+    transition; when that output leaves sharded on tp (an SP reduce_scatter), each rank adds
+    the bias to its shard only, so its gradient is the rank's share (decisions.md item 6).
+    The one statement of that rule: the generator derives the ``partial_grad_params`` it
+    writes from it, and :func:`effective_partial_grad_params` adds it for metas that do not.
+    """
+    if not isinstance(entry, Mapping):
+        return ()
+    names = entry.get("deferred_bias_params")
+    biases = tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+    dst_map = entry.get("out_dst")
+    if not biases or not isinstance(dst_map, Mapping):
+        return ()
+    first = [n for n in sorted(dst_map) if output_index(entry, n) == 0]
+    named = dst_map.get(first[0]) if first else None
+    text = named.get("tp") if isinstance(named, Mapping) else None
+    try:
+        sharded = isinstance(text, str) and isinstance(parse_placement(text), Shard)
+    except ValueError:  # the schema / plan checks report a bad placement
+        sharded = False
+    return biases if sharded else ()
+
+
+def effective_partial_grad_params(entry: Any) -> tuple[str, ...]:
+    """The parameters whose gradient the runtime all-reduces over tp: the declared
+    ``partial_grad_params`` then the :func:`partial_deferred_biases` not declared.
+
+    The runtime's gradient sync and inspect-plan's prediction both read this, so a meta
+    written without the derived names (another generator) is synced and counted alike.
+    """
+    declared = partial_grad_params(entry)
+    return declared + tuple(n for n in partial_deferred_biases(entry) if n not in declared)
 
 
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:

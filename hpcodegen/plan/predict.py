@@ -30,7 +30,7 @@ from hpcodegen.plan.classify import (
     classify_entries,
     splits_compute,
 )
-from hpcodegen.plan.entry import INJECTED_CALLABLES, param_plan, partial_grad_params
+from hpcodegen.plan.entry import INJECTED_CALLABLES, effective_partial_grad_params, param_plan
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -147,7 +147,7 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                      grad_sync: Sequence[str] = ()) -> BoundaryPrediction:
     """Predict one classified boundary; ``form`` overrides the executed form (re-validation).
 
-    ``grad_sync`` are the entry's ``partial_grad_params`` when tp is live (size > 1).
+    ``grad_sync`` are the entry's ``effective_partial_grad_params`` when tp is live (size > 1).
     """
     form = form or bf.form
     ins, outs = _forward_ops(bf, form)
@@ -169,7 +169,8 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
                   tp_live: bool = True) -> list[BoundaryPrediction]:
     """Predictions for classified entries, in plan order.
 
-    ``tp_live``: tp is a mesh axis of size > 1, so ``partial_grad_params`` are synced.
+    ``tp_live``: tp is a mesh axis of size > 1, so the ``effective_partial_grad_params`` (the
+    declared ``partial_grad_params`` and the partial deferred biases) are synced.
     """
     classes = _classes(meta)
     effective = effective or {}
@@ -178,7 +179,7 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
     out: list[BoundaryPrediction] = []
     for fqn, bf in forms.items():
         cls, form = _str_or_none(classes.get(fqn)), effective.get(fqn)
-        sync = partial_grad_params(plan.get(fqn)) if tp_live else ()
+        sync = effective_partial_grad_params(plan.get(fqn)) if tp_live else ()
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
                sync)

@@ -21,10 +21,10 @@ from hpcodegen.placement import REPLICATE
 from hpcodegen.plan.classify import classify_plan
 from hpcodegen.plan.entry import (
     active_axes,
+    effective_partial_grad_params,
     expand_injections,
     join_fqn,
     param_plan,
-    partial_grad_params,
 )
 from hpcodegen.runtime.boundaries import install_boundaries
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
@@ -122,7 +122,7 @@ def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]]
 
 def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
     return [join_fqn(fqn, rel) for fqn, entry in param_plan(meta).items()
-            for rel in partial_grad_params(entry)]
+            for rel in effective_partial_grad_params(entry)]
 
 
 def _warn_without_plan_axes(meta: Mapping[str, Any], context: MeshContext) -> None:

@@ -26,14 +26,12 @@ from typing import Any
 from torch import nn
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.placement import Shard
 from hpcodegen.plan.classify import BoundaryForm
 from hpcodegen.plan.entry import (
     FORM_MARKERS,
     TOGGLE_FORM_MARKER,
     TP_FORM_MARKER,
     fqn_depth,
-    output_index,
     param_plan,
 )
 from hpcodegen.plan.revalidate import decide
@@ -45,7 +43,6 @@ from hpcodegen.runtime.embedding import (
     is_sp_embedding_entry,
 )
 from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
-from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.mesh import TP, ActiveMesh
 from hpcodegen.runtime.params import ShardedParam, param_owner
 
@@ -83,14 +80,15 @@ def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[
     return bias_free_forward
 
 
-def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any],
-                          form: BoundaryForm, active: ActiveMesh
+def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any]
                           ) -> Callable[[Any], Any] | None:
     """Hide each deferred bias inside and return the exit hook that adds it once.
 
     The bias is hidden from the forward that would add it: a child's own ``forward``; for
     the boundary's own bias, its compute (a generated class's ``_forward_impl``) or, on a
-    wrapped class, its instance ``forward``, which the boundary wrapper then calls.
+    wrapped class, its instance ``forward``, which the boundary wrapper then calls. A
+    bias added to a tp shard has a partial gradient: the api's gradient sync covers it
+    (:func:`~hpcodegen.plan.entry.effective_partial_grad_params`).
     """
     paths = list(entry.get("deferred_bias_params") or ())
     if not paths:
@@ -100,11 +98,6 @@ def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any],
         attr = "_forward_impl" if owner is module and hasattr(module, "_forward_impl") \
             else "forward"
         setattr(owner, attr, _bias_free(owner, getattr(owner, attr), name))
-    first = [t for t in form.outputs if output_index(entry, t.name) == 0]
-    if first and any(isinstance(p, Shard) for a, p in zip(active.axes, first[0].dst, strict=True)
-                         if a == TP):
-        # the bias is added to a tp shard: its gradient is partial (decisions.md item 6)
-        install_grad_allreduce(module, paths, active.tp_group())
 
     def add_deferred_biases(outputs: Any) -> Any:
         biases = [module.get_parameter(p) for p in paths]
@@ -122,7 +115,7 @@ def _add_all(x: Any, biases: list[Any]) -> Any:
 def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
                        live: BoundaryForm, effective: str, active: ActiveMesh) -> str:
     marker = _marker(module)
-    deferred = install_deferred_bias(module, fqn, entry, live, active)
+    deferred = install_deferred_bias(module, fqn, entry)
     if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER) and effective == "tp_collective":
         _bind(module, "tp", TPOps(fqn, live.transitions, active.tp_group()))
         if marker == TOGGLE_FORM_MARKER:
@@ -157,7 +150,7 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     offset = _vocab_offset(module, fqn, sharded, active)
     if offset is not None:
         install_vocab_parallel(module, offset)
-    deferred = install_deferred_bias(module, fqn, entry, live, active)
+    deferred = install_deferred_bias(module, fqn, entry)
     if effective == "identity" and deferred is None:
         return "identity"
     original = module.forward

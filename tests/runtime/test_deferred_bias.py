@@ -1,21 +1,11 @@
 """Deferred biases on one process: refusals name the FQN and the meta field; the bias is
-hidden from the layer and added once after the boundary's outputs (no process group: the
-entries here have no tp-sharded output, so nothing communicates)."""
+hidden from the layer and added once after the boundary's outputs (no process group)."""
 
 from __future__ import annotations
 
 import pytest
 
 from hpcodegen.errors import PlanError
-from hpcodegen.plan.classify import classify_boundary
-
-AXES = ("tp",)
-
-
-def _active():
-    from hpcodegen.runtime.mesh import ActiveMesh
-
-    return ActiveMesh(AXES, {"tp": 2}, None, None)
 
 
 class _Block:
@@ -46,9 +36,8 @@ def test_a_missing_module_or_parameter_is_a_plan_error_naming_fqn_and_field(path
     from hpcodegen.runtime.boundaries import install_deferred_bias
 
     entry = _entry([path])
-    form = classify_boundary("model.layers.0.attn", entry, AXES)
     with pytest.raises(PlanError) as info:
-        install_deferred_bias(_Block.build(), "model.layers.0.attn", entry, form, _active())
+        install_deferred_bias(_Block.build(), "model.layers.0.attn", entry)
     finding = info.value.findings[0]
     assert finding.code == "runtime.missing_param"
     assert finding.where == f"model.layers.0.attn.{path}"
@@ -68,12 +57,49 @@ def test_the_bias_is_hidden_from_the_layer_and_added_once_by_the_hook(path) -> N
     block = _Block.build()
     module = block.o_proj if path == "bias" else block
     entry = _entry([path])
-    form = classify_boundary("m", entry, AXES)
     before = inspect.signature(module.forward)
-    hook = install_deferred_bias(module, "m", entry, form, _active())
+    hook = install_deferred_bias(module, "m", entry)
     x = torch.randn(3, 4)
     bare = x @ block.o_proj.weight.T
     torch.testing.assert_close(module(x), bare)
     torch.testing.assert_close(hook(module(x)), bare + block.o_proj.bias)
     assert inspect.signature(module.forward) == before
     assert block.o_proj.bias is not None  # restored after each call
+
+
+def _region(out_tp: str, declared: list[str] | None) -> dict:
+    entry = {"params": {"o_proj.weight": {"tp": "S(1)"}, "o_proj.bias": {"tp": "R"}},
+             "in_src": {"hidden_states": {"tp": out_tp}}, "in_dst": {"hidden_states": {"tp": "R"}},
+             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": out_tp}},
+             "deferred_bias_params": ["o_proj.bias"]}
+    if declared is not None:
+        entry["partial_grad_params"] = declared
+    return entry
+
+
+@pytest.mark.parametrize(("out_tp", "declared", "want"), [
+    ("S(1)", None, ("o_proj.bias",)),          # another generator: derived
+    ("S(1)", ["o_proj.bias"], ("o_proj.bias",)),  # ours: declared, not counted twice
+    ("R", None, ()),                           # all_reduced output: the bias is whole
+    ("S(1)", ["norm.weight"], ("norm.weight", "o_proj.bias")),
+])
+def test_effective_partial_grads_add_a_deferred_bias_on_a_sharded_output(
+        out_tp, declared, want) -> None:
+    from hpcodegen.plan.entry import effective_partial_grad_params
+
+    assert effective_partial_grad_params(_region(out_tp, declared)) == want
+
+
+def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
+    """Regression: a meta without ``partial_grad_params`` for its SP deferred bias was
+    synced by the runtime but predicted without that backward all_reduce."""
+    from hpcodegen.plan.predict import predict_plan, summarize
+    from hpcodegen.runtime.api import _partial_grad_fqns
+
+    meta = {"mesh_dim_names": ["tp"], "parallel_dims": {"tp_size": 2},
+            "param_plan": {"model.layers.0.self_attn": _region("S(1)", None),
+                           "model.layers.1.self_attn": _region("R", None)}}
+    preds, problems = predict_plan(meta)
+    assert problems == []
+    assert summarize(preds).grad_sync == {("all_reduce", "tp", None): 1}
+    assert _partial_grad_fqns(meta) == ["model.layers.0.self_attn.o_proj.bias"]
