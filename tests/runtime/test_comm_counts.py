@@ -1,9 +1,9 @@
 """Collectives per forward and backward, counted by CommDebugMode on the fake process group,
 equal what inspect-plan predicts (``hpcodegen.plan.predict``) for each example artifact.
 
-predict.py does not count the gradient all-reduces of ``partial_grad_params`` (they are not
-boundary transitions): the expected backward adds one ``all_reduce`` on tp per listed
-parameter.
+The gradient all-reduces of partial parameters are not boundary transitions: predict.py
+counts them apart (``Summary.grad_sync``, from ``effective_partial_grad_params``) and the
+expected backward adds them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ def _counted(mode) -> Counter:
 
 
 def _predicted(meta) -> tuple[Counter, Counter]:
-    from hpcodegen.plan.entry import param_plan
     from hpcodegen.plan.predict import predict_plan, summarize
 
     summary = summarize(predict_plan(meta)[0])
@@ -37,8 +36,8 @@ def _predicted(meta) -> tuple[Counter, Counter]:
         fwd[kind] += n
     for (kind, _axis, _dim), n in summary.per_backward.items():
         bwd[kind] += n
-    bwd["all_reduce"] += sum(len(e.get("partial_grad_params") or ())
-                             for e in param_plan(meta).values())
+    for (kind, _axis, _dim), n in summary.grad_sync.items():
+        bwd[kind] += n
     return +fwd, +bwd
 
 
