@@ -110,6 +110,27 @@ def effective_partial_grad_params(entry: Any) -> tuple[str, ...]:
     return declared + tuple(n for n in partial_deferred_biases(entry) if n not in declared)
 
 
+def takes_token_ids(cls: str | None) -> bool:
+    """The boundary's class is a token embedding (its name ends in ``Embedding``, as
+    ``nn.Embedding`` and HF's ``*Embedding`` classes): its input is integer token ids, with
+    no gradient, and its output is the model's first activation."""
+    return bool(cls) and cls.endswith("Embedding")
+
+
+def output_sequence_sharded(entry: Any) -> bool:
+    """Some output of the entry leaves sharded on tp along the sequence dim (``S(1)``): the
+    next module sees only its rank's slice of the sequence (sequence parallelism)."""
+    dst_map = entry.get("out_dst") if isinstance(entry, Mapping) else None
+    for named in (dst_map or {}).values() if isinstance(dst_map, Mapping) else ():
+        text = named.get("tp") if isinstance(named, Mapping) else None
+        try:
+            if isinstance(text, str) and parse_placement(text) == Shard(1):
+                return True
+        except ValueError:  # the schema / plan checks report a bad placement
+            continue
+    return False
+
+
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     """``meta['param_plan']`` or an empty mapping."""
     plan = meta.get("param_plan")

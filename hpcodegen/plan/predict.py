@@ -30,7 +30,12 @@ from hpcodegen.plan.classify import (
     classify_entries,
     splits_compute,
 )
-from hpcodegen.plan.entry import INJECTED_CALLABLES, effective_partial_grad_params, param_plan
+from hpcodegen.plan.entry import (
+    INJECTED_CALLABLES,
+    effective_partial_grad_params,
+    param_plan,
+    takes_token_ids,
+)
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -137,11 +142,6 @@ def _opaque(injection: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def takes_token_ids(cls: str | None) -> bool:
-    """An embedding's input is integer token ids: it has no gradient, so no backward op."""
-    return bool(cls) and cls.endswith("Embedding")
-
-
 def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                      form: str | None = None,
                      grad_sync: Sequence[str] = ()) -> BoundaryPrediction:
@@ -152,6 +152,7 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
     form = form or bf.form
     ins, outs = _forward_ops(bf, form)
     executed = executed_transitions(bf, form)
+    # token ids carry no gradient: an embedding's input has no backward op
     grads = tuple(_step_op(t.name, s) for t in executed for s in t.grad_steps
                   if not (t.side == "in" and takes_token_ids(cls)))
     notes = tuple(t.note for t in bf.transitions if t.note)

@@ -32,7 +32,10 @@ from hpcodegen.plan.entry import (
     TOGGLE_FORM_MARKER,
     TP_FORM_MARKER,
     fqn_depth,
+    join_fqn,
+    output_sequence_sharded,
     param_plan,
+    takes_token_ids,
 )
 from hpcodegen.plan.revalidate import decide
 from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_outputs
@@ -40,10 +43,10 @@ from hpcodegen.runtime.collectives import TPOps
 from hpcodegen.runtime.embedding import (
     install_default_position_ids,
     install_vocab_parallel,
-    is_sp_embedding_entry,
+    row_sharded_vocab_start,
 )
 from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
-from hpcodegen.runtime.mesh import TP, ActiveMesh
+from hpcodegen.runtime.mesh import ActiveMesh
 from hpcodegen.runtime.params import ShardedParam, param_owner
 
 
@@ -134,22 +137,12 @@ def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     return "generic"
 
 
-def _vocab_offset(module: nn.Module, fqn: str, sharded: Mapping[str, ShardedParam],
-                  active: ActiveMesh) -> int | None:
-    record = sharded.get(f"{fqn}.weight" if fqn else "weight")
-    if not isinstance(module, nn.Embedding) or record is None or TP not in active.axes:
-        return None
-    tp_placement = record.placements[active.axes.index(TP)]
-    return record.global_offset[0] if getattr(tp_placement, "dim", None) == 0 and \
-        tp_placement.is_shard() else None
-
-
 def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
                      live: BoundaryForm, effective: str, active: ActiveMesh,
                      sharded: Mapping[str, ShardedParam]) -> str:
-    offset = _vocab_offset(module, fqn, sharded, active)
-    if offset is not None:
-        install_vocab_parallel(module, offset)
+    start = row_sharded_vocab_start(module, sharded.get(join_fqn(fqn, "weight")), active)
+    if start is not None:
+        install_vocab_parallel(module, start)
     deferred = install_deferred_bias(module, fqn, entry)
     if effective == "identity" and deferred is None:
         return "identity"
@@ -188,7 +181,8 @@ def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: Active
             raise PlanError([error("runtime.reinstall", fqn, "boundary already installed")])
         entry = entries[fqn]
         effective, _ = decide(frozen[fqn], live[fqn], active.axes)
-        if is_sp_embedding_entry(entry) and "." in fqn:
+        if takes_token_ids(type(module).__name__) and output_sequence_sharded(entry) \
+                and "." in fqn:
             install_default_position_ids(model.get_submodule(fqn.rpartition(".")[0]))
         if hasattr(module, "_forward_impl"):
             if effective != "identity":

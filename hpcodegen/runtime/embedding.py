@@ -3,7 +3,9 @@
 * A ``nn.Embedding`` whose weight is ``Shard(0)`` on tp holds rows ``[start, end)`` of the
   vocabulary. Ids outside are looked up as row 0 and their rows zeroed, so the output is a
   ``Partial(sum)`` over tp, which the boundary's output op then reduces.
-* With sequence parallelism the embedding output is reduce-scattered on dim 1, and HF's
+* With sequence parallelism the embedding output leaves sharded on dim 1
+  (:func:`hpcodegen.plan.entry.output_sequence_sharded` of a
+  :func:`~hpcodegen.plan.entry.takes_token_ids` class), and HF's
   ``*Model.forward`` derives default ``position_ids`` from ``inputs_embeds.shape[1]`` (now the
   local length). The parent forward is wrapped to pass the global ``arange(seq_len)`` built
   from ``input_ids``. The causal mask is then right for sdpa without a padding mask (it is
@@ -14,14 +16,14 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcodegen.placement import Partial, Shard, parse_placement
+from hpcodegen.runtime.mesh import TP, ActiveMesh
+from hpcodegen.runtime.params import ShardedParam
 
 
 def install_vocab_parallel(module: nn.Embedding, start: int) -> None:
@@ -42,18 +44,17 @@ def install_vocab_parallel(module: nn.Embedding, start: int) -> None:
     module._hp_vocab_range = (start, start + module.weight.shape[0])
 
 
-def _tp_of(named: Mapping[str, Any] | None) -> Any:
-    text = (named or {}).get("tp")
-    return parse_placement(text) if isinstance(text, str) else None
-
-
-def is_sp_embedding_entry(entry: Mapping[str, Any]) -> bool:
-    """Output Partial on tp and reduce-scattered onto the sequence dim (1)."""
-    for name, src in (entry.get("out_src") or {}).items():
-        dst = (entry.get("out_dst") or {}).get(name)
-        if isinstance(_tp_of(src), Partial) and _tp_of(dst) == Shard(1):
-            return True
-    return False
+def row_sharded_vocab_start(module: nn.Module, record: ShardedParam | None,
+                            active: ActiveMesh) -> int | None:
+    """The first vocabulary row this rank holds when ``module`` is an ``nn.Embedding``
+    instance (the masked lookup uses its attributes) whose weight Phase A sharded by rows
+    on tp; else None. ``record`` is the weight's :class:`ShardedParam`."""
+    if not isinstance(module, nn.Embedding) or record is None or TP not in active.axes:
+        return None
+    tp_placement = record.placements[active.axes.index(TP)]
+    if tp_placement.is_shard() and getattr(tp_placement, "dim", None) == 0:
+        return record.global_offset[0]
+    return None
 
 
 def install_default_position_ids(parent: nn.Module) -> bool:

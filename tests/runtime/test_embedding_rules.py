@@ -1,0 +1,59 @@
+"""The embedding rules, each in one home: ``takes_token_ids`` (class name) and
+``output_sequence_sharded`` (entry) in ``hpcodegen.plan.entry``, the instance check
+``row_sharded_vocab_start`` in the runtime. No process group needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcodegen.plan.entry import output_sequence_sharded, takes_token_ids
+
+
+def _entry(src: str, dst: str) -> dict:
+    return {"in_src": {"input": {"tp": "R"}}, "in_dst": {"input": {"tp": "R"}},
+            "out_src": {"output": {"tp": src}}, "out_dst": {"output": {"tp": dst}}}
+
+
+@pytest.mark.parametrize(("cls", "want"), [
+    ("Embedding", True), ("Gemma3TextScaledWordEmbedding", True), ("LlamaAttention", False),
+    ("Linear", False), (None, False)])
+def test_takes_token_ids_is_the_class_name_rule(cls, want) -> None:
+    assert takes_token_ids(cls) is want
+
+
+@pytest.mark.parametrize(("src", "dst", "want"), [
+    ("P(sum)", "S(1)", True),   # embedding_rowwise + SP: reduce_scatter onto the sequence
+    ("S(-1)", "S(1)", True),    # embedding_colwise + SP: the sequence is sharded too
+    ("P(sum)", "R", False),     # no SP: all_reduce, the whole sequence
+    ("S(-1)", "S(-1)", False),  # hidden-sharded only
+])
+def test_output_sequence_sharded_reads_only_the_exit_placement(src, dst, want) -> None:
+    """Regression: the SP position-ids fix keyed on ``P -> S(1)`` and so missed a
+    column-sharded embedding whose output also leaves sequence-sharded."""
+    assert output_sequence_sharded(_entry(src, dst)) is want
+
+
+def test_a_bad_placement_reads_as_not_sharded() -> None:
+    assert output_sequence_sharded(_entry("P(sum)", "S(x)")) is False
+    assert output_sequence_sharded({"out_dst": ["not", "a", "map"]}) is False
+
+
+def test_row_sharded_vocab_start_needs_an_embedding_instance_sharded_by_rows() -> None:
+    from torch import nn
+    from torch.distributed.tensor import Replicate, Shard
+
+    from hpcodegen.runtime.embedding import row_sharded_vocab_start
+    from hpcodegen.runtime.mesh import ActiveMesh
+    from hpcodegen.runtime.params import ShardedParam
+
+    active = ActiveMesh(("tp",), {"tp": 2}, None, None)
+    rows = ShardedParam("embed.weight", (Shard(0),), (16, 4), (8, 0))
+    cols = ShardedParam("embed.weight", (Shard(1),), (16, 4), (0, 2))
+    whole = ShardedParam("embed.weight", (Replicate(),), (16, 4), (0, 0))
+    emb = nn.Embedding(8, 4)
+    assert row_sharded_vocab_start(emb, rows, active) == 8
+    assert row_sharded_vocab_start(emb, cols, active) is None
+    assert row_sharded_vocab_start(emb, whole, active) is None
+    assert row_sharded_vocab_start(emb, None, active) is None
+    assert row_sharded_vocab_start(nn.Linear(4, 8), rows, active) is None
+    assert row_sharded_vocab_start(emb, rows, ActiveMesh(("cp",), {"cp": 2}, None, None)) is None
