@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,6 @@ LR = 1e-3
 #: first-step Adam updates are ~lr*sign(grad): a larger eps keeps fp32 roundoff of
 #: near-zero gradients from being amplified to the update size
 EPS = 1e-6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config_name(artifact: str) -> str:
@@ -128,14 +121,14 @@ def compare(artifact: str, mesh: Any) -> dict[str, float]:
     return result
 
 
-def run_ranks(rank: int, world: int, port: int, out_dir: str, fn: Callable[..., Any],
+def run_ranks(rank: int, world: int, init_method: str, out_dir: str, fn: Callable[..., Any],
               args: tuple) -> None:
     """Spawn target: init gloo, run ``fn(*args)``, write its JSON result per rank."""
     import torch.distributed as dist
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", rank=rank, world_size=world,
-                            init_method=f"tcp://127.0.0.1:{port}")
+                            init_method=init_method)
     try:
         result = fn(*args)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -147,7 +140,9 @@ def spawn(world: int, fn: Callable[..., Any], *args: Any, out_dir: str) -> list[
     """Run ``fn`` on ``world`` gloo ranks; return the per-rank results."""
     import torch.multiprocessing as mp
 
-    mp.spawn(run_ranks, args=(world, free_port(), out_dir, fn, args), nprocs=world, join=True)
+    # A file rendezvous in the test's own dir: no free-port race with other jobs.
+    init_method = Path(out_dir, "rendezvous").resolve().as_uri()
+    mp.spawn(run_ranks, args=(world, init_method, out_dir, fn, args), nprocs=world, join=True)
     return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
 
 
