@@ -42,7 +42,12 @@ from hpcodegen.plan.predict import (
     summarize,
     unreduced_grad_findings,
 )
-from hpcodegen.plan.revalidate import FormChange, live_plan_axes, revalidate_forms
+from hpcodegen.plan.revalidate import (
+    FormChange,
+    active_plan_axes,
+    live_plan_axes,
+    revalidate_forms,
+)
 from hpcodegen.plan.volume import dtype_bytes
 
 #: the verify checks run before predicting (pure, milliseconds)
@@ -174,19 +179,20 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
     live_axes, live_sizes = parse_mesh(mesh)
-    axes = live_plan_axes(meta, live_axes)
-    if frozen_axes and not axes:  # a typo (--mesh pt=4) would silently predict nothing
+    shown = live_plan_axes(meta, live_axes)  # the plan's axes on the live mesh, size 1 too
+    axes = active_plan_axes(meta, live_axes, live_sizes)  # what the runtime installs over
+    if frozen_axes and not shown:  # a typo (--mesh pt=4) would silently predict nothing
         problems.append(warning("inspect.no_plan_axis", "--mesh",
                                 f"--mesh {mesh} holds none of the plan's axes: every "
                                 "boundary runs without communication",
                                 expected=f"one of {', '.join(frozen_axes)}"))
     live, _ = classify_entries(meta, axes, live_sizes)
     effective, changes = revalidate_forms(frozen, live, axes)
-    tp_live = "tp" in axes and live_sizes.get("tp", 1) > 1
+    tp_live = "tp" in axes
     preds = predict_forms(meta, live, effective, tp_live=tp_live)
     problems += unreduced_grad_findings(meta, preds, tp_live)
-    sizes = {a: live_sizes[a] for a in axes}
-    return Inspection("", axes, sizes, preds, [], summarize(preds), changes, findings=problems)
+    sizes = {a: live_sizes[a] for a in shown}
+    return Inspection("", shown, sizes, preds, [], summarize(preds), changes, findings=problems)
 
 
 def _is_str_list(value: Any) -> bool:

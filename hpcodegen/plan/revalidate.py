@@ -9,7 +9,9 @@ the live mesh lacks is dropped), classifies every boundary again over those axes
   live classification is ``tp_collective`` with the *same* ops; otherwise the generic engine
   replaces the forward (``effective_form == "generic"``);
 * frozen ``generic`` / ``region``: the generic engine compiles the live transitions;
-* frozen ``identity`` / ``params``: the forward is untouched whatever the live mesh says.
+* frozen ``identity`` / ``params``: the forward is untouched whatever the live mesh says;
+* no plan axis of size > 1 on the live mesh (:func:`active_plan_axes` is empty): nothing is
+  installed, every forward runs as generated (effective ``identity``).
 
 ``inspect-plan --mesh`` shows this; the runtime calls :func:`revalidate` to decide the same.
 """
@@ -57,6 +59,21 @@ def live_plan_axes(meta: Mapping[str, Any], live_axes: Sequence[str]) -> tuple[s
     return tuple(axis for axis in live_axes if axis in frozen)
 
 
+#: Axes owned by data parallelism / FSDP / pipelining: never axes a plan installs over.
+FSDP_AXES = frozenset({"dp", "dp_replicate", "dp_shard", "pp", "fsdp_replicate", "fsdp_shard",
+                       "edp", "edp_replicate", "edp_shard"})
+
+
+def active_plan_axes(meta: Mapping[str, Any], live_axes: Sequence[str],
+                     live_sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The axes the runtime installs the plan over: plan axes, live order, size > 1.
+
+    Empty means the install is an exact no-op (a tp=1 mesh, or none of the plan's axes).
+    """
+    return tuple(a for a in live_plan_axes(meta, live_axes)
+                 if a not in FSDP_AXES and live_sizes.get(a, 1) > 1)
+
+
 def _ops(bf: BoundaryForm) -> tuple[Any, ...]:
     return (bf.in_ops, bf.out_ops)
 
@@ -97,6 +114,13 @@ def revalidate_forms(frozen: Mapping[str, BoundaryForm], live: Mapping[str, Boun
     for fqn, bf in frozen.items():
         if fqn not in live:
             continue
+        if not axes:  # the runtime installs nothing: every forward runs as generated
+            effective[fqn] = "identity" if bf.form != "params" else "params"
+            if bf.form not in ("identity", "params"):
+                changes.append(FormChange(fqn, bf.form, live[fqn].form, "identity",
+                                          "no plan axis of size > 1 on the live mesh: "
+                                          "the install is an exact no-op"))
+            continue
         form, change = decide(bf, live[fqn], axes)
         effective[fqn] = form
         if change is not None:
@@ -122,7 +146,7 @@ def revalidate(meta: Mapping[str, Any], live_axes: Sequence[str],
         changes = revalidate(meta, ("tp",), {"tp": 1})
         [c.fqn for c in changes if c.effective_form == "generic"]
     """
-    axes = live_plan_axes(meta, live_axes)
+    axes = active_plan_axes(meta, live_axes, live_sizes)
     frozen, _ = classify_entries(meta)
     live, _ = classify_entries(meta, axes, live_sizes)
     return revalidate_forms(frozen, live, axes)[1]

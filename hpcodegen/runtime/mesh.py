@@ -3,7 +3,7 @@
 The plan freezes its active axes in its own order (``mesh_dim_names``, e.g. ``["cp", "tp"]``);
 the live mesh may declare them in another order or hold more axes (``dp``). Placements are
 therefore always resolved over the *live* order of the plan axes the mesh really has
-(:func:`hpcodegen.plan.revalidate.live_plan_axes`, as ``inspect-plan --mesh``), with
+(:func:`hpcodegen.plan.revalidate.active_plan_axes`, as ``inspect-plan --mesh``), with
 size-1 axes removed (on a size-1 axis every placement is a no-op). When no active axis is
 left (tp=1, or tp absent), the install is an exact no-op.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.placement import Partial, Placement, Replicate, Shard, StridedShard
-from hpcodegen.plan.revalidate import live_plan_axes
+from hpcodegen.plan.revalidate import active_plan_axes
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 TP = "tp"
 #: axes owned by data parallelism / pipelining: never plan axes (legacy metas without
 #: ``mesh_dim_names`` take every other live axis)
-FSDP_AXES = frozenset({"dp", "dp_replicate", "dp_shard", "pp", "fsdp_replicate", "fsdp_shard",
-                       "edp", "edp_replicate", "edp_shard"})
-
 
 @dataclass
 class MeshContext:
@@ -109,8 +106,7 @@ def resolve_active_mesh(meta: Mapping[str, Any], context: MeshContext) -> Active
                                "the device mesh has no mesh_dim_names",
                                hint="init_device_mesh(..., mesh_dim_names=('tp',))")])
     shape = dict(zip(names, mesh.mesh.shape, strict=True))
-    axes = tuple(a for a in live_plan_axes(meta, names)
-                 if a not in FSDP_AXES and shape[a] > 1)
+    axes = active_plan_axes(meta, names, shape)
     if not axes:
         return ActiveMesh((), {}, None, None)
     sub = _submesh(mesh, axes)

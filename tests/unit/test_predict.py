@@ -169,17 +169,22 @@ def test_same_mesh_or_larger_tp_changes_nothing() -> None:
     assert revalidate(meta, ("dp", "tp"), {"dp": 8, "tp": 4}) == []
 
 
-def test_tp_of_size_one_falls_back_to_generic() -> None:
+def test_tp_of_size_one_is_a_no_op_install() -> None:
+    """As the runtime: no plan axis of size > 1 -> nothing installed, forwards as generated."""
     changes = revalidate(load("llama_tp2_sp"), ("tp",), {"tp": 1})
     assert {c.fqn for c in changes} == {"model.embed_tokens", "lm_head",
                                         *(f"model.layers.{i}.{m}" for i in range(2)
                                           for m in ("self_attn", "mlp"))}
     assert all((c.frozen_form, c.live_form, c.effective_form)
-               == ("tp_collective", "identity", "generic") for c in changes)
+               == ("tp_collective", "identity", "identity") for c in changes)
+    assert "exact no-op" in changes[0].reason
+    assert revalidate(load("llama_tp2_sp"), ("cp",), {"cp": 2})[0].effective_form == "identity"
 
 
 def test_mesh_without_tp_has_no_lowerer() -> None:
-    changes = revalidate(load("llama_tp2_sp"), ("cp",), {"cp": 2})
+    meta = load("llama_tp2_sp")
+    meta["mesh_dim_names"] = ["cp", "tp"]  # a plan over cp and tp, run where only cp is live
+    changes = revalidate(meta, ("cp",), {"cp": 2})
     assert changes and all(c.effective_form == "generic" for c in changes)
     assert "tp is not a live axis" in changes[0].reason
 
