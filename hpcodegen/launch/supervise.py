@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcodegen.launch.deathsig import wrap
 from hpcodegen.launch.procs import alive, end_job
 from hpcodegen.launch.results import RankRecord, first_error, read_records
 
@@ -52,9 +53,11 @@ class JobOutcome:
 
 def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path | None,
            keep_stdout: bool) -> subprocess.Popen:
-    """torchrun in its own session; its console output to ``log`` when given, else to the
-    console (stdout folded into stderr unless ``keep_stdout``: ``--json`` owns stdout)."""
+    """torchrun in its own session, ended by the kernel if the launcher dies; its console
+    output to ``log`` when given, else to the console (stdout folded into stderr unless
+    ``keep_stdout``: ``--json`` owns stdout)."""
     common = {"env": dict(environ), "start_new_session": True, "stdin": subprocess.DEVNULL}
+    argv = wrap(list(argv))  # torchrun also ends if the launcher is SIGKILLed
     if log is None:
         return subprocess.Popen(list(argv), stdout=None if keep_stdout else sys.stderr.fileno(),
                                 **common)

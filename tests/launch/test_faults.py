@@ -110,3 +110,44 @@ def test_sigterm_to_the_launcher_ends_the_job(tmp_path):
     doc = json.loads(out)
     assert doc["message"].startswith("interrupted")
     assert leftover(pids, doc["pids"]) == []
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_launcher_still_ends_the_job(tmp_path):
+    """A launcher that runs no code (SIGKILL) must not orphan torchrun or its ranks."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, pids = _script(tmp_path, HANG_ON_0)
+    proc = subprocess.Popen([sys.executable, "-m", "hpcodegen", "launch", str(EXAMPLE),
+                             "--nproc", "2", "--device", "cpu", "--log-dir",
+                             str(tmp_path / "logs"), "--", str(script), str(pids)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 40
+    while len(list(pids.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    torchrun = _children(proc.pid)
+    assert torchrun, "the launcher started no torchrun"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 20  # torchrun gets SIGTERM and ends its ranks
+    while leftover(pids, torchrun) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftover(pids, torchrun) == []
