@@ -45,7 +45,8 @@ def launch(
     steps: int = typer.Option(0, "--steps", help="AdamW steps on a synthetic batch."),
     check_parity: bool = typer.Option(False, "--check-parity",
                                       help="Compare with the unsharded model."),
-    tolerance: float = typer.Option(1e-5, "--tolerance", help="Parity max abs diff."),
+    tolerance: Optional[float] = typer.Option(
+        None, "--tolerance", help="Parity max abs diff (default by --dtype)."),
     seed: int = typer.Option(0, "--seed", help="Init and batch seed."),
     timeout: Optional[float] = typer.Option(None, "--timeout",
                                             help="End the whole job after S seconds."),
@@ -54,6 +55,13 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the torchrun command and rank environments."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Parameter dtype: fp32 | bf16 | fp16."),
+    save: Optional[Path] = typer.Option(None, "--save",
+                                        help="Write a DCP checkpoint here after the steps."),
+    resume: Optional[Path] = typer.Option(None, "--resume",
+                                          help="Start from this checkpoint (any tp and dp)."),
+    max_grad_norm: Optional[float] = typer.Option(
+        None, "--max-grad-norm", help="Clip gradients by this global norm in the steps."),
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
     from hpcodegen.launch.run import run_launch
@@ -63,5 +71,6 @@ def launch(
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, master_addr=master_addr,
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
-        log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()))
+        log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
+        dtype=dtype, save=save, resume=resume, max_grad_norm=max_grad_norm)
     raise typer.Exit(run_launch(opts))

@@ -27,12 +27,20 @@ SEED = "HPCODEGEN_SEED"
 """Seed of the model init and the synthetic batch (same on every rank)."""
 TOLERANCE = "HPCODEGEN_TOLERANCE"
 """Max abs difference accepted by the parity check."""
+DTYPE = "HPCODEGEN_DTYPE"
+"""Parameter dtype: ``fp32``, ``bf16`` or ``fp16``."""
+SAVE = "HPCODEGEN_SAVE"
+"""Save a DCP checkpoint here after the smoke job's steps (empty: no save)."""
+RESUME = "HPCODEGEN_RESUME"
+"""Resume the smoke job from this checkpoint (empty: start from the weights)."""
+MAX_GRAD_NORM = "HPCODEGEN_MAX_GRAD_NORM"
+"""Clip gradients by this global norm in the smoke job's steps (empty: no clipping)."""
 FAULT = "HPCODEGEN_FAULT"
 """Fault injection for tests and drills: ``raise:RANK`` or ``hang:RANK``."""
 
 #: Every variable above, in the order ``--dry-run`` prints them.
 ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
-                        TOLERANCE, FAULT)
+                        TOLERANCE, DTYPE, SAVE, RESUME, MAX_GRAD_NORM, FAULT)
 
 
 def get(name: str, default: str = "") -> str:

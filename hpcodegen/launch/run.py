@@ -45,6 +45,10 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
+    if opts.resume is not None:  # another model's checkpoint: refused before start
+        from hpcodegen.checkpoint.record import check_same_model, read_record
+
+        check_same_model(read_record(opts.resume), config or {}, opts.resume)
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json:
         print(f"[launch] note: {device.note}", file=sys.stderr)
