@@ -18,8 +18,8 @@ __all__ = ["ShardLayout", "clip_grad_norm_", "export_hf", "materialize", "parame
            "resume", "save", "total_grad_norm"]
 
 _HOMES = {"ShardLayout": "layout", "clip_grad_norm_": "clip", "total_grad_norm": "clip",
-          "export_hf": "export", "materialize": "materialize",
-          "parameters_on_meta": "materialize", "resume": "dcp_io", "save": "dcp_io"}
+          "export_hf": "export", "materialize": "shard_load",
+          "parameters_on_meta": "shard_load", "resume": "dcp_io", "save": "dcp_io"}
 
 
 def __getattr__(name: str) -> Any:

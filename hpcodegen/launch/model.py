@@ -87,7 +87,7 @@ def _construct(directory: Path, artifact: Path, *, on_meta: bool,
     seeded float32 init on the CPU (identical on every rank)."""
     import torch
 
-    from hpcodegen.checkpoint.materialize import parameters_on_meta
+    from hpcodegen.checkpoint.shard_load import parameters_on_meta
 
     config, _ = read_hf_config(directory)
     hf_config = load_transformers_config(config)
@@ -114,8 +114,8 @@ def build_model(directory: Path, artifact: Path, seed: int, device: Any,
     ``fp16`` (parameters only).
     """
     from hpcodegen.checkpoint.layout import ShardLayout, global_shapes
-    from hpcodegen.checkpoint.materialize import materialize
     from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+    from hpcodegen.checkpoint.shard_load import materialize
 
     checkpoint = SafetensorsCheckpoint(directory)
     model, hf_config, config = _construct(directory, artifact, on_meta=bool(checkpoint),
@@ -140,8 +140,8 @@ def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp3
     Without weights every rank builds the same seeded model and shards it.
     """
     from hpcodegen.checkpoint.layout import ShardLayout, global_shapes
-    from hpcodegen.checkpoint.materialize import materialize
     from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+    from hpcodegen.checkpoint.shard_load import materialize
 
     artifact = ctx.meta.artifact_dir
     checkpoint = None if empty else SafetensorsCheckpoint(directory)

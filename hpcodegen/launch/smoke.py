@@ -17,6 +17,7 @@ Steps, in order (each is a ``phase`` the launcher shows):
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,12 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
 
 
 def _optimizer(model: Any) -> Any:
+    """AdamW; with fp16 parameters its ``eps`` is 1e-4, as 1e-8 is 0 in fp16 (and a
+    gradient's square underflows to 0 there, so the update would be 0/0)."""
     import torch
 
-    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    fp16 = any(p.dtype == torch.float16 for p in model.parameters())
+    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, eps=1e-4 if fp16 else 1e-8)
 
 
 def _clip(built: BuiltModel, max_norm: float | None) -> float | None:
@@ -128,7 +132,8 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
 
 
 def _failure(parity: dict[str, Any], tol: float) -> str | None:
-    """The parity check's verdict: None when every compared quantity is within ``tol``."""
+    """The parity check's verdict: None when every compared quantity is within ``tol``
+    (a NaN anywhere fails)."""
     if parity.get("mismatched_params"):
         return f"parameters differ in shape or presence: {parity['mismatched_params'][:3]}"
     for key in ("logits_max_diff", "grad_max_diff", "loss_max_diff", "grad_norm_max_diff"):
@@ -137,6 +142,11 @@ def _failure(parity: dict[str, Any], tol: float) -> str | None:
             where = f" at {parity['worst_grad']}" if key == "grad_max_diff" else ""
             return f"parity {key.replace('_', ' ')} {value:.3e}{where} > tolerance {tol:g}"
     return None
+
+
+def _nan_max(values: list[float]) -> float:
+    """``max`` that returns NaN when any value is NaN or infinite (plain ``max`` skips NaN)."""
+    return math.nan if any(not math.isfinite(v) for v in values) else max(values, default=0.0)
 
 
 def _checkpoint_record(ctx: RankContext, built: BuiltModel) -> dict[str, Any]:
@@ -186,14 +196,15 @@ def run(reporter: RankReporter) -> None:
         norms = _train(runs, batch, steps, first, ctx, max_norm, reporter)
         if parity is not None and ref is not None:
             rec = reporter.record
-            parity["loss_max_diff"] = max(abs(a - b) for a, b in zip(rec.losses, rec.ref_losses,
-                                                                     strict=True))
+            diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
+            finite = all(math.isfinite(x) for x in rec.losses)  # a NaN loss must fail
+            parity["loss_max_diff"] = _nan_max(diffs) if finite else math.nan
             parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.data,
                                                       built.active, lambda p: p.data)[0]
             if max_norm is not None:
                 parity["grad_norms"] = norms[0]
-                parity["grad_norm_max_diff"] = max(
-                    abs(a - b) / max(1.0, abs(b)) for a, b in zip(*norms, strict=True))
+                parity["grad_norm_max_diff"] = _nan_max(
+                    [abs(a - b) / max(1.0, abs(b)) for a, b in zip(*norms, strict=True)])
     if save_dir:
         from hpcodegen.checkpoint.dcp_io import save
 
