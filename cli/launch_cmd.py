@@ -62,6 +62,9 @@ def launch(
                                           help="Start from this checkpoint (any tp and dp)."),
     max_grad_norm: Optional[float] = typer.Option(
         None, "--max-grad-norm", help="Clip gradients by this global norm in the steps."),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX",
+        help="Trust injection targets under this module prefix (repeatable)."),
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
     from hpcodegen.launch.run import run_launch
@@ -72,5 +75,6 @@ def launch(
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
-        dtype=dtype, save=save, resume=resume, max_grad_norm=max_grad_norm)
+        allow_target=tuple(allow_target), dtype=dtype, save=save, resume=resume,
+        max_grad_norm=max_grad_norm)
     raise typer.Exit(run_launch(opts))

@@ -37,15 +37,22 @@ MAX_GRAD_NORM = "HPCODEGEN_MAX_GRAD_NORM"
 """Clip gradients by this global norm in the smoke job's steps (empty: no clipping)."""
 FAULT = "HPCODEGEN_FAULT"
 """Fault injection for tests and drills: ``raise:RANK`` or ``hang:RANK``."""
+ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
+"""Comma-separated module prefixes trusted for injection targets (``--allow-target``)."""
 
 #: Every variable above, in the order ``--dry-run`` prints them.
 ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
-                        TOLERANCE, DTYPE, SAVE, RESUME, MAX_GRAD_NORM, FAULT)
+                        TOLERANCE, DTYPE, SAVE, RESUME, MAX_GRAD_NORM, FAULT, ALLOW_TARGETS)
 
 
 def get(name: str, default: str = "") -> str:
     """An environment value, ``default`` when unset or empty."""
     return os.environ.get(name) or default
+
+
+def allowed_targets() -> tuple[str, ...]:
+    """The ``--allow-target`` prefixes the launcher passed (``HPCODEGEN_ALLOW_TARGETS``)."""
+    return tuple(p for p in get(ALLOW_TARGETS).split(",") if p)
 
 
 def get_int(name: str, default: int) -> int:

@@ -39,8 +39,9 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
     from hpcodegen.runtime.api import load_verified_meta
     from hpcodegen.runtime.loader import generated_model_class, import_verified_module
 
-    loaded = load_verified_meta(artifact, config)
-    return generated_model_class(loaded.data, import_verified_module(loaded))
+    trusted = env.allowed_targets()
+    loaded = load_verified_meta(artifact, config, allowed_target_prefixes=trusted)
+    return generated_model_class(loaded.data, import_verified_module(loaded, trusted))
 
 
 #: ``--dtype`` names -> torch dtype attribute names.
@@ -169,7 +170,8 @@ def parallelize(model: Any, ctx: Any, hf_config: Any) -> tuple[dict[str, Any], A
 
     context = MeshContext(device_mesh=ctx.mesh)
     info = parallelize_from_generated(model, context, ctx.meta.artifact_dir,
-                                      hf_config=hf_config)
+                                      hf_config=hf_config,
+                                      allowed_target_prefixes=env.allowed_targets())
     return info, resolve_active_mesh(ctx.meta.data, context)
 
 

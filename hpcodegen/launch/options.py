@@ -41,6 +41,7 @@ class LaunchOptions:
         save: write a DCP checkpoint here after the steps (a new or empty directory).
         resume: start from this checkpoint (saved at any tp and dp) instead of the weights.
         max_grad_norm: clip gradients by this global norm in the steps.
+        allow_target: module prefixes trusted for injection targets (``--allow-target``).
     """
 
     artifact: Path
@@ -62,6 +63,7 @@ class LaunchOptions:
     dry_run: bool = False
     json: bool = False
     script: tuple[str, ...] = field(default_factory=tuple)
+    allow_target: tuple[str, ...] = field(default_factory=tuple)
     dtype: str = "fp32"
     save: Path | None = None
     resume: Path | None = None

@@ -36,14 +36,17 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     one), so a drifted artifact or a config of another model is refused once, here,
     instead of N times.
     """
+    from hpcodegen.extras import require
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
+    require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors"))
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = read_hf_config(model_dir)[0] if model_dir is not None else None
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
-    meta = load_checked_meta(opts.artifact, checks, hf_config=config)
+    meta = load_checked_meta(opts.artifact, checks, hf_config=config,
+                             allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
     if opts.resume is not None:  # another model's checkpoint: refused before start
         from hpcodegen.checkpoint.record import check_same_model, read_record
