@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .app import app
+from .app import app, guarded
 
 _HELP = """Write CHECKPOINT (saved by `hpcodegen launch --save`) as an HF model directory.
 
@@ -26,6 +26,11 @@ def export(
                                        help="Split safetensors files above this size."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
-    from hpcodegen.checkpoint.export import run_export
+    def call() -> int:
+        from hpcodegen.checkpoint.export import run_export
+        from hpcodegen.extras import require
 
-    raise typer.Exit(run_export(checkpoint, out, max_shard_size, json_out))
+        require("runtime", "hpcodegen export", modules=("torch", "safetensors"))
+        return run_export(checkpoint, out, max_shard_size, json_out)
+
+    raise typer.Exit(guarded("export", call))
