@@ -7,9 +7,10 @@ holds one tensor, takes ``safe_open(...).get_slice(name)[index]`` (a view of the
 memory map) and copies it into a fresh tensor of the wanted dtype and device.
 
 .. note:: pages of a memory-mapped file that a rank touches count in its resident memory
-   until the map is closed, and a column slice touches every page of its tensor. Each read
-   therefore opens and closes its file, so a rank holds at most one tensor's pages at a
-   time: peak host memory is its shards plus the largest tensor it slices.
+   until the map is closed, and a column slice touches every page of its rows. Reads
+   therefore go in blocks of rows, each through its own ``safe_open``: a rank holds at
+   most one block of file pages (``CHUNK_BYTES``) at a time, so its peak host memory is
+   its shards plus a few MiB, whatever the largest tensor.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 from hpcodegen.errors import PlanError, error
 
 INDEX_NAME = "model.safetensors.index.json"
+#: Largest block of a file one read maps at a time (see :meth:`SafetensorsCheckpoint.read`).
+CHUNK_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -102,19 +105,31 @@ class SafetensorsCheckpoint:
              dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
         """A copy of ``tensor[name][index]`` as ``dtype`` on ``device``.
 
-        Only the slice's pages are read (all pages of the tensor for a slice across
-        columns); the file is closed again before returning.
+        Read in blocks of rows (dim 0) of at most ``CHUNK_BYTES`` of the file, each through
+        its own ``safe_open``: the file's touched pages leave this process's resident memory
+        after every block, so the transient cost is one block, not one tensor (a column
+        slice touches whole rows).
         """
         from safetensors import safe_open
 
         info = self.tensors[name]
+        index = index or tuple(slice(0, n) for n in info.shape)
+        out = torch.empty(tuple(s.stop - s.start for s in index), dtype=dtype or info.dtype,
+                          device=device)
         try:
-            with safe_open(str(info.file), framework="pt") as handle:
-                view = handle.get_slice(name)
-                part = view[index] if index else view[:]
-                out = torch.empty(tuple(part.shape), dtype=dtype or part.dtype, device=device)
-                out.copy_(part)
-                del part, view
+            if not info.shape:
+                with safe_open(str(info.file), framework="pt") as handle:
+                    out.copy_(handle.get_tensor(name))
+                return out
+            row_bytes = info.dtype.itemsize * _numel(info.shape[1:])
+            rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
+            first, last = index[0].start, index[0].stop
+            for start in range(first, last, rows):
+                stop = min(start + rows, last)
+                with safe_open(str(info.file), framework="pt") as handle:
+                    part = handle.get_slice(name)[(slice(start, stop), *index[1:])]
+                    out[start - first:stop - first].copy_(part)
+                    del part
         except Exception as exc:
             raise _unreadable(info.file, exc) from None
         return out

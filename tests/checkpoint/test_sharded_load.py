@@ -157,3 +157,23 @@ def test_index_naming_a_missing_file(tmp_path) -> None:
     with pytest.raises(PlanError) as info:
         _load(tmp_path)
     assert info.value.findings[0].code == "launch.weights_index"
+
+
+def test_reads_in_row_blocks_equal_the_slice(tmp_path, monkeypatch) -> None:
+    """Blocks of a few rows (each its own safe_open) assemble the exact slice, any dtype."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hpcodegen.checkpoint import safetensors_io
+
+    monkeypatch.setattr(safetensors_io, "CHUNK_BYTES", 200)
+    t = torch.randn(37, 29, generator=torch.Generator().manual_seed(2))
+    save_file({"t": t, "s": torch.tensor(3.0), "e": torch.zeros(0, 4)},
+              str(tmp_path / "m.safetensors"))
+    ckpt = safetensors_io.SafetensorsCheckpoint(tmp_path)
+    assert ckpt.total_bytes() == t.numel() * 4 + 4
+    assert torch.equal(ckpt.read("t"), t)
+    assert torch.equal(ckpt.read("t", (slice(5, 31), slice(3, 17))), t[5:31, 3:17])
+    assert torch.equal(ckpt.read("s"), torch.tensor(3.0))
+    assert ckpt.read("e").shape == (0, 4)
+    assert torch.equal(ckpt.read("t", dtype=torch.bfloat16), t.to(torch.bfloat16))
