@@ -87,7 +87,9 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
 
     Collective: every rank calls it. The files go to ``.<name>.partial`` first and the
     directory appears under its name only once every rank wrote its part and rank 0 added
-    ``hpcodegen_checkpoint.json`` (``record`` plus the step, dtype and parameter layout).
+    ``hpcodegen_checkpoint.json`` (``record`` plus the step, dtype, optimizer class, the
+    mesh the placements refer to (``shard_mesh``) and each parameter's global shape and
+    placements).
 
     Raises:
         UsageError: ``directory`` exists and is not empty.
@@ -114,7 +116,7 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
         write_record(stage, {
             **(record or {}), "step": int(step), "dtype": dtype,
             "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-            "mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
+            "shard_mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
             if mesh is not None else {},
             "params": {fqn: {"shape": list(spec.global_shape),
                              "placements": _placement_text(layout, fqn)}

@@ -70,7 +70,9 @@ class Setup:
         from hpcodegen.checkpoint.dcp_io import save
 
         meta = self.rank.meta.data
+        layout = self.rank.layout
         record = {"config": self.config,
+                  "mesh": dict(zip(layout.names, layout.sizes, strict=True)),
                   "artifact": {"name": Path(self.rank.meta.artifact_dir).name,
                                "signature": meta.get("signature"),
                                "parallel_dims": meta.get("parallel_dims")}}

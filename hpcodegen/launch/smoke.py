@@ -152,6 +152,7 @@ def _nan_max(values: list[float]) -> float:
 def _checkpoint_record(ctx: RankContext, built: BuiltModel) -> dict[str, Any]:
     meta = ctx.meta.data
     return {"config": built.config,
+            "mesh": dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True)),
             "artifact": {"name": Path(ctx.meta.artifact_dir).name,
                          "signature": meta.get("signature"),
                          "parallel_dims": meta.get("parallel_dims")}}

@@ -54,6 +54,7 @@ def test_sharded_load_save_export_is_bit_exact(tmp_path):
     assert all(r["parity"]["logits_max_diff"] <= 1e-5 for r in ranks)  # shards == full load
     record = json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())
     assert record["step"] == 0 and record["mesh"] == {"dp": 1, "tp": 2}
+    assert record["shard_mesh"] == {"tp": 2} and record["dtype"] == "float32"
     assert record["artifact"]["signature"] == json.loads(
         (EXAMPLE / "codegen_meta.json").read_text())["signature"]
     assert record["params"]["model.layers.0.mlp.down_proj.weight"] == {
@@ -98,11 +99,14 @@ def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
 @pytest.mark.gloo
 @pytest.mark.timeout(300)
 def test_save_at_tp2_resume_at_tp4_matches_uninterrupted(tmp_path):
+    """Saved on dp=2 x tp=2 (DCP writes each dp replica's chunks once), resumed on tp=4."""
     ckpt = tmp_path / "ckpt"
-    first = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+    first = run_cli(EXAMPLE, "--nproc", "4", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                     "--steps", "2", "--max-grad-norm", MAX_NORM, "--check-parity",
                     "--save", ckpt, "--json", timeout=140)
     assert first.code == 0, first.stdout + first.stderr
+    assert json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())["mesh"] == {
+        "dp": 2, "tp": 2}
     second = run_cli(REPO / "examples" / "llama_tp4", "--nproc", "4", "--device", "cpu",
                      "--model-dir", LLAMA_CONFIG, "--steps", "1", "--max-grad-norm", MAX_NORM,
                      "--check-parity", "--resume", ckpt, "--json", timeout=150)
