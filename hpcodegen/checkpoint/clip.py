@@ -18,35 +18,37 @@ from torch import nn
 from hpcodegen.checkpoint.layout import ShardLayout
 
 
-def _reduced(value: torch.Tensor, layout: ShardLayout, placements: tuple, op: str) -> torch.Tensor:
-    """``value`` reduced (sum or max) over the mesh axes on which ``placements`` shard."""
-    if layout.mesh is None or not any(p.is_shard() for p in placements):
+def _reduced(value: torch.Tensor, layout: ShardLayout, sharded: tuple[bool, ...],
+             op: str) -> torch.Tensor:
+    """``value`` reduced (sum or max) over the mesh axes flagged in ``sharded``."""
+    if layout.mesh is None or not any(sharded):
         return value
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    spec = [Partial(op) if p.is_shard() else Replicate() for p in placements]
+    spec = [Partial(op) if s else Replicate() for s in sharded]
     return DTensor.from_local(value, layout.mesh, spec, run_check=False).full_tensor()
 
 
 def total_grad_norm(model: nn.Module, layout: ShardLayout, norm_type: float = 2.0) -> torch.Tensor:
     """The unsharded model's gradient norm, computed from the local shards (collective)."""
     norm_type = float(norm_type)
-    groups: dict[tuple, list[torch.Tensor]] = {}
+    groups: dict[tuple[bool, ...], list[torch.Tensor]] = {}  # one collective per axis set
     for fqn, spec in layout.params.items():
         grad = model.get_parameter(fqn).grad
         if grad is not None:
-            groups.setdefault(tuple(spec.placements), []).append(grad.detach())
+            key = tuple(p.is_shard() for p in spec.placements)
+            groups.setdefault(key, []).append(grad.detach())
     total = torch.zeros((), dtype=torch.float32)
     parts = []
-    for placements, grads in groups.items():
+    for sharded, grads in groups.items():
         if math.isinf(norm_type):
             local = torch.stack([g.abs().max().float().cpu() if g.numel() else torch.zeros(())
                                  for g in grads]).max()
-            parts.append(_reduced(local.to(grads[0].device), layout, placements, "max").cpu())
+            parts.append(_reduced(local.to(grads[0].device), layout, sharded, "max").cpu())
         else:
             local = sum((g.float().abs().pow(norm_type).sum() for g in grads),
                         torch.zeros((), device=grads[0].device))
-            parts.append(_reduced(local, layout, placements, "sum").cpu())
+            parts.append(_reduced(local, layout, sharded, "sum").cpu())
     if not parts:
         return total
     if math.isinf(norm_type):
