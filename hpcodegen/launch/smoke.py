@@ -82,7 +82,7 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     ref.zero_grad(set_to_none=True)
     return {"logits_max_diff": float((logits.detach() - ref_logits.detach()).abs().max()),
             "grad_max_diff": grad_diff, "worst_grad": worst, "mismatched_params": odd,
-            "loss": float(loss), "ref_loss": float(ref_loss)}
+            "loss": float(loss.detach()), "ref_loss": float(ref_loss.detach())}
 
 
 def _optimizer(model: Any) -> Any:
@@ -123,7 +123,7 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
             loss.backward()
             norms[i].append(_clip(built, max_norm))
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         reporter.record.losses.append(losses[0])
         if len(runs) > 1:
             reporter.record.ref_losses.append(losses[1])

@@ -92,7 +92,7 @@ def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(built.model.parameters(), max_norm)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
