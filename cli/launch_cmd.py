@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .app import app
+from .app import QUIET, VERBOSE, app, guarded, verbosity
 
 _HELP = """Run ARTIFACT on a torchrun mesh and report every rank.
 
@@ -53,10 +53,13 @@ def launch(
                                            help="Keep per-rank logs and results here."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the torchrun command and rank environments."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    json_out: bool = typer.Option(False, "--json",
+                                  help="Print the JSON envelope (docs/json.md, launch.md)."),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX",
         help="Trust injection targets under this module prefix (repeatable)."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
     from hpcodegen.launch.run import run_launch
@@ -67,5 +70,5 @@ def launch(
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
-        allow_target=tuple(allow_target))
-    raise typer.Exit(run_launch(opts))
+        allow_target=tuple(allow_target), verbosity=verbosity(quiet, verbose))
+    raise typer.Exit(guarded("launch", lambda: run_launch(opts), as_json=json_out))

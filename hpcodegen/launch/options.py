@@ -33,6 +33,7 @@ class LaunchOptions:
         json: machine output on stdout.
         script: a user script and its arguments (after ``--``); empty for the smoke job.
         allow_target: module prefixes trusted for injection targets (``--allow-target``).
+        verbosity: -1 ``--quiet`` (the verdict only), 0, 1 ``-v`` (also the exact command).
     """
 
     artifact: Path
@@ -55,6 +56,7 @@ class LaunchOptions:
     json: bool = False
     script: tuple[str, ...] = field(default_factory=tuple)
     allow_target: tuple[str, ...] = field(default_factory=tuple)
+    verbosity: int = 0
 
     @property
     def multi_node(self) -> bool:
