@@ -54,6 +54,9 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the torchrun command and rank environments."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX",
+        help="Trust injection targets under this module prefix (repeatable)."),
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
     from hpcodegen.launch.run import run_launch
@@ -63,5 +66,6 @@ def launch(
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, master_addr=master_addr,
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
-        log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()))
+        log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
+        allow_target=tuple(allow_target))
     raise typer.Exit(run_launch(opts))

@@ -36,6 +36,10 @@ def verify(
                                          help="Also write JUnit XML to FILE (atomically)."),
     strict: bool = typer.Option(False, "--strict", help="Warnings fail their check."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List info findings too."),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX",
+        help="Trust injection targets under this module prefix (repeatable); others must be "
+             "registered (entry point group hpcodegen.injection_targets)."),
 ) -> None:
     """Parse the options and hand them to :func:`hpcodegen.verify.run_verify`."""
     from hpcodegen.verify import run_verify
@@ -44,7 +48,7 @@ def verify(
         try:
             return run_verify(paths, hf_config=hf_config, only=only, skip=skip,
                               output="json" if json_out else "text", junit=junit,
-                              strict=strict, verbose=verbose)
+                              strict=strict, verbose=verbose, allow_target=allow_target)
         except BrokenPipeError:  # `hpcodegen verify ... | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1

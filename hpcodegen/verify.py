@@ -41,6 +41,7 @@ from hpcodegen.errors import (
     Severity,
     UsageError,
 )
+from hpcodegen.targets import trusted_prefixes
 
 #: Checks that read ``--hf-config``.
 CONFIG_CHECKS: tuple[str, ...] = ("signature", "model")
@@ -52,7 +53,8 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
                     hf_config: Mapping[str, Any] | None = None,
                     hf_config_path: Path | None = None,
                     config_problem: Sequence[Finding] = (),
-                    strict: bool = False) -> ArtifactResult:
+                    strict: bool = False,
+                    allowed_targets: Sequence[str] = ()) -> ArtifactResult:
     """Load one artifact and run the named checks; never raises for bad input."""
     art = ArtifactResult(str(path))
     try:
@@ -62,7 +64,8 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
         art.checks["load"] = CheckResult("load", "fail", list(exc.findings),
                                          reason="the meta cannot be read")
         return art
-    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None, hf_config_path)
+    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None, hf_config_path,
+                       allowed_targets=tuple(allowed_targets))
     if config_problem:
         art.unreadable = True
         for name in names:
@@ -120,6 +123,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                only: Sequence[str] = (), skip: Sequence[str] = (),
                output: str = "text", junit: str | os.PathLike[str] | None = None,
                strict: bool = False, verbose: bool = False,
+               allow_target: Sequence[str] = (),
                stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
 
@@ -132,6 +136,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
         junit: also write JUnit XML to this file (atomically).
         strict: warnings fail their check.
+        allow_target: module prefixes whose injection targets you trust (``--allow-target``).
 
     Example::
 
@@ -145,6 +150,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         paths = [paths]
     try:
         names = select_checks(only, skip)
+        trusted = trusted_prefixes(allow_target)
     except UsageError as exc:
         return _usage(str(exc), stderr, json_out)
     if output not in REPORTERS or output == "junit":
@@ -164,7 +170,8 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     for path in artifact_paths(paths):
         result.artifacts.append(verify_artifact(path, names, hf_config=config,
                                                 hf_config_path=config_path,
-                                                config_problem=problem, strict=strict))
+                                                config_problem=problem, strict=strict,
+                                                allowed_targets=trusted))
     REPORTERS[output].write(result, stdout, verbose=verbose)
     if junit_path is not None:
         try:
@@ -189,13 +196,15 @@ def _read_config(hf_config: str | os.PathLike[str] | None, names: Sequence[str]
 
 def load_checked_meta(artifact_dir: str | os.PathLike[str],
                       checks: Sequence[str] = RUNTIME_CHECKS, *,
-                      hf_config: Mapping[str, Any] | None = None) -> LoadedMeta:
+                      hf_config: Mapping[str, Any] | None = None,
+                      allowed_targets: Sequence[str] = ()) -> LoadedMeta:
     """Load a meta and run ``checks`` on it, as ``verify`` would; no torch.
 
     Args:
         artifact_dir: the artifact directory (or its meta file).
         checks: check names; ``signature`` needs ``hf_config`` (else it is skipped).
         hf_config: the HF config as a dict (``PretrainedConfig.to_dict()``), optional.
+        allowed_targets: trusted module prefixes for injection targets (the ``plan`` check).
 
     Returns:
         The loaded meta, when no check reported an error (warnings are ignored).
@@ -211,8 +220,10 @@ def load_checked_meta(artifact_dir: str | os.PathLike[str],
         plan = loaded.data["param_plan"]
     """
     names = select_checks(checks)
+    trusted = trusted_prefixes(allowed_targets)
     loaded = load_meta(artifact_dir)
-    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None)
+    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None,
+                       allowed_targets=trusted)
     results = run_checks(ctx, names)
     errors = [f for r in results.values() for f in r.findings if f.severity is Severity.ERROR]
     if errors:

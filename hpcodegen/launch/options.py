@@ -32,6 +32,7 @@ class LaunchOptions:
         dry_run: print the torchrun command and environments, run nothing.
         json: machine output on stdout.
         script: a user script and its arguments (after ``--``); empty for the smoke job.
+        allow_target: module prefixes trusted for injection targets (``--allow-target``).
     """
 
     artifact: Path
@@ -53,6 +54,7 @@ class LaunchOptions:
     dry_run: bool = False
     json: bool = False
     script: tuple[str, ...] = field(default_factory=tuple)
+    allow_target: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def multi_node(self) -> bool:

@@ -43,7 +43,8 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = read_hf_config(model_dir)[0] if model_dir is not None else None
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
-    meta = load_checked_meta(opts.artifact, checks, hf_config=config)
+    meta = load_checked_meta(opts.artifact, checks, hf_config=config,
+                             allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json:

@@ -38,7 +38,8 @@ def parallelize(model: Any, ctx: RankContext, hf_config: Any) -> Any:
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     context = MeshContext(device_mesh=ctx.mesh)
-    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config)
+    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config,
+                               allowed_target_prefixes=env.allowed_targets())
     return resolve_active_mesh(ctx.meta.data, context)
 
 

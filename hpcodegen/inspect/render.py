@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from hpcodegen.errors import Finding, Severity
+from hpcodegen.inspect.options import Inspection
 from hpcodegen.plan.fold import Row, fold
 from hpcodegen.plan.predict import PredOp
-
-if TYPE_CHECKING:
-    from hpcodegen.inspect import Inspection
 
 JSON_VERSION = 1
 
