@@ -27,8 +27,14 @@ def guarded(verb: str, call: Callable[[], int]) -> int:
     still escapes is a bug, shown as one line (exit 1) instead of a traceback, unless
     ``HPCODEGEN_DEBUG`` is set.
     """
+    from hpcodegen.errors import HpcodegenError
+
     try:
         return call()
+    except HpcodegenError as exc:  # refused before the library call (a missing extra)
+        for finding in exc.findings:
+            sys.stderr.write(f"hpcodegen {verb}: {finding.severity}: {finding.render()}\n")
+        return exc.exit_code
     except Exception as exc:
         if os.environ.get("HPCODEGEN_DEBUG"):
             raise

@@ -34,7 +34,12 @@ def generate(
 
     Exit 2: usage error or an unreadable input.
     """
-    from hpcodegen.generate.api import GenerateArgs, run_generate
+    def call() -> int:
+        from hpcodegen.extras import require
 
-    raise typer.Exit(guarded("generate", lambda: run_generate(
-        GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))))
+        require("runtime", "hpcodegen generate")
+        from hpcodegen.generate.api import GenerateArgs, run_generate
+
+        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))
+
+    raise typer.Exit(guarded("generate", call))

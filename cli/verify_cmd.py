@@ -36,6 +36,9 @@ def verify(
                                          help="Also write JUnit XML to FILE (atomically)."),
     strict: bool = typer.Option(False, "--strict", help="Warnings fail their check."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List info findings too."),
+    changed_files: bool = typer.Option(
+        False, "--changed-files",
+        help="PATHs are changed files (pre-commit): verify the artifact dir each lies in."),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX",
         help="Trust injection targets under this module prefix (repeatable); others must be "
@@ -48,7 +51,8 @@ def verify(
         try:
             return run_verify(paths, hf_config=hf_config, only=only, skip=skip,
                               output="json" if json_out else "text", junit=junit,
-                              strict=strict, verbose=verbose, allow_target=allow_target)
+                              strict=strict, verbose=verbose, allow_target=allow_target,
+                              changed_files=changed_files)
         except BrokenPipeError:  # `hpcodegen verify ... | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1

@@ -97,6 +97,22 @@ def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.Pat
     return out
 
 
+def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The artifact dirs that changed files lie in (``verify --changed-files``).
+
+    A pre-commit hook passes every changed file of the repository; a file whose directory
+    holds a ``codegen_meta.json`` belongs to that artifact (an edited ``__init__.py``, a
+    stray added file and a deleted one alike). Other files are ignored. Each dir once, in order.
+    """
+    out: list[str] = []
+    for path in files:
+        p = Path(path)
+        folder = p if p.is_dir() else p.parent
+        if (folder / META_NAME).is_file() and str(folder) not in out:
+            out.append(str(folder))
+    return out
+
+
 def _write_atomic(path: Path, render: Any) -> None:
     """Write through a temp file in the same dir, then rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -122,7 +138,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                hf_config: str | os.PathLike[str] | None = None,
                only: Sequence[str] = (), skip: Sequence[str] = (),
                output: str = "text", junit: str | os.PathLike[str] | None = None,
-               strict: bool = False, verbose: bool = False,
+               strict: bool = False, verbose: bool = False, changed_files: bool = False,
                allow_target: Sequence[str] = (),
                stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
@@ -136,7 +152,8 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
         junit: also write JUnit XML to this file (atomically).
         strict: warnings fail their check.
-        allow_target: module prefixes whose injection targets you trust (``--allow-target``).
+               strict: bool = False, verbose: bool = False, changed_files: bool = False,
+               allow_target: Sequence[str] = (),
 
     Example::
 
@@ -148,6 +165,10 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     json_out = stdout if output == "json" else None
     if isinstance(paths, (str, os.PathLike)):  # one path, not its characters
         paths = [paths]
+    if changed_files:
+        paths = artifacts_of_changed(paths)
+        if not paths:
+            return 0
     try:
         names = select_checks(only, skip)
         trusted = trusted_prefixes(allow_target)
@@ -165,6 +186,14 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     if junit_path is not None and junit_path.is_dir():
         return _usage(f"--junit: {junit_path} is a directory (expected a file name)", stderr,
                       json_out)
+    if hf_config is not None and "model" in names:
+        from hpcodegen.extras import require
+
+        try:
+            require("runtime", "verify's model check (--hf-config)", ("torch", "transformers"),
+                    alternative="or pass --skip model")
+        except UsageError as exc:
+            return _usage(str(exc), stderr, json_out)
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
     for path in artifact_paths(paths):

@@ -56,6 +56,10 @@ def _check_options(opts: InspectOptions) -> None:
         parse_mesh(opts.mesh)
     volume_args = {"--batch": opts.batch, "--seq": opts.seq}
     dtype_bytes(opts.dtype)  # an unknown --dtype is an error with or without --hf-config
+    if opts.hf_config is not None:
+        from hpcodegen.extras import require
+
+        require("runtime", "inspect-plan --hf-config (the volume trace)", ("torch", "transformers"))
     if opts.hf_config is None:
         given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps}
         for flag, value in given.items():

@@ -36,8 +36,10 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     one), so a drifted artifact or a config of another model is refused once, here,
     instead of N times.
     """
+    from hpcodegen.extras import require
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
+    require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors"))
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
