@@ -47,6 +47,11 @@ def launch(
                                       help="Compare with the unsharded model."),
     tolerance: float = typer.Option(1e-5, "--tolerance", help="Parity max abs diff."),
     seed: int = typer.Option(0, "--seed", help="Init and batch seed."),
+    compile_on: bool = typer.Option(False, "--compile",
+                                    help="torch.compile the parallelized model."),
+    compile_scope: str = typer.Option("layers", "--compile-scope", metavar="layers|model",
+                                      help="With --compile: each decoder layer or the whole "
+                                           "model."),
     timeout: Optional[float] = typer.Option(None, "--timeout",
                                             help="End the whole job after S seconds."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir",
@@ -69,6 +74,7 @@ def launch(
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, master_addr=master_addr,
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
+        compile=compile_scope if compile_on else None,
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
         allow_target=tuple(allow_target), verbosity=verbosity(quiet, verbose))
     raise typer.Exit(guarded("launch", lambda: run_launch(opts), as_json=json_out))

@@ -10,6 +10,15 @@ kv-head counts (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the rule ``
 refuses by; an MLP width or vocab that does not divide is a warning there) and each
 ``tp_divide_attrs`` attribute must divide the tp size, and a sharded dim that does not divide
 its axis size is a warning (torch shards it unevenly).
+
+``module_overrides`` (:mod:`hpcodegen.plan.overrides`) are honoured: a replaced module must
+exist where the record says and be of its declared ``module_type``; what the plan says at or
+below it (parameter names such as a fused ``linear_qkv``, the replacement's class in
+``boundary_classes``, ``tp_divide_attrs``) describes the replacement, which is foreign code and
+never built here, so it is reported once per replaced module as info and not compared with the
+HF module; the HF parameters under it are owned by the replacement and need no plan entry.
+An artifact whose modeling source is not a transformers module (its own modeling package, or
+remote code) cannot be built from transformers either: the check is skipped and says so.
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ from typing import Any
 
 from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_params, pointer
 from hpcodegen.checks.schema import subtree_valid
-from hpcodegen.errors import Finding, HpcodegenError, error, warning
+from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
+from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, param_plan
-from hpcodegen.plan.tp_divisible import tp_divisibility
+from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
+from hpcodegen.plan.overrides import replaced_modules as select_replaced
+from hpcodegen.plan.tp_divisible import config_size, tp_divisibility
 
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
@@ -40,13 +52,16 @@ def _resolve(root: Any, fqn: str) -> Any:
     return obj
 
 
-def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+def _fqns(meta: Mapping[str, Any], model: Any,
+          replaced: Mapping[str, Override]) -> Iterator[Finding]:
     for fqn in param_plan(meta):
+        if replaced_by(fqn, replaced):
+            continue  # the replaced module itself is checked by _overrides
         if _resolve(model, fqn) is None:
             yield error("model.unknown_module", pointer("param_plan", fqn),
                         f"plan FQN {fqn!r} matches no module of {type(model).__name__}")
     for param_fqn, (entry, rel, _) in planned_params(meta).items():
-        if _resolve(model, entry) is None:
+        if replaced_by(param_fqn, replaced) or _resolve(model, entry) is None:
             continue
         target = _resolve(model, param_fqn)
         if target is None or not hasattr(target, "requires_grad"):
@@ -54,6 +69,8 @@ def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
             yield error("model.missing_param", pointer("param_plan", entry, "params", rel),
                         f"planned parameter {param_fqn} {what}")
     for fqn, cls in as_dict(meta.get("boundary_classes")).items():
+        if replaced_by(fqn, replaced):
+            continue  # the replacement's class, not the HF one
         module = _resolve(model, fqn)
         if module is not None and type(module).__name__ != cls:
             yield error("model.class_mismatch", pointer("boundary_classes", fqn),
@@ -61,10 +78,11 @@ def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
                         expected=str(cls))
 
 
-def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int) -> Iterator[Finding]:
+def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
+                  replaced: Mapping[str, Override]) -> Iterator[Finding]:
     """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size."""
     for fqn, entry in param_plan(meta).items():
-        module = _resolve(model, fqn)
+        module = None if replaced_by(fqn, replaced) else _resolve(model, fqn)
         if module is None:
             continue
         for i, attr in enumerate(entry.get("tp_divide_attrs") or ()):
@@ -78,8 +96,10 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int) -> Iterator[Find
                             f"an integer divisible by tp_size = {tp}")
 
 
-def _coverage(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
-    missing = uncovered(trainable_names(model), planned_params(meta))
+def _coverage(meta: Mapping[str, Any], model: Any,
+              replaced: Mapping[str, Override]) -> Iterator[Finding]:
+    names = [n for n in trainable_names(model) if not replaced_by(n, replaced)]
+    missing = uncovered(names, planned_params(meta))
     for name in missing[:MAX_LISTED]:
         yield error("model.uncovered_param", name, f"trainable parameter {name} is not covered "
                     "by the frozen plan", hint="add it (R if replicated) to its entry's params")
@@ -88,9 +108,12 @@ def _coverage(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
                     "parameters are not covered")
 
 
-def _divisibility(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+def _divisibility(meta: Mapping[str, Any], model: Any,
+                  replaced: Mapping[str, Override]) -> Iterator[Finding]:
     sizes = axis_sizes(meta)
     for param_fqn, (entry, rel, named) in planned_params(meta).items():
+        if replaced_by(param_fqn, replaced):
+            continue
         shape = getattr(_resolve(model, param_fqn), "shape", None)
         if shape is None:
             continue
@@ -116,11 +139,86 @@ def _divisibility(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
                               "shards it unevenly")
 
 
+def _mro(module: Any) -> list[tuple[str, str]]:
+    return [(c.__module__, c.__qualname__) for c in type(module).__mro__]
+
+
+def _planned_below(meta: Mapping[str, Any], replaced: Mapping[str, Override]) -> dict[str, int]:
+    """How many plan names (entries, parameters, boundary classes) each replaced module owns."""
+    count: dict[str, int] = {}
+    names = [*param_plan(meta), *planned_params(meta),
+             *as_dict(meta.get("boundary_classes"))]
+    for name in names:
+        owner = replaced_by(name, replaced)
+        if owner is not None:
+            count[owner] = count.get(owner, 0) + 1
+    return count
+
+
+def _overrides(meta: Mapping[str, Any], model: Any,
+               replaced: Mapping[str, Override]) -> Iterator[Finding]:
+    """Each replaced module exists and has the declared type; the rest is reported once."""
+    planned = _planned_below(meta, replaced)
+    for fqn, override in replaced.items():
+        module = _resolve(model, fqn)
+        where = pointer("module_overrides", override.index)
+        if module is None:
+            yield error("model.override_unknown_module", where, f"module_overrides replaces "
+                        f"{fqn!r}, which is not a module of {type(model).__name__}",
+                        hint="the artifact was made for another model structure; regenerate")
+            continue
+        if not class_matches(override, _mro(module)):
+            exact = "exactly " if override.exact_type else ""
+            yield error("model.override_type_mismatch", pointer("module_overrides",
+                        override.index, "module_type"), f"{fqn} is a {type(module).__name__}, "
+                        f"the override replaces {exact}{override.module_type}",
+                        expected=str(override.module_type),
+                        hint="the model changed under the artifact; regenerate")
+            continue
+        if planned.get(fqn):
+            yield info("model.replaced_module", where, f"{fqn} is replaced by "
+                       f"{override.target}; its structure is not checkable here "
+                       f"({planned[fqn]} planned name(s) at or below it describe the "
+                       f"replacement, not {type(module).__name__})")
+
+
+def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> Iterator[Finding]:
+    """Experts sharded over ``ep`` need a whole number of experts per rank."""
+    ep = axis_sizes(meta).get("ep", 1)
+    if ep <= 1 or not any("ep" in named and named["ep"] != "R"
+                          for _, _, named in planned_params(meta).values()):
+        return
+    for key in EXPERT_COUNT_FIELDS:
+        size = config_size(config, key)
+        if size is not None:
+            if size[1] % ep:
+                yield error("model.experts_not_divisible", pointer("parallel_dims", "ep_size"),
+                            f"{size[0][1:].replace('/', '.')} = {size[1]} experts do not divide "
+                            f"over ep_size = {ep}", expected=f"a multiple of {ep}")
+            return
+
+
+def _foreign_source(meta: Mapping[str, Any]) -> str | None:
+    """The modeling module when it is not part of transformers (never built here)."""
+    name = as_dict(meta.get("source")).get("module_name")
+    if isinstance(name, str) and name and name != "transformers" \
+            and not name.startswith("transformers."):
+        return name
+    return None
+
+
 def check_model(ctx: CheckContext) -> Iterator[Finding]:
     """Build the model on the meta device and fit the plan to it."""
     config = ctx.require_hf_config()
-    if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes"):
-        raise SkipCheck("param_plan, parallel_dims or boundary_classes violate the schema")
+    if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes",
+                         "module_overrides"):
+        raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
+                        "violate the schema")
+    foreign = _foreign_source(ctx.meta)
+    if foreign is not None:
+        raise SkipCheck(f"the modeling source {foreign} is not a transformers module; its "
+                        "structure is not checkable here (signature still compares "
+                        "architecture and structure)")
     tp = axis_sizes(ctx.meta).get("tp", 1)
     yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"))
     from hpcodegen.hf import architecture_of, build_meta_model
@@ -140,6 +238,12 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                         file=str(ctx.hf_config_path))
             return
         advance("fitting the plan to the model")
-        findings = [*_fqns(ctx.meta, model), *_divide_attrs(ctx.meta, model, tp),
-                    *_coverage(ctx.meta, model), *_divisibility(ctx.meta, model)]
+        modules = dict(model.named_modules())
+        replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
+        findings = [*_overrides(ctx.meta, model, replaced),
+                    *_experts_divide_ep(config, ctx.meta),
+                    *_fqns(ctx.meta, model, replaced),
+                    *_divide_attrs(ctx.meta, model, tp, replaced),
+                    *_coverage(ctx.meta, model, replaced),
+                    *_divisibility(ctx.meta, model, replaced)]
     yield from findings
