@@ -1,4 +1,5 @@
-"""``hpcodegen export``: a saved checkpoint back to an HF model directory (thin Typer verb)."""
+"""``hpcodegen export``: a saved checkpoint back to an HF model directory (options only;
+logic in :func:`hpcodegen.checkpoint.export.run_export`)."""
 
 from __future__ import annotations
 
@@ -6,31 +7,37 @@ from pathlib import Path
 
 import typer
 
-from .app import app, guarded
-
-_HELP = """Write CHECKPOINT (saved by `hpcodegen launch --save`) as an HF model directory.
-
-OUT gets config.json and safetensors with the original model's names and shapes, loadable
-by AutoModelForCausalLM.from_pretrained. OUT must not exist (or be empty); it appears
-whole or not at all.
-
-Exit codes: 0 written; 2 not a checkpoint, unreadable input, or OUT not empty.
-"""
+from .app import QUIET, VERBOSE, app, guarded, verbosity
 
 
-@app.command("export", help=_HELP, no_args_is_help=True)
+@app.command("export")
 def export(
     checkpoint: Path = typer.Argument(..., help="Checkpoint directory (launch --save DIR)."),
-    out: Path = typer.Option(..., "--out", "-o", help="HF model directory to write."),
-    max_shard_size: int = typer.Option(5 * 1024**3, "--max-shard-bytes",
-                                       help="Split safetensors files above this size."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="OUT",
+                             help="HF model directory to write (new or empty)."),
+    max_shard_bytes: int = typer.Option(5 * 1024**3, "--max-shard-bytes", metavar="N",
+                                        help="Split safetensors files above this size."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the JSON envelope (docs/json.md, checkpoints.md)."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
+    """Write CHECKPOINT (saved by `hpcodegen launch --save`) as an HF model directory.
+
+    OUT gets config.json and safetensors with the original model's names and shapes,
+    loadable by AutoModelForCausalLM.from_pretrained. It appears whole or not at all.
+
+    Exit 0: written.
+
+    Exit 2: not a checkpoint, unreadable input, or OUT exists and is not empty.
+    """
     def call() -> int:
-        from hpcodegen.checkpoint.export import run_export
         from hpcodegen.extras import require
 
         require("runtime", "hpcodegen export", modules=("torch", "safetensors"))
-        return run_export(checkpoint, out, max_shard_size, json_out)
+        from hpcodegen.checkpoint.export import run_export
 
-    raise typer.Exit(guarded("export", call))
+        return run_export(checkpoint, out, max_shard_bytes, as_json=as_json,
+                          verbosity=verbosity(quiet, verbose))
+
+    raise typer.Exit(guarded("export", call, as_json=as_json))

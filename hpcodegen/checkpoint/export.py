@@ -106,24 +106,18 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def run_export(checkpoint: Path, out: Path, max_shard_bytes: int, json_out: bool) -> int:
-    """The CLI verb's body: export, print where, return the exit code."""
-    from hpcodegen.errors import HpcodegenError
+def run_export(checkpoint: Path, out: Path, max_shard_bytes: int, *, as_json: bool = False,
+               verbosity: int = 0) -> int:
+    """The CLI verb's body: export, then say where (the JSON envelope under ``--json``).
 
-    try:
-        target = export_hf(checkpoint, out, max_shard_bytes=max_shard_bytes)
-    except HpcodegenError as exc:
-        for finding in exc.findings:
-            print(f"error: {finding.render()}", file=sys.stderr)
-        if json_out:
-            print(json.dumps({"status": "error", "exit_code": exc.exit_code,
-                              "message": str(exc),
-                              "findings": [f.to_json() for f in exc.findings]}))
-        return exc.exit_code
+    Refusals raise (``HpcodegenError``); the verb's guard prints them and their exit code.
+    """
+    from hpcodegen.report.envelope import emit
+
+    target = export_hf(checkpoint, out, max_shard_bytes=max_shard_bytes)
     files = sorted(p.name for p in target.iterdir())
-    if json_out:
-        print(json.dumps({"status": "ok", "exit_code": EXIT_OK, "out": str(target),
-                          "files": files}))
-    else:
+    if as_json:
+        return emit("export", EXIT_OK, [], sys.stdout, out=str(target), files=files)
+    if verbosity >= 0:
         print(f"exported {checkpoint} -> {target} ({', '.join(files)})")
     return EXIT_OK

@@ -68,6 +68,8 @@ def job_environment(opts: LaunchOptions, *, run_dir: Path, device: str) -> dict[
             out[name] = str(Path(value).resolve())
     if opts.max_grad_norm is not None:
         out[env.MAX_GRAD_NORM] = repr(opts.max_grad_norm)
+    if opts.compile:
+        out[env.COMPILE] = opts.compile
     if opts.model_dir is not None:
         out[env.MODEL_DIR] = str(Path(opts.model_dir).resolve())
     if opts.allow_target:

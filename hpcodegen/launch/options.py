@@ -10,6 +10,8 @@ from hpcodegen.errors import UsageError, error
 #: Default parity tolerance per ``--dtype``: max abs difference of logits, gradients and
 #: losses between the sharded and the unsharded model in that dtype (docs/checkpoints.md).
 DEFAULT_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 5e-3}
+#: what ``--compile`` accepts: per decoder layer (torchtitan's default) or the whole model
+COMPILE_MODES = ("layers", "model")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +34,8 @@ class LaunchOptions:
         tolerance: max abs difference the parity check accepts (None: the dtype's default,
             ``DEFAULT_TOLERANCE``).
         seed: model init and batch seed.
+        compile: ``torch.compile`` the parallelized model: ``layers`` (each decoder layer)
+            or ``model`` (the whole model); None: eager.
         timeout: seconds before the whole job is ended (None: no limit).
         log_dir: keep per-rank logs and result files here.
         dry_run: print the torchrun command and environments, run nothing.
@@ -42,6 +46,7 @@ class LaunchOptions:
         resume: start from this checkpoint (saved at any tp and dp) instead of the weights.
         max_grad_norm: clip gradients by this global norm in the steps.
         allow_target: module prefixes trusted for injection targets (``--allow-target``).
+        verbosity: -1 ``--quiet`` (the verdict only), 0, 1 ``-v`` (also the exact command).
     """
 
     artifact: Path
@@ -58,6 +63,7 @@ class LaunchOptions:
     check_parity: bool = False
     tolerance: float | None = None
     seed: int = 0
+    compile: str | None = None
     timeout: float | None = None
     log_dir: Path | None = None
     dry_run: bool = False
@@ -68,6 +74,7 @@ class LaunchOptions:
     save: Path | None = None
     resume: Path | None = None
     max_grad_norm: float | None = None
+    verbosity: int = 0
 
     @property
     def parity_tolerance(self) -> float:
@@ -101,6 +108,10 @@ class LaunchOptions:
         if self.tolerance is not None and not self.tolerance >= 0:  # also refuses NaN
             problems.append(error("launch.tolerance", "--tolerance",
                                   f"--tolerance {self.tolerance}", expected=">= 0"))
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            problems.append(error("launch.compile", "--compile-scope",
+                                  f"--compile-scope {self.compile!r}",
+                                  expected=" or ".join(COMPILE_MODES)))
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             problems.append(error("launch.log_dir", "--log-dir",

@@ -5,7 +5,8 @@ Steps, in order (each is a ``phase`` the launcher shows):
 1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
 2. ``build``: the model, parallelized, each rank reading only its shards of the
    safetensors weights (or a seeded init, or empty shards for ``--resume``); with parity,
-   the unsharded reference is built from the same weights.
+   the unsharded reference is built from the same weights. With ``--compile``,
+   :func:`hpcodegen.runtime.compile.compile_parallelized` after the install.
 3. ``resume``: with ``--resume DIR``, model, optimizer and step from the DCP checkpoint
    (saved at any tp and dp); the reference loads it too.
 4. ``forward``: one timed forward of the synthetic batch.
@@ -178,6 +179,11 @@ def run(reporter: RankReporter) -> None:
     reporter.update(device=str(ctx.device), phase="build", world_size=ctx.world_size)
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
     built = build_parallel_model(directory, ctx, seed, dtype, empty=bool(resume_dir))
+    scope = env.get(env.COMPILE)
+    if scope:
+        from hpcodegen.runtime.compile import compile_parallelized
+
+        compile_parallelized(built.model, scope)
     ref = None
     if parity_on:
         ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype)

@@ -75,6 +75,7 @@ def test_export_refusals(tmp_path) -> None:
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     run = _export(ckpt, "-o", tmp_path / "busy", "--json")
-    assert run.returncode == 2 and json.loads(run.stdout)["status"] == "error"
+    doc = json.loads(run.stdout)
+    assert run.returncode == 2 and doc["status"] == "error" and doc["verb"] == "export"
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
     assert "Traceback" not in run.stderr
