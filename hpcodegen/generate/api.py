@@ -39,7 +39,7 @@ from hpcodegen.generate.lift import lift_plan
 from hpcodegen.generate.recipe import apply_recipe, load_recipe, recipe_modules
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.validate import check_class_contracts, check_coverage, check_divisible
-from hpcodegen.hf import read_hf_config, source_from_config
+from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.classify import classify_plan
 from hpcodegen.plan.entry import is_boundary
 from hpcodegen.report.envelope import emit
@@ -191,6 +191,8 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     config, config_path = read_hf_config(args.model_dir)
     recipe = load_recipe(args.recipe) if args.recipe else None
     label = config_path.parent.name or "model"
+    if is_hub_id(args.model_dir):  # a snapshot dir is named by its commit: show the id
+        label = os.fspath(args.model_dir)
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance)
