@@ -290,23 +290,30 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                         "architecture and structure)")
     tp = axis_sizes(ctx.meta).get("tp", 1)
     yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"))
-    from hpcodegen.hf import build_meta_model
+    from hpcodegen.hf import architecture_of, build_meta_model
+    from hpcodegen.progress import steps
 
-    try:
-        model = build_meta_model(config)
-    except HpcodegenError as exc:  # about the config: say so, not the meta
-        yield from (replace(f, file=f.file or str(ctx.hf_config_path)) for f in exc.findings)
-        return
-    except Exception as exc:  # transformers rejects the config in many ways
-        yield error("model.build_failed", "", f"transformers cannot build the model from the "
-                    f"config: {type(exc).__name__}: {exc}", file=str(ctx.hf_config_path))
-        return
-    modules = dict(model.named_modules())
-    replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
-    scope = _Scope(replaced, _kept_children(ctx, model, replaced))
-    yield from _overrides(ctx.meta, model, scope)
-    yield from _experts_divide_ep(config, ctx.meta)
-    yield from _fqns(ctx.meta, model, scope)
-    yield from _divide_attrs(ctx.meta, model, tp, scope)
-    yield from _coverage(ctx.meta, model, scope)
-    yield from _divisibility(ctx.meta, model, scope)
+    with steps("verify model check", 2) as advance:
+        advance(f"building {architecture_of(config) or 'the model'} on the meta device")
+        try:
+            model = build_meta_model(config)
+        except HpcodegenError as exc:  # about the config: say so, not the meta
+            yield from (replace(f, file=f.file or str(ctx.hf_config_path))
+                        for f in exc.findings)
+            return
+        except Exception as exc:  # transformers rejects the config in many ways
+            yield error("model.build_failed", "", f"transformers cannot build the model from "
+                        f"the config: {type(exc).__name__}: {exc}",
+                        file=str(ctx.hf_config_path))
+            return
+        advance("fitting the plan to the model")
+        modules = dict(model.named_modules())
+        replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
+        scope = _Scope(replaced, _kept_children(ctx, model, replaced))
+        findings = [*_overrides(ctx.meta, model, scope),
+                    *_experts_divide_ep(config, ctx.meta),
+                    *_fqns(ctx.meta, model, scope),
+                    *_divide_attrs(ctx.meta, model, tp, scope),
+                    *_coverage(ctx.meta, model, scope),
+                    *_divisibility(ctx.meta, model, scope)]
+    yield from findings

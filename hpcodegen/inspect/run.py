@@ -189,14 +189,15 @@ def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     return result
 
 
-def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO) -> None:
-    if as_json:
-        from hpcodegen.inspect.render import render_failure_json
+def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO,
+                  exit_code: int) -> int:
+    from hpcodegen.inspect.render import print_findings, render_failure_json
 
-        render_failure_json(findings, out)
+    if as_json:
+        render_failure_json(findings, out, exit_code)
     else:
-        for f in findings:
-            print(f"{f.severity}: {f.render()}", file=err)
+        print_findings(findings, err)
+    return exit_code
 
 
 def run_inspect(opts: InspectOptions, out: TextIO | None = None,
@@ -214,23 +215,25 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
         loaded = load_meta(opts.path)
         gate = gate_findings(loaded, opts.hf_config) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
-            _emit_failure(gate, opts.as_json, out, err)
-            return EXIT_FAILED
+            return _emit_failure(gate, opts.as_json, out, err, EXIT_FAILED)
         if not param_plan(loaded.data):
             empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
                           file=str(loaded.meta_path))
-            _emit_failure([empty], opts.as_json, out, err)
-            return EXIT_FAILED
+            return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
         result = inspect_meta(loaded, opts)
         result.findings[:0] = gate
     except HpcodegenError as exc:
-        _emit_failure(exc.findings, opts.as_json, out, err)
-        return exc.exit_code
+        return _emit_failure(exc.findings, opts.as_json, out, err, exc.exit_code)
     failed = any(f.severity is Severity.ERROR for f in result.findings)
     from hpcodegen.inspect.render import render_json, render_text
+    from hpcodegen.report.terminal import reader_gone
 
-    if opts.as_json:
-        render_json(result, out)
-    else:
-        render_text(result, out, err)
+    try:
+        if opts.as_json:
+            render_json(result, out)
+        else:
+            render_text(result, out, err, opts.verbosity)
+            out.flush()
+    except BrokenPipeError:  # `inspect-plan ... | head -1`: the reader has what it wanted
+        reader_gone()
     return EXIT_FAILED if failed else EXIT_OK

@@ -62,6 +62,8 @@ def job_environment(opts: LaunchOptions, *, run_dir: Path, device: str) -> dict[
         env.SEED: str(opts.seed),
         env.TOLERANCE: repr(opts.tolerance),
     }
+    if opts.compile:
+        out[env.COMPILE] = opts.compile
     if opts.model_dir is not None:
         out[env.MODEL_DIR] = str(Path(opts.model_dir).resolve())
     if opts.allow_target:

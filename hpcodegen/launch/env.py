@@ -27,6 +27,12 @@ SEED = "HPCODEGEN_SEED"
 """Seed of the model init and the synthetic batch (same on every rank)."""
 TOLERANCE = "HPCODEGEN_TOLERANCE"
 """Max abs difference accepted by the parity check."""
+COMPILE = "HPCODEGEN_COMPILE"
+"""``layers`` or ``model``: ``torch.compile`` each decoder layer or the whole model
+(:mod:`hpcodegen.launch.compile`); empty: eager."""
+LOSS_PARALLEL = "HPCODEGEN_LOSS_PARALLEL"
+"""``1``: the smoke job's loss is vocab-parallel on the sharded logits (set from the
+artifact's ``parallel_dims.loss_parallel``; documented for user scripts)."""
 FAULT = "HPCODEGEN_FAULT"
 """Fault injection for tests and drills: ``raise:RANK`` or ``hang:RANK``."""
 ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
@@ -34,7 +40,7 @@ ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
 
 #: Every variable above, in the order ``--dry-run`` prints them.
 ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
-                        TOLERANCE, FAULT, ALLOW_TARGETS)
+                        TOLERANCE, COMPILE, FAULT, ALLOW_TARGETS)
 
 
 def get(name: str, default: str = "") -> str:

@@ -5,7 +5,8 @@ Steps, in order (each is a ``phase`` the launcher shows):
 1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
 2. ``build``: the full model from the generated class (seeded or safetensors weights); with
    parity, a deep copy stays unsharded as the reference.
-3. ``parallelize``: :func:`hpcodegen.runtime.parallelize_from_generated` on the model.
+3. ``parallelize``: :func:`hpcodegen.runtime.parallelize_from_generated` on the model;
+   with ``--compile``, :func:`hpcodegen.runtime.compile.compile_parallelized` after it.
 4. ``forward``: one timed forward of the synthetic batch.
 5. ``parity``: logits and every parameter's gradient against the reference.
 6. ``step k/K``: AdamW steps; with parity the reference steps identically and the losses
@@ -136,6 +137,11 @@ def run(reporter: RankReporter) -> None:
     ref = copy.deepcopy(model) if parity_on else None
     reporter.update(phase="parallelize", weights=weights)
     active = parallelize(model, ctx, hf_config)
+    scope = env.get(env.COMPILE)
+    if scope:
+        from hpcodegen.runtime.compile import compile_parallelized
+
+        compile_parallelized(model, scope)
     batch = synthetic_batch(hf_config.vocab_size, ctx.world_size, seed, ctx.device)
     reporter.update(phase="forward", local_param_bytes=local_param_bytes(model))
     reporter.update(forward_ms=_timed_forward(model, batch[0], ctx.device))

@@ -107,7 +107,8 @@ def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None
         assert code == 2
         doc = json.loads(out.getvalue())
         assert doc["ok"] is False and doc["artifacts"] == []
-        assert needle in doc["usage_error"] and needle in err.getvalue()
+        assert (doc["verb"], doc["status"], doc["exit_code"]) == ("verify", "error", 2)
+        assert needle in json.dumps(doc["findings"]) and needle in err.getvalue()
 
 
 def test_junit_write_failure_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:
