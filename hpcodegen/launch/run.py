@@ -44,7 +44,10 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
-    config = read_hf_config(model_dir)[0] if model_dir is not None else None
+    config = None
+    if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
+        config, config_path = read_hf_config(model_dir)
+        model_dir = config_path.parent
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
