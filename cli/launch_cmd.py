@@ -67,7 +67,6 @@ def launch(
     verbose: bool = VERBOSE,
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
-    from hpcodegen.launch.run import run_launch
 
     opts = LaunchOptions(
         artifact=artifact, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
@@ -77,4 +76,12 @@ def launch(
         compile=compile_scope if compile_on else None,
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
         allow_target=tuple(allow_target), verbosity=verbosity(quiet, verbose))
-    raise typer.Exit(guarded("launch", lambda: run_launch(opts), as_json=json_out))
+    def call() -> int:
+        from hpcodegen.extras import require
+
+        require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
+        from hpcodegen.launch.run import run_launch
+
+        return run_launch(opts)
+
+    raise typer.Exit(guarded("launch", call, as_json=json_out))
