@@ -52,6 +52,10 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
+    if opts.resume is not None:  # another model's checkpoint: refused before start
+        from hpcodegen.checkpoint.record import check_same_model, read_record
+
+        check_same_model(read_record(opts.resume), config or {}, opts.resume)
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)
