@@ -18,6 +18,7 @@ import copy
 import time
 from typing import Any
 
+from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import env
 from hpcodegen.launch.model import (
     build_model,
@@ -134,7 +135,9 @@ def run(reporter: RankReporter) -> None:
                                             ctx.device)
     ref = copy.deepcopy(model) if parity_on else None
     reporter.update(phase="parallelize", weights=weights)
-    active = parallelize(model, ctx, hf_config)
+    # the config as written (the artifact's signature hashes its fields, not transformers'
+    # defaults or attribute aliases that ``PretrainedConfig.to_dict`` adds)
+    active = parallelize(model, ctx, read_hf_config(directory)[0])
     batch = synthetic_batch(hf_config.vocab_size, ctx.world_size, seed, ctx.device)
     reporter.update(phase="forward", local_param_bytes=local_param_bytes(model))
     reporter.update(forward_ms=_timed_forward(model, batch[0], ctx.device))
