@@ -15,6 +15,9 @@ def generate(
     model: Path = typer.Option(..., "--model", metavar="DIR",
                                help="Directory holding config.json (weights optional)."),
     tp: int = typer.Option(..., "--tp", metavar="N", help="Tensor-parallel degree."),
+    ep: int = typer.Option(1, "--ep", metavar="E",
+                           help="Expert-parallel degree (MoE): experts sharded over E ranks "
+                                "carved from the data-parallel ones (E divides dp)."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
     recipe: Optional[Path] = typer.Option(
@@ -37,4 +40,4 @@ def generate(
     from hpcodegen.generate.api import GenerateArgs, run_generate
 
     raise typer.Exit(guarded("generate", lambda: run_generate(
-        GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))))
+        GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep))))

@@ -32,6 +32,7 @@ from hpcodegen.artifact.bundle import (
 from hpcodegen.artifact.load import META_NAME
 from hpcodegen.errors import EXIT_FAILED, EXIT_OK, Finding, HpcodegenError, UsageError, error
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
+from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan
@@ -55,6 +56,7 @@ class GenerateArgs:
     sp: bool = False
     recipe: Path | None = None
     check: bool = False
+    ep: int = 1
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
@@ -102,20 +104,26 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
-                 recipe: Sequence[Mapping[str, Any]] | None, label: str) -> dict[str, bytes]:
+                 recipe: Sequence[Mapping[str, Any]] | None, label: str,
+                 ep: int = 1) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring."""
     from hpcodegen.hf import build_meta_model
 
     if tp < 1:
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
+    if ep < 1:
+        raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     check_divisible(config, tp)
     model = build_meta_model(config)
     modules = dict(model.named_modules())
     fqns = list(modules)
     params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     overridden = recipe_modules(recipe or [], fqns)
-    plan = lift_plan(model, expand_rules(hf_rules(model), fqns, params, overridden), sp)
+    assignments = expand_rules(hf_rules(model), fqns, params, overridden)
+    plan = lift_plan(model, assignments, sp)
     injections = apply_recipe(plan, recipe or [], fqns)
+    if ep > 1:
+        injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
     plan = {fqn: plan[fqn] for fqn in sorted(plan)}
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
@@ -124,7 +132,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
-                      recipe=list(recipe) if recipe else None)
+                      recipe=list(recipe) if recipe else None, ep=ep)
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, _class_plans(meta, classes),
                             banner_lines(label, meta, src))
@@ -177,7 +185,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     recipe = load_recipe(args.recipe) if args.recipe else None
     label = config_path.parent.name or "model"
     try:
-        rendered = build_bundle(config, args.tp, args.sp, recipe, label)
+        rendered = build_bundle(config, args.tp, args.sp, recipe, label, args.ep)
     except HpcodegenError as exc:
         exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
         raise

@@ -33,14 +33,17 @@ from hpcodegen.launch.reporter import RankReporter
 LEARNING_RATE = 1e-3
 
 
-def parallelize(model: Any, ctx: RankContext, hf_config: Any) -> Any:
-    """Install the artifact's plan on ``model``; returns the runtime's active mesh."""
+def parallelize(model: Any, ctx: RankContext, hf_config: Any) -> tuple[Any, Any]:
+    """Install the artifact's plan on ``model``; returns the runtime's active mesh and its
+    expert mesh (None without expert parallelism)."""
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.experts import resolve_expert_mesh
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     context = MeshContext(device_mesh=ctx.mesh)
     parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config)
-    return resolve_active_mesh(ctx.meta.data, context)
+    return (resolve_active_mesh(ctx.meta.data, context),
+            resolve_expert_mesh(ctx.meta.data, ctx.mesh))
 
 
 def _sync(device: Any) -> None:
@@ -74,7 +77,7 @@ def _timed_forward(model: Any, ids: Any, device: Any) -> float:
 
 
 def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
-            active: Any) -> dict[str, Any]:
+            active: Any, expert: Any = None) -> dict[str, Any]:
     """One forward/backward on both models; max diffs of logits and gradients."""
     ids, labels = batch
     loss, logits = _loss(model, ids, labels, ctx, active)
@@ -82,7 +85,7 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     ref_loss, ref_logits = _loss(ref, ids, labels, ctx, None)
     ref_loss.backward()
     grad_diff, worst, odd = max_param_diff(model, ref, ctx.meta.data, active,
-                                           lambda p: p.grad)
+                                           lambda p: p.grad, expert)
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
     return {"logits_max_diff": float((logits.detach() - ref_logits.detach()).abs().max()),
@@ -137,14 +140,14 @@ def run(reporter: RankReporter) -> None:
     reporter.update(phase="parallelize", weights=weights)
     # the config as written (the artifact's signature hashes its fields, not transformers'
     # defaults or attribute aliases that ``PretrainedConfig.to_dict`` adds)
-    active = parallelize(model, ctx, read_hf_config(directory)[0])
+    active, expert = parallelize(model, ctx, read_hf_config(directory)[0])
     batch = synthetic_batch(hf_config.vocab_size, ctx.world_size, seed, ctx.device)
     reporter.update(phase="forward", local_param_bytes=local_param_bytes(model))
     reporter.update(forward_ms=_timed_forward(model, batch[0], ctx.device))
     parity: dict[str, Any] | None = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(model, ref, batch, ctx, active), "tolerance": tol}
+        parity = {**_parity(model, ref, batch, ctx, active, expert), "tolerance": tol}
         reporter.update(parity=parity)
     if steps:
         _train(model, ref, batch, steps, ctx, active, reporter)
@@ -153,6 +156,6 @@ def run(reporter: RankReporter) -> None:
             parity["loss_max_diff"] = max(abs(a - b) for a, b in zip(rec.losses, rec.ref_losses,
                                                                      strict=True))
             parity["param_max_diff"] = max_param_diff(model, ref, ctx.meta.data, active,
-                                                      lambda p: p.data)[0]
+                                                      lambda p: p.data, expert)[0]
     reporter.update(parity=parity)
     reporter.finish(_failure(parity, tol) if parity is not None else None)
