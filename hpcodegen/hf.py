@@ -40,6 +40,30 @@ STRUCTURE_FIELDS: tuple[str, ...] = (
 )
 
 
+#: Names transformers configs give the routed-expert count (``attribute_map`` aliases one to
+#: another per model: qwen3_moe/mixtral/gpt_oss ``num_experts`` -> ``num_local_experts``,
+#: deepseek_v3/glm4_moe ``num_local_experts`` -> ``n_routed_experts``, olmoe the reverse). A
+#: ``config.json`` holds one of them; a recorded structure may hold several.
+EXPERT_COUNT_FIELDS: tuple[str, ...] = ("num_local_experts", "num_experts", "n_routed_experts")
+
+#: Groups of structure fields that name one quantity (see ``EXPERT_COUNT_FIELDS``).
+STRUCTURE_ALIASES: tuple[tuple[str, ...], ...] = (EXPERT_COUNT_FIELDS,)
+
+
+def structure_value(config: Mapping[str, Any], key: str) -> tuple[str, Any] | None:
+    """``(field, value)`` for structure field ``key``: the field itself, else an alias the
+    config sets instead (``num_experts`` recorded, ``num_local_experts`` saved); None when
+    neither is set."""
+    if key in config:
+        return key, config[key]
+    for group in STRUCTURE_ALIASES:
+        if key in group:
+            for alias in group:
+                if alias in config:
+                    return alias, config[alias]
+    return None
+
+
 def resolve_config_path(path: str | os.PathLike[str]) -> Path:
     """A model dir or a ``config.json`` -> the config file; InputError when absent."""
     p = Path(path)

@@ -19,7 +19,6 @@ allowed unless ``strict``), 1 a check failed, 2 usage error or an unreadable inp
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -40,7 +39,9 @@ from hpcodegen.errors import (
     PlanError,
     Severity,
     UsageError,
+    error,
 )
+from hpcodegen.targets import trusted_prefixes
 
 #: Checks that read ``--hf-config``.
 CONFIG_CHECKS: tuple[str, ...] = ("signature", "model")
@@ -52,7 +53,8 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
                     hf_config: Mapping[str, Any] | None = None,
                     hf_config_path: Path | None = None,
                     config_problem: Sequence[Finding] = (),
-                    strict: bool = False) -> ArtifactResult:
+                    strict: bool = False,
+                    allowed_targets: Sequence[str] = ()) -> ArtifactResult:
     """Load one artifact and run the named checks; never raises for bad input."""
     art = ArtifactResult(str(path))
     try:
@@ -62,7 +64,8 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
         art.checks["load"] = CheckResult("load", "fail", list(exc.findings),
                                          reason="the meta cannot be read")
         return art
-    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None, hf_config_path)
+    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None, hf_config_path,
+                       allowed_targets=tuple(allowed_targets))
     if config_problem:
         art.unreadable = True
         for name in names:
@@ -94,6 +97,22 @@ def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.Pat
     return out
 
 
+def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The artifact dirs that changed files lie in (``verify --changed-files``).
+
+    A pre-commit hook passes every changed file of the repository; a file whose directory
+    holds a ``codegen_meta.json`` belongs to that artifact (an edited ``__init__.py``, a
+    stray added file and a deleted one alike). Other files are ignored. Each dir once, in order.
+    """
+    out: list[str] = []
+    for path in files:
+        p = Path(path)
+        folder = p if p.is_dir() else p.parent
+        if (folder / META_NAME).is_file() and str(folder) not in out:
+            out.append(str(folder))
+    return out
+
+
 def _write_atomic(path: Path, render: Any) -> None:
     """Write through a temp file in the same dir, then rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -106,12 +125,16 @@ def _write_atomic(path: Path, render: Any) -> None:
         raise
 
 
-def _usage(message: str, stderr: TextIO, stdout: TextIO | None = None) -> int:
-    """Report a usage error on stderr; with ``--json`` also as the JSON document on stdout."""
-    stderr.write(f"hpcodegen verify: error: {message}\n")
+def _usage(message: str, stderr: TextIO, stdout: TextIO | None = None,
+           findings: Sequence[Finding] = ()) -> int:
+    """Report a usage error on stderr; with ``--json`` also as the envelope on stdout."""
+    from hpcodegen.report.envelope import emit
+    from hpcodegen.report.terminal import fold_text
+
+    stderr.write(fold_text(f"hpcodegen verify: error: {message}") + "\n")
     if stdout is not None:
-        json.dump({"ok": False, "artifacts": [], "usage_error": message}, stdout, indent=2)
-        stdout.write("\n")
+        emit("verify", EXIT_USAGE, findings or [error("verify.usage", "", message)], stdout,
+             ok=False, artifacts=[])
     return EXIT_USAGE
 
 
@@ -119,7 +142,9 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                hf_config: str | os.PathLike[str] | None = None,
                only: Sequence[str] = (), skip: Sequence[str] = (),
                output: str = "text", junit: str | os.PathLike[str] | None = None,
-               strict: bool = False, verbose: bool = False,
+               strict: bool = False, verbose: bool = False, quiet: bool = False,
+               changed_files: bool = False,
+               allow_target: Sequence[str] = (),
                stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
 
@@ -132,6 +157,9 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
         junit: also write JUnit XML to this file (atomically).
         strict: warnings fail their check.
+        verbose / quiet: text output lists info findings too / only the failing artifacts.
+               strict: bool = False, verbose: bool = False, changed_files: bool = False,
+               allow_target: Sequence[str] = (),
 
     Example::
 
@@ -143,10 +171,15 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     json_out = stdout if output == "json" else None
     if isinstance(paths, (str, os.PathLike)):  # one path, not its characters
         paths = [paths]
+    if changed_files:
+        paths = artifacts_of_changed(paths)
+        if not paths:
+            return 0
     try:
         names = select_checks(only, skip)
+        trusted = trusted_prefixes(allow_target)
     except UsageError as exc:
-        return _usage(str(exc), stderr, json_out)
+        return _usage(str(exc), stderr, json_out, exc.findings)
     if output not in REPORTERS or output == "junit":
         return _usage(f"unknown output format {output!r} (text or json)", stderr)
     if not paths:
@@ -159,13 +192,28 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     if junit_path is not None and junit_path.is_dir():
         return _usage(f"--junit: {junit_path} is a directory (expected a file name)", stderr,
                       json_out)
+    if hf_config is not None and "model" in names:
+        from hpcodegen.extras import require
+
+        try:
+            require("runtime", "verify's model check (--hf-config)", ("torch", "transformers"),
+                    alternative="or pass --skip model")
+        except UsageError as exc:
+            return _usage(str(exc), stderr, json_out, exc.findings)
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
     for path in artifact_paths(paths):
         result.artifacts.append(verify_artifact(path, names, hf_config=config,
                                                 hf_config_path=config_path,
-                                                config_problem=problem, strict=strict))
-    REPORTERS[output].write(result, stdout, verbose=verbose)
+                                                config_problem=problem, strict=strict,
+                                                allowed_targets=trusted))
+    try:
+        REPORTERS[output].write(result, stdout, verbose=verbose, quiet=quiet)
+        stdout.flush()
+    except BrokenPipeError:  # `verify ... | head`: the JUnit file and the exit code still count
+        from hpcodegen.report.terminal import reader_gone
+
+        reader_gone()
     if junit_path is not None:
         try:
             _write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))
@@ -189,13 +237,15 @@ def _read_config(hf_config: str | os.PathLike[str] | None, names: Sequence[str]
 
 def load_checked_meta(artifact_dir: str | os.PathLike[str],
                       checks: Sequence[str] = RUNTIME_CHECKS, *,
-                      hf_config: Mapping[str, Any] | None = None) -> LoadedMeta:
+                      hf_config: Mapping[str, Any] | None = None,
+                      allowed_targets: Sequence[str] = ()) -> LoadedMeta:
     """Load a meta and run ``checks`` on it, as ``verify`` would; no torch.
 
     Args:
         artifact_dir: the artifact directory (or its meta file).
         checks: check names; ``signature`` needs ``hf_config`` (else it is skipped).
         hf_config: the HF config as a dict (``PretrainedConfig.to_dict()``), optional.
+        allowed_targets: trusted module prefixes for injection targets (the ``plan`` check).
 
     Returns:
         The loaded meta, when no check reported an error (warnings are ignored).
@@ -211,8 +261,10 @@ def load_checked_meta(artifact_dir: str | os.PathLike[str],
         plan = loaded.data["param_plan"]
     """
     names = select_checks(checks)
+    trusted = trusted_prefixes(allowed_targets)
     loaded = load_meta(artifact_dir)
-    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None)
+    ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None,
+                       allowed_targets=trusted)
     results = run_checks(ctx, names)
     errors = [f for r in results.values() for f in r.findings if f.severity is Severity.ERROR]
     if errors:

@@ -32,12 +32,15 @@ class CheckContext:
         hf_config: the HF ``config.json`` as a dict, when ``--hf-config`` was given.
         hf_config_path: where that config was read from.
         cache: per-artifact memo shared by checks (e.g. the schema errors).
+        allowed_targets: module prefixes the user trusts for injection targets
+            (``--allow-target``), besides the registry of :mod:`hpcodegen.targets`.
     """
 
     loaded: LoadedMeta
     hf_config: dict[str, Any] | None = None
     hf_config_path: Path | None = None
     cache: dict[str, Any] = field(default_factory=dict)
+    allowed_targets: tuple[str, ...] = ()
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 Placements parse and name known axes; ``mesh_dim_names`` agrees with ``parallel_dims``;
 ``out_src``/``out_dst`` names are declared in ``out_names``; a plan that claims coverage is
-not empty; the cross references (``boundary_classes``, injections, handlers, tied pairs,
-``frozen_sharded_params``) are checked in :mod:`hpcodegen.checks.plan_refs`. Informational
+not empty; every injection target is in the registry (:mod:`hpcodegen.targets`) or under a
+trusted ``--allow-target`` prefix; the cross references (``boundary_classes``, injections,
+handlers, tied pairs, ``frozen_sharded_params``) are checked in
+:mod:`hpcodegen.checks.plan_refs`. Informational
 findings note a negative ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys
 the schema does not know (allowed, as the reference system ignores them).
 """
@@ -19,6 +21,7 @@ from hpcodegen.errors import Finding, error, info, warning
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import params_planned_twice
 from hpcodegen.plan.entry import ENTRYPOINTS, TRANSITION_FIELDS
+from hpcodegen.targets import target_findings
 
 #: Axes a placement key may name besides the plan's own: ep routes to the expert mesh,
 #: dp is FSDP-owned (decisions.md item 4).
@@ -181,5 +184,6 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     yield from _check_mesh(meta)
     yield from _check_outputs_names(meta)
     yield from check_references(ctx)
+    yield from target_findings(meta, ctx.allowed_targets)
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

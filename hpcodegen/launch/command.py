@@ -62,8 +62,12 @@ def job_environment(opts: LaunchOptions, *, run_dir: Path, device: str) -> dict[
         env.SEED: str(opts.seed),
         env.TOLERANCE: repr(opts.tolerance),
     }
+    if opts.compile:
+        out[env.COMPILE] = opts.compile
     if opts.model_dir is not None:
         out[env.MODEL_DIR] = str(Path(opts.model_dir).resolve())
+    if opts.allow_target:
+        out[env.ALLOW_TARGETS] = ",".join(opts.allow_target)
     if env.get(env.FAULT):
         out[env.FAULT] = env.get(env.FAULT)
     return out

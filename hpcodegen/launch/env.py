@@ -27,17 +27,30 @@ SEED = "HPCODEGEN_SEED"
 """Seed of the model init and the synthetic batch (same on every rank)."""
 TOLERANCE = "HPCODEGEN_TOLERANCE"
 """Max abs difference accepted by the parity check."""
+COMPILE = "HPCODEGEN_COMPILE"
+"""``layers`` or ``model``: ``torch.compile`` each decoder layer or the whole model
+(:mod:`hpcodegen.launch.compile`); empty: eager."""
+LOSS_PARALLEL = "HPCODEGEN_LOSS_PARALLEL"
+"""``1``: the smoke job's loss is vocab-parallel on the sharded logits (set from the
+artifact's ``parallel_dims.loss_parallel``; documented for user scripts)."""
 FAULT = "HPCODEGEN_FAULT"
 """Fault injection for tests and drills: ``raise:RANK`` or ``hang:RANK``."""
+ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
+"""Comma-separated module prefixes trusted for injection targets (``--allow-target``)."""
 
 #: Every variable above, in the order ``--dry-run`` prints them.
 ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
-                        TOLERANCE, FAULT)
+                        TOLERANCE, COMPILE, FAULT, ALLOW_TARGETS)
 
 
 def get(name: str, default: str = "") -> str:
     """An environment value, ``default`` when unset or empty."""
     return os.environ.get(name) or default
+
+
+def allowed_targets() -> tuple[str, ...]:
+    """The ``--allow-target`` prefixes the launcher passed (``HPCODEGEN_ALLOW_TARGETS``)."""
+    return tuple(p for p in get(ALLOW_TARGETS).split(",") if p)
 
 
 def get_int(name: str, default: int) -> int:

@@ -52,6 +52,7 @@ def setup(*, artifact: str | os.PathLike[str] | None = None,
                                             ctx.device)
     reporter.update(phase="parallelize", weights=weights)
     context = MeshContext(device_mesh=ctx.mesh)
-    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config)
+    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config,
+                               allowed_target_prefixes=env.allowed_targets())
     reporter.update(phase="running", local_param_bytes=local_param_bytes(model))
     return model, context

@@ -37,8 +37,9 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
     from hpcodegen.runtime.api import load_verified_meta
     from hpcodegen.runtime.loader import generated_model_class, import_verified_module
 
-    loaded = load_verified_meta(artifact, config)
-    return generated_model_class(loaded.data, import_verified_module(loaded))
+    trusted = env.allowed_targets()
+    loaded = load_verified_meta(artifact, config, allowed_target_prefixes=trusted)
+    return generated_model_class(loaded.data, import_verified_module(loaded, trusted))
 
 
 def _check_shapes(model: Any, state: dict[str, Any], directory: Path) -> None:

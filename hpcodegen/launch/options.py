@@ -7,6 +7,9 @@ from pathlib import Path
 
 from hpcodegen.errors import UsageError, error
 
+#: what ``--compile`` accepts: per decoder layer (torchtitan's default) or the whole model
+COMPILE_MODES = ("layers", "model")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
@@ -27,11 +30,15 @@ class LaunchOptions:
         check_parity: compare logits/gradients (and losses) with the unsharded model.
         tolerance: max abs difference the parity check accepts.
         seed: model init and batch seed.
+        compile: ``torch.compile`` the parallelized model: ``layers`` (each decoder layer)
+            or ``model`` (the whole model); None: eager.
         timeout: seconds before the whole job is ended (None: no limit).
         log_dir: keep per-rank logs and result files here.
         dry_run: print the torchrun command and environments, run nothing.
         json: machine output on stdout.
         script: a user script and its arguments (after ``--``); empty for the smoke job.
+        allow_target: module prefixes trusted for injection targets (``--allow-target``).
+        verbosity: -1 ``--quiet`` (the verdict only), 0, 1 ``-v`` (also the exact command).
     """
 
     artifact: Path
@@ -48,11 +55,14 @@ class LaunchOptions:
     check_parity: bool = False
     tolerance: float = 1e-5
     seed: int = 0
+    compile: str | None = None
     timeout: float | None = None
     log_dir: Path | None = None
     dry_run: bool = False
     json: bool = False
     script: tuple[str, ...] = field(default_factory=tuple)
+    allow_target: tuple[str, ...] = field(default_factory=tuple)
+    verbosity: int = 0
 
     @property
     def multi_node(self) -> bool:
@@ -80,6 +90,10 @@ class LaunchOptions:
         if not self.tolerance >= 0:  # also refuses NaN
             problems.append(error("launch.tolerance", "--tolerance",
                                   f"--tolerance {self.tolerance}", expected=">= 0"))
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            problems.append(error("launch.compile", "--compile-scope",
+                                  f"--compile-scope {self.compile!r}",
+                                  expected=" or ".join(COMPILE_MODES)))
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             problems.append(error("launch.log_dir", "--log-dir",

@@ -5,7 +5,8 @@ Steps, in order (each is a ``phase`` the launcher shows):
 1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
 2. ``build``: the full model from the generated class (seeded or safetensors weights); with
    parity, a deep copy stays unsharded as the reference.
-3. ``parallelize``: :func:`hpcodegen.runtime.parallelize_from_generated` on the model.
+3. ``parallelize``: :func:`hpcodegen.runtime.parallelize_from_generated` on the model;
+   with ``--compile``, :func:`hpcodegen.runtime.compile.compile_parallelized` after it.
 4. ``forward``: one timed forward of the synthetic batch.
 5. ``parity``: logits and every parameter's gradient against the reference.
 6. ``step k/K``: AdamW steps; with parity the reference steps identically and the losses
@@ -41,7 +42,8 @@ def parallelize(model: Any, ctx: RankContext, hf_config: Any) -> tuple[Any, Any]
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     context = MeshContext(device_mesh=ctx.mesh)
-    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config)
+    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config,
+                               allowed_target_prefixes=env.allowed_targets())
     return (resolve_active_mesh(ctx.meta.data, context),
             resolve_expert_mesh(ctx.meta.data, ctx.mesh))
 
@@ -141,6 +143,11 @@ def run(reporter: RankReporter) -> None:
     # the config as written (the artifact's signature hashes its fields, not transformers'
     # defaults or attribute aliases that ``PretrainedConfig.to_dict`` adds)
     active, expert = parallelize(model, ctx, read_hf_config(directory)[0])
+    scope = env.get(env.COMPILE)
+    if scope:
+        from hpcodegen.runtime.compile import compile_parallelized
+
+        compile_parallelized(model, scope)
     batch = synthetic_batch(hf_config.vocab_size, ctx.world_size, seed, ctx.device)
     reporter.update(phase="forward", local_param_bytes=local_param_bytes(model))
     reporter.update(forward_ms=_timed_forward(model, batch[0], ctx.device))

@@ -1,7 +1,7 @@
 """Bytes each rank sends per predicted collective, and an estimated time (pure).
 
 The tensor a collective moves is the boundary's input or output as traced on the
-*unsharded* model (:mod:`hpcodegen.trace`): ``full = numel x element size``. A collective on
+*unsharded* model (:mod:`hpcodegen.inspect.trace`): ``full = numel x element size``. A collective on
 mesh axis ``a`` of size ``n`` works on the part of that tensor one ``a``-group holds:
 ``group = full / prod(size(b) for every other axis b the current placement shards)``.
 Each rank then sends, with ring algorithms (the usual NCCL/HCCL cost model):

@@ -52,7 +52,8 @@ def to_xml(result: VerifyResult) -> ET.Element:
 class JunitReporter:
     """Writes the JUnit XML document (UTF-8 declaration included)."""
 
-    def write(self, result: VerifyResult, stream: TextIO, *, verbose: bool = False) -> None:
+    def write(self, result: VerifyResult, stream: TextIO, *, verbose: bool = False,
+              quiet: bool = False) -> None:
         tree = to_xml(result)
         ET.indent(tree)
         stream.write('<?xml version="1.0" encoding="utf-8"?>\n')

@@ -46,8 +46,8 @@ from hpcodegen.runtime.mesh import (
     to_torch_placements,
 )
 from hpcodegen.runtime.params import ShardedParam, divide_attrs, shard_parameters
-from hpcodegen.runtime.targets import resolve_injections
 from hpcodegen.runtime.tied import tie_weights, tied_pairs
+from hpcodegen.targets import resolve_injections
 
 __all__ = ["MeshContext", "parallelize_from_generated"]
 
@@ -70,8 +70,12 @@ def _config_dict(hf_config: Any) -> dict[str, Any] | None:
     return read_hf_config(hf_config)[0]
 
 
-def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = None) -> LoadedMeta:
+def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = None, *,
+                       allowed_target_prefixes: tuple[str, ...] = ()) -> LoadedMeta:
     """Load the meta with verify's loader and checks (schema, plan, output hashes).
+
+    Injection targets must be in the registry (:mod:`hpcodegen.targets`) or under one of
+    ``allowed_target_prefixes``, as ``verify --allow-target`` decides.
 
     With a config: refuse another architecture (``architectures[0]`` vs
     ``source.architecture``), then run verify's ``signature`` check against it (a config of
@@ -80,7 +84,8 @@ def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = No
     """
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
-    loaded = load_checked_meta(artifact_dir, RUNTIME_CHECKS)
+    loaded = load_checked_meta(artifact_dir, RUNTIME_CHECKS,
+                               allowed_targets=allowed_target_prefixes)
     config = _config_dict(hf_config)
     if config is None:
         return loaded
@@ -185,7 +190,8 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
         artifact_dir: the artifact directory.
         hf_config: the model's HF config (dict, ``PretrainedConfig`` or path), to gate the
             architecture.
-        allowed_target_prefixes: module prefixes whose injection targets may be imported.
+        allowed_target_prefixes: module prefixes you trust: injection targets under them
+            are imported by path (see :mod:`hpcodegen.targets` for the registry).
 
     Returns:
         ``{param_fqn: (placements tuple over the plan axes, source submesh)}``.
@@ -209,12 +215,13 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     if getattr(model, _DONE, False):
         raise PlanError([error("runtime.second_call", type(model).__name__,
                                "parallelize_from_generated already ran on this model")])
-    loaded = load_verified_meta(artifact_dir, hf_config)
+    loaded = load_verified_meta(artifact_dir, hf_config,
+                                allowed_target_prefixes=allowed_target_prefixes)
     meta = loaded.data
     handlers = check_handlers(meta)
     records = expand_injections(meta)
-    injections = resolve_injections(records, allowed_target_prefixes)
-    module = import_verified_module(loaded)
+    injections = resolve_injections(meta, allowed_target_prefixes)
+    module = import_verified_module(loaded, allowed_target_prefixes)
     entry_name = (meta.get("entrypoints") or {}).get("parallelize")
     entry_fn = getattr(module, entry_name, None) if entry_name else None
     context = as_context(mesh_context)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.runtime.collectives import reduce
+from hpcodegen.runtime.collectives import Comm, reduce
 from hpcodegen.runtime.params import param_owner
 
 _FLAG = "_hp_grad_allreduce"
@@ -51,12 +51,16 @@ def install_grad_hook(model: nn.Module, fqns: Iterable[str],
                 if isinstance(value, torch.Tensor):
                     _hook_tensor(value, fn, flag)
         owner.register_forward_pre_hook(pre_hook)
+        # hooked now too: a compiled forward then finds them in place (registering a hook
+        # on a parameter inside a traced region would break the graph)
+        pre_hook(owner, ())
     return sorted(f"{p}.{n}".lstrip(".") for p, (_, ns) in by_owner.items() for n in ns)
 
 
 def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
     """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
-    return install_grad_hook(model, fqns, lambda grad: reduce(grad, group), _FLAG)
+    comm = Comm(group)  # resolved once, not per gradient
+    return install_grad_hook(model, fqns, lambda grad: reduce(grad, comm), _FLAG)
 
 
 def install_grad_scale(model: nn.Module, fqns: Iterable[str], factor: float) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 from hpcodegen.artifact.load import LoadedMeta
 from hpcodegen.checks.files import MODELING_GLOB, modeling_files
 from hpcodegen.errors import PlanError, error
+from hpcodegen.targets import check_targets
 
 ROOT_PACKAGE = "hpcodegen_generated"
 _CACHE: dict[str, tuple[str, types.ModuleType]] = {}
@@ -98,7 +99,8 @@ def import_generated_module(artifact_dir: str | Path, digest: str = "") -> types
     return module
 
 
-def import_verified_module(loaded: LoadedMeta) -> types.ModuleType:
+def import_verified_module(loaded: LoadedMeta,
+                           allowed_target_prefixes: tuple[str, ...] = ()) -> types.ModuleType:
     """:func:`import_generated_module` for a meta that passed verify's checks.
 
     Keyed by the modeling file's recorded sha256 (``outputs.modeling.sha256``), as
@@ -110,6 +112,7 @@ def import_verified_module(loaded: LoadedMeta) -> types.ModuleType:
         loaded = load_verified_meta("examples/llama_tp2")
         cls = generated_model_class(loaded.data, import_verified_module(loaded))
     """
+    check_targets(loaded.data, allowed_target_prefixes)
     outputs = loaded.data.get("outputs") or {}
     digest = (outputs.get("modeling") or {}).get("sha256", "")
     return import_generated_module(loaded.artifact_dir, digest)

@@ -71,7 +71,8 @@ def test_cli_unreadable_input_exits_2_without_traceback(tmp_path: Path) -> None:
 def test_unreadable_json_mode(tmp_path: Path) -> None:
     (tmp_path / "codegen_meta.json").write_text("[1, 2]")
     code, doc = inspect_json(path=str(tmp_path))
-    assert code == 2 and doc["status"] == "fail"
+    assert code == 2 and doc["status"] == "error" and doc["exit_code"] == 2
+    assert doc["verb"] == "inspect-plan"
     assert doc["findings"][0]["code"] == "load.not_object"
 
 

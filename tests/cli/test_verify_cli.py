@@ -42,7 +42,8 @@ def verify_json(paths: list[Path], **kw: Any) -> tuple[int, dict[str, Any]]:
 def test_fixtures_of_both_generations_pass_every_check(name: str, tmp_path: Path) -> None:
     art = vf.build_fixture(name, tmp_path / name)
     config = FIXTURES / "configs" / vf.CONFIG_OF[name]
-    code, doc = verify_json([art], hf_config=config, strict=True)
+    code, doc = verify_json([art], hf_config=config, strict=True,
+                            allow_target=vf.REFERENCE_TARGETS)
     checks = doc["artifacts"][0]["checks"]
     assert code == 0, json.dumps(checks, indent=1)
     assert list(checks) == ALL_CHECKS
@@ -87,11 +88,15 @@ def test_shipped_examples_pass_with_hf_config(meta: Path) -> None:
 def test_json_shape_and_skips_without_hf_config(tmp_path: Path) -> None:
     art = vf.build_fixture("qwen3_moe_g3", tmp_path / "a")
     other = vf.build_fixture("qwen3_moe_g2", tmp_path / "b") / "codegen_meta.json"
-    code, doc = verify_json([art, other, art / "codegen_meta.json"])
+    code, doc = verify_json([art, other, art / "codegen_meta.json"],
+                            allow_target=vf.REFERENCE_TARGETS)
     assert code == 0 and doc["ok"] is True
     assert [a["path"] for a in doc["artifacts"]] == [str(art), str(other)]  # each once
     checks = doc["artifacts"][0]["checks"]
-    assert set(doc) == {"ok", "artifacts"} and set(doc["artifacts"][0]) == {"path", "ok", "checks"}
+    assert set(doc) == {"version", "tool", "tool_version", "verb", "status", "exit_code",
+                        "findings", "ok", "artifacts"}
+    assert (doc["verb"], doc["status"], doc["exit_code"]) == ("verify", "ok", 0)
+    assert set(doc["artifacts"][0]) == {"path", "ok", "checks"}
     for name in ("signature", "model"):
         assert checks[name]["status"] == "skipped"
         assert "--hf-config" in checks[name]["reason"]

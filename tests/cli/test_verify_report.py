@@ -84,17 +84,16 @@ def test_pre_commit_hook_files_pattern_and_generated_files_stand_for_their_artif
         tmp_path: Path) -> None:
     hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     assert [h["id"] for h in hooks] == ["hpcodegen-verify", "hpcodegen-verify-system"]
-    assert all(h["entry"] == "hpcodegen verify" for h in hooks)
+    assert all(h["entry"] == "hpcodegen verify --changed-files" for h in hooks)
     art = vf.build_fixture("qwen3_moe_g3", tmp_path / "gen")
     changed = [art / "codegen_meta.json", art / vf.modeling_name(art),
                art / (vf.modeling_name(art) + ".diff"), tmp_path / "gen" / "__init__.py"]
     pattern = re.compile(hooks[0]["files"])
-    assert [bool(pattern.search(str(p))) for p in changed] == [True, True, True, False]
+    assert all(pattern.search(str(p)) for p in changed)
     out = io.StringIO()
-    assert run_verify([p for p in changed if pattern.search(str(p))], output="json",
-                      stdout=out) == 0
-    assert [a["path"] for a in json.loads(out.getvalue())["artifacts"]] == [
-        str(art / "codegen_meta.json")]
+    assert run_verify(changed, output="json", stdout=out, changed_files=True,
+                      allow_target=vf.REFERENCE_TARGETS) == 0
+    assert [a["path"] for a in json.loads(out.getvalue())["artifacts"]] == [str(art)]
 
 
 def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None:
@@ -108,7 +107,8 @@ def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None
         assert code == 2
         doc = json.loads(out.getvalue())
         assert doc["ok"] is False and doc["artifacts"] == []
-        assert needle in doc["usage_error"] and needle in err.getvalue()
+        assert (doc["verb"], doc["status"], doc["exit_code"]) == ("verify", "error", 2)
+        assert needle in json.dumps(doc["findings"]) and needle in err.getvalue()
 
 
 def test_junit_write_failure_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:

@@ -79,24 +79,39 @@ def test_foreign_injection_target_refused(tmp_path, tp2) -> None:
     before = _params(model)
     with pytest.raises(PlanError) as info:
         parallelize_from_generated(model, tp2, art)
-    assert _codes(info.value) == ["runtime.foreign_target"]
+    assert _codes(info.value) == ["plan.foreign_target"]
     assert target in str(info.value)
+    assert "/injections/0/local_compute_fn/_target_" in str(info.value)
     assert _params(model) == before
+    assert not any(m.startswith(package_name(art)) for m in sys.modules)
 
 
-def test_allowlisted_target_resolves() -> None:
-    from hpcodegen.runtime.identity import no_deferred_bias
-    from hpcodegen.runtime.targets import resolve_target
-
-    assert resolve_target("hpcodegen.runtime.identity.no_deferred_bias", (), "t") \
-        is no_deferred_bias
+def test_registry_resolution_never_imports_by_path(monkeypatch) -> None:
     import os.path
 
-    assert resolve_target("os.path.join", ("os.path",), "t") is os.path.join
-    with pytest.raises(PlanError, match=r"os\.path\.join"):
-        resolve_target("os.path.join", (), "t")
+    from hpcodegen import targets
+    from hpcodegen.runtime.identity import no_deferred_bias
+
+    meta = {"injections": [{"match": "a", "local_compute_fn": {"_target_": "os.path.join",
+                                                                 "k": 1}}]}
+    with pytest.raises(PlanError) as info:  # not registered, not trusted
+        targets.resolve_injections(meta)
+    assert _codes(info.value) == ["plan.foreign_target"]
+    # hpcodegen's own modules are not trusted by prefix either, only by registration
+    own = {"injections": [{"match": "a", "inner_wrapper": {
+        "_target_": "hpcodegen.runtime.identity.no_deferred_bias"}}]}
+    with pytest.raises(PlanError):
+        targets.resolve_injections(own)
+    assert targets.resolve_injections(meta, ("os.path",)) == {
+        "a": {"local_compute_fn": (os.path.join, {"k": 1})}}
+    monkeypatch.setitem(targets.BUILTIN_TARGETS, "nobias",
+                        "hpcodegen.runtime.identity:no_deferred_bias")
+    short = {"injections": [{"match": "a", "inner_wrapper": "nobias"}]}
+    assert targets.resolve_injections(short)["a"]["inner_wrapper"][0] is no_deferred_bias
+    assert targets.resolve_injections(own)["a"]["inner_wrapper"][0] is no_deferred_bias
+    missing = {"injections": [{"match": "a", "inner_wrapper": "os.path.nothing_here"}]}
     with pytest.raises(PlanError) as info:
-        resolve_target("hpcodegen.runtime.identity.nothing_here", (), "t")
+        targets.resolve_injections(missing, ("os",))
     assert _codes(info.value) == ["runtime.missing_target"]
 
 

@@ -29,6 +29,14 @@ def test_reference_metas_pass_with_ep_keys_and_list_matches(gen: str) -> None:
         result, "info")
 
 
+@pytest.mark.parametrize("gen", ["g2", "g3"])
+def test_reference_targets_are_foreign_unless_trusted(gen: str) -> None:
+    result = vf.run_check("plan", vf.qwen3_moe_meta(gen), allowed_targets=())
+    found = {w for c, w in vf.codes(result, "error") if c == "plan.foreign_target"}
+    assert "/injections/0/inner_wrapper/_target_" in found
+    assert {c for c, _ in vf.codes(result, "error")} == {"plan.foreign_target"}
+
+
 def test_llama_meta_passes() -> None:
     result = plan(vf.llama_meta())
     assert result.status == "pass" and not vf.codes(result, "error")

@@ -1,7 +1,7 @@
 """The volume part of ``inspect-plan --hf-config``: trace shapes, then bytes per collective.
 
-Kept apart from :mod:`hpcodegen.inspect` because it is the only path that loads torch
-(through :mod:`hpcodegen.trace`). The formula is in :mod:`hpcodegen.plan.volume`.
+Kept apart from :mod:`hpcodegen.inspect.run` because it is the only path that loads torch
+(through :mod:`hpcodegen.inspect.trace`). The formula is in :mod:`hpcodegen.plan.volume`.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
+from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.plan.entry import output_index, param_plan
 from hpcodegen.plan.predict import takes_token_ids
 from hpcodegen.plan.volume import BoundaryVolume, dtype_bytes, seconds, transition_volume
 
 if TYPE_CHECKING:
-    from hpcodegen.inspect import Inspection, InspectOptions
-    from hpcodegen.trace import TraceResult, TraceTarget
+    from hpcodegen.inspect.trace import TraceResult, TraceTarget
 
 
 def _targets(result: Inspection, entries: Any) -> list[TraceTarget]:
-    from hpcodegen.trace import TraceTarget
+    from hpcodegen.inspect.trace import TraceTarget
 
     targets = []
     for p in result.preds:
@@ -104,7 +104,7 @@ def _uneven_findings(volumes: dict[str, BoundaryVolume]) -> list[Any]:
 def volume_report(meta: dict[str, Any], result: Inspection,
                   opts: InspectOptions) -> dict[str, Any]:
     """Trace the model, then bytes per rank per collective, per forward and per backward."""
-    from hpcodegen.trace import trace_boundaries
+    from hpcodegen.inspect.trace import trace_boundaries
 
     float_bytes = dtype_bytes(opts.dtype)
     _check_sizes(result)

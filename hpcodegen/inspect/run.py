@@ -15,10 +15,8 @@ torch is imported only in step 4.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from hpcodegen.artifact.load import LoadedMeta, load_meta
@@ -32,18 +30,16 @@ from hpcodegen.errors import (
     error,
     warning,
 )
+from hpcodegen.inspect.options import Inspection, InspectOptions, parse_mesh
 from hpcodegen.plan.classify import classify_entries
 from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan
-from hpcodegen.plan.fold import Row, fold
+from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
-    BoundaryPrediction,
-    Summary,
     predict_forms,
     summarize,
     unreduced_grad_findings,
 )
 from hpcodegen.plan.revalidate import (
-    FormChange,
     active_plan_axes,
     live_plan_axes,
     revalidate_forms,
@@ -52,66 +48,6 @@ from hpcodegen.plan.volume import dtype_bytes
 
 #: the verify checks run before predicting (pure, milliseconds)
 GATE_CHECKS = ("schema", "plan")
-_MESH_ITEM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class InspectOptions:
-    """The command line of ``inspect-plan``, parsed.
-
-    Attributes:
-        path: the artifact dir or its ``codegen_meta.json``.
-        expand: one row per boundary instead of folded repeated layers.
-        mesh: a live mesh ``"tp=4,cp=2"`` to re-validate against (None: the frozen mesh).
-        as_json: print the documented JSON shape instead of tables.
-        hf_config: a model dir or config.json; asks for the volume estimate.
-        batch, seq: the traced ``input_ids`` shape (required with ``hf_config``).
-        dtype: element type of floating activations (``bf16``, ``fp32``, ...).
-        link_gbps: link bandwidth in gigabit/s for the time estimate.
-        checks: run verify's schema and plan checks first (``--no-checks`` skips them, for
-            plans CI already verified: they dominate the time on very large plans).
-    """
-
-    path: str
-    expand: bool = False
-    mesh: str | None = None
-    as_json: bool = False
-    hf_config: str | None = None
-    batch: int | None = None
-    seq: int | None = None
-    dtype: str = "bf16"
-    link_gbps: float | None = None
-    checks: bool = True
-
-
-@dataclass
-class Inspection:
-    """Everything the renderers show."""
-
-    meta_path: str
-    axes: tuple[str, ...]
-    sizes: dict[str, int]
-    preds: list[BoundaryPrediction]
-    rows: list[Row]
-    summary: Summary
-    changes: list[FormChange] | None = None
-    volume: dict[str, Any] | None = None
-    findings: list[Finding] = field(default_factory=list)
-
-
-def parse_mesh(text: str) -> tuple[tuple[str, ...], dict[str, int]]:
-    """``"tp=4,cp=2"`` -> ``(("tp", "cp"), {"tp": 4, "cp": 2})``; UsageError otherwise."""
-    axes: list[str] = []
-    sizes: dict[str, int] = {}
-    for item in text.split(","):
-        match = _MESH_ITEM.match(item.strip())
-        if match is None or int(match[2]) < 1 or match[1] in sizes:
-            raise UsageError([error("inspect.bad_mesh", "--mesh", f"cannot read {item!r}",
-                                    expected="axis=size pairs, e.g. tp=4,cp=2 "
-                                             "(each axis once, size >= 1)")])
-        axes.append(match[1])
-        sizes[match[1]] = int(match[2])
-    return tuple(axes), sizes
 
 
 def _check_options(opts: InspectOptions) -> None:
@@ -120,6 +56,10 @@ def _check_options(opts: InspectOptions) -> None:
         parse_mesh(opts.mesh)
     volume_args = {"--batch": opts.batch, "--seq": opts.seq}
     dtype_bytes(opts.dtype)  # an unknown --dtype is an error with or without --hf-config
+    if opts.hf_config is not None:
+        from hpcodegen.extras import require
+
+        require("runtime", "inspect-plan --hf-config (the volume trace)", ("torch", "transformers"))
     if opts.hf_config is None:
         given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps}
         for flag, value in given.items():
@@ -243,20 +183,21 @@ def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
     result.findings.extend(result.summary.problems)
     if opts.hf_config is not None:
-        from hpcodegen.inspect_volume import volume_report
+        from hpcodegen.inspect.volume import volume_report
 
         result.volume = volume_report(meta, result, opts)
     return result
 
 
-def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO) -> None:
-    if as_json:
-        from hpcodegen.inspect_render import render_failure_json
+def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO,
+                  exit_code: int) -> int:
+    from hpcodegen.inspect.render import print_findings, render_failure_json
 
-        render_failure_json(findings, out)
+    if as_json:
+        render_failure_json(findings, out, exit_code)
     else:
-        for f in findings:
-            print(f"{f.severity}: {f.render()}", file=err)
+        print_findings(findings, err)
+    return exit_code
 
 
 def run_inspect(opts: InspectOptions, out: TextIO | None = None,
@@ -274,23 +215,25 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
         loaded = load_meta(opts.path)
         gate = gate_findings(loaded, opts.hf_config) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
-            _emit_failure(gate, opts.as_json, out, err)
-            return EXIT_FAILED
+            return _emit_failure(gate, opts.as_json, out, err, EXIT_FAILED)
         if not param_plan(loaded.data):
             empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
                           file=str(loaded.meta_path))
-            _emit_failure([empty], opts.as_json, out, err)
-            return EXIT_FAILED
+            return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
         result = inspect_meta(loaded, opts)
         result.findings[:0] = gate
     except HpcodegenError as exc:
-        _emit_failure(exc.findings, opts.as_json, out, err)
-        return exc.exit_code
+        return _emit_failure(exc.findings, opts.as_json, out, err, exc.exit_code)
     failed = any(f.severity is Severity.ERROR for f in result.findings)
-    from hpcodegen.inspect_render import render_json, render_text
+    from hpcodegen.inspect.render import render_json, render_text
+    from hpcodegen.report.terminal import reader_gone
 
-    if opts.as_json:
-        render_json(result, out)
-    else:
-        render_text(result, out, err)
+    try:
+        if opts.as_json:
+            render_json(result, out)
+        else:
+            render_text(result, out, err, opts.verbosity)
+            out.flush()
+    except BrokenPipeError:  # `inspect-plan ... | head -1`: the reader has what it wanted
+        reader_gone()
     return EXIT_FAILED if failed else EXIT_OK

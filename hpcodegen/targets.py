@@ -1,0 +1,199 @@
+"""The injection-target registry: the one place where a meta's ``_target_`` names resolve.
+
+A frozen plan may name callables (``local_compute_fn``, ``inner_wrapper``) that the runtime
+calls on the model. Importing whatever dotted path a JSON file names would run code nobody
+checked (``os.system``, ``subprocess.Popen``, any module's import side effects), so a name
+resolves through this registry only, never by importing it as a path:
+
+1. :data:`BUILTIN_TARGETS`: the factories hpcodegen ships, ``name -> "module:attribute"``;
+2. entry points of group ``hpcodegen.injection_targets`` (installed packages you trust);
+3. prefixes the user trusts explicitly: ``--allow-target PREFIX`` on ``verify`` and
+   ``launch``, ``allowed_target_prefixes=`` in the library. Only these are imported by path.
+
+A target matches an entry by the entry's name or by its full dotted path
+(``"module:attr"`` read as ``module.attr``). Deciding membership imports nothing (entry
+points are read from package metadata), so ``verify`` reports a target outside the registry
+at its JSON pointer without running any code; the runtime calls :func:`check_targets`
+before any artifact code is imported, then :func:`resolve_injections`.
+
+To ship a factory, add one line to :data:`BUILTIN_TARGETS`, e.g.::
+
+    "sdpa_hf": "hpcodegen.runtime.wrappers:sdpa_hf",
+
+The factory is called ``factory(module, **kwargs)`` with the target's other keys as kwargs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import reduce
+from importlib.metadata import entry_points
+from typing import Any
+
+from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer
+
+ENTRY_POINT_GROUP = "hpcodegen.injection_targets"
+
+#: Injection fields that name a callable (a ``{"_target_": name, **kwargs}`` dict or a name).
+TARGET_FIELDS: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
+
+#: The factories hpcodegen ships: target name -> ``"module:attribute"``. One line each.
+BUILTIN_TARGETS: dict[str, str] = {
+}
+
+#: A target name or trusted prefix: identifiers joined by dots, nothing else.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_MAX_NAME = 512
+
+
+def is_target_name(text: object) -> bool:
+    """A dotted identifier of sane length (``sdpa_hf``, ``pkg.mod.factory``)."""
+    return isinstance(text, str) and len(text) <= _MAX_NAME and _NAME.fullmatch(text) is not None
+
+
+def trusted_prefixes(prefixes: Iterable[str] | str) -> tuple[str, ...]:
+    """Validate ``--allow-target`` values; UsageError for anything but a dotted identifier.
+
+    A trailing dot is accepted (``mypkg.`` = ``mypkg``). An empty prefix would trust every
+    importable module, so it is refused rather than read as "allow all".
+    """
+    if isinstance(prefixes, str):
+        prefixes = (prefixes,)
+    out: list[str] = []
+    for prefix in prefixes:
+        bare = prefix[:-1] if isinstance(prefix, str) and prefix.endswith(".") else prefix
+        if not is_target_name(bare):
+            raise UsageError([error("usage.allow_target", "--allow-target",
+                                    f"{prefix!r} is not a module prefix",
+                                    expected="a dotted identifier such as mypkg or mypkg.ops")])
+        out.append(bare)
+    return tuple(out)
+
+
+def _dotted(spec: str) -> str:
+    return spec.replace(":", ".")
+
+
+def registry() -> dict[str, str]:
+    """Every registered name, and every registered dotted path, -> ``"module:attribute"``.
+
+    Built-ins win over entry points of the same name. Reads package metadata only.
+    """
+    out: dict[str, str] = {}
+    for name, spec in BUILTIN_TARGETS.items():
+        out.setdefault(name, spec)
+        out.setdefault(_dotted(spec), spec)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        out.setdefault(ep.name, ep.value)
+        out.setdefault(_dotted(ep.value), ep.value)
+    return out
+
+
+def target_spec(name: str, prefixes: Iterable[str] = (),
+                known: Mapping[str, str] | None = None) -> str | None:
+    """The ``"module:attribute"`` a target name resolves to, or None; imports nothing."""
+    if not is_target_name(name):
+        return None
+    spec = (registry() if known is None else known).get(name)
+    if spec is not None:
+        return spec
+    for prefix in prefixes:
+        if "." in name and (name == prefix or name.startswith(prefix + ".")):
+            module, _, attr = name.rpartition(".")
+            return f"{module}:{attr}"
+    return None
+
+
+def iter_targets(meta: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """``(JSON pointer, target name)`` for every target field of ``meta.injections``.
+
+    The name is whatever the meta holds (it may be no string at all); shapes that are not
+    injection records are skipped (the schema check reports them).
+    """
+    injections = meta.get("injections")
+    for i, record in enumerate(injections if isinstance(injections, list) else ()):
+        if not isinstance(record, Mapping):
+            continue
+        for key in TARGET_FIELDS:
+            value = record.get(key)
+            if value is None:  # absent, as the runtime reads it
+                continue
+            if isinstance(value, Mapping):
+                yield pointer("injections", i, key, "_target_"), value.get("_target_")
+            else:
+                yield pointer("injections", i, key), value
+
+
+def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> list[Finding]:
+    """An error for every target outside the registry, at its JSON pointer; imports nothing."""
+    prefixes = tuple(prefixes)
+    known = registry()
+    out: list[Finding] = []
+    for where, name in iter_targets(meta):
+        if target_spec(name, prefixes, known) is not None:
+            continue
+        shown = name if isinstance(name, str) and len(name) <= 200 else None
+        hint = (f"if you trust it, pass --allow-target {shown.rpartition('.')[0]} "
+                f"(allowed_target_prefixes= in Python)" if shown and "." in shown
+                else f"register it under entry point group {ENTRY_POINT_GROUP}")
+        out.append(error("plan.foreign_target", where,
+                         f"injection target {shown!r} is not in the injection registry"
+                         if shown is not None else
+                         f"injection target is not a registered name ({type(name).__name__})",
+                         expected="a name hpcodegen registers, an entry point of group "
+                                  f"{ENTRY_POINT_GROUP}, or a path under --allow-target",
+                         hint=hint))
+    return out
+
+
+def check_targets(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> None:
+    """Raise PlanError for any target outside the registry (before any code is imported)."""
+    found = target_findings(meta, trusted_prefixes(tuple(prefixes)))
+    if found:
+        raise PlanError(found)
+
+
+def _load(spec: str, where: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        found = reduce(getattr, attr.split("."), importlib.import_module(module_name))
+    except (ImportError, AttributeError) as exc:
+        raise PlanError([error("runtime.missing_target", where,
+                               f"cannot load injection target {spec!r}: {exc}")]) from None
+    if not callable(found):
+        raise PlanError([error("runtime.bad_target", where, f"{spec!r} is not callable")])
+    return found
+
+
+def resolve_injections(meta: Mapping[str, Any], prefixes: Iterable[str] = ()
+                       ) -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]:
+    """``{fqn: {field: (factory, kwargs)}}`` for every injection target of ``meta``.
+
+    Checks every target first (:func:`check_targets`), then loads each through its registry
+    spec. Only registered modules and modules under a trusted prefix are imported.
+    """
+    from hpcodegen.plan.entry import expand_injections
+
+    prefixes = trusted_prefixes(tuple(prefixes))
+    check_targets(meta, prefixes)
+    known = registry()
+    out: dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]] = {}
+    for fqn, record in expand_injections(meta).items():
+        for key in TARGET_FIELDS:
+            value = record.get(key)
+            if value is None:
+                continue
+            name = value.get("_target_") if isinstance(value, Mapping) else value
+            kwargs = ({k: v for k, v in value.items() if k != "_target_"}
+                      if isinstance(value, Mapping) else {})
+            spec = target_spec(name, prefixes, known)
+            assert spec is not None  # check_targets passed
+            out.setdefault(fqn, {})[key] = (_load(spec, f"injections[{fqn}].{key}"), kwargs)
+    return out
+
+
+__all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "TARGET_FIELDS", "check_targets",
+           "is_target_name", "registry", "resolve_injections", "target_findings",
+           "target_spec", "trusted_prefixes"]
