@@ -27,6 +27,10 @@ def generate(
                                help="Regenerate in memory and fail on any drift from OUT."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the JSON envelope (docs/json.md, generate.md)."),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX",
+        help="Trust recipe injection targets under this module prefix (repeatable); pass "
+             "the same to launch."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
@@ -48,7 +52,7 @@ def generate(
         from hpcodegen.generate.api import GenerateArgs, run_generate
 
         return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
-                                         as_json=as_json,
+                                         as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose)))
 
     start_progress(quiet, as_json)

@@ -31,16 +31,29 @@ from hpcodegen.artifact.bundle import (
     write_bundle,
 )
 from hpcodegen.artifact.load import META_NAME
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK, Finding, HpcodegenError, UsageError, error
+from hpcodegen.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Finding,
+    HpcodegenError,
+    PlanError,
+    UsageError,
+    error,
+)
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
 from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan
-from hpcodegen.generate.recipe import apply_recipe, load_recipe, recipe_modules
+from hpcodegen.generate.recipe import (
+    apply_recipe,
+    load_recipe,
+    recipe_modules,
+    recipe_target_findings,
+)
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.validate import check_class_contracts, check_coverage, check_divisible
-from hpcodegen.hf import read_hf_config, source_from_config
+from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.classify import classify_plan
 from hpcodegen.plan.entry import is_boundary
 from hpcodegen.report.envelope import emit
@@ -63,6 +76,8 @@ class GenerateArgs:
     as_json: bool = False
     #: -1 quiet (errors only), 0 normal, 1 verbose (every file with its size)
     verbosity: int = 0
+    #: module prefixes trusted for injection targets (as ``launch --allow-target``)
+    allow_target: tuple[str, ...] = ()
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
@@ -198,7 +213,15 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         _publish(args.out, None)
     config, config_path = read_hf_config(args.model_dir)
     recipe = load_recipe(args.recipe) if args.recipe else None
+    from hpcodegen.targets import trusted_prefixes
+
+    prefixes = trusted_prefixes(args.allow_target)
+    foreign = recipe_target_findings(recipe or [], prefixes, os.fspath(args.recipe or ""))
+    if foreign:  # the runtime would refuse to load them: never write what cannot run
+        raise PlanError(foreign)
     label = config_path.parent.name or "model"
+    if is_hub_id(args.model_dir):  # a snapshot dir is named by its commit: show the id
+        label = os.fspath(args.model_dir)
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,

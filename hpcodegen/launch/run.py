@@ -44,11 +44,18 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
-    config = read_hf_config(model_dir)[0] if model_dir is not None else None
+    config = None
+    if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
+        config, config_path = read_hf_config(model_dir)
+        model_dir = config_path.parent
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
+    if opts.resume is not None:  # another model's checkpoint: refused before start
+        from hpcodegen.checkpoint.record import check_same_model, read_record
+
+        check_same_model(read_record(opts.resume), config or {}, opts.resume)
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)

@@ -48,3 +48,11 @@ def test_core_verbs_work_without_the_runtime_extra() -> None:
     assert _run("inspect-plan", str(EXAMPLE)).returncode == 0
     schema = _run("schema")
     assert schema.returncode == 0 and json.loads(schema.stdout)["type"] == "object"
+
+
+def test_hub_id_without_huggingface_hub_names_the_hub_extra() -> None:
+    code = BLOCKED.replace('"safetensors")', '"safetensors", "huggingface_hub")')
+    proc = subprocess.run([sys.executable, "-c", code, "verify", str(EXAMPLE), "--hf-config",
+                           "some-org/some-model", "--skip", "model"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "hpcodegen[hub]" in proc.stdout + proc.stderr
