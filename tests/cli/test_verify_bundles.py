@@ -272,3 +272,25 @@ def test_a_replacement_class_outside_the_file_leaves_its_children_unchecked(
     assert result.status == "pass"
     (f,) = [f for f in result.findings if f.message.startswith(f"{ATTN} is replaced")]
     assert "10 planned name(s) describe the replacement" in f.message
+
+
+def test_a_kept_child_under_another_name_maps_to_the_original(tmp_path: Path) -> None:
+    """``self.out = module.o_proj``: the plan's ``out.weight`` is the original's
+    ``o_proj.weight`` (checked there, and it covers it)."""
+    art = _bundle(tmp_path)
+    name = vf.modeling_name(art)
+    source = (art / name).read_text().replace("self.o_proj = module.o_proj",
+                                              "self.out = module.o_proj")
+    vf.rewrite_file(art, name, source)
+    meta = vf.read_meta(art)
+    for i in range(bf.TINY_CONFIG["num_hidden_layers"]):
+        params = meta["param_plan"][f"model.layers.{i}.self_attn"]["params"]
+        params["out.weight"] = params.pop("o_proj.weight")
+    vf.save_meta(art, meta, resign=False, refreeze=True)
+    assert _errors(art) == []
+    params = meta["param_plan"][ATTN]["params"]
+    params["out.weight"] = {"cp": "R", "ep": "R", "tp": "S(2)"}
+    vf.save_meta(art, meta, resign=False, refreeze=True)
+    assert _errors(art) == [("model.shard_dim_out_of_range", f"/param_plan/{ATTN}/params/"
+                             "out.weight/tp", f"{ATTN}.out.weight: S(2) needs dim < 2 "
+                             "(2-D tensor (256, 256))")]
