@@ -43,6 +43,7 @@ from hpcodegen.errors import (
     error,
 )
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
+from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
@@ -73,6 +74,7 @@ class GenerateArgs:
     sp: bool = False
     recipe: Path | None = None
     check: bool = False
+    ep: int = 1
     #: print the JSON envelope (docs/json.md) instead of text
     as_json: bool = False
     #: -1 quiet (errors only), 0 normal, 1 verbose (every file with its size)
@@ -132,11 +134,12 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
                    for line in lines)
 
 
-def plan_sources(model: Any, config: Mapping[str, Any], sp: bool,
-                 recipe: Sequence[Mapping[str, Any]] | None,
-                 rules: PackageRules | None) -> tuple[dict[str, dict[str, Any]], list]:
+def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
+                 rules: PackageRules | None, ep: int = 1
+                 ) -> tuple[dict[str, dict[str, Any]], list]:
     """The lifted plan and injection records: HF plan, package rules, recipe, in that order
-    of precedence (last wins); every trainable parameter no rule names is replicated."""
+    of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
+    names is replicated."""
     fqns = list(dict(model.named_modules()))
     params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     overridden = recipe_modules(recipe or [], fqns)
@@ -148,6 +151,8 @@ def plan_sources(model: Any, config: Mapping[str, Any], sp: bool,
     plan = lift_plan(model, assignments, sp)
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
+    if ep > 1:
+        injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
     replicate_uncovered(model, plan, sp)
     return {fqn: plan[fqn] for fqn in sorted(plan)}, injections
 
@@ -155,7 +160,7 @@ def plan_sources(model: Any, config: Mapping[str, Any], sp: bool,
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
                  advance: Callable[[str], None] = lambda _step: None,
-                 notes: list[str] | None = None) -> dict[str, bytes]:
+                 ep: int = 1, notes: list[str] | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -165,6 +170,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
 
     if tp < 1:
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
+    if ep < 1:
+        raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     check_divisible(config, tp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
@@ -173,7 +180,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     rules = package_rules(config)
     if rules is not None and notes is not None:
         notes.append(rules.describe())
-    plan, injections = plan_sources(model, config, sp, recipe, rules)
+    plan, injections = plan_sources(model, sp, recipe, rules, ep)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
     advance("emitting the modeling module")
@@ -182,7 +189,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
-                      recipe=_digest_recipe(recipe, rules))
+                      recipe=_digest_recipe(recipe, rules), ep=ep)
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, _class_plans(meta, classes),
                             banner_lines(label, meta, src))
@@ -255,7 +262,8 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     notes: list[str] = []
     with steps("generate", 4) as advance:
         try:
-            rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance, notes)
+            rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
+                                    args.ep, notes)
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise
