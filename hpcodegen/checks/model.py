@@ -35,10 +35,11 @@ from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
 from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import trainable_names, uncovered
-from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan
+from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
 from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
 from hpcodegen.plan.overrides import replaced_modules as select_replaced
 from hpcodegen.plan.tp_divisible import config_size, tp_divisibility
+from hpcodegen.plan.vocab import vocab_parallel_findings
 
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
@@ -276,6 +277,19 @@ def _foreign_source(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _vocab_parallel(meta: Mapping[str, Any], modules: Mapping[str, Any]) -> Iterator[Finding]:
+    """Every ``nn.Embedding`` instance (any class name) that is row-sharded must reduce its
+    partial lookup itself (:mod:`hpcodegen.plan.vocab`); the plan check covers the
+    ``*Embedding``-named boundary classes already."""
+    from torch import nn
+
+    named = {fqn for fqn, cls in as_dict(meta.get("boundary_classes")).items()
+             if isinstance(cls, str) and takes_token_ids(cls)}
+    embeddings = [fqn for fqn, m in modules.items() if fqn not in named and (
+        isinstance(m, nn.Embedding) or takes_token_ids(type(m).__name__))]
+    yield from vocab_parallel_findings(meta, embeddings, "model")
+
+
 def check_model(ctx: CheckContext) -> Iterator[Finding]:
     """Build the model on the meta device and fit the plan to it."""
     config = ctx.require_hf_config()
@@ -315,5 +329,6 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_fqns(ctx.meta, model, scope),
                     *_divide_attrs(ctx.meta, model, tp, scope),
                     *_coverage(ctx.meta, model, scope),
-                    *_divisibility(ctx.meta, model, scope)]
+                    *_divisibility(ctx.meta, model, scope),
+                    *_vocab_parallel(ctx.meta, modules)]
     yield from findings

@@ -4,7 +4,8 @@
 ``tied_pairs``, ``frozen_sharded_params`` and each entry's ``deferred_bias_params`` /
 ``partial_grad_params`` must agree with ``param_plan``; every FQN of one class the modeling
 file defines must carry the same contract (the generated class has one forward for all of
-them; a class the file does not define, as ``nn.Linear``, is wrapped per instance).
+them; a class the file does not define, as ``nn.Linear``, is wrapped per instance); a
+row-sharded ``*Embedding`` must reduce its partial lookup itself (:mod:`hpcodegen.plan.vocab`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from hpcodegen.checks.files import escapes, modeling_files
 from hpcodegen.checks.forms import classified
 from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
-from hpcodegen.plan.entry import contract_differences, join_fqn
+from hpcodegen.plan.entry import contract_differences, join_fqn, takes_token_ids
+from hpcodegen.plan.vocab import vocab_parallel_findings
 
 MAX_SCAN_BYTES = 32 * 1024 * 1024
 
@@ -178,3 +180,10 @@ def check_references(ctx: CheckContext) -> Iterator[Finding]:
     yield from _tied_pairs(meta, params)
     yield from _frozen_sharded(meta, params)
     yield from _entry_param_lists(meta, params)
+    yield from vocab_parallel_findings(meta, _named_embeddings(meta), "plan")
+
+
+def _named_embeddings(meta: Mapping[str, Any]) -> list[str]:
+    """Boundaries whose class is a token embedding by name (the runtime's rule)."""
+    return [fqn for fqn, cls in as_dict(meta.get("boundary_classes")).items()
+            if isinstance(cls, str) and takes_token_ids(cls)]

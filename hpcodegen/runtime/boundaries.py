@@ -9,8 +9,10 @@ decision ``inspect-plan --mesh`` shows):
 * another generated class gets the generic engine as ``_hp_boundary``;
 * a class not defined in the generated file (``nn.Linear``, ``nn.Embedding``, or an
   unmodified transformers class) has its *instance* forward wrapped: inputs -> original ->
-  outputs (-> deferred biases); a tp-sharded ``nn.Embedding`` first gets the masked
-  vocab-parallel lookup.
+  outputs (-> deferred biases).
+
+Before any boundary, every row-sharded token embedding, generated class or not, gets the
+masked vocab-parallel lookup around its compute (:mod:`hpcodegen.runtime.embedding`).
 
 Deferred biases (``deferred_bias_params``) are hidden from the rowwise layer and added once
 after the output reduction, by ``module._hp_deferred_bias``.
@@ -33,7 +35,6 @@ from hpcodegen.plan.entry import (
     TOGGLE_FORM_MARKER,
     TP_FORM_MARKER,
     fqn_depth,
-    join_fqn,
     output_sequence_sharded,
     param_plan,
     takes_token_ids,
@@ -43,8 +44,7 @@ from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_output
 from hpcodegen.runtime.collectives import TPOps
 from hpcodegen.runtime.embedding import (
     install_default_position_ids,
-    install_vocab_parallel,
-    row_sharded_vocab_start,
+    install_vocab_lookups,
 )
 from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
 from hpcodegen.runtime.mesh import ActiveMesh
@@ -148,9 +148,6 @@ def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
 def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
                      live: BoundaryForm, effective: str, active: ActiveMesh,
                      sharded: Mapping[str, ShardedParam]) -> str:
-    start = row_sharded_vocab_start(module, sharded.get(join_fqn(fqn, "weight")), active)
-    if start is not None:
-        install_vocab_parallel(module, start)
     deferred = install_deferred_bias(module, fqn, entry)
     if effective == "identity" and deferred is None:
         return "identity"
@@ -182,6 +179,7 @@ def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: Active
     """Phase C over the plan; returns ``{fqn: installed form}``."""
     entries = param_plan(meta)
     installed: dict[str, str] = {}
+    install_vocab_lookups(model, sharded, active)
     for fqn in sorted(entries, key=fqn_depth, reverse=True):
         if live[fqn].form == "params" or (active.degenerate and live[fqn].form != "region"):
             continue  # no dense axis (an ep-only install): only the expert regions run

@@ -1,0 +1,551 @@
+"""Which causal-LM families of the installed transformers hpcodegen supports, measured.
+
+For every model type of transformers' causal-LM auto mapping (the ``*ForCausalLM`` classes,
+and the few older ``*LMHeadModel`` names such as GPT-2's), this script:
+
+1. builds a tiny config from the config class's defaults, shrunk generically: 2 layers,
+   hidden 64, 4 heads / 2 kv heads, head_dim 16, vocab 256, MLP widths 128, 4 experts
+   (2 per token), per-layer lists cut to 2 layers, token ids clamped into the vocab;
+2. runs ``generate`` at tp 2, tp 4 (with 4 kv heads) and tp 2 ``--sp``, ``verify --hf-config``
+   on each, and
+   ``inspect-plan`` on the tp 2 artifact (through the CLI, in-process, families batched per
+   worker process, ``--jobs`` workers at a time);
+3. runs the parity check of every tp 2 (and ``--sp``) artifact that verified on 2 real gloo
+   ranks: logits and every gradient against the unsharded model (tolerance 1e-5), several
+   models per spawn;
+4. writes ``docs/models.md``: one row per family (tp2, tp4, sp, parity), the precise reason
+   for every family that is not supported, and the last line
+   ``coverage: dense_ok=K/N moe_ok=K/N``.
+
+A family counts as ok when tp 2 generates, verifies, inspects and passes parity, and its
+decoder layers are actually split over tp (a plan that only shards the embedding and the
+LM head because nothing else has a rule is listed as ``replicated``, not ok). A family is
+MoE when its config declares more than one expert or its HF plan shards experts.
+
+    python bench/coverage.py                       # every family, docs/models.md
+    python bench/coverage.py --families llama,gpt2 --jobs 2 --out /tmp/models.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TOL = 1e-5
+SHRINK: dict[str, Any] = {
+    "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
+    "max_position_embeddings": 128, "num_experts": 4, "num_local_experts": 4,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+}
+#: other spellings of the shrunk fields, for configs without an ``attribute_map`` entry
+ALIASES: dict[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("n_embd", "d_model", "dim"),
+    "num_attention_heads": ("n_head", "num_heads", "n_heads"),
+    "num_key_value_heads": ("num_kv_heads", "n_head_kv", "multi_query_group_num"),
+}
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
+                 "sep_token_id", "cls_token_id", "unk_token_id", "mask_token_id")
+WIDTH_RE = re.compile(r"(intermediate|ffn|inner|n_inner|mlp_dim|expert_dim)")
+
+
+# ------------------------------------------------------------------------------ families
+def causal_lm_families() -> dict[str, str]:
+    """``{model_type: causal-LM class name}`` of the installed transformers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = {}
+    for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        name = cls[0] if isinstance(cls, (list, tuple)) else cls
+        if isinstance(name, str):
+            out[model_type] = name
+    return dict(sorted(out.items()))
+
+
+def _shrunk_value(key: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    if WIDTH_RE.search(key) and value > 128:
+        return 32 if "moe" in key or "expert" in key else 128
+    return None
+
+
+def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
+    """The config.json dict of a tiny model of ``model_type`` (see the module docstring)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_cls = CONFIG_MAPPING[model_type]
+    base = config_cls().to_dict()
+    amap = dict(getattr(config_cls, "attribute_map", {}) or {})
+    kw: dict[str, Any] = {}
+    for key, value in SHRINK.items():
+        for name in (amap.get(key, key), *ALIASES.get(key, ())):
+            if name in base and not isinstance(base[name], (dict, list)):
+                kw[name] = value
+                break
+    for key, value in base.items():
+        if key not in kw and (small := _shrunk_value(key, value)) is not None:
+            kw[key] = small
+    for key, value in base.items():  # per-layer lists follow the layer count
+        if isinstance(value, list) and len(value) > 2 and key.endswith(("layer_types",
+                                                                       "_layers_block_type")):
+            kw[key] = value[:2]
+    data = config_cls(**kw).to_dict()
+    vocab = data.get("vocab_size")
+    for key in TOKEN_ID_KEYS:
+        v = data.get(key)
+        if isinstance(vocab, int) and isinstance(v, int) and v >= vocab:
+            data[key] = min(1, vocab - 1)
+        elif isinstance(vocab, int) and isinstance(v, list):
+            data[key] = [x if not isinstance(x, int) or x < vocab else 1 for x in v]
+    data["model_type"] = model_type
+    data["architectures"] = [class_name]
+    del transformers
+    return data
+
+
+def is_moe(config: Mapping[str, Any], styles: Iterable[str]) -> bool:
+    """More than one expert in the config, or an HF plan that shards experts."""
+    for key, value in config.items():
+        if "expert" in key and not any(w in key for w in ("per_tok", "top", "shared", "group")) \
+                and isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return True
+    return any("expert" in s or s.startswith("moe") for s in styles)
+
+
+def hf_styles(config: Mapping[str, Any]) -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    plan = getattr(CONFIG_MAPPING[config["model_type"]], "base_model_tp_plan", None) or {}
+    return sorted(set(map(str, plan.values())))
+
+
+# ------------------------------------------------------------------------ phase 1: CLI
+def _cli(args: Sequence[str]) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from hpcodegen.cli.app import _register, app
+
+    _register()  # the verbs, as the console script registers them
+    result = CliRunner().invoke(app, list(args))
+    text = (result.stdout or "") + (getattr(result, "stderr", "") or "")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        text += f"\n{type(result.exception).__name__}: {result.exception}"
+    return result.exit_code, text
+
+
+def _reason(text: str) -> str:
+    """The first finding of a CLI failure, one line, without the verb prefix."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower() or ln.startswith("hpcodegen") or "✗" in ln or "FAIL" in ln:
+            ln = re.sub(r"^hpcodegen \w[\w-]*: ", "", ln)
+            return ln[:300]
+    return (lines[-1] if lines else "no output")[:300]
+
+
+def layers_split(meta: Mapping[str, Any]) -> bool:
+    """Some parameter below the first decoder layer is sharded on tp."""
+    for fqn, entry in (meta.get("param_plan") or {}).items():
+        for rel, named in (entry.get("params") or {}).items():
+            full = f"{fqn}.{rel}" if fqn and rel else fqn or rel
+            if re.search(r"\.(layers|h|layer|blocks|block|decoder\.layers)\.\d+\.", "." + full) \
+                    and str((named or {}).get("tp", "R")) != "R":
+                return True
+    return False
+
+
+def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]:
+    """Phase 1 of one family: config, generate x3, verify x3, inspect (see the docstring)."""
+    row: dict[str, Any] = {"family": model_type, "class": class_name}
+    cfg_dir = work / model_type / "config"
+    try:
+        config = tiny_config(model_type, class_name)
+        row["moe"] = is_moe(config, hf_styles(config))
+        row["hf_plan"] = bool(hf_styles(config))
+    except Exception as exc:
+        row.update(moe=False, hf_plan=False, config_error=f"{type(exc).__name__}: {exc}"[:300])
+        return row
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    (cfg_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
+    cfg4_dir = work / model_type / "config_kv4"  # tp 4 needs 4 kv heads
+    cfg4_dir.mkdir(parents=True, exist_ok=True)
+    kv4 = {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
+           if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
+    (cfg4_dir / "config.json").write_text(json.dumps({**config, **kv4}, indent=1,
+                                                     default=str))
+    for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
+                           ("sp", ["--tp", "2", "--sp"])):
+        out = work / model_type / variant
+        cfg = cfg4_dir if variant == "tp4" else cfg_dir
+        code, text = _cli(["generate", "--model", str(cfg), *extra, "-o", str(out)])
+        if code != 0:
+            row[variant] = {"ok": False, "stage": "generate", "reason": _reason(text)}
+            continue
+        code, text = _cli(["verify", str(out), "--hf-config", str(cfg)])
+        if code != 0:
+            row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text)}
+            continue
+        meta = json.loads((out / "codegen_meta.json").read_text())
+        row[variant] = {"ok": True, "dir": str(out), "split": layers_split(meta),
+                        "package": "package rules" in text or _uses_package(model_type)}
+        if variant == "tp2":
+            code, text = _cli(["inspect-plan", str(out)])
+            if code != 0:
+                row[variant] = {"ok": False, "stage": "inspect-plan", "reason": _reason(text)}
+    return row
+
+
+def _uses_package(model_type: str) -> bool:
+    return (REPO / "hpcodegen" / "generate" / "rules" / f"{model_type}.yaml").is_file()
+
+
+def phase1_worker(families: Sequence[tuple[str, str]], work: Path, out: Path) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    rows = []
+    for model_type, cls in families:
+        start = time.perf_counter()
+        try:
+            row = check_family(model_type, cls, work)
+        except Exception as exc:
+            row = {"family": model_type, "class": cls, "moe": False,
+                   "config_error": f"{type(exc).__name__}: {exc}"[:300]}
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        rows.append(row)
+        out.write_text(json.dumps(rows))
+
+
+# --------------------------------------------------------------------- phase 2: parity
+def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
+    """One forward/backward of the parallelized model vs the unsharded one, same weights."""
+    import torch
+    import torch.nn.functional as F
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.launch.parity import full_logits, max_param_diff
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+    from hpcodegen.runtime.mesh import resolve_active_mesh
+
+    config_dict = json.loads(Path(config_dir, "config.json").read_text())
+    meta = load_meta(Path(artifact)).data
+    config = load_transformers_config(config_dict)
+    torch.manual_seed(0)
+    ref = model_class_for(config_dict)(config).float().eval()
+    gen_cls = generated_model_class(meta, import_generated_module(Path(artifact)))
+    gen = gen_cls(config).float().eval()
+    gen.load_state_dict(ref.state_dict())
+    context = MeshContext(device_mesh=mesh)
+    parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
+    active = resolve_active_mesh(meta, context)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, config_dict["vocab_size"], (2, 17), generator=g)
+    ids, labels = ids[:, :-1], ids[:, 1:]
+
+    def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:
+        logits = model(input_ids=ids, use_cache=False).logits
+        if sharded:
+            logits = full_logits(logits, model, meta, active)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+
+    loss, logits = loss_of(gen, True)
+    loss.backward()
+    ref_loss, ref_logits = loss_of(ref, False)
+    ref_loss.backward()
+    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+    logit_diff = float((logits.detach() - ref_logits.detach()).abs().max())
+    return {"logits": logit_diff, "grad": grad, "worst": worst, "odd": odd,
+            "ok": logit_diff <= TOL and grad <= TOL and not odd}
+
+
+def _parity_rank(rank: int, world: int, init: str, jobs: list[tuple[str, str, str]],
+                 out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    results: dict[str, Any] = {}
+    try:
+        for key, artifact, config_dir in jobs:
+            try:
+                results[key] = parity_one(artifact, config_dir, mesh)
+            except Exception as exc:
+                results[key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            dist.barrier()
+            Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def parity_worker(jobs_file: Path, out_dir: Path, world: int = 2) -> None:
+    import torch.multiprocessing as mp
+
+    jobs = json.loads(jobs_file.read_text())
+    init = Path(out_dir, "rendezvous").resolve().as_uri()
+    mp.spawn(_parity_rank, args=(world, init, jobs, str(out_dir)), nprocs=world, join=True)
+
+
+# -------------------------------------------------------------------------- the driver
+def _run_batches(batches: list[list[str]], timeout: float, jobs: int) -> list[tuple[int, str]]:
+    """Run each argv, ``jobs`` at a time, each with a hard timeout."""
+    results: list[tuple[int, str]] = [(-1, "")] * len(batches)
+    running: list[tuple[int, subprocess.Popen, float]] = []
+    pending = list(enumerate(batches))
+    while pending or running:
+        while pending and len(running) < jobs:
+            i, argv = pending.pop(0)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+            running.append((i, proc, time.monotonic()))
+        time.sleep(0.5)
+        for item in list(running):
+            i, proc, started = item
+            if proc.poll() is not None:
+                results[i] = (proc.returncode, proc.stdout.read() if proc.stdout else "")
+                running.remove(item)
+            elif time.monotonic() - started > timeout:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                results[i] = (124, "timeout")
+                running.remove(item)
+    return results
+
+
+def run_phase1(families: Mapping[str, str], work: Path, jobs: int, per_worker: int
+               ) -> list[dict[str, Any]]:
+    items = list(families.items())
+    chunks = [items[i:i + per_worker] for i in range(0, len(items), per_worker)]
+    argvs = []
+    for n, chunk in enumerate(chunks):
+        spec = work / f"phase1_{n}.json"
+        spec.write_text(json.dumps(chunk))
+        argvs.append([sys.executable, __file__, "--phase1-worker", str(spec)])
+    _run_batches(argvs, timeout=120 * per_worker, jobs=jobs)
+    rows: dict[str, dict[str, Any]] = {}
+    for n, chunk in enumerate(chunks):
+        done = work / f"phase1_{n}.out.json"
+        for row in json.loads(done.read_text()) if done.is_file() else []:
+            rows[row["family"]] = row
+        for model_type, cls in chunk:
+            rows.setdefault(model_type, {"family": model_type, "class": cls, "moe": False,
+                                         "config_error": "worker crashed or timed out"})
+    return [rows[k] for k in families]
+
+
+def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
+    jobs = []
+    for row in rows:
+        for variant in ("tp2", "sp"):
+            v = row.get(variant) or {}
+            if v.get("ok"):
+                jobs.append([f"{row['family']}/{variant}", v["dir"],
+                             str(work / row["family"] / "config")])
+    batches = [jobs[i:i + per_spawn] for i in range(0, len(jobs), per_spawn)]
+    argvs = []
+    for n, batch in enumerate(batches):
+        spec = work / f"parity_{n}.json"
+        spec.write_text(json.dumps(batch))
+        out = work / f"parity_{n}"
+        out.mkdir(exist_ok=True)
+        argvs.append([sys.executable, __file__, "--parity-worker", str(spec), str(out)])
+    codes = _run_batches(argvs, timeout=60 + 40 * per_spawn, jobs=1)
+    by_row = {r["family"]: r for r in rows}
+    for n, batch in enumerate(batches):
+        ranks = []
+        for r in (0, 1):
+            f = work / f"parity_{n}" / f"rank{r}.json"
+            ranks.append(json.loads(f.read_text()) if f.is_file() else {})
+        for key, _, _ in batch:
+            family, variant = key.split("/")
+            res = [rk.get(key) for rk in ranks]
+            if any(x is None for x in res):
+                status = {"ok": False, "error": "the parity spawn died or timed out "
+                          f"(exit {codes[n][0]})"}
+            else:
+                status = {"ok": all(x["ok"] for x in res),
+                          "logits": max(x.get("logits", 0.0) for x in res),
+                          "grad": max(x.get("grad", 0.0) for x in res),
+                          "error": next((x["error"] for x in res if x.get("error")), None),
+                          "worst": res[0].get("worst"),
+                          "odd": res[0].get("odd")}
+            by_row[family].setdefault("parity", {})[variant] = status
+
+
+# --------------------------------------------------------------------------- the report
+def _cell(v: Mapping[str, Any] | None) -> str:
+    if not v:
+        return "-"
+    if v.get("ok"):
+        return "ok" if v.get("split", True) else "replicated"
+    return f"fail ({v.get('stage')})"
+
+
+def _parity_cell(p: Mapping[str, Any] | None) -> str:
+    if not p:
+        return "-"
+    if p.get("ok"):
+        return f"ok ({max(p['logits'], p['grad']):.0e})"
+    return "FAIL"
+
+
+def classify_row(row: Mapping[str, Any]) -> tuple[str, str]:
+    """``(status, reason)`` of one family; status is ok, replicated or unsupported."""
+    if row.get("config_error"):
+        return "unsupported", f"no tiny model: {row['config_error']}"
+    tp2 = row.get("tp2") or {}
+    if not tp2.get("ok"):
+        return "unsupported", f"tp2 {tp2.get('stage')}: {tp2.get('reason')}"
+    par = (row.get("parity") or {}).get("tp2") or {}
+    if not par.get("ok"):
+        why = par.get("error") or (f"logits diff {par.get('logits'):.1e}, grad diff "
+                                   f"{par.get('grad'):.1e} at {par.get('worst')}")
+        return "unsupported", f"tp2 parity: {why}"
+    if not tp2.get("split"):
+        return "replicated", ("no tp rules (no HF base_model_tp_plan, no package rule): only "
+                              "the embedding and LM head are split, the layers replicated")
+    notes = []
+    for variant in ("tp4", "sp"):
+        v = row.get(variant) or {}
+        if not v.get("ok"):
+            notes.append(f"{variant} {v.get('stage')}: {v.get('reason')}")
+    sp_par = (row.get("parity") or {}).get("sp")
+    if sp_par and not sp_par.get("ok"):
+        notes.append(f"sp parity: {sp_par.get('error') or 'mismatch'}")
+    return "ok", "; ".join(notes)
+
+
+def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float) -> str:
+    lines = [
+        "# Model coverage",
+        "",
+        f"Measured by `bench/coverage.py` against transformers {transformers_version} "
+        f"({len(rows)} causal-LM model types, {seconds:.0f} s). Each family is a tiny",
+        "config built from its config class's defaults (2 layers, hidden 64, 4 heads / 2 kv",
+        "heads, vocab 256); `tp2`, `tp4`, `sp` (tp 2 with `--sp`) are `generate` + `verify",
+        "--hf-config` (+ `inspect-plan` for tp2); parity is logits and every gradient against",
+        f"the unsharded model on 2 gloo ranks (tolerance {TOL:g}; the worst diff is shown).",
+        "`replicated`: the plan verified but splits no decoder layer (no rule names it).",
+        "`rules`: hf (transformers' plan), pkg (hpcodegen/generate/rules/<model_type>.yaml),",
+        "none. Regenerate: `python bench/coverage.py`.",
+        "",
+    ]
+    for kind, title in ((False, "Dense families"), (True, "MoE families")):
+        lines += [f"## {title}", "",
+                  "| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for row in rows:
+            if bool(row.get("moe")) != kind:
+                continue
+            status, reason = classify_row(row)
+            rules = "pkg" if _uses_package(row["family"]) else \
+                ("hf" if row.get("hf_plan") else "none")
+            par = row.get("parity") or {}
+            cells = [row["family"], rules, _cell(row.get("tp2")), _cell(row.get("tp4")),
+                     _cell(row.get("sp")), _parity_cell(par.get("tp2")),
+                     _parity_cell(par.get("sp")), status,
+                     reason.replace("|", "\\|").replace("\n", " ")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    dense = [r for r in rows if not r.get("moe")]
+    moe = [r for r in rows if r.get("moe")]
+
+    def ok(group: list[dict[str, Any]]) -> int:
+        return sum(classify_row(r)[0] == "ok" for r in group)
+
+    def repl(group: list[dict[str, Any]]) -> int:
+        return sum(classify_row(r)[0] == "replicated" for r in group)
+
+    lines.append(f"replicated only (exact, layers not split): dense={repl(dense)} moe={repl(moe)}")
+    lines.append("")
+    lines.append(f"coverage: dense_ok={ok(dense)}/{len(dense)} moe_ok={ok(moe)}/{len(moe)}")
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", default="", help="comma list of model types (default all)")
+    parser.add_argument("--jobs", type=int, default=2, help="phase-1 worker processes")
+    parser.add_argument("--per-worker", type=int, default=6, help="families per phase-1 worker")
+    parser.add_argument("--per-spawn", type=int, default=8, help="parity models per gloo spawn")
+    parser.add_argument("--no-parity", action="store_true")
+    parser.add_argument("--lock", default="", help="hold this flock file during the parity "
+                        "spawns (a shared machine's heavy-job lock)")
+    parser.add_argument("--out", default=str(REPO / "docs" / "models.md"))
+    parser.add_argument("--work", default="", help="keep artifacts here (default a temp dir)")
+    parser.add_argument("--json", default="", help="also write the raw rows here")
+    parser.add_argument("--phase1-worker", nargs=1, help=argparse.SUPPRESS)
+    parser.add_argument("--parity-worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.phase1_worker:
+        spec = Path(args.phase1_worker[0])
+        phase1_worker([tuple(x) for x in json.loads(spec.read_text())], spec.parent,
+                      spec.with_suffix(".out.json"))
+        return 0
+    if args.parity_worker:
+        parity_worker(Path(args.parity_worker[0]), Path(args.parity_worker[1]))
+        return 0
+    import transformers
+
+    families = causal_lm_families()
+    if args.families:
+        wanted = [f.strip() for f in args.families.split(",") if f.strip()]
+        unknown = [f for f in wanted if f not in families]
+        if unknown:
+            parser.error(f"unknown model types: {', '.join(unknown)}")
+        families = {f: families[f] for f in wanted}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hpcodegen-coverage-") as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        rows = run_phase1(families, work, args.jobs, args.per_worker)
+        if not args.no_parity:
+            with _locked(args.lock):
+                run_phase2(rows, work, args.per_spawn)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    text = render(rows, transformers.__version__, time.perf_counter() - start)
+    Path(args.out).write_text(text)
+    print(text.splitlines()[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""generate on the dense families whose plans used to fail, one per class of failure.
+
+Tiny configs (tests/fixtures/families, built by ``bench/coverage.py``'s shrinking rule from
+each config class's defaults): the lifted plan is checked here, numerics in
+tests/runtime/test_family_parity.py on real gloo ranks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcodegen.errors import PlanError
+from hpcodegen.generate.api import GenerateArgs, build_bundle, run_generate
+from hpcodegen.generate.package_rules import PackageRules, _holds, package_rules
+from hpcodegen.hf import read_hf_config
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
+
+
+def plan_of(family: str, tp: int = 2, sp: bool = False, recipe=None,
+            notes: list[str] | None = None) -> dict:
+    config, _ = read_hf_config(FAMILIES / family)
+    if tp == 4:  # heads and kv heads must divide tp: 4 kv heads (as bench/coverage.py)
+        config.update({k: 4 for k in ("num_key_value_heads", "num_kv_heads") if k in config})
+    files = build_bundle(config, tp, sp, recipe, family, notes=notes)
+    return json.loads(files["codegen_meta.json"])["param_plan"]
+
+
+def test_gathered_colwise_and_split_rowwise_are_their_own_boundaries() -> None:
+    """Phi-3's fused qkv / gate_up: gathered output, then a rowwise taking R -> S(-1)."""
+    plan = plan_of("phi3")
+    qkv = plan["model.layers.0.self_attn.qkv_proj"]
+    assert qkv["params"] == {"weight": {"tp": "S(0)"}}
+    assert qkv["out_src"] == {"output": {"tp": "S(-1)"}} and qkv["out_dst"] == {
+        "output": {"tp": "R"}}
+    o = plan["model.layers.0.self_attn.o_proj"]
+    assert o["params"] == {"weight": {"tp": "S(1)"}}
+    assert o["in_src"] == {"input": {"tp": "R"}} and o["in_dst"] == {"input": {"tp": "S(-1)"}}
+    assert o["out_src"] == {"output": {"tp": "P(sum)"}} and o["out_dst"] == {
+        "output": {"tp": "R"}}
+    assert "model.layers.0.self_attn" not in plan  # the attention itself is replicated
+
+
+def test_mixed_regions_and_gathered_pairs() -> None:
+    """GLM-4: a colwise/rowwise attention region next to a gathered gate_up MLP."""
+    plan = plan_of("glm4")
+    assert plan["model.layers.0.self_attn"]["params"]["o_proj.weight"] == {"tp": "S(1)"}
+    assert plan["model.layers.0.mlp.down_proj"]["in_dst"] == {"input": {"tp": "S(-1)"}}
+
+
+def test_package_rules_fill_a_missing_hf_plan_and_say_so() -> None:
+    """GPT-2: no HF plan; Conv1D sharded on its columns, q|k|v packed in three blocks."""
+    notes: list[str] = []
+    plan = plan_of("gpt2", notes=notes)
+    assert len(notes) == 1 and "hpcodegen/generate/rules/gpt2.yaml" in notes[0]
+    assert "no base_model_tp_plan" in notes[0]
+    attn = plan["transformer.h.0.attn"]
+    assert attn["params"]["c_attn.weight"] == {"tp": "SS(1,3)"}  # Conv1D: (in, out)
+    assert attn["params"]["c_attn.bias"] == {"tp": "SS(0,3)"}
+    assert attn["params"]["c_proj.weight"] == {"tp": "S(0)"}
+    assert attn["deferred_bias_params"] == ["c_proj.bias"]
+    assert {"c_attn.nf", "split_size"} <= set(attn["tp_divide_attrs"])
+    mlp = plan["transformer.h.0.mlp"]
+    assert mlp["params"]["c_fc.weight"] == {"tp": "S(1)"} and "c_fc.nf" in mlp["tp_divide_attrs"]
+    # position embeddings: no rule names them, so they are replicated
+    assert plan["transformer.wpe"] == {"params": {"weight": {"tp": "R"}}, "is_boundary": False}
+
+
+def test_generate_cli_prints_the_package_rules(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = run_generate(GenerateArgs(FAMILIES / "hunyuan_v1_dense", 2, tmp_path / "a"),
+                        out, err)
+    assert code == 0, err.getvalue()
+    assert "package rules hpcodegen/generate/rules/hunyuan_v1_dense.yaml (replace the HF " \
+           "plan" in out.getvalue()
+
+
+def test_package_rule_variants_follow_the_config() -> None:
+    """Falcon: multi-query keeps the attention replicated, grouped kv heads split it."""
+    mq = plan_of("falcon")
+    assert "transformer.h.0.self_attention" not in mq or not any(
+        p.get("tp") != "R" for p in mq["transformer.h.0.self_attention"]["params"].values())
+    assert mq["transformer.h.0.mlp"]["params"]["dense_h_to_4h.weight"] == {"tp": "S(0)"}
+    gqa = plan_of("falcon_gqa")
+    attn = gqa["transformer.h.0.self_attention"]
+    assert attn["params"]["query_key_value.weight"] == {"tp": "S(0)"}
+    assert {"num_heads", "num_kv_heads"} <= set(attn["tp_divide_attrs"])
+
+
+def test_when_compares_config_fields() -> None:
+    assert _holds({"a": True, "b": [False, None]}, {"a": True})
+    assert not _holds({"a": True}, {"a": False})
+    rules = package_rules({"model_type": "falcon", "multi_query": False,
+                           "new_decoder_architecture": True})
+    assert isinstance(rules, PackageRules) and rules.replace_hf_plan
+    assert "transformer.h.*.self_attention.query_key_value" in dict(rules.tp_plan)
+    assert package_rules({"model_type": "llama"}) is None
+    assert package_rules({"model_type": "../schemas/x"}) is None
+
+
+def test_user_recipe_wins_over_package_rules() -> None:
+    """A recipe rule on the modules of a package rule replaces it (here: MLP replicated)."""
+    recipe = [{"match": ["transformer.h.*.mlp.c_fc", "transformer.h.*.mlp.c_proj"],
+               "params": {"weight": {"tp": "R"}, "bias": {"tp": "R"}}}]
+    plan = plan_of("gpt2", recipe=recipe)
+    assert plan["transformer.h.0.mlp.c_fc"]["params"]["weight"] == {"tp": "R"}
+    assert "transformer.h.0.mlp" not in plan
+    assert plan["transformer.h.0.attn"]["params"]["c_attn.weight"] == {"tp": "SS(1,3)"}
+
+
+def test_unnamed_trainable_params_are_replicated_with_partial_grads() -> None:
+    """Apertus' xIELU alpha_p/alpha_n sit between up_proj (colwise) and down_proj: R, and
+    their gradient is partial over tp; with --sp too."""
+    for sp in (False, True):
+        mlp = plan_of("apertus", sp=sp)["model.layers.0.mlp"]
+        assert mlp["params"]["act_fn.alpha_p"] == {"tp": "R"}
+        assert {"act_fn.alpha_p", "act_fn.alpha_n"} <= set(mlp["partial_grad_params"])
+
+
+def test_scaled_embedding_class_is_vocab_parallel() -> None:
+    """Gemma's scaled word embedding (a class of the generated file) is row-sharded with a
+    partial output reduced by its own boundary: the shape the runtime executes."""
+    plan = plan_of("gemma")
+    emb = plan["model.embed_tokens"]
+    assert emb["params"] == {"weight": {"tp": "S(0)"}}
+    assert emb["out_src"] == {"output": {"tp": "P(sum)"}}
+
+
+@pytest.mark.parametrize("family", ["phi3", "gpt2", "falcon_gqa", "apertus", "gemma3_text"])
+def test_tp4_and_sp(family: str) -> None:
+    assert plan_of(family, tp=4)
+    assert plan_of(family, sp=True)
+
+
+def test_package_rules_and_recipe_enter_the_input_digest() -> None:
+    config, _ = read_hf_config(FAMILIES / "gpt2")
+    a = json.loads(build_bundle(config, 2, False, None, "x")["codegen_meta.json"])
+    recipe = [{"match": "lm_head", "params": {"weight": {"tp": "S(0)"}}}]
+    b = json.loads(build_bundle(config, 2, False, recipe, "x")["codegen_meta.json"])
+    assert a["yaml_sha256"] != b["yaml_sha256"]
+
+
+def test_unpaired_rowwise_still_refused() -> None:
+    """A colwise child with no closer anywhere is still an error naming the rule."""
+    from hpcodegen.generate.hf_plan import expand_rules
+    from hpcodegen.generate.lift import lift_plan
+    from hpcodegen.hf import build_meta_model
+
+    config, _ = read_hf_config(FAMILIES / "phi3")
+    model = build_meta_model(config)
+    fqns = [n for n, _ in model.named_modules()]
+    with pytest.raises(PlanError, match="no rowwise child"):
+        lift_plan(model, expand_rules([("model.layers.*.mlp.gate_up_proj", "colwise")],
+                                      fqns), False)

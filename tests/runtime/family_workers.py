@@ -1,0 +1,66 @@
+"""Rank worker for tests/runtime/test_family_parity.py (spawned gloo ranks).
+
+Each model: the unsharded transformers model and the model from the artifact's generated
+classes with the same weights; the plan installed on the second; one forward/backward of
+both; logits (gathered per the LM head's placement) and every gradient (gathered per the
+parameter's placement) compared with :mod:`hpcodegen.launch.parity`, the launcher's own rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.launch.parity import full_logits, max_param_diff
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+    from hpcodegen.runtime.mesh import resolve_active_mesh
+
+    config_dict = json.loads(Path(config_dir, "config.json").read_text())
+    meta = load_meta(Path(artifact)).data
+    config = load_transformers_config(config_dict)
+    torch.manual_seed(0)
+    ref = model_class_for(config_dict)(config).float().eval()
+    gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config)
+    gen = gen.float().eval()
+    gen.load_state_dict(ref.state_dict())
+    context = MeshContext(device_mesh=mesh)
+    parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
+    active = resolve_active_mesh(meta, context)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, config_dict["vocab_size"], (2, 17), generator=g)
+    ids, labels = ids[:, :-1], ids[:, 1:]
+
+    def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:
+        logits = model(input_ids=ids, use_cache=False).logits
+        if sharded:
+            logits = full_logits(logits, model, meta, active)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+
+    loss, logits = loss_of(gen, True)
+    loss.backward()
+    ref_loss, ref_logits = loss_of(ref, False)
+    ref_loss.backward()
+    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+    scale = max(float(p.grad.abs().max()) for p in ref.parameters() if p.grad is not None)
+    return {"logits": float((logits.detach() - ref_logits.detach()).abs().max()),
+            "grad": grad, "worst": worst, "odd": odd, "grad_scale": scale}
+
+
+def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, Any]:
+    """``{name: diffs}`` for ``(name, artifact dir, config dir)`` on one 1-D tp mesh."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+    return {name: parity_one(artifact, config, mesh) for name, artifact, config in models}
