@@ -135,9 +135,8 @@ def hf_styles(config: Mapping[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------ phase 1: CLI
 def _cli(args: Sequence[str]) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
     from hpcodegen.cli.app import _register, app
+    from typer.testing import CliRunner
 
     _register()  # the verbs, as the console script registers them
     result = CliRunner().invoke(app, list(args))
