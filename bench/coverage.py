@@ -69,7 +69,7 @@ def causal_lm_families() -> dict[str, str]:
     out = {}
     for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
         name = cls[0] if isinstance(cls, (list, tuple)) else cls
-        if isinstance(name, str):
+        if isinstance(name, str) and name.endswith(("ForCausalLM", "LMHeadModel")):
             out[model_type] = name
     return dict(sorted(out.items()))
 
@@ -118,8 +118,11 @@ def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
 
 
 def is_moe(config: Mapping[str, Any], styles: Iterable[str]) -> bool:
-    """More than one expert in the config, or an HF plan that shards experts."""
+    """More than one expert in the config (or a nested sub-config), or an HF plan that
+    shards experts."""
     for key, value in config.items():
+        if isinstance(value, Mapping) and is_moe(value, ()):
+            return True
         if "expert" in key and not any(w in key for w in ("per_tok", "top", "shared", "group")) \
                 and isinstance(value, int) and not isinstance(value, bool) and value > 1:
             return True
@@ -147,12 +150,13 @@ def _cli(args: Sequence[str]) -> tuple[int, str]:
 
 
 def _reason(text: str) -> str:
-    """The first finding of a CLI failure, one line, without the verb prefix."""
+    """The first finding of a CLI failure, on one line, without the verb prefix."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:
-        if "error" in ln.lower() or ln.startswith("hpcodegen") or "✗" in ln or "FAIL" in ln:
-            ln = re.sub(r"^hpcodegen \w[\w-]*: ", "", ln)
-            return ln[:300]
+    for i, ln in enumerate(lines):
+        if ln.startswith("hpcodegen ") or re.search(r"\berror\b", ln):
+            joined = " ".join(lines[i:i + 4])
+            joined = re.sub(r"^hpcodegen \w[\w-]*: ", "", joined)
+            return re.split(r" (?=hpcodegen \w[\w-]*: )", joined)[0][:300]
     return (lines[-1] if lines else "no output")[:300]
 
 

@@ -198,11 +198,12 @@ class Lifter:
         return entry
 
     # -- standalone entries ----------------------------------------------------------------
-    def standalone_entry(self, a: Assignment) -> dict[str, Any]:
-        """An entry for a module whose own style says what it does."""
+    def standalone_entry(self, a: Assignment, seq_sharded: bool = True) -> dict[str, Any]:
+        """An entry for a module whose own style says what it does (``seq_sharded``: its
+        activations are sequence-sharded with ``sp``; not inside a gathering parent)."""
         module = self.modules[a.fqn]
         names = direct_params(module)
-        seq = SEQ if self.sp else "R"
+        seq = SEQ if self.sp and seq_sharded else "R"
         if a.kind is Kind.COLWISE_GATHER:
             params: dict[str, Any] = {}
             divide: list[str] = []
@@ -274,12 +275,28 @@ class Lifter:
 
         pending = [a for a in self.assign.values() if a.fqn not in self.plan and not a.param]
         pending += [a for a in self._defaults() if not inside(a.fqn)]
+        gathered = self._sp_gathered_parents(pending, inside)
         for a in pending:
             if not inside(a.fqn):
-                self.plan[a.fqn] = self.standalone_entry(a)
+                self.plan[a.fqn] = self.standalone_entry(a, parent_of(a.fqn) not in gathered)
         if self.moe_experts and not self.sp:
             self._replicate_rest(regions)
         return self.plan
+
+    def _sp_gathered_parents(self, pending: list[Assignment], inside: Any) -> set[str]:
+        """With ``sp``: the parents of a ``rowwise_split_input`` Linear beside gathered
+        siblings (Phi-3's attention) become boundaries that gather the sequence on entry
+        (``S(1)->R``) and keep their slice on exit (``R->S(1)``): their forward reshapes by
+        the sequence length it sees, so it must see all of it. Their children then take
+        and give replicated activations."""
+        if not self.sp:
+            return set()
+        parents = {parent_of(a.fqn) for a in pending if a.kind is Kind.ROWWISE_SPLIT}
+        parents = {p for p in parents if p and p not in self.plan and not inside(p)}
+        for fqn in parents:
+            self.plan[fqn] = {"params": {}, **transitions(
+                first_arg(self.modules[fqn]), SEQ, "R", "R", SEQ)}
+        return parents
 
     def _replicate_rest(self, regions: list[str]) -> None:
         """Replicate the parameters of a MoE model no rule names (routers, gates, MLA).

@@ -63,4 +63,15 @@ def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, 
 
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-    return {name: parity_one(artifact, config, mesh) for name, artifact, config in models}
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    for name, artifact, config in models:
+        try:
+            out[name] = parity_one(artifact, config, mesh)
+        except Exception as exc:  # reported per model; the other models still run
+            import traceback
+
+            out[name] = {"error": "".join(traceback.format_exception(exc))[-1500:]}
+        dist.barrier()
+    return out

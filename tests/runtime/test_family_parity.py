@@ -4,7 +4,8 @@ One spawn runs every model (the process start is paid once): Gemma's scaled word
 embedding (a class of the generated file, vocab-parallel, tied to the LM head), Phi-3 /
 OLMo 2 / GLM-4 (gathered colwise + rowwise_split_input), GPT-2 / Falcon / Hunyuan-V1 dense
 (package rules; GPT-2's Conv1D with a packed q|k|v and rowwise biases), Apertus (xIELU
-scalars no rule names: replicated, partial gradient synchronised), with --sp for several.
+scalars no rule names: replicated, partial gradient synchronised), with --sp for several
+(Phi-3's attention then gathers the sequence itself).
 Logits and every gradient within 1e-5 of the unsharded model.
 """
 
@@ -25,7 +26,7 @@ TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "glm4", "gpt2", "falcon",
        "falcon_gqa", "hunyuan_v1_dense", "apertus", "starcoder2", "gpt_neox"]
-SP = ["gemma", "phi3", "gpt2", "apertus", "falcon_gqa"]
+SP = ["gemma", "phi3", "apertus"]
 
 
 def _artifact(root: Path, family: str, sp: bool) -> tuple[str, str, str]:
@@ -47,6 +48,7 @@ def test_family_parity_tp2_and_sp(tmp_path: Path) -> None:
     assert set(results[0]) == {m[0] for m in models}
     for rank, per_model in enumerate(results):
         for name, r in per_model.items():
+            assert "error" not in r, (rank, name, r.get("error"))
             assert r["odd"] == [], (rank, name, r)
             assert r["logits"] <= TOL, (rank, name, r)
             assert r["grad"] <= TOL, (rank, name, r)
