@@ -255,11 +255,12 @@ class Lifter:
 
 
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
-    """An ``experts`` region (HF ``moe_tp_experts``): every positional input replicated.
+    """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
+    replicated.
 
-    The hidden states *and* the routing weights enter a compute split over tp, so both
-    gradients are partial and all-reduced in the backward (the classifier's rule for a
-    replicated input of a compute-splitting boundary); the partial output is all-reduced.
+    Both enter a compute split over tp, so both gradients are partial and all-reduced in the
+    backward (the classifier's rule for a replicated input of a compute-splitting boundary),
+    as HF's ``MoeExpertsParallel`` does; the partial output is all-reduced.
     """
     if sp:
         raise PlanError([error(
@@ -269,6 +270,9 @@ def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
             hint="generate without --sp")])
     params = list(inspect.signature(type(module).forward).parameters.values())[1:]
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...); the integer
+    # expert indices carry no gradient and pass through untouched
+    names = [names[0], *names[2:3]] if names else names
     in_src = {name: {"tp": "R"} for name in names}
     return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},

@@ -34,10 +34,9 @@ EXPERT_COUNT_ATTRS: tuple[str, ...] = ("num_experts", "num_local_experts", "n_ro
 
 def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
     """Differentiable ``all_to_all_single`` (backward: the reverse exchange)."""
-    from torch.distributed.nn.functional import all_to_all_single
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-    out = x.new_empty((sum(recv), *x.shape[1:]))
-    return all_to_all_single(out, x.contiguous(), recv, send, group=group)
+    return wait_tensor(all_to_all_single_autograd(x.contiguous(), recv, send, group))
 
 
 def _counts_a2a(counts: torch.Tensor, group: Any) -> torch.Tensor:
