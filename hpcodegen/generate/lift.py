@@ -277,29 +277,8 @@ class Lifter:
         for a in pending:
             if not inside(a.fqn):
                 self.plan[a.fqn] = self.standalone_entry(a)
-        if self.moe_experts and not self.sp:
-            self._replicate_rest(regions)
         return self.plan
 
-    def _replicate_rest(self, regions: list[str]) -> None:
-        """Replicate the parameters of a MoE model no rule names (routers, gates, MLA).
-
-        HF's MoE plans leave the router (``mlp.gate``), shared-expert gates and whole attention
-        variants unplanned: transformers keeps them replicated. Outside every region (and
-        without sequence parallelism) each rank sees the full activation, so a replicated
-        parameter computes and gets the unsharded gradient exactly; it becomes a
-        parameter-only entry ``{tp: R}`` on its module. Parameters inside a region stay
-        coverage errors: there a replicated weight could see a tp shard.
-        """
-        planned = {join_fqn(f, rel) for f, e in self.plan.items() for rel in e.get("params") or {}}
-        entries = list(self.plan)
-        for fqn, module in self.modules.items():
-            names = [p for p in direct_params(module) if join_fqn(fqn, p) not in planned]
-            if not names or any(relative_to(fqn, e) is not None for e in entries):
-                continue
-            if any(relative_to(fqn, r) is not None for r in regions):
-                continue
-            self.plan[fqn] = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
 
 
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
