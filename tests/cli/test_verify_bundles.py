@@ -294,3 +294,14 @@ def test_a_kept_child_under_another_name_maps_to_the_original(tmp_path: Path) ->
     assert _errors(art) == [("model.shard_dim_out_of_range", f"/param_plan/{ATTN}/params/"
                              "out.weight/tp", f"{ATTN}.out.weight: S(2) needs dim < 2 "
                              "(2-D tensor (256, 256))")]
+
+
+def test_plan_check_flags_override_records_that_select_nothing_or_twice() -> None:
+    meta = bf.bundle_meta()
+    assert vf.codes(vf.run_check("plan", meta), "warning") == set()
+    meta["module_overrides"].append(dict(meta["module_overrides"][0]))
+    meta["module_overrides"].append({"factory": "pkg.make", "module_type": "torch.nn.Linear"})
+    n = len(meta["module_overrides"])
+    assert vf.codes(vf.run_check("plan", meta), "warning") == {
+        ("plan.override_duplicate", f"/module_overrides/{n - 2}"),
+        ("plan.override_selects_nothing", f"/module_overrides/{n - 1}")}
