@@ -75,7 +75,6 @@ def launch(
     verbose: bool = VERBOSE,
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
-    from hpcodegen.launch.run import run_launch
 
     opts = LaunchOptions(
         artifact=artifact, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
@@ -86,4 +85,13 @@ def launch(
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
         allow_target=tuple(allow_target), verbosity=verbosity(quiet, verbose),
         dtype=dtype, save=save, resume=resume, max_grad_norm=max_grad_norm)
-    raise typer.Exit(guarded("launch", lambda: run_launch(opts), as_json=json_out))
+
+    def call() -> int:
+        from hpcodegen.extras import require
+
+        require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
+        from hpcodegen.launch.run import run_launch
+
+        return run_launch(opts)
+
+    raise typer.Exit(guarded("launch", call, as_json=json_out))

@@ -115,8 +115,11 @@ def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
 
 def _write_atomic(path: Path, render: Any) -> None:
     """Write through a temp file in the same dir, then rename: readers never see half a file."""
+    from hpcodegen.artifact.bundle import current_umask
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600: follow the umask
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             render(stream)
         os.replace(tmp, path)

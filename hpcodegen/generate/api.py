@@ -41,6 +41,7 @@ from hpcodegen.errors import (
     error,
 )
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
+from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan
@@ -70,6 +71,7 @@ class GenerateArgs:
     sp: bool = False
     recipe: Path | None = None
     check: bool = False
+    ep: int = 1
     #: print the JSON envelope (docs/json.md) instead of text
     as_json: bool = False
     #: -1 quiet (errors only), 0 normal, 1 verbose (every file with its size)
@@ -124,7 +126,8 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
-                 advance: Callable[[str], None] = lambda _step: None) -> dict[str, bytes]:
+                 advance: Callable[[str], None] = lambda _step: None,
+                 ep: int = 1) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display).
@@ -133,6 +136,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
 
     if tp < 1:
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
+    if ep < 1:
+        raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     check_divisible(config, tp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
@@ -141,8 +146,11 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     fqns = list(modules)
     params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     overridden = recipe_modules(recipe or [], fqns)
-    plan = lift_plan(model, expand_rules(hf_rules(model), fqns, params, overridden), sp)
+    assignments = expand_rules(hf_rules(model), fqns, params, overridden)
+    plan = lift_plan(model, assignments, sp)
     injections = apply_recipe(plan, recipe or [], fqns)
+    if ep > 1:
+        injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
     plan = {fqn: plan[fqn] for fqn in sorted(plan)}
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
@@ -152,7 +160,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
-                      recipe=list(recipe) if recipe else None)
+                      recipe=list(recipe) if recipe else None, ep=ep)
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, _class_plans(meta, classes),
                             banner_lines(label, meta, src))
@@ -216,7 +224,8 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         label = os.fspath(args.model_dir)
     with steps("generate", 4) as advance:
         try:
-            rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance)
+            rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
+                                        args.ep)
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise

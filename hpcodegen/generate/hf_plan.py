@@ -14,7 +14,7 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import expand_glob, parent_of
-from hpcodegen.generate.styles import STYLE_KINDS, Kind, style_kind
+from hpcodegen.generate.styles import PARAM_KINDS, STYLE_KINDS, Kind, style_kind
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Assignment:
     factor: int
     style: str
     rule: str
+    #: ``fqn`` names a parameter (a packed expert weight), not a module
+    param: bool = False
 
 
 def hf_rules(model: Any) -> list[tuple[str, str]]:
@@ -73,13 +75,17 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
                 hint="override the module with a recipe rule (--recipe); recipes win"))
             continue
         matched = expand_glob(glob, fqns)
-        if not matched and expand_glob(glob, param_fqns):
+        on_params = [] if matched else expand_glob(glob, param_fqns)
+        if on_params and kind[0] in PARAM_KINDS:
+            for fqn in on_params:
+                out[fqn] = Assignment(fqn, kind[0], kind[1], style, glob, param=True)
+        elif on_params:
             problems.append(error(
                 "generate.rule_on_parameter", glob,
-                f"HF plan rule {glob!r} ({style}) names parameters, not modules; "
-                "per-parameter styles are not supported",
+                f"HF plan rule {glob!r} ({style}) names parameters; style {style!r} "
+                "only applies to modules",
                 hint="place the parameters with a recipe rule (params)"))
-        elif not matched:
+        elif not matched and not _alternative(glob, fqns):
             problems.append(error(
                 "generate.rule_no_match", glob,
                 f"HF plan rule {glob!r} ({style}) matches no module of the model"))
@@ -88,6 +94,18 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
     if problems:
         raise PlanError(problems)
     return out
+
+
+def _alternative(glob: str, fqns: Sequence[str]) -> bool:
+    """A rule for one variant of a layer: its parent glob matches, the child is absent.
+
+    HF writes one plan per family: ``layers.*.mlp.gate_proj`` (dense layers) next to
+    ``layers.*.mlp.experts`` (sparse ones). A config whose layers are all sparse has no
+    ``mlp.gate_proj``; transformers skips such a rule, and so do we. A rule whose parent
+    matches nothing either (a wrong prefix) is still an error.
+    """
+    parent = parent_of(glob)
+    return "." in glob and bool(expand_glob(parent, fqns))
 
 
 def _overridden(glob: str, fqns: Sequence[str], param_fqns: Sequence[str],

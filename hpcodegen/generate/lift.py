@@ -17,8 +17,8 @@ from typing import Any
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
-from hpcodegen.generate.styles import Kind, shard
-from hpcodegen.plan.entry import partial_deferred_biases
+from hpcodegen.generate.styles import Kind, param_shard, shard
+from hpcodegen.plan.entry import join_fqn, partial_deferred_biases
 
 SEQ = "S(1)"
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
@@ -78,6 +78,8 @@ class Lifter:
         self.assign = dict(assignments)
         self.sp = sp
         self.plan: dict[str, dict[str, Any]] = {}
+        #: ``experts`` modules (HF ``moe_tp_experts``): regions over all their inputs
+        self.moe_experts = {a.fqn for a in self.assign.values() if a.kind is Kind.MOE_EXPERTS}
 
     # -- regions ---------------------------------------------------------------------------
     def region_parents(self) -> dict[str, list[Assignment]]:
@@ -88,7 +90,7 @@ class Lifter:
                 groups.setdefault(parent_of(a.fqn), []).append(a)
         for parent, members in groups.items():
             kinds = {a.kind for a in members}
-            if kinds != set(REGION_KINDS):
+            if kinds != set(REGION_KINDS) and parent not in self.moe_experts:
                 a = members[0]
                 missing = "rowwise" if a.kind is Kind.COLWISE else "colwise"
                 raise PlanError([error(
@@ -100,6 +102,16 @@ class Lifter:
 
     def _shard_params(self, entry_fqn: str, a: Assignment, out: dict, deferred: list) -> None:
         rel = relative_to(a.fqn, entry_fqn)
+        if a.param:  # a rule on the parameter itself: a packed expert weight [E, out, in]
+            placement, rowwise_bias = param_shard(a.kind, self.model.get_parameter(a.fqn).dim(),
+                                                  a.factor)
+            if rowwise_bias:
+                raise PlanError([error(
+                    "generate.rowwise_param_bias", a.fqn,
+                    f"HF plan rule {a.rule!r} ({a.style}) shards a 1-D parameter rowwise; "
+                    "it would be added once per rank", hint="place it with a recipe rule")])
+            out[rel] = {"tp": placement}
+            return
         module = self.modules[a.fqn]
         col = a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE)
         for pname in direct_params(module):
@@ -138,6 +150,9 @@ class Lifter:
         partial: list[str] = []
         self._absorb(fqn, params, deferred, partial)
         module = self.modules[fqn]
+        if fqn in self.moe_experts:
+            entry = {"params": params, **moe_transitions(module, self.sp)}
+            return entry
         entry = {"params": params, **transitions(
             first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
         entry["tp_divide_attrs"] = head_count_attrs(module)
@@ -201,19 +216,63 @@ class Lifter:
     def run(self) -> dict[str, dict[str, Any]]:
         """Lift every assignment (and the defaults) into ``param_plan`` entries."""
         regions = list(self.region_parents())
-        regions += [a.fqn for a in self.assign.values() if a.kind is Kind.REDUCE_OUTPUT]
+        regions += [a.fqn for a in self.assign.values()
+                    if a.kind in (Kind.REDUCE_OUTPUT, Kind.MOE_EXPERTS) and a.fqn not in regions]
         for fqn in regions:
             self.plan[fqn] = self.region_entry(fqn)
 
         def inside(fqn: str) -> bool:
             return any(relative_to(fqn, r) not in (None, "") for r in regions)
 
-        pending = [a for a in self.assign.values() if a.fqn not in self.plan]
+        pending = [a for a in self.assign.values() if a.fqn not in self.plan and not a.param]
         pending += [a for a in self._defaults() if not inside(a.fqn)]
         for a in pending:
             if not inside(a.fqn):
                 self.plan[a.fqn] = self.standalone_entry(a)
+        if self.moe_experts and not self.sp:
+            self._replicate_rest(regions)
         return self.plan
+
+    def _replicate_rest(self, regions: list[str]) -> None:
+        """Replicate the parameters of a MoE model no rule names (routers, gates, MLA).
+
+        HF's MoE plans leave the router (``mlp.gate``), shared-expert gates and whole attention
+        variants unplanned: transformers keeps them replicated. Outside every region (and
+        without sequence parallelism) each rank sees the full activation, so a replicated
+        parameter computes and gets the unsharded gradient exactly; it becomes a
+        parameter-only entry ``{tp: R}`` on its module. Parameters inside a region stay
+        coverage errors: there a replicated weight could see a tp shard.
+        """
+        planned = {join_fqn(f, rel) for f, e in self.plan.items() for rel in e.get("params") or {}}
+        entries = list(self.plan)
+        for fqn, module in self.modules.items():
+            names = [p for p in direct_params(module) if join_fqn(fqn, p) not in planned]
+            if not names or any(relative_to(fqn, e) is not None for e in entries):
+                continue
+            if any(relative_to(fqn, r) is not None for r in regions):
+                continue
+            self.plan[fqn] = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
+
+
+def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
+    """An ``experts`` region (HF ``moe_tp_experts``): every positional input replicated.
+
+    The hidden states *and* the routing weights enter a compute split over tp, so both
+    gradients are partial and all-reduced in the backward (the classifier's rule for a
+    replicated input of a compute-splitting boundary); the partial output is all-reduced.
+    """
+    if sp:
+        raise PlanError([error(
+            "generate.moe_sp", type(module).__name__,
+            "sequence parallelism (--sp) is not supported with mixture-of-experts layers: "
+            "the router would see only its rank's slice of the sequence",
+            hint="generate without --sp")])
+    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    in_src = {name: {"tp": "R"} for name in names}
+    return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
+            "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},
+            "out_names": ["output"], "is_boundary": True}
 
 
 def _call(model: Any, name: str) -> Any:

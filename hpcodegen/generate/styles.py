@@ -35,6 +35,10 @@ class Kind(str, Enum):
     #: shard like colwise / rowwise, but the communication belongs to an ancestor
     LOCAL_COLWISE = "local_colwise"
     LOCAL_ROWWISE = "local_rowwise"
+    #: a mixture-of-experts ``experts`` module: every input replicated (their gradients
+    #: all-reduced), the partial output all-reduced; its packed expert parameters hold the
+    #: shards (HF's ``moe_tp_experts``)
+    MOE_EXPERTS = "moe_experts"
 
 
 #: style name -> (kind, shard factor for packed weights, 1 otherwise)
@@ -60,12 +64,31 @@ STYLE_KINDS: dict[str, tuple[Kind, int]] = {
     "packed_colwise": (Kind.COLWISE, 2),
     "packed_rowwise": (Kind.ROWWISE, 2),
     "all_reduce": (Kind.REDUCE_OUTPUT, 1),
+    "moe_tp_experts": (Kind.MOE_EXPERTS, 1),
 }
+
+#: kinds a rule may give a *parameter* (HF 5.x plans name packed expert weights directly,
+#: e.g. ``layers.*.mlp.experts.gate_up_proj: packed_colwise``)
+PARAM_KINDS = frozenset({Kind.COLWISE, Kind.ROWWISE, Kind.REPLICATE, Kind.REPLICATE_GRAD,
+                         Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE})
 
 
 def style_kind(style: str) -> tuple[Kind, int] | None:
     """The kind and packing factor of a style name, None when unsupported."""
     return STYLE_KINDS.get(style)
+
+
+def param_shard(kind: Kind, ndim: int, factor: int) -> tuple[str, bool]:
+    """The placement HF gives a parameter of ``ndim`` dims, and whether it is a rowwise bias.
+
+    HF reads every weight as ``[..., out, in]``: colwise shards dim ``ndim-2`` (a 1-D bias its
+    only dim), rowwise dim ``ndim-1``; a rowwise 1-D bias stays replicated (added once after
+    the reduction). Packed weights (``factor`` > 1) shard strided, as HF's packed styles.
+    """
+    col = kind in (Kind.COLWISE, Kind.LOCAL_COLWISE)
+    if ndim <= 1:
+        return ("S(0)", False) if col else ("R", True)
+    return shard(ndim - 2 if col else ndim - 1, factor), False
 
 
 def shard(dim: int, factor: int) -> str:

@@ -40,7 +40,7 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     from hpcodegen.extras import require
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
-    require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors"))
+    require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)

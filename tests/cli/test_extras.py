@@ -16,7 +16,7 @@ CONFIG = ROOT / "examples" / "configs" / "llama"
 #: runs the CLI with the runtime extra's modules unimportable (as in a core install)
 BLOCKED = """
 import sys
-for name in ("torch", "transformers", "libcst", "yaml", "safetensors"):
+for name in ("torch", "transformers", "libcst", "yaml", "safetensors", "psutil"):
     sys.modules[name] = None
 from hpcodegen.cli.app import main
 sys.argv = ["hpcodegen", *sys.argv[1:]]
@@ -51,7 +51,7 @@ def test_core_verbs_work_without_the_runtime_extra() -> None:
 
 
 def test_hub_id_without_huggingface_hub_names_the_hub_extra() -> None:
-    code = BLOCKED.replace('"safetensors")', '"safetensors", "huggingface_hub")')
+    code = BLOCKED.replace('"psutil")', '"psutil", "huggingface_hub")')
     proc = subprocess.run([sys.executable, "-c", code, "verify", str(EXAMPLE), "--hf-config",
                            "some-org/some-model", "--skip", "model"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)

@@ -85,6 +85,8 @@ def test_gate_verbs_work_in_the_plain_install(core_venv: Path, tmp_path: Path) -
     assert schema.returncode == 0 and json.loads(schema.stdout)["type"] == "object"
     missing = run("generate", "--model", str(CONFIG), "--tp", "2", "-o", str(tmp_path / "o"))
     assert missing.returncode == 2 and "hpcodegen[runtime]" in missing.stderr
+    launch = run("launch", str(EXAMPLE), "--nproc", "2", "--json")
+    assert launch.returncode == 2 and "hpcodegen[runtime]" in launch.stdout
 
 
 def test_wheel_has_license_and_no_dev_modules(wheel: Path) -> None:
