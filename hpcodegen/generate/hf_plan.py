@@ -52,11 +52,15 @@ def hf_rules(model: Any) -> list[tuple[str, str]]:
 
 def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
                  param_fqns: Sequence[str] = (),
-                 overridden: Set[str] = frozenset()) -> dict[str, Assignment]:
+                 overridden: Set[str] = frozenset(), *,
+                 origin: str = "HF plan", strict: bool = True) -> dict[str, Assignment]:
     """Map each module FQN to its style; later rules win, as in transformers.
 
     A rule whose every match (module, or the module owning a matched parameter) is in
-    ``overridden`` (matched by a recipe rule) is dropped: recipes win over the HF plan.
+    ``overridden`` (matched by a recipe rule, or by a package rule for HF rules) is
+    dropped: recipes win over the package rules, which win over the HF plan. With
+    ``strict=False`` (package rules, which cover config variants) a rule matching no
+    module is skipped.
 
     Raises:
         PlanError: a style we cannot lift, or a rule that matches no module.
@@ -70,7 +74,7 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
         if kind is None:
             problems.append(error(
                 "generate.unsupported_style", glob,
-                f"HF plan rule {glob!r}: style {style!r} is not supported",
+                f"{origin} rule {glob!r}: style {style!r} is not supported",
                 expected=", ".join(sorted(STYLE_KINDS)),
                 hint="override the module with a recipe rule (--recipe); recipes win"))
             continue
@@ -82,13 +86,13 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
         elif on_params:
             problems.append(error(
                 "generate.rule_on_parameter", glob,
-                f"HF plan rule {glob!r} ({style}) names parameters; style {style!r} "
+                f"{origin} rule {glob!r} ({style}) names parameters; style {style!r} "
                 "only applies to modules",
                 hint="place the parameters with a recipe rule (params)"))
-        elif not matched and not _alternative(glob, fqns):
+        elif not matched and strict and not _alternative(glob, fqns):
             problems.append(error(
                 "generate.rule_no_match", glob,
-                f"HF plan rule {glob!r} ({style}) matches no module of the model"))
+                f"{origin} rule {glob!r} ({style}) matches no module of the model"))
         for fqn in matched:
             out[fqn] = Assignment(fqn, kind[0], kind[1], style, glob)
     if problems:

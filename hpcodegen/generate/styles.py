@@ -20,6 +20,9 @@ class Kind(str, Enum):
     ROWWISE = "rowwise"
     #: a standalone colwise Linear whose output is gathered (lm_head)
     COLWISE_GATHER = "colwise_gather"
+    #: a standalone rowwise Linear taking a replicated input: it splits the input on the
+    #: last dim itself, its partial output is reduced (HF pairs it with a gathered colwise)
+    ROWWISE_SPLIT = "rowwise_split"
     #: an Embedding sharded on the vocab (rows): output partial, reduced after
     EMBED_VOCAB = "embed_vocab"
     #: an Embedding sharded on the hidden dim (columns): output gathered on the last dim
@@ -57,7 +60,7 @@ STYLE_KINDS: dict[str, tuple[Kind, int]] = {
     "gather": (Kind.REDUCE_OUTPUT, 1),
     # 5.1+
     "colwise_gather_output": (Kind.COLWISE_GATHER, 1),
-    "rowwise_split_input": (Kind.ROWWISE, 1),
+    "rowwise_split_input": (Kind.ROWWISE_SPLIT, 1),
     "embedding_rowwise": (Kind.EMBED_VOCAB, 1),
     "embedding_colwise": (Kind.EMBED_HIDDEN, 1),
     "replicated_with_grad_allreduce": (Kind.REPLICATE_GRAD, 1),
@@ -73,8 +76,22 @@ PARAM_KINDS = frozenset({Kind.COLWISE, Kind.ROWWISE, Kind.REPLICATE, Kind.REPLIC
                          Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE})
 
 
+#: packed styles whose factor may be given as ``<style>:<n>`` (a fused q|k|v is 3 blocks);
+#: transformers' own names mean 2 blocks (a fused gate|up)
+PACKED_STYLES = ("packed_colwise", "packed_rowwise")
+
+
 def style_kind(style: str) -> tuple[Kind, int] | None:
-    """The kind and packing factor of a style name, None when unsupported."""
+    """The kind and packing factor of a style name, None when unsupported.
+
+    ``packed_colwise:3`` is a packed style with an explicit number of fused blocks (the
+    package rules use it for a fused q|k|v); transformers' names carry no factor.
+    """
+    name, sep, factor = style.partition(":")
+    if sep:
+        if name not in PACKED_STYLES or not factor.isdigit() or int(factor) < 1:
+            return None
+        return STYLE_KINDS[name][0], int(factor)
     return STYLE_KINDS.get(style)
 
 

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from hpcodegen.errors import PlanError, error
@@ -69,13 +70,20 @@ def _bind(module: nn.Module, name: str, value: Any) -> None:
 
 
 def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``fn`` run with ``owner.<name>`` hidden (None), restored afterwards (``fn``'s
-    signature kept: inputs bind to it by name)."""
+    """``fn`` run with ``owner.<name>`` hidden, restored afterwards (``fn``'s signature
+    kept: inputs bind to it by name).
+
+    An ``nn.Linear`` (or subclass) skips a None bias; another module may add its bias
+    unconditionally (transformers' ``Conv1D`` calls ``addmm(self.bias, ...)``), so it sees
+    zeros instead: the same output, and no gradient reaches the hidden bias there.
+    """
+    skips_none = isinstance(owner, nn.Linear)
 
     @functools.wraps(fn)
     def bias_free_forward(*args: Any, **kwargs: Any) -> Any:
         saved = owner._parameters[name]
-        owner._parameters[name] = None
+        owner._parameters[name] = None if skips_none or saved is None \
+            else torch.zeros_like(saved, requires_grad=False)
         try:
             return fn(*args, **kwargs)
         finally:
