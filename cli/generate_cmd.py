@@ -17,6 +17,10 @@ def generate(
     tp: int = typer.Option(..., "--tp", metavar="N", help="Tensor-parallel degree."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
+    loss_parallel: bool = typer.Option(
+        False, "--loss-parallel",
+        help="Keep the lm_head logits vocab-sharded (no gather); compute the loss with "
+             "hpcodegen.runtime.loss.vocab_parallel_cross_entropy."),
     recipe: Optional[Path] = typer.Option(
         None, "--recipe", metavar="FILE",
         help="YAML rules (schemas/recipe.schema.json) that add or override plan entries."),
@@ -40,6 +44,7 @@ def generate(
         require("runtime", "hpcodegen generate")
         from hpcodegen.generate.api import GenerateArgs, run_generate
 
-        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))
+        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check,
+                                         loss_parallel=loss_parallel))
 
     raise typer.Exit(guarded("generate", call))

@@ -53,6 +53,7 @@ class GenerateArgs:
     tp: int
     out: Path
     sp: bool = False
+    loss_parallel: bool = False
     recipe: Path | None = None
     check: bool = False
 
@@ -102,7 +103,8 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
-                 recipe: Sequence[Mapping[str, Any]] | None, label: str) -> dict[str, bytes]:
+                 recipe: Sequence[Mapping[str, Any]] | None, label: str,
+                 loss_parallel: bool = False) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring."""
     from hpcodegen.hf import build_meta_model
 
@@ -114,14 +116,16 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     fqns = list(modules)
     params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     overridden = recipe_modules(recipe or [], fqns)
-    plan = lift_plan(model, expand_rules(hf_rules(model), fqns, params, overridden), sp)
+    plan = lift_plan(model, expand_rules(hf_rules(model), fqns, params, overridden), sp,
+                     loss_parallel)
     injections = apply_recipe(plan, recipe or [], fqns)
     plan = {fqn: plan[fqn] for fqn in sorted(plan)}
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
     check_class_contracts(plan, classes)
     src = modeling_source(type(model))
-    meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
+    meta = build_meta(config=config, tp=tp, sp=sp, loss_parallel=loss_parallel, plan=plan,
+                      classes=classes,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
                       recipe=list(recipe) if recipe else None)
@@ -177,7 +181,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     recipe = load_recipe(args.recipe) if args.recipe else None
     label = config_path.parent.name or "model"
     try:
-        rendered = build_bundle(config, args.tp, args.sp, recipe, label)
+        rendered = build_bundle(config, args.tp, args.sp, recipe, label, args.loss_parallel)
     except HpcodegenError as exc:
         exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
         raise
