@@ -39,6 +39,7 @@ bench: venv
 	$(BIN)/python bench/gate_speed.py
 	$(BIN)/python bench/forward_overhead.py
 	$(BIN)/python bench/install_time.py
+	$(BIN)/python bench/load_memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from hpcodegen.cli.app import app, guarded
+from hpcodegen.cli.app import QUIET, VERBOSE, app, guarded, start_progress, verbosity
 
 
 @app.command("generate")
@@ -15,6 +15,9 @@ def generate(
     model: Path = typer.Option(..., "--model", metavar="DIR",
                                help="Directory holding config.json (weights optional)."),
     tp: int = typer.Option(..., "--tp", metavar="N", help="Tensor-parallel degree."),
+    ep: int = typer.Option(1, "--ep", metavar="E",
+                           help="Expert-parallel degree (MoE): experts sharded over E ranks "
+                                "carved from the data-parallel ones (E divides dp)."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
     loss_parallel: bool = typer.Option(
@@ -26,6 +29,14 @@ def generate(
         help="YAML rules (schemas/recipe.schema.json) that add or override plan entries."),
     check: bool = typer.Option(False, "--check",
                                help="Regenerate in memory and fail on any drift from OUT."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the JSON envelope (docs/json.md, generate.md)."),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX",
+        help="Trust recipe injection targets under this module prefix (repeatable); pass "
+             "the same to launch."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Freeze the installed transformers' TP plan (plus a recipe) into a reproducible artifact.
 
@@ -44,7 +55,10 @@ def generate(
         require("runtime", "hpcodegen generate")
         from hpcodegen.generate.api import GenerateArgs, run_generate
 
-        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check,
+        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
+                                         as_json=as_json, allow_target=tuple(allow_target),
+                                         verbosity=verbosity(quiet, verbose),
                                          loss_parallel=loss_parallel))
 
-    raise typer.Exit(guarded("generate", call))
+    start_progress(quiet, as_json)
+    raise typer.Exit(guarded("generate", call, as_json=as_json))

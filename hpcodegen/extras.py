@@ -15,7 +15,7 @@ from hpcodegen.errors import UsageError, error
 
 #: extra name -> the importable modules it provides
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "runtime": ("torch", "transformers", "libcst", "yaml", "safetensors"),
+    "runtime": ("torch", "transformers", "libcst", "yaml", "safetensors", "psutil"),
     "hub": ("huggingface_hub",),
 }
 

@@ -24,16 +24,18 @@ remote code) cannot be built from transformers either: the check is skipped and 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_params, pointer
 from hpcodegen.checks.schema import subtree_valid
+from hpcodegen.checks.source import read_modeling_tree
+from hpcodegen.checks.source_scan import kept_attributes, scan_module
 from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
 from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import trainable_names, uncovered
-from hpcodegen.plan.entry import axis_sizes, param_plan
+from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan
 from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
 from hpcodegen.plan.overrides import replaced_modules as select_replaced
 from hpcodegen.plan.tp_divisible import config_size, tp_divisibility
@@ -52,26 +54,63 @@ def _resolve(root: Any, fqn: str) -> Any:
     return obj
 
 
-def _fqns(meta: Mapping[str, Any], model: Any,
-          replaced: Mapping[str, Override]) -> Iterator[Finding]:
+@dataclass
+class _Scope:
+    """Where each plan name is checked on the HF model, given the replaced modules.
+
+    Below a replaced module the plan names the replacement's attributes. Those the replacement
+    keeps from the original (``self.o_proj = module.o_proj`` in its class in the modeling file)
+    are the original's modules and are checked there; the others cannot be (None).
+    """
+
+    replaced: Mapping[str, Override]
+    #: replaced FQN -> {replacement attribute: the original's child it keeps}
+    kept: Mapping[str, Mapping[str, str]]
+
+    def hf_name(self, name: str) -> str | None:
+        """The HF FQN to check plan name ``name`` at, or None when it is not checkable."""
+        owner = replaced_by(name, self.replaced)
+        if owner is None:
+            return name
+        if owner == name:
+            return None
+        head, _, rest = name[len(owner) + 1:].partition(".")
+        child = self.kept.get(owner, {}).get(head)
+        return None if child is None else join_fqn(join_fqn(owner, child), rest)
+
+    def covering_name(self, hf_param: str) -> str | None:
+        """The plan name that must cover HF parameter ``hf_param``; None when the replacement
+        owns it (it is gone from the replaced model)."""
+        owner = replaced_by(hf_param, self.replaced)
+        if owner is None:
+            return hf_param
+        head, _, rest = hf_param[len(owner) + 1:].partition(".")
+        for attr, child in self.kept.get(owner, {}).items():
+            if child == head:
+                return join_fqn(join_fqn(owner, attr), rest)
+        return None
+
+
+def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     for fqn in param_plan(meta):
-        if replaced_by(fqn, replaced):
-            continue  # the replaced module itself is checked by _overrides
-        if _resolve(model, fqn) is None:
+        hf = scope.hf_name(fqn)
+        if hf is not None and _resolve(model, hf) is None:
             yield error("model.unknown_module", pointer("param_plan", fqn),
-                        f"plan FQN {fqn!r} matches no module of {type(model).__name__}")
+                        f"plan FQN {fqn!r} matches no module of {type(model).__name__}"
+                        + (f" (it is {hf} of the replaced module)" if hf != fqn else ""))
     for param_fqn, (entry, rel, _) in planned_params(meta).items():
-        if replaced_by(param_fqn, replaced) or _resolve(model, entry) is None:
-            continue
-        target = _resolve(model, param_fqn)
+        hf, hf_entry = scope.hf_name(param_fqn), scope.hf_name(entry)
+        if hf is None or (hf_entry is not None and _resolve(model, hf_entry) is None):
+            continue  # not checkable, or its module is missing (reported above)
+        target = _resolve(model, hf)
         if target is None or not hasattr(target, "requires_grad"):
             what = "is missing from the model" if target is None else "is not a parameter"
+            kept = f" (kept as {hf})" if hf != param_fqn else ""
             yield error("model.missing_param", pointer("param_plan", entry, "params", rel),
-                        f"planned parameter {param_fqn} {what}")
+                        f"planned parameter {param_fqn}{kept} {what}")
     for fqn, cls in as_dict(meta.get("boundary_classes")).items():
-        if replaced_by(fqn, replaced):
-            continue  # the replacement's class, not the HF one
-        module = _resolve(model, fqn)
+        hf = scope.hf_name(fqn)
+        module = None if hf is None else _resolve(model, hf)
         if module is not None and type(module).__name__ != cls:
             yield error("model.class_mismatch", pointer("boundary_classes", fqn),
                         f"{fqn or '<root>'} is a {type(module).__name__}, the plan says {cls}",
@@ -79,10 +118,11 @@ def _fqns(meta: Mapping[str, Any], model: Any,
 
 
 def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
-                  replaced: Mapping[str, Override]) -> Iterator[Finding]:
+                  scope: _Scope) -> Iterator[Finding]:
     """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size."""
     for fqn, entry in param_plan(meta).items():
-        module = None if replaced_by(fqn, replaced) else _resolve(model, fqn)
+        hf = scope.hf_name(fqn)
+        module = None if hf is None else _resolve(model, hf)
         if module is None:
             continue
         for i, attr in enumerate(entry.get("tp_divide_attrs") or ()):
@@ -96,9 +136,8 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
                             f"an integer divisible by tp_size = {tp}")
 
 
-def _coverage(meta: Mapping[str, Any], model: Any,
-              replaced: Mapping[str, Override]) -> Iterator[Finding]:
-    names = [n for n in trainable_names(model) if not replaced_by(n, replaced)]
+def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
+    names = [n for n in map(scope.covering_name, trainable_names(model)) if n is not None]
     missing = uncovered(names, planned_params(meta))
     for name in missing[:MAX_LISTED]:
         yield error("model.uncovered_param", name, f"trainable parameter {name} is not covered "
@@ -108,13 +147,11 @@ def _coverage(meta: Mapping[str, Any], model: Any,
                     "parameters are not covered")
 
 
-def _divisibility(meta: Mapping[str, Any], model: Any,
-                  replaced: Mapping[str, Override]) -> Iterator[Finding]:
+def _divisibility(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     sizes = axis_sizes(meta)
     for param_fqn, (entry, rel, named) in planned_params(meta).items():
-        if replaced_by(param_fqn, replaced):
-            continue
-        shape = getattr(_resolve(model, param_fqn), "shape", None)
+        hf = scope.hf_name(param_fqn)
+        shape = None if hf is None else getattr(_resolve(model, hf), "shape", None)
         if shape is None:
             continue
         for axis, text in named.items():
@@ -143,23 +180,51 @@ def _mro(module: Any) -> list[tuple[str, str]]:
     return [(c.__module__, c.__qualname__) for c in type(module).__mro__]
 
 
-def _planned_below(meta: Mapping[str, Any], replaced: Mapping[str, Override]) -> dict[str, int]:
-    """How many plan names (entries, parameters, boundary classes) each replaced module owns."""
-    count: dict[str, int] = {}
+def _planned_below(meta: Mapping[str, Any], scope: _Scope) -> dict[str, tuple[int, int]]:
+    """Per replaced module: how many plan names (entries, parameters, boundary classes) at or
+    below it are (checkable, not checkable)."""
+    count: dict[str, tuple[int, int]] = {}
     names = [*param_plan(meta), *planned_params(meta),
              *as_dict(meta.get("boundary_classes"))]
     for name in names:
-        owner = replaced_by(name, replaced)
+        owner = replaced_by(name, scope.replaced)
         if owner is not None:
-            count[owner] = count.get(owner, 0) + 1
+            checked, unchecked = count.get(owner, (0, 0))
+            known = scope.hf_name(name) is not None
+            count[owner] = (checked + known, unchecked + (not known))
     return count
 
 
-def _overrides(meta: Mapping[str, Any], model: Any,
-               replaced: Mapping[str, Override]) -> Iterator[Finding]:
+def _kept_children(ctx: CheckContext, model: Any,
+                   replaced: Mapping[str, Override]) -> dict[str, dict[str, str]]:
+    """Children each replacement keeps from the original, read from its class in the modeling
+    file (``boundary_classes`` names it) and confirmed on the live original; nothing is
+    imported."""
+    classes = as_dict(ctx.meta.get("boundary_classes"))
+    wanted = {fqn: classes.get(fqn) for fqn in replaced}
+    if not any(isinstance(c, str) for c in wanted.values()):
+        return {}
+    tree, _, _ = read_modeling_tree(ctx)
+    if tree is None:
+        return {}
+    scan = scan_module(tree)
+    out: dict[str, dict[str, str]] = {}
+    for fqn, cls in wanted.items():
+        info_ = scan.classes.get(cls) if isinstance(cls, str) else None
+        original = _resolve(model, fqn)
+        if info_ is None or original is None:
+            continue
+        children = dict(original.named_children())
+        kept = {a: c for a, c in kept_attributes(info_).items() if c in children}
+        if kept:
+            out[fqn] = kept
+    return out
+
+
+def _overrides(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     """Each replaced module exists and has the declared type; the rest is reported once."""
-    planned = _planned_below(meta, replaced)
-    for fqn, override in replaced.items():
+    planned = _planned_below(meta, scope)
+    for fqn, override in scope.replaced.items():
         module = _resolve(model, fqn)
         where = pointer("module_overrides", override.index)
         if module is None:
@@ -175,11 +240,15 @@ def _overrides(meta: Mapping[str, Any], model: Any,
                         expected=str(override.module_type),
                         hint="the model changed under the artifact; regenerate")
             continue
-        if planned.get(fqn):
+        checked, unchecked = planned.get(fqn, (0, 0))
+        if unchecked:
+            kept = scope.kept.get(fqn, {})
+            also = (f"; {checked} under the children it keeps ({', '.join(sorted(kept))}) were "
+                    "checked against the original" if checked else "")
             yield info("model.replaced_module", where, f"{fqn} is replaced by "
                        f"{override.target}; its structure is not checkable here "
-                       f"({planned[fqn]} planned name(s) at or below it describe the "
-                       f"replacement, not {type(module).__name__})")
+                       f"({unchecked} planned name(s) describe the replacement, not "
+                       f"{type(module).__name__}{also})")
 
 
 def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> Iterator[Finding]:
@@ -221,22 +290,30 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                         "architecture and structure)")
     tp = axis_sizes(ctx.meta).get("tp", 1)
     yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"))
-    from hpcodegen.hf import build_meta_model
+    from hpcodegen.hf import architecture_of, build_meta_model
+    from hpcodegen.progress import steps
 
-    try:
-        model = build_meta_model(config)
-    except HpcodegenError as exc:  # about the config: say so, not the meta
-        yield from (replace(f, file=f.file or str(ctx.hf_config_path)) for f in exc.findings)
-        return
-    except Exception as exc:  # transformers rejects the config in many ways
-        yield error("model.build_failed", "", f"transformers cannot build the model from the "
-                    f"config: {type(exc).__name__}: {exc}", file=str(ctx.hf_config_path))
-        return
-    modules = dict(model.named_modules())
-    replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
-    yield from _overrides(ctx.meta, model, replaced)
-    yield from _experts_divide_ep(config, ctx.meta)
-    yield from _fqns(ctx.meta, model, replaced)
-    yield from _divide_attrs(ctx.meta, model, tp, replaced)
-    yield from _coverage(ctx.meta, model, replaced)
-    yield from _divisibility(ctx.meta, model, replaced)
+    with steps("verify model check", 2) as advance:
+        advance(f"building {architecture_of(config) or 'the model'} on the meta device")
+        try:
+            model = build_meta_model(config)
+        except HpcodegenError as exc:  # about the config: say so, not the meta
+            yield from (replace(f, file=f.file or str(ctx.hf_config_path))
+                        for f in exc.findings)
+            return
+        except Exception as exc:  # transformers rejects the config in many ways
+            yield error("model.build_failed", "", f"transformers cannot build the model from "
+                        f"the config: {type(exc).__name__}: {exc}",
+                        file=str(ctx.hf_config_path))
+            return
+        advance("fitting the plan to the model")
+        modules = dict(model.named_modules())
+        replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
+        scope = _Scope(replaced, _kept_children(ctx, model, replaced))
+        findings = [*_overrides(ctx.meta, model, scope),
+                    *_experts_divide_ep(config, ctx.meta),
+                    *_fqns(ctx.meta, model, scope),
+                    *_divide_attrs(ctx.meta, model, tp, scope),
+                    *_coverage(ctx.meta, model, scope),
+                    *_divisibility(ctx.meta, model, scope)]
+    yield from findings

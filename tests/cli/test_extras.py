@@ -16,7 +16,7 @@ CONFIG = ROOT / "examples" / "configs" / "llama"
 #: runs the CLI with the runtime extra's modules unimportable (as in a core install)
 BLOCKED = """
 import sys
-for name in ("torch", "transformers", "libcst", "yaml", "safetensors"):
+for name in ("torch", "transformers", "libcst", "yaml", "safetensors", "psutil"):
     sys.modules[name] = None
 from hpcodegen.cli.app import main
 sys.argv = ["hpcodegen", *sys.argv[1:]]
@@ -48,3 +48,11 @@ def test_core_verbs_work_without_the_runtime_extra() -> None:
     assert _run("inspect-plan", str(EXAMPLE)).returncode == 0
     schema = _run("schema")
     assert schema.returncode == 0 and json.loads(schema.stdout)["type"] == "object"
+
+
+def test_hub_id_without_huggingface_hub_names_the_hub_extra() -> None:
+    code = BLOCKED.replace('"psutil")', '"psutil", "huggingface_hub")')
+    proc = subprocess.run([sys.executable, "-c", code, "verify", str(EXAMPLE), "--hf-config",
+                           "some-org/some-model", "--skip", "model"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "hpcodegen[hub]" in proc.stdout + proc.stderr

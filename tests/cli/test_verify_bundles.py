@@ -210,3 +210,87 @@ def test_full_size_qwen3_30b_a3b_bundle_verifies(tmp_path: Path) -> None:
     code, doc = verify(art, "--hf-config", cfg, "--strict")
     assert code == 0, json.dumps(doc, indent=1)[:3000]
     assert len(findings(doc["artifacts"][0], "model")) == len(replaced_fqns(art)) == 48 * 4 + 1
+
+
+# ------------------------------------------- what the replacement keeps, read from its class
+
+Q_NORM = "model.layers.0.self_attn.q_norm"
+ATTN = "model.layers.0.self_attn"
+
+
+def _bundle(tmp_path: Path, mutate: Any = None) -> Path:
+    art = bf.build_bundle("qwen3_moe_bundle_g3", tmp_path / "art")
+    if mutate is not None:
+        meta = vf.read_meta(art)
+        mutate(meta)
+        vf.save_meta(art, meta, resign=False, refreeze=True)
+    return art
+
+
+def _errors(art: Path) -> list[tuple[str, str, str]]:
+    result = vf.run_check("model", art, hf_config=dict(bf.TINY_CONFIG))
+    return [(f.code, f.where, f.message) for f in result.findings if f.severity.value == "error"]
+
+
+def test_children_the_replacement_keeps_are_checked_against_the_original(tmp_path: Path) -> None:
+    """GQAAttention keeps ``o_proj``, ``q_norm`` and ``k_norm`` of the module it replaces
+    (``self.o_proj = module.o_proj`` in the modeling file): the plan below them must fit the
+    original, while ``linear_qkv`` is the replacement's own."""
+    assert _errors(_bundle(tmp_path / "ok")) == []
+
+    def wrong_class(meta: dict[str, Any]) -> None:
+        meta["boundary_classes"][Q_NORM] = "Qwen3MoeLayerNorm"
+
+    def wrong_param(meta: dict[str, Any]) -> None:
+        params = meta["param_plan"][ATTN]["params"]
+        params["o_proj.wieght"] = params.pop("o_proj.weight")
+
+    def uncovered(meta: dict[str, Any]) -> None:
+        del meta["param_plan"][Q_NORM], meta["boundary_classes"][Q_NORM]
+
+    assert _errors(_bundle(tmp_path / "a", wrong_class)) == [
+        ("model.class_mismatch", f"/boundary_classes/{Q_NORM}",
+         f"{Q_NORM} is a Qwen3MoeRMSNorm, the plan says Qwen3MoeLayerNorm")]
+    assert _errors(_bundle(tmp_path / "b", wrong_param)) == [
+        ("model.missing_param", f"/param_plan/{ATTN}/params/o_proj.wieght",
+         f"planned parameter {ATTN}.o_proj.wieght is missing from the model"),
+        ("model.uncovered_param", f"{ATTN}.o_proj.weight",
+         f"trainable parameter {ATTN}.o_proj.weight is not covered by the frozen plan")]
+    assert _errors(_bundle(tmp_path / "c", uncovered)) == [
+        ("model.uncovered_param", f"{Q_NORM}.weight",
+         f"trainable parameter {Q_NORM}.weight is not covered by the frozen plan")]
+
+
+def test_a_replacement_class_outside_the_file_leaves_its_children_unchecked(
+        tmp_path: Path) -> None:
+    art = _bundle(tmp_path)
+    meta = vf.read_meta(art)
+    meta["boundary_classes"][ATTN] = "ImportedAttention"  # not defined in the modeling file
+    meta["boundary_classes"][Q_NORM] = "Qwen3MoeLayerNorm"
+    vf.save_meta(art, meta, resign=False)
+    result = vf.run_check("model", art, hf_config=dict(bf.TINY_CONFIG))
+    assert result.status == "pass"
+    (f,) = [f for f in result.findings if f.message.startswith(f"{ATTN} is replaced")]
+    assert "10 planned name(s) describe the replacement" in f.message
+
+
+def test_a_kept_child_under_another_name_maps_to_the_original(tmp_path: Path) -> None:
+    """``self.out = module.o_proj``: the plan's ``out.weight`` is the original's
+    ``o_proj.weight`` (checked there, and it covers it)."""
+    art = _bundle(tmp_path)
+    name = vf.modeling_name(art)
+    source = (art / name).read_text().replace("self.o_proj = module.o_proj",
+                                              "self.out = module.o_proj")
+    vf.rewrite_file(art, name, source)
+    meta = vf.read_meta(art)
+    for i in range(bf.TINY_CONFIG["num_hidden_layers"]):
+        params = meta["param_plan"][f"model.layers.{i}.self_attn"]["params"]
+        params["out.weight"] = params.pop("o_proj.weight")
+    vf.save_meta(art, meta, resign=False, refreeze=True)
+    assert _errors(art) == []
+    params = meta["param_plan"][ATTN]["params"]
+    params["out.weight"] = {"cp": "R", "ep": "R", "tp": "S(2)"}
+    vf.save_meta(art, meta, resign=False, refreeze=True)
+    assert _errors(art) == [("model.shard_dim_out_of_range", f"/param_plan/{ATTN}/params/"
+                             "out.weight/tp", f"{ATTN}.out.weight: S(2) needs dim < 2 "
+                             "(2-D tensor (256, 256))")]
