@@ -71,8 +71,14 @@ def hf_tp_plan_model(hf_dir: Path, mesh: Any) -> Any:
     """transformers' own TP: the saved tiny model loaded with ``from_pretrained(tp_plan=
     "auto")`` on ``mesh`` (what a user would pick instead of hpcodegen)."""
     import torch
+    import torch.distributed as dist
     from transformers import LlamaForCausalLM
 
+    # transformers reads torchrun's variables; mirror the process group we already have
+    for var, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", dist.get_rank()),
+                       ("WORLD_SIZE", dist.get_world_size()),
+                       ("LOCAL_WORLD_SIZE", dist.get_world_size())):
+        os.environ[var] = str(value)
     model = LlamaForCausalLM.from_pretrained(hf_dir, tp_plan="auto", device_mesh=mesh,
                                              dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
@@ -95,6 +101,17 @@ def build_compiled_arms(arms: dict[str, Any], mesh: Any, artifact_dir: Path | No
     hand = HandwrittenLlama(common.build_model(CONFIG), mesh)
     hand.forward = torch.compile(hand.forward)
     arms["handwritten_compiled"] = hand
+    ids = batch_ids(CONFIG["vocab_size"])
+    for name in FORWARD_ONLY:  # compile now (not in the timed warm-up); drop what fails
+        if name not in arms:
+            continue
+        try:
+            with torch.no_grad():
+                logits_fn(arms[name])(ids)
+        except Exception as exc:  # reported as a skipped arm, the others still run
+            notes.append(f"{name}: skipped: torch.compile failed: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}")
+            del arms[name]
     notes.append("compiled arms: torch.compile of the whole model (inductor), forward only")
 
 
