@@ -107,6 +107,3 @@ class ShardLayout:
         return DTensor.from_local(local, self.mesh, list(spec.placements), run_check=False,
                                   shape=torch.Size(spec.global_shape),
                                   stride=_contiguous_stride(spec.global_shape))
-
-    def param(self, model: nn.Module, fqn: str) -> nn.Parameter:
-        return model.get_parameter(fqn)
