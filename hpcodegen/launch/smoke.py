@@ -236,4 +236,6 @@ def run(reporter: RankReporter) -> None:
         save(save_dir, built.model, built.layout, optimizer=runs[0][1], step=first + steps,
              record=_checkpoint_record(ctx, built))
     reporter.update(parity=parity)
-    reporter.finish(_failure(parity, tol) if parity is not None else None)
+    failure = _failure(parity, tol) if parity is not None else None
+    bad = [first + k for k, x in enumerate(reporter.record.losses, 1) if not math.isfinite(x)]
+    reporter.finish(failure or (f"non-finite loss at step {bad[0]}" if bad else None))
