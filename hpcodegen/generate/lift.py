@@ -89,11 +89,16 @@ def head_count_attrs(module: Any) -> list[str]:
 class Lifter:
     """Builds ``param_plan`` entries from expanded HF assignments (one instance per model)."""
 
-    def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool) -> None:
+    def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool,
+                 loss_parallel: bool = False) -> None:
         self.model = model
         self.modules: dict[str, Any] = dict(model.named_modules())
         self.assign = dict(assignments)
         self.sp = sp
+        head = _call(model, "get_output_embeddings")
+        #: with loss parallelism the output head's logits stay vocab-sharded (no gather)
+        self.sharded_head = next((f for f, m in self.modules.items() if m is head), None) \
+            if loss_parallel and head is not None else None
         self.plan: dict[str, dict[str, Any]] = {}
         #: ``experts`` modules (HF ``moe_tp_experts``): regions over all their inputs
         self.moe_experts = {a.fqn for a in self.assign.values() if a.kind is Kind.MOE_EXPERTS}
@@ -207,7 +212,8 @@ class Lifter:
             params: dict[str, Any] = {}
             divide: list[str] = []
             self._shard_params(a.fqn, a, params, [], divide)
-            entry = {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", "R")}
+            out = "S(-1)" if a.fqn == self.sharded_head else "R"
+            entry = {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", out)}
             if divide:
                 entry["tp_divide_attrs"] = divide
             return entry
@@ -320,9 +326,11 @@ def is_norm(module: Any) -> bool:
     return name.endswith(("RMSNorm", "LayerNorm")) and "weight" in direct_params(module)
 
 
-def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool) -> dict[str, dict]:
-    """``param_plan`` entries for a meta-device model from its expanded HF assignments."""
-    return Lifter(model, assignments, sp).run()
+def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool,
+              loss_parallel: bool = False) -> dict[str, dict]:
+    """``param_plan`` entries for a meta-device model from its expanded HF assignments;
+    with ``loss_parallel`` the output head keeps its logits sharded on the vocabulary."""
+    return Lifter(model, assignments, sp, loss_parallel).run()
 
 
 def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -> list[str]:

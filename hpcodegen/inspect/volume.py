@@ -19,6 +19,7 @@ from hpcodegen.plan.volume import (
     BoundaryVolume,
     OpVolume,
     dtype_bytes,
+    ring_factor,
     seconds,
     transition_volume,
 )
@@ -153,7 +154,7 @@ def volume_report(meta: dict[str, Any], result: Inspection,
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())
-    return {
+    report = {
         "dtype": opts.dtype, "batch": opts.batch, "seq": opts.seq,
         "link_gbps": opts.link_gbps,
         "per_forward_bytes": fwd, "per_backward_bytes": bwd,
@@ -162,3 +163,22 @@ def volume_report(meta: dict[str, Any], result: Inspection,
         "by_collective": _by_collective(volumes),
         "boundaries": _rows(result, volumes),
     }
+    if result.loss_parallel_heads:
+        report["loss_parallel"] = loss_parallel_saving(result, config, opts, float_bytes)
+    return report
+
+
+def loss_parallel_saving(result: Inspection, config: Any, opts: InspectOptions,
+                         float_bytes: int) -> dict[str, Any]:
+    """What keeping the logits vocab-sharded saves: the forward all_gather of the logits
+    (``batch x seq x vocab``) over tp that a gathering head runs, per rank (its backward is
+    a local chunk, no communication). The vocab-parallel cross entropy adds three
+    all_reduces of ``batch x seq`` fp32 values instead (max, sum of exponentials, target)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    vocab = config.get("vocab_size") or text.get("vocab_size") or 0
+    batch, seq, n = opts.batch or 1, opts.seq or 1, result.sizes.get("tp", 1)
+    logits = float(batch * seq * vocab * float_bytes)
+    saved = ring_factor("all_gather", n) * logits * len(result.loss_parallel_heads)
+    added = 3 * ring_factor("all_reduce", n) * batch * seq * 4.0
+    return {"heads": result.loss_parallel_heads, "logits_shape": [batch, seq, vocab],
+            "gather_bytes_saved": saved, "loss_allreduce_bytes": added}
