@@ -17,7 +17,7 @@ from typing import Any
 
 from hpcodegen.errors import Finding, error, pointer
 from hpcodegen.placement import Partial, Shard, parse_placement
-from hpcodegen.plan.entry import is_boundary, iter_params, out_names, param_plan
+from hpcodegen.plan.entry import is_boundary, join_fqn, param_plan
 
 
 def _tp(named: Any) -> Any:
@@ -34,24 +34,35 @@ def vocab_parallel_findings(meta: Mapping[str, Any], embeddings: Iterable[str],
     row-sharded on tp but whose partial lookup no boundary of its own reduces."""
     wanted = {f"{fqn}.weight" if fqn else "weight": fqn for fqn in embeddings}
     plan = param_plan(meta)
-    for param, entry_fqn, named in iter_params(meta):
-        module = wanted.get(param)
-        if module is None or _tp(named) != Shard(0):
-            continue
-        where = pointer("param_plan", entry_fqn, "params")
-        if entry_fqn != module:
-            yield error(f"{check}.vocab_parallel_owner", where,
-                        f"{param} is row-sharded (vocab-parallel) but planned under "
-                        f"{entry_fqn or '<root>'}: its lookup is partial per rank and only a "
-                        f"boundary on {module} itself reduces it",
-                        expected=f"a param_plan entry {module!r} holding 'weight'")
-            continue
-        entry = plan[entry_fqn]
-        names = out_names(entry)
-        first = (entry.get("out_src") or {}).get(names[0]) if names else None
-        if not is_boundary(entry) or not isinstance(_tp(first), Partial):
-            yield error(f"{check}.vocab_parallel_output", pointer("param_plan", module),
-                        f"{module} looks up row-sharded vocabulary (weight S(0)): each rank's "
-                        "output is a partial sum, so its first output must be declared "
-                        "out_src P(sum) (and reduced by out_dst)",
-                        expected='out_src {"<output>": {"tp": "P(sum)"}}')
+    for entry_fqn, entry in plan.items():  # a malformed entry is the schema check's finding
+        params = entry.get("params") if isinstance(entry, Mapping) else None
+        for rel, named in params.items() if isinstance(params, Mapping) else ():
+            param = join_fqn(entry_fqn, rel)
+            module = wanted.get(param)
+            if module is not None and _tp(named) == Shard(0):
+                yield from _check_one(plan, entry_fqn, param, module, check)
+
+
+def _check_one(plan: Mapping[str, Any], entry_fqn: str, param: str, module: str,
+               check: str) -> Iterator[Finding]:
+    where = pointer("param_plan", entry_fqn, "params")
+    if entry_fqn != module:
+        yield error(f"{check}.vocab_parallel_owner", where,
+                    f"{param} is row-sharded (vocab-parallel) but planned under "
+                    f"{entry_fqn or '<root>'}: its lookup is partial per rank and only a "
+                    f"boundary on {module} itself reduces it",
+                    expected=f"a param_plan entry {module!r} holding 'weight'")
+        return
+    entry = plan[entry_fqn]
+    names = entry.get("out_names")
+    outs = entry.get("out_src")
+    if not isinstance(names, list) or not names:
+        names = list(outs) if isinstance(outs, Mapping) else []
+    first = outs.get(names[0]) if names and isinstance(outs, Mapping) \
+        and isinstance(names[0], str) else None
+    if not is_boundary(entry) or not isinstance(_tp(first), Partial):
+        yield error(f"{check}.vocab_parallel_output", pointer("param_plan", module),
+                    f"{module} looks up row-sharded vocabulary (weight S(0)): each rank's "
+                    "output is a partial sum, so its first output must be declared "
+                    "out_src P(sum) (and reduced by out_dst)",
+                    expected='out_src {"<output>": {"tp": "P(sum)"}}')
