@@ -24,7 +24,7 @@ _MISSING = object()
 
 
 def _show(value: Any) -> str:
-    return "absent" if value is _MISSING else json.dumps(value)
+    return "absent" if value is _MISSING else json.dumps(value, sort_keys=True)
 
 
 def _compare_identity(source: Mapping[str, Any], config: Mapping[str, Any],
@@ -54,7 +54,7 @@ def _compare_structure(source: Mapping[str, Any], config: Mapping[str, Any]) -> 
         if actual is _MISSING:
             yield warning("signature.structure_unset", where, f"{key}: the artifact recorded "
                           f"{_show(recorded)}, the config does not set it")
-        elif actual != recorded:
+        elif _show(actual) != _show(recorded):  # JSON equality: true is not 1, 2.0 not 2
             yield error("signature.structure", where, f"{key}: artifact {_show(recorded)}, "
                         f"config {_show(actual)}", expected=_show(actual),
                         hint="the model's shape changed; regenerate the artifact")
@@ -65,7 +65,7 @@ def _differing_fields(meta_source: Mapping[str, Any], cfg_source: Mapping[str, A
               if meta_source.get(k) != cfg_source.get(k)]
     ms, cs = as_dict(meta_source.get("structure")), as_dict(cfg_source.get("structure"))
     fields += [f"structure.{k}" for k in sorted(set(ms) | set(cs))
-               if ms.get(k, _MISSING) != cs.get(k, _MISSING)]
+               if _show(ms.get(k, _MISSING)) != _show(cs.get(k, _MISSING))]
     return fields
 
 
