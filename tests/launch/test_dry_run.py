@@ -17,8 +17,8 @@ def test_dry_run_prints_command_and_rank_env(tmp_path):
                   "--check-parity", "--steps", "3", "--log-dir", logs, "--dry-run")
     assert run.code == 0, run.stderr
     lines = run.stdout.splitlines()
-    argv = shlex.split(next(line for line in lines if "torch.distributed.run" in line))
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    argv = shlex.split(next(line for line in lines if "hpcodegen.launch.torchrun" in line))
+    assert argv[1:3] == ["-m", "hpcodegen.launch.torchrun"]
     assert "--standalone" in argv
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[argv.index("--log-dir") + 1] == str(logs)
