@@ -28,6 +28,9 @@ from hpcodegen.launch.results import RankRecord, first_error, read_records
 POLL_S = 0.2
 #: After every rank reported success, how long torchrun gets to exit on its own.
 EXIT_GRACE_S = 15.0
+#: After a rank reported an error, how long torchrun gets to notice, end the others and
+#: write its failure records (its order says which rank failed first) before it is ended.
+ERROR_GRACE_S = 3.0
 
 
 @dataclass(kw_only=True)
@@ -114,6 +117,7 @@ def _watch(proc: subprocess.Popen, outcome: JobOutcome, run_dir: Path, expected:
         outcome.records = records
         if first_error(records) is not None:
             outcome.ended_early = True
+            _wait_quietly(proc, ERROR_GRACE_S)
             return
         if len(records) >= expected and all(r.done for r in records.values()):
             left = EXIT_GRACE_S if timeout is None else timeout - (time.monotonic() - start)

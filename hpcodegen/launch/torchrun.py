@@ -23,13 +23,19 @@ FAILURES_NAME = "torchrun.json"
 
 
 def failure_records(failures: dict[int, Any]) -> list[dict[str, Any]]:
-    """``ProcessFailure`` objects as JSON rows, first failure first (time, then rank)."""
+    """``ProcessFailure`` objects as JSON rows, first failure first.
+
+    torchelastic stamps failures in whole seconds, but fills the dict in the order it saw
+    them: the ranks that failed on their own, then those it ended itself (SIGTERM). The
+    sort is stable, so within one second that order decides, as torchrun's own "root
+    cause" does (``ChildFailedError.get_first_failure``).
+    """
     rows = [{"rank": int(rank), "local_rank": int(f.local_rank), "pid": int(f.pid),
              "exitcode": int(f.exitcode), "timestamp": float(f.timestamp),
              "signal": f.signal_name() if f.exitcode < 0 else None,
              "error_file": str(f.error_file)}
             for rank, f in failures.items()]
-    return sorted(rows, key=lambda r: (r["timestamp"], r["rank"]))
+    return sorted(rows, key=lambda r: r["timestamp"])
 
 
 def _write(run_dir: Path, payload: dict[str, Any]) -> None:

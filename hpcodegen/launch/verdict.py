@@ -58,14 +58,17 @@ def _mark_lost(outcome: JobOutcome, expected: int) -> list[int]:
     return sorted(set(lost))
 
 
-def _first_death(outcome: JobOutcome) -> dict[str, Any] | None:
-    """torchrun's first failure of a rank that left no error of its own (killed by a
-    signal, ``os._exit``, a crash), else None."""
-    for row in outcome.failures:
+def _root_cause(outcome: JobOutcome) -> tuple[dict[str, Any] | None, RankRecord | None]:
+    """``(torchrun's failure row, None)`` when the first rank torchrun saw fail left no
+    error of its own (a signal, ``os._exit``, a crash); else ``(None, the first error
+    record)``: torchrun's order decides which rank was first, our records what it said."""
+    if outcome.failures:
+        row = outcome.failures[0]
         rec = outcome.records.get(row.get("rank"))
         if rec is None or rec.status != STATUS_ERROR:
-            return row
-    return None
+            return row, None
+        return None, rec
+    return None, first_error(outcome.records)
 
 
 def _how(row: dict[str, Any]) -> str:
@@ -97,9 +100,8 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         _mark_lost(outcome, expected)
         return EXIT_FAILED, (f"timed out after {opts.timeout:g} s with ranks still running: "
                              f"{pending}; every process of the job was ended{keep}")
-    failed = first_error(outcome.records)
-    dead = _first_death(outcome)
-    if dead is not None and (failed is None or dead["timestamp"] < int(failed.updated)):
+    dead, failed = _root_cause(outcome)
+    if dead is not None:
         rank = int(dead["rank"])
         _mark_lost(outcome, expected)
         for other, rec in outcome.records.items():
