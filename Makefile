@@ -12,7 +12,7 @@ EXAMPLE ?= examples/llama_tp2
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,runtime]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -39,6 +39,7 @@ bench: venv
 	$(BIN)/python bench/gate_speed.py
 	$(BIN)/python bench/forward_overhead.py
 	$(BIN)/python bench/install_time.py
+	$(BIN)/python bench/load_memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,10 +1,18 @@
-"""The ``hpcodegen`` command: one Typer app, one small module per verb."""
+"""The ``hpcodegen`` command: one Typer app, one small module per verb.
+
+Conventions every verb follows (docs/cli.md): ``-h``/``--help``; ``-q``/``--quiet`` and
+``-v``/``--verbose``; ``--json`` prints the one envelope of docs/json.md, for results, for
+refusals and for Click usage errors alike; text folds to ``COLUMNS`` (80 when piped); a
+reader that closes the pipe (``| head``) ends the verb silently; progress shows only on a
+terminal. Exit codes: 0 ok, 1 a check failed, 2 usage error or unreadable input.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import typer
 
@@ -15,25 +23,65 @@ app = typer.Typer(
         "Exit codes: 0 ok (warnings allowed), 1 a check failed, 2 usage error or unreadable input."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+#: the verbosity options every verb takes
+QUIET = typer.Option(False, "--quiet", "-q",
+                     help="Print only errors and the result: no tables, no progress.")
+VERBOSE = typer.Option(False, "--verbose", "-v", help="Print more: info findings, details.")
 
-def guarded(verb: str, call: Callable[[], int]) -> int:
+
+def verbosity(quiet: bool, verbose: bool) -> int:
+    """-1 quiet, 0 normal, 1 verbose (``-q -v`` together: quiet wins)."""
+    return -1 if quiet else (1 if verbose else 0)
+
+
+def start_progress(quiet: bool, as_json: bool) -> None:
+    """Progress on stderr when it is a terminal, unless ``--quiet`` or ``--json``."""
+    from hpcodegen import progress
+
+    if quiet or as_json:
+        progress.disable()
+    else:
+        progress.enable(sys.stderr)
+
+
+def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
     """Run a verb's library call and return its exit code; the last guard of every verb.
 
-    Library code reports bad input as findings with their own exit codes; an exception that
-    still escapes is a bug, shown as one line (exit 1) instead of a traceback, unless
-    ``HPCODEGEN_DEBUG`` is set.
+    Library code reports bad input as findings with their own exit codes; a refusal before
+    the library call (a missing extra) is reported here, as the envelope under ``--json``.
+    An exception that still escapes is a bug, shown as one line (exit 1) instead of a
+    traceback, unless ``HPCODEGEN_DEBUG`` is set. A closed stdout pipe ends it quietly.
     """
+    from hpcodegen.errors import HpcodegenError, error
+    from hpcodegen.report.envelope import emit
+    from hpcodegen.report.terminal import fold_text, reader_gone
+
     try:
         return call()
+    except BrokenPipeError:  # `hpcodegen ... | head`: the reader has what it wanted
+        reader_gone()
+        return 0
+    except HpcodegenError as exc:
+        for finding in exc.findings:
+            sys.stderr.write(fold_text(f"hpcodegen {verb}: {finding.severity}: "
+                                       f"{finding.render()}") + "\n")
+        if as_json:
+            emit(verb, exc.exit_code, exc.findings, sys.stdout)
+        return exc.exit_code
     except Exception as exc:
         if os.environ.get("HPCODEGEN_DEBUG"):
             raise
-        sys.stderr.write(f"hpcodegen {verb}: internal error: {type(exc).__name__}: {exc} "
-                         "(set HPCODEGEN_DEBUG=1 for the traceback)\n")
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        sys.stderr.write(fold_text(f"hpcodegen {verb}: {message} (set HPCODEGEN_DEBUG=1 "
+                                   "for the traceback)") + "\n")
+        if as_json:
+            emit(verb, 1, [error("internal.error", "", message,
+                                 hint="set HPCODEGEN_DEBUG=1 for the traceback")], sys.stdout)
         return 1
 
 
@@ -58,7 +106,56 @@ def _register() -> None:
     from . import verbs  # noqa: F401
 
 
-def main() -> None:
-    """Console-script entry point."""
+def _before_dashdash(argv: Sequence[str]) -> list[str]:
+    return list(argv[:argv.index("--")]) if "--" in argv else list(argv)
+
+
+def verb_of(argv: Sequence[str]) -> str | None:
+    """The verb named on the command line, if any (for the envelope of a usage error)."""
+    import typer.main
+
+    names = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    return next((a for a in _before_dashdash(argv) if a in names), None)
+
+
+def _usage_error(exc: Any, argv: Sequence[str]) -> int:
+    """A Click usage error: the envelope on stdout under ``--json``, else Click's message."""
+    if "--json" in _before_dashdash(argv):
+        from hpcodegen.errors import error
+        from hpcodegen.report.envelope import emit
+
+        verb = verb_of(argv)
+        where = (exc.param.opts[0] if getattr(exc, "param", None) is not None
+                 and getattr(exc.param, "opts", None) else "")
+        hint = f"hpcodegen {verb} --help" if verb else "hpcodegen --help"
+        sys.stderr.write(f"hpcodegen: error: {exc.format_message()}\n")
+        return emit(verb, exc.exit_code, [error("cli.usage", where, exc.format_message(),
+                                                hint=hint)], sys.stdout)
+    try:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+    except Exception:  # typer without rich support
+        exc.show()
+    return exc.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point; exits with the verb's code."""
+    import click
+
     _register()
-    app()
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = app(args=args, prog_name="hpcodegen", standalone_mode=False)
+    except click.ClickException as exc:
+        code = _usage_error(exc, args)
+    except click.Abort:
+        sys.stderr.write("Aborted!\n")
+        code = 130
+    except BrokenPipeError:
+        from hpcodegen.report.terminal import reader_gone
+
+        reader_gone()
+        code = 0
+    sys.exit(code if isinstance(code, int) else 0)

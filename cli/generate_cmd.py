@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from hpcodegen.cli.app import app, guarded
+from hpcodegen.cli.app import QUIET, VERBOSE, app, guarded, start_progress, verbosity
 
 
 @app.command("generate")
@@ -22,6 +22,14 @@ def generate(
         help="YAML rules (schemas/recipe.schema.json) that add or override plan entries."),
     check: bool = typer.Option(False, "--check",
                                help="Regenerate in memory and fail on any drift from OUT."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the JSON envelope (docs/json.md, generate.md)."),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX",
+        help="Trust recipe injection targets under this module prefix (repeatable); pass "
+             "the same to launch."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Freeze the installed transformers' TP plan (plus a recipe) into a reproducible artifact.
 
@@ -34,7 +42,15 @@ def generate(
 
     Exit 2: usage error or an unreadable input.
     """
-    from hpcodegen.generate.api import GenerateArgs, run_generate
+    def call() -> int:
+        from hpcodegen.extras import require
 
-    raise typer.Exit(guarded("generate", lambda: run_generate(
-        GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check))))
+        require("runtime", "hpcodegen generate")
+        from hpcodegen.generate.api import GenerateArgs, run_generate
+
+        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check,
+                                         as_json=as_json, allow_target=tuple(allow_target),
+                                         verbosity=verbosity(quiet, verbose)))
+
+    start_progress(quiet, as_json)
+    raise typer.Exit(guarded("generate", call, as_json=as_json))

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .app import app, guarded
+from .app import QUIET, VERBOSE, app, guarded, start_progress, verbosity
 
 
 @app.command(
@@ -24,7 +24,8 @@ def inspect_plan(
     expand: bool = typer.Option(False, "--expand", help="One row per boundary (no folding)."),
     mesh: Optional[str] = typer.Option(
         None, "--mesh", help="Live mesh to re-validate against, e.g. tp=4,cp=2."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (docs/inspect-plan.md)."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the JSON envelope (docs/json.md, inspect-plan.md)."),
     hf_config: Optional[str] = typer.Option(
         None, "--hf-config", help="HF config.json or model dir: adds bytes per collective."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Batch size for the volume."),
@@ -35,9 +36,13 @@ def inspect_plan(
     checks: bool = typer.Option(
         True, "--checks/--no-checks",
         help="Run verify's schema and plan checks first (skip for plans already verified)."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     from hpcodegen.inspect import InspectOptions, run_inspect
 
+    start_progress(quiet, as_json)
     raise typer.Exit(guarded("inspect-plan", lambda: run_inspect(InspectOptions(
         path=path, expand=expand, mesh=mesh, as_json=as_json, hf_config=hf_config,
-        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps, checks=checks))))
+        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps, checks=checks,
+        verbosity=verbosity(quiet, verbose))), as_json=as_json))

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .app import app
+from .app import QUIET, VERBOSE, app, guarded, verbosity
 
 _HELP = """Run ARTIFACT on a torchrun mesh and report every rank.
 
@@ -45,27 +45,53 @@ def launch(
     steps: int = typer.Option(0, "--steps", help="AdamW steps on a synthetic batch."),
     check_parity: bool = typer.Option(False, "--check-parity",
                                       help="Compare with the unsharded model."),
-    tolerance: float = typer.Option(1e-5, "--tolerance", help="Parity max abs diff."),
+    tolerance: Optional[float] = typer.Option(
+        None, "--tolerance", help="Parity max abs diff (default by --dtype)."),
     seed: int = typer.Option(0, "--seed", help="Init and batch seed."),
+    compile_on: bool = typer.Option(False, "--compile",
+                                    help="torch.compile the parallelized model."),
+    compile_scope: str = typer.Option("layers", "--compile-scope", metavar="layers|model",
+                                      help="With --compile: each decoder layer or the whole "
+                                           "model."),
     timeout: Optional[float] = typer.Option(None, "--timeout",
                                             help="End the whole job after S seconds."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir",
                                            help="Keep per-rank logs and results here."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the torchrun command and rank environments."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    json_out: bool = typer.Option(False, "--json",
+                                  help="Print the JSON envelope (docs/json.md, launch.md)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Parameter dtype: fp32 | bf16 | fp16."),
+    save: Optional[Path] = typer.Option(None, "--save",
+                                        help="Write a DCP checkpoint here after the steps."),
+    resume: Optional[Path] = typer.Option(None, "--resume",
+                                          help="Start from this checkpoint (any tp and dp)."),
+    max_grad_norm: Optional[float] = typer.Option(
+        None, "--max-grad-norm", help="Clip gradients by this global norm in the steps."),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX",
         help="Trust injection targets under this module prefix (repeatable)."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     from hpcodegen.launch.options import LaunchOptions
-    from hpcodegen.launch.run import run_launch
 
     opts = LaunchOptions(
         artifact=artifact, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, master_addr=master_addr,
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
+        compile=compile_scope if compile_on else None,
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
-        allow_target=tuple(allow_target))
-    raise typer.Exit(run_launch(opts))
+        allow_target=tuple(allow_target), verbosity=verbosity(quiet, verbose),
+        dtype=dtype, save=save, resume=resume, max_grad_norm=max_grad_norm)
+
+    def call() -> int:
+        from hpcodegen.extras import require
+
+        require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
+        from hpcodegen.launch.run import run_launch
+
+        return run_launch(opts)
+
+    raise typer.Exit(guarded("launch", call, as_json=json_out))

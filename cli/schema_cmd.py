@@ -2,18 +2,44 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
-from hpcodegen.cli.app import app
+import typer
+from hpcodegen.cli.app import QUIET, VERBOSE, app, guarded
 
 
 @app.command("schema")
-def schema() -> None:
+def schema(
+    as_json: bool = typer.Option(
+        False, "--json", help="Wrap the schema in the JSON envelope (docs/json.md) as `schema`."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
+) -> None:
     """Print schemas/codegen_meta.schema.json, the published definition of codegen_meta.json.
+
+    -v also names the schema file and its $id on stderr; -q changes nothing (the schema is
+    the result).
 
     Exit codes: 0 always.
     """
-    from hpcodegen.checks.schema import schema_text
 
-    text = schema_text()
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    def call() -> int:
+        from hpcodegen.checks.schema import schema_text
+
+        text = schema_text()
+        if verbose and not quiet:
+            from importlib import resources
+
+            from hpcodegen.checks.schema import SCHEMA_NAME
+
+            path = resources.files("hpcodegen.schemas").joinpath(SCHEMA_NAME)
+            sys.stderr.write(f"{path}\n$id {json.loads(text).get('$id')}\n")
+        if as_json:
+            from hpcodegen.report.envelope import emit
+
+            return emit("schema", 0, [], sys.stdout, schema=json.loads(text))
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return 0
+
+    raise typer.Exit(guarded("schema", call, as_json=as_json))

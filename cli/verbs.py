@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (  # noqa: F401  (imported for their @app.command registrations)
+    export_cmd,
     generate_cmd,
     inspect_cmd,
     launch_cmd,

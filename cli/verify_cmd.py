@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from hpcodegen.cli.app import app, guarded
+from hpcodegen.cli.app import app, guarded, start_progress
 
 _CHECKS_HELP = "schema, plan, outputs, source, signature, model (comma lists allowed; repeatable)"
 
@@ -31,11 +29,17 @@ def verify(
         help="HF config.json or model dir: enables the signature and model checks."),
     only: list[str] = typer.Option([], "--only", metavar="NAME", help=f"Run only: {_CHECKS_HELP}."),
     skip: list[str] = typer.Option([], "--skip", metavar="NAME", help=f"Skip: {_CHECKS_HELP}."),
-    json_out: bool = typer.Option(False, "--json", help="Print the stable JSON document."),
+    json_out: bool = typer.Option(False, "--json",
+                                  help="Print the JSON envelope (docs/json.md)."),
     junit: Optional[Path] = typer.Option(None, "--junit", metavar="FILE",
                                          help="Also write JUnit XML to FILE (atomically)."),
     strict: bool = typer.Option(False, "--strict", help="Warnings fail their check."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List info findings too."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="List only failing artifacts (nothing when all pass)."),
+    changed_files: bool = typer.Option(
+        False, "--changed-files",
+        help="PATHs are changed files (pre-commit): verify the artifact dir each lies in."),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX",
         help="Trust injection targets under this module prefix (repeatable); others must be "
@@ -44,12 +48,9 @@ def verify(
     """Parse the options and hand them to :func:`hpcodegen.verify.run_verify`."""
     from hpcodegen.verify import run_verify
 
-    def call() -> int:
-        try:
-            return run_verify(paths, hf_config=hf_config, only=only, skip=skip,
-                              output="json" if json_out else "text", junit=junit,
-                              strict=strict, verbose=verbose, allow_target=allow_target)
-        except BrokenPipeError:  # `hpcodegen verify ... | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
-    raise typer.Exit(guarded("verify", call))
+    start_progress(quiet, json_out)
+    raise typer.Exit(guarded("verify", lambda: run_verify(
+        paths, hf_config=hf_config, only=only, skip=skip,
+        output="json" if json_out else "text", junit=junit, strict=strict,
+        verbose=verbose and not quiet, quiet=quiet, allow_target=allow_target,
+        changed_files=changed_files), as_json=json_out))

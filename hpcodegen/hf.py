@@ -1,5 +1,8 @@
 """HF config reading (pure JSON) and the meta-device model (lazy torch + transformers).
 
+A config may be named by a Hub id (``org/name``): :func:`resolve_model_dir` finds its
+snapshot in the local Hugging Face cache through huggingface_hub (never downloading).
+
 ``read_hf_config`` and ``source_from_config`` never import transformers, so ``verify
 --hf-config`` stays fast; only :func:`build_meta_model` loads torch and transformers, to
 build the real model structure on the meta device (no weights, no download).
@@ -8,6 +11,7 @@ build the real model structure on the meta device (no weights, no download).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,13 +44,77 @@ STRUCTURE_FIELDS: tuple[str, ...] = (
 )
 
 
+#: Names transformers configs give the routed-expert count (``attribute_map`` aliases one to
+#: another per model: qwen3_moe/mixtral/gpt_oss ``num_experts`` -> ``num_local_experts``,
+#: deepseek_v3/glm4_moe ``num_local_experts`` -> ``n_routed_experts``, olmoe the reverse). A
+#: ``config.json`` holds one of them; a recorded structure may hold several.
+EXPERT_COUNT_FIELDS: tuple[str, ...] = ("num_local_experts", "num_experts", "n_routed_experts")
+
+#: Groups of structure fields that name one quantity (see ``EXPERT_COUNT_FIELDS``).
+STRUCTURE_ALIASES: tuple[tuple[str, ...], ...] = (EXPERT_COUNT_FIELDS,)
+
+
+def structure_value(config: Mapping[str, Any], key: str) -> tuple[str, Any] | None:
+    """``(field, value)`` for structure field ``key``: the field itself, else an alias the
+    config sets instead (``num_experts`` recorded, ``num_local_experts`` saved); None when
+    neither is set."""
+    if key in config:
+        return key, config[key]
+    for group in STRUCTURE_ALIASES:
+        if key in group:
+            for alias in group:
+                if alias in config:
+                    return alias, config[alias]
+    return None
+
+
+#: ``org/name``: a Hub model id (a local path that exists always wins)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def is_hub_id(ref: str | os.PathLike[str]) -> bool:
+    """``org/name`` that is not an existing local path."""
+    text = os.fspath(ref)
+    return bool(_HUB_ID.match(text)) and not Path(text).exists() and ".." not in text
+
+
+def hub_snapshot_dir(repo_id: str) -> Path:
+    """The local snapshot dir of a Hub model, found through huggingface_hub in the local
+    cache only (``HF_HOME`` / ``HF_HUB_CACHE``); nothing is downloaded, so it works with
+    ``HF_HUB_OFFLINE=1``. InputError (exit 2) when it is not cached."""
+    from hpcodegen.extras import require
+
+    require("hub", f"the Hub id {repo_id!r}", ("huggingface_hub",))
+    from huggingface_hub import constants, hf_hub_download
+
+    try:
+        config = hf_hub_download(repo_id, CONFIG_NAME, local_files_only=True)
+    except Exception as exc:  # LocalEntryNotFoundError, a broken cache entry, ...
+        raise InputError([error(
+            "config.hub_not_cached", repo_id,
+            f"{repo_id} is not a local path, and the Hub model {repo_id} has no "
+            f"{CONFIG_NAME} in the local Hugging Face cache ({constants.HF_HUB_CACHE}): "
+            f"{type(exc).__name__}",
+            hint=f"fetch it where the network is reachable (hf download {repo_id} "
+                 f"{CONFIG_NAME}) into that cache (HF_HOME / HF_HUB_CACHE), or pass a "
+                 "local directory")]) from None
+    return Path(config).parent
+
+
+def resolve_model_dir(ref: str | os.PathLike[str]) -> Path:
+    """A local path as is, or a Hub id's snapshot dir from the local cache."""
+    return hub_snapshot_dir(os.fspath(ref)) if is_hub_id(ref) else Path(ref)
+
+
 def resolve_config_path(path: str | os.PathLike[str]) -> Path:
-    """A model dir or a ``config.json`` -> the config file; InputError when absent."""
-    p = Path(path)
+    """A model dir, a ``config.json`` or a cached Hub id (``org/name``) -> the config file;
+    InputError when absent."""
+    p = resolve_model_dir(path)
     candidate = p / CONFIG_NAME if p.is_dir() else p
     if not candidate.is_file():
         raise InputError([error("config.not_found", str(p), "no HF config found",
-                                expected=f"a {CONFIG_NAME} or a directory holding one",
+                                expected=f"a {CONFIG_NAME}, a directory holding one, or a "
+                                         "Hub id (org/name) in the local HF cache",
                                 file=str(candidate))])
     return candidate
 

@@ -19,7 +19,6 @@ allowed unless ``strict``), 1 a check failed, 2 usage error or an unreadable inp
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from hpcodegen.errors import (
     PlanError,
     Severity,
     UsageError,
+    error,
 )
 from hpcodegen.targets import trusted_prefixes
 
@@ -97,10 +97,29 @@ def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.Pat
     return out
 
 
+def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The artifact dirs that changed files lie in (``verify --changed-files``).
+
+    A pre-commit hook passes every changed file of the repository; a file whose directory
+    holds a ``codegen_meta.json`` belongs to that artifact (an edited ``__init__.py``, a
+    stray added file and a deleted one alike). Other files are ignored. Each dir once, in order.
+    """
+    out: list[str] = []
+    for path in files:
+        p = Path(path)
+        folder = p if p.is_dir() else p.parent
+        if (folder / META_NAME).is_file() and str(folder) not in out:
+            out.append(str(folder))
+    return out
+
+
 def _write_atomic(path: Path, render: Any) -> None:
     """Write through a temp file in the same dir, then rename: readers never see half a file."""
+    from hpcodegen.artifact.bundle import current_umask
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600: follow the umask
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             render(stream)
         os.replace(tmp, path)
@@ -109,12 +128,16 @@ def _write_atomic(path: Path, render: Any) -> None:
         raise
 
 
-def _usage(message: str, stderr: TextIO, stdout: TextIO | None = None) -> int:
-    """Report a usage error on stderr; with ``--json`` also as the JSON document on stdout."""
-    stderr.write(f"hpcodegen verify: error: {message}\n")
+def _usage(message: str, stderr: TextIO, stdout: TextIO | None = None,
+           findings: Sequence[Finding] = ()) -> int:
+    """Report a usage error on stderr; with ``--json`` also as the envelope on stdout."""
+    from hpcodegen.report.envelope import emit
+    from hpcodegen.report.terminal import fold_text
+
+    stderr.write(fold_text(f"hpcodegen verify: error: {message}") + "\n")
     if stdout is not None:
-        json.dump({"ok": False, "artifacts": [], "usage_error": message}, stdout, indent=2)
-        stdout.write("\n")
+        emit("verify", EXIT_USAGE, findings or [error("verify.usage", "", message)], stdout,
+             ok=False, artifacts=[])
     return EXIT_USAGE
 
 
@@ -122,7 +145,8 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                hf_config: str | os.PathLike[str] | None = None,
                only: Sequence[str] = (), skip: Sequence[str] = (),
                output: str = "text", junit: str | os.PathLike[str] | None = None,
-               strict: bool = False, verbose: bool = False,
+               strict: bool = False, verbose: bool = False, quiet: bool = False,
+               changed_files: bool = False,
                allow_target: Sequence[str] = (),
                stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
@@ -136,7 +160,9 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         output: a :data:`hpcodegen.report.REPORTERS` name for stdout (``text`` or ``json``).
         junit: also write JUnit XML to this file (atomically).
         strict: warnings fail their check.
-        allow_target: module prefixes whose injection targets you trust (``--allow-target``).
+        verbose / quiet: text output lists info findings too / only the failing artifacts.
+               strict: bool = False, verbose: bool = False, changed_files: bool = False,
+               allow_target: Sequence[str] = (),
 
     Example::
 
@@ -148,11 +174,15 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     json_out = stdout if output == "json" else None
     if isinstance(paths, (str, os.PathLike)):  # one path, not its characters
         paths = [paths]
+    if changed_files:
+        paths = artifacts_of_changed(paths)
+        if not paths:
+            return 0
     try:
         names = select_checks(only, skip)
         trusted = trusted_prefixes(allow_target)
     except UsageError as exc:
-        return _usage(str(exc), stderr, json_out)
+        return _usage(str(exc), stderr, json_out, exc.findings)
     if output not in REPORTERS or output == "junit":
         return _usage(f"unknown output format {output!r} (text or json)", stderr)
     if not paths:
@@ -165,6 +195,14 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     if junit_path is not None and junit_path.is_dir():
         return _usage(f"--junit: {junit_path} is a directory (expected a file name)", stderr,
                       json_out)
+    if hf_config is not None and "model" in names:
+        from hpcodegen.extras import require
+
+        try:
+            require("runtime", "verify's model check (--hf-config)", ("torch", "transformers"),
+                    alternative="or pass --skip model")
+        except UsageError as exc:
+            return _usage(str(exc), stderr, json_out, exc.findings)
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
     for path in artifact_paths(paths):
@@ -172,7 +210,13 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                                                 hf_config_path=config_path,
                                                 config_problem=problem, strict=strict,
                                                 allowed_targets=trusted))
-    REPORTERS[output].write(result, stdout, verbose=verbose)
+    try:
+        REPORTERS[output].write(result, stdout, verbose=verbose, quiet=quiet)
+        stdout.flush()
+    except BrokenPipeError:  # `verify ... | head`: the JUnit file and the exit code still count
+        from hpcodegen.report.terminal import reader_gone
+
+        reader_gone()
     if junit_path is not None:
         try:
             _write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))

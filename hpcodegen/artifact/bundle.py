@@ -81,7 +81,7 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     recover_bundle(target)
     stage = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}_", dir=target.parent))
     try:
-        os.chmod(stage, 0o777 & ~_umask())
+        os.chmod(stage, 0o777 & ~current_umask())
         for name in sorted(n for n in rendered if n != META_NAME):
             _write(stage / name, rendered[name])
         _write(stage / META_NAME, rendered[META_NAME])
@@ -126,7 +126,8 @@ def recover_bundle(target: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -10,21 +10,35 @@ kv-head counts (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the rule ``
 refuses by; an MLP width or vocab that does not divide is a warning there) and each
 ``tp_divide_attrs`` attribute must divide the tp size, and a sharded dim that does not divide
 its axis size is a warning (torch shards it unevenly).
+
+``module_overrides`` (:mod:`hpcodegen.plan.overrides`) are honoured: a replaced module must
+exist where the record says and be of its declared ``module_type``; what the plan says at or
+below it (parameter names such as a fused ``linear_qkv``, the replacement's class in
+``boundary_classes``, ``tp_divide_attrs``) describes the replacement, which is foreign code and
+never built here, so it is reported once per replaced module as info and not compared with the
+HF module; the HF parameters under it are owned by the replacement and need no plan entry.
+An artifact whose modeling source is not a transformers module (its own modeling package, or
+remote code) cannot be built from transformers either: the check is skipped and says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_params, pointer
 from hpcodegen.checks.schema import subtree_valid
-from hpcodegen.errors import Finding, HpcodegenError, error, warning
+from hpcodegen.checks.source import read_modeling_tree
+from hpcodegen.checks.source_scan import kept_attributes, scan_module
+from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
+from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import trainable_names, uncovered
-from hpcodegen.plan.entry import axis_sizes, param_plan
-from hpcodegen.plan.tp_divisible import tp_divisibility
+from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan
+from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
+from hpcodegen.plan.overrides import replaced_modules as select_replaced
+from hpcodegen.plan.tp_divisible import config_size, tp_divisibility
 
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
@@ -40,31 +54,75 @@ def _resolve(root: Any, fqn: str) -> Any:
     return obj
 
 
-def _fqns(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+@dataclass
+class _Scope:
+    """Where each plan name is checked on the HF model, given the replaced modules.
+
+    Below a replaced module the plan names the replacement's attributes. Those the replacement
+    keeps from the original (``self.o_proj = module.o_proj`` in its class in the modeling file)
+    are the original's modules and are checked there; the others cannot be (None).
+    """
+
+    replaced: Mapping[str, Override]
+    #: replaced FQN -> {replacement attribute: the original's child it keeps}
+    kept: Mapping[str, Mapping[str, str]]
+
+    def hf_name(self, name: str) -> str | None:
+        """The HF FQN to check plan name ``name`` at, or None when it is not checkable."""
+        owner = replaced_by(name, self.replaced)
+        if owner is None:
+            return name
+        if owner == name:
+            return None
+        head, _, rest = name[len(owner) + 1:].partition(".")
+        child = self.kept.get(owner, {}).get(head)
+        return None if child is None else join_fqn(join_fqn(owner, child), rest)
+
+    def covering_name(self, hf_param: str) -> str | None:
+        """The plan name that must cover HF parameter ``hf_param``; None when the replacement
+        owns it (it is gone from the replaced model)."""
+        owner = replaced_by(hf_param, self.replaced)
+        if owner is None:
+            return hf_param
+        head, _, rest = hf_param[len(owner) + 1:].partition(".")
+        for attr, child in self.kept.get(owner, {}).items():
+            if child == head:
+                return join_fqn(join_fqn(owner, attr), rest)
+        return None
+
+
+def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     for fqn in param_plan(meta):
-        if _resolve(model, fqn) is None:
+        hf = scope.hf_name(fqn)
+        if hf is not None and _resolve(model, hf) is None:
             yield error("model.unknown_module", pointer("param_plan", fqn),
-                        f"plan FQN {fqn!r} matches no module of {type(model).__name__}")
+                        f"plan FQN {fqn!r} matches no module of {type(model).__name__}"
+                        + (f" (it is {hf} of the replaced module)" if hf != fqn else ""))
     for param_fqn, (entry, rel, _) in planned_params(meta).items():
-        if _resolve(model, entry) is None:
-            continue
-        target = _resolve(model, param_fqn)
+        hf, hf_entry = scope.hf_name(param_fqn), scope.hf_name(entry)
+        if hf is None or (hf_entry is not None and _resolve(model, hf_entry) is None):
+            continue  # not checkable, or its module is missing (reported above)
+        target = _resolve(model, hf)
         if target is None or not hasattr(target, "requires_grad"):
             what = "is missing from the model" if target is None else "is not a parameter"
+            kept = f" (kept as {hf})" if hf != param_fqn else ""
             yield error("model.missing_param", pointer("param_plan", entry, "params", rel),
-                        f"planned parameter {param_fqn} {what}")
+                        f"planned parameter {param_fqn}{kept} {what}")
     for fqn, cls in as_dict(meta.get("boundary_classes")).items():
-        module = _resolve(model, fqn)
+        hf = scope.hf_name(fqn)
+        module = None if hf is None else _resolve(model, hf)
         if module is not None and type(module).__name__ != cls:
             yield error("model.class_mismatch", pointer("boundary_classes", fqn),
                         f"{fqn or '<root>'} is a {type(module).__name__}, the plan says {cls}",
                         expected=str(cls))
 
 
-def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int) -> Iterator[Finding]:
+def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
+                  scope: _Scope) -> Iterator[Finding]:
     """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size."""
     for fqn, entry in param_plan(meta).items():
-        module = _resolve(model, fqn)
+        hf = scope.hf_name(fqn)
+        module = None if hf is None else _resolve(model, hf)
         if module is None:
             continue
         for i, attr in enumerate(entry.get("tp_divide_attrs") or ()):
@@ -78,8 +136,9 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int) -> Iterator[Find
                             f"an integer divisible by tp_size = {tp}")
 
 
-def _coverage(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
-    missing = uncovered(trainable_names(model), planned_params(meta))
+def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
+    names = [n for n in map(scope.covering_name, trainable_names(model)) if n is not None]
+    missing = uncovered(names, planned_params(meta))
     for name in missing[:MAX_LISTED]:
         yield error("model.uncovered_param", name, f"trainable parameter {name} is not covered "
                     "by the frozen plan", hint="add it (R if replicated) to its entry's params")
@@ -88,10 +147,11 @@ def _coverage(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
                     "parameters are not covered")
 
 
-def _divisibility(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
+def _divisibility(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     sizes = axis_sizes(meta)
     for param_fqn, (entry, rel, named) in planned_params(meta).items():
-        shape = getattr(_resolve(model, param_fqn), "shape", None)
+        hf = scope.hf_name(param_fqn)
+        shape = None if hf is None else getattr(_resolve(model, hf), "shape", None)
         if shape is None:
             continue
         for axis, text in named.items():
@@ -116,25 +176,144 @@ def _divisibility(meta: Mapping[str, Any], model: Any) -> Iterator[Finding]:
                               "shards it unevenly")
 
 
+def _mro(module: Any) -> list[tuple[str, str]]:
+    return [(c.__module__, c.__qualname__) for c in type(module).__mro__]
+
+
+def _planned_below(meta: Mapping[str, Any], scope: _Scope) -> dict[str, tuple[int, int]]:
+    """Per replaced module: how many plan names (entries, parameters, boundary classes) at or
+    below it are (checkable, not checkable)."""
+    count: dict[str, tuple[int, int]] = {}
+    names = [*param_plan(meta), *planned_params(meta),
+             *as_dict(meta.get("boundary_classes"))]
+    for name in names:
+        owner = replaced_by(name, scope.replaced)
+        if owner is not None:
+            checked, unchecked = count.get(owner, (0, 0))
+            known = scope.hf_name(name) is not None
+            count[owner] = (checked + known, unchecked + (not known))
+    return count
+
+
+def _kept_children(ctx: CheckContext, model: Any,
+                   replaced: Mapping[str, Override]) -> dict[str, dict[str, str]]:
+    """Children each replacement keeps from the original, read from its class in the modeling
+    file (``boundary_classes`` names it) and confirmed on the live original; nothing is
+    imported."""
+    classes = as_dict(ctx.meta.get("boundary_classes"))
+    wanted = {fqn: classes.get(fqn) for fqn in replaced}
+    if not any(isinstance(c, str) for c in wanted.values()):
+        return {}
+    tree, _, _ = read_modeling_tree(ctx)
+    if tree is None:
+        return {}
+    scan = scan_module(tree)
+    out: dict[str, dict[str, str]] = {}
+    for fqn, cls in wanted.items():
+        info_ = scan.classes.get(cls) if isinstance(cls, str) else None
+        original = _resolve(model, fqn)
+        if info_ is None or original is None:
+            continue
+        children = dict(original.named_children())
+        kept = {a: c for a, c in kept_attributes(info_).items() if c in children}
+        if kept:
+            out[fqn] = kept
+    return out
+
+
+def _overrides(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
+    """Each replaced module exists and has the declared type; the rest is reported once."""
+    planned = _planned_below(meta, scope)
+    for fqn, override in scope.replaced.items():
+        module = _resolve(model, fqn)
+        where = pointer("module_overrides", override.index)
+        if module is None:
+            yield error("model.override_unknown_module", where, f"module_overrides replaces "
+                        f"{fqn!r}, which is not a module of {type(model).__name__}",
+                        hint="the artifact was made for another model structure; regenerate")
+            continue
+        if not class_matches(override, _mro(module)):
+            exact = "exactly " if override.exact_type else ""
+            yield error("model.override_type_mismatch", pointer("module_overrides",
+                        override.index, "module_type"), f"{fqn} is a {type(module).__name__}, "
+                        f"the override replaces {exact}{override.module_type}",
+                        expected=str(override.module_type),
+                        hint="the model changed under the artifact; regenerate")
+            continue
+        checked, unchecked = planned.get(fqn, (0, 0))
+        if unchecked:
+            kept = scope.kept.get(fqn, {})
+            also = (f"; {checked} under the children it keeps ({', '.join(sorted(kept))}) were "
+                    "checked against the original" if checked else "")
+            yield info("model.replaced_module", where, f"{fqn} is replaced by "
+                       f"{override.target}; its structure is not checkable here "
+                       f"({unchecked} planned name(s) describe the replacement, not "
+                       f"{type(module).__name__}{also})")
+
+
+def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> Iterator[Finding]:
+    """Experts sharded over ``ep`` need a whole number of experts per rank."""
+    ep = axis_sizes(meta).get("ep", 1)
+    if ep <= 1 or not any("ep" in named and named["ep"] != "R"
+                          for _, _, named in planned_params(meta).values()):
+        return
+    for key in EXPERT_COUNT_FIELDS:
+        size = config_size(config, key)
+        if size is not None:
+            if size[1] % ep:
+                yield error("model.experts_not_divisible", pointer("parallel_dims", "ep_size"),
+                            f"{size[0][1:].replace('/', '.')} = {size[1]} experts do not divide "
+                            f"over ep_size = {ep}", expected=f"a multiple of {ep}")
+            return
+
+
+def _foreign_source(meta: Mapping[str, Any]) -> str | None:
+    """The modeling module when it is not part of transformers (never built here)."""
+    name = as_dict(meta.get("source")).get("module_name")
+    if isinstance(name, str) and name and name != "transformers" \
+            and not name.startswith("transformers."):
+        return name
+    return None
+
+
 def check_model(ctx: CheckContext) -> Iterator[Finding]:
     """Build the model on the meta device and fit the plan to it."""
     config = ctx.require_hf_config()
-    if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes"):
-        raise SkipCheck("param_plan, parallel_dims or boundary_classes violate the schema")
+    if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes",
+                         "module_overrides"):
+        raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
+                        "violate the schema")
+    foreign = _foreign_source(ctx.meta)
+    if foreign is not None:
+        raise SkipCheck(f"the modeling source {foreign} is not a transformers module; its "
+                        "structure is not checkable here (signature still compares "
+                        "architecture and structure)")
     tp = axis_sizes(ctx.meta).get("tp", 1)
     yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"))
-    from hpcodegen.hf import build_meta_model
+    from hpcodegen.hf import architecture_of, build_meta_model
+    from hpcodegen.progress import steps
 
-    try:
-        model = build_meta_model(config)
-    except HpcodegenError as exc:  # about the config: say so, not the meta
-        yield from (replace(f, file=f.file or str(ctx.hf_config_path)) for f in exc.findings)
-        return
-    except Exception as exc:  # transformers rejects the config in many ways
-        yield error("model.build_failed", "", f"transformers cannot build the model from the "
-                    f"config: {type(exc).__name__}: {exc}", file=str(ctx.hf_config_path))
-        return
-    yield from _fqns(ctx.meta, model)
-    yield from _divide_attrs(ctx.meta, model, tp)
-    yield from _coverage(ctx.meta, model)
-    yield from _divisibility(ctx.meta, model)
+    with steps("verify model check", 2) as advance:
+        advance(f"building {architecture_of(config) or 'the model'} on the meta device")
+        try:
+            model = build_meta_model(config)
+        except HpcodegenError as exc:  # about the config: say so, not the meta
+            yield from (replace(f, file=f.file or str(ctx.hf_config_path))
+                        for f in exc.findings)
+            return
+        except Exception as exc:  # transformers rejects the config in many ways
+            yield error("model.build_failed", "", f"transformers cannot build the model from "
+                        f"the config: {type(exc).__name__}: {exc}",
+                        file=str(ctx.hf_config_path))
+            return
+        advance("fitting the plan to the model")
+        modules = dict(model.named_modules())
+        replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
+        scope = _Scope(replaced, _kept_children(ctx, model, replaced))
+        findings = [*_overrides(ctx.meta, model, scope),
+                    *_experts_divide_ep(config, ctx.meta),
+                    *_fqns(ctx.meta, model, scope),
+                    *_divide_attrs(ctx.meta, model, tp, scope),
+                    *_coverage(ctx.meta, model, scope),
+                    *_divisibility(ctx.meta, model, scope)]
+    yield from findings

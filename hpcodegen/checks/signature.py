@@ -3,7 +3,9 @@
 The config is read as plain JSON (:func:`hpcodegen.hf.read_hf_config`, no transformers).
 ``source.architecture`` must equal ``architectures[0]`` and ``source.model_type`` the config's
 ``model_type``; each ``source.structure`` field that the config sets differently is named with
-both values. For metas hpcodegen wrote, the signature is recomputed with the config's source
+both values (a field the config sets under a transformers alias, such as ``num_experts`` saved
+as ``num_local_experts``, is compared through the alias: ``hf.STRUCTURE_ALIASES``).
+For metas hpcodegen wrote, the signature is recomputed with the config's source
 (decisions.md item 5) and a mismatch names the differing fields; other generators' signatures
 cannot be recomputed ("skipped: foreign generator", info).
 """
@@ -18,7 +20,7 @@ from hpcodegen.artifact.digest import is_hpcodegen_meta, meta_signature
 from hpcodegen.checks.context import CheckContext, as_dict, pointer
 from hpcodegen.checks.forms import signable
 from hpcodegen.errors import Finding, error, info, warning
-from hpcodegen.hf import architecture_of, source_from_config
+from hpcodegen.hf import architecture_of, source_from_config, structure_value
 
 _MISSING = object()
 
@@ -49,13 +51,16 @@ def _compare_identity(source: Mapping[str, Any], config: Mapping[str, Any],
 
 def _compare_structure(source: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[Finding]:
     for key, recorded in as_dict(source.get("structure")).items():
-        actual = config.get(key, _MISSING)
+        found = structure_value(config, key)
         where = pointer("source", "structure", key)
-        if actual is _MISSING:
+        if found is None:
             yield warning("signature.structure_unset", where, f"{key}: the artifact recorded "
                           f"{_show(recorded)}, the config does not set it")
-        elif _show(actual) != _show(recorded):  # JSON equality: true is not 1, 2.0 not 2
-            yield error("signature.structure", where, f"{key}: artifact {_show(recorded)}, "
+            continue
+        field, actual = found
+        if _show(actual) != _show(recorded):  # JSON equality: true is not 1, 2.0 not 2
+            named = key if field == key else f"{key} (the config's {field})"
+            yield error("signature.structure", where, f"{named}: artifact {_show(recorded)}, "
                         f"config {_show(actual)}", expected=_show(actual),
                         hint="the model's shape changed; regenerate the artifact")
 

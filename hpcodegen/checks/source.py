@@ -46,7 +46,9 @@ _GENERIC_ATTRS = ("_hp_boundary", "_hyper_boundary")
 _BIAS_HOOKS = ("_hp_deferred_bias", "_hyper_deferred_bias")
 
 
-def _read_tree(ctx: CheckContext) -> tuple[ast.Module | None, Path | None, list[Finding]]:
+def read_modeling_tree(ctx: CheckContext
+                       ) -> tuple[ast.Module | None, Path | None, list[Finding]]:
+    """The parsed modeling file (never imported), or None and the findings saying why."""
     found = modeling_files(ctx.artifact_dir)
     where = str(ctx.artifact_dir)
     if len(found) != 1:
@@ -173,7 +175,7 @@ def _check_names(ctx: CheckContext, scan: ModuleScan) -> Iterator[Finding]:
 
 def check_source(ctx: CheckContext) -> Iterator[Finding]:
     """Parse the modeling file and compare each boundary class with its classified form."""
-    tree, path, problems = _read_tree(ctx)
+    tree, path, problems = read_modeling_tree(ctx)
     yield from problems
     if tree is None or path is None:
         return

@@ -93,3 +93,41 @@ def called_names(func: ast.AST) -> set[str]:
             elif isinstance(f, ast.Attribute):
                 out.add(f.attr)
     return out
+
+
+def _read_from_param(value: ast.expr, params: set[str]) -> str | None:
+    """``B`` when ``value`` is ``p.B`` or ``getattr(p, "B"[, default])`` for a parameter ``p``."""
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) \
+            and value.value.id in params:
+        return value.attr
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+            and value.func.id == "getattr" and len(value.args) >= 2 \
+            and isinstance(value.args[0], ast.Name) and value.args[0].id in params \
+            and isinstance(value.args[1], ast.Constant) and isinstance(value.args[1].value, str):
+        return value.args[1].value
+    return None
+
+
+def kept_attributes(cls: ClassInfo) -> dict[str, str]:
+    """``{attr: source attr}`` for each ``self.<attr> = <param>.<source attr>`` in a method.
+
+    A replacement class built from the module it replaces (``__init__(self, *, module)``)
+    keeps some of its children as they are (``self.o_proj = module.o_proj``,
+    ``self.q_norm = getattr(module, "q_norm", None)``); those are the original's modules, so
+    what the plan says below them can be checked against the original. Which reads name a
+    child module is for the caller to confirm on the live original.
+    """
+    out: dict[str, str] = {}
+    for func in cls.methods.values():
+        a = func.args
+        params = {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)} - {"self"}
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target = node.targets[0]
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                    and target.value.id == "self":
+                source = _read_from_param(node.value, params)
+                if source is not None:
+                    out.setdefault(target.attr, source)
+    return out

@@ -67,11 +67,71 @@ def load_recipe(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise InputError([error("recipe.unreadable", "", f"cannot read recipe: {exc}",
                                 file=str(p))]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_key_loader())
+    except _DuplicateKey as exc:
+        raise InputError([error("recipe.duplicate_key", exc.where,
+                                f"key {exc.key!r} occurs twice in one mapping (line "
+                                f"{exc.line}); YAML would keep the last silently",
+                                hint="merge the two entries", file=str(p))]) from None
     except yaml.YAMLError as exc:
         raise InputError([error("recipe.invalid_yaml", "", f"not valid YAML: {exc}",
                                 file=str(p))]) from None
     return validate_recipe(data, str(p))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, where: str, line: int) -> None:
+        super().__init__(key)
+        self.key, self.where, self.line = key, where, line
+
+
+def _unique_key_loader() -> Any:
+    """A ``yaml.SafeLoader`` that refuses a key repeated in one mapping (as verify refuses
+    duplicate JSON keys) instead of keeping the last one."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise _DuplicateKey(key, f"line {key_node.start_mark.line + 1}",
+                                            key_node.start_mark.line + 1)
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def recipe_target_findings(rules: Sequence[Mapping[str, Any]],
+                           prefixes: Sequence[str] = (), file: str = "") -> list[Any]:
+    """An error for every injection target the runtime would refuse to load.
+
+    Whatever generate writes, the runtime must be able to run: a target outside the
+    injection registry (:mod:`hpcodegen.targets`) is refused here, at its recipe pointer.
+    """
+    from hpcodegen.targets import TARGET_FIELDS, registry, target_spec
+
+    known = registry()
+    out = []
+    for index, rule in enumerate(rules):
+        for key in TARGET_FIELDS:
+            value = (rule.get("injections") or {}).get(key)
+            if value is None:
+                continue
+            name = value.get("_target_") if isinstance(value, Mapping) else value
+            if target_spec(name, prefixes, known) is None:
+                out.append(error(
+                    "recipe.foreign_target", pointer(index, "injections", key),
+                    f"injection target {name!r} is not in the injection registry: the "
+                    "runtime would refuse to run it",
+                    expected=f"one of {', '.join(sorted(n for n in known if '.' not in n))}"
+                             " or a registered entry point",
+                    hint="register it (entry point group hpcodegen.injection_targets) or "
+                         "pass --allow-target PREFIX", file=file or None))
+    return out
 
 
 def _matches(index: int, rule: Mapping[str, Any], fqns: Sequence[str]) -> list[str]:

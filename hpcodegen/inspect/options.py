@@ -33,6 +33,7 @@ class InspectOptions:
         link_gbps: link bandwidth in gigabit/s for the time estimate.
         checks: run verify's schema and plan checks first (``--no-checks`` skips them, for
             plans CI already verified: they dominate the time on very large plans).
+        verbosity: -1 ``--quiet`` (findings only, no tables), 0, 1 ``-v`` (info findings).
     """
 
     path: str
@@ -45,6 +46,7 @@ class InspectOptions:
     dtype: str = "bf16"
     link_gbps: float | None = None
     checks: bool = True
+    verbosity: int = 0
 
 
 @dataclass

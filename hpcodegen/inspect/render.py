@@ -6,16 +6,18 @@ imported only by the text renderer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from hpcodegen.errors import Finding, Severity
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, Finding, Severity
 from hpcodegen.inspect.options import Inspection
 from hpcodegen.plan.fold import Row, fold
 from hpcodegen.plan.predict import PredOp
+from hpcodegen.report.envelope import ENVELOPE_VERSION, envelope, write_json
+from hpcodegen.report.terminal import fold_text, human_bytes
 
-JSON_VERSION = 1
+#: the envelope's version (docs/json.md); kept under this name for callers
+JSON_VERSION = ENVELOPE_VERSION
 
 
 def _row_json(row: Row) -> dict[str, Any]:
@@ -53,18 +55,17 @@ def summary_json(result: Inspection) -> dict[str, Any]:
 
 
 def to_json(result: Inspection) -> dict[str, Any]:
-    """The whole ``--json`` document."""
+    """The whole ``--json`` document: the envelope (docs/json.md) and inspect-plan's keys."""
     failed = any(f.severity is Severity.ERROR for f in result.findings)
-    doc: dict[str, Any] = {
-        "version": JSON_VERSION,
-        "status": "fail" if failed else "ok",
+    payload: dict[str, Any] = {
         "meta": result.meta_path,
         "axes": list(result.axes),
         "sizes": result.sizes,
         "boundaries": [_row_json(r) for r in result.rows],
         "summary": summary_json(result),
-        "findings": [f.to_json() for f in result.findings],
     }
+    doc = envelope("inspect-plan", EXIT_FAILED if failed else EXIT_OK, result.findings,
+                   **payload)
     if result.changes is not None:
         doc["mesh"] = {"axes": list(result.axes), "sizes": result.sizes,
                        "changes": [c.to_json() for c in result.changes]}
@@ -74,25 +75,12 @@ def to_json(result: Inspection) -> dict[str, Any]:
 
 
 def render_json(result: Inspection, out: TextIO) -> None:
-    json.dump(to_json(result), out, indent=2)
-    out.write("\n")
+    write_json(to_json(result), out)
 
 
-def render_failure_json(findings: Sequence[Finding], out: TextIO) -> None:
-    failed = any(f.severity is Severity.ERROR for f in findings)
-    json.dump({"version": JSON_VERSION, "status": "fail" if failed else "ok",
-               "findings": [f.to_json() for f in findings]}, out, indent=2)
-    out.write("\n")
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
+def render_failure_json(findings: Sequence[Finding], out: TextIO, exit_code: int) -> None:
+    """The envelope alone: the plan was refused or the input unreadable."""
+    write_json(envelope("inspect-plan", exit_code, findings), out)
 
 
 def _ops_cell(ops: Sequence[PredOp]) -> str:
@@ -103,7 +91,7 @@ def _boundary_table(result: Inspection) -> Any:
     from rich.table import Table
 
     table = Table(title="Boundaries", show_lines=False)
-    table.add_column("boundary", no_wrap=True)
+    table.add_column("boundary", overflow="fold")
     for col in ("class", "form", "inputs", "outputs"):
         table.add_column(col, overflow="fold")
     table.add_column("transitions", overflow="fold", min_width=28)
@@ -178,12 +166,27 @@ def _summary_lines(result: Inspection) -> list[str]:
     return lines
 
 
-def render_text(result: Inspection, out: TextIO, err: TextIO) -> None:
-    """Tables on ``out``; warnings and errors on ``err``."""
-    from rich.console import Console
+def print_findings(findings: Sequence[Finding], err: TextIO, verbosity: int = 0) -> None:
+    """``severity: where: message`` per finding, folded to the width; info only with -v."""
+    for f in findings:
+        if f.severity is not Severity.INFO or verbosity > 0:
+            err.write(fold_text(f"{f.severity}: {f.render()}") + "\n")
+
+
+def render_text(result: Inspection, out: TextIO, err: TextIO, verbosity: int = 0) -> None:
+    """Tables on ``out``; warnings and errors on ``err``. ``verbosity`` -1 (``--quiet``):
+    findings only; 1 (``-v``): info findings too.
+
+    The width is ``COLUMNS``, else the terminal's, else 80: the tables fold to it.
+    """
     from rich.markup import escape
 
-    console = Console(file=out, width=None if out.isatty() else 200, highlight=False)
+    from hpcodegen.report.terminal import console as make_console
+
+    if verbosity < 0:
+        print_findings(result.findings, err, verbosity)
+        return
+    console = make_console(file=out, highlight=False)
     sizes = " ".join(f"{a}={n}" for a, n in result.sizes.items())
     axes = ", ".join(result.axes)
     console.print(f"[bold]{escape(result.meta_path)}[/bold]  axes ({axes})  {sizes}")
@@ -208,5 +211,4 @@ def render_text(result: Inspection, out: TextIO, err: TextIO) -> None:
             line += (f"; at {v['link_gbps']} Gb/s: forward {v['est_forward_s'] * 1e3:.3f} ms, "
                      f"backward {v['est_backward_s'] * 1e3:.3f} ms")
         console.print(line, markup=False)
-    for f in result.findings:
-        print(f"{f.severity}: {f.render()}", file=err)
+    print_findings(result.findings, err, verbosity)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from hpcodegen.artifact.load import LoadedMeta, load_meta
@@ -56,6 +57,10 @@ def _check_options(opts: InspectOptions) -> None:
         parse_mesh(opts.mesh)
     volume_args = {"--batch": opts.batch, "--seq": opts.seq}
     dtype_bytes(opts.dtype)  # an unknown --dtype is an error with or without --hf-config
+    if opts.hf_config is not None:
+        from hpcodegen.extras import require
+
+        require("runtime", "inspect-plan --hf-config (the volume trace)", ("torch", "transformers"))
     if opts.hf_config is None:
         given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps}
         for flag, value in given.items():
@@ -95,6 +100,39 @@ def gate_findings(loaded: LoadedMeta, hf_config: str | None = None) -> list[Find
     for name in names:
         findings.extend(run_check(CHECKS[name], ctx, strict=False).findings)
     return [f for f in findings if f.severity is not Severity.INFO]
+
+
+def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Finding]:
+    """Heads, kv heads and sharded widths against the tp size inspect-plan shows.
+
+    The rule is generate's (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`): heads that
+    do not divide tp are an error (attention cannot run), an uneven width a warning. The sizes
+    come from ``--hf-config`` when given, else from the meta's ``source.structure`` (generate
+    records them); the tp size from ``--mesh`` when given, else the frozen one.
+    """
+    from hpcodegen.plan.tp_divisible import tp_divisibility
+
+    if opts.mesh is not None:
+        _, live = parse_mesh(opts.mesh)
+        tp, where = live.get("tp"), "--mesh"
+    else:
+        tp, where = axis_sizes(meta).get("tp"), "/parallel_dims/tp_size"
+    if not tp or tp <= 1:
+        return []
+    if opts.hf_config is not None:
+        from hpcodegen.hf import read_hf_config
+
+        config, path = read_hf_config(opts.hf_config)
+        source = str(path)
+    else:
+        structure = (meta.get("source") or {}).get("structure") \
+            if isinstance(meta.get("source"), Mapping) else None
+        if not isinstance(structure, Mapping):
+            return []
+        config, source = structure, "source.structure of the meta"
+    return [replace(f, file=f.file or (source if opts.hf_config else None),
+                    message=f"{f.message}, from {source}" if not opts.hf_config else f.message)
+            for f in tp_divisibility(config, tp, "inspect", where)]
 
 
 def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
@@ -185,14 +223,15 @@ def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     return result
 
 
-def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO) -> None:
-    if as_json:
-        from hpcodegen.inspect.render import render_failure_json
+def _emit_failure(findings: Sequence[Finding], as_json: bool, out: TextIO, err: TextIO,
+                  exit_code: int) -> int:
+    from hpcodegen.inspect.render import print_findings, render_failure_json
 
-        render_failure_json(findings, out)
+    if as_json:
+        render_failure_json(findings, out, exit_code)
     else:
-        for f in findings:
-            print(f"{f.severity}: {f.render()}", file=err)
+        print_findings(findings, err)
+    return exit_code
 
 
 def run_inspect(opts: InspectOptions, out: TextIO | None = None,
@@ -210,23 +249,26 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
         loaded = load_meta(opts.path)
         gate = gate_findings(loaded, opts.hf_config) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
-            _emit_failure(gate, opts.as_json, out, err)
-            return EXIT_FAILED
+            return _emit_failure(gate, opts.as_json, out, err, EXIT_FAILED)
         if not param_plan(loaded.data):
             empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
                           file=str(loaded.meta_path))
-            _emit_failure([empty], opts.as_json, out, err)
-            return EXIT_FAILED
+            return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
         result = inspect_meta(loaded, opts)
-        result.findings[:0] = gate
+        # heads vs the shown tp: errors fail the run (exit 1) but the prediction is still shown
+        result.findings[:0] = gate + mesh_fit_findings(readable_view(loaded.data)[0], opts)
     except HpcodegenError as exc:
-        _emit_failure(exc.findings, opts.as_json, out, err)
-        return exc.exit_code
+        return _emit_failure(exc.findings, opts.as_json, out, err, exc.exit_code)
     failed = any(f.severity is Severity.ERROR for f in result.findings)
     from hpcodegen.inspect.render import render_json, render_text
+    from hpcodegen.report.terminal import reader_gone
 
-    if opts.as_json:
-        render_json(result, out)
-    else:
-        render_text(result, out, err)
+    try:
+        if opts.as_json:
+            render_json(result, out)
+        else:
+            render_text(result, out, err, opts.verbosity)
+            out.flush()
+    except BrokenPipeError:  # `inspect-plan ... | head -1`: the reader has what it wanted
+        reader_gone()
     return EXIT_FAILED if failed else EXIT_OK

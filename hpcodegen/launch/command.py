@@ -63,8 +63,16 @@ def job_environment(opts: LaunchOptions, *, run_dir: Path, device: str) -> dict[
         env.STEPS: str(opts.steps),
         env.CHECK_PARITY: "1" if opts.check_parity else "0",
         env.SEED: str(opts.seed),
-        env.TOLERANCE: repr(opts.tolerance),
+        env.TOLERANCE: repr(opts.parity_tolerance),
+        env.DTYPE: opts.dtype,
     }
+    for name, value in ((env.SAVE, opts.save), (env.RESUME, opts.resume)):
+        if value is not None:
+            out[name] = str(Path(value).resolve())
+    if opts.max_grad_norm is not None:
+        out[env.MAX_GRAD_NORM] = repr(opts.max_grad_norm)
+    if opts.compile:
+        out[env.COMPILE] = opts.compile
     if opts.model_dir is not None:
         out[env.MODEL_DIR] = str(Path(opts.model_dir).resolve())
     if opts.allow_target:

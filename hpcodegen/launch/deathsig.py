@@ -19,11 +19,15 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
-def wrap(argv: list[str]) -> list[str]:
-    """``argv`` run through this shim where the platform has PDEATHSIG, else unchanged."""
+def wrap(argv: list[str], launcher_pid: int | str | None = None) -> list[str]:
+    """``argv`` run through this shim where the platform has PDEATHSIG, else unchanged.
+
+    ``launcher_pid`` defaults to this process; ``--dry-run`` shows a placeholder instead.
+    """
     if not sys.platform.startswith("linux"):
         return argv
-    return [sys.executable, "-m", __name__, str(os.getpid()), *argv]
+    pid = os.getpid() if launcher_pid is None else launcher_pid
+    return [sys.executable, "-m", __name__, str(pid), *argv]
 
 
 def main(args: list[str]) -> None:

@@ -1,13 +1,12 @@
 """How a launch looks: the per-rank table, the live progress view and the JSON document.
 
 rich is used only here. The table has one row per rank: rank, device, local parameter
-bytes, forward time, parity max diffs, status. JSON (``--json``) goes to stdout with
-stable keys: ``status``, ``exit_code``, ``message``, ``mesh``, ``ranks``.
+bytes, forward time, parity max diffs, status. JSON (``--json``) goes to stdout in the
+envelope of docs/json.md with launch's keys: ``message``, ``mesh``, ``ranks``, ...
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from hpcodegen.launch.results import (
     STATUS_OK,
     RankRecord,
 )
+from hpcodegen.report.terminal import human_bytes
 
 _STYLE = {STATUS_OK: "green", STATUS_FAIL: "red", STATUS_ERROR: "red", STATUS_LOST: "red",
           STATUS_ENDED: "yellow"}
@@ -29,13 +29,7 @@ _FINAL_LOOKING = (STATUS_LOST, STATUS_ENDED)
 
 
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return "-" if n is None else human_bytes(n, precision=1)
 
 
 def _diff(value: Any) -> str:
@@ -109,18 +103,17 @@ def progress_line(rec: RankRecord) -> str:
     return f"[launch] rank {rec.rank}: {rec.status if rec.done else rec.phase}{loss}"
 
 
-def print_json(document: Mapping[str, Any]) -> None:
-    """The ``--json`` document on stdout."""
-    print(json.dumps(document, indent=2, sort_keys=True, allow_nan=True))
+def print_json(exit_code: int, findings: Any = (), **payload: Any) -> None:
+    """The ``--json`` document on stdout: the envelope (docs/json.md) of ``launch``."""
+    import sys
 
+    from hpcodegen.report.envelope import emit
 
-#: Width of the table when output goes to a file or pipe (rich would assume 80 columns).
-LOG_WIDTH = 120
+    emit("launch", exit_code, findings, sys.stdout, **payload)
 
 
 def make_console(stderr: bool = False) -> Console:
-    """A console that honours NO_COLOR and does not wrap long lines in logs."""
-    console = Console(stderr=stderr, soft_wrap=True, highlight=False)
-    if not console.is_terminal:
-        console.width = LOG_WIDTH
-    return console
+    """A console that honours NO_COLOR; its width is COLUMNS, the terminal's, or 80."""
+    from hpcodegen.report.terminal import console
+
+    return console(stderr=stderr, highlight=False)

@@ -27,6 +27,20 @@ SEED = "HPCODEGEN_SEED"
 """Seed of the model init and the synthetic batch (same on every rank)."""
 TOLERANCE = "HPCODEGEN_TOLERANCE"
 """Max abs difference accepted by the parity check."""
+DTYPE = "HPCODEGEN_DTYPE"
+"""Parameter dtype: ``fp32``, ``bf16`` or ``fp16``."""
+SAVE = "HPCODEGEN_SAVE"
+"""Save a DCP checkpoint here after the smoke job's steps (empty: no save)."""
+RESUME = "HPCODEGEN_RESUME"
+"""Resume the smoke job from this checkpoint (empty: start from the weights)."""
+MAX_GRAD_NORM = "HPCODEGEN_MAX_GRAD_NORM"
+"""Clip gradients by this global norm in the smoke job's steps (empty: no clipping)."""
+COMPILE = "HPCODEGEN_COMPILE"
+"""``layers`` or ``model``: ``torch.compile`` each decoder layer or the whole model
+(:mod:`hpcodegen.launch.compile`); empty: eager."""
+LOSS_PARALLEL = "HPCODEGEN_LOSS_PARALLEL"
+"""``1``: the smoke job's loss is vocab-parallel on the sharded logits (set from the
+artifact's ``parallel_dims.loss_parallel``; documented for user scripts)."""
 FAULT = "HPCODEGEN_FAULT"
 """Fault injection for tests and drills: ``raise:RANK`` or ``hang:RANK``."""
 ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
@@ -34,7 +48,8 @@ ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
 
 #: Every variable above, in the order ``--dry-run`` prints them.
 ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
-                        TOLERANCE, FAULT, ALLOW_TARGETS)
+                        TOLERANCE, COMPILE, DTYPE, SAVE, RESUME, MAX_GRAD_NORM, FAULT,
+                        ALLOW_TARGETS)
 
 
 def get(name: str, default: str = "") -> str:

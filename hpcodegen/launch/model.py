@@ -3,23 +3,25 @@
 The class comes from the artifact's generated modeling module (through the runtime's
 loader), so the boundary forwards the runtime binds exist on it; unparallelized, that class
 behaves exactly like transformers' own (its class defaults are no-ops), which is why the
-parity reference is a deep copy of the same model taken before sharding. Weights come from
-``*.safetensors`` files in the model directory when there are any, else from a seeded
-random init: every rank builds the same full model.
+parity reference is the same class built unsharded. With ``*.safetensors`` weights in the
+model directory the model is built with its parameters on the meta device and each rank
+reads only its own shards after the plan is installed (:mod:`hpcodegen.checkpoint`);
+without weights every rank builds the same seeded model and shards it.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.errors import PlanError, error
 from hpcodegen.hf import load_transformers_config, read_hf_config
 from hpcodegen.launch import env
 
 BATCH_SIZE = 2
 TOKENS_PER_RANK = 8
+SEQ_LEN = 32
 
 
 def resolve_model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -> Path:
@@ -42,81 +44,149 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
     return generated_model_class(loaded.data, import_verified_module(loaded, trusted))
 
 
-def _check_shapes(model: Any, state: dict[str, Any], directory: Path) -> None:
-    """Name the tensors whose shape is not the model's (torch lists them in a long text)."""
-    own = model.state_dict()
-    wrong = [f"{k}: file {tuple(v.shape)}, model {tuple(own[k].shape)}"
-             for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
-    if wrong:
-        more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
-        raise PlanError([error("launch.weights_shape", str(directory),
-                               f"weights of another shape than the model: "
-                               f"{'; '.join(wrong[:3])}{more}",
-                               hint="--model-dir must hold the config the weights were saved "
-                                    "with")])
+#: ``--dtype`` names -> torch dtype attribute names.
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _load_weights(model: Any, directory: Path) -> int:
-    """Load every ``*.safetensors`` in ``directory`` into ``model``; returns the file count."""
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        return 0
-    from safetensors.torch import load_file
-
-    state: dict[str, Any] = {}
-    for file in files:
-        try:
-            state.update(load_file(str(file)))
-        except Exception as exc:  # safetensors raises its own error types on a bad header
-            raise PlanError([error("launch.weights_unreadable", "", "not a readable "
-                                   f"safetensors file: {type(exc).__name__}: {exc}",
-                                   file=str(file))]) from None
-    _check_shapes(model, state, directory)
-    result = model.load_state_dict(state, strict=False)
-    tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")}
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing or result.unexpected_keys:
-        raise PlanError([error("launch.weights", str(directory),
-                               f"weights do not match the model: missing {missing[:3]}, "
-                               f"unexpected {list(result.unexpected_keys)[:3]}")])
-    return len(files)
-
-
-def build_model(directory: Path, artifact: Path, seed: int, device: Any) -> tuple[Any, Any, str]:
-    """The full (unsharded) model in float32 on ``device``, its transformers config, and
-    where its weights came from (``"N safetensors file(s)"`` or ``"seeded init (seed S)"``).
-
-    Args:
-        directory: holds ``config.json`` and optionally ``*.safetensors``.
-        artifact: the artifact dir (the generated class comes from it).
-        seed: torch seed for the random init (the same on every rank).
-        device: the rank's ``torch.device``.
-    """
+def torch_dtype(name: str) -> Any:
+    """``fp32``/``bf16``/``fp16`` (or a torch dtype name) -> the torch dtype."""
     import torch
+
+    return getattr(torch, DTYPES.get(name, name))
+
+
+@dataclass
+class BuiltModel:
+    """A rank's model and what was learned building it.
+
+    Attributes:
+        model: the model (parallelized by :func:`build_parallel_model`).
+        hf_config: its transformers config; ``config`` the same as a JSON dict.
+        weights: where the weights came from, for the report.
+        layout: global shapes and plan placements per parameter (checkpoints, clipping).
+        active: the runtime's active mesh (None for the unsharded reference).
+    """
+
+    model: Any
+    hf_config: Any
+    config: dict[str, Any]
+    weights: str
+    layout: Any
+    active: Any = None
+
+
+def _cast_parameters(model: Any, dtype: Any) -> None:
+    """Floating-point parameters to ``dtype``; buffers (rotary frequencies) keep theirs."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+
+
+def _construct(directory: Path, artifact: Path, *, on_meta: bool,
+               seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The generated class built from ``directory``'s config: parameters on meta, or a
+    seeded float32 init on the CPU (identical on every rank)."""
+    import torch
+
+    from hpcodegen.checkpoint.shard_load import parameters_on_meta
 
     config, _ = read_hf_config(directory)
     hf_config = load_transformers_config(config)
     cls = model_class(artifact, config)
+    if on_meta:
+        with parameters_on_meta():
+            return cls(hf_config), hf_config, config
     torch.manual_seed(seed)
     with torch.device("cpu"):
-        model = cls(hf_config)
-    files = _load_weights(model, directory)
-    model = model.to(dtype=torch.float32, device=device)
+        return cls(hf_config), hf_config, config
+
+
+def _weights_text(checkpoint: Any, seed: int) -> str:
+    return (f"{len(checkpoint.files)} safetensors file(s)" if checkpoint
+            else f"seeded init (seed {seed})")
+
+
+def build_model(directory: Path, artifact: Path, seed: int, device: Any,
+                dtype: str = "fp32") -> BuiltModel:
+    """The full (unsharded) model: the parity reference, or a one-rank run.
+
+    Weights come from ``*.safetensors`` in ``directory`` (single file or sharded with an
+    index) when there are any, else from a seeded init. ``dtype`` is ``fp32``, ``bf16`` or
+    ``fp16`` (parameters only).
+    """
+    from hpcodegen.checkpoint.layout import ShardLayout, global_shapes
+    from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+    from hpcodegen.checkpoint.shard_load import materialize
+
+    checkpoint = SafetensorsCheckpoint(directory)
+    model, hf_config, config = _construct(directory, artifact, on_meta=bool(checkpoint),
+                                          seed=seed)
+    layout = ShardLayout.from_model(model, global_shapes(model), None)
+    if checkpoint:
+        materialize(model, layout, dtype=torch_dtype(dtype), device=device,
+                    checkpoint=checkpoint)
+    _cast_parameters(model, torch_dtype(dtype))
+    model = model.to(device=device)
     model.eval()  # no dropout: the sharded and the reference model must see the same math
-    weights = f"{files} safetensors file(s)" if files else f"seeded init (seed {seed})"
-    return model, hf_config, weights
+    return BuiltModel(model, hf_config, config, _weights_text(checkpoint, seed), layout)
+
+
+def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp32", *,
+                         empty: bool = False) -> BuiltModel:
+    """The model parallelized from the artifact, each rank holding only its shards.
+
+    With safetensors weights (or ``empty``, for a checkpoint resume) the model is built
+    with its parameters on the meta device, the plan is installed, and only then is each
+    local shard allocated and read from the files: a rank never holds the full model.
+    Without weights every rank builds the same seeded model and shards it.
+    """
+    from hpcodegen.checkpoint.layout import ShardLayout, global_shapes
+    from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+    from hpcodegen.checkpoint.shard_load import materialize
+
+    artifact = ctx.meta.artifact_dir
+    checkpoint = None if empty else SafetensorsCheckpoint(directory)
+    on_meta = empty or bool(checkpoint)
+    model, hf_config, config = _construct(directory, artifact, on_meta=on_meta, seed=seed)
+    if not on_meta:
+        _cast_parameters(model, torch_dtype(dtype))
+        model = model.to(device=ctx.device)
+    shapes = global_shapes(model)
+    info, active = parallelize(model, ctx, hf_config)
+    layout = ShardLayout.from_model(model, shapes, info)
+    if on_meta:
+        materialize(model, layout, dtype=torch_dtype(dtype), device=ctx.device,
+                    checkpoint=checkpoint)
+        model = model.to(device=ctx.device)  # the buffers
+    model.eval()
+    weights = "empty (resumed)" if empty else _weights_text(checkpoint, seed)
+    return BuiltModel(model, hf_config, config, weights, layout, active)
+
+
+def parallelize(model: Any, ctx: Any, hf_config: Any) -> tuple[dict[str, Any], Any]:
+    """Install the artifact's plan on ``model``; returns the source info and active mesh."""
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.mesh import resolve_active_mesh
+
+    context = MeshContext(device_mesh=ctx.mesh)
+    info = parallelize_from_generated(model, context, ctx.meta.artifact_dir,
+                                      hf_config=hf_config,
+                                      allowed_target_prefixes=env.allowed_targets())
+    return info, resolve_active_mesh(ctx.meta.data, context)
 
 
 def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any) -> tuple[Any, Any]:
-    """``(input_ids, labels)`` of shape ``(2, 8 * world)``, token ids < ``vocab_size``.
+    """``(input_ids, labels)`` of shape ``(2, SEQ_LEN)``, token ids < ``vocab_size``.
 
-    The sequence length is a multiple of the world size, so sequence-parallel plans split it
-    evenly; the same seed gives every rank the same batch.
+    The sequence length is ``SEQ_LEN`` whenever the world size divides it (1, 2, 4, 8...),
+    so a run resumed at another tp trains on the same batch; else ``8 * world``. Either way
+    sequence-parallel plans split it evenly; the same seed gives every rank the same batch.
     """
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
-    shape = (BATCH_SIZE, TOKENS_PER_RANK * world_size)
+    length = SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
+    shape = (BATCH_SIZE, length)
     ids = torch.randint(0, vocab_size, shape, generator=gen)
     labels = torch.randint(0, vocab_size, shape, generator=gen)
     return ids.to(device), labels.to(device)

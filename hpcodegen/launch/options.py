@@ -7,6 +7,12 @@ from pathlib import Path
 
 from hpcodegen.errors import UsageError, error
 
+#: Default parity tolerance per ``--dtype``: max abs difference of logits, gradients and
+#: losses between the sharded and the unsharded model in that dtype (docs/checkpoints.md).
+DEFAULT_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 5e-3}
+#: what ``--compile`` accepts: per decoder layer (torchtitan's default) or the whole model
+COMPILE_MODES = ("layers", "model")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
@@ -25,14 +31,22 @@ class LaunchOptions:
         model_dir: HF ``config.json`` (+ optional safetensors weights); default: the artifact.
         steps: AdamW steps of the smoke job on a synthetic batch.
         check_parity: compare logits/gradients (and losses) with the unsharded model.
-        tolerance: max abs difference the parity check accepts.
+        tolerance: max abs difference the parity check accepts (None: the dtype's default,
+            ``DEFAULT_TOLERANCE``).
         seed: model init and batch seed.
+        compile: ``torch.compile`` the parallelized model: ``layers`` (each decoder layer)
+            or ``model`` (the whole model); None: eager.
         timeout: seconds before the whole job is ended (None: no limit).
         log_dir: keep per-rank logs and result files here.
         dry_run: print the torchrun command and environments, run nothing.
         json: machine output on stdout.
         script: a user script and its arguments (after ``--``); empty for the smoke job.
+        dtype: parameter dtype, ``fp32``, ``bf16`` or ``fp16``.
+        save: write a DCP checkpoint here after the steps (a new or empty directory).
+        resume: start from this checkpoint (saved at any tp and dp) instead of the weights.
+        max_grad_norm: clip gradients by this global norm in the steps.
         allow_target: module prefixes trusted for injection targets (``--allow-target``).
+        verbosity: -1 ``--quiet`` (the verdict only), 0, 1 ``-v`` (also the exact command).
     """
 
     artifact: Path
@@ -47,14 +61,25 @@ class LaunchOptions:
     model_dir: Path | None = None
     steps: int = 0
     check_parity: bool = False
-    tolerance: float = 1e-5
+    tolerance: float | None = None
     seed: int = 0
+    compile: str | None = None
     timeout: float | None = None
     log_dir: Path | None = None
     dry_run: bool = False
     json: bool = False
     script: tuple[str, ...] = field(default_factory=tuple)
     allow_target: tuple[str, ...] = field(default_factory=tuple)
+    dtype: str = "fp32"
+    save: Path | None = None
+    resume: Path | None = None
+    max_grad_norm: float | None = None
+    verbosity: int = 0
+
+    @property
+    def parity_tolerance(self) -> float:
+        """``--tolerance``, else the default of ``--dtype``."""
+        return self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.dtype]
 
     @property
     def multi_node(self) -> bool:
@@ -79,9 +104,14 @@ class LaunchOptions:
         if self.timeout is not None and self.timeout <= 0:
             problems.append(error("launch.timeout", "--timeout", f"--timeout {self.timeout}",
                                   expected="> 0 seconds"))
-        if not self.tolerance >= 0:  # also refuses NaN
+        problems += self._checkpoint_problems()
+        if self.tolerance is not None and not self.tolerance >= 0:  # also refuses NaN
             problems.append(error("launch.tolerance", "--tolerance",
                                   f"--tolerance {self.tolerance}", expected=">= 0"))
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            problems.append(error("launch.compile", "--compile-scope",
+                                  f"--compile-scope {self.compile!r}",
+                                  expected=" or ".join(COMPILE_MODES)))
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             problems.append(error("launch.log_dir", "--log-dir",
@@ -96,6 +126,31 @@ class LaunchOptions:
                                   file=self.script[0]))
         if problems:
             raise UsageError(problems)
+
+    def _checkpoint_problems(self) -> list:
+        """--dtype, --save, --resume and --max-grad-norm (the checkpoint itself is read
+        later, with the config, by ``run._prepare``)."""
+        problems = []
+        if self.dtype not in DEFAULT_TOLERANCE:
+            problems.append(error("launch.dtype", "--dtype", f"--dtype {self.dtype!r}",
+                                  expected=" | ".join(DEFAULT_TOLERANCE)))
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            problems.append(error("launch.max_grad_norm", "--max-grad-norm",
+                                  f"--max-grad-norm {self.max_grad_norm}", expected="> 0"))
+        if self.script and (self.save or self.resume or self.max_grad_norm is not None):
+            problems.append(error("launch.script_options", "--save/--resume/--max-grad-norm",
+                                  "--save, --resume and --max-grad-norm drive the built-in "
+                                  "smoke job; a script calls setup().save/resume/"
+                                  "clip_grad_norm_", hint="drop them or the script"))
+        if self.save is not None:
+            from hpcodegen.checkpoint.record import check_target
+            from hpcodegen.errors import HpcodegenError
+
+            try:
+                check_target(self.save)
+            except HpcodegenError as exc:
+                problems += exc.findings
+        return problems
 
     def _node_problems(self) -> list:
         """--nnodes, --node-rank and --master-port: what torchrun would reject late."""

@@ -21,6 +21,7 @@ from hpcodegen.errors import EXIT_OK, HpcodegenError, UsageError, error, printab
 from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import display
 from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
+from hpcodegen.launch.deathsig import wrap
 from hpcodegen.launch.device import resolve_device
 from hpcodegen.launch.mesh import MeshLayout, resolve_mesh_layout
 from hpcodegen.launch.options import LaunchOptions
@@ -36,18 +37,27 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     one), so a drifted artifact or a config of another model is refused once, here,
     instead of N times.
     """
+    from hpcodegen.extras import require
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 
+    require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
-    config = read_hf_config(model_dir)[0] if model_dir is not None else None
+    config = None
+    if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
+        config, config_path = read_hf_config(model_dir)
+        model_dir = config_path.parent
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
+    if opts.resume is not None:  # another model's checkpoint: refused before start
+        from hpcodegen.checkpoint.record import check_same_model, read_record
+
+        check_same_model(read_record(opts.resume), config or {}, opts.resume)
     device = resolve_device(opts.device, opts.nproc)
-    if device.note and not opts.json:
+    if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)
     crowded = _oversubscribed(opts, device.kind)
     if crowded:  # stderr also with --json: stdout holds the one document
@@ -57,21 +67,32 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     return layout, device.kind, opts
 
 
+#: stands for the launcher's pid in --dry-run (the shim exits when that process is gone)
+LAUNCHER_PID = "<launcher-pid>"
+
+
 def _dry_run(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
              job_env: dict[str, str]) -> int:
+    """The exact command the launcher would start, wrapper included, and each rank's env."""
     envs = rank_environments(opts, job_env)
+    exec_argv = wrap(argv, LAUNCHER_PID)
     if opts.json:
-        display.print_json({"status": "dry-run", "exit_code": EXIT_OK, "argv": argv,
-                            "mesh": dict(zip(layout.names, layout.sizes, strict=True)),
-                            "rank_env": envs})
+        display.print_json(EXIT_OK, dry_run=True, argv=argv, exec_argv=exec_argv,
+                           mesh=dict(zip(layout.names, layout.sizes, strict=True)),
+                           rank_env=envs)
         return EXIT_OK
     import shlex
 
+    from hpcodegen.report.terminal import fold_command, fold_text
+
     print(f"# mesh {layout.describe()}")
-    print(shlex.join(argv))
+    if exec_argv != argv:
+        print(fold_text(f"# torchrun runs under hpcodegen.launch.deathsig, which ends it if "
+                        f"the launcher dies; {LAUNCHER_PID} is the launcher's pid", "# "))
+    print(fold_command([shlex.quote(a) for a in exec_argv]))
     for rank_env in envs:
         print(f"# local rank {rank_env['LOCAL_RANK']}:")
-        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in rank_env.items()))
+        print(fold_command([f"{k}={shlex.quote(v)}" for k, v in rank_env.items()]))
     return EXIT_OK
 
 
@@ -95,9 +116,7 @@ def _refuse(exc: HpcodegenError, opts: LaunchOptions, err: Any) -> int:
     for finding in exc.findings:
         err.print(f"error: {finding.render()}", markup=False)
     if opts.json:  # the documented shape on stdout even when nothing started
-        display.print_json({"status": "error", "exit_code": exc.exit_code,
-                            "message": str(exc),
-                            "findings": [f.to_json() for f in exc.findings]})
+        display.print_json(exc.exit_code, exc.findings, message=str(exc))
     return exc.exit_code
 
 
@@ -124,6 +143,12 @@ def run_launch(opts: LaunchOptions) -> int:
     job_env = job_environment(opts, run_dir=run_dir, device=device)
     if opts.dry_run:
         return _dry_run(opts, layout, argv, job_env)
+    if opts.verbosity > 0 and not opts.json:
+        import shlex
+
+        from hpcodegen.report.terminal import fold_command
+
+        print(fold_command([shlex.quote(a) for a in wrap(argv)]), file=sys.stderr)
     return _execute(opts, layout, argv, job_env, run_dir, logs)
 
 
@@ -138,26 +163,31 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
                           script_stdout=bool(opts.script), keep_stdout=not opts.json,
                           on_update=live.update)
     code, message = verdict(outcome, opts, logs, run_dir, console_log)
+    # a passing job's scratch dir is removed (unless --log-dir): never report a deleted path
+    keep = code != EXIT_OK or opts.log_dir is not None
+    if not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
     if opts.json:
-        display.print_json({
-            "status": "ok" if code == EXIT_OK else "fail", "exit_code": code,
-            "message": message, "mesh": dict(zip(layout.names, layout.sizes, strict=True)),
-            "elapsed_s": round(outcome.elapsed, 3), "timed_out": outcome.timed_out,
-            "torchrun_returncode": outcome.returncode, "pids": outcome.pids,
-            "run_dir": str(run_dir), "log_dir": str(logs) if logs else None,
-            "ranks": [r.to_json() for _, r in sorted(outcome.records.items())]})
+        findings = [] if code == EXIT_OK else [error("launch.failed", "", message)]
+        display.print_json(
+            code, findings, message=message,
+            mesh=dict(zip(layout.names, layout.sizes, strict=True)),
+            elapsed_s=round(outcome.elapsed, 3), timed_out=outcome.timed_out,
+            torchrun_returncode=outcome.returncode, pids=outcome.pids,
+            run_dir=str(run_dir) if keep else None,
+            log_dir=str(logs) if logs and keep else None,
+            ranks=[r.to_json() for _, r in sorted(outcome.records.items())])
     else:
         out = display.make_console()
-        out.print(display.rank_table(outcome.records, _expected(opts), _title(opts, layout),
-                                     script=bool(opts.script)))
-        for line in display.loss_lines(outcome.records):
-            out.print(line, markup=False)
+        if opts.verbosity >= 0 or code != EXIT_OK:
+            out.print(display.rank_table(outcome.records, _expected(opts),
+                                         _title(opts, layout), script=bool(opts.script)))
+            for line in display.loss_lines(outcome.records):
+                out.print(line, markup=False)
         stream = out if code == EXIT_OK else display.make_console(stderr=True)
         stream.print(message, markup=False)
         for line in _script_traceback(opts, outcome):
             stream.print(line, markup=False, highlight=False)
-    if code == EXIT_OK and opts.log_dir is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
     return code
 
 
@@ -199,7 +229,7 @@ class _Progress:
         self.console = display.make_console(stderr=True)
         self.live: Any = None
         self.last: dict[int, str] = {}
-        self.quiet = opts.json
+        self.quiet = opts.json or opts.verbosity < 0
 
     def __enter__(self) -> _Progress:
         if not self.quiet and not self.opts.script and self.console.is_terminal:

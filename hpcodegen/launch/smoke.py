@@ -3,24 +3,31 @@
 Steps, in order (each is a ``phase`` the launcher shows):
 
 1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
-2. ``build``: the full model from the generated class (seeded or safetensors weights); with
-   parity, a deep copy stays unsharded as the reference.
-3. ``parallelize``: :func:`hpcodegen.runtime.parallelize_from_generated` on the model.
+2. ``build``: the model, parallelized, each rank reading only its shards of the
+   safetensors weights (or a seeded init, or empty shards for ``--resume``); with parity,
+   the unsharded reference is built from the same weights. With ``--compile``,
+   :func:`hpcodegen.runtime.compile.compile_parallelized` after the install.
+3. ``resume``: with ``--resume DIR``, model, optimizer and step from the DCP checkpoint
+   (saved at any tp and dp); the reference loads it too.
 4. ``forward``: one timed forward of the synthetic batch.
 5. ``parity``: logits and every parameter's gradient against the reference.
-6. ``step k/K``: AdamW steps; with parity the reference steps identically and the losses
-   are compared.
+6. ``step k/K``: AdamW steps (``--max-grad-norm``: clipped by the global norm); with parity
+   the reference steps identically (clipped by torch) and losses and norms are compared.
+7. ``save``: with ``--save DIR``, a DCP checkpoint of model, optimizer and step.
 """
 
 from __future__ import annotations
 
-import copy
+import math
 import time
+from pathlib import Path
 from typing import Any
 
 from hpcodegen.launch import env
 from hpcodegen.launch.model import (
+    BuiltModel,
     build_model,
+    build_parallel_model,
     local_param_bytes,
     resolve_model_dir,
     synthetic_batch,
@@ -30,17 +37,6 @@ from hpcodegen.launch.rank import RankContext, init_rank
 from hpcodegen.launch.reporter import RankReporter
 
 LEARNING_RATE = 1e-3
-
-
-def parallelize(model: Any, ctx: RankContext, hf_config: Any) -> Any:
-    """Install the artifact's plan on ``model``; returns the runtime's active mesh."""
-    from hpcodegen.runtime import MeshContext, parallelize_from_generated
-    from hpcodegen.runtime.mesh import resolve_active_mesh
-
-    context = MeshContext(device_mesh=ctx.mesh)
-    parallelize_from_generated(model, context, ctx.meta.artifact_dir, hf_config=hf_config,
-                               allowed_target_prefixes=env.allowed_targets())
-    return resolve_active_mesh(ctx.meta.data, context)
 
 
 def _sync(device: Any) -> None:
@@ -87,35 +83,61 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     ref.zero_grad(set_to_none=True)
     return {"logits_max_diff": float((logits.detach() - ref_logits.detach()).abs().max()),
             "grad_max_diff": grad_diff, "worst_grad": worst, "mismatched_params": odd,
-            "loss": float(loss), "ref_loss": float(ref_loss)}
+            "loss": float(loss.detach()), "ref_loss": float(ref_loss.detach())}
 
 
-def _train(model: Any, ref: Any | None, batch: tuple[Any, Any], steps: int, ctx: RankContext,
-           active: Any, reporter: RankReporter) -> None:
-    """``steps`` AdamW steps on the synthetic batch (the reference steps identically)."""
+def _optimizer(model: Any) -> Any:
+    """AdamW; with fp16 parameters its ``eps`` is 1e-4, as 1e-8 is 0 in fp16 (and a
+    gradient's square underflows to 0 there, so the update would be 0/0)."""
     import torch
 
-    pairs = [(model, active)] + ([(ref, None)] if ref is not None else [])
-    opts = [torch.optim.AdamW(m.parameters(), lr=LEARNING_RATE) for m, _ in pairs]
+    fp16 = any(p.dtype == torch.float16 for p in model.parameters())
+    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, eps=1e-4 if fp16 else 1e-8)
+
+
+def _clip(built: BuiltModel, max_norm: float | None) -> float | None:
+    """Clip by the global norm (the sharded model) or torch's own (the reference)."""
+    if max_norm is None:
+        return None
+    import torch
+
+    from hpcodegen.checkpoint.clip import clip_grad_norm_
+
+    if built.active is None:
+        return float(torch.nn.utils.clip_grad_norm_(built.model.parameters(), max_norm))
+    return float(clip_grad_norm_(built.model, built.layout, max_norm))
+
+
+def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: int,
+           first: int, ctx: RankContext, max_norm: float | None,
+           reporter: RankReporter) -> list[list[float | None]]:
+    """``steps`` AdamW steps of every ``(model, optimizer)`` on the synthetic batch.
+
+    Returns the gradient norms per model per step (None without clipping).
+    """
+    norms: list[list[float | None]] = [[] for _ in runs]
     for k in range(1, steps + 1):
         losses = []
-        for (m, act), opt in zip(pairs, opts, strict=True):
+        for i, (built, opt) in enumerate(runs):
             opt.zero_grad(set_to_none=True)
-            loss, _ = _loss(m, *batch, ctx, act)
+            loss, _ = _loss(built.model, *batch, ctx, built.active)
             loss.backward()
+            norms[i].append(_clip(built, max_norm))
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         reporter.record.losses.append(losses[0])
-        if ref is not None:
+        if len(runs) > 1:
             reporter.record.ref_losses.append(losses[1])
-        reporter.update(phase=f"step {k}/{steps}")
+        reporter.update(phase=f"step {first + k}/{first + steps}")
+    return norms
 
 
 def _failure(parity: dict[str, Any], tol: float) -> str | None:
-    """The parity check's verdict: None when every compared quantity is within ``tol``."""
+    """The parity check's verdict: None when every compared quantity is within ``tol``
+    (a NaN anywhere fails)."""
     if parity.get("mismatched_params"):
         return f"parameters differ in shape or presence: {parity['mismatched_params'][:3]}"
-    for key in ("logits_max_diff", "grad_max_diff", "loss_max_diff"):
+    for key in ("logits_max_diff", "grad_max_diff", "loss_max_diff", "grad_norm_max_diff"):
         value = parity.get(key)
         if value is not None and not value <= tol:
             where = f" at {parity['worst_grad']}" if key == "grad_max_diff" else ""
@@ -123,34 +145,78 @@ def _failure(parity: dict[str, Any], tol: float) -> str | None:
     return None
 
 
+def _nan_max(values: list[float]) -> float:
+    """``max`` that returns NaN when any value is NaN or infinite (plain ``max`` skips NaN)."""
+    return math.nan if any(not math.isfinite(v) for v in values) else max(values, default=0.0)
+
+
+def _checkpoint_record(ctx: RankContext, built: BuiltModel) -> dict[str, Any]:
+    meta = ctx.meta.data
+    return {"config": built.config,
+            "mesh": dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True)),
+            "artifact": {"name": Path(ctx.meta.artifact_dir).name,
+                         "signature": meta.get("signature"),
+                         "parallel_dims": meta.get("parallel_dims")}}
+
+
+def _resume(directory: str, runs: list[tuple[BuiltModel, Any]], reporter: RankReporter) -> int:
+    from hpcodegen.checkpoint.dcp_io import resume
+
+    reporter.update(phase="resume")
+    steps = {resume(directory, built.model, built.layout, optimizer=opt) for built, opt in runs}
+    return steps.pop()
+
+
 def run(reporter: RankReporter) -> None:
     """The whole smoke job for this rank; the final record says ok or what failed."""
     parity_on = env.get(env.CHECK_PARITY) == "1"
     steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
     tol = float(env.get(env.TOLERANCE, "1e-5"))
+    dtype = env.get(env.DTYPE, "fp32")
+    save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
+    max_norm = float(env.get(env.MAX_GRAD_NORM)) if env.get(env.MAX_GRAD_NORM) else None
     ctx = init_rank()
     reporter.update(device=str(ctx.device), phase="build", world_size=ctx.world_size)
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
-    model, hf_config, weights = build_model(directory, ctx.meta.artifact_dir, seed,
-                                            ctx.device)
-    ref = copy.deepcopy(model) if parity_on else None
-    reporter.update(phase="parallelize", weights=weights)
-    active = parallelize(model, ctx, hf_config)
-    batch = synthetic_batch(hf_config.vocab_size, ctx.world_size, seed, ctx.device)
-    reporter.update(phase="forward", local_param_bytes=local_param_bytes(model))
-    reporter.update(forward_ms=_timed_forward(model, batch[0], ctx.device))
+    built = build_parallel_model(directory, ctx, seed, dtype, empty=bool(resume_dir))
+    scope = env.get(env.COMPILE)
+    if scope:
+        from hpcodegen.runtime.compile import compile_parallelized
+
+        compile_parallelized(built.model, scope)
+    ref = None
+    if parity_on:
+        ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype)
+    runs = [(b, _optimizer(b.model)) for b in (built, ref) if b is not None]
+    first = _resume(resume_dir, runs, reporter) if resume_dir else 0
+    weights = f"checkpoint {resume_dir} (step {first})" if resume_dir else built.weights
+    reporter.update(phase="forward", weights=weights,
+                    local_param_bytes=local_param_bytes(built.model))
+    batch = synthetic_batch(built.hf_config.vocab_size, ctx.world_size, seed, ctx.device)
+    reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device))
     parity: dict[str, Any] | None = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(model, ref, batch, ctx, active), "tolerance": tol}
+        parity = {**_parity(built.model, ref.model, batch, ctx, built.active), "tolerance": tol}
         reporter.update(parity=parity)
     if steps:
-        _train(model, ref, batch, steps, ctx, active, reporter)
-        if parity is not None:
+        norms = _train(runs, batch, steps, first, ctx, max_norm, reporter)
+        if parity is not None and ref is not None:
             rec = reporter.record
-            parity["loss_max_diff"] = max(abs(a - b) for a, b in zip(rec.losses, rec.ref_losses,
-                                                                     strict=True))
-            parity["param_max_diff"] = max_param_diff(model, ref, ctx.meta.data, active,
-                                                      lambda p: p.data)[0]
+            diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
+            finite = all(math.isfinite(x) for x in rec.losses)  # a NaN loss must fail
+            parity["loss_max_diff"] = _nan_max(diffs) if finite else math.nan
+            parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.data,
+                                                      built.active, lambda p: p.data)[0]
+            if max_norm is not None:
+                parity["grad_norms"] = norms[0]
+                parity["grad_norm_max_diff"] = _nan_max(
+                    [abs(a - b) / max(1.0, abs(b)) for a, b in zip(*norms, strict=True)])
+    if save_dir:
+        from hpcodegen.checkpoint.dcp_io import save
+
+        reporter.update(phase="save")
+        save(save_dir, built.model, built.layout, optimizer=runs[0][1], step=first + steps,
+             record=_checkpoint_record(ctx, built))
     reporter.update(parity=parity)
     reporter.finish(_failure(parity, tol) if parity is not None else None)

@@ -16,7 +16,8 @@ from hpcodegen.report.text import TextReporter
 class Reporter(Protocol):
     """Writes a whole verify result to a text stream."""
 
-    def write(self, result: VerifyResult, stream: TextIO, *, verbose: bool = False) -> None: ...
+    def write(self, result: VerifyResult, stream: TextIO, *, verbose: bool = False,
+              quiet: bool = False) -> None: ...
 
 
 REPORTERS: dict[str, Reporter] = {

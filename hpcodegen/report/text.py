@@ -70,14 +70,19 @@ def _artifact(console: Console, art: ArtifactResult, verbose: bool) -> None:
 class TextReporter:
     """A rich summary; plain text when the stream is not a terminal."""
 
-    def write(self, result: VerifyResult, stream: TextIO, *, verbose: bool = False) -> None:
-        from rich.console import Console
+    def write(self, result: VerifyResult, stream: TextIO, *, verbose: bool = False,
+              quiet: bool = False) -> None:
+        """``quiet``: only the failing artifacts, and the summary line when one failed."""
+        from hpcodegen.report.terminal import console as make_console
 
-        console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")),
-                          highlight=False, soft_wrap=True,
-                          width=None if stream.isatty() else 120)
+        # width: COLUMNS, else the terminal's, else 80; long findings fold to it
+        console = make_console(file=stream, no_color=bool(os.environ.get("NO_COLOR")),
+                          highlight=False)
         for art in result.artifacts:
-            _artifact(console, art, verbose)
+            if not (quiet and art.ok):
+                _artifact(console, art, verbose)
+        if quiet and result.ok:
+            return
         passed = sum(a.ok for a in result.artifacts)
         total = len(result.artifacts)
         style = "bold green" if result.ok else "bold red"

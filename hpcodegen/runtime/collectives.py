@@ -6,20 +6,33 @@ forward op comes from ``Transition.op`` and the backward from ``Transition.grad_
 (``hpcodegen.plan.classify.grad_steps``, the one rule; see docs/design.md "Autograd of
 lowered collectives").
 
-Why plain c10d calls: the collectives are the in-place ``torch.distributed`` ops
-(``all_reduce``, ``all_gather_single``, ``reduce_scatter_single``) into a result buffer we
-allocate, not ``torch.distributed._functional_collectives``. The functional ops cost 26-40 us
-per call on a no-op process group (their Python autograd wrapper, the
-``AsyncCollectiveTensor`` wrap and the wait) against 3-12 us for the in-place ones, and
-both reach the same ``ProcessGroup`` methods, so backend support is the same. ``CommDebugMode``
-counts the in-place c10d ops too (``allreduce_``, ``_allgather_base_``,
-``_reduce_scatter_base_``), forward and backward alike. The input is never written: an
-all_reduce reduces a fresh copy, so tensors that autograd saved or the caller still holds
-(a residual, a gradient shared by two branches) keep their values.
+Two executions of the same ops, chosen per call:
 
-Why ``_Lowered`` is skipped when no gradient can flow (``no_grad``, or an input that does
-not require grad): ``autograd.Function.apply`` costs a few microseconds per call and would
-record nothing.
+* **Eager** (the hot path): the ``ProcessGroup`` methods themselves (``allreduce``,
+  ``all_gather_single``, ``reduce_scatter_single``) into a result buffer we allocate, then
+  ``wait()``. ``torch.distributed.all_reduce`` and friends reach the same methods after
+  7-13 us of Python checks per call on a no-op group (argument checks, a fresh options
+  object, the coalescing lookup, the exception-logging wrapper); the functional collectives
+  cost 26-40 us (autograd wrapper, ``AsyncCollectiveTensor``). ``CommDebugMode`` counts the
+  c10d ops the methods dispatch (``allreduce_``, ``_allgather_base_``,
+  ``_reduce_scatter_base_``), forward and backward alike. The input is never written: an
+  all_reduce reduces a fresh copy, so tensors that autograd saved or the caller still holds
+  (a residual, a gradient shared by two branches) keep their values.
+* **Under ``torch.compile``** (``torch.compiler.is_compiling()``): the functional
+  collectives of ``torch.distributed._functional_collectives``, which dynamo traces into
+  the graph (no graph break) and inductor schedules.
+
+Autograd without a Python ``autograd.Function`` where a C++ op has the same gradient:
+
+* all_reduce forward with an identity backward (``P(sum) -> R``): a ``clone`` (its backward
+  is the identity) reduced in place through a detached alias;
+* all_gather forward with a local-chunk backward (``S(d) -> R``): the gathered shards
+  concatenated with this rank's own shard in its slot, so ``cat``'s backward hands back
+  exactly this rank's chunk of the gradient.
+
+Every other pair runs through ``_Lowered`` (forward op, backward steps), and only when a
+gradient can flow (grad mode on and an input that requires grad); otherwise the forward op
+runs directly.
 
 Measured on torch 2.13: gloo runs ``all_gather_single`` (concatenated output form only, not
 the stacked one) and ``reduce_scatter_single``, so no all_reduce + chunk emulation is
@@ -30,7 +43,6 @@ all_reduce + chunk.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -42,9 +54,7 @@ from hpcodegen.runtime.identity import unwrap_local
 
 LocalFn = Callable[[torch.Tensor], torch.Tensor]
 
-#: torch 2.13 names; older torch has only the (now deprecated) ``*_tensor`` spellings
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+compiling = torch.compiler.is_compiling
 
 
 def map_local_tensors(value: Any, leaf: LocalFn) -> Any:
@@ -57,26 +67,94 @@ def map_local_tensors(value: Any, leaf: LocalFn) -> Any:
     return leaf(value) if isinstance(value, torch.Tensor) else value
 
 
+class Comm:
+    """One process group as the lowered ops use it, resolved on first eager use (the group
+    may not exist yet at install): the ``ProcessGroup`` itself, its size and this rank, and
+    the option objects its methods take (made once, not per call)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.pg: Any = None
+        self.size = self.rank = 0
+
+    def resolve(self) -> Any:
+        """The ``ProcessGroup`` (the default group for None), set up on first call."""
+        if self.pg is None:
+            pg = self.group if self.group is not None else dist.group.WORLD
+            self.size, self.rank = dist.get_world_size(pg), dist.get_rank(pg)
+            self.sum_opts = dist.distributed_c10d.AllreduceOptions()
+            self.sum_opts.reduceOp = dist.ReduceOp.SUM
+            self.gather_opts = dist.distributed_c10d.AllgatherOptions()
+            self.scatter_opts = dist.distributed_c10d.ReduceScatterOptions()
+            self.scatter_opts.reduceOp = dist.ReduceOp.SUM
+            self.pg = pg
+        return self.pg
+
+    def traced(self) -> tuple[Any, int, int]:
+        """``(group, size, rank)`` for the functional collectives (compile-time constants)."""
+        group = self.group if self.group is not None else dist.group.WORLD
+        return group, dist.get_world_size(group), dist.get_rank(group)
+
+    def all_reduce_(self, t: torch.Tensor) -> None:
+        """Sum ``t`` in place over the group (eager)."""
+        self.resolve().allreduce([t], self.sum_opts).wait()
+
+
+def _comm(group: Any) -> Comm:
+    return group if isinstance(group, Comm) else Comm(group)
+
+
 def gather(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> torch.Tensor:
-    """all_gather of equal local shards, concatenated on ``dim`` (negative allowed)."""
-    n = world or dist.get_world_size(group)
-    x = x.contiguous()
-    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-    _ALL_GATHER(out, x, group=group)
+    """all_gather of equal local shards, concatenated on ``dim`` (negative allowed).
+
+    Differentiable as DTensor's ``Shard(dim) -> Replicate``: the backward is this rank's chunk
+    of the gradient (``cat`` puts ``x`` itself in this rank's slot), no Python autograd.
+    """
+    comm = _comm(group)
+    src = x.detach().contiguous()
+    if compiling():
+        group_, n, rank = comm.traced()
+        out = torch.distributed._functional_collectives.all_gather_tensor(src, 0, group_)
+    else:
+        pg = comm.resolve()
+        n, rank = comm.size, comm.rank
+        out = src.new_empty((n * src.shape[0], *src.shape[1:]))
+        pg.all_gather_single(out, src, comm.gather_opts).wait()
     d = dim % x.dim()
-    return out if d == 0 or n == 1 else torch.cat(out.chunk(n), d)
+    if n == 1:
+        return x
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return out if d == 0 else torch.cat(out.chunk(n), d)
+    parts = list(out.chunk(n))
+    parts[rank] = x
+    return torch.cat(parts, d)
 
 
 def reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """all_reduce(sum) into a fresh tensor (``x`` itself is left as it was)."""
+    """all_reduce(sum) into a fresh tensor (``x`` itself is left as it was).
+
+    Eager, differentiable with an identity backward (DTensor's ``Partial -> Replicate``):
+    the sum is written into a ``clone`` through a detached alias, so autograd sees only the
+    clone. Under ``torch.compile`` the functional all_reduce (no autograd: wrapped by
+    :func:`lowered_fn` when a gradient flows).
+    """
+    comm = _comm(group)
+    if compiling():
+        group_, _, _ = comm.traced()
+        return torch.distributed._functional_collectives.all_reduce(x, "sum", group_)
     out = x.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, group=group)
+    comm.all_reduce_(out.detach())
     return out
 
 
 def local_chunk(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     """This rank's chunk of ``x`` on ``dim`` (torch.chunk's split, as DTensor's Shard)."""
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    comm = _comm(group)
+    if compiling():
+        _, n, rank = comm.traced()
+    else:
+        comm.resolve()
+        n, rank = comm.size, comm.rank
     parts = torch.chunk(x, n, dim % x.dim())
     if rank < len(parts):
         return parts[rank].contiguous()
@@ -87,42 +165,36 @@ def local_chunk(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
 
 def scatter(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> torch.Tensor:
     """reduce_scatter(sum) on ``dim``; all_reduce + chunk when the dim does not divide."""
-    n = world or dist.get_world_size(group)
+    comm = _comm(group)
     d = dim % x.dim()
+    if compiling():
+        group_, n, _ = comm.traced()
+        if x.shape[d] % n:
+            return local_chunk(reduce(x, comm), d, comm)
+        return torch.distributed._functional_collectives.reduce_scatter_tensor(
+            x.contiguous(), "sum", d, group_)
+    pg = comm.resolve()
+    n = comm.size
     if x.shape[d] % n:
-        return local_chunk(reduce(x, group), d, group)
+        return local_chunk(reduce(x, comm), d, comm)
     # the c10d op scatters dim 0: lay the chunks of ``d`` out one after the other
     src = x.contiguous() if d == 0 else torch.cat(torch.chunk(x, n, d))
     out = src.new_empty((src.shape[0] // n, *src.shape[1:]))
-    _REDUCE_SCATTER(out, src, group=group)
+    pg.reduce_scatter_single(out, src, comm.scatter_opts).wait()
     return out
-
-
-class _World:
-    """The group's size, looked up on first use (the group may not exist at install)."""
-
-    __slots__ = ("group", "size")
-
-    def __init__(self, group: Any) -> None:
-        self.group, self.size = group, 0
-
-    def __call__(self) -> int:
-        if not self.size:
-            self.size = dist.get_world_size(self.group)
-        return self.size
 
 
 def step_fn(kind: str, dim: int | None, group: Any, where: str) -> LocalFn:
     """The local function of one collective kind on the tp group."""
-    world = _World(group)
+    comm = _comm(group)
     if kind == "all_gather":
-        return lambda x: gather(x, dim, group, world())
+        return lambda x: gather(x, dim, comm)
     if kind == "all_reduce":
-        return partial(reduce, group=group)
+        return lambda x: reduce(x, comm)
     if kind == "reduce_scatter":
-        return lambda x: scatter(x, dim, group, world())
+        return lambda x: scatter(x, dim, comm)
     if kind == "chunk":
-        return lambda x: local_chunk(x, dim, group)
+        return lambda x: local_chunk(x, dim, comm)
     raise PlanError([error("runtime.unlowerable", where,
                            f"cannot run {kind} as a lowered tp collective")])
 
@@ -140,17 +212,24 @@ def _chain(fns: Sequence[LocalFn]) -> LocalFn | None:
     return run
 
 
-class _Lowered(torch.autograd.Function):
-    """Forward ``fwd`` on the local tensor, backward ``bwd`` on its gradient."""
+def lowered_function(fwd: LocalFn | None, bwd: LocalFn | None) -> type[torch.autograd.Function]:
+    """An autograd Function running ``fwd`` forward and ``bwd`` on the gradient.
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fwd: LocalFn | None, bwd: LocalFn | None) -> Any:
-        ctx.bwd = bwd
-        return fwd(x) if fwd is not None else x.view_as(x)
+    One class per transition, made at install: dynamo traces such a Function (its forward
+    and backward are plain closures over the group), where a shared class taking the
+    functions as ``apply`` arguments would have to store them on ``ctx``.
+    """
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        return (ctx.bwd(grad) if ctx.bwd is not None else grad), None, None
+    class Lowered(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> Any:
+            return fwd(x) if fwd is not None else x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> Any:
+            return bwd(grad) if bwd is not None else grad
+
+    return Lowered
 
 
 def lowered_fn(t: Transition, group: Any, where: str) -> Callable[[Any], Any]:
@@ -162,40 +241,62 @@ def lowered_fn(t: Transition, group: Any, where: str) -> Callable[[Any], Any]:
     if t.op is None:
         raise PlanError([error("runtime.unlowerable", where,
                                f"{t.side}put {t.name!r} is not one tp collective")])
-    fwd = None if t.op.kind == "identity" else step_fn(t.op.kind, t.op.dim, group, where)
-    bwd = _chain([_grad_step(s, group, where) for s in t.grad_steps])
-    return apply_lowered(fwd, bwd)
+    comm = _comm(group)
+    for s in t.grad_steps:
+        if s.axis != "tp":
+            raise PlanError([error("runtime.unlowerable", where,
+                                   f"backward step {s} is on axis {s.axis!r}, not tp")])
+    fwd = None if t.op.kind == "identity" else step_fn(t.op.kind, t.op.dim, comm, where)
+    bwd = _chain([step_fn(s.kind, s.dim, comm, where) for s in t.grad_steps])
+    return apply_lowered(fwd, bwd, native=_native(t.op, t.grad_steps, fwd))
 
 
-def _grad_step(s: Step, group: Any, where: str) -> LocalFn:
-    if s.axis != "tp":
-        raise PlanError([error("runtime.unlowerable", where,
-                               f"backward step {s} is on axis {s.axis!r}, not tp")])
-    return step_fn(s.kind, s.dim, group, where)
+def _native(op: TPOp, steps: Sequence[Step], fwd: LocalFn | None) -> LocalFn | None:
+    """``fwd`` when its own autograd (C++ ops, see :func:`gather` / :func:`reduce`) is the
+    transition's backward: an all_reduce with no backward step, an all_gather whose
+    backward is the chunk on the same dim. None otherwise."""
+    if op.kind == "all_reduce" and not steps:
+        return fwd
+    if op.kind == "all_gather" and len(steps) == 1 and steps[0].kind == "chunk" \
+            and steps[0].dim == op.dim and op.dim is not None:
+        return fwd
+    return None
 
 
-def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None) -> Callable[[Any], Any]:
+def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
+                  native: LocalFn | None = None) -> Callable[[Any], Any]:
     """Wrap ``fwd``/``bwd`` as a function over values (tensors, tuples of them, None).
 
-    The autograd Function runs only when a gradient can flow through it (grad mode on and
-    a floating input that requires grad); otherwise ``fwd`` runs directly (identity: the
-    value itself), which records the same nothing at a fraction of the cost.
+    Eager, ``native`` (a forward whose own autograd is already ``bwd``) runs as it is. Else
+    the autograd Function runs only when a gradient can flow through it (grad mode on and
+    an input that requires grad); otherwise ``fwd`` runs directly (identity: the value
+    itself), which records the same nothing at a fraction of the cost. Under
+    ``torch.compile`` the Function is what dynamo traces.
     """
     plain = torch.Tensor
     grad_enabled = torch.is_grad_enabled
-    apply = _Lowered.apply
+    apply = lowered_function(fwd, bwd).apply if fwd is not None or bwd is not None else None
 
     def on_tensor(tensor: torch.Tensor) -> torch.Tensor:
-        if fwd is None and bwd is None:
+        if apply is None:
             return tensor
+        if native is not None and not compiling():
+            return native(tensor)
         if tensor.requires_grad:
             if grad_enabled():
-                return apply(tensor, fwd, bwd)
+                return apply(tensor)
             if fwd is None:  # as the Function's view under no_grad: no graph to follow
                 return tensor.detach()
         return fwd(tensor) if fwd is not None else tensor
 
-    def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
+    if native is not None:
+        def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
+            if type(tensor) is plain and not compiling():  # the hot path
+                return native(tensor)
+            return map_local_tensors(tensor, on_tensor)
+        return run
+
+    def run(tensor: Any) -> Any:
         if type(tensor) is plain:  # the hot path: a local tensor, nothing to walk
             return on_tensor(tensor)
         return map_local_tensors(tensor, on_tensor)

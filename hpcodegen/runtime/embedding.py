@@ -1,7 +1,7 @@
 """Embedding-specific install steps: the vocab-parallel lookup and SP default position ids.
 
 * A ``nn.Embedding`` whose weight is ``Shard(0)`` on tp holds rows ``[start, end)`` of the
-  vocabulary. Ids outside are looked up as row 0 and their rows zeroed, so the output is a
+  vocabulary. Ids outside are looked up as a clamped row and their rows zeroed, so the output is a
   ``Partial(sum)`` over tp, which the boundary's output op then reduces.
 * With sequence parallelism the embedding output leaves sharded on dim 1
   (:func:`hpcodegen.plan.entry.output_sequence_sharded` of a
@@ -31,11 +31,12 @@ def install_vocab_parallel(module: nn.Embedding, start: int) -> None:
 
     def vocab_parallel_forward(input: torch.Tensor) -> torch.Tensor:
         weight = module.weight
-        end = start + weight.shape[0]
-        outside = (input < start) | (input >= end)
-        local_ids = (input - start).masked_fill(outside, 0)
+        rows = weight.shape[0]
+        shifted = input - start
+        local_ids = shifted.clamp(0, rows - 1)  # ids outside the shard: any valid row ...
+        outside = shifted != local_ids  # ... zeroed below (6 ops: fewer than two bounds)
         pad = module.padding_idx
-        local_pad = pad - start if pad is not None and start <= pad < end else None
+        local_pad = pad - start if pad is not None and 0 <= pad - start < rows else None
         out = F.embedding(local_ids, weight, local_pad, module.max_norm, module.norm_type,
                           module.scale_grad_by_freq, module.sparse)
         return out.masked_fill(outside.unsqueeze(-1), 0.0)

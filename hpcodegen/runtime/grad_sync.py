@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.runtime.collectives import reduce
+from hpcodegen.runtime.collectives import Comm, reduce
 from hpcodegen.runtime.params import param_owner
 
 _FLAG = "_hp_grad_allreduce"
@@ -35,6 +35,7 @@ def _hook_tensor(param: torch.Tensor, group: Any) -> None:
 
 def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
     """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
+    group = Comm(group)  # resolved once, not per gradient
     by_owner: dict[str, tuple[nn.Module, list[str]]] = {}
     for fqn in fqns:
         owner, name = param_owner(model, fqn, "partial_grad_params")
@@ -47,4 +48,7 @@ def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) ->
                 if isinstance(value, torch.Tensor):
                     _hook_tensor(value, group)
         owner.register_forward_pre_hook(pre_hook)
+        # hooked now too: a compiled forward then finds them in place (registering a hook
+        # on a parameter inside a traced region would break the graph)
+        pre_hook(owner, ())
     return sorted(f"{p}.{n}".lstrip(".") for p, (_, ns) in by_owner.items() for n in ns)

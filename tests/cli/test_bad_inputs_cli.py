@@ -105,7 +105,7 @@ def _cases(p: dict[str, Path]) -> list[tuple[list[str], int, str]]:
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("hpcodegen")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpcodegen"]
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "1000"}
     env.pop("HPCODEGEN_DEBUG", None)
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60,
                           cwd=REPO, env=env)

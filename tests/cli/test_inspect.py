@@ -71,7 +71,8 @@ def test_cli_unreadable_input_exits_2_without_traceback(tmp_path: Path) -> None:
 def test_unreadable_json_mode(tmp_path: Path) -> None:
     (tmp_path / "codegen_meta.json").write_text("[1, 2]")
     code, doc = inspect_json(path=str(tmp_path))
-    assert code == 2 and doc["status"] == "fail"
+    assert code == 2 and doc["status"] == "error" and doc["exit_code"] == 2
+    assert doc["verb"] == "inspect-plan"
     assert doc["findings"][0]["code"] == "load.not_object"
 
 
@@ -209,3 +210,26 @@ def test_grad_sync_follows_the_live_tp() -> None:
         {"kind": "all_reduce", "axis": "tp", "dim": None, "count": 5}]
     _, live = inspect_json(path=SP, mesh="tp=1")
     assert live["summary"]["grad_sync_per_backward"] == []
+
+
+def test_mesh_checks_heads_and_widths_against_the_live_tp() -> None:
+    """--mesh tp=3 on a 4-head model: an error naming the heads (generate's rule), from the
+    meta's source.structure, or from --hf-config when given; tp=2 and tp=4 are fine."""
+    root = Path(__file__).resolve().parents[2]
+    art = str(root / "examples" / "llama_tp2")
+    config = str(root / "examples" / "configs" / "llama")
+    for kw in ({}, {"hf_config": config, "batch": 1, "seq": 8}):
+        out = io.StringIO()
+        code = run_inspect(InspectOptions(path=art, mesh="tp=3", as_json=True, **kw), out=out,
+                           err=io.StringIO())
+        doc = json.loads(out.getvalue())
+        assert code == 1 and doc["status"] == "fail"
+        found = {(f["code"], f["severity"]) for f in doc["findings"]
+                 if f["code"].startswith("inspect.")}
+        assert found == {("inspect.heads_not_divisible", "error"),
+                         ("inspect.uneven_dim", "warning")}
+        assert any("num_attention_heads = 4" in f["message"] for f in doc["findings"])
+        assert doc["boundaries"]  # the prediction is still shown
+    for mesh in ("tp=2", "tp=4"):
+        assert run_inspect(InspectOptions(path=art, mesh=mesh, as_json=True),
+                           out=io.StringIO(), err=io.StringIO()) == 0

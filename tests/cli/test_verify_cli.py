@@ -93,7 +93,10 @@ def test_json_shape_and_skips_without_hf_config(tmp_path: Path) -> None:
     assert code == 0 and doc["ok"] is True
     assert [a["path"] for a in doc["artifacts"]] == [str(art), str(other)]  # each once
     checks = doc["artifacts"][0]["checks"]
-    assert set(doc) == {"ok", "artifacts"} and set(doc["artifacts"][0]) == {"path", "ok", "checks"}
+    assert set(doc) == {"version", "tool", "tool_version", "verb", "status", "exit_code",
+                        "findings", "ok", "artifacts"}
+    assert (doc["verb"], doc["status"], doc["exit_code"]) == ("verify", "ok", 0)
+    assert set(doc["artifacts"][0]) == {"path", "ok", "checks"}
     for name in ("signature", "model"):
         assert checks[name]["status"] == "skipped"
         assert "--hf-config" in checks[name]["reason"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+import pytest
 import yaml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -84,17 +87,16 @@ def test_pre_commit_hook_files_pattern_and_generated_files_stand_for_their_artif
         tmp_path: Path) -> None:
     hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     assert [h["id"] for h in hooks] == ["hpcodegen-verify", "hpcodegen-verify-system"]
-    assert all(h["entry"] == "hpcodegen verify" for h in hooks)
+    assert all(h["entry"] == "hpcodegen verify --changed-files" for h in hooks)
     art = vf.build_fixture("qwen3_moe_g3", tmp_path / "gen")
     changed = [art / "codegen_meta.json", art / vf.modeling_name(art),
                art / (vf.modeling_name(art) + ".diff"), tmp_path / "gen" / "__init__.py"]
     pattern = re.compile(hooks[0]["files"])
-    assert [bool(pattern.search(str(p))) for p in changed] == [True, True, True, False]
+    assert all(pattern.search(str(p)) for p in changed)
     out = io.StringIO()
-    assert run_verify([p for p in changed if pattern.search(str(p))], output="json",
-                      stdout=out, allow_target=vf.REFERENCE_TARGETS) == 0
-    assert [a["path"] for a in json.loads(out.getvalue())["artifacts"]] == [
-        str(art / "codegen_meta.json")]
+    assert run_verify(changed, output="json", stdout=out, changed_files=True,
+                      allow_target=vf.REFERENCE_TARGETS) == 0
+    assert [a["path"] for a in json.loads(out.getvalue())["artifacts"]] == [str(art)]
 
 
 def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None:
@@ -108,7 +110,8 @@ def test_json_usage_errors_still_print_one_json_document(tmp_path: Path) -> None
         assert code == 2
         doc = json.loads(out.getvalue())
         assert doc["ok"] is False and doc["artifacts"] == []
-        assert needle in doc["usage_error"] and needle in err.getvalue()
+        assert (doc["verb"], doc["status"], doc["exit_code"]) == ("verify", "error", 2)
+        assert needle in json.dumps(doc["findings"]) and needle in err.getvalue()
 
 
 def test_junit_write_failure_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:
@@ -132,3 +135,16 @@ def test_a_single_path_string_is_one_artifact() -> None:
     code = run_verify(str(REPO / "examples" / "llama_tp2"), output="json", stdout=out,
                       stderr=io.StringIO())
     assert code == 0 and len(json.loads(out.getvalue())["artifacts"]) == 1
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_junit_file_follows_the_umask(tmp_path: Path, mask: int) -> None:
+    """--junit is written atomically through a temp file, yet with the umask's mode."""
+    old = os.umask(mask)
+    try:
+        out = tmp_path / f"v{mask:o}.xml"
+        run_verify([str(REPO / "examples" / "llama_tp2")], junit=out, stdout=io.StringIO())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
+    assert ET.parse(out).getroot().get("tests") == "6"

@@ -17,7 +17,9 @@ def test_dry_run_prints_command_and_rank_env(tmp_path):
                   "--check-parity", "--steps", "3", "--log-dir", logs, "--dry-run")
     assert run.code == 0, run.stderr
     lines = run.stdout.splitlines()
-    argv = shlex.split(next(line for line in lines if "hpcodegen.launch.torchrun" in line))
+    wrapped = shlex.split(next(line for line in lines if "hpcodegen.launch.torchrun" in line))
+    assert wrapped[1:4] == ["-m", "hpcodegen.launch.deathsig", "<launcher-pid>"]  # as run
+    argv = wrapped[4:]
     assert argv[1:3] == ["-m", "hpcodegen.launch.torchrun"]
     assert "--standalone" in argv
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
@@ -41,7 +43,10 @@ def test_dry_run_json_with_user_script(tmp_path):
                   "--", script, "--lr", "0.1")
     assert run.code == 0, run.stderr
     doc = run.json()
-    assert doc["status"] == "dry-run"
+    assert (doc["verb"], doc["status"], doc["exit_code"], doc["dry_run"]) == (
+        "launch", "ok", 0, True)
+    assert doc["exec_argv"][-len(doc["argv"]):] == doc["argv"]
+    assert doc["exec_argv"][1:3] == ["-m", "hpcodegen.launch.deathsig"]
     assert doc["mesh"] == {"dp": 2, "tp": 2}
     assert doc["argv"][-5:] == ["-m", "hpcodegen.launch.worker", str(script), "--lr", "0.1"]
     assert [e["LOCAL_RANK"] for e in doc["rank_env"]] == ["0", "1", "2", "3"]

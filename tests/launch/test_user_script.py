@@ -1,5 +1,6 @@
 """A user script under ``hpcodegen launch ARTIFACT -- train.py``: setup() gives the model,
-sharded from the safetensors weights found in ``--model-dir``."""
+sharded from the safetensors weights found in ``--model-dir``, and what the script needs to
+clip by the global norm, save and resume."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys, torch
 from safetensors.torch import load_file
 import hpcodegen.launch
 
-model, mesh_context = hpcodegen.launch.setup()
+run = hpcodegen.launch.setup()
+model, mesh_context = run
 rank = torch.distributed.get_rank()
 assert mesh_context.device_mesh.mesh_dim_names == ("dp", "tp")
 saved = load_file(sys.argv[1])
@@ -25,7 +27,30 @@ assert torch.equal(down, saved["model.layers.1.mlp.down_proj.weight"][:, 64 * ra
 assert torch.equal(model.model.norm.weight, saved["model.norm.weight"])   # replicated
 logits = model(input_ids=torch.randint(0, 256, (1, 8))).logits
 assert logits.shape == (1, 8, 256), logits.shape
-print("script args", sys.argv[2:], flush=True)
+
+# clip_grad_norm_ by the global norm == torch's on the unsharded model
+from transformers import AutoModelForCausalLM
+ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+full = AutoModelForCausalLM.from_pretrained(sys.argv[1].rsplit("/", 1)[0])
+full(input_ids=ids).logits.pow(2).mean().backward()
+want = torch.nn.utils.clip_grad_norm_(full.parameters(), 1e9)
+optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model(input_ids=ids).logits.pow(2).mean().backward()
+got = run.clip_grad_norm_(1e-3)
+assert abs(float(got) - float(want)) <= 1e-5 * float(want), (float(got), float(want))
+optim.step()
+# save, spoil, resume: the shards and the optimizer state come back
+before = {n: p.detach().clone() for n, p in model.named_parameters()}
+run.save(sys.argv[2], optim, step=7)
+with torch.no_grad():
+    for p in model.parameters():
+        p.zero_()
+fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
+assert run.resume(sys.argv[2], fresh) == 7
+assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+a, b = optim.state_dict()["state"], fresh.state_dict()["state"]
+assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+print("script args", sys.argv[3:], flush=True)
 """
 
 
@@ -61,7 +86,8 @@ def test_setup_in_user_script_loads_safetensors(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
-                  "--json", "--", script, model_dir / "model.safetensors", "--lr", "3e-4",
+                  "--json", "--", script, model_dir / "model.safetensors", tmp_path / "ckpt",
+                  "--lr", "3e-4",
                   timeout=140)
     assert run.code == 0, run.stdout + run.stderr
     doc = run.json()

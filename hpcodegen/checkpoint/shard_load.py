@@ -1,0 +1,114 @@
+"""Build a model without memory for its parameters, then give each rank only its shards.
+
+``parameters_on_meta()`` constructs the model with every parameter on the meta device
+(buffers stay real: rotary ``inv_freq`` and friends are computed in ``__init__`` and are
+not in checkpoints). ``parallelize_from_generated`` shards meta parameters to their local
+meta shapes, and :func:`materialize` finally allocates each local shard and fills it: from
+a safetensors checkpoint (only this rank's slice is read), or left empty for a
+``torch.distributed.checkpoint`` load to fill in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcodegen.checkpoint.layout import ShardLayout
+from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+from hpcodegen.errors import PlanError, error
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every ``nn.Parameter`` registered inside the block lands on the meta device.
+
+    Constructors still allocate each parameter briefly (``torch.empty``, never touched)
+    before it moves to meta, so their init functions run on meta tensors at no cost.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.detach().to("meta"),
+                                                    requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def _source_name(fqn: str, names: list[str], checkpoint: SafetensorsCheckpoint) -> str | None:
+    return next((n for n in [fqn, *names] if n in checkpoint), None)
+
+
+def _check_names(model: nn.Module, layout: ShardLayout,
+                 checkpoint: SafetensorsCheckpoint) -> dict[str, str]:
+    """``{canonical fqn: name in the checkpoint}``; a clear error for missing, unexpected
+    or wrongly shaped tensors (all listed, a few by name)."""
+    aliases: dict[str, list[str]] = {}
+    for alias, canonical in layout.aliases.items():
+        aliases.setdefault(canonical, []).append(alias)
+    sources, missing, wrong = {}, [], []
+    for fqn, spec in layout.params.items():
+        name = _source_name(fqn, aliases.get(fqn, []), checkpoint)
+        if name is None:
+            missing.append(fqn)
+            continue
+        shape = checkpoint.tensors[name].shape
+        if shape != spec.global_shape:
+            wrong.append(f"{name}: file {shape}, model {spec.global_shape}")
+        sources[fqn] = name
+    buffers = {n for n, _ in model.named_buffers()}
+    unexpected = [n for n in checkpoint.tensors
+                  if n not in sources.values() and n not in buffers and n not in layout.aliases]
+    where = str(checkpoint.directory)
+    if wrong:
+        more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise PlanError([error("launch.weights_shape", where,
+                               f"weights of another shape than the model: "
+                               f"{'; '.join(wrong[:3])}{more}",
+                               hint="--model-dir must hold the config the weights were saved "
+                                    "with")])
+    if missing or unexpected:
+        raise PlanError([error("launch.weights", where,
+                               f"weights do not match the model: missing {missing[:3]} "
+                               f"({len(missing)}), unexpected {unexpected[:3]} "
+                               f"({len(unexpected)})")])
+    return sources
+
+
+def _install(model: nn.Module, fqn: str, local: torch.Tensor) -> None:
+    """Put ``local`` into the parameter object itself (tied aliases see it too)."""
+    param = model.get_parameter(fqn)
+    torch.utils.swap_tensors(param, nn.Parameter(local, requires_grad=param.requires_grad))
+
+
+def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
+                device: Any, checkpoint: SafetensorsCheckpoint | None = None) -> None:
+    """Allocate every parameter's local shard; fill it from ``checkpoint`` when given.
+
+    Floating-point tensors become ``dtype``; persistent buffers found in the checkpoint
+    are loaded whole. Without a checkpoint the shards are uninitialised (for
+    :func:`hpcodegen.checkpoint.resume`).
+    """
+    sources = _check_names(model, layout, checkpoint) if checkpoint is not None else {}
+    for fqn in layout.params:
+        param = model.get_parameter(fqn)
+        want = dtype if param.is_floating_point() else param.dtype
+        if checkpoint is None:
+            local = torch.empty(layout.local_shape(fqn), dtype=want, device=device)
+        else:
+            local = checkpoint.read(sources[fqn], layout.local_slices(fqn), dtype=want,
+                                    device=device)
+        _install(model, fqn, local)
+    if checkpoint is not None:
+        for name, buf in model.named_buffers():
+            if name in checkpoint:
+                buf.copy_(checkpoint.read(name, dtype=buf.dtype, device=buf.device))

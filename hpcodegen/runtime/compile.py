@@ -1,0 +1,63 @@
+"""``torch.compile`` a model parallelized by hpcodegen: per decoder layer or whole.
+
+What makes it traceable is in the runtime itself: under ``torch.compiler.is_compiling()``
+the lowered collectives are the functional ones of
+``torch.distributed._functional_collectives`` inside per-transition autograd Functions
+(:mod:`hpcodegen.runtime.collectives`), which dynamo puts into the graph, so the boundary
+code adds no graph break to those of the transformers model itself
+(``tests/runtime/test_compile.py`` counts them with ``torch._dynamo.explain``).
+
+Compile after :func:`~hpcodegen.runtime.parallelize_from_generated` (the boundaries and
+the sharded parameters must be in place), before the optimizer is built is not required:
+``nn.Module.compile`` compiles in place, so parameter objects and state-dict keys do not
+change. The recipe for a user script::
+
+    parallelize_from_generated(model, mesh, artifact_dir)
+    compile_parallelized(model, scope="layers")   # or scope="model"
+    loss = ...; loss.backward(); optimizer.step()
+
+``layers`` compiles each decoder layer (the entries of the model's largest
+``nn.ModuleList``: torchtitan's default, one small graph reused per layer); ``model``
+compiles the whole forward once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+SCOPES = ("layers", "model")
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The entries of the largest ``nn.ModuleList`` of ``model`` (HF: ``model.layers``)."""
+    best: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > len(best):
+            best = list(module)
+    return best
+
+
+def compile_parallelized(model: nn.Module, scope: str = "layers", **options: Any) -> nn.Module:
+    """Compile ``model`` in place (``nn.Module.compile``) and return it.
+
+    Args:
+        scope: ``layers`` (each decoder layer) or ``model`` (the whole model).
+        options: passed to ``torch.compile`` (``fullgraph``, ``backend``, ``mode``...).
+
+    Raises:
+        ValueError: an unknown scope, or ``layers`` on a model without a layer list.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"compile scope {scope!r}: expected one of {', '.join(SCOPES)}")
+    if scope == "model":
+        model.compile(**options)
+        return model
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of decoder layers: "
+                         "compile it whole (scope='model')")
+    for layer in layers:
+        layer.compile(**options)
+    return model

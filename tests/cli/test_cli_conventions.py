@@ -1,0 +1,224 @@
+"""CLI conventions every verb follows (docs/cli.md, docs/json.md): -h, -q/-v, one JSON
+envelope (Click usage errors too), COLUMNS folding, a closed pipe, completion, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama_tp2"
+CONFIG = ROOT / "examples" / "configs" / "llama"
+EXE = Path(sys.executable).with_name("hpcodegen")
+def _verbs() -> list[str]:
+    """Every registered verb (a verb added later is held to the same conventions)."""
+    import typer.main
+    from hpcodegen.cli.app import _register, app
+
+    _register()
+    return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+VERBS = _verbs()
+ENVELOPE = {"version", "tool", "tool_version", "verb", "status", "exit_code", "findings"}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "NO_COLOR": "1", **extra}
+    env.pop("HPCODEGEN_DEBUG", None)
+    return env
+
+
+def cli(*args: str | Path, columns: int = 80, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=_env(COLUMNS=str(columns)), **kw)
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An artifact with a drifted modeling file and an unknown axis (long tmp paths too)."""
+    art = tmp_path_factory.mktemp("a_rather_long_directory_name_for_folding") / "llama_tp2"
+    shutil.copytree(EXAMPLE, art)
+    meta = json.loads((art / "codegen_meta.json").read_text())
+    first = next(iter(meta["param_plan"].values()))
+    first.setdefault("params", {})["weight"] = {"xp": "S(0)"}
+    (art / "codegen_meta.json").write_text(json.dumps(meta))
+    with open(next(art.glob("modeling_*_gen_npu.py")), "a") as f:
+        f.write("# edited\n")
+    return art
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory: pytest.TempPathFactory, broken: Path):
+    """Every slow command once (2 at a time): the tests below read their results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path_factory.mktemp("batch")
+    jobs = {
+        "generate json": (["generate", "--model", CONFIG, "--tp", "2", "-o", tmp / "g",
+                           "--json"], 80),
+        "generate -v": (["generate", "--model", CONFIG, "--tp", "2", "-o", tmp / "v", "-v"],
+                        80),
+        "generate -q": (["generate", "--model", CONFIG, "--tp", "2", "-o", tmp / "q", "-q"],
+                        80),
+        "inspect volume": (["inspect-plan", EXAMPLE, "--hf-config", CONFIG, "--batch", "2",
+                            "--seq", "16", "--link-gbps", "100"], 80),
+        "verify model piped": (["verify", EXAMPLE, "--hf-config", CONFIG], 80),
+    }
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {k: pool.submit(cli, *args, columns=cols) for k, (args, cols) in jobs.items()}
+        tty = pool.submit(_on_tty, ["generate", "--model", str(CONFIG), "--tp", "2", "-o",
+                                    str(tmp / "t")], tmp)
+        tty_verify = pool.submit(_on_tty, ["verify", str(EXAMPLE), "--hf-config", str(CONFIG)],
+                                 tmp)
+        out = {k: f.result() for k, f in futures.items()}
+        out["tty generate"], out["tty verify"] = tty.result(), tty_verify.result()
+    return out
+
+
+def test_short_help_and_verbosity_flags_on_every_verb() -> None:
+    assert {"verify", "inspect-plan", "generate", "launch", "schema"} <= set(VERBS)
+    assert cli("-h").returncode == 0
+    for verb in VERBS:
+        run = cli(verb, "-h", columns=200)
+        assert run.returncode == 0, (verb, run.stderr)
+        assert "Usage" in run.stdout
+        for flag in ("--quiet", "-q", "--verbose", "-v", "--json", "-h"):
+            assert flag in run.stdout, (verb, flag)
+
+
+def test_json_envelope_for_every_verb_and_error(tmp_path: Path, broken: Path, batch) -> None:
+    runs = {
+        "verify ok": cli("verify", EXAMPLE, "--json"),
+        "verify fail": cli("verify", broken, "--json"),
+        "inspect": cli("inspect-plan", EXAMPLE, "--json"),
+        "inspect bad mesh": cli("inspect-plan", EXAMPLE, "--mesh", "tp", "--json"),
+        "schema": cli("schema", "--json"),
+        "launch dry": cli("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG,
+                          "--dry-run", "--json"),
+        "launch refused": cli("launch", tmp_path / "nope", "--json"),
+        "generate": batch["generate json"],
+        "generate refused": cli("generate", "--model", tmp_path / "none", "--tp", "2", "-o",
+                                tmp_path / "h", "--json"),
+        "click unknown option": cli("verify", EXAMPLE, "--bogus", "--json"),
+        "click missing argument": cli("inspect-plan", "--json"),
+        "click bad type": cli("generate", "--model", CONFIG, "--tp", "two", "-o", "x",
+                              "--json"),
+        "click unknown verb": cli("nope", "--json"),
+    }
+    expected = {"verify ok": ("verify", 0), "verify fail": ("verify", 1),
+                "inspect": ("inspect-plan", 0), "inspect bad mesh": ("inspect-plan", 2),
+                "schema": ("schema", 0), "launch dry": ("launch", 0),
+                "launch refused": ("launch", 2), "generate": ("generate", 0),
+                "generate refused": ("generate", 2), "click unknown option": ("verify", 2),
+                "click missing argument": ("inspect-plan", 2),
+                "click bad type": ("generate", 2), "click unknown verb": (None, 2)}
+    for name, run in runs.items():
+        doc = json.loads(run.stdout)  # exactly one document, nothing else on stdout
+        assert set(doc) >= ENVELOPE, name
+        verb, code = expected[name]
+        assert (doc["verb"], doc["exit_code"], run.returncode) == (verb, code, code), name
+        assert doc["status"] == {0: "ok", 1: "fail", 2: "error"}[code], name
+        assert "Traceback" not in run.stderr and "╭" not in run.stdout, name
+        if code:
+            assert doc["findings"] and all(f["message"] for f in doc["findings"]), name
+    usage = json.loads(runs["click unknown option"].stdout)["findings"][0]
+    assert usage["code"] == "cli.usage" and "--bogus" in usage["message"]
+    gen = json.loads(runs["generate"].stdout)
+    assert gen["written"] and {f["name"] for f in gen["files"]} >= {"codegen_meta.json"}
+    assert json.loads(runs["schema"].stdout)["schema"]["type"] == "object"
+
+
+def test_no_line_wider_than_columns_80(tmp_path: Path, broken: Path, batch) -> None:
+    runs = [cli("-h"), *[cli(v, "-h") for v in VERBS],
+            cli("verify", EXAMPLE), cli("verify", EXAMPLE, "-v"), cli("verify", broken),
+            cli("verify", broken, "--hf-config", tmp_path / "missing"),
+            cli("inspect-plan", EXAMPLE), cli("inspect-plan", EXAMPLE, "--expand"),
+            cli("inspect-plan", ROOT / "examples" / "llama_tp2_sp", "--mesh", "tp=4"),
+            cli("inspect-plan", broken),
+            batch["inspect volume"], batch["generate -v"], batch["verify model piped"],
+            cli("generate", "--model", CONFIG, "--tp", "3", "-o", tmp_path / "g3"),
+            cli("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run"),
+            cli("launch", tmp_path / "no" / "such" / "artifact" / "dir", "--nproc", "2"),
+            cli("verify", "--bogus"), cli("inspect-plan", EXAMPLE, "--mesh", "tp=x")]
+    for run in runs:
+        assert "Traceback" not in run.stderr, run.args
+        for line in (run.stdout + run.stderr).splitlines():
+            assert len(line) <= 80, (run.args, line)
+
+
+def test_closed_pipe_ends_silently_with_the_verbs_code(broken: Path) -> None:
+    def piped(args: str, reader: str) -> tuple[int, str]:
+        script = f"{EXE} {args} 2>err.txt | {reader}; echo ${{PIPESTATUS[0]}}"
+        run = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                             timeout=60, cwd=broken.parent, env=_env(COLUMNS="80"))
+        return int(run.stdout.strip().splitlines()[-1]), (broken.parent / "err.txt").read_text()
+
+    for reader in ("head -1 >/dev/null", "true"):
+        for args, code in ((f"inspect-plan {EXAMPLE} --expand", 0),
+                           (f"verify {EXAMPLE} -v", 0), ("schema", 0),
+                           (f"inspect-plan {EXAMPLE} --json", 0), (f"verify {broken}", 1)):
+            got, err = piped(args, reader)
+            assert (got, err) == (code, ""), (args, reader)
+
+
+def test_shell_completion_is_on() -> None:
+    run = subprocess.run([str(EXE)], capture_output=True, text=True, timeout=60,
+                         env=_env(_HPCODEGEN_COMPLETE="complete_bash",
+                                  COMP_WORDS="hpcodegen insp", COMP_CWORD="1"))
+    assert run.returncode == 0 and "inspect-plan" in run.stdout
+    assert "--install-completion" in cli("-h", columns=200).stdout
+
+
+def test_quiet_and_verbose(tmp_path: Path, broken: Path, batch) -> None:
+    assert cli("verify", EXAMPLE, "-q").stdout == ""
+    failing = cli("verify", EXAMPLE, broken, "-q", columns=300)
+    assert failing.returncode == 1 and str(EXAMPLE) not in failing.stdout
+    assert "outputs" in failing.stdout
+    assert "info" in cli("verify", EXAMPLE, "-v", columns=300).stdout
+    inspect_q = cli("inspect-plan", EXAMPLE, "-q")
+    assert inspect_q.returncode == 0 and inspect_q.stdout == ""
+    gen_q = batch["generate -q"]
+    assert gen_q.returncode == 0 and gen_q.stdout == "" and gen_q.stderr == ""
+    gen_v = batch["generate -v"]
+    assert "codegen_meta.json" in gen_v.stdout and "KiB" in gen_v.stdout
+    assert "$id" in cli("schema", "-v").stderr
+    dry = cli("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run", "-q")
+    assert dry.returncode == 0
+
+
+def _on_tty(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run with stderr on a pseudo-terminal; returns (exit code, what the terminal got)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(EXE), *args], stdout=subprocess.DEVNULL, stderr=slave,
+                            cwd=cwd, env=_env(TERM="xterm", COLUMNS="100"))
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=120), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_progress_on_a_terminal_only(batch) -> None:
+    code, shown = batch["tty generate"]
+    assert code == 0 and "building the model on the meta device" in shown
+    code, shown = batch["tty verify"]
+    assert code == 0 and "on the meta device" in shown
+    piped = batch["generate -v"]  # stderr piped: no progress
+    assert piped.returncode == 0 and piped.stderr == ""
+    piped = batch["verify model piped"]
+    assert piped.returncode == 0 and "meta device" not in piped.stderr

@@ -1,0 +1,67 @@
+"""torch.compile of a parallelized model: the boundary code adds no graph break.
+
+``torch._dynamo.explain`` traces (no inductor codegen) the plain model built from the
+generated classes and the same model after ``parallelize_from_generated`` on the fake
+process group; hpcodegen's graph breaks must be at most the plain model's. Numeric parity
+of a compiled model runs on gloo in ``tests/launch/test_compile_loss_parallel.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _explain(model, ids):
+    import torch
+
+    torch._dynamo.reset()
+    return torch._dynamo.explain(model)(input_ids=ids)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("example", ["llama_tp2", "llama_tp2_sp"])
+def test_no_graph_break_beyond_the_plain_model(example, fake_world) -> None:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpcodegen.hf import load_transformers_config, read_hf_config
+    from hpcodegen.launch.model import model_class
+    from hpcodegen.runtime import parallelize_from_generated
+
+    artifact = REPO / "examples" / example
+    config, _ = read_hf_config(REPO / "examples" / "configs" / "llama")
+    hf_config = load_transformers_config(config)
+    torch.manual_seed(0)
+    plain = model_class(artifact, config)(hf_config)
+    model = copy.deepcopy(plain)
+    fake_world(2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    parallelize_from_generated(model, mesh, artifact, hf_config=hf_config)
+    assert model.model.layers[0].mlp._hp_tp is not plain.model.layers[0].mlp._hp_tp
+    ids = torch.randint(0, hf_config.vocab_size, (2, 16))
+    base, ours = _explain(plain, ids), _explain(model, ids)
+    reasons = [r.reason.splitlines()[0] for r in ours.break_reasons]
+    assert ours.graph_break_count <= base.graph_break_count, reasons
+    assert ours.graph_count <= base.graph_count
+    # the lowered collectives are in the graph as functional collectives
+    ops = {str(n.target) for g in ours.graphs for sub in g.modules() if hasattr(sub, "graph")
+           for n in sub.graph.nodes if n.op == "call_function"}
+    assert any("all_reduce" in o or "reduce_scatter" in o for o in ops), sorted(ops)
+
+
+def test_compile_scope_is_checked() -> None:
+    from torch import nn
+
+    from hpcodegen.runtime.compile import compile_parallelized, decoder_layers
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
+    assert len(decoder_layers(model)) == 2
+    with pytest.raises(ValueError, match="scope"):
+        compile_parallelized(model, "everything")
+    with pytest.raises(ValueError, match="ModuleList"):
+        compile_parallelized(nn.Linear(2, 2), "layers")
