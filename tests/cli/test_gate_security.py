@@ -183,7 +183,8 @@ def test_verify_never_imports_a_target_and_allow_target_trusts_a_prefix(tmp_path
     assert run.returncode == 0, run.stdout
     assert not marker.exists(), "verify imported an injection target"
     bad = cli("verify", art, "--allow-target", "", "--json")
-    assert bad.returncode == 2 and json.loads(bad.stdout)["usage_error"]
+    assert bad.returncode == 2
+    assert [f["code"] for f in json.loads(bad.stdout)["findings"]] == ["usage.allow_target"]
 
 
 def test_launch_refuses_a_foreign_target_before_any_artifact_code_runs(tmp_path: Path) -> None:
