@@ -171,7 +171,7 @@ def _synthetic_package(name: str) -> types.ModuleType:
     return module
 
 
-def import_verified_module(loaded: LoadedMeta,
+def import_verified_module(loaded: LoadedMeta, *,
                            allowed_target_prefixes: Sequence[str] = ()) -> types.ModuleType:
     """Import (or return the cached) generated module of a checked meta.
 
@@ -229,7 +229,7 @@ def import_verified_module(loaded: LoadedMeta,
     return module
 
 
-def import_generated_module(artifact_dir: str | os.PathLike[str],
+def import_generated_module(artifact_dir: str | os.PathLike[str], *,
                             allowed_target_prefixes: Sequence[str] = ()) -> types.ModuleType:
     """Check the artifact as the runtime does (schema, plan, outputs), then
     :func:`import_verified_module` it."""
@@ -237,7 +237,7 @@ def import_generated_module(artifact_dir: str | os.PathLike[str],
 
     loaded = load_checked_meta(artifact_dir, RUNTIME_CHECKS,
                                allowed_targets=tuple(allowed_target_prefixes))
-    return import_verified_module(loaded, allowed_target_prefixes)
+    return import_verified_module(loaded, allowed_target_prefixes=allowed_target_prefixes)
 
 
 def generated_model_class(meta: Mapping[str, Any], module: types.ModuleType) -> type:
