@@ -15,6 +15,9 @@ def generate(
     model: Path = typer.Option(..., "--model", metavar="DIR",
                                help="Directory holding config.json (weights optional)."),
     tp: int = typer.Option(..., "--tp", metavar="N", help="Tensor-parallel degree."),
+    ep: int = typer.Option(1, "--ep", metavar="E",
+                           help="Expert-parallel degree (MoE): experts sharded over E ranks "
+                                "carved from the data-parallel ones (E divides dp)."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
     recipe: Optional[Path] = typer.Option(
@@ -48,7 +51,7 @@ def generate(
         require("runtime", "hpcodegen generate")
         from hpcodegen.generate.api import GenerateArgs, run_generate
 
-        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check,
+        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
                                          as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose)))
 

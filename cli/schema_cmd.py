@@ -13,10 +13,13 @@ from hpcodegen.cli.app import QUIET, VERBOSE, app, guarded
 def schema(
     as_json: bool = typer.Option(
         False, "--json", help="Wrap the schema in the JSON envelope (docs/json.md) as `schema`."),
+    recipe: bool = typer.Option(False, "--recipe",
+                                help="Print the recipe schema (generate --recipe) instead."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
-    """Print schemas/codegen_meta.schema.json, the published definition of codegen_meta.json.
+    """Print schemas/codegen_meta.schema.json, the published definition of codegen_meta.json
+    (--recipe: schemas/recipe.schema.json). docs/schema.md shows how editors use them.
 
     -v also names the schema file and its $id on stderr; -q changes nothing (the schema is
     the result).
@@ -25,15 +28,14 @@ def schema(
     """
 
     def call() -> int:
-        from hpcodegen.checks.schema import schema_text
+        from importlib import resources
 
-        text = schema_text()
+        from hpcodegen.checks.schema import SCHEMA_NAME
+
+        path = resources.files("hpcodegen.schemas").joinpath(
+            "recipe.schema.json" if recipe else SCHEMA_NAME)
+        text = path.read_text("utf-8")
         if verbose and not quiet:
-            from importlib import resources
-
-            from hpcodegen.checks.schema import SCHEMA_NAME
-
-            path = resources.files("hpcodegen.schemas").joinpath(SCHEMA_NAME)
             sys.stderr.write(f"{path}\n$id {json.loads(text).get('$id')}\n")
         if as_json:
             from hpcodegen.report.envelope import emit

@@ -41,6 +41,7 @@ TARGET_FIELDS: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
 
 #: The factories hpcodegen ships: target name -> ``"module:attribute"``. One line each.
 BUILTIN_TARGETS: dict[str, str] = {
+    "ep_dispatch": "hpcodegen.runtime.moe:ep_dispatch",
     "sdpa_hf": "hpcodegen.runtime.wrappers:sdpa_hf",
 }
 

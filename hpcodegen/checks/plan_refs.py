@@ -2,12 +2,14 @@
 
 ``boundary_classes`` FQNs, injection ``match`` FQNs, ``special_handlers`` keys, both sides of
 ``tied_pairs``, ``frozen_sharded_params`` and each entry's ``deferred_bias_params`` /
-``partial_grad_params`` must agree with ``param_plan``; every FQN of one class must carry
-the same contract (the generated class has one forward for all of them).
+``partial_grad_params`` must agree with ``param_plan``; every FQN of one class the modeling
+file defines must carry the same contract (the generated class has one forward for all of
+them; a class the file does not define, as ``nn.Linear``, is wrapped per instance).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -20,15 +22,36 @@ from hpcodegen.checks.context import (
     planned_params,
     pointer,
 )
+from hpcodegen.checks.files import escapes, modeling_files
 from hpcodegen.checks.forms import classified
 from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
 from hpcodegen.plan.entry import contract_differences, join_fqn
 
+MAX_SCAN_BYTES = 32 * 1024 * 1024
+
+
+def file_classes(ctx: CheckContext) -> set[str] | None:
+    """Names of the top-level classes the modeling file defines (read with ``ast``, never
+    imported); None when it cannot be read (the source check reports why)."""
+    if "file_classes" not in ctx.cache:
+        found = modeling_files(ctx.artifact_dir)
+        names: set[str] | None = None
+        if len(found) == 1 and not escapes(ctx.artifact_dir, found[0]):
+            try:
+                if found[0].stat().st_size <= MAX_SCAN_BYTES:
+                    tree = ast.parse(found[0].read_bytes().decode("utf-8"))
+                    names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+            except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
+                names = None
+        ctx.cache["file_classes"] = names
+    return ctx.cache["file_classes"]
+
 
 def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
     meta, plan = ctx.meta, plan_entries(ctx.meta)
     classes = as_dict(meta.get("boundary_classes"))
+    defined = file_classes(ctx)
     first_of: dict[str, str] = {}
     for fqn, cls in classes.items():
         if not isinstance(cls, str):
@@ -38,6 +61,8 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
             yield error("plan.boundary_class_unplanned", where,
                         f"boundary {fqn!r} ({cls}) has no param_plan entry")
             continue
+        if defined is not None and cls not in defined:
+            continue  # wrapped per instance: each FQN keeps its own transitions
         if cls in first_of:
             other = first_of[cls]
             if contract_differences(plan[fqn], plan[other]):

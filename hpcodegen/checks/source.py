@@ -38,7 +38,7 @@ from hpcodegen.checks.source_scan import (
 from hpcodegen.errors import Finding, error, info
 from hpcodegen.plan.classify import BoundaryForm
 from hpcodegen.plan.entry import TOGGLE_FORM_MARKER, TP_FORM_MARKER
-from hpcodegen.plan.lowering import forward_signature, lowering_gates
+from hpcodegen.plan.lowering import forward_signature, instance_wrapped, lowering_gates
 
 MAX_SOURCE_BYTES = 32 * 1024 * 1024
 _FORBIDDEN_CALLS = ("get_parallel_state", "get_inline_parallel_state")
@@ -130,7 +130,9 @@ def _class_findings(cls: ClassInfo, form: str, why: str, fqn: str,
                     file=file)
 
 
-def _check_classes(ctx: CheckContext, scan: ModuleScan, file: str) -> Iterator[Finding]:
+def _check_classes(ctx: CheckContext, scan: ModuleScan, file: str,
+                   tree: ast.Module) -> Iterator[Finding]:
+    nodes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     forms = classified(ctx)
     if forms is None:
         yield info("source.unclassified", "", UNCLASSIFIABLE)
@@ -145,6 +147,13 @@ def _check_classes(ctx: CheckContext, scan: ModuleScan, file: str) -> Iterator[F
         if cls is None:
             yield info("source.class_not_in_file", cls_name, f"{cls_name} (e.g. {fqn}) is not "
                        "defined in the modeling file; the runtime wraps its instances", file=file)
+            continue
+        node = nodes.get(cls_name)
+        if "_forward_impl" not in cls.methods and cls.marker is None \
+                and instance_wrapped(forms[fqn].form, node):
+            yield info("source.class_wrapped", cls_name, f"{cls_name} (e.g. {fqn}) is kept as "
+                       "transformers wrote it (its forward is dispatched by a decorator, or it "
+                       "is a region); the runtime wraps its instances", file=file)
             continue
         form, why = _emitted_form(forms[fqn], cls)
         yield from _class_findings(cls, form, why, fqn, plan[fqn], file)
@@ -180,5 +189,5 @@ def check_source(ctx: CheckContext) -> Iterator[Finding]:
     if tree is None or path is None:
         return
     scan = scan_module(tree)
-    yield from _check_classes(ctx, scan, str(path))
+    yield from _check_classes(ctx, scan, str(path), tree)
     yield from _check_names(ctx, scan)

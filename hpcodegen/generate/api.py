@@ -3,8 +3,10 @@
 Steps, in order:
 
 1. check the config divides ``tp`` (heads, kv heads, MLP width, vocab);
-2. build the model on the meta device and read transformers' own TP plan;
-3. lift the per-Linear styles to module boundaries (:mod:`.lift`), then apply the recipe;
+2. build the model on the meta device and read transformers' own TP plan, plus the rules
+   the package ships for the ``model_type`` (:mod:`.package_rules`; they win);
+3. lift the per-Linear styles to module boundaries (:mod:`.lift`), apply the package's and
+   then the user's recipe, and plan every parameter no rule names as replicated;
 4. check coverage (every trainable parameter exactly once) and per-class contracts;
 5. freeze the meta, classify every entry (the one classifier), emit the modeling module with
    libcst, its diff against the transformers source and ``__init__.py``;
@@ -41,9 +43,11 @@ from hpcodegen.errors import (
     error,
 )
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
+from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
-from hpcodegen.generate.lift import lift_plan
+from hpcodegen.generate.lift import lift_plan, replicate_uncovered
+from hpcodegen.generate.package_rules import PackageRules, merged_rules, package_rules
 from hpcodegen.generate.recipe import (
     apply_recipe,
     load_recipe,
@@ -70,6 +74,7 @@ class GenerateArgs:
     sp: bool = False
     recipe: Path | None = None
     check: bool = False
+    ep: int = 1
     #: print the JSON envelope (docs/json.md) instead of text
     as_json: bool = False
     #: -1 quiet (errors only), 0 normal, 1 verbose (every file with its size)
@@ -86,6 +91,13 @@ def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
     if isinstance(keys, Mapping):
         return sorted([str(src), str(dst)] for dst, src in keys.items())
     return [["model.embed_tokens.weight", "lm_head.weight"]]
+
+
+def defined_classes(text: str) -> set[str]:
+    """Top-level class names of a Python source (the classes the emitter can rewrite)."""
+    import ast
+
+    return {n.name for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
 
 
 def _class_plans(meta: dict[str, Any], classes: Mapping[str, str]) -> dict[str, ClassPlan]:
@@ -122,37 +134,62 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
                    for line in lines)
 
 
+def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
+                 rules: PackageRules | None, ep: int = 1
+                 ) -> tuple[dict[str, dict[str, Any]], list]:
+    """The lifted plan and injection records: HF plan, package rules, recipe, in that order
+    of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
+    names is replicated."""
+    fqns = list(dict(model.named_modules()))
+    params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    overridden = recipe_modules(recipe or [], fqns)
+    hf, shipped = merged_rules(hf_rules(model), rules)
+    shipped_modules = set(expand_rules(shipped, fqns, params, overridden, strict=False))
+    assignments = expand_rules(hf, fqns, params, overridden | shipped_modules)
+    assignments.update(expand_rules(shipped, fqns, params, overridden,
+                                    origin="package", strict=False))
+    plan = lift_plan(model, assignments, sp)
+    injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
+    injections += apply_recipe(plan, recipe or [], fqns)
+    if ep > 1:
+        injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
+    replicate_uncovered(model, plan, sp)
+    return {fqn: plan[fqn] for fqn in sorted(plan)}, injections
+
+
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
-                 advance: Callable[[str], None] = lambda _step: None) -> dict[str, bytes]:
+                 advance: Callable[[str], None] = lambda _step: None,
+                 ep: int = 1, notes: list[str] | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
-    ``advance(step)`` is called as each slow step starts (the CLI's progress display).
+    ``advance(step)`` is called as each slow step starts (the CLI's progress display);
+    ``notes`` receives a line naming the package rules used, if any.
     """
     from hpcodegen.hf import build_meta_model
 
     if tp < 1:
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
+    if ep < 1:
+        raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     check_divisible(config, tp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
-    fqns = list(modules)
-    params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
-    overridden = recipe_modules(recipe or [], fqns)
-    plan = lift_plan(model, expand_rules(hf_rules(model), fqns, params, overridden), sp)
-    injections = apply_recipe(plan, recipe or [], fqns)
-    plan = {fqn: plan[fqn] for fqn in sorted(plan)}
+    rules = package_rules(config)
+    if rules is not None and notes is not None:
+        notes.append(rules.describe())
+    plan, injections = plan_sources(model, sp, recipe, rules, ep)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
-    check_class_contracts(plan, classes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
+    check_class_contracts(plan, classes, defined_classes(src.text))
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
-                      recipe=list(recipe) if recipe else None)
+                      recipe=_digest_recipe(recipe, rules), ep=ep)
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, _class_plans(meta, classes),
                             banner_lines(label, meta, src))
@@ -163,6 +200,14 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     return render_bundle(files, roles, meta)
+
+
+def _digest_recipe(recipe: Sequence[Mapping[str, Any]] | None,
+                   rules: PackageRules | None) -> Any:
+    """What ``yaml_sha256`` hashes besides config, tp and sp: the user's recipe, and the
+    package rules when some were used (so a changed rule file changes the digest)."""
+    user = list(recipe) if recipe else None
+    return user if rules is None else {"package_rules": rules.record(), "recipe": user}
 
 
 def _locate(finding: Finding, config_path: Path, recipe: Path | None) -> Finding:
@@ -214,9 +259,11 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     label = config_path.parent.name or "model"
     if is_hub_id(args.model_dir):  # a snapshot dir is named by its commit: show the id
         label = os.fspath(args.model_dir)
+    notes: list[str] = []
     with steps("generate", 4) as advance:
         try:
-            rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance)
+            rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
+                                    args.ep, notes)
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise
@@ -235,7 +282,10 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
                     files=[{"name": name, "bytes": len(data),
                             "sha256": hashlib.sha256(data).hexdigest()}
                            for name, data in sorted(rendered.items())],
-                    drift=drifted)
+                    drift=drifted, package_rules=notes)
+    if args.verbosity >= 0:
+        for note in notes:
+            stdout.write(f"{note}\n")
     _report_text(args, rendered, meta, drifted, stdout)
     return code
 

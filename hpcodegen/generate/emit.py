@@ -18,7 +18,12 @@ import libcst as cst
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.forward_text import generic_body, tp_collective_body
 from hpcodegen.plan.classify import BoundaryForm
-from hpcodegen.plan.lowering import ForwardSignature, class_forwards, lowering_gates
+from hpcodegen.plan.lowering import (
+    ForwardSignature,
+    class_forwards,
+    dispatching_classes,
+    lowering_gates,
+)
 
 RUNTIME_IMPORT = (
     "from hpcodegen.runtime.identity import IDENTITY_BOUNDARY, IDENTITY_TP, no_deferred_bias\n"
@@ -63,9 +68,10 @@ class _RewriteClasses(cst.CSTTransformer):
     """Rewrites each planned class defined at the top level of the module."""
 
     def __init__(self, plans: Mapping[str, ClassPlan],
-                 forwards: Mapping[str, ForwardSignature]) -> None:
+                 forwards: Mapping[str, ForwardSignature], dispatching: set[str]) -> None:
         self.plans = plans
         self.forwards = forwards
+        self.dispatching = dispatching
         self.done: dict[str, str] = {}
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
@@ -74,6 +80,14 @@ class _RewriteClasses(cst.CSTTransformer):
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
         plan = self.plans.get(updated.name.value)
         if plan is None or plan.form.form == "identity":
+            return updated
+        if plan.form.form == "region" or updated.name.value in self.dispatching:
+            # plan.lowering.instance_wrapped: the runtime wraps the instances
+            if plan.deferred_bias:
+                raise PlanError([error("generate.wrapped_deferred_bias", updated.name.value,
+                                       f"{updated.name.value} is wrapped per instance at run "
+                                       "time; deferred biases need a rewritten forward")])
+            self.done[updated.name.value] = "wrapped"
             return updated
         return self._rewrite(updated, plan)
 
@@ -87,9 +101,6 @@ class _RewriteClasses(cst.CSTTransformer):
         forward = cst.ensure_type(body[index], cst.FunctionDef)
         sig = self.forwards[node.name.value]
         form = plan.form
-        if form.form == "region":
-            raise PlanError([error("generate.region_form", node.name.value,
-                                   "region boundaries (local_compute_fn) are not emitted yet")])
         emitted = form.form
         gates = lowering_gates(form, sig) if emitted == "tp_collective" else []
         emitted = "generic" if gates else emitted
@@ -158,7 +169,7 @@ def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassP
     module = cst.parse_module(source_text)
     module = module.visit(_AbsoluteImports(module_name.rsplit(".", 1)[0]))
     module = _add_runtime_import(module)
-    rewriter = _RewriteClasses(plans, forwards)
+    rewriter = _RewriteClasses(plans, forwards, dispatching_classes(source_text))
     module = module.visit(rewriter)
     header = [cst.EmptyLine(comment=cst.Comment(f"# {line}".rstrip())) for line in banner]
     module = module.with_changes(header=[*header, cst.EmptyLine(indent=False), *module.header])

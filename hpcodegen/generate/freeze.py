@@ -32,15 +32,17 @@ def modeling_file_name(model_name: str) -> str:
     return f"modeling_{re.sub(r'[^0-9A-Za-z_]', '_', model_name.lower())}_gen_npu.py"
 
 
-def parallel_dims(tp: int, sp: bool) -> dict[str, Any]:
+def parallel_dims(tp: int, sp: bool, ep: int = 1) -> dict[str, Any]:
     """All seven keys; dp is decided at launch, so it is frozen as 1."""
-    return {"dp_size": 1, "tp_size": tp, "cp_size": 1, "ep_size": 1, "pp_size": 1,
+    return {"dp_size": 1, "tp_size": tp, "cp_size": 1, "ep_size": ep, "pp_size": 1,
             "sequence_parallel": sp, "loss_parallel": False}
 
 
-def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any) -> str:
+def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any,
+                  ep: int = 1) -> str:
     """``yaml_sha256``: sha256 of the canonical JSON of every generation input."""
-    payload = {"config": config, "tp": tp, "sp": sp, "recipe": recipe}
+    payload = {"config": config, "tp": tp, "sp": sp, "recipe": recipe,
+               **({"ep": ep} if ep > 1 else {})}
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
@@ -64,16 +66,17 @@ def source_record(config: Mapping[str, Any], src: ModelingSource,
 
 def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, Any],
                classes: Mapping[str, str], injections: list[dict[str, Any]],
-               tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any) -> dict[str, Any]:
+               tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
+               ep: int = 1) -> dict[str, Any]:
     """The whole meta except ``outputs`` (the bundle writer adds them)."""
     model_name = model_name_of(str(config.get("model_type") or "model"))
     meta: dict[str, Any] = {
         "codegen_version": CODEGEN_VERSION,
         "generator": {"name": GENERATOR_NAME, "version": __version__},
         "yaml_path": "",
-        "yaml_sha256": inputs_digest(config, tp, sp, recipe),
+        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep),
         "source": source,
-        "parallel_dims": parallel_dims(tp, sp),
+        "parallel_dims": parallel_dims(tp, sp, ep),
         "model_name": model_name,
         "model_class": source.get("architecture"),
         "param_plan": plan,

@@ -14,7 +14,7 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import expand_glob, parent_of
-from hpcodegen.generate.styles import STYLE_KINDS, Kind, style_kind
+from hpcodegen.generate.styles import PARAM_KINDS, STYLE_KINDS, Kind, style_kind
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Assignment:
     factor: int
     style: str
     rule: str
+    #: ``fqn`` names a parameter (a packed expert weight), not a module
+    param: bool = False
 
 
 def hf_rules(model: Any) -> list[tuple[str, str]]:
@@ -50,11 +52,15 @@ def hf_rules(model: Any) -> list[tuple[str, str]]:
 
 def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
                  param_fqns: Sequence[str] = (),
-                 overridden: Set[str] = frozenset()) -> dict[str, Assignment]:
+                 overridden: Set[str] = frozenset(), *,
+                 origin: str = "HF plan", strict: bool = True) -> dict[str, Assignment]:
     """Map each module FQN to its style; later rules win, as in transformers.
 
     A rule whose every match (module, or the module owning a matched parameter) is in
-    ``overridden`` (matched by a recipe rule) is dropped: recipes win over the HF plan.
+    ``overridden`` (matched by a recipe rule, or by a package rule for HF rules) is
+    dropped: recipes win over the package rules, which win over the HF plan. With
+    ``strict=False`` (package rules, which cover config variants) a rule matching no
+    module is skipped.
 
     Raises:
         PlanError: a style we cannot lift, or a rule that matches no module.
@@ -68,26 +74,42 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
         if kind is None:
             problems.append(error(
                 "generate.unsupported_style", glob,
-                f"HF plan rule {glob!r}: style {style!r} is not supported",
+                f"{origin} rule {glob!r}: style {style!r} is not supported",
                 expected=", ".join(sorted(STYLE_KINDS)),
                 hint="override the module with a recipe rule (--recipe); recipes win"))
             continue
         matched = expand_glob(glob, fqns)
-        if not matched and expand_glob(glob, param_fqns):
+        on_params = [] if matched else expand_glob(glob, param_fqns)
+        if on_params and kind[0] in PARAM_KINDS:
+            for fqn in on_params:
+                out[fqn] = Assignment(fqn, kind[0], kind[1], style, glob, param=True)
+        elif on_params:
             problems.append(error(
                 "generate.rule_on_parameter", glob,
-                f"HF plan rule {glob!r} ({style}) names parameters, not modules; "
-                "per-parameter styles are not supported",
+                f"{origin} rule {glob!r} ({style}) names parameters; style {style!r} "
+                "only applies to modules",
                 hint="place the parameters with a recipe rule (params)"))
-        elif not matched:
+        elif not matched and strict and not _alternative(glob, fqns):
             problems.append(error(
                 "generate.rule_no_match", glob,
-                f"HF plan rule {glob!r} ({style}) matches no module of the model"))
+                f"{origin} rule {glob!r} ({style}) matches no module of the model"))
         for fqn in matched:
             out[fqn] = Assignment(fqn, kind[0], kind[1], style, glob)
     if problems:
         raise PlanError(problems)
     return out
+
+
+def _alternative(glob: str, fqns: Sequence[str]) -> bool:
+    """A rule for one variant of a layer: its parent glob matches, the child is absent.
+
+    HF writes one plan per family: ``layers.*.mlp.gate_proj`` (dense layers) next to
+    ``layers.*.mlp.experts`` (sparse ones). A config whose layers are all sparse has no
+    ``mlp.gate_proj``; transformers skips such a rule, and so do we. A rule whose parent
+    matches nothing either (a wrong prefix) is still an error.
+    """
+    parent = parent_of(glob)
+    return "." in glob and bool(expand_glob(parent, fqns))
 
 
 def _overridden(glob: str, fqns: Sequence[str], param_fqns: Sequence[str],

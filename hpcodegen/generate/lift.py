@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
-from hpcodegen.generate.styles import Kind, shard
-from hpcodegen.plan.entry import partial_deferred_biases
+from hpcodegen.generate.styles import Kind, param_shard, shard
+from hpcodegen.plan.entry import join_fqn, partial_deferred_biases
 
 SEQ = "S(1)"
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
@@ -45,6 +46,22 @@ def first_arg(module: Any) -> str:
             return p.name
     raise PlanError([error("generate.no_input", type(module).__name__,
                            f"{type(module).__name__}.forward has no positional input to place")])
+
+
+def linear_dims(module: Any) -> tuple[int, int]:
+    """``(output-feature dim, input-feature dim)`` of a Linear-like module's weight.
+
+    ``nn.Linear`` stores ``(out, in)``; transformers' ``Conv1D`` (GPT-2 family) stores the
+    transpose ``(in, out)`` and names its output width ``nf``.
+    """
+    weight = getattr(module, "weight", None)
+    nf = getattr(module, "nf", None)
+    shape = tuple(getattr(weight, "shape", ()))
+    if isinstance(nf, int) and len(shape) == 2 and shape[1] == nf and shape[0] != nf:
+        return 1, 0
+    if isinstance(nf, int) and len(shape) == 2 and type(module).__name__ == "Conv1D":
+        return 1, 0
+    return 0, 1
 
 
 def direct_params(module: Any) -> list[str]:
@@ -78,17 +95,27 @@ class Lifter:
         self.assign = dict(assignments)
         self.sp = sp
         self.plan: dict[str, dict[str, Any]] = {}
+        #: ``experts`` modules (HF ``moe_tp_experts``): regions over all their inputs
+        self.moe_experts = {a.fqn for a in self.assign.values() if a.kind is Kind.MOE_EXPERTS}
 
     # -- regions ---------------------------------------------------------------------------
     def region_parents(self) -> dict[str, list[Assignment]]:
-        """Parents of colwise/rowwise Linears, each with its shard children."""
+        """Parents of colwise/rowwise Linears, each with its shard children.
+
+        A ``rowwise_split_input`` child closes a region only where its parent has colwise
+        children (its input is then already sharded); beside gathered colwise siblings
+        (HF's fused q|k|v or gate|up: ``colwise_gather_output``) it is its own boundary.
+        """
         groups: dict[str, list[Assignment]] = {}
         for a in self.assign.values():
             if a.kind in REGION_KINDS:
                 groups.setdefault(parent_of(a.fqn), []).append(a)
+        for a in self.assign.values():
+            if a.kind is Kind.ROWWISE_SPLIT and parent_of(a.fqn) in groups:
+                groups[parent_of(a.fqn)].append(replace(a, kind=Kind.ROWWISE))
         for parent, members in groups.items():
             kinds = {a.kind for a in members}
-            if kinds != set(REGION_KINDS):
+            if kinds != set(REGION_KINDS) and parent not in self.moe_experts:
                 a = members[0]
                 missing = "rowwise" if a.kind is Kind.COLWISE else "colwise"
                 raise PlanError([error(
@@ -96,12 +123,26 @@ class Lifter:
                     f"HF plan rule {a.rule!r} ({a.style}): {parent or '<root>'} has no {missing} "
                     "child to close the region, so no boundary can be lifted",
                     hint="declare the boundary with a recipe rule (--recipe)")])
+            for a in members:
+                self.assign[a.fqn] = a
         return groups
 
-    def _shard_params(self, entry_fqn: str, a: Assignment, out: dict, deferred: list) -> None:
+    def _shard_params(self, entry_fqn: str, a: Assignment, out: dict, deferred: list,
+                      divide: list | None = None) -> None:
         rel = relative_to(a.fqn, entry_fqn)
+        if a.param:  # a rule on the parameter itself: a packed expert weight [E, out, in]
+            placement, rowwise_bias = param_shard(a.kind, self.model.get_parameter(a.fqn).dim(),
+                                                  a.factor)
+            if rowwise_bias:
+                raise PlanError([error(
+                    "generate.rowwise_param_bias", a.fqn,
+                    f"HF plan rule {a.rule!r} ({a.style}) shards a 1-D parameter rowwise; "
+                    "it would be added once per rank", hint="place it with a recipe rule")])
+            out[rel] = {"tp": placement}
+            return
         module = self.modules[a.fqn]
-        col = a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE)
+        col = a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE, Kind.COLWISE_GATHER)
+        out_dim, in_dim = linear_dims(module)
         for pname in direct_params(module):
             key = f"{rel}.{pname}" if rel else pname
             if pname == "bias" and not col:
@@ -110,16 +151,19 @@ class Lifter:
             elif pname == "bias":
                 out[key] = {"tp": shard(0, a.factor)}
             else:
-                out[key] = {"tp": shard(0 if col else 1, a.factor)}
+                out[key] = {"tp": shard(out_dim if col else in_dim, a.factor)}
+        if col and divide is not None and isinstance(getattr(module, "nf", None), int):
+            divide.append(f"{rel}.nf" if rel else "nf")  # Conv1D sizes its output by nf
 
-    def _absorb(self, entry_fqn: str, params: dict, deferred: list, partial: list) -> None:
+    def _absorb(self, entry_fqn: str, params: dict, deferred: list, partial: list,
+                divide: list) -> None:
         """Put every assignment inside ``entry_fqn`` into its params."""
         for a in self.assign.values():
             rel = relative_to(a.fqn, entry_fqn)
             if not rel:
                 continue
             if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
-                self._shard_params(entry_fqn, a, params, deferred)
+                self._shard_params(entry_fqn, a, params, deferred, divide)
             elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
                 for pname in direct_params(self.modules[a.fqn]):
                     params[f"{rel}.{pname}"] = {"tp": "R"}
@@ -136,11 +180,15 @@ class Lifter:
         params: dict[str, Any] = {}
         deferred: list[str] = []
         partial: list[str] = []
-        self._absorb(fqn, params, deferred, partial)
+        divide: list[str] = []
+        self._absorb(fqn, params, deferred, partial, divide)
         module = self.modules[fqn]
+        if fqn in self.moe_experts:
+            entry = {"params": params, **moe_transitions(module, self.sp)}
+            return entry
         entry = {"params": params, **transitions(
             first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
-        entry["tp_divide_attrs"] = head_count_attrs(module)
+        entry["tp_divide_attrs"] = sorted(set(head_count_attrs(module)) | set(divide))
         if deferred:
             entry["deferred_bias_params"] = sorted(deferred)
             # added after the SP reduce_scatter: each rank sees its sequence slice
@@ -156,8 +204,23 @@ class Lifter:
         names = direct_params(module)
         seq = SEQ if self.sp else "R"
         if a.kind is Kind.COLWISE_GATHER:
-            params = {p: {"tp": shard(0, a.factor)} for p in names}
-            return {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", "R")}
+            params: dict[str, Any] = {}
+            divide: list[str] = []
+            self._shard_params(a.fqn, a, params, [], divide)
+            entry = {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", "R")}
+            if divide:
+                entry["tp_divide_attrs"] = divide
+            return entry
+        if a.kind is Kind.ROWWISE_SPLIT:
+            params, deferred = {}, []
+            self._shard_params(a.fqn, a, params, deferred)
+            entry = {"params": params,
+                     **transitions(first_arg(module), "R", "S(-1)", "P(sum)", seq)}
+            if deferred:
+                entry["deferred_bias_params"] = sorted(deferred)
+                if partial_deferred_biases(entry):
+                    entry["partial_grad_params"] = sorted(partial_deferred_biases(entry))
+            return entry
         if a.kind is Kind.EMBED_VOCAB:
             params = {p: {"tp": "S(0)"} for p in names}
             return {"params": params, **transitions(first_arg(module), "R", "R", "P(sum)", seq)}
@@ -201,19 +264,63 @@ class Lifter:
     def run(self) -> dict[str, dict[str, Any]]:
         """Lift every assignment (and the defaults) into ``param_plan`` entries."""
         regions = list(self.region_parents())
-        regions += [a.fqn for a in self.assign.values() if a.kind is Kind.REDUCE_OUTPUT]
+        regions += [a.fqn for a in self.assign.values()
+                    if a.kind in (Kind.REDUCE_OUTPUT, Kind.MOE_EXPERTS) and a.fqn not in regions]
         for fqn in regions:
             self.plan[fqn] = self.region_entry(fqn)
 
         def inside(fqn: str) -> bool:
             return any(relative_to(fqn, r) not in (None, "") for r in regions)
 
-        pending = [a for a in self.assign.values() if a.fqn not in self.plan]
+        pending = [a for a in self.assign.values() if a.fqn not in self.plan and not a.param]
         pending += [a for a in self._defaults() if not inside(a.fqn)]
         for a in pending:
             if not inside(a.fqn):
                 self.plan[a.fqn] = self.standalone_entry(a)
+        if self.moe_experts and not self.sp:
+            self._replicate_rest(regions)
         return self.plan
+
+    def _replicate_rest(self, regions: list[str]) -> None:
+        """Replicate the parameters of a MoE model no rule names (routers, gates, MLA).
+
+        HF's MoE plans leave the router (``mlp.gate``), shared-expert gates and whole attention
+        variants unplanned: transformers keeps them replicated. Outside every region (and
+        without sequence parallelism) each rank sees the full activation, so a replicated
+        parameter computes and gets the unsharded gradient exactly; it becomes a
+        parameter-only entry ``{tp: R}`` on its module. Parameters inside a region stay
+        coverage errors: there a replicated weight could see a tp shard.
+        """
+        planned = {join_fqn(f, rel) for f, e in self.plan.items() for rel in e.get("params") or {}}
+        entries = list(self.plan)
+        for fqn, module in self.modules.items():
+            names = [p for p in direct_params(module) if join_fqn(fqn, p) not in planned]
+            if not names or any(relative_to(fqn, e) is not None for e in entries):
+                continue
+            if any(relative_to(fqn, r) is not None for r in regions):
+                continue
+            self.plan[fqn] = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
+
+
+def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
+    """An ``experts`` region (HF ``moe_tp_experts``): every positional input replicated.
+
+    The hidden states *and* the routing weights enter a compute split over tp, so both
+    gradients are partial and all-reduced in the backward (the classifier's rule for a
+    replicated input of a compute-splitting boundary); the partial output is all-reduced.
+    """
+    if sp:
+        raise PlanError([error(
+            "generate.moe_sp", type(module).__name__,
+            "sequence parallelism (--sp) is not supported with mixture-of-experts layers: "
+            "the router would see only its rank's slice of the sequence",
+            hint="generate without --sp")])
+    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    in_src = {name: {"tp": "R"} for name in names}
+    return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
+            "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},
+            "out_names": ["output"], "is_boundary": True}
 
 
 def _call(model: Any, name: str) -> Any:
@@ -233,3 +340,43 @@ def is_norm(module: Any) -> bool:
 def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool) -> dict[str, dict]:
     """``param_plan`` entries for a meta-device model from its expanded HF assignments."""
     return Lifter(model, assignments, sp).run()
+
+
+def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -> list[str]:
+    """Plan every trainable parameter no rule names as replicated (``R``); returns them.
+
+    The parameter joins the deepest entry enclosing its module, else a parameter-only entry
+    of its own module. Its gradient is partial over tp, so it is listed in
+    ``partial_grad_params``, where its compute is split: inside an entry that splits compute
+    over tp (:func:`hpcodegen.plan.classify.splits_compute`: every path to its output runs
+    through sharded weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj``
+    and ``down_proj``), or, with ``sp``, anywhere outside a region (each rank only sees its
+    slice of the sequence).
+    """
+    from hpcodegen.plan.classify import splits_compute
+    from hpcodegen.plan.coverage import trainable_names, uncovered
+
+    planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
+               for rel in entry.get("params") or {}}
+    added: list[str] = []
+    for name in uncovered(trainable_names(model), planned):
+        owner = parent_of(name)
+        enclosing = [fqn for fqn in plan if relative_to(owner, fqn) is not None]
+        if enclosing:
+            fqn = max(enclosing, key=lambda f: (f.count(".") + 1) if f else 0)
+            entry = plan[fqn]
+            partial = splits_compute(entry) or (sp and _sequence_sharded_input(entry))
+        else:
+            fqn = owner
+            entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
+            partial = sp
+        rel = relative_to(name, fqn) or name
+        entry.setdefault("params", {})[rel] = {"tp": "R"}
+        if partial:
+            entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
+        added.append(name)
+    return added
+
+
+def _sequence_sharded_input(entry: Mapping[str, Any]) -> bool:
+    return any((named or {}).get("tp") == SEQ for named in (entry.get("in_dst") or {}).values())

@@ -20,6 +20,9 @@ class Kind(str, Enum):
     ROWWISE = "rowwise"
     #: a standalone colwise Linear whose output is gathered (lm_head)
     COLWISE_GATHER = "colwise_gather"
+    #: a standalone rowwise Linear taking a replicated input: it splits the input on the
+    #: last dim itself, its partial output is reduced (HF pairs it with a gathered colwise)
+    ROWWISE_SPLIT = "rowwise_split"
     #: an Embedding sharded on the vocab (rows): output partial, reduced after
     EMBED_VOCAB = "embed_vocab"
     #: an Embedding sharded on the hidden dim (columns): output gathered on the last dim
@@ -35,6 +38,10 @@ class Kind(str, Enum):
     #: shard like colwise / rowwise, but the communication belongs to an ancestor
     LOCAL_COLWISE = "local_colwise"
     LOCAL_ROWWISE = "local_rowwise"
+    #: a mixture-of-experts ``experts`` module: every input replicated (their gradients
+    #: all-reduced), the partial output all-reduced; its packed expert parameters hold the
+    #: shards (HF's ``moe_tp_experts``)
+    MOE_EXPERTS = "moe_experts"
 
 
 #: style name -> (kind, shard factor for packed weights, 1 otherwise)
@@ -53,19 +60,52 @@ STYLE_KINDS: dict[str, tuple[Kind, int]] = {
     "gather": (Kind.REDUCE_OUTPUT, 1),
     # 5.1+
     "colwise_gather_output": (Kind.COLWISE_GATHER, 1),
-    "rowwise_split_input": (Kind.ROWWISE, 1),
+    "rowwise_split_input": (Kind.ROWWISE_SPLIT, 1),
     "embedding_rowwise": (Kind.EMBED_VOCAB, 1),
     "embedding_colwise": (Kind.EMBED_HIDDEN, 1),
     "replicated_with_grad_allreduce": (Kind.REPLICATE_GRAD, 1),
     "packed_colwise": (Kind.COLWISE, 2),
     "packed_rowwise": (Kind.ROWWISE, 2),
     "all_reduce": (Kind.REDUCE_OUTPUT, 1),
+    "moe_tp_experts": (Kind.MOE_EXPERTS, 1),
 }
+
+#: kinds a rule may give a *parameter* (HF 5.x plans name packed expert weights directly,
+#: e.g. ``layers.*.mlp.experts.gate_up_proj: packed_colwise``)
+PARAM_KINDS = frozenset({Kind.COLWISE, Kind.ROWWISE, Kind.REPLICATE, Kind.REPLICATE_GRAD,
+                         Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE})
+
+
+#: packed styles whose factor may be given as ``<style>:<n>`` (a fused q|k|v is 3 blocks);
+#: transformers' own names mean 2 blocks (a fused gate|up)
+PACKED_STYLES = ("packed_colwise", "packed_rowwise")
 
 
 def style_kind(style: str) -> tuple[Kind, int] | None:
-    """The kind and packing factor of a style name, None when unsupported."""
+    """The kind and packing factor of a style name, None when unsupported.
+
+    ``packed_colwise:3`` is a packed style with an explicit number of fused blocks (the
+    package rules use it for a fused q|k|v); transformers' names carry no factor.
+    """
+    name, sep, factor = style.partition(":")
+    if sep:
+        if name not in PACKED_STYLES or not factor.isdigit() or int(factor) < 1:
+            return None
+        return STYLE_KINDS[name][0], int(factor)
     return STYLE_KINDS.get(style)
+
+
+def param_shard(kind: Kind, ndim: int, factor: int) -> tuple[str, bool]:
+    """The placement HF gives a parameter of ``ndim`` dims, and whether it is a rowwise bias.
+
+    HF reads every weight as ``[..., out, in]``: colwise shards dim ``ndim-2`` (a 1-D bias its
+    only dim), rowwise dim ``ndim-1``; a rowwise 1-D bias stays replicated (added once after
+    the reduction). Packed weights (``factor`` > 1) shard strided, as HF's packed styles.
+    """
+    col = kind in (Kind.COLWISE, Kind.LOCAL_COLWISE)
+    if ndim <= 1:
+        return ("S(0)", False) if col else ("R", True)
+    return shard(ndim - 2 if col else ndim - 1, factor), False
 
 
 def shard(dim: int, factor: int) -> str:

@@ -6,7 +6,7 @@ module or the config field, so nothing is skipped silently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import replace
 from typing import Any
 
@@ -57,10 +57,12 @@ def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
-                          classes: Mapping[str, str]) -> None:
+                          classes: Mapping[str, str], defined: Set[str] | None = None) -> None:
     """Every boundary FQN of one class carries the same contract (the emitter writes one).
 
-    The rule is :func:`hpcodegen.plan.entry.contract_differences`, the one verify applies.
+    The rule is :func:`hpcodegen.plan.entry.contract_differences`, the one verify applies,
+    to the classes the modeling file defines (``defined``; None: every class). A class it
+    does not define (``nn.Linear``) is wrapped per instance, so its FQNs may differ.
     """
     first: dict[str, str] = {}
     problems = []
@@ -68,6 +70,8 @@ def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
         if not is_boundary(entry):
             continue
         cls = classes[fqn]
+        if defined is not None and cls not in defined:
+            continue
         if cls not in first:
             first[cls] = fqn
             continue

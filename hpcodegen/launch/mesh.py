@@ -21,8 +21,10 @@ MESH_ORDER: tuple[str, ...] = ("dp", "cp", "tp")
 #: Axes hpcodegen launch cannot build yet, with the reason given to the user.
 UNSUPPORTED: dict[str, str] = {
     "pp": "pipeline parallel stages are not run by hpcodegen launch",
-    "ep": "expert-parallel meshes are not built by hpcodegen launch yet",
 }
+#: the expert-parallel axis: carved from dp (torchtitan's convention), never a factor of
+#: the model-parallel size
+EP = "ep"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +40,8 @@ class MeshLayout:
     names: tuple[str, ...]
     sizes: tuple[int, ...]
     plan_axes: tuple[str, ...]
+    #: expert-parallel degree (``ep`` ranks inside each group of ``dp``; 1 = none)
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -47,8 +51,9 @@ class MeshLayout:
         return out
 
     def describe(self) -> str:
-        """``dp=1 x tp=2`` for messages and tables."""
-        return " x ".join(f"{n}={s}" for n, s in zip(self.names, self.sizes, strict=True))
+        """``dp=1 x tp=2`` (``dp=2 (ep=2) x tp=2``) for messages and tables."""
+        return " x ".join(f"{n}={s}" + (f" (ep={self.ep})" if n == "dp" and self.ep > 1 else "")
+                          for n, s in zip(self.names, self.sizes, strict=True))
 
 
 def resolve_mesh_layout(meta: Mapping[str, Any], world_size: int) -> MeshLayout:
@@ -98,13 +103,33 @@ def resolve_mesh_layout(meta: Mapping[str, Any], world_size: int) -> MeshLayout:
             hint=f"use --nproc {model} (or a multiple) per node")])
     names = ("dp", *[a for a in MESH_ORDER[1:] if frozen[a] > 1 or a in plan_axes])
     size_of = {"dp": world_size // model, **frozen}
+    ep = max(sizes.get(EP, 1), 1)
+    if size_of["dp"] % ep:
+        raise UsageError([error(
+            "launch.ep_not_in_dp", "/parallel_dims/ep_size",
+            f"ep_size={ep} does not divide the data-parallel size dp={size_of['dp']} "
+            f"(world {world_size} / {model} model-parallel ranks): ep ranks are carved from dp",
+            expected=f"--nproc x --nnodes a multiple of {model * ep}",
+            hint=f"use --nproc {model * ep} (or a multiple)")])
     ordered_plan = tuple(a for a in names if a in plan_axes)
     return MeshLayout(names=names, sizes=tuple(size_of[n] for n in names),
-                      plan_axes=ordered_plan)
+                      plan_axes=ordered_plan, ep=ep)
 
 
 def build_device_mesh(layout: MeshLayout, device_type: str) -> Any:
-    """The torch ``DeviceMesh`` for ``layout`` (imports torch; process group must exist)."""
+    """The torch ``DeviceMesh`` for ``layout`` (imports torch; process group must exist).
+
+    With ``ep > 1`` the mesh is ``("edp", "ep", *rest)`` (``dp = edp x ep``, ep innermost
+    so an ep group is ``ep`` consecutive dp ranks) with ``("edp", "ep")`` flattened to
+    ``"dp"``: ``mesh["dp"]``, ``mesh["tp"]`` and the expert mesh ``mesh["ep", "tp"]`` all
+    slice from it.
+    """
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device_type, layout.sizes, mesh_dim_names=layout.names)
+    if layout.ep <= 1:
+        return init_device_mesh(device_type, layout.sizes, mesh_dim_names=layout.names)
+    dp, *rest = layout.sizes
+    mesh = init_device_mesh(device_type, (dp // layout.ep, layout.ep, *rest),
+                            mesh_dim_names=("edp", EP, *layout.names[1:]))
+    mesh["edp", EP]._flatten("dp")
+    return mesh

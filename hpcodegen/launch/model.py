@@ -74,6 +74,8 @@ class BuiltModel:
     weights: str
     layout: Any
     active: Any = None
+    #: the runtime's expert mesh (``runtime.experts.ExpertMesh``; None without ep)
+    expert: Any = None
 
 
 def _cast_parameters(model: Any, dtype: Any) -> None:
@@ -153,7 +155,9 @@ def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp3
         _cast_parameters(model, torch_dtype(dtype))
         model = model.to(device=ctx.device)
     shapes = global_shapes(model)
-    info, active = parallelize(model, ctx, hf_config)
+    # the config as written: the artifact's signature hashes its fields, not the defaults
+    # and attribute aliases ``PretrainedConfig.to_dict`` adds
+    info, active = parallelize(model, ctx, config)
     layout = ShardLayout.from_model(model, shapes, info)
     if on_meta:
         materialize(model, layout, dtype=torch_dtype(dtype), device=ctx.device,
@@ -161,7 +165,10 @@ def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp3
         model = model.to(device=ctx.device)  # the buffers
     model.eval()
     weights = "empty (resumed)" if empty else _weights_text(checkpoint, seed)
-    return BuiltModel(model, hf_config, config, weights, layout, active)
+    from hpcodegen.runtime.experts import resolve_expert_mesh
+
+    return BuiltModel(model, hf_config, config, weights, layout, active,
+                      resolve_expert_mesh(ctx.meta.data, ctx.mesh))
 
 
 def parallelize(model: Any, ctx: Any, hf_config: Any) -> tuple[dict[str, Any], Any]:

@@ -22,10 +22,11 @@ def _is_dtensor(value: Any) -> bool:
 
 
 def _full(local: Any, active: Any, named: Mapping[str, Any] | None, like: Any) -> Any:
-    """The full tensor of ``local`` placed by ``named`` on the active mesh."""
+    """The full tensor of ``local`` placed by ``named`` on the active mesh (an expert
+    parameter's on the expert mesh, when ``active`` is one)."""
     if _is_dtensor(local):
         return local.full_tensor()
-    if active.degenerate:
+    if getattr(active, "degenerate", False):
         return local
     placements = resolve_placements(named, active.axes)
     if all(isinstance(p, Replicate) for p in placements):
@@ -70,11 +71,14 @@ def plan_placements(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active: Any,
-                   pick: Callable[[Any], Any]) -> tuple[float, str | None, list[str]]:
+                   pick: Callable[[Any], Any], expert: Any = None
+                   ) -> tuple[float, str | None, list[str]]:
     """Largest ``|pick(sharded p) - pick(reference p)|`` over all parameters.
 
     Args:
         pick: ``lambda p: p.grad`` or ``lambda p: p.data``.
+        expert: the runtime's expert mesh (``runtime.experts.ExpertMesh``), if any: expert
+            parameters are gathered over it.
 
     Returns:
         ``(max abs diff, FQN where it occurs, FQNs present on one side only)``.
@@ -89,7 +93,10 @@ def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active
             if (mine is None) != (theirs is None):
                 odd.append(fqn)
             continue
-        full = _full(mine.detach(), active, placements.get(fqn), theirs)
+        named = placements.get(fqn)
+        on = expert if expert is not None and isinstance(named, Mapping) and "ep" in named \
+            else active
+        full = _full(mine.detach(), on, named, theirs)
         if tuple(full.shape) != tuple(theirs.shape):
             odd.append(fqn)
             continue

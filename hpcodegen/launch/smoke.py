@@ -70,7 +70,7 @@ def _timed_forward(model: Any, ids: Any, device: Any) -> float:
 
 
 def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
-            active: Any) -> dict[str, Any]:
+            active: Any, expert: Any = None) -> dict[str, Any]:
     """One forward/backward on both models; max diffs of logits and gradients."""
     ids, labels = batch
     loss, logits = _loss(model, ids, labels, ctx, active)
@@ -78,7 +78,7 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     ref_loss, ref_logits = _loss(ref, ids, labels, ctx, None)
     ref_loss.backward()
     grad_diff, worst, odd = max_param_diff(model, ref, ctx.meta.data, active,
-                                           lambda p: p.grad)
+                                           lambda p: p.grad, expert)
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
     return {"logits_max_diff": float((logits.detach() - ref_logits.detach()).abs().max()),
@@ -197,7 +197,8 @@ def run(reporter: RankReporter) -> None:
     parity: dict[str, Any] | None = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(built.model, ref.model, batch, ctx, built.active), "tolerance": tol}
+        parity = {**_parity(built.model, ref.model, batch, ctx, built.active, built.expert),
+                  "tolerance": tol}
         reporter.update(parity=parity)
     if steps:
         norms = _train(runs, batch, steps, first, ctx, max_norm, reporter)
@@ -207,7 +208,8 @@ def run(reporter: RankReporter) -> None:
             finite = all(math.isfinite(x) for x in rec.losses)  # a NaN loss must fail
             parity["loss_max_diff"] = _nan_max(diffs) if finite else math.nan
             parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.data,
-                                                      built.active, lambda p: p.data)[0]
+                                                      built.active, lambda p: p.data,
+                                                      built.expert)[0]
             if max_norm is not None:
                 parity["grad_norms"] = norms[0]
                 parity["grad_norm_max_diff"] = _nan_max(

@@ -84,6 +84,41 @@ def class_forwards(source_text: str) -> dict[str, ForwardSignature]:
     return out
 
 
+#: Class decorators that replace ``forward`` by a dispatcher when the class is created
+#: (transformers' ``use_experts_implementation`` picks eager / grouped_mm / ... kernels and
+#: never calls a rewritten ``forward`` for the fast ones).
+FORWARD_DISPATCH_DECORATORS = frozenset({"use_experts_implementation"})
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return target.id if isinstance(target, ast.Name) else ""
+
+
+def dispatching_class(node: ast.ClassDef) -> bool:
+    """True when a class decorator replaces ``forward`` (see FORWARD_DISPATCH_DECORATORS)."""
+    return any(_decorator_name(d) in FORWARD_DISPATCH_DECORATORS for d in node.decorator_list)
+
+
+def instance_wrapped(form: str, cls: ast.ClassDef | None) -> bool:
+    """The rule generate and verify share: is this boundary class left untouched in the file
+    and wrapped per instance at run time (like ``nn.Linear``)?
+
+    Yes for a class not in the file; for a class whose forward a decorator dispatches (a
+    rewritten forward would be bypassed by the kernel it picks); and for a ``region`` (the
+    runtime runs inputs -> the injected local compute -> outputs around the instance).
+    """
+    return cls is None or form == "region" or dispatching_class(cls)
+
+
+def dispatching_classes(source_text: str) -> set[str]:
+    """Top-level classes of ``source_text`` whose forward a decorator dispatches."""
+    return {node.name for node in ast.parse(source_text).body
+            if isinstance(node, ast.ClassDef) and dispatching_class(node)}
+
+
 def lowering_gates(form: BoundaryForm, sig: ForwardSignature) -> list[str]:
     """Why a tp_collective verdict is emitted generic (empty: emitted as bare collectives)."""
     reasons = []

@@ -23,11 +23,18 @@ from hpcodegen.plan.entry import (
     active_axes,
     effective_partial_grad_params,
     expand_injections,
+    iter_params,
     join_fqn,
     param_plan,
 )
 from hpcodegen.runtime.boundaries import install_boundaries
-from hpcodegen.runtime.grad_sync import install_grad_allreduce
+from hpcodegen.runtime.experts import (
+    ExpertMesh,
+    ExpertParallel,
+    is_expert_placement,
+    resolve_expert_mesh,
+)
+from hpcodegen.runtime.grad_sync import install_grad_allreduce, install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers, check_handlers
 from hpcodegen.runtime.loader import import_verified_module
 from hpcodegen.runtime.mesh import (
@@ -93,15 +100,29 @@ def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = No
     return loaded
 
 
-def _source_info(model: nn.Module, active: ActiveMesh,
-                 sharded: Mapping[str, ShardedParam]) -> SourceInfo:
-    """``{param_fqn: (placements over the active axes, source submesh)}``, always tuples."""
+def _source_info(model: nn.Module, active: ActiveMesh, sharded: Mapping[str, ShardedParam],
+                 expert: ExpertMesh | None, expert_fqns: set[str]) -> SourceInfo:
+    """``{param_fqn: (placements over the active axes, source submesh)}``, always tuples;
+    expert parameters name the expert mesh."""
     replicated = to_torch_placements((REPLICATE,) * len(active.axes))
-    return {
-        fqn: (tuple(sharded[fqn].placements) if fqn in sharded else replicated,
-              active.source_mesh)
-        for fqn, _ in model.named_parameters(remove_duplicate=False)
-    }
+    info: SourceInfo = {}
+    for fqn, _ in model.named_parameters(remove_duplicate=False):
+        if expert is not None and fqn in expert_fqns:
+            info[fqn] = (tuple(sharded[fqn].placements), expert.source_mesh)
+        else:
+            info[fqn] = (tuple(sharded[fqn].placements) if fqn in sharded else replicated,
+                         active.source_mesh)
+    return info
+
+
+def _bind_expert_parallel(model: nn.Module, expert: ExpertMesh,
+                          fqns: set[str]) -> None:
+    """Give each module owning expert parameters its ep group (read by ``ep_dispatch``)."""
+    ep = ExpertParallel(expert.ep_group(), expert.ep_size, expert.ep_rank)
+    for fqn in fqns:
+        owner_path = fqn.rpartition(".")[0]
+        owner = model.get_submodule(owner_path) if owner_path else model
+        owner._hp_expert_parallel = ep
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],
@@ -208,15 +229,17 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     if callable(entry_fn):
         return entry_fn(model, context)
     active = resolve_active_mesh(meta, context)
-    if active.degenerate:
+    expert = resolve_expert_mesh(meta, context.device_mesh, context.expert_mesh)
+    if active.degenerate and expert is None:
         _warn_without_plan_axes(meta, context)
         return {}
-    return _execute(model, meta, active, handlers, injections, records)
+    return _execute(model, meta, active, handlers, injections, records, expert)
 
 
 def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
              handlers: Mapping[str, Any], injections: Mapping[str, Any],
-             records: Mapping[str, Mapping[str, Any]]) -> SourceInfo:
+             records: Mapping[str, Mapping[str, Any]],
+             expert: ExpertMesh | None = None) -> SourceInfo:
     """Phases A, B, D, C in the reference's order.
 
     D (tying) follows A because sharding replaced each parameter object; C comes last so
@@ -224,12 +247,16 @@ def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
     """
     frozen = classify_plan(meta)
     live = classify_plan(meta, active.axes, active.sizes)
-    sharded = shard_parameters(model, meta, active)
+    sharded = shard_parameters(model, meta, active, expert)
     divide_attrs(model, meta, active)
     apply_handlers(model, handlers, active)
     tie_weights(model, tied_pairs(model, meta), {k: v.placements for k, v in sharded.items()})
     install_boundaries(model, meta, active, frozen, live, sharded)
+    experts = {fqn for fqn, _, named in iter_params(meta) if is_expert_placement(named)}
+    if expert is not None:
+        _bind_expert_parallel(model, expert, experts)
+        install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
     _bind_injections(model, injections, records)
     if TP in active.axes:
         install_grad_allreduce(model, _partial_grad_fqns(meta), active.tp_group())
-    return _source_info(model, active, sharded)
+    return _source_info(model, active, sharded, expert, experts)

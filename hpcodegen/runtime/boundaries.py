@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from hpcodegen.errors import PlanError, error
@@ -69,13 +70,20 @@ def _bind(module: nn.Module, name: str, value: Any) -> None:
 
 
 def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``fn`` run with ``owner.<name>`` hidden (None), restored afterwards (``fn``'s
-    signature kept: inputs bind to it by name)."""
+    """``fn`` run with ``owner.<name>`` hidden, restored afterwards (``fn``'s signature
+    kept: inputs bind to it by name).
+
+    An ``nn.Linear`` (or subclass) skips a None bias; another module may add its bias
+    unconditionally (transformers' ``Conv1D`` calls ``addmm(self.bias, ...)``), so it sees
+    zeros instead: the same output, and no gradient reaches the hidden bias there.
+    """
+    skips_none = isinstance(owner, nn.Linear)
 
     @functools.wraps(fn)
     def bias_free_forward(*args: Any, **kwargs: Any) -> Any:
         saved = owner._parameters[name]
-        owner._parameters[name] = None
+        owner._parameters[name] = None if skips_none or saved is None \
+            else torch.zeros_like(saved, requires_grad=False)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -147,6 +155,11 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     if effective == "identity" and deferred is None:
         return "identity"
     original = module.forward
+    call = original
+    if effective == "region":  # inputs -> the injected local compute -> outputs
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return module.__dict__["__hp_compute__"](*args, **kwargs)
     in_fns, out_fns = compile_transitions(live, entry, active)
     bind_in = InputBinder(original, list(in_fns), fqn).compile(in_fns)
     bind_out = compile_outputs(out_fns)
@@ -154,7 +167,7 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     def hp_boundary_forward(*args: Any, **kwargs: Any) -> Any:
         if bind_in is not None:
             args, kwargs = bind_in(args, kwargs)
-        outputs = original(*args, **kwargs)
+        outputs = call(*args, **kwargs)
         if bind_out is not None:
             outputs = bind_out(outputs)
         return deferred(outputs) if deferred is not None else outputs
@@ -170,8 +183,8 @@ def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: Active
     entries = param_plan(meta)
     installed: dict[str, str] = {}
     for fqn in sorted(entries, key=fqn_depth, reverse=True):
-        if live[fqn].form == "params":
-            continue
+        if live[fqn].form == "params" or (active.degenerate and live[fqn].form != "region"):
+            continue  # no dense axis (an ep-only install): only the expert regions run
         try:
             module = model.get_submodule(fqn) if fqn else model
         except AttributeError:

@@ -14,7 +14,7 @@ hooks fire once per backward with the summed gradient of every use.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -26,19 +26,22 @@ from hpcodegen.runtime.params import param_owner
 _FLAG = "_hp_grad_allreduce"
 
 
-def _hook_tensor(param: torch.Tensor, group: Any) -> None:
-    if getattr(param, _FLAG, False) or not param.requires_grad:
+def _hook_tensor(param: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor],
+                 flag: str) -> None:
+    if getattr(param, flag, False) or not param.requires_grad:
         return
-    param.register_hook(lambda grad: reduce(grad, group))
-    setattr(param, _FLAG, True)
+    param.register_hook(fn)
+    setattr(param, flag, True)
 
 
-def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
-    """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
-    group = Comm(group)  # resolved once, not per gradient
+def install_grad_hook(model: nn.Module, fqns: Iterable[str],
+                      fn: Callable[[torch.Tensor], torch.Tensor], flag: str,
+                      field: str = "partial_grad_params") -> list[str]:
+    """Run ``fn`` on the gradient of each parameter FQN before it is accumulated, on the
+    tensor the forward really uses (FSDP2's unsharded parameter too); see module docstring."""
     by_owner: dict[str, tuple[nn.Module, list[str]]] = {}
     for fqn in fqns:
-        owner, name = param_owner(model, fqn, "partial_grad_params")
+        owner, name = param_owner(model, fqn, field)
         by_owner.setdefault(fqn.rpartition(".")[0], (owner, []))[1].append(name)
     for owner, names in by_owner.values():
 
@@ -46,9 +49,22 @@ def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) ->
             for name in names:
                 value = getattr(module, name)
                 if isinstance(value, torch.Tensor):
-                    _hook_tensor(value, group)
+                    _hook_tensor(value, fn, flag)
         owner.register_forward_pre_hook(pre_hook)
         # hooked now too: a compiled forward then finds them in place (registering a hook
         # on a parameter inside a traced region would break the graph)
         pre_hook(owner, ())
     return sorted(f"{p}.{n}".lstrip(".") for p, (_, ns) in by_owner.items() for n in ns)
+
+
+def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
+    """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
+    comm = Comm(group)  # resolved once, not per gradient
+    return install_grad_hook(model, fqns, lambda grad: reduce(grad, comm), _FLAG)
+
+
+def install_grad_scale(model: nn.Module, fqns: Iterable[str], factor: float) -> list[str]:
+    """Multiply the gradient of each parameter FQN by ``factor`` (expert parameters:
+    ``1/ep``, see :mod:`hpcodegen.runtime.experts`)."""
+    return install_grad_hook(model, fqns, lambda grad: grad * factor, "_hp_grad_scaled",
+                             "expert parameters")

@@ -37,6 +37,9 @@ class MeshContext:
 
     device_mesh: DeviceMesh
     fsdp_mesh: DeviceMesh | None = None
+    #: optional mesh named ``("ep",)`` or ``("ep", "tp")`` for expert parameters; default:
+    #: the device mesh's ``ep`` axis (:mod:`hpcodegen.runtime.experts`)
+    expert_mesh: DeviceMesh | None = None
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,9 @@ def _is_mesh(value: Any) -> bool:
 def as_context(mesh_context: Any) -> MeshContext:
     """A bare ``DeviceMesh`` or a :class:`MeshContext` -> MeshContext; else PlanError."""
     if isinstance(mesh_context, MeshContext):
-        for name in ("device_mesh", "fsdp_mesh"):
+        for name in ("device_mesh", "fsdp_mesh", "expert_mesh"):
             value = getattr(mesh_context, name)
-            if not _is_mesh(value) and not (name == "fsdp_mesh" and value is None):
+            if not _is_mesh(value) and not (name != "device_mesh" and value is None):
                 raise PlanError([error("runtime.bad_mesh", f"mesh_context.{name}",
                                        f"expected a DeviceMesh, got {type(value).__name__}")])
         return mesh_context

@@ -20,6 +20,7 @@ from torch import nn
 from hpcodegen.errors import PlacementMismatchError, PlanError, error
 from hpcodegen.placement import format_placements, resolve_placements
 from hpcodegen.plan.entry import iter_params, join_fqn, param_plan
+from hpcodegen.runtime.experts import ExpertMesh, expert_count_check, is_expert_placement
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
 
 
@@ -75,8 +76,9 @@ def _local_of_dtensor(fqn: str, param: Any, placements: tuple) -> torch.Tensor:
 
 
 def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
-                    active: ActiveMesh) -> ShardedParam:
-    """Shard one parameter in place (see module docstring)."""
+                    active: ActiveMesh | ExpertMesh) -> ShardedParam:
+    """Shard one parameter in place (see module docstring) on ``active`` (the dense active
+    mesh, or the expert mesh for an expert parameter)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -85,6 +87,8 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
     ours = resolve_placements(named, active.axes)
     placements = to_torch_placements(ours, param.dim())
     shape = tuple(param.shape)
+    if isinstance(active, ExpertMesh):
+        expert_count_check(fqn, shape, active.ep_size)
     local_shape, offset = compute_local_shape_and_global_offset(
         shape, active.mesh, placements)
     if isinstance(param, DTensor) or isinstance(param.data, DTensor):
@@ -102,12 +106,19 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
     return ShardedParam(fqn, placements, shape, tuple(offset))
 
 
-def shard_parameters(model: nn.Module, meta: Mapping[str, Any],
-                     active: ActiveMesh) -> dict[str, ShardedParam]:
-    """Phase A over the whole plan; returns ``{param_fqn: ShardedParam}``."""
+def shard_parameters(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
+                     expert: ExpertMesh | None = None) -> dict[str, ShardedParam]:
+    """Phase A over the whole plan; returns ``{param_fqn: ShardedParam}``.
+
+    Expert parameters (an ``ep`` key) go to the expert mesh when there is one; the others
+    to the dense active mesh, skipped when it has no axis (an ep-only install).
+    """
     done: dict[str, ShardedParam] = {}
     for fqn, _entry_fqn, named in iter_params(meta):
-        done[fqn] = shard_parameter(model, fqn, named or {}, active)
+        if expert is not None and is_expert_placement(named):
+            done[fqn] = shard_parameter(model, fqn, named or {}, expert)
+        elif not active.degenerate:
+            done[fqn] = shard_parameter(model, fqn, named or {}, active)
     return done
 
 

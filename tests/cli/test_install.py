@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -32,7 +33,11 @@ def _typer_floor() -> str:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(out), str(ROOT)], check=True,
+    # build from a copy: no build/ left in the checkout, no stale build/lib in the wheel
+    src = tmp_path_factory.mktemp("src") / "hpcodegen"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "out"))
+    subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(out), str(src)], check=True,
                    timeout=300, capture_output=True)
     (path,) = out.glob("hpcodegen-*.whl")
     return path

@@ -50,28 +50,25 @@ def test_divisibility_is_verify_rule_and_refuses_its_warnings_too() -> None:
 
 
 def test_unsupported_style_names_the_rule(tmp_path: Path) -> None:
-    model = tmp_path / "mixtral"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "head_dim": 16, "num_hidden_layers": 1, "vocab_size": 256, "num_local_experts": 2,
-        "num_experts_per_tok": 1, "tie_word_embeddings": False}))
-    code, out = invoke("--model", str(model), "--tp", "2", "-o", str(tmp_path / "out"))
-    assert code == 1
-    assert ("HF plan rule 'model.layers.*.mlp.experts': style 'moe_tp_experts' "
-            "is not supported") in out
+    fqns = ["", "model", "model.layers.0.mlp", "model.layers.0.mlp.up_proj"]
+    with pytest.raises(PlanError) as info:
+        expand_rules([("model.layers.*.mlp", "moe_identity_expert")], fqns)
+    assert ("HF plan rule 'model.layers.*.mlp': style 'moe_identity_expert' "
+            "is not supported") in str(info.value)
 
 
 def test_unsupported_style_and_no_match_unit() -> None:
     fqns = ["", "model", "model.layers.0.mlp", "model.layers.0.mlp.up_proj"]
     with pytest.raises(PlanError) as info:
         expand_rules([("model.layers.*.mlp.up_proj", "mystery"),
-                      ("model.layers.*.mlp.nope", "colwise")], fqns)
+                      ("model.layers.*.nope.up_proj", "colwise")], fqns)
     codes = [f.code for f in info.value.findings]
     assert codes == ["generate.unsupported_style", "generate.rule_no_match"]
     assert info.value.exit_code == 1
-    assert "'model.layers.*.mlp.nope' (colwise) matches no module" in str(info.value)
+    assert "'model.layers.*.nope.up_proj' (colwise) matches no module" in str(info.value)
+    # a rule for another variant of an existing layer (HF's dense-layer rules next to the
+    # experts) is skipped, as transformers does
+    assert expand_rules([("model.layers.*.mlp.gate_proj", "colwise")], fqns) == {}
     # a recipe covering the module wins over the unsupported HF style
     got = expand_rules([("model.layers.*.mlp.up_proj", "mystery")], fqns,
                        overridden={"model.layers.0.mlp.up_proj"})

@@ -65,6 +65,8 @@ def test_injected_fault_in_the_smoke_job(tmp_path):
     assert run.code == 1
     doc = run.json()
     assert doc["message"].startswith("rank 1 failed: InjectedFault")
+    assert (doc["status"], doc["findings"][0]["code"]) == ("fail", "launch.failed")
+    assert Path(doc["run_dir"]).is_dir()  # kept (--log-dir): reported
     statuses = {r["rank"]: r["status"] for r in doc["ranks"]}
     assert statuses[1] == "error"
     assert run.seconds < 15

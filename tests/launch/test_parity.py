@@ -50,4 +50,7 @@ def test_check_parity_with_three_steps():
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--check-parity", "--steps", "3", "--json", timeout=140)
     assert run.code == 0, run.stdout + run.stderr
-    _check(run.json(), steps=3)
+    doc = run.json()
+    _check(doc, steps=3)
+    # the passing run's scratch dir is removed: it is not reported as if it were kept
+    assert doc["run_dir"] is None and doc["log_dir"] is None

@@ -1,0 +1,148 @@
+"""Rules shipped inside the package, chosen by the config's ``model_type`` (pure: no torch).
+
+transformers ships no ``base_model_tp_plan`` for some families (GPT-2, Falcon, Hunyuan-V1
+dense) and a plan we must correct for others. ``hpcodegen/generate/rules/<model_type>.yaml``
+fills the gap, so ``generate --model DIR --tp N`` works with no recipe from the user, and
+``generate`` prints which rules came from the package. A file is data, not code::
+
+    reason: transformers ships no base_model_tp_plan for GPT-2   # printed by generate
+    replace_hf_plan: true      # ignore the HF plan (default false: the rules extend it)
+    tp_plan:                   # full module FQN globs -> HF style names (docs/generate.md);
+      "transformer.h.*.attn.c_attn": "packed_colwise:3"     # a packed style with n blocks
+      "transformer.h.*.attn.c_proj": rowwise
+    recipe: []                 # recipe rules (schemas/recipe.schema.json), after the lift
+    variants:                  # optional; the first whose `when` holds is merged on top
+      - when: {multi_query: true, new_decoder_architecture: [false, null]}
+        reason: one shared k/v head cannot be split over tp: attention stays replicated
+        tp_plan: {...}
+
+A ``tp_plan`` rule wins over an HF rule for the same modules (an HF rule whose modules all
+match package rules is dropped, whatever its style); the user's ``--recipe`` wins over both.
+``when`` compares config fields (a missing field reads as null; a list means any of).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+
+RULES_PACKAGE = "hpcodegen.generate.rules"
+_TOP_KEYS = frozenset({"reason", "replace_hf_plan", "tp_plan", "recipe", "variants"})
+_VARIANT_KEYS = frozenset({"when", "reason", "replace_hf_plan", "tp_plan", "recipe"})
+
+
+@dataclass(frozen=True)
+class PackageRules:
+    """The rules of one model_type for one config (variants resolved)."""
+
+    file: str
+    reasons: tuple[str, ...]
+    replace_hf_plan: bool = False
+    tp_plan: tuple[tuple[str, str], ...] = ()
+    recipe: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        """One line for generate's output: which file, what it does, and why."""
+        how = "replace the HF plan" if self.replace_hf_plan else "extend the HF plan"
+        counts = f"{len(self.tp_plan)} tp_plan rules, {len(self.recipe)} recipe rules"
+        return f"package rules {self.file} ({how}; {counts}): {'; '.join(self.reasons)}"
+
+    def record(self) -> dict[str, Any]:
+        """What the rules contribute to the artifact's input digest (``yaml_sha256``)."""
+        return {"file": self.file, "replace_hf_plan": self.replace_hf_plan,
+                "tp_plan": [list(r) for r in self.tp_plan], "recipe": list(self.recipe)}
+
+
+def rules_file_name(model_type: str) -> str:
+    return f"{model_type}.yaml"
+
+
+def _bad(file: str, where: str, message: str) -> PlanError:
+    return PlanError([error("package_rules.invalid", where, message, file=file)])
+
+
+def _read(model_type: str) -> tuple[str, Any] | None:
+    name = rules_file_name(model_type)
+    if not model_type or "/" in model_type or model_type.startswith("."):
+        return None
+    path = resources.files(RULES_PACKAGE).joinpath(name)
+    if not path.is_file():
+        return None
+    import yaml
+
+    label = f"hpcodegen/generate/rules/{name}"
+    try:
+        return label, yaml.safe_load(path.read_text("utf-8"))
+    except yaml.YAMLError as exc:
+        raise _bad(label, "", f"not valid YAML: {exc}") from None
+
+
+def _check_part(label: str, where: str, part: Any, keys: frozenset[str]) -> None:
+    if not isinstance(part, Mapping):
+        raise _bad(label, where, "expected a mapping")
+    unknown = sorted(set(part) - keys)
+    if unknown:
+        raise _bad(label, where, f"unknown keys {unknown}; expected some of {sorted(keys)}")
+    plan = part.get("tp_plan", {})
+    if not isinstance(plan, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+        raise _bad(label, f"{where}/tp_plan", "expected a mapping of glob -> style name")
+    if not isinstance(part.get("recipe", []), list):
+        raise _bad(label, f"{where}/recipe", "expected a list of recipe rules")
+    if not isinstance(part.get("replace_hf_plan", False), bool):
+        raise _bad(label, f"{where}/replace_hf_plan", "expected true or false")
+    if "when" in part and not isinstance(part["when"], Mapping):
+        raise _bad(label, f"{where}/when", "expected a mapping of config field -> value(s)")
+
+
+def _holds(when: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    for key, want in when.items():
+        options = want if isinstance(want, list) else [want]
+        if config.get(key) not in options:
+            return False
+    return True
+
+
+def package_rules(config: Mapping[str, Any]) -> PackageRules | None:
+    """The shipped rules for ``config['model_type']``, None when the package has none.
+
+    Raises:
+        PlanError: a shipped file that breaks the format (a bug in the package).
+    """
+    found = _read(str(config.get("model_type") or ""))
+    if found is None:
+        return None
+    label, data = found
+    _check_part(label, "", data, _TOP_KEYS)
+    parts = [data]
+    variants = data.get("variants", [])
+    if not isinstance(variants, list):
+        raise _bad(label, "/variants", "expected a list")
+    for i, variant in enumerate(variants):
+        _check_part(label, f"/variants/{i}", variant, _VARIANT_KEYS)
+        if _holds(variant.get("when", {}), config):
+            parts.append(variant)
+            break
+    from hpcodegen.generate.recipe import validate_recipe
+
+    recipe: list[Mapping[str, Any]] = []
+    plan: dict[str, str] = {}
+    replace_hf = False
+    for part in parts:
+        plan.update(part.get("tp_plan", {}))
+        recipe.extend(validate_recipe(part.get("recipe", []), label))
+        replace_hf = part.get("replace_hf_plan", replace_hf)
+    reasons = tuple(str(p["reason"]) for p in parts if p.get("reason"))
+    return PackageRules(label, reasons, replace_hf, tuple(plan.items()), tuple(recipe))
+
+
+def merged_rules(hf: Sequence[tuple[str, str]], rules: PackageRules | None
+                 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(HF rules kept, package rules)``; the package's come last, so they win."""
+    if rules is None:
+        return list(hf), []
+    return ([] if rules.replace_hf_plan else list(hf)), list(rules.tp_plan)

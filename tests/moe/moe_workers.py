@@ -1,0 +1,95 @@
+"""Rank workers for the MoE parity tests (spawned gloo ranks; several artifacts per spawn).
+
+Per case: the launch mesh for the artifact (``dp x tp`` with ep carved from dp), the
+unsharded transformers model and the model from the artifact's generated classes with the
+same weights; the plan is installed on the second; logits, every gradient (router, experts,
+shared experts) and ``steps`` AdamW losses are compared with the unsharded model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+
+BATCH, SEQ = 2, 8
+
+
+def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.launch.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.launch.parity import full_logits, max_param_diff
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.experts import resolve_expert_mesh
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+    from hpcodegen.runtime.mesh import resolve_active_mesh
+
+    config_dict = json.loads(Path(model_dir, "config.json").read_text())
+    meta = load_meta(Path(artifact)).data
+    mesh = build_device_mesh(resolve_mesh_layout(meta, dist.get_world_size()), "cpu")
+    config = load_transformers_config(config_dict)
+    torch.manual_seed(0)
+    ref = model_class_for(config_dict)(config).float().eval()
+    gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config)
+    gen = gen.float().eval()
+    gen.load_state_dict(ref.state_dict())
+    ref_start = copy.deepcopy(ref)
+    context = MeshContext(device_mesh=mesh)
+    parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
+    active = resolve_active_mesh(meta, context)
+    expert = resolve_expert_mesh(meta, mesh)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, config_dict["vocab_size"], (BATCH, SEQ + 1), generator=g)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+
+    def loss_of(model: Any, act: Any) -> tuple[Any, Any]:
+        logits = model(input_ids=inputs).logits
+        if act is not None:
+            logits = full_logits(logits, model, meta, act)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+
+    loss, logits = loss_of(gen, active)
+    loss.backward()
+    ref_loss, ref_logits = loss_of(ref, None)
+    ref_loss.backward()
+    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad, expert)
+    routed = [n for n, p in gen.named_parameters() if p.grad is not None]
+    out = {"logits": float((logits - ref_logits).abs().max()), "grad": grad, "worst": worst,
+           "odd": odd, "with_grad": len(routed), "params": len(list(gen.parameters()))}
+    losses: list[float] = []
+    ref_losses: list[float] = []
+    ref = ref_start
+    gen.zero_grad(set_to_none=True)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-6) for m in (gen, ref)]
+    for _ in range(steps):
+        for model, act, opt, sink in ((gen, active, opts[0], losses),
+                                      (ref, None, opts[1], ref_losses)):
+            opt.zero_grad(set_to_none=True)
+            step_loss, _ = loss_of(model, act)
+            step_loss.backward()
+            opt.step()
+            sink.append(float(step_loss))
+    out["loss_diff"] = max((abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+                           default=0.0)
+    return out
+
+
+def parity_cases(cases: Sequence[tuple[str, str, str, int]]) -> dict[str, Any]:
+    """``{name: result}`` for ``(name, artifact dir, model dir, steps)`` cases, one spawn."""
+    import torch
+
+    torch.set_num_threads(1)
+    return {name: case_result(artifact, model_dir, steps)
+            for name, artifact, model_dir, steps in cases}
