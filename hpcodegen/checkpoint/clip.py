@@ -11,6 +11,7 @@ the clip coefficient is torch's: ``min(1, max_norm / (total + 1e-6))``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,37 +19,38 @@ from torch import nn
 from hpcodegen.checkpoint.layout import ShardLayout
 
 
-def _reduced(value: torch.Tensor, layout: ShardLayout, sharded: tuple[bool, ...],
+def _reduced(value: torch.Tensor, mesh: Any, sharded: tuple[bool, ...],
              op: str) -> torch.Tensor:
-    """``value`` reduced (sum or max) over the mesh axes flagged in ``sharded``."""
-    if layout.mesh is None or not any(sharded):
+    """``value`` reduced (sum or max) over the axes of ``mesh`` flagged in ``sharded``."""
+    if mesh is None or not any(sharded):
         return value
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
     spec = [Partial(op) if s else Replicate() for s in sharded]
-    return DTensor.from_local(value, layout.mesh, spec, run_check=False).full_tensor()
+    return DTensor.from_local(value, mesh, spec, run_check=False).full_tensor()
 
 
 def total_grad_norm(model: nn.Module, layout: ShardLayout, norm_type: float = 2.0) -> torch.Tensor:
     """The unsharded model's gradient norm, computed from the local shards (collective)."""
     norm_type = float(norm_type)
-    groups: dict[tuple[bool, ...], list[torch.Tensor]] = {}  # one collective per axis set
+    # one collective per (mesh, set of sharding axes)
+    groups: dict[tuple[int, tuple[bool, ...]], tuple[Any, list[torch.Tensor]]] = {}
     for fqn, spec in layout.params.items():
         grad = model.get_parameter(fqn).grad
         if grad is not None:
-            key = tuple(p.is_shard() for p in spec.placements)
-            groups.setdefault(key, []).append(grad.detach())
+            key = (id(spec.mesh), tuple(p.is_shard() for p in spec.placements))
+            groups.setdefault(key, (spec.mesh, []))[1].append(grad.detach())
     total = torch.zeros((), dtype=torch.float32)
     parts = []
-    for sharded, grads in groups.items():
+    for (_, sharded), (mesh, grads) in groups.items():
         if math.isinf(norm_type):
             local = torch.stack([g.abs().max().float().cpu() if g.numel() else torch.zeros(())
                                  for g in grads]).max()
-            parts.append(_reduced(local.to(grads[0].device), layout, sharded, "max").cpu())
+            parts.append(_reduced(local.to(grads[0].device), mesh, sharded, "max").cpu())
         else:
             local = sum((g.float().abs().pow(norm_type).sum() for g in grads),
                         torch.zeros((), device=grads[0].device))
-            parts.append(_reduced(local, layout, sharded, "sum").cpu())
+            parts.append(_reduced(local, mesh, sharded, "sum").cpu())
     if not parts:
         return total
     if math.isinf(norm_type):

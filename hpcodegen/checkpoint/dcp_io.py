@@ -47,9 +47,10 @@ def _rank() -> int:
 
 
 def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
-    names = tuple(layout.mesh.mesh_dim_names or ()) if layout.mesh is not None else ()
+    spec = layout.params[fqn]
+    names = tuple(spec.mesh.mesh_dim_names or ()) if spec.mesh is not None else ()
     out = {}
-    for name, p in zip(names, layout.params[fqn].placements, strict=False):
+    for name, p in zip(names, spec.placements, strict=False):
         out[name] = f"S({p.dim})" if p.is_shard() else "R"
     return out
 

@@ -36,10 +36,15 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One parameter's global shape and its torch placements over ``ShardLayout.mesh``."""
+    """One parameter's global shape and its torch placements over ``mesh``.
+
+    ``mesh`` is the submesh the plan sharded it on (the expert mesh for expert-parallel
+    parameters); None, with no placements, for a parameter nothing shards.
+    """
 
     global_shape: tuple[int, ...]
     placements: tuple = ()
+    mesh: Any = None
 
 
 @dataclass
@@ -47,7 +52,8 @@ class ShardLayout:
     """The parameters of one parallelized model, by canonical FQN.
 
     Attributes:
-        mesh: the submesh the plan sharded on (None: nothing sharded, e.g. tp=1).
+        mesh: the dense submesh the plan sharded on (None: nothing sharded, e.g. tp=1);
+            each ``ParamSpec`` names its own (expert parameters: the expert mesh).
         params: ``{canonical fqn: ParamSpec}``; one entry per parameter *object*.
         aliases: ``{tied fqn: canonical fqn}`` (``lm_head.weight`` -> ``...embed_tokens.weight``).
     """
@@ -62,7 +68,9 @@ class ShardLayout:
         """Build from the model (after install), its pre-install ``shapes`` and the source
         info ``parallelize_from_generated`` returned (``{}`` for a no-op install)."""
         info = source_info or {}
-        mesh = next((m for _, m in info.values() if m is not None), None)
+        meshes = [m for _, m in info.values() if m is not None]
+        mesh = max(meshes, key=lambda m: sum(1 for _, n in info.values() if n is m),
+                   default=None)  # the dense mesh: the one most parameters live on
         params: dict[str, ParamSpec] = {}
         aliases: dict[str, str] = {}
         seen: dict[int, str] = {}
@@ -71,8 +79,10 @@ class ShardLayout:
             if first != fqn:
                 aliases[fqn] = first
                 continue
-            placements = tuple(info[fqn][0]) if fqn in info and mesh is not None else ()
-            params[fqn] = ParamSpec(tuple(shapes.get(fqn, tuple(param.shape))), placements)
+            placements, where = info.get(fqn, ((), None))
+            placements = tuple(placements) if where is not None else ()
+            params[fqn] = ParamSpec(tuple(shapes.get(fqn, tuple(param.shape))), placements,
+                                    where)
         return cls(mesh, params, aliases)
 
     def is_sharded(self, fqn: str) -> bool:
@@ -82,12 +92,12 @@ class ShardLayout:
     def local_slices(self, fqn: str) -> tuple[slice, ...]:
         """This rank's index into the global tensor (torch's own uneven-shard rule)."""
         spec = self.params[fqn]
-        if self.mesh is None or not spec.placements:
+        if spec.mesh is None or not spec.placements:
             return tuple(slice(0, n) for n in spec.global_shape)
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         shape, offset = compute_local_shape_and_global_offset(
-            spec.global_shape, self.mesh, list(spec.placements))
+            spec.global_shape, spec.mesh, list(spec.placements))
         return tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
 
     def local_shape(self, fqn: str) -> tuple[int, ...]:
@@ -100,13 +110,10 @@ class ShardLayout:
         parameter (or optimizer state) in place.
         """
         spec = self.params[fqn]
-        if self.mesh is None or not spec.placements:
+        if spec.mesh is None or not spec.placements:
             return local
         from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(local, self.mesh, list(spec.placements), run_check=False,
+        return DTensor.from_local(local, spec.mesh, list(spec.placements), run_check=False,
                                   shape=torch.Size(spec.global_shape),
                                   stride=_contiguous_stride(spec.global_shape))
-
-    def param(self, model: nn.Module, fqn: str) -> nn.Parameter:
-        return model.get_parameter(fqn)

@@ -11,6 +11,8 @@ refuses by; an MLP width or vocab that does not divide is a warning there) and e
 ``tp_divide_attrs`` attribute must divide the tp size, and a sharded dim that does not divide
 its axis size is a warning (torch shards it unevenly).
 
+An injection's ``ep_stack`` is honoured: the stacked parameter is made from its per-expert
+sources (which must exist, all of one shape, and are covered by it).
 ``module_overrides`` (:mod:`hpcodegen.plan.overrides`) are honoured: a replaced module must
 exist where the record says and be of its declared ``module_type``; what the plan says at or
 below it (parameter names such as a fused ``linear_qkv``, the replacement's class in
@@ -27,7 +29,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpcodegen.checks.context import CheckContext, SkipCheck, as_dict, planned_params, pointer
+from hpcodegen.checks.context import (
+    CheckContext,
+    SkipCheck,
+    as_dict,
+    as_list,
+    planned_params,
+    pointer,
+)
 from hpcodegen.checks.schema import subtree_valid
 from hpcodegen.checks.source import read_modeling_tree
 from hpcodegen.checks.source_scan import kept_attributes, scan_module
@@ -66,6 +75,8 @@ class _Scope:
     replaced: Mapping[str, Override]
     #: replaced FQN -> {replacement attribute: the original's child it keeps}
     kept: Mapping[str, Mapping[str, str]]
+    #: stacked parameter FQN -> (JSON pointer of its ``ep_stack`` list, source parameter FQNs)
+    stacks: Mapping[str, tuple[str, list[str]]]
 
     def hf_name(self, name: str) -> str | None:
         """The HF FQN to check plan name ``name`` at, or None when it is not checkable."""
@@ -91,6 +102,63 @@ class _Scope:
         return None
 
 
+def ep_stacks(meta: Mapping[str, Any]) -> dict[str, tuple[str, list[str]]]:
+    """``{stacked param FQN: (pointer, [source param FQNs])}`` from the injections' ``ep_stack``.
+
+    ``ep_stack`` (``{stacked rel path: [per-expert source paths]}``, relative to the injection's
+    module) makes the runtime stack per-expert parameters into one ``[E, ...]`` parameter
+    before sharding it on ``ep``: the stacked name exists only after that, the sources are
+    consumed by it.
+    """
+    out: dict[str, tuple[str, list[str]]] = {}
+    injections = as_list(meta.get("injections"))
+    for i, record in enumerate(injections):
+        stack = record.get("ep_stack") if isinstance(record, Mapping) else None
+        if not isinstance(stack, Mapping):
+            continue
+        match = record.get("match")
+        fqns = [match] if isinstance(match, str) else [m for m in as_list(match)
+                                                       if isinstance(m, str)]
+        for fqn in fqns:
+            for rel, sources in stack.items():
+                srcs = [join_fqn(fqn, x) for x in as_list(sources) if isinstance(x, str)]
+                out.setdefault(join_fqn(fqn, rel),
+                               (pointer("injections", i, "ep_stack", rel), srcs))
+    return out
+
+
+def _stack_sources(model: Any, scope: _Scope) -> Iterator[Finding]:
+    """Every ``ep_stack`` source is a parameter of the model, all of one shape."""
+    for stacked, (where, sources) in scope.stacks.items():
+        shapes: dict[tuple[int, ...], str] = {}
+        for j, src in enumerate(sources):
+            hf = scope.hf_name(src)
+            if hf is None:
+                continue
+            target = _resolve(model, hf)
+            if target is None or not hasattr(target, "requires_grad"):
+                yield error("model.ep_stack_source_missing", f"{where}/{j}", f"{stacked} stacks "
+                            f"{src}, which is not a parameter of {type(model).__name__}")
+                continue
+            shapes.setdefault(tuple(target.shape), src)
+        if len(shapes) > 1:
+            listed = ", ".join(f"{name} {list(shape)}" for shape, name in shapes.items())
+            yield error("model.ep_stack_shapes_differ", where, f"{stacked} stacks parameters "
+                        f"of different shapes: {listed}")
+
+
+def _shape(model: Any, scope: _Scope, param_fqn: str) -> tuple[int, ...] | None:
+    """The shape a planned parameter has when it is sharded (a stack: ``[E, *source]``)."""
+    if param_fqn in scope.stacks:
+        sources = scope.stacks[param_fqn][1]
+        hf = scope.hf_name(sources[0]) if sources else None
+        first = None if hf is None else getattr(_resolve(model, hf), "shape", None)
+        return None if first is None else (len(sources), *first)
+    hf = scope.hf_name(param_fqn)
+    shape = None if hf is None else getattr(_resolve(model, hf), "shape", None)
+    return None if shape is None else tuple(shape)
+
+
 def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     for fqn in param_plan(meta):
         hf = scope.hf_name(fqn)
@@ -100,6 +168,8 @@ def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Findin
                         + (f" (it is {hf} of the replaced module)" if hf != fqn else ""))
     for param_fqn, (entry, rel, _) in planned_params(meta).items():
         hf, hf_entry = scope.hf_name(param_fqn), scope.hf_name(entry)
+        if param_fqn in scope.stacks:
+            continue  # made by stacking its sources (checked by _stack_sources)
         if hf is None or (hf_entry is not None and _resolve(model, hf_entry) is None):
             continue  # not checkable, or its module is missing (reported above)
         target = _resolve(model, hf)
@@ -138,7 +208,9 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
 
 def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     names = [n for n in map(scope.covering_name, trainable_names(model)) if n is not None]
-    missing = uncovered(names, planned_params(meta))
+    planned = planned_params(meta)
+    stacked = [src for fqn, (_, srcs) in scope.stacks.items() if fqn in planned for src in srcs]
+    missing = uncovered(names, [*planned, *stacked])
     for name in missing[:MAX_LISTED]:
         yield error("model.uncovered_param", name, f"trainable parameter {name} is not covered "
                     "by the frozen plan", hint="add it (R if replicated) to its entry's params")
@@ -150,8 +222,7 @@ def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Fi
 def _divisibility(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
     sizes = axis_sizes(meta)
     for param_fqn, (entry, rel, named) in planned_params(meta).items():
-        hf = scope.hf_name(param_fqn)
-        shape = None if hf is None else getattr(_resolve(model, hf), "shape", None)
+        shape = _shape(model, scope, param_fqn)
         if shape is None:
             continue
         for axis, text in named.items():
@@ -309,10 +380,11 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
         advance("fitting the plan to the model")
         modules = dict(model.named_modules())
         replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
-        scope = _Scope(replaced, _kept_children(ctx, model, replaced))
+        scope = _Scope(replaced, _kept_children(ctx, model, replaced), ep_stacks(ctx.meta))
         findings = [*_overrides(ctx.meta, model, scope),
                     *_experts_divide_ep(config, ctx.meta),
                     *_fqns(ctx.meta, model, scope),
+                    *_stack_sources(model, scope),
                     *_divide_attrs(ctx.meta, model, tp, scope),
                     *_coverage(ctx.meta, model, scope),
                     *_divisibility(ctx.meta, model, scope)]

@@ -4,7 +4,10 @@
 ``tied_pairs``, ``frozen_sharded_params`` and each entry's ``deferred_bias_params`` /
 ``partial_grad_params`` must agree with ``param_plan``; every FQN of one class the modeling
 file defines must carry the same contract (the generated class has one forward for all of
-them; a class the file does not define, as ``nn.Linear``, is wrapped per instance).
+them; a class the file does not define, as ``nn.Linear``, is wrapped per instance). A
+``module_overrides`` record must select something (``fqns``, ``fqn`` or ``match``), and no
+module is replaced twice (which record wins is undefined); whether the modules exist is the
+``model`` check's question.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hpcodegen.checks.forms import classified
 from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
 from hpcodegen.plan.entry import contract_differences, join_fqn
+from hpcodegen.plan.overrides import read_overrides
 
 MAX_SCAN_BYTES = 32 * 1024 * 1024
 
@@ -168,6 +172,20 @@ def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> It
                                 hint="paths are relative to the entry, e.g. o_proj.bias")
 
 
+def _overrides(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    first: dict[str, int] = {}
+    for override in read_overrides(meta):
+        if not override.fqns and not override.globs:
+            yield warning("plan.override_selects_nothing", override.where, "this module_overrides "
+                          "record names no module (no fqns, fqn or match); it replaces nothing")
+        for fqn in override.fqns:
+            if fqn in first and first[fqn] != override.index:
+                yield warning("plan.override_duplicate", override.where, f"{fqn} is replaced "
+                              f"by module_overrides[{first[fqn]}] and again here; which one the "
+                              "runtime applies is undefined", hint="regenerate the artifact")
+            first.setdefault(fqn, override.index)
+
+
 def check_references(ctx: CheckContext) -> Iterator[Finding]:
     """All cross-reference rules of the module docstring."""
     meta, plan = ctx.meta, plan_entries(ctx.meta)
@@ -178,3 +196,4 @@ def check_references(ctx: CheckContext) -> Iterator[Finding]:
     yield from _tied_pairs(meta, params)
     yield from _frozen_sharded(meta, params)
     yield from _entry_param_lists(meta, params)
+    yield from _overrides(meta)

@@ -52,7 +52,7 @@ def _load(directory, placements=None, mesh=None):
     layout = ShardLayout.from_model(model, global_shapes(model), None)
     if placements:
         layout.mesh = mesh
-        layout.params = {f: ParamSpec(s.global_shape, placements.get(f, ()))
+        layout.params = {f: ParamSpec(s.global_shape, placements.get(f, ()), mesh)
                          for f, s in layout.params.items()}
         for fqn in layout.params:  # what the runtime's Phase A leaves: local meta shards
             owner, name = fqn.rsplit(".", 1)

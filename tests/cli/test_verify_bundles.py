@@ -294,3 +294,38 @@ def test_a_kept_child_under_another_name_maps_to_the_original(tmp_path: Path) ->
     assert _errors(art) == [("model.shard_dim_out_of_range", f"/param_plan/{ATTN}/params/"
                              "out.weight/tp", f"{ATTN}.out.weight: S(2) needs dim < 2 "
                              "(2-D tensor (256, 256))")]
+
+
+def test_plan_check_flags_override_records_that_select_nothing_or_twice() -> None:
+    meta = bf.bundle_meta()
+    assert vf.codes(vf.run_check("plan", meta), "warning") == set()
+    meta["module_overrides"].append(dict(meta["module_overrides"][0]))
+    meta["module_overrides"].append({"factory": "pkg.make", "module_type": "torch.nn.Linear"})
+    n = len(meta["module_overrides"])
+    assert vf.codes(vf.run_check("plan", meta), "warning") == {
+        ("plan.override_duplicate", f"/module_overrides/{n - 2}"),
+        ("plan.override_selects_nothing", f"/module_overrides/{n - 1}")}
+
+
+def test_ep_stack_targets_are_made_from_their_sources() -> None:
+    """``ep_stack`` stacks per-expert parameters into one ``[E, ...]`` parameter: the stacked
+    name is not a parameter of the HF model, its sources are, all of one shape, and they are
+    covered by it."""
+    layer = "model.layers.0"
+    meta = vf.qwen3_moe_meta("g3")
+    norms = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    meta["injections"].append({"match": [layer], "ep_stack": {"norms": list(norms)}})
+    meta["param_plan"][layer] = {"params": {"norms": {"cp": "R", "ep": "S(0)"}},
+                                 "is_boundary": False}
+    for rel in norms:
+        del meta["param_plan"][f"{layer}.{rel.split('.')[0]}"]
+    config = dict(vf.QWEN3_MOE_CONFIG)
+    result = model(meta, config)
+    assert result.status == "pass", [f.message for f in result.findings]
+    meta["injections"][-1]["ep_stack"]["norms"] = [norms[0], "self_attn.q_proj.weight", "nope"]
+    errors = {(f.code, f.where) for f in model(meta, config).findings
+              if f.severity.value == "error"}
+    where = f"/injections/{len(meta['injections']) - 1}/ep_stack/norms"
+    assert errors == {("model.ep_stack_source_missing", f"{where}/2"),
+                      ("model.ep_stack_shapes_differ", where),
+                      ("model.uncovered_param", f"{layer}.post_attention_layernorm.weight")}
