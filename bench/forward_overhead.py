@@ -38,11 +38,17 @@ ARM_LABELS = {
     "handwritten": "hand-written Megatron",
     "hf_tp_plan": "HF tp_plan",
     "hf_local": "ref: HF local shapes, no comm",
+    "hpcodegen_compiled": "hpcodegen, torch.compile",
+    "parallelize_module_compiled": "parallelize_module, torch.compile",
+    "handwritten_compiled": "hand-written, torch.compile",
 }
+#: arms timed forward-only (compiling a backward graph too would double the compile time)
+FORWARD_ONLY = ("hpcodegen_compiled", "parallelize_module_compiled", "handwritten_compiled")
 
 
 # ----------------------------------------------------------------------------- arms
-def build_arms(mesh: Any, artifact_dir: Path | None, notes: list[str]) -> dict[str, Any]:
+def build_arms(mesh: Any, artifact_dir: Path | None, notes: list[str],
+               hf_dir: Path | None = None, compiled: bool = False) -> dict[str, Any]:
     """Every runnable arm as ``name -> model-like callable(ids) -> logits`` plus its params."""
     arms: dict[str, Any] = {}
     missing = common.hpcodegen_runtime_missing()
@@ -52,13 +58,61 @@ def build_arms(mesh: Any, artifact_dir: Path | None, notes: list[str]) -> dict[s
         notes.append(f"hpcodegen: skipped: {missing or 'no artifact'}")
     arms["parallelize_module"] = common.apply_torch_tp(common.build_model(CONFIG), mesh, LAYERS)
     arms["handwritten"] = HandwrittenLlama(common.build_model(CONFIG), mesh)
-    if importlib.util.find_spec("accelerate") is None:
+    if importlib.util.find_spec("accelerate") is None or hf_dir is None:
         notes.append("hf_tp_plan: skipped: accelerate not installed")
     else:
-        notes.append("hf_tp_plan: skipped: not wired: HF's tp_plan runs through "
-                     "from_pretrained(tp_plan=...) loading; applying model.tp_plan to a built "
-                     "model fails in transformers 5.23 (embedding_rowwise mixes Tensor/DTensor)")
+        arms["hf_tp_plan"] = hf_tp_plan_model(hf_dir, mesh)
+    if compiled:
+        build_compiled_arms(arms, mesh, artifact_dir, notes)
     return arms
+
+
+def hf_tp_plan_model(hf_dir: Path, mesh: Any) -> Any:
+    """transformers' own TP: the saved tiny model loaded with ``from_pretrained(tp_plan=
+    "auto")`` on ``mesh`` (what a user would pick instead of hpcodegen)."""
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaForCausalLM
+
+    # transformers reads torchrun's variables; mirror the process group we already have
+    for var, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", dist.get_rank()),
+                       ("WORLD_SIZE", dist.get_world_size()),
+                       ("LOCAL_WORLD_SIZE", dist.get_world_size())):
+        os.environ[var] = str(value)
+    model = LlamaForCausalLM.from_pretrained(hf_dir, tp_plan="auto", device_mesh=mesh,
+                                             dtype=torch.float32)
+    model.config._attn_implementation = "sdpa"
+    return model.eval()
+
+
+def build_compiled_arms(arms: dict[str, Any], mesh: Any, artifact_dir: Path | None,
+                        notes: list[str]) -> None:
+    """Fresh copies of the three TP arms, each under ``torch.compile`` (whole model)."""
+    import torch
+
+    if "hpcodegen" in arms and artifact_dir is not None:
+        from hpcodegen.runtime.compile import compile_parallelized
+
+        model = common.build_hpcodegen_model(CONFIG, mesh, artifact_dir)
+        arms["hpcodegen_compiled"] = compile_parallelized(model, "model")
+    model = common.apply_torch_tp(common.build_model(CONFIG), mesh, LAYERS)
+    model.compile()
+    arms["parallelize_module_compiled"] = model
+    hand = HandwrittenLlama(common.build_model(CONFIG), mesh)
+    hand.forward = torch.compile(hand.forward)
+    arms["handwritten_compiled"] = hand
+    ids = batch_ids(CONFIG["vocab_size"])
+    for name in FORWARD_ONLY:  # compile now (not in the timed warm-up); drop what fails
+        if name not in arms:
+            continue
+        try:
+            with torch.no_grad():
+                logits_fn(arms[name])(ids)
+        except Exception as exc:  # reported as a skipped arm, the others still run
+            notes.append(f"{name}: skipped: torch.compile failed: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}")
+            del arms[name]
+    notes.append("compiled arms: torch.compile of the whole model (inductor), forward only")
 
 
 def local_shape_model() -> Any:
@@ -104,7 +158,8 @@ def measure(arms: dict[str, Any], ids_for: dict[str, Any], args: argparse.Namesp
     out = {}
     for mode, idx in (("fwd", 0), ("fwd+bwd", 1)):
         out[mode] = common.interleaved_timings(
-            {name: pair[idx] for name, pair in fns.items()},
+            {name: pair[idx] for name, pair in fns.items()
+             if idx == 0 or name not in FORWARD_ONLY},
             warmup=args.warmup, rounds=args.rounds)
     return out
 
@@ -117,12 +172,12 @@ def batch_ids(vocab: int) -> Any:
 
 
 # ----------------------------------------------------------------------------- fake PG
-def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list[str]
-                ) -> Timings:
+def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list[str],
+                hf_dir: Path | None = None) -> Timings:
     """Rank 0 of a 2-rank fake process group: every collective is free."""
     mesh = common.init_fake_pg(TP, rank=0)
     try:
-        arms = build_arms(mesh, artifact_dir, notes)
+        arms = build_arms(mesh, artifact_dir, notes, hf_dir, compiled=not args.no_compile)
         arms["hf_local"] = local_shape_model()
         ids = batch_ids(CONFIG["vocab_size"])
         ids_for = {name: ids for name in arms}
@@ -158,7 +213,7 @@ def profile_arm(name: str, arm: Any, ids: Any, calls: int = 200) -> str:
 
 # ----------------------------------------------------------------------------- gloo
 def gloo_worker(rank: int, store_path: str, artifact_dir: str | None, args: argparse.Namespace,
-                result_path: str) -> None:
+                result_path: str, hf_dir: str | None = None) -> None:
     """One of 2 real gloo ranks: check logits agree, then time every arm in lock step."""
     import torch
     import torch.distributed as dist
@@ -170,7 +225,8 @@ def gloo_worker(rank: int, store_path: str, artifact_dir: str | None, args: argp
     try:
         mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
         notes: list[str] = []
-        arms = build_arms(mesh, Path(artifact_dir) if artifact_dir else None, notes)
+        arms = build_arms(mesh, Path(artifact_dir) if artifact_dir else None, notes,
+                          Path(hf_dir) if hf_dir else None)
         ids = batch_ids(CONFIG["vocab_size"])
         errors = check_logits(arms, ids)
         timings = measure(arms, {name: ids for name in arms}, args)
@@ -229,12 +285,14 @@ def compare_grads(model: Any, hand: HandwrittenLlama, ids: Any) -> float:
     return worst
 
 
-def run_gloo(artifact_dir: Path | None, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_gloo(artifact_dir: Path | None, args: argparse.Namespace, tmp: Path,
+             hf_dir: Path | None = None) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     result = tmp / "gloo.json"
     mp.spawn(gloo_worker, args=(str(tmp / "store"), str(artifact_dir) if artifact_dir else None,
-                                args, str(result)), nprocs=TP, join=True)
+                                args, str(result), str(hf_dir) if hf_dir else None),
+             nprocs=TP, join=True)
     return json.loads(result.read_text())
 
 
@@ -245,9 +303,13 @@ def print_table(title: str, timings: Timings) -> None:
     def over(mode: dict[str, dict[str, float]], name: str, ref: str) -> str:
         return common.ratio(mode[name]["median"], (mode.get(ref) or {}).get("median"))
 
-    rows = [[ARM_LABELS[name], fwd[name]["median"] * 1e3, fwd[name]["min"] * 1e3,
-             both[name]["median"] * 1e3, both[name]["min"] * 1e3,
-             over(fwd, name, "handwritten"), over(both, name, "handwritten")]
+    def ms(mode: dict[str, dict[str, float]], name: str, key: str) -> float | None:
+        return mode[name][key] * 1e3 if name in mode else None
+
+    rows = [[ARM_LABELS[name], ms(fwd, name, "median"), ms(fwd, name, "min"),
+             ms(both, name, "median"), ms(both, name, "min"),
+             over(fwd, name, "handwritten"),
+             over(both, name, "handwritten") if name in both else "-"]
             for name in fwd]
     print(f"\n{title}")
     print(common.format_table(["arm", "fwd ms", "(min)", "fwd+bwd ms", "(min)", "fwd / hand",
@@ -262,6 +324,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (development)")
     parser.add_argument("--no-gloo", action="store_true", help="fake process group only")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out the torch.compile arms (they take minutes to compile)")
     parser.add_argument("--profile", nargs="+", choices=sorted(ARM_LABELS), default=[],
                         metavar="ARM", help="cProfile these arms' fake-PG forwards too")
     args = parser.parse_args()
@@ -279,8 +343,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hpcg-bench-") as tmp_name:
         tmp = Path(tmp_name)
         artifact_dir = prepare_artifact(tmp, notes)
-        fake = run_fake_pg(artifact_dir, args, notes)
-        gloo = None if args.no_gloo else run_gloo(artifact_dir, args, tmp)
+        hf_dir = prepare_hf_dir(tmp)
+        fake = run_fake_pg(artifact_dir, args, notes, hf_dir)
+        gloo = None if args.no_gloo else run_gloo(artifact_dir, args, tmp, hf_dir)
     print(f"model: tiny Llama {LAYERS} layers, hidden {CONFIG['hidden_size']}, "
           f"batch {BATCH}x{SEQ}, fp32, tp={TP}; {common.machine_note()}")
     print(f"iterations: {args.warmup} warm-up calls per arm, then {args.rounds} rounds of one "
@@ -296,10 +361,26 @@ def main() -> int:
     for text in args.profiles:
         print(text)
     fwd = {name: t["median"] for name, t in fake["fwd"].items()}
+    both = {name: t["median"] for name, t in fake["fwd+bwd"].items()}
+    hp = fwd.get("hpcodegen")
     print(f"forward_overhead: vs_parallelize_module="
-          f"{common.ratio(fwd.get('hpcodegen'), fwd['parallelize_module'])} "
-          f"vs_handwritten={common.ratio(fwd.get('hpcodegen'), fwd['handwritten'])}")
+          f"{common.ratio(hp, fwd['parallelize_module'])} "
+          f"vs_handwritten={common.ratio(hp, fwd['handwritten'])} "
+          f"vs_hf_floor={common.ratio(hp, fwd.get('hf_local'))} "
+          f"vs_hf_floor_bwd={common.ratio(both.get('hpcodegen'), both.get('hf_local'))} "
+          f"vs_hf_tp_plan={common.ratio(hp, fwd.get('hf_tp_plan'))} "
+          f"compiled_vs_handwritten="
+          f"{common.ratio(fwd.get('hpcodegen_compiled'), fwd['handwritten'])}")
     return 0
+
+
+def prepare_hf_dir(tmp: Path) -> Path | None:
+    """The tiny model saved with ``save_pretrained`` for the HF tp_plan arm (None without
+    accelerate, which transformers' ``from_pretrained(tp_plan=...)`` requires)."""
+    if importlib.util.find_spec("accelerate") is None:
+        return None
+    common.build_model(CONFIG).save_pretrained(tmp / "hf_model")
+    return tmp / "hf_model"
 
 
 def prepare_artifact(tmp: Path, notes: list[str]) -> Path | None:

@@ -20,6 +20,10 @@ def generate(
                                 "carved from the data-parallel ones (E divides dp)."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
+    loss_parallel: bool = typer.Option(
+        False, "--loss-parallel",
+        help="Keep the lm_head logits vocab-sharded (no gather); compute the loss with "
+             "hpcodegen.runtime.loss.vocab_parallel_cross_entropy."),
     recipe: Optional[Path] = typer.Option(
         None, "--recipe", metavar="FILE",
         help="YAML rules (schemas/recipe.schema.json) that add or override plan entries."),
@@ -53,7 +57,8 @@ def generate(
 
         return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
                                          as_json=as_json, allow_target=tuple(allow_target),
-                                         verbosity=verbosity(quiet, verbose)))
+                                         verbosity=verbosity(quiet, verbose),
+                                         loss_parallel=loss_parallel))
 
     start_progress(quiet, as_json)
     raise typer.Exit(guarded("generate", call, as_json=as_json))

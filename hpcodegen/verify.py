@@ -176,7 +176,11 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         paths = [paths]
     if changed_files:
         paths = artifacts_of_changed(paths)
-        if not paths:
+        if not paths:  # no artifact changed: a pass, silent in text
+            if json_out is not None:
+                from hpcodegen.report.envelope import emit
+
+                emit("verify", 0, [], json_out, ok=True, artifacts=[])
             return 0
     try:
         names = select_checks(only, skip)

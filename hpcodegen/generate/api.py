@@ -75,6 +75,8 @@ class GenerateArgs:
     recipe: Path | None = None
     check: bool = False
     ep: int = 1
+    #: keep the output head's logits vocab-sharded (``parallel_dims.loss_parallel``)
+    loss_parallel: bool = False
     #: print the JSON envelope (docs/json.md) instead of text
     as_json: bool = False
     #: -1 quiet (errors only), 0 normal, 1 verbose (every file with its size)
@@ -135,7 +137,7 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 
 def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
-                 rules: PackageRules | None, ep: int = 1
+                 rules: PackageRules | None, ep: int = 1, loss_parallel: bool = False
                  ) -> tuple[dict[str, dict[str, Any]], list]:
     """The lifted plan and injection records: HF plan, package rules, recipe, in that order
     of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
@@ -148,7 +150,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     assignments = expand_rules(hf, fqns, params, overridden | shipped_modules)
     assignments.update(expand_rules(shipped, fqns, params, overridden,
                                     origin="package", strict=False))
-    plan = lift_plan(model, assignments, sp)
+    plan = lift_plan(model, assignments, sp, loss_parallel)
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
     if ep > 1:
@@ -160,7 +162,8 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
                  advance: Callable[[str], None] = lambda _step: None,
-                 ep: int = 1, notes: list[str] | None = None) -> dict[str, bytes]:
+                 ep: int = 1, notes: list[str] | None = None,
+                 loss_parallel: bool = False) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -180,7 +183,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     rules = package_rules(config)
     if rules is not None and notes is not None:
         notes.append(rules.describe())
-    plan, injections = plan_sources(model, sp, recipe, rules, ep)
+    plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
     advance("emitting the modeling module")
@@ -189,7 +192,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
-                      recipe=_digest_recipe(recipe, rules), ep=ep)
+                      recipe=_digest_recipe(recipe, rules), ep=ep,
+                      loss_parallel=loss_parallel)
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, _class_plans(meta, classes),
                             banner_lines(label, meta, src))
@@ -263,7 +267,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep, notes)
+                                    args.ep, notes, args.loss_parallel)
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise

@@ -32,17 +32,20 @@ def modeling_file_name(model_name: str) -> str:
     return f"modeling_{re.sub(r'[^0-9A-Za-z_]', '_', model_name.lower())}_gen_npu.py"
 
 
-def parallel_dims(tp: int, sp: bool, ep: int = 1) -> dict[str, Any]:
+def parallel_dims(tp: int, sp: bool, ep: int = 1, loss_parallel: bool = False
+                  ) -> dict[str, Any]:
     """All seven keys; dp is decided at launch, so it is frozen as 1."""
     return {"dp_size": 1, "tp_size": tp, "cp_size": 1, "ep_size": ep, "pp_size": 1,
-            "sequence_parallel": sp, "loss_parallel": False}
+            "sequence_parallel": sp, "loss_parallel": loss_parallel}
 
 
 def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any,
-                  ep: int = 1) -> str:
-    """``yaml_sha256``: sha256 of the canonical JSON of every generation input."""
+                  ep: int = 1, loss_parallel: bool = False) -> str:
+    """``yaml_sha256``: sha256 of the canonical JSON of every generation input (``ep`` and
+    ``loss_parallel`` only when set, so artifacts without them keep their digest)."""
     payload = {"config": config, "tp": tp, "sp": sp, "recipe": recipe,
-               **({"ep": ep} if ep > 1 else {})}
+               **({"ep": ep} if ep > 1 else {}),
+               **({"loss_parallel": True} if loss_parallel else {})}
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
@@ -67,16 +70,16 @@ def source_record(config: Mapping[str, Any], src: ModelingSource,
 def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, Any],
                classes: Mapping[str, str], injections: list[dict[str, Any]],
                tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
-               ep: int = 1) -> dict[str, Any]:
+               ep: int = 1, loss_parallel: bool = False) -> dict[str, Any]:
     """The whole meta except ``outputs`` (the bundle writer adds them)."""
     model_name = model_name_of(str(config.get("model_type") or "model"))
     meta: dict[str, Any] = {
         "codegen_version": CODEGEN_VERSION,
         "generator": {"name": GENERATOR_NAME, "version": __version__},
         "yaml_path": "",
-        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep),
+        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel),
         "source": source,
-        "parallel_dims": parallel_dims(tp, sp, ep),
+        "parallel_dims": parallel_dims(tp, sp, ep, loss_parallel),
         "model_name": model_name,
         "model_class": source.get("architecture"),
         "param_plan": plan,

@@ -89,11 +89,16 @@ def head_count_attrs(module: Any) -> list[str]:
 class Lifter:
     """Builds ``param_plan`` entries from expanded HF assignments (one instance per model)."""
 
-    def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool) -> None:
+    def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool,
+                 loss_parallel: bool = False) -> None:
         self.model = model
         self.modules: dict[str, Any] = dict(model.named_modules())
         self.assign = dict(assignments)
         self.sp = sp
+        head = _call(model, "get_output_embeddings")
+        #: with loss parallelism the output head's logits stay vocab-sharded (no gather)
+        self.sharded_head = next((f for f, m in self.modules.items() if m is head), None) \
+            if loss_parallel and head is not None else None
         self.plan: dict[str, dict[str, Any]] = {}
         #: ``experts`` modules (HF ``moe_tp_experts``): regions over all their inputs
         self.moe_experts = {a.fqn for a in self.assign.values() if a.kind is Kind.MOE_EXPERTS}
@@ -207,7 +212,8 @@ class Lifter:
             params: dict[str, Any] = {}
             divide: list[str] = []
             self._shard_params(a.fqn, a, params, [], divide)
-            entry = {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", "R")}
+            out = "S(-1)" if a.fqn == self.sharded_head else "R"
+            entry = {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", out)}
             if divide:
                 entry["tp_divide_attrs"] = divide
             return entry
@@ -277,37 +283,17 @@ class Lifter:
         for a in pending:
             if not inside(a.fqn):
                 self.plan[a.fqn] = self.standalone_entry(a)
-        if self.moe_experts and not self.sp:
-            self._replicate_rest(regions)
         return self.plan
 
-    def _replicate_rest(self, regions: list[str]) -> None:
-        """Replicate the parameters of a MoE model no rule names (routers, gates, MLA).
-
-        HF's MoE plans leave the router (``mlp.gate``), shared-expert gates and whole attention
-        variants unplanned: transformers keeps them replicated. Outside every region (and
-        without sequence parallelism) each rank sees the full activation, so a replicated
-        parameter computes and gets the unsharded gradient exactly; it becomes a
-        parameter-only entry ``{tp: R}`` on its module. Parameters inside a region stay
-        coverage errors: there a replicated weight could see a tp shard.
-        """
-        planned = {join_fqn(f, rel) for f, e in self.plan.items() for rel in e.get("params") or {}}
-        entries = list(self.plan)
-        for fqn, module in self.modules.items():
-            names = [p for p in direct_params(module) if join_fqn(fqn, p) not in planned]
-            if not names or any(relative_to(fqn, e) is not None for e in entries):
-                continue
-            if any(relative_to(fqn, r) is not None for r in regions):
-                continue
-            self.plan[fqn] = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
 
 
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
-    """An ``experts`` region (HF ``moe_tp_experts``): every positional input replicated.
+    """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
+    replicated.
 
-    The hidden states *and* the routing weights enter a compute split over tp, so both
-    gradients are partial and all-reduced in the backward (the classifier's rule for a
-    replicated input of a compute-splitting boundary); the partial output is all-reduced.
+    Both enter a compute split over tp, so both gradients are partial and all-reduced in the
+    backward (the classifier's rule for a replicated input of a compute-splitting boundary),
+    as HF's ``MoeExpertsParallel`` does; the partial output is all-reduced.
     """
     if sp:
         raise PlanError([error(
@@ -317,6 +303,9 @@ def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
             hint="generate without --sp")])
     params = list(inspect.signature(type(module).forward).parameters.values())[1:]
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...); the integer
+    # expert indices carry no gradient and pass through untouched
+    names = [names[0], *names[2:3]] if names else names
     in_src = {name: {"tp": "R"} for name in names}
     return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},
@@ -337,9 +326,11 @@ def is_norm(module: Any) -> bool:
     return name.endswith(("RMSNorm", "LayerNorm")) and "weight" in direct_params(module)
 
 
-def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool) -> dict[str, dict]:
-    """``param_plan`` entries for a meta-device model from its expanded HF assignments."""
-    return Lifter(model, assignments, sp).run()
+def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool,
+              loss_parallel: bool = False) -> dict[str, dict]:
+    """``param_plan`` entries for a meta-device model from its expanded HF assignments;
+    with ``loss_parallel`` the output head keeps its logits sharded on the vocabulary."""
+    return Lifter(model, assignments, sp, loss_parallel).run()
 
 
 def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -> list[str]:

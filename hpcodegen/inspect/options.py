@@ -62,6 +62,8 @@ class Inspection:
     changes: list[FormChange] | None = None
     volume: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)
+    #: boundaries leaving vocab-sharded logits (loss parallel: no logits gather)
+    loss_parallel_heads: list[str] = field(default_factory=list)
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, ...], dict[str, int]]:

@@ -71,6 +71,8 @@ def to_json(result: Inspection) -> dict[str, Any]:
                        "changes": [c.to_json() for c in result.changes]}
     if result.volume is not None:
         doc["volume"] = result.volume
+    if result.loss_parallel_heads:
+        doc["loss_parallel_heads"] = result.loss_parallel_heads
     return doc
 
 
@@ -197,6 +199,10 @@ def render_text(result: Inspection, out: TextIO, err: TextIO, verbosity: int = 0
         console.print(_counts_table(result))
     else:
         console.print("no collectives at the boundaries, forward or backward")
+    if result.loss_parallel_heads:
+        console.print(f"loss parallel: {', '.join(result.loss_parallel_heads)} output stays "
+                      "vocab-sharded (tp S(-1)): no logits all_gather; compute the loss with "
+                      "hpcodegen.runtime.loss.vocab_parallel_cross_entropy", markup=False)
     if result.changes is not None:
         if result.changes:
             console.print(_changes_table(result))
@@ -211,4 +217,10 @@ def render_text(result: Inspection, out: TextIO, err: TextIO, verbosity: int = 0
             line += (f"; at {v['link_gbps']} Gb/s: forward {v['est_forward_s'] * 1e3:.3f} ms, "
                      f"backward {v['est_backward_s'] * 1e3:.3f} ms")
         console.print(line, markup=False)
+        lp = v.get("loss_parallel")
+        if lp:
+            console.print(f"loss parallel saves {human_bytes(lp['gather_bytes_saved'])}/rank per "
+                          f"forward (the logits all_gather, logits {tuple(lp['logits_shape'])}); "
+                          f"its cross entropy adds {human_bytes(lp['loss_allreduce_bytes'])}/rank",
+                          markup=False)
     print_findings(result.findings, err, verbosity)

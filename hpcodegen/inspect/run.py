@@ -33,7 +33,7 @@ from hpcodegen.errors import (
 )
 from hpcodegen.inspect.options import Inspection, InspectOptions, parse_mesh
 from hpcodegen.plan.classify import classify_entries
-from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan
+from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan, vocab_sharded_heads
 from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
     predict_forms,
@@ -216,6 +216,7 @@ def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     result.meta_path = str(loaded.meta_path)
     result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
     result.findings.extend(result.summary.problems)
+    result.loss_parallel_heads = vocab_sharded_heads(meta)
     if opts.hf_config is not None:
         from hpcodegen.inspect.volume import volume_report
 

@@ -13,8 +13,16 @@ from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.plan.entry import output_index, param_plan
+from hpcodegen.plan.moe import EP, dispatch_volume, expert_count
 from hpcodegen.plan.predict import takes_token_ids
-from hpcodegen.plan.volume import BoundaryVolume, dtype_bytes, seconds, transition_volume
+from hpcodegen.plan.volume import (
+    BoundaryVolume,
+    OpVolume,
+    dtype_bytes,
+    ring_factor,
+    seconds,
+    transition_volume,
+)
 
 if TYPE_CHECKING:
     from hpcodegen.inspect.trace import TraceResult, TraceTarget
@@ -43,13 +51,39 @@ def _check_sizes(result: Inspection) -> None:
                                 hint="pass --mesh, e.g. --mesh tp=2")])
 
 
+def _dispatch_ops(p: Any, trace: TraceResult, config: Any,
+                  float_bytes: int) -> list[OpVolume]:
+    """The all_to_alls of an expert-parallel region (:mod:`hpcodegen.plan.moe`), in bytes
+    per rank from the traced tokens, top-k and hidden size."""
+    if p.form != "region" or not any(op.axis == EP for op in p.in_ops):
+        return []
+    names = [t.name for t in p.transitions if t.side == "in"]
+    hidden = trace.tensors.get((p.fqn, "in", names[0])) if names else None
+    index = trace.tensors.get((p.fqn, "in", names[1])) if len(names) > 1 else None
+    if hidden is None or index is None or len(hidden[0]) < 1 or len(index[0]) < 1:
+        return []
+    tokens = 1
+    for n in hidden[0][:-1]:
+        tokens *= n
+    vol = dispatch_volume(tokens, index[0][-1], hidden[0][-1], expert_count(config),
+                          float_bytes)
+    row = (tokens * index[0][-1], hidden[0][-1])
+    return [OpVolume("forward", "in", "counts", "all_to_all", EP, None,
+                     (expert_count(config),), vol.counts),
+            OpVolume("forward", "in", "dispatch", "all_to_all", EP, None, row, vol.dispatch),
+            OpVolume("forward", "out", "combine", "all_to_all", EP, None, row, vol.combine),
+            OpVolume("backward", "out", "combine", "all_to_all", EP, None, row, vol.combine),
+            OpVolume("backward", "in", "dispatch", "all_to_all", EP, None, row, vol.dispatch)]
+
+
 def _volumes(result: Inspection, entries: Any, trace: TraceResult,
-             float_bytes: int) -> dict[str, BoundaryVolume]:
+             float_bytes: int, config: Any = None) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
     for p in result.preds:
         if not p.transitions:
             continue
         bv = BoundaryVolume(p.fqn)
+        bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes))
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
             backward = not (t.side == "in" and takes_token_ids(p.cls))
@@ -116,11 +150,11 @@ def volume_report(meta: dict[str, Any], result: Inspection,
         warning("trace.called_repeatedly", fqn,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
-    volumes = _volumes(result, entries, trace, float_bytes)
+    volumes = _volumes(result, entries, trace, float_bytes, config)
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())
-    return {
+    report = {
         "dtype": opts.dtype, "batch": opts.batch, "seq": opts.seq,
         "link_gbps": opts.link_gbps,
         "per_forward_bytes": fwd, "per_backward_bytes": bwd,
@@ -129,3 +163,22 @@ def volume_report(meta: dict[str, Any], result: Inspection,
         "by_collective": _by_collective(volumes),
         "boundaries": _rows(result, volumes),
     }
+    if result.loss_parallel_heads:
+        report["loss_parallel"] = loss_parallel_saving(result, config, opts, float_bytes)
+    return report
+
+
+def loss_parallel_saving(result: Inspection, config: Any, opts: InspectOptions,
+                         float_bytes: int) -> dict[str, Any]:
+    """What keeping the logits vocab-sharded saves: the forward all_gather of the logits
+    (``batch x seq x vocab``) over tp that a gathering head runs, per rank (its backward is
+    a local chunk, no communication). The vocab-parallel cross entropy adds three
+    all_reduces of ``batch x seq`` fp32 values instead (max, sum of exponentials, target)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    vocab = config.get("vocab_size") or text.get("vocab_size") or 0
+    batch, seq, n = opts.batch or 1, opts.seq or 1, result.sizes.get("tp", 1)
+    logits = float(batch * seq * vocab * float_bytes)
+    saved = ring_factor("all_gather", n) * logits * len(result.loss_parallel_heads)
+    added = 3 * ring_factor("all_reduce", n) * batch * seq * 4.0
+    return {"heads": result.loss_parallel_heads, "logits_shape": [batch, seq, vocab],
+            "gather_bytes_saved": saved, "loss_allreduce_bytes": added}

@@ -35,6 +35,7 @@ from hpcodegen.launch.model import (
 from hpcodegen.launch.parity import full_logits, max_param_diff
 from hpcodegen.launch.rank import RankContext, init_rank
 from hpcodegen.launch.reporter import RankReporter
+from hpcodegen.plan.entry import vocab_sharded_heads
 
 LEARNING_RATE = 1e-3
 
@@ -49,10 +50,22 @@ def _sync(device: Any) -> None:
 
 
 def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | None) -> Any:
-    """Cross entropy on the full logits (gathered per plan when ``active`` is given)."""
+    """Cross entropy and the logits it was taken on.
+
+    The sharded model (``active`` given): on the full logits, gathered per plan; with a
+    loss-parallel head (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`) on the
+    vocab-sharded logits themselves (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`,
+    no gather), which are returned as they are.
+    """
     import torch.nn.functional as F
 
     logits = model(input_ids=ids).logits
+    if active is not None and vocab_sharded_heads(ctx.meta.data):
+        from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
+
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
+                                            vocab_size=vocab), logits
     if active is not None:
         logits = full_logits(logits, model, ctx.meta.data, active)
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
@@ -75,6 +88,8 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     ids, labels = batch
     loss, logits = _loss(model, ids, labels, ctx, active)
     loss.backward()
+    # vocab-sharded logits (loss parallel) are gathered here for the comparison only
+    logits = full_logits(logits.detach(), model, ctx.meta.data, active)
     ref_loss, ref_logits = _loss(ref, ids, labels, ctx, None)
     ref_loss.backward()
     grad_diff, worst, odd = max_param_diff(model, ref, ctx.meta.data, active,

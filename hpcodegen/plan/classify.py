@@ -19,6 +19,8 @@ The per-transition rules (:func:`classify_transition`, :func:`redistribute_steps
 A boundary's form is ``region`` (a ``local_compute_fn`` injection), ``generic`` (an
 ``inner_wrapper`` injection, or any generic transition), ``identity`` (nothing to do) or
 ``tp_collective``. Entries with ``is_boundary: false`` are parameter-only (form ``params``).
+An identity boundary that must still all-reduce its input gradient is promoted to
+``tp_collective`` (:func:`promote_reducing_identities`).
 """
 
 from __future__ import annotations
@@ -267,10 +269,43 @@ def classify_plan(
     use_axes = tuple(axes) if axes is not None else active_axes(meta)
     injections = expand_injections(meta)
     memo: dict[str, BoundaryForm] = {}
-    return {
+    return promote_reducing_identities({
         fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
         for fqn, entry in param_plan(meta).items()
-    }
+    }, param_plan(meta))
+
+
+def _reduces_input_grad(form: BoundaryForm) -> bool:
+    return any(s.communicates for t in form.inputs for s in t.grad_steps)
+
+
+def promote_reducing_identities(forms: dict[str, BoundaryForm],
+                                plan: Mapping[str, Any]) -> dict[str, BoundaryForm]:
+    """An ``identity`` boundary whose input gradient must still be all-reduced becomes a
+    ``tp_collective`` (in place; returns ``forms``).
+
+    That is a boundary splitting compute over tp with a replicated input and outputs that
+    stay as they are: a column-parallel LM head keeping its logits vocab-sharded (loss
+    parallel). Forward it does nothing, but the input's gradient is partial. It is left
+    ``identity`` when an enclosing boundary that runs (not identity) splits compute too: that
+    one reduces the gradient of its own input, and reducing twice would double it.
+    """
+    def runs_and_splits(fqn: str) -> bool:
+        f = forms.get(fqn)
+        return f is not None and f.form in ("tp_collective", "generic", "region") \
+            and isinstance(plan.get(fqn), Mapping) and splits_compute(plan[fqn])
+
+    for fqn in sorted(forms, key=lambda f: (f.count(".") + bool(f), f)):
+        f = forms[fqn]
+        if f.form != "identity" or not _reduces_input_grad(f):
+            continue
+        parts = fqn.split(".")
+        ancestors = [""] + [".".join(parts[:i]) for i in range(1, len(parts))] if fqn else []
+        if any(runs_and_splits(a) for a in ancestors):
+            continue
+        forms[fqn] = BoundaryForm(fqn, "tp_collective", f.inputs, f.outputs, f.out_names,
+                                  f.reasons, f.injection)
+    return forms
 
 
 def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
@@ -294,7 +329,7 @@ def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
             problems.append(error("inspect.bad_entry", pointer("param_plan", fqn),
                                   f"cannot classify {fqn!r}: {exc}",
                                   hint="run `hpcodegen verify` for the full diagnosis"))
-    return forms, problems
+    return promote_reducing_identities(forms, param_plan(meta)), problems
 
 
 def classify_memo(

@@ -131,6 +131,37 @@ def output_sequence_sharded(entry: Any) -> bool:
     return False
 
 
+def _tp_placement(named: Any) -> Any:
+    text = named.get("tp") if isinstance(named, Mapping) else None
+    try:
+        return parse_placement(text) if isinstance(text, str) else None
+    except ValueError:  # the schema / plan checks report a bad placement
+        return None
+
+
+def vocab_sharded_heads(meta: Mapping[str, Any]) -> list[str]:
+    """Boundaries leaving the logits vocab-sharded for a loss-parallel cross entropy.
+
+    With ``parallel_dims.loss_parallel``: a boundary whose weight is ``S(0)`` on tp (output
+    features, the vocabulary of an LM head) and whose first output leaves as ``S(-1)`` on
+    tp (``out_dst``, else ``out_src``): no gather of the logits. Empty without the flag.
+    """
+    dims = meta.get("parallel_dims")
+    if not (isinstance(dims, Mapping) and dims.get("loss_parallel") is True):
+        return []
+    heads = []
+    for fqn, entry in param_plan(meta).items():
+        if not (isinstance(entry, Mapping) and is_boundary(entry)):
+            continue
+        names = out_names(entry)
+        outs = entry.get("out_dst") or entry.get("out_src") or {}
+        out = outs.get(names[0]) if names and isinstance(outs, Mapping) else None
+        weight = (entry.get("params") or {}).get("weight")
+        if _tp_placement(out) == Shard(-1) and _tp_placement(weight) == Shard(0):
+            heads.append(fqn)
+    return sorted(heads)
+
+
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     """``meta['param_plan']`` or an empty mapping."""
     plan = meta.get("param_plan")

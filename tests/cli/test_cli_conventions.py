@@ -41,6 +41,14 @@ def cli(*args: str | Path, columns: int = 80, **kw) -> subprocess.CompletedProce
                           timeout=120, cwd=ROOT, env=_env(COLUMNS=str(columns)), **kw)
 
 
+def cli_many(commands: list[list[str | Path]]) -> list[subprocess.CompletedProcess[str]]:
+    """``cli`` over many command lines, two at a time (the pure ones take ~0.3 s each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda args: cli(*args), commands))
+
+
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An artifact with a drifted modeling file and an unknown axis (long tmp paths too)."""
@@ -95,24 +103,24 @@ def test_short_help_and_verbosity_flags_on_every_verb() -> None:
 
 
 def test_json_envelope_for_every_verb_and_error(tmp_path: Path, broken: Path, batch) -> None:
-    runs = {
-        "verify ok": cli("verify", EXAMPLE, "--json"),
-        "verify fail": cli("verify", broken, "--json"),
-        "inspect": cli("inspect-plan", EXAMPLE, "--json"),
-        "inspect bad mesh": cli("inspect-plan", EXAMPLE, "--mesh", "tp", "--json"),
-        "schema": cli("schema", "--json"),
-        "launch dry": cli("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG,
-                          "--dry-run", "--json"),
-        "launch refused": cli("launch", tmp_path / "nope", "--json"),
-        "generate": batch["generate json"],
-        "generate refused": cli("generate", "--model", tmp_path / "none", "--tp", "2", "-o",
-                                tmp_path / "h", "--json"),
-        "click unknown option": cli("verify", EXAMPLE, "--bogus", "--json"),
-        "click missing argument": cli("inspect-plan", "--json"),
-        "click bad type": cli("generate", "--model", CONFIG, "--tp", "two", "-o", "x",
-                              "--json"),
-        "click unknown verb": cli("nope", "--json"),
+    commands = {
+        "verify ok": ["verify", EXAMPLE, "--json"],
+        "verify fail": ["verify", broken, "--json"],
+        "inspect": ["inspect-plan", EXAMPLE, "--json"],
+        "inspect bad mesh": ["inspect-plan", EXAMPLE, "--mesh", "tp", "--json"],
+        "schema": ["schema", "--json"],
+        "launch dry": ["launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run",
+                       "--json"],
+        "launch refused": ["launch", tmp_path / "nope", "--json"],
+        "generate refused": ["generate", "--model", tmp_path / "none", "--tp", "2", "-o",
+                             tmp_path / "h", "--json"],
+        "click unknown option": ["verify", EXAMPLE, "--bogus", "--json"],
+        "click missing argument": ["inspect-plan", "--json"],
+        "click bad type": ["generate", "--model", CONFIG, "--tp", "two", "-o", "x", "--json"],
+        "click unknown verb": ["nope", "--json"],
     }
+    runs = dict(zip(commands, cli_many(list(commands.values())), strict=True))
+    runs["generate"] = batch["generate json"]
     expected = {"verify ok": ("verify", 0), "verify fail": ("verify", 1),
                 "inspect": ("inspect-plan", 0), "inspect bad mesh": ("inspect-plan", 2),
                 "schema": ("schema", 0), "launch dry": ("launch", 0),
@@ -137,17 +145,18 @@ def test_json_envelope_for_every_verb_and_error(tmp_path: Path, broken: Path, ba
 
 
 def test_no_line_wider_than_columns_80(tmp_path: Path, broken: Path, batch) -> None:
-    runs = [cli("-h"), *[cli(v, "-h") for v in VERBS],
-            cli("verify", EXAMPLE), cli("verify", EXAMPLE, "-v"), cli("verify", broken),
-            cli("verify", broken, "--hf-config", tmp_path / "missing"),
-            cli("inspect-plan", EXAMPLE), cli("inspect-plan", EXAMPLE, "--expand"),
-            cli("inspect-plan", ROOT / "examples" / "llama_tp2_sp", "--mesh", "tp=4"),
-            cli("inspect-plan", broken),
-            batch["inspect volume"], batch["generate -v"], batch["verify model piped"],
-            cli("generate", "--model", CONFIG, "--tp", "3", "-o", tmp_path / "g3"),
-            cli("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run"),
-            cli("launch", tmp_path / "no" / "such" / "artifact" / "dir", "--nproc", "2"),
-            cli("verify", "--bogus"), cli("inspect-plan", EXAMPLE, "--mesh", "tp=x")]
+    runs = cli_many([
+        ["-h"], *[[v, "-h"] for v in VERBS],
+        ["verify", EXAMPLE], ["verify", EXAMPLE, "-v"], ["verify", broken],
+        ["verify", broken, "--hf-config", tmp_path / "missing"],
+        ["inspect-plan", EXAMPLE], ["inspect-plan", EXAMPLE, "--expand"],
+        ["inspect-plan", ROOT / "examples" / "llama_tp2_sp", "--mesh", "tp=4"],
+        ["inspect-plan", EXAMPLE, "--mesh", "tp=3"], ["inspect-plan", broken],
+        ["generate", "--model", CONFIG, "--tp", "3", "-o", tmp_path / "g3"],
+        ["launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run"],
+        ["launch", tmp_path / "no" / "such" / "artifact" / "dir", "--nproc", "2"],
+        ["verify", "--bogus"], ["inspect-plan", EXAMPLE, "--mesh", "tp=x"]])
+    runs += [batch["inspect volume"], batch["generate -v"], batch["verify model piped"]]
     for run in runs:
         assert "Traceback" not in run.stderr, run.args
         for line in (run.stdout + run.stderr).splitlines():

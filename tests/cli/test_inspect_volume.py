@@ -69,8 +69,14 @@ def test_live_mesh_sizes_and_dtype_change_the_bytes() -> None:
     fwd = by[("forward", "all_reduce")]
     assert fwd["count"] == 2 * layers + 1
     assert fwd["bytes"] == pytest.approx(fwd["count"] * full * 2 * 3 / 4)
-    assert by[("backward", "all_reduce")]["count"] == 2 * layers
+    # attention and MLP inputs, and lm_head's (loss parallel: logits kept S(-1))
+    assert by[("backward", "all_reduce")]["count"] == 2 * layers + 1
     assert doc["volume"]["est_forward_s"] is None
+    lp = doc["volume"]["loss_parallel"]
+    assert doc["loss_parallel_heads"] == lp["heads"] == ["lm_head"]
+    assert ("forward", "all_gather") not in by  # no logits gather
+    logits = batch * seq * CONFIG["vocab_size"] * 4
+    assert lp["gather_bytes_saved"] == pytest.approx(logits * 3 / 4)
 
 
 @pytest.mark.timeout(120)

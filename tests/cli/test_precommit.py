@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 from pathlib import Path
@@ -54,6 +55,10 @@ def test_changed_files_outside_artifacts_pass_silently(tmp_path: Path) -> None:
     out = io.StringIO()
     assert run_verify([str(tmp_path / "train.py")], changed_files=True, stdout=out) == 0
     assert out.getvalue() == ""
+    out = io.StringIO()
+    assert run_verify([str(tmp_path / "train.py")], changed_files=True, stdout=out,
+                      output="json") == 0
+    assert json.loads(out.getvalue())["artifacts"] == []
 
 
 def test_changed_files_map_to_each_artifact_once(tmp_path: Path) -> None:

@@ -98,7 +98,13 @@ def _verify(meta: Any, base: str | None, modeling: bytes | None = None) -> None:
 
 
 @settings(SETTINGS, max_examples=25)
-@given(from_schema(meta_schema()))
+def _local_schema() -> dict[str, Any]:
+    """The schema without its ``$id``: hypothesis-jsonschema resolves ``#/$defs/...``
+    against the ``$id`` with urljoin, which cannot join onto a ``urn:`` base."""
+    return {k: v for k, v in meta_schema().items() if k != "$id"}
+
+
+@given(from_schema(_local_schema()))
 @pytest.mark.filterwarnings("ignore")
 def test_schema_generated_metas_never_crash(meta: dict[str, Any]) -> None:
     _verify(meta, None)
