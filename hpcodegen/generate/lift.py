@@ -283,37 +283,17 @@ class Lifter:
         for a in pending:
             if not inside(a.fqn):
                 self.plan[a.fqn] = self.standalone_entry(a)
-        if self.moe_experts and not self.sp:
-            self._replicate_rest(regions)
         return self.plan
 
-    def _replicate_rest(self, regions: list[str]) -> None:
-        """Replicate the parameters of a MoE model no rule names (routers, gates, MLA).
-
-        HF's MoE plans leave the router (``mlp.gate``), shared-expert gates and whole attention
-        variants unplanned: transformers keeps them replicated. Outside every region (and
-        without sequence parallelism) each rank sees the full activation, so a replicated
-        parameter computes and gets the unsharded gradient exactly; it becomes a
-        parameter-only entry ``{tp: R}`` on its module. Parameters inside a region stay
-        coverage errors: there a replicated weight could see a tp shard.
-        """
-        planned = {join_fqn(f, rel) for f, e in self.plan.items() for rel in e.get("params") or {}}
-        entries = list(self.plan)
-        for fqn, module in self.modules.items():
-            names = [p for p in direct_params(module) if join_fqn(fqn, p) not in planned]
-            if not names or any(relative_to(fqn, e) is not None for e in entries):
-                continue
-            if any(relative_to(fqn, r) is not None for r in regions):
-                continue
-            self.plan[fqn] = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
 
 
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
-    """An ``experts`` region (HF ``moe_tp_experts``): every positional input replicated.
+    """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
+    replicated.
 
-    The hidden states *and* the routing weights enter a compute split over tp, so both
-    gradients are partial and all-reduced in the backward (the classifier's rule for a
-    replicated input of a compute-splitting boundary); the partial output is all-reduced.
+    Both enter a compute split over tp, so both gradients are partial and all-reduced in the
+    backward (the classifier's rule for a replicated input of a compute-splitting boundary),
+    as HF's ``MoeExpertsParallel`` does; the partial output is all-reduced.
     """
     if sp:
         raise PlanError([error(
@@ -323,6 +303,9 @@ def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
             hint="generate without --sp")])
     params = list(inspect.signature(type(module).forward).parameters.values())[1:]
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...); the integer
+    # expert indices carry no gradient and pass through untouched
+    names = [names[0], *names[2:3]] if names else names
     in_src = {name: {"tp": "R"} for name in names}
     return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},

@@ -109,9 +109,25 @@ def _use_eager(model: Any) -> None:
     model.config._attn_implementation = "eager"
 
 
+def _stub_experts(model: Any) -> None:
+    """Mixture-of-experts ``experts`` modules run shape-only on the meta device.
+
+    Their kernels are data-dependent (which experts a token hits: ``nonzero``, grouped
+    matmuls with per-expert offsets), which the meta device cannot run; their contract in
+    transformers 5.x (the attributes ``use_experts_implementation`` sets) is an output of the
+    hidden states' shape, which is all a trace needs.
+    """
+    import torch
+
+    for module in model.modules():
+        if hasattr(module, "is_concatenated") and hasattr(module, "has_gate"):
+            module.forward = lambda hidden_states, *_a, **_k: torch.zeros_like(hidden_states)
+
+
 def _run_forward(model: Any, batch: int, seq: int) -> None:
     import torch
 
+    _stub_experts(model)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     mask = torch.ones(batch, seq, dtype=torch.long, device="meta")
     with torch.no_grad():

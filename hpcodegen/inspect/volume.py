@@ -13,9 +13,11 @@ from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.plan.entry import output_index, param_plan
+from hpcodegen.plan.moe import EP, dispatch_volume, expert_count
 from hpcodegen.plan.predict import takes_token_ids
 from hpcodegen.plan.volume import (
     BoundaryVolume,
+    OpVolume,
     dtype_bytes,
     ring_factor,
     seconds,
@@ -49,13 +51,39 @@ def _check_sizes(result: Inspection) -> None:
                                 hint="pass --mesh, e.g. --mesh tp=2")])
 
 
+def _dispatch_ops(p: Any, trace: TraceResult, config: Any,
+                  float_bytes: int) -> list[OpVolume]:
+    """The all_to_alls of an expert-parallel region (:mod:`hpcodegen.plan.moe`), in bytes
+    per rank from the traced tokens, top-k and hidden size."""
+    if p.form != "region" or not any(op.axis == EP for op in p.in_ops):
+        return []
+    names = [t.name for t in p.transitions if t.side == "in"]
+    hidden = trace.tensors.get((p.fqn, "in", names[0])) if names else None
+    index = trace.tensors.get((p.fqn, "in", names[1])) if len(names) > 1 else None
+    if hidden is None or index is None or len(hidden[0]) < 1 or len(index[0]) < 1:
+        return []
+    tokens = 1
+    for n in hidden[0][:-1]:
+        tokens *= n
+    vol = dispatch_volume(tokens, index[0][-1], hidden[0][-1], expert_count(config),
+                          float_bytes)
+    row = (tokens * index[0][-1], hidden[0][-1])
+    return [OpVolume("forward", "in", "counts", "all_to_all", EP, None,
+                     (expert_count(config),), vol.counts),
+            OpVolume("forward", "in", "dispatch", "all_to_all", EP, None, row, vol.dispatch),
+            OpVolume("forward", "out", "combine", "all_to_all", EP, None, row, vol.combine),
+            OpVolume("backward", "out", "combine", "all_to_all", EP, None, row, vol.combine),
+            OpVolume("backward", "in", "dispatch", "all_to_all", EP, None, row, vol.dispatch)]
+
+
 def _volumes(result: Inspection, entries: Any, trace: TraceResult,
-             float_bytes: int) -> dict[str, BoundaryVolume]:
+             float_bytes: int, config: Any = None) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
     for p in result.preds:
         if not p.transitions:
             continue
         bv = BoundaryVolume(p.fqn)
+        bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes))
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
             backward = not (t.side == "in" and takes_token_ids(p.cls))
@@ -122,7 +150,7 @@ def volume_report(meta: dict[str, Any], result: Inspection,
         warning("trace.called_repeatedly", fqn,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
-    volumes = _volumes(result, entries, trace, float_bytes)
+    volumes = _volumes(result, entries, trace, float_bytes, config)
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())

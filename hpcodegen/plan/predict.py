@@ -36,6 +36,7 @@ from hpcodegen.plan.entry import (
     param_plan,
     takes_token_ids,
 )
+from hpcodegen.plan.moe import BACKWARD_OPS, EP, FORWARD_OPS, ep_dispatch_size
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -136,6 +137,8 @@ def _opaque(injection: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
     out = []
     for key in INJECTED_CALLABLES:
         value = (injection or {}).get(key)
+        if key == "local_compute_fn" and ep_dispatch_size(injection):
+            continue  # hpcodegen's own dispatch: its collectives are predicted (plan.moe)
         if value:
             target = value.get("_target_", "?") if isinstance(value, Mapping) else str(value)
             out.append((key, str(target)))
@@ -155,6 +158,11 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
     # token ids carry no gradient: an embedding's input has no backward op
     grads = tuple(_step_op(t.name, s) for t in executed for s in t.grad_steps
                   if not (t.side == "in" and takes_token_ids(cls)))
+    if form == "region" and ep_dispatch_size(bf.injection):
+        # the dispatch runs between the input and output transitions (plan.moe)
+        ins += tuple(PredOp(n, "all_to_all", None, EP) for n in FORWARD_OPS[:2])
+        outs = tuple(PredOp(n, "all_to_all", None, EP) for n in FORWARD_OPS[2:]) + outs
+        grads = tuple(PredOp(n, "all_to_all", None, EP) for n in BACKWARD_OPS) + grads
     notes = tuple(t.note for t in bf.transitions if t.note)
     return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes, bf.reasons,
                               _opaque(bf.injection), tuple(grad_sync), executed)

@@ -14,8 +14,9 @@ compute it returns is dropless and exact:
    and summed per token in expert order, as the unsharded forward does.
 
 The payload collectives are differentiable (their backward is the reverse all_to_all), so
-a layer costs 3 all_to_alls forward and 2 backward; ``hpcodegen.plan.predict`` counts
-exactly these. With an ep group of 1 the module's forward runs unchanged.
+a layer costs 3 all_to_alls forward and 2 backward: :mod:`hpcodegen.plan.moe` states
+this and the bytes, ``hpcodegen.plan.predict`` counts exactly these. With an ep group of 1
+the module's forward runs unchanged.
 """
 
 from __future__ import annotations
@@ -33,16 +34,15 @@ EXPERT_COUNT_ATTRS: tuple[str, ...] = ("num_experts", "num_local_experts", "n_ro
 
 def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
     """Differentiable ``all_to_all_single`` (backward: the reverse exchange)."""
-    from torch.distributed.nn.functional import all_to_all_single
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-    out = x.new_empty((sum(recv), *x.shape[1:]))
-    return all_to_all_single(out, x.contiguous(), recv, send, group=group)
+    return wait_tensor(all_to_all_single_autograd(x.contiguous(), recv, send, group))
 
 
 def _counts_a2a(counts: torch.Tensor, group: Any) -> torch.Tensor:
     import torch.distributed as dist
 
-    out = torch.empty_like(counts)
+    out = counts.clone()  # overwritten; a fake process group leaves it as sent
     dist.all_to_all_single(out, counts, group=group)
     return out
 

@@ -47,3 +47,24 @@ def write_model_dir(dest: Path, model_type: str, **changes: Any) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps(config_of(model_type, **changes), indent=1))
     return dest
+
+
+#: full-size shapes (the published configs' shape fields; no weights are ever built)
+FULL_SIZE: dict[str, dict[str, Any]] = {
+    "qwen3_30b_a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+        "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+        "norm_topk_prob": True},
+    "deepseek_v3": {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61,
+        "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "q_lora_rank": 1536,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "head_dim": 64, "vocab_size": 129280,
+        "max_position_embeddings": 163840, "tie_word_embeddings": False},
+}

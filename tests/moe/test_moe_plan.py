@@ -1,0 +1,192 @@
+"""MoE generation, prediction and collective counts in one process (no rank spawning).
+
+* each family with an HF plan generates at --tp 2: packed expert weights sharded as HF says,
+  router replicated (parameter-only), shared experts a dense region; verify accepts it;
+* --ep writes ``ep: S(0)`` on every expert parameter and the registered dispatch injection;
+* inspect-plan's all_to_all counts equal CommDebugMode's on the fake process group;
+* full-size Qwen3-30B-A3B / DeepSeek-V3 shapes: generate and inspect-plan on the meta
+  device, predicted dispatch bytes equal a hand count.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from moe_configs import FULL_SIZE, write_model_dir
+
+from hpcodegen.errors import PlanError, UsageError
+from hpcodegen.generate.api import GenerateArgs, generate_artifact
+
+pytestmark = pytest.mark.slow
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"]
+
+
+def _generate(root: Path, model_type: str, tp: int, ep: int = 1) -> tuple[Path, Path, dict]:
+    model = write_model_dir(root / "models" / model_type, model_type)
+    out = root / f"{model_type}_tp{tp}_ep{ep}"
+    assert generate_artifact(GenerateArgs(model, tp, out, ep=ep)) == 0
+    return out, model, json.loads((out / "codegen_meta.json").read_text())
+
+
+@pytest.mark.timeout(240)
+def test_families_generate_at_tp2_and_verify(tmp_path: Path) -> None:
+    from hpcodegen.verify import run_verify
+
+    for family in FAMILIES:
+        out, model, meta = _generate(tmp_path, family, 2)
+        plan = meta["param_plan"]
+        experts = {f: e for f, e in plan.items() if f.endswith("mlp.experts")}
+        assert experts, family
+        for entry in experts.values():
+            assert entry["params"]["gate_up_proj"] == {"tp": "SS(1,2)"}  # packed colwise
+            assert entry["params"]["down_proj"] == {"tp": "S(2)"}         # rowwise
+            assert entry["out_src"] == {"output": {"tp": "P(sum)"}}
+            assert len(entry["in_src"]) == 2  # hidden states, routing weights (not indices)
+        routers = [f for f in plan if f.endswith("mlp.gate")]
+        assert routers and all(plan[f] == {"is_boundary": False, "params": {"weight": {"tp": "R"}}}
+                               for f in routers), family
+        assert run_verify([str(out)], hf_config=str(model)) == 0, family
+    shared = plan["model.layers.1.mlp.shared_experts"]  # deepseek_v3, last in FAMILIES
+    assert shared["params"]["gate_proj.weight"] == {"tp": "S(0)"}
+    assert shared["out_src"] == {"output": {"tp": "P(sum)"}}
+
+
+@pytest.mark.timeout(120)
+def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
+    _, _, meta = _generate(tmp_path, "qwen3_moe", 2, ep=2)
+    assert meta["parallel_dims"]["ep_size"] == 2
+    assert meta["mesh_dim_names"] == ["tp"]  # ep is routed to the expert mesh
+    entry = meta["param_plan"]["model.layers.0.mlp.experts"]
+    assert entry["params"] == {"down_proj": {"ep": "S(0)", "tp": "S(2)"},
+                               "gate_up_proj": {"ep": "S(0)", "tp": "SS(1,2)"}}
+    assert meta["injections"] == [
+        {"match": f"model.layers.{i}.mlp.experts", "ep_size": 2,
+         "local_compute_fn": {"_target_": "hpcodegen.runtime.moe.ep_dispatch"}}
+        for i in range(2)]
+    from hpcodegen.plan.classify import classify_plan
+
+    assert classify_plan(meta)["model.layers.0.mlp.experts"].form == "region"
+
+
+@pytest.mark.timeout(120)
+def test_ep_refusals(tmp_path: Path, llama_model_dir: Path) -> None:
+    with pytest.raises(PlanError, match="no mixture-of-experts layer"):
+        generate_artifact(GenerateArgs(llama_model_dir, 2, tmp_path / "a", ep=2))
+    model = write_model_dir(tmp_path / "m", "mixtral")
+    with pytest.raises(PlanError, match="4 experts do not divide over --ep 3"):
+        generate_artifact(GenerateArgs(model, 1, tmp_path / "b", ep=3))
+    from hpcodegen.launch.mesh import resolve_mesh_layout
+
+    meta = {"parallel_dims": {"tp_size": 2, "ep_size": 2}, "mesh_dim_names": ["tp"]}
+    assert resolve_mesh_layout(meta, 4).describe() == "dp=2 (ep=2) x tp=2"
+    with pytest.raises(UsageError, match="does not divide the data-parallel size dp=1"):
+        resolve_mesh_layout(meta, 2)
+
+
+OP_KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
+           "all_reduce": "all_reduce", "allreduce_": "all_reduce",
+           "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+           "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all"}
+
+
+def _counted(mode) -> Counter:
+    out: Counter = Counter()
+    for op, n in mode.get_comm_counts().items():
+        name = str(op).split(".")[-1].split("'")[0]
+        out[OP_KIND.get(name, name)] += n
+    return out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
+@pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
+def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
+    import torch
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.hf import load_transformers_config
+    from hpcodegen.launch.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.plan.predict import predict_plan, summarize
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+
+    arts = [_generate(tmp_path, m, 2, ep=2) for m in ("qwen3_moe", "deepseek_v3")]
+    fake_world(4)
+    for out, model_dir, meta in arts:
+        config = json.loads((model_dir / "config.json").read_text())
+        mesh = build_device_mesh(resolve_mesh_layout(meta, 4), "cpu")
+        torch.manual_seed(0)
+        cls = generated_model_class(meta, import_generated_module(out))
+        model = cls(load_transformers_config(config)).float()
+        parallelize_from_generated(model, MeshContext(device_mesh=mesh), out,
+                                   hf_config=config)
+        ids = torch.randint(0, config["vocab_size"], (2, 8))
+        with CommDebugMode() as fwd:
+            logits = model(input_ids=ids, use_cache=False).logits
+        with CommDebugMode() as bwd:
+            logits.float().sum().backward()
+        summary = summarize(predict_plan(meta)[0])
+        want_f, want_b = Counter(), Counter()
+        for (kind, _axis, _dim), n in summary.per_forward.items():
+            want_f[kind] += n
+        for table in (summary.per_backward, summary.grad_sync):
+            for (kind, _axis, _dim), n in table.items():
+                want_b[kind] += n
+        moe_layers = sum(1 for f in meta["param_plan"] if f.endswith("mlp.experts"))
+        assert want_f["all_to_all"] == 3 * moe_layers and want_b["all_to_all"] == 2 * moe_layers
+        assert _counted(fwd) == +want_f, (out.name, _counted(fwd), want_f)
+        assert _counted(bwd) == +want_b, (out.name, _counted(bwd), want_b)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", sorted(FULL_SIZE))
+def test_full_size_shapes_generate_and_predict_bytes(tmp_path: Path, name: str) -> None:
+    """Meta device only; the dispatch bytes per rank are tokens x top-k x hidden x 2 (bf16)
+    per payload all_to_all, and E x 8 for the counts, per MoE layer."""
+    import io
+
+    from hpcodegen.inspect.options import InspectOptions
+    from hpcodegen.inspect.run import run_inspect
+
+    config = FULL_SIZE[name]
+    model = tmp_path / name
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "art"
+    assert generate_artifact(GenerateArgs(model, 4, out, ep=8)) == 0
+    meta = json.loads((out / "codegen_meta.json").read_text())
+    moe = sum(1 for f in meta["param_plan"] if f.endswith("mlp.experts"))
+    assert moe == config["num_hidden_layers"] - config.get("first_k_dense_replace", 0)
+    tokens, k, hidden = 4096, config["num_experts_per_tok"], config["hidden_size"]
+    experts = config.get("num_experts") or config["n_routed_experts"]
+    buf = io.StringIO()
+    assert run_inspect(InspectOptions(path=str(out), as_json=True, hf_config=str(model), batch=1,
+                                      seq=tokens), out=buf) == 0
+    report = json.loads(buf.getvalue())
+    rows = {(c["direction"], c["kind"]): c for c in report["volume"]["by_collective"]}
+    payload = tokens * k * hidden * 2
+    assert rows[("forward", "all_to_all")]["count"] == 3 * moe
+    assert rows[("forward", "all_to_all")]["bytes"] == moe * (2 * payload + experts * 8)
+    assert rows[("backward", "all_to_all")]["count"] == 2 * moe
+    assert rows[("backward", "all_to_all")]["bytes"] == moe * 2 * payload
+
+
+@pytest.mark.timeout(120)
+def test_runtime_gate_accepts_the_models_own_config_object(tmp_path: Path) -> None:
+    """``hf_config=model.config``: its to_dict() adds defaults and aliases the config.json
+    never wrote (num_local_experts, attention_bias); the gate compares recorded fields."""
+    from hpcodegen.hf import load_transformers_config
+    from hpcodegen.runtime.api import load_verified_meta
+
+    out, model, _ = _generate(tmp_path, "qwen3_moe", 2)
+    config = json.loads((model / "config.json").read_text())
+    load_verified_meta(out, load_transformers_config(config))
+    with pytest.raises(PlanError, match="num_experts: artifact 4, config 8"):
+        load_verified_meta(out, load_transformers_config({**config, "num_experts": 8}))

@@ -1,0 +1,52 @@
+"""The pure MoE rules: HF styles on parameters, packed expert placements, the dispatch
+prediction and its bytes (no torch)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hpcodegen.errors import PlanError
+from hpcodegen.generate.hf_plan import expand_rules
+from hpcodegen.generate.styles import Kind, param_shard
+from hpcodegen.plan.moe import dispatch_volume, ep_dispatch_size, expert_count
+
+
+def test_param_shard_reads_weights_as_out_in() -> None:
+    assert param_shard(Kind.COLWISE, 3, 2) == ("SS(1,2)", False)   # [E, 2I, H] packed
+    assert param_shard(Kind.ROWWISE, 3, 1) == ("S(2)", False)      # [E, H, I]
+    assert param_shard(Kind.ROWWISE, 3, 2) == ("SS(2,2)", False)   # llama4 [E, H, 2I]
+    assert param_shard(Kind.COLWISE, 1, 1) == ("S(0)", False)      # a per-head vector
+    assert param_shard(Kind.ROWWISE, 1, 1) == ("R", True)          # a rowwise bias
+
+
+def test_rules_on_parameters_become_parameter_assignments() -> None:
+    fqns = ["", "m", "m.experts"]
+    params = ["m.experts.gate_up_proj", "m.experts.down_proj"]
+    got = expand_rules([("m.experts.gate_up_proj", "packed_colwise"),
+                        ("m.experts.down_proj", "rowwise"),
+                        ("m.experts", "moe_tp_experts")], fqns, params)
+    assert got["m.experts.gate_up_proj"].param and got["m.experts.gate_up_proj"].factor == 2
+    assert got["m.experts"].kind is Kind.MOE_EXPERTS and not got["m.experts"].param
+    with pytest.raises(PlanError, match="only applies to modules"):
+        expand_rules([("m.experts.down_proj", "embedding_rowwise")], fqns, params)
+
+
+def test_dispatch_prediction_inputs() -> None:
+    inj = {"local_compute_fn": {"_target_": "hpcodegen.runtime.moe.ep_dispatch"}, "ep_size": 4}
+    assert ep_dispatch_size(inj) == 4
+    assert ep_dispatch_size({**inj, "ep_size": 1}) == 0
+    assert ep_dispatch_size({"local_compute_fn": {"_target_": "x.ep_compute"}, "ep_size": 4}) == 0
+    assert expert_count({"text_config": {"num_local_experts": 16}}) == 16
+    vol = dispatch_volume(tokens=4096, top_k=8, hidden=2048, num_experts=128, elem_bytes=2)
+    assert vol.dispatch == vol.combine == 4096 * 8 * 2048 * 2
+    assert vol.forward == 2 * vol.dispatch + 128 * 8 and vol.backward == 2 * vol.dispatch
+
+
+def test_plan_moe_is_pure() -> None:
+    import subprocess
+
+    code = ("import sys, hpcodegen.plan.moe, hpcodegen.plan.predict; "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
