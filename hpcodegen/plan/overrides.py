@@ -17,7 +17,6 @@ model check.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +97,8 @@ def replaced_modules(overrides: Iterable[Override], modules: Mapping[str, Any],
     select the modules they match whose class is ``module_type`` (``mro_of(module)`` gives the
     ``[(module path, qualname)]`` MRO). A module named by two records keeps the first.
     """
+    import fnmatch  # only the model check selects by glob
+
     out: dict[str, Override] = {}
     for override in overrides:
         if override.fqns:

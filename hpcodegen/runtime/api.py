@@ -70,6 +70,27 @@ def _config_dict(hf_config: Any) -> dict[str, Any] | None:
     return read_hf_config(hf_config)[0]
 
 
+def _recorded_view(config: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``PretrainedConfig.to_dict()`` narrowed to the structure fields the artifact recorded.
+
+    ``to_dict`` adds every class default and attribute alias (``attention_bias``,
+    ``num_local_experts`` for ``num_experts``) that the config.json the artifact was
+    generated from never wrote; the signature covers the fields that file set, so those are
+    the ones compared (as verify's structure check compares only recorded fields).
+    """
+    from hpcodegen.hf import STRUCTURE_FIELDS, structure_value
+
+    recorded = (meta.get("source") or {}).get("structure")
+    if not isinstance(recorded, Mapping):
+        return config
+    view = {k: v for k, v in config.items() if k not in STRUCTURE_FIELDS}
+    for key in recorded:
+        found = structure_value(config, key)
+        if found is not None:
+            view[key] = found[1]
+    return view
+
+
 def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = None, *,
                        allowed_target_prefixes: tuple[str, ...] = ()) -> LoadedMeta:
     """Load the meta with verify's loader and checks (schema, plan, output hashes).
@@ -89,6 +110,8 @@ def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = No
     config = _config_dict(hf_config)
     if config is None:
         return loaded
+    if not isinstance(hf_config, (Mapping, str, os.PathLike)):
+        config = _recorded_view(config, loaded.data)
     want = (loaded.data.get("source") or {}).get("architecture")
     got = architecture_of(config)
     if want != got:

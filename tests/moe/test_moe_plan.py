@@ -176,3 +176,17 @@ def test_full_size_shapes_generate_and_predict_bytes(tmp_path: Path, name: str) 
     assert rows[("forward", "all_to_all")]["bytes"] == moe * (2 * payload + experts * 8)
     assert rows[("backward", "all_to_all")]["count"] == 2 * moe
     assert rows[("backward", "all_to_all")]["bytes"] == moe * 2 * payload
+
+
+@pytest.mark.timeout(120)
+def test_runtime_gate_accepts_the_models_own_config_object(tmp_path: Path) -> None:
+    """``hf_config=model.config``: its to_dict() adds defaults and aliases the config.json
+    never wrote (num_local_experts, attention_bias); the gate compares recorded fields."""
+    from hpcodegen.hf import load_transformers_config
+    from hpcodegen.runtime.api import load_verified_meta
+
+    out, model, _ = _generate(tmp_path, "qwen3_moe", 2)
+    config = json.loads((model / "config.json").read_text())
+    load_verified_meta(out, load_transformers_config(config))
+    with pytest.raises(PlanError, match="num_experts: artifact 4, config 8"):
+        load_verified_meta(out, load_transformers_config({**config, "num_experts": 8}))
