@@ -9,12 +9,30 @@ CLI never has to guess (0 ok, 1 a check failed, 2 usage error or unreadable inpu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+
+#: Characters that could forge or hide report lines: C0/C1 controls (newline, ESC, ...),
+#: Unicode line/paragraph separators, bidi controls, BOM and lone surrogates.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                          "\ufeff\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character shown as its escape (``\\n``, ``\\x1b``).
+
+    Keys, names and messages that come from an artifact pass through here before any report
+    shows them, so a key ``"lm_head\\nPASS fake"`` stays one visible line.
+    """
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape",
+                                                        "backslashreplace").decode("ascii"),
+                            text)
 
 
 class Severity(str, Enum):
@@ -50,6 +68,14 @@ class Finding:
     expected: str | None = None
     hint: str | None = None
     file: str | None = None
+
+    def __post_init__(self) -> None:
+        """Escape control characters once, here, so every report (text, JSON, JUnit, launch)
+        shows artifact-derived text as it is and never as terminal or line control."""
+        for name in ("where", "message", "expected", "hint", "file"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, printable(value))
 
     def render(self) -> str:
         """One line for logs and exception messages: ``file::where: message (expected ...)``.

@@ -7,7 +7,11 @@ Grammar (decisions.md, item 3), whitespace not allowed::
     SS(d,f)      StridedShard on dim d with split factor f >= 1
     P(op)        Partial with op in sum avg min max product band bor bxor
 
-``str(parse_placement(s)) == s`` for every valid ``s``. A *named* placement is a mapping
+Integers are canonical (no leading zeros, no ``-0``) and bounded: a dim ``n``/``d`` within
+-99..99, a split factor ``f`` within 1..9999. The whole string must match: nothing before
+or after, not even a newline (the regex is applied with ``fullmatch``; the schema's
+``$`` means end of string, as in ECMA-262). ``str(parse_placement(s)) == s`` for every
+valid ``s``. A *named* placement is a mapping
 ``{axis: placement}``; it resolves over an ordered tuple of mesh axes, a missing axis
 reading as ``R`` and a key for an axis the mesh lacks being dropped.
 
@@ -24,12 +28,17 @@ from typing import Union
 
 REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "min", "max", "product", "band", "bor", "bxor")
 
+#: A tensor dim in a placement (-99..99, canonical) and a split factor (1..9999).
+DIM_PATTERN = r"(0|-?[1-9][0-9]?)"
+FACTOR_PATTERN = r"[1-9][0-9]{0,3}"
 #: The grammar as one regular expression; the JSON schema uses the same text.
 PLACEMENT_PATTERN = (
-    r"^(R|S\(-?[0-9]+\)|SS\(-?[0-9]+,[1-9][0-9]*\)|P\((" + "|".join(REDUCE_OPS) + r")\))$"
+    rf"^(R|S\({DIM_PATTERN}\)|SS\({DIM_PATTERN},{FACTOR_PATTERN}\)|P\(("
+    + "|".join(REDUCE_OPS) + r")\))$"
 )
-_TOKEN = re.compile(r"^(?P<kind>SS|S|P)\((?P<args>[^()]*)\)$")
-_INT = re.compile(r"^-?[0-9]+$")
+_TOKEN = re.compile(r"(?P<kind>SS|S|P)\((?P<args>[^()]*)\)")
+_DIM = re.compile(DIM_PATTERN)
+_FACTOR = re.compile(FACTOR_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +84,21 @@ Placement = Union[Replicate, Shard, StridedShard, Partial]
 REPLICATE = Replicate()
 
 
+def _show(text: str) -> str:
+    """``repr`` of at most 40 characters (a placement string may be anything)."""
+    return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+
+
+_DIM_WORDS = "a dim (an integer -99..99 without leading zeros)"
+
+
 class PlacementSyntaxError(ValueError):
     """A placement string outside the grammar; the message says what was expected."""
 
 
-def _int_arg(text: str, whole: str) -> int:
-    if not _INT.match(text):
-        raise PlacementSyntaxError(f"placement {whole!r}: {text!r} is not an integer")
+def _int_arg(text: str, whole: str, rule: re.Pattern[str], what: str) -> int:
+    if not rule.fullmatch(text):
+        raise PlacementSyntaxError(f"placement {_show(whole)}: {_show(text)} is not {what}")
     return int(text)
 
 
@@ -103,25 +120,24 @@ def parse_placement(text: object) -> Placement:
         raise PlacementSyntaxError(f"placement must be a string, got {type(text).__name__}")
     if text == "R":
         return REPLICATE
-    match = _TOKEN.match(text)
+    match = _TOKEN.fullmatch(text)
     if match is None:
         raise PlacementSyntaxError(
-            f"placement {text!r} is not one of R, S(n), SS(d,f), P(op)"
+            f"placement {_show(text)} is not one of R, S(n), SS(d,f), P(op)"
         )
     kind, args = match["kind"], match["args"]
     if kind == "S":
-        return Shard(_int_arg(args, text))
+        return Shard(_int_arg(args, text, _DIM, _DIM_WORDS))
     if kind == "SS":
         parts = args.split(",")
         if len(parts) != 2:
-            raise PlacementSyntaxError(f"placement {text!r}: SS takes exactly two integers d,f")
-        dim, factor = (_int_arg(p, text) for p in parts)
-        if factor < 1:
-            raise PlacementSyntaxError(f"placement {text!r}: split factor must be >= 1")
-        return StridedShard(dim, factor)
+            raise PlacementSyntaxError(f"placement {_show(text)}: SS takes exactly two "
+                                       "integers d,f")
+        return StridedShard(_int_arg(parts[0], text, _DIM, _DIM_WORDS),
+                            _int_arg(parts[1], text, _FACTOR, "a split factor (1..9999)"))
     if args not in REDUCE_OPS:
         raise PlacementSyntaxError(
-            f"placement {text!r}: reduce op must be one of {', '.join(REDUCE_OPS)}"
+            f"placement {_show(text)}: reduce op must be one of {', '.join(REDUCE_OPS)}"
         )
     return Partial(args)
 

@@ -2,8 +2,10 @@
 
 Every way the input can be unreadable becomes an :class:`~hpcodegen.errors.InputError`
 (exit 2) naming the file and what was expected: a path that is neither an artifact dir nor a
-meta file, a missing meta, a file over the size limit (refused before it is read), bytes that
-are not UTF-8, JSON syntax errors (with line:column), a top level that is not an object.
+meta file, a missing meta, a meta that links outside its directory, a file over the size
+limit (refused before it is read), bytes that are not UTF-8, JSON syntax errors (with
+line:column), values Python's ``json`` reads but JSON does not have (``NaN``, an integer
+over 4300 digits), a top level that is not an object.
 Duplicate object keys are legal JSON but ambiguous: they are returned as JSON pointers so the
 ``schema`` check reports them as errors.
 """
@@ -109,15 +111,34 @@ def parse_json_text(
                                 expected="a UTF-8 JSON file", file=file)]) from None
     tracker = _DuplicateTracker()
     try:
-        value = json.loads(text, object_pairs_hook=tracker)
+        value = json.loads(text, object_pairs_hook=tracker, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise InputError([error("load.invalid_json", f"line {exc.lineno}:{exc.colno}",
                                 f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                                 file=file)]) from None
+    except ValueError as exc:  # an integer over Python's digit limit, NaN, Infinity
+        what = ("an integer too long to read (over 4300 digits)"
+                if "integer string conversion" in str(exc) else str(exc))
+        raise InputError([error("load.invalid_json", "", f"unusable JSON value: {what}",
+                                expected="standard JSON", file=file)]) from None
     except RecursionError:
         raise InputError([error("load.invalid_json", "", "JSON nested too deeply",
                                 file=file)]) from None
     return value, tracker.pointers(value)
+
+
+def _escapes_dir(meta_path: Path) -> bool:
+    """True when the meta, links followed (nested ones too), lies outside its directory."""
+    try:
+        meta_path.resolve().relative_to(meta_path.parent.resolve())
+    except (ValueError, OSError, RuntimeError):
+        return True
+    return False
+
+
+def _not_json(constant: str) -> Any:
+    """``parse_constant``: Python's ``json`` accepts NaN and Infinity; JSON does not."""
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def load_meta(path: str | os.PathLike[str], max_bytes: int = MAX_META_BYTES) -> LoadedMeta:
@@ -140,6 +161,12 @@ def load_meta(path: str | os.PathLike[str], max_bytes: int = MAX_META_BYTES) -> 
     """
     meta_path = resolve_meta_path(path)
     file = str(meta_path)
+    if _escapes_dir(meta_path):
+        raise InputError([error("load.escapes", "", f"{META_NAME} resolves outside its "
+                                f"artifact directory ({meta_path.resolve()})",
+                                expected="a plain file inside the artifact dir",
+                                hint="copy the meta into the artifact instead of linking it",
+                                file=file)])
     try:
         size = meta_path.stat().st_size
         if size > max_bytes:

@@ -99,6 +99,7 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
 
     target = Path(directory)
     check_target(target)
+    _refuse_strided(layout)
     stage = target.parent / f".{target.name}.partial"
     if _rank() == 0:
         shutil.rmtree(stage, ignore_errors=True)
@@ -128,6 +129,17 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
         os.replace(stage, target)
     _barrier()
     return target
+
+
+def _refuse_strided(layout: ShardLayout) -> None:
+    """DCP stores a shard as one chunk at one offset; a strided shard is several."""
+    strided = [fqn for fqn in layout.params if layout.is_strided(fqn)]
+    if strided:
+        raise PlanError([error("checkpoint.strided", strided[0],
+                               f"strided shards (SS(d,f)) cannot be saved or resumed yet: "
+                               f"{len(strided)} parameter(s), e.g. {strided[0]}",
+                               hint="a plan without fused strided shards (e.g. separate "
+                                    "gate/up projections) saves and resumes")])
 
 
 def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: Path) -> None:
@@ -210,6 +222,7 @@ def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLay
 
     path = Path(directory)
     read_record(path)
+    _refuse_strided(layout)
     metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     _check_params(layout, metadata, path)
     state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(

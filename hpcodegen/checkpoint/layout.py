@@ -89,8 +89,16 @@ class ShardLayout:
         """True when some mesh axis holds only part of ``fqn``."""
         return any(p.is_shard() for p in self.params[fqn].placements)
 
+    def is_strided(self, fqn: str) -> bool:
+        """True for a strided shard (``SS(d,f)``, e.g. a fused gate_up over tp): the local
+        shard is ``f`` pieces of the global tensor, not one slice."""
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        return any(isinstance(p, _StridedShard) for p in self.params[fqn].placements)
+
     def local_slices(self, fqn: str) -> tuple[slice, ...]:
-        """This rank's index into the global tensor (torch's own uneven-shard rule)."""
+        """This rank's index into the global tensor (torch's own uneven-shard rule); not for
+        strided shards (:meth:`is_strided`)."""
         spec = self.params[fqn]
         if spec.mesh is None or not spec.placements:
             return tuple(slice(0, n) for n in spec.global_shape)

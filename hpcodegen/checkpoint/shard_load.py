@@ -94,6 +94,9 @@ def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
                 device: Any, checkpoint: SafetensorsCheckpoint | None = None) -> None:
     """Allocate every parameter's local shard; fill it from ``checkpoint`` when given.
 
+    Collective when the layout has strided shards (``SS(d,f)``): those are read whole and
+    cut by ``distribute_tensor`` (every rank visits the parameters in the same order).
+
     Floating-point tensors become ``dtype``; persistent buffers found in the checkpoint
     are loaded whole. Without a checkpoint the shards are uninitialised (for
     :func:`hpcodegen.checkpoint.resume`).
@@ -104,6 +107,14 @@ def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
         want = dtype if param.is_floating_point() else param.dtype
         if checkpoint is None:
             local = torch.empty(layout.local_shape(fqn), dtype=want, device=device)
+        elif layout.is_strided(fqn):  # f pieces, not one slice: torch cuts them (collective)
+            from torch.distributed.tensor import distribute_tensor
+
+            spec = layout.params[fqn]
+            full = checkpoint.read(sources[fqn], dtype=want, device=device)
+            local = distribute_tensor(full, spec.mesh, list(spec.placements)).to_local()
+            local = local.contiguous()
+            del full
         else:
             local = checkpoint.read(sources[fqn], layout.local_slices(fqn), dtype=want,
                                     device=device)

@@ -2,9 +2,11 @@
 
 Each ``meta.outputs`` key (a role or a relative file name) must name a plain file inside the
 artifact dir, with the recorded sha256 and line count; the ``modeling``, ``diff`` and
-``init`` roles are required. Unrecorded files are warnings (``__pycache__`` is ignored). For
-metas written by hpcodegen, the signature is recomputed from the meta itself, so a
-hand-edited plan is caught even though the meta does not hash itself.
+``init`` roles are required. Unrecorded code (``*.py``, ``*.pyc``, extension modules, any
+``__pycache__`` dir) is an error: nothing checked it, and a path-based import would run it;
+other unrecorded files are warnings. For metas written by hpcodegen, the signature is
+recomputed from the meta itself, so a hand-edited plan is caught even though the meta does
+not hash itself.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpcodegen.artifact.digest import file_digest, is_hpcodegen_meta, meta_signature
+from hpcodegen.artifact.digest import bytes_digest, is_hpcodegen_meta, meta_signature
 from hpcodegen.artifact.load import META_NAME
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, pointer
 from hpcodegen.checks.files import (
     ROLES,
-    escapes,
+    RecordedFileError,
+    is_code,
     modeling_files,
     present_files,
+    read_recorded,
     role_file_name,
-    unsafe_name_reason,
 )
 from hpcodegen.checks.forms import signable
 from hpcodegen.errors import Finding, error, warning
@@ -29,30 +32,17 @@ from hpcodegen.errors import Finding, error, warning
 
 def _check_one(ctx: CheckContext, key: str, name: str, recorded: object) -> Iterator[Finding]:
     where = pointer("outputs", key)
-    path = ctx.artifact_dir / name
-    reason = unsafe_name_reason(name)
-    if reason:
-        yield error("outputs.unsafe_name", where, f"output file name {name!r} {reason}",
-                    expected="a relative name inside the artifact dir")
-        return
-    if escapes(ctx.artifact_dir, path):
-        yield error("outputs.escapes", where, f"{name} links outside the artifact dir",
-                    file=str(path))
-        return
-    if not path.exists():
-        yield error("outputs.missing_file", where, f"recorded file {name} does not exist",
-                    file=str(path), hint="regenerate the artifact")
-        return
-    if not path.is_file():
-        yield error("outputs.not_a_file", where, f"{name} is not a plain file", file=str(path))
-        return
-    rec = as_dict(recorded)
     try:
-        actual = file_digest(path)
-    except OSError as exc:
-        yield error("outputs.unreadable", where, f"cannot read {name}: {exc.strerror}",
-                    file=str(path))
+        actual = bytes_digest(read_recorded(ctx.artifact_dir, name))
+    except RecordedFileError as exc:
+        unsafe = exc.rule == "unsafe_name"
+        yield error(f"outputs.{exc.rule}", where, str(exc),
+                    expected="a relative name inside the artifact dir" if unsafe else None,
+                    file=None if unsafe else str(ctx.artifact_dir / name),
+                    hint="regenerate the artifact" if exc.rule == "missing_file" else None)
         return
+    path = ctx.artifact_dir / name
+    rec = as_dict(recorded)
     for field in ("sha256", "lines"):
         if field in rec and rec[field] != actual[field]:
             yield error(f"outputs.{field}_drift", pointer("outputs", key, field),
@@ -100,6 +90,13 @@ def check_outputs(ctx: CheckContext) -> Iterator[Finding]:
     extras = (present_files(ctx.artifact_dir) - recorded_names
               - {META_NAME, ctx.loaded.meta_path.name})
     for name in sorted(extras):
-        yield warning("outputs.unrecorded_file", name, f"{name} is in the artifact dir but not "
-                      "recorded in outputs", file=str(ctx.artifact_dir))
+        if is_code(name):
+            yield error("outputs.unrecorded_code", name, f"{name} is code in the artifact dir "
+                        "that outputs does not record: nothing checked it",
+                        file=str(ctx.artifact_dir),
+                        hint="delete it (hpcodegen never writes or reads bytecode), or "
+                             "regenerate the artifact")
+        else:
+            yield warning("outputs.unrecorded_file", name, f"{name} is in the artifact dir "
+                          "but not recorded in outputs", file=str(ctx.artifact_dir))
     yield from _check_signature(ctx)

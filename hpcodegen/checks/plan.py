@@ -18,7 +18,7 @@ from typing import Any
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
-from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import params_planned_twice
 from hpcodegen.plan.entry import ENTRYPOINTS, TRANSITION_FIELDS
 from hpcodegen.targets import target_findings
@@ -68,9 +68,14 @@ def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
             placement = _parsed(text, memo)
             bad_axis = axis not in axes
             negative = isinstance(placement, (Shard, StridedShard)) and placement.dim < 0
-            if not (bad_axis or negative or isinstance(placement, ValueError)):
+            partial_param = parts[0] == "params" and isinstance(placement, Partial)
+            if not (bad_axis or negative or partial_param or isinstance(placement, ValueError)):
                 continue
             where = pointer("param_plan", fqn, *parts)
+            if partial_param:
+                yield error("plan.partial_param", where, f"parameter placement {text} is "
+                            "Partial: a parameter is a value, never a pending reduction",
+                            expected="R, S(n) or SS(d,f)")
             if bad_axis:
                 yield error("plan.unknown_axis", where, f"axis {axis!r} is not a mesh axis of "
                             "this plan", expected="one of " + ", ".join(sorted(axes)),

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Finding, Severity
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Finding, Severity, printable
 
 Status = Literal["pass", "fail", "skipped"]
 
@@ -38,6 +38,10 @@ class CheckResult:
     #: why the check was skipped (or, for ``load``, why the input is unreadable)
     reason: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.reason is not None:
+            self.reason = printable(self.reason)
+
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason,
                 "findings": [f.to_json() for f in self.findings]}
@@ -51,6 +55,9 @@ class ArtifactResult:
     checks: dict[str, CheckResult] = field(default_factory=dict)
     #: the meta (or an input a check needs, such as ``--hf-config``) could not be read
     unreadable: bool = False
+
+    def __post_init__(self) -> None:
+        self.path = printable(self.path)  # a directory name may hold a newline too
 
     @property
     def ok(self) -> bool:

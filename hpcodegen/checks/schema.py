@@ -4,11 +4,18 @@ The schema (``schemas/codegen_meta.schema.json``, draft 2020-12) is the publishe
 of the meta; this check maps each violation to a :class:`~hpcodegen.errors.Finding` whose
 ``where`` is the JSON pointer of the offending value (for a missing field, the pointer the
 field would have), and adds duplicate object keys, which JSON parsers silently collapse.
+
+Two readings are stricter than a stock Python validator, so the schema means here what it
+says: ``integer`` is a JSON integer (``2.0`` and ``true`` are not, though JSON Schema lets
+``2.0`` pass and Python's ``True`` is an ``int``), and a ``pattern``'s final ``$`` is the end
+of the string as in ECMA-262 (Python's ``$`` also matches before a final newline, which
+would let ``"S(1)\n"`` through).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from functools import cache, lru_cache
@@ -27,6 +34,15 @@ _PATTERN_WORDS: dict[str, tuple[str, str]] = {
     "^[0-9a-f]{12}$": ("is not a signature", "12 lowercase hex characters"),
     "^[0-9a-f]{64}$": ("is not a sha256", "64 lowercase hex characters"),
     "^([0-9a-f]{64})?$": ("is not a sha256", "64 lowercase hex characters or \"\""),
+    "^[A-Za-z_][A-Za-z0-9_]*$": ("is not a name", "a Python identifier"),
+    r"^([A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?$": (
+        "is not a module path", "names and layer indices joined by dots, or \"\""),
+    r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$": (
+        "is not a parameter FQN", "names and layer indices joined by dots"),
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$": (
+        "is not a target name", "identifiers joined by dots"),
+    r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$": (
+        "is not a file name", "a relative name of letters, digits, _ . - and /"),
 }
 
 
@@ -45,11 +61,42 @@ def meta_schema() -> dict[str, Any]:
     return json.loads(_schema_json())
 
 
+def is_json_integer(value: Any) -> bool:
+    """A JSON integer: an ``int`` that is not a ``bool`` (``2.0`` is a float here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@cache
+def _ecma(pattern: str) -> re.Pattern[str]:
+    """``pattern`` with a final unescaped ``$`` read as ECMA-262 does: end of string."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _ecma(pattern).search(instance):
+        shown = repr(instance) if len(instance) <= 60 else repr(instance[:57]) + "..."
+        yield ValidationError(f"{shown} does not match {pattern!r}")
+
+
+def strict_validator(schema: Mapping[str, Any]) -> Any:
+    """A draft 2020-12 validator of ``schema`` with JSON integers and ECMA-262 ``$``; the
+    one way hpcodegen validates JSON against its schemas (the meta, recipes)."""
+    from jsonschema import Draft202012Validator, validators
+
+    strict = validators.extend(
+        Draft202012Validator, {"pattern": _pattern},
+        type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+            "integer", lambda _checker, value: is_json_integer(value)))
+    return strict(schema)
+
+
 @lru_cache(maxsize=1)
 def _validator() -> Any:
-    from jsonschema import Draft202012Validator
-
-    return Draft202012Validator(meta_schema())
+    return strict_validator(meta_schema())
 
 
 @lru_cache(maxsize=1)
@@ -114,9 +161,15 @@ _UNIFORM_MAPS: tuple[str, ...] = ("param_plan", "boundary_classes", "special_han
 
 
 @cache
-def _value_validator(field: str) -> Any:
-    """Validates one value of a uniform top-level map (refs resolve from the root schema)."""
-    return _validator().evolve(schema={"$ref": f"#/properties/{field}/additionalProperties"})
+def _value_validator(field: str, part: str = "additionalProperties") -> Any:
+    """Validates one value (or, with ``part="propertyNames"``, one key) of a uniform
+    top-level map (refs resolve from the root schema)."""
+    return _validator().evolve(schema={"$ref": f"#/properties/{field}/{part}"})
+
+
+@cache
+def _has_key_rule(field: str) -> bool:
+    return "propertyNames" in meta_schema()["properties"][field]
 
 
 def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
@@ -125,6 +178,11 @@ def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
     A 1,000-layer plan has a handful of distinct entries, so the check stays linear in the
     number of distinct contracts rather than in the number of modules.
     """
+    if _has_key_rule(field):
+        for key in values:
+            for err in _value_validator(field, "propertyNames").iter_errors(key):
+                for f in _findings_of(err):
+                    yield replace(f, where=pointer(field))
     verdicts: dict[str, list[Any]] = {}
     for key, value in values.items():
         seen = repr(value)
@@ -145,7 +203,7 @@ def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
             rest[field] = {}
     for err in _validator().iter_errors(rest):
         out.extend(_findings_of(err))
-    return sorted(out, key=lambda f: (f.where, f.code))
+    return sorted(set(out), key=lambda f: (f.where, f.code, f.message))
 
 
 def cached_schema_findings(ctx: CheckContext) -> list[Finding]:

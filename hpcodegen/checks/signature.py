@@ -26,7 +26,7 @@ _MISSING = object()
 
 
 def _show(value: Any) -> str:
-    return "absent" if value is _MISSING else json.dumps(value)
+    return "absent" if value is _MISSING else json.dumps(value, sort_keys=True)
 
 
 def _compare_identity(source: Mapping[str, Any], config: Mapping[str, Any],
@@ -58,7 +58,7 @@ def _compare_structure(source: Mapping[str, Any], config: Mapping[str, Any]) -> 
                           f"{_show(recorded)}, the config does not set it")
             continue
         field, actual = found
-        if actual != recorded:
+        if _show(actual) != _show(recorded):  # JSON equality: true is not 1, 2.0 not 2
             named = key if field == key else f"{key} (the config's {field})"
             yield error("signature.structure", where, f"{named}: artifact {_show(recorded)}, "
                         f"config {_show(actual)}", expected=_show(actual),
@@ -70,7 +70,7 @@ def _differing_fields(meta_source: Mapping[str, Any], cfg_source: Mapping[str, A
               if meta_source.get(k) != cfg_source.get(k)]
     ms, cs = as_dict(meta_source.get("structure")), as_dict(cfg_source.get("structure"))
     fields += [f"structure.{k}" for k in sorted(set(ms) | set(cs))
-               if ms.get(k, _MISSING) != cs.get(k, _MISSING)]
+               if _show(ms.get(k, _MISSING)) != _show(cs.get(k, _MISSING))]
     return fields
 
 

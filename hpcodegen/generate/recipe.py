@@ -39,9 +39,9 @@ def recipe_schema() -> dict[str, Any]:
 
 def validate_recipe(data: Any, file: str = "") -> list[dict[str, Any]]:
     """Schema-check a parsed recipe; PlanError (exit 1) with one finding per problem."""
-    import jsonschema
+    from hpcodegen.checks.schema import strict_validator
 
-    validator = jsonschema.Draft202012Validator(recipe_schema())
+    validator = strict_validator(recipe_schema())
     problems = [
         error("recipe.schema", pointer(*e.absolute_path), e.message, file=file or None)
         for e in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))

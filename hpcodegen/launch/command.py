@@ -1,6 +1,7 @@
 """The exact torchrun command line and the environment every rank gets.
 
-torchrun is started as ``python -m torch.distributed.run`` with the launcher's own
+torchrun is started as ``python -m hpcodegen.launch.torchrun`` (``torch.distributed.run``
+itself, keeping its per-rank failure records for the launcher) with the launcher's own
 interpreter, so the ranks run in the same virtualenv. One node without rendezvous options
 uses ``--standalone`` (a local c10d store on a free port, chosen by torchrun); multi-node
 options are passed through unchanged. ``--max-restarts 0``: a failed rank fails the job
@@ -17,17 +18,19 @@ from hpcodegen.launch import env
 from hpcodegen.launch.options import LaunchOptions
 
 WORKER_MODULE = "hpcodegen.launch.worker"
+TORCHRUN_MODULE = "hpcodegen.launch.torchrun"
 
 
 def torchrun_argv(opts: LaunchOptions, *, log_dir: Path | None, tee: bool) -> list[str]:
-    """``[python, -m, torch.distributed.run, ...options, -m, worker, ...script]``.
+    """``[python, -m, hpcodegen.launch.torchrun, ...torchrun options, -m, worker, ...script]``.
 
     Args:
         opts: the launch request.
         log_dir: torchrun ``--log-dir`` (per-rank ``stdout.log``/``stderr.log``); None: none.
-        tee: also copy rank output to the console (user scripts); else only to the logs.
+        tee: also copy the ranks' stdout to the console (user scripts); their stderr
+            (warnings, tracebacks) stays in the logs.
     """
-    argv = [sys.executable, "-m", "torch.distributed.run"]
+    argv = [sys.executable, "-m", TORCHRUN_MODULE]
     if opts.multi_node:
         argv += ["--nnodes", opts.nnodes]
         if opts.node_rank is not None:
@@ -46,7 +49,7 @@ def torchrun_argv(opts: LaunchOptions, *, log_dir: Path | None, tee: bool) -> li
     if log_dir is not None:
         argv += ["--log-dir", str(log_dir), "--redirects", "3"]
         if tee:
-            argv += ["--tee", "3"]
+            argv += ["--tee", "1"]
     argv += ["-m", WORKER_MODULE, *opts.script]
     return argv
 

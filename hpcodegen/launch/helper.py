@@ -116,6 +116,11 @@ def setup(*, artifact: str | os.PathLike[str] | None = None,
     dtype = dtype or env.get(env.DTYPE, "fp32")
     directory = resolve_model_dir(model_dir, ctx.meta.artifact_dir)
     built = build_parallel_model(directory, ctx, seed, dtype, empty=empty)
+    scope = env.get(env.COMPILE)
+    if scope:  # launch --compile: the script gets the model compiled, as the smoke job does
+        from hpcodegen.runtime.compile import compile_parallelized
+
+        compile_parallelized(built.model, scope)
     reporter.update(phase="running", weights=built.weights,
                     local_param_bytes=local_param_bytes(built.model))
     return Setup(built.model, MeshContext(device_mesh=ctx.mesh), built.layout, built.config,

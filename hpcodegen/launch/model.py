@@ -41,7 +41,8 @@ def model_class(artifact: Path, config: dict[str, Any]) -> type:
 
     trusted = env.allowed_targets()
     loaded = load_verified_meta(artifact, config, allowed_target_prefixes=trusted)
-    return generated_model_class(loaded.data, import_verified_module(loaded, trusted))
+    module = import_verified_module(loaded, allowed_target_prefixes=trusted)
+    return generated_model_class(loaded.data, module)
 
 
 #: ``--dtype`` names -> torch dtype attribute names.

@@ -21,6 +21,20 @@ from hpcodegen.launch.results import (
 )
 
 MAX_ERROR_CHARS = 400
+#: Lines of a user script's traceback kept in its record (the console shows them).
+TRACEBACK_LINES = 15
+
+
+def script_traceback(exc: BaseException, script: str) -> list[str]:
+    """The last lines of ``exc``'s traceback from the first frame in ``script`` on: the
+    script's own traceback, without the launcher's frames above it."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [i for i, frame in enumerate(frames) if frame.filename == script]
+    tb = traceback.StackSummary.from_list(frames[mine[0]:] if mine else frames)
+    lines = "".join([*tb.format(), *traceback.format_exception_only(type(exc), exc)])
+    return lines.rstrip("\n").splitlines()[-TRACEBACK_LINES:]
 
 
 class RankReporter:
@@ -44,13 +58,15 @@ class RankReporter:
         self.update(status=STATUS_FAIL if failure else STATUS_OK, phase="done",
                     error=failure)
 
-    def fail_with(self, exc: BaseException) -> None:
-        """Final state ``error`` with ``Type: first line of the message``."""
+    def fail_with(self, exc: BaseException, script: str | None = None) -> None:
+        """Final state ``error`` with ``Type: first line of the message`` (and, for a user
+        ``script``, the tail of its traceback)."""
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         if len(message) > MAX_ERROR_CHARS:
             message = message[: MAX_ERROR_CHARS - 3] + "..."
-        self.update(status=STATUS_ERROR, error=message)
+        tail = script_traceback(exc, script) if script and exc.__traceback__ else None
+        self.update(status=STATUS_ERROR, error=message, traceback=tail)
 
 
 _CURRENT: RankReporter | None = None

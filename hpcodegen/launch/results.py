@@ -41,6 +41,7 @@ class RankRecord:
             or the timeout passed).
         phase: what the rank is doing (``init``, ``build``, ``parallelize``, ``step 2/3``...).
         error: ``Type: message`` of the exception that ended the rank.
+        traceback: for a user script, the tail of the script's own traceback.
         weights: where the model's weights came from (safetensors files or a seeded init).
         local_param_bytes: bytes of the parameters this rank holds after sharding.
         forward_ms: wall time of one sharded forward.
@@ -58,6 +59,7 @@ class RankRecord:
     status: str = STATUS_RUNNING
     phase: str = "start"
     error: str | None = None
+    traceback: list[str] | None = None
     weights: str | None = None
     local_param_bytes: int | None = None
     forward_ms: float | None = None

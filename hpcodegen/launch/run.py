@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.artifact.load import load_meta
-from hpcodegen.errors import EXIT_OK, HpcodegenError, UsageError, error
+from hpcodegen.errors import EXIT_OK, HpcodegenError, UsageError, error, printable
 from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import display
 from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
@@ -59,6 +59,9 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)
+    crowded = _oversubscribed(opts, device.kind)
+    if crowded:  # stderr also with --json: stdout holds the one document
+        print(f"[launch] warning: {crowded}", file=sys.stderr)
     opts = replace(opts, artifact=meta.artifact_dir,
                    model_dir=Path(model_dir) if model_dir is not None else None)
     return layout, device.kind, opts
@@ -135,7 +138,7 @@ def run_launch(opts: LaunchOptions) -> int:
         run_dir = _run_dir(opts, create=not opts.dry_run)
     except HpcodegenError as exc:
         return _refuse(exc, opts, err)
-    logs = Path(opts.log_dir) if opts.log_dir else (None if opts.script else run_dir / "logs")
+    logs = Path(opts.log_dir) if opts.log_dir else run_dir / "logs"
     argv = torchrun_argv(opts, log_dir=logs, tee=bool(opts.script))
     job_env = job_environment(opts, run_dir=run_dir, device=device)
     if opts.dry_run:
@@ -150,15 +153,15 @@ def run_launch(opts: LaunchOptions) -> int:
 
 
 def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
-             job_env: dict[str, str], run_dir: Path, logs: Path | None) -> int:
+             job_env: dict[str, str], run_dir: Path, logs: Path) -> int:
     live = _Progress(opts, layout)
-    console_log = None if opts.script or logs is None else logs / "torchrun.log"
-    if console_log is not None:
-        console_log.parent.mkdir(parents=True, exist_ok=True)
+    console_log = logs / "torchrun.log"  # torchrun's banners and tracebacks: never the console
+    console_log.parent.mkdir(parents=True, exist_ok=True)
     with live:
         outcome = run_job(argv, {**os.environ, **job_env}, run_dir=run_dir,
                           expected=opts.nproc, timeout=opts.timeout, console_log=console_log,
-                          keep_stdout=not opts.json, on_update=live.update)
+                          script_stdout=bool(opts.script), keep_stdout=not opts.json,
+                          on_update=live.update)
     code, message = verdict(outcome, opts, logs, run_dir, console_log)
     # a passing job's scratch dir is removed (unless --log-dir): never report a deleted path
     keep = code != EXIT_OK or opts.log_dir is not None
@@ -183,7 +186,30 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
                 out.print(line, markup=False)
         stream = out if code == EXIT_OK else display.make_console(stderr=True)
         stream.print(message, markup=False)
+        for line in _script_traceback(opts, outcome):
+            stream.print(line, markup=False, highlight=False)
     return code
+
+
+def _script_traceback(opts: LaunchOptions, outcome: Any) -> list[str]:
+    """For a user script that raised, the tail of its own traceback, marked as such."""
+    rec = outcome.records.get(outcome.blamed) if outcome.blamed is not None else None
+    if not opts.script or rec is None or not rec.traceback:
+        return []
+    head = (f"traceback of {Path(opts.script[0]).name} on rank {rec.rank} "
+            f"(last {len(rec.traceback)} lines; the full log is named above):")
+    return [head, *(f"  | {printable(line)}" for line in rec.traceback)]
+
+
+def _oversubscribed(opts: LaunchOptions, device: str) -> str | None:
+    """A warning when more CPU ranks than cores run on this node (each rank then gets a
+    fraction of a core; collectives time out more easily)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    if device != "cpu" or opts.nproc <= cores:
+        return None
+    return (f"{opts.nproc} CPU ranks on {cores} core{'s' if cores != 1 else ''}: the ranks "
+            "share the cores and run slower; fewer ranks or --device cuda/npu avoid that")
 
 
 def _expected(opts: LaunchOptions) -> int:

@@ -9,6 +9,7 @@ process of the job is left running afterwards (``procs.end_job``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpcodegen.launch.deathsig import wrap
 from hpcodegen.launch.procs import alive, end_job
@@ -26,6 +28,9 @@ from hpcodegen.launch.results import RankRecord, first_error, read_records
 POLL_S = 0.2
 #: After every rank reported success, how long torchrun gets to exit on its own.
 EXIT_GRACE_S = 15.0
+#: After a rank reported an error, how long torchrun gets to notice, end the others and
+#: write its failure records (its order says which rank failed first) before it is ended.
+ERROR_GRACE_S = 3.0
 
 
 @dataclass(kw_only=True)
@@ -40,6 +45,9 @@ class JobOutcome:
         interrupted: the launcher got Ctrl-C or SIGTERM and ended the job.
         elapsed: seconds from start to decision.
         pids: torchrun and every rank pid the launcher knew of (all gone afterwards).
+        failures: torchrun's own per-rank failure records (``hpcodegen.launch.torchrun``),
+            first failure first: rank, local rank, pid, exit code, signal, time.
+        blamed: the rank the verdict names as the root cause, once decided.
     """
 
     records: dict[int, RankRecord] = field(default_factory=dict)
@@ -49,20 +57,24 @@ class JobOutcome:
     interrupted: bool = False
     elapsed: float = 0.0
     pids: list[int] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    blamed: int | None = None
 
 
-def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path | None,
-           keep_stdout: bool) -> subprocess.Popen:
-    """torchrun in its own session, ended by the kernel if the launcher dies; its console
-    output to ``log`` when given, else to the console (stdout folded into stderr unless
-    ``keep_stdout``: ``--json`` owns stdout)."""
+def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path,
+           script_stdout: bool, keep_stdout: bool) -> subprocess.Popen:
+    """torchrun in its own session, ended by the kernel if the launcher dies.
+
+    Its stderr (banners, logging, tracebacks) goes to ``log``; so does its stdout, unless
+    ``script_stdout``: then the user script's stdout (tee'd by torchrun) reaches the console
+    (on stderr when not ``keep_stdout``: ``--json`` owns stdout)."""
     common = {"env": dict(environ), "start_new_session": True, "stdin": subprocess.DEVNULL}
     argv = wrap(list(argv))  # torchrun also ends if the launcher is SIGKILLed
-    if log is None:
-        return subprocess.Popen(list(argv), stdout=None if keep_stdout else sys.stderr.fileno(),
-                                **common)
     with open(log, "ab") as out:
-        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, **common)
+        stdout: Any = out
+        if script_stdout:
+            stdout = None if keep_stdout else sys.stderr.fileno()
+        return subprocess.Popen(list(argv), stdout=stdout, stderr=out, **common)
 
 
 def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:
@@ -105,6 +117,7 @@ def _watch(proc: subprocess.Popen, outcome: JobOutcome, run_dir: Path, expected:
         outcome.records = records
         if first_error(records) is not None:
             outcome.ended_early = True
+            _wait_quietly(proc, ERROR_GRACE_S)
             return
         if len(records) >= expected and all(r.done for r in records.values()):
             left = EXIT_GRACE_S if timeout is None else timeout - (time.monotonic() - start)
@@ -119,8 +132,8 @@ def _watch(proc: subprocess.Popen, outcome: JobOutcome, run_dir: Path, expected:
 
 
 def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
-            expected: int, timeout: float | None, console_log: Path | None,
-            keep_stdout: bool = True,
+            expected: int, timeout: float | None, console_log: Path,
+            script_stdout: bool = False, keep_stdout: bool = True,
             on_update: Callable[[dict[int, RankRecord]], None]) -> JobOutcome:
     """Start torchrun, watch ``run_dir``, and end the job when it is decided.
 
@@ -130,8 +143,9 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
         run_dir: where the ranks write ``rank<N>.json``.
         expected: how many ranks this node runs.
         timeout: seconds before the job is ended (None: no limit).
-        console_log: file for torchrun's own console output (None: inherit the console).
-        keep_stdout: with no ``console_log``, let ranks write to stdout (else to stderr).
+        console_log: file for torchrun's own output (banners, logging, tracebacks).
+        script_stdout: copy the ranks' stdout (tee'd by torchrun) to the console.
+        keep_stdout: that copy goes to stdout (else to stderr: ``--json`` owns stdout).
         on_update: called with the records whenever one changed (progress display).
 
     .. note:: Ctrl-C or SIGTERM to the launcher ends the job too (``interrupted``).
@@ -139,7 +153,7 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
     start = time.monotonic()
     outcome = JobOutcome()
     with _sigterm_ends_job():
-        proc = _start(argv, environ, console_log, keep_stdout)
+        proc = _start(argv, environ, console_log, script_stdout, keep_stdout)
         outcome.pids.append(proc.pid)
         try:
             _watch(proc, outcome, run_dir, expected, timeout, start, on_update)
@@ -153,4 +167,17 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
             outcome.returncode = proc.wait()
             outcome.elapsed = time.monotonic() - start
     outcome.records = read_records(run_dir)
+    outcome.failures = read_failures(run_dir)
     return outcome
+
+
+def read_failures(run_dir: Path) -> list[dict[str, Any]]:
+    """torchrun's failure records (``torchrun.json``), or ``[]`` when it wrote none."""
+    from hpcodegen.launch.torchrun import FAILURES_NAME
+
+    try:
+        data = json.loads((run_dir / FAILURES_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    rows = data.get("failures") if isinstance(data, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []

@@ -1,18 +1,22 @@
 """From what the ranks reported to one exit code and one line saying why.
 
 Exit 0 only when every expected rank reported ``ok``. Otherwise exit 1 and the line names
-the root cause: the first rank that raised (with its error and log file), a rank whose
-check failed, ranks that never reported, or the timeout.
+the root cause: the first rank that raised (with its error and log file), or the first rank
+torchrun saw end without a record of its own (its exit code or signal, from torchrun's
+per-rank failure records), a rank whose check failed, ranks that never reported, or the
+timeout. Text from the ranks is shown escaped (one line stays one line).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, printable
 from hpcodegen.launch.options import LaunchOptions
 from hpcodegen.launch.results import (
     STATUS_ENDED,
+    STATUS_ERROR,
     STATUS_FAIL,
     STATUS_LOST,
     STATUS_OK,
@@ -54,6 +58,26 @@ def _mark_lost(outcome: JobOutcome, expected: int) -> list[int]:
     return sorted(set(lost))
 
 
+def _root_cause(outcome: JobOutcome) -> tuple[dict[str, Any] | None, RankRecord | None]:
+    """``(torchrun's failure row, None)`` when the first rank torchrun saw fail left no
+    error of its own (a signal, ``os._exit``, a crash); else ``(None, the first error
+    record)``: torchrun's order decides which rank was first, our records what it said."""
+    if outcome.failures:
+        row = outcome.failures[0]
+        rec = outcome.records.get(row.get("rank"))
+        if rec is None or rec.status != STATUS_ERROR:
+            return row, None
+        return None, rec
+    return None, first_error(outcome.records)
+
+
+def _how(row: dict[str, Any]) -> str:
+    code = int(row.get("exitcode", 0))
+    if code < 0:
+        return f"was killed by signal {-code} ({row.get('signal') or 'unknown'})"
+    return f"exited with code {code}"
+
+
 def _pending(records: dict[int, RankRecord]) -> str:
     return ", ".join(f"{r} ({rec.phase})" for r, rec in sorted(records.items())
                      if not rec.done) or "none"
@@ -76,16 +100,29 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         _mark_lost(outcome, expected)
         return EXIT_FAILED, (f"timed out after {opts.timeout:g} s with ranks still running: "
                              f"{pending}; every process of the job was ended{keep}")
-    failed = first_error(outcome.records)
+    dead, failed = _root_cause(outcome)
+    if dead is not None:
+        rank = int(dead["rank"])
+        _mark_lost(outcome, expected)
+        for other, rec in outcome.records.items():
+            if other != rank and rec.status == STATUS_LOST:
+                rec.status = STATUS_ENDED  # torchrun ended the others after this rank
+        outcome.blamed = rank
+        log = rank_log(logs, int(dead.get("local_rank", rank)))
+        where = f" (log: {log})" if log else ""
+        return EXIT_FAILED, (f"rank {rank} {_how(dead)} before reporting a result{where}"
+                             f"{keep}")
     if failed is not None:
         _mark_lost(outcome, expected)
-        return EXIT_FAILED, (f"rank {failed.rank} failed: {failed.error}"
+        outcome.blamed = failed.rank
+        return EXIT_FAILED, (f"rank {failed.rank} failed: {printable(failed.error or '')}"
                              f"{_where(logs, failed, failed.rank)}")
     lost = _mark_lost(outcome, max(expected, opts.nproc if not opts.multi_node else 0))
     bad = [r for _, r in sorted(outcome.records.items()) if r.status == STATUS_FAIL]
     if bad:
         rec = bad[0]
-        return EXIT_FAILED, f"rank {rec.rank} check failed: {rec.error}{keep}"
+        outcome.blamed = rec.rank
+        return EXIT_FAILED, f"rank {rec.rank} check failed: {printable(rec.error or '')}{keep}"
     if lost or len(outcome.records) < opts.nproc:
         rank = lost[0] if lost else len(outcome.records)
         return EXIT_FAILED, (f"rank {rank} ended without a result (torchrun exit code "

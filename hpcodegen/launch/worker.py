@@ -7,13 +7,16 @@ exception that ended it) is written to its result file before the process exits,
 launcher can name the failing rank and its error without reading tracebacks.
 
 Fault injection (tests, drills): ``HPCODEGEN_FAULT=raise:RANK`` makes that rank raise
-right after start-up, ``hang:RANK`` makes it sleep forever; several comma-separated
-entries are allowed.
+right after start-up, ``hang:RANK`` makes it sleep forever, ``exit:RANK`` ends it with
+``os._exit(3)`` and ``kill:RANK`` with SIGKILL (neither leaves a record: torchrun's own
+failure record names them); several comma-separated entries are allowed.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -22,6 +25,9 @@ from pathlib import Path
 
 from hpcodegen.launch import env
 from hpcodegen.launch.reporter import RankReporter, from_environment
+
+#: ``HPCODEGEN_FAULT`` actions: raise an exception, hang, ``os._exit(3)``, SIGKILL itself.
+FAULTS: tuple[str, ...] = ("raise", "hang", "exit", "kill")
 
 
 class InjectedFault(RuntimeError):
@@ -32,12 +38,17 @@ def inject_fault(spec: str, rank: int) -> None:
     """Honour ``HPCODEGEN_FAULT`` for this rank (no-op when it names other ranks)."""
     for item in filter(None, (part.strip() for part in spec.split(","))):
         action, _, target = item.partition(":")
-        if action not in ("raise", "hang") or not target.isdigit():
-            raise ValueError(f"{env.FAULT}={spec!r}: expected raise:RANK or hang:RANK")
+        if action not in FAULTS or not target.isdigit():
+            raise ValueError(f"{env.FAULT}={spec!r}: expected ACTION:RANK with ACTION one of "
+                             f"{', '.join(FAULTS)}")
         if int(target) != rank:
             continue
         if action == "raise":
             raise InjectedFault(f"injected by {env.FAULT}={spec} on rank {rank}")
+        if action == "exit":  # no record, no cleanup: only torchrun sees the exit code
+            os._exit(3)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         while True:
             time.sleep(3600)
 
@@ -77,7 +88,7 @@ def run_rank(argv: Sequence[str], reporter: RankReporter) -> int:
         reporter.finish()
     except BaseException as exc:
         traceback.print_exc()
-        reporter.fail_with(exc)
+        reporter.fail_with(exc, str(Path(argv[0]).resolve()) if argv else None)
         return 1
     finally:
         try:

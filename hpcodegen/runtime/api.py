@@ -244,7 +244,7 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     handlers = check_handlers(meta)
     records = expand_injections(meta)
     injections = resolve_injections(meta, allowed_target_prefixes)
-    module = import_verified_module(loaded, allowed_target_prefixes)
+    module = import_verified_module(loaded, allowed_target_prefixes=allowed_target_prefixes)
     entry_name = (meta.get("entrypoints") or {}).get("parallelize")
     entry_fn = getattr(module, entry_name, None) if entry_name else None
     context = as_context(mesh_context)

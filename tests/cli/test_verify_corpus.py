@@ -161,8 +161,11 @@ CASES = [
          "schema.unknown_key", f"{P}/lm_head/in_scr"),
     Case("match_not_string", meta_edit(lambda m: m["injections"].append({"match": [1]})),
          1, "schema", "schema.type", "/injections/0/match/0"),
-    Case("target_not_dotted", meta_edit(lambda m: m["injections"].append(
+    Case("target_not_registered", meta_edit(lambda m: m["injections"].append(
         {"match": ATTN, "local_compute_fn": {"_target_": "nodots"}})),
+         1, "plan", "plan.foreign_target", "/injections/0/local_compute_fn/_target_"),
+    Case("target_not_a_name", meta_edit(lambda m: m["injections"].append(
+        {"match": ATTN, "local_compute_fn": {"_target_": "os.system; rm"}})),
          1, "schema", "schema.pattern", "/injections/0/local_compute_fn/_target_"),
     Case("covered_not_bool", meta_edit(lambda m: m["covered"].update(sharding_plan="yes")),
          1, "schema", "schema.type", "/covered/sharding_plan"),

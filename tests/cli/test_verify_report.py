@@ -76,7 +76,7 @@ def test_junit_reporter_is_valid_xml_even_with_control_characters() -> None:
     root = ET.fromstring(render("junit").split("\n", 1)[1])
     assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("4", "1", "1")
     (suite,) = root.findall("testsuite")
-    assert suite.get("name") == "art\ufffddir"
+    assert suite.get("name") == "art\\x01dir"  # escaped, visible
     cases = {c.get("name"): c for c in suite.findall("testcase")}
     assert cases["plan"].find("failure").get("message").startswith("[error] plan.unknown_axis")
     assert cases["model"].find("skipped").get("message") == "needs --hf-config"

@@ -17,10 +17,10 @@ def test_dry_run_prints_command_and_rank_env(tmp_path):
                   "--check-parity", "--steps", "3", "--log-dir", logs, "--dry-run")
     assert run.code == 0, run.stderr
     lines = run.stdout.splitlines()
-    wrapped = shlex.split(next(line for line in lines if "torch.distributed.run" in line))
+    wrapped = shlex.split(next(line for line in lines if "hpcodegen.launch.torchrun" in line))
     assert wrapped[1:4] == ["-m", "hpcodegen.launch.deathsig", "<launcher-pid>"]  # as run
     argv = wrapped[4:]
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert argv[1:3] == ["-m", "hpcodegen.launch.torchrun"]
     assert "--standalone" in argv
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[argv.index("--log-dir") + 1] == str(logs)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.artifact.digest import meta_signature
+from hpcodegen.artifact.digest import bytes_digest, meta_signature
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -25,3 +25,14 @@ def copy_artifact(src: str, dest: Path, edit: Callable[[dict[str, Any]], None] |
         meta["signature"] = meta_signature(meta)
         path.write_text(json.dumps(meta, indent=2, sort_keys=True))
     return dest
+
+
+def record_file(art: Path, key: str, name: str, text: str) -> Path:
+    """Write ``art/name`` and record its digest under ``outputs[key]`` (hashes consistent)."""
+    path = art / name
+    path.write_text(text)
+    meta_path = art / "codegen_meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["outputs"][key] = bytes_digest(path.read_bytes())
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return path

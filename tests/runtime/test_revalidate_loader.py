@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rt_artifacts import copy_artifact
+from rt_artifacts import copy_artifact, record_file
 from rt_workers import build_pair
 
 from hpcodegen.errors import PlanError
@@ -54,40 +54,81 @@ def test_tp_collective_contradicted_by_live_mesh_falls_back(tmp_path, fake_world
     assert out.shape == (1, 8, 64)
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+def _modeling(art: Path) -> Path:
+    return next(art.glob("modeling_*_gen_npu.py"))
 
 
 def test_loader_package_siblings_cache_and_isolation(tmp_path) -> None:
-    a, b = tmp_path / "one" / "gen", tmp_path / "two" / "gen"
-    for d, value in ((a, 1), (b, 2)):
-        _write(d / "modeling_x_gen_npu.py", "from .sib import VALUE\nX = VALUE\n")
-        _write(d / "sib.py", f"VALUE = {value}\n")
+    a = copy_artifact("llama_tp2", tmp_path / "one" / "gen")
+    b = copy_artifact("llama_tp2", tmp_path / "two" / "gen")
+    for art, value in ((a, 1), (b, 2)):
+        record_file(art, "sib.py", "sib.py", f"VALUE = {value}\n")
+        record_file(art, "modeling", _modeling(art).name,
+                    _modeling(art).read_text() + "\nfrom .sib import VALUE as HP_SIB\n")
     path_before = list(sys.path)
     ma, mb = import_generated_module(a), import_generated_module(b)
-    assert (ma.X, mb.X) == (1, 2)
+    assert (ma.HP_SIB, mb.HP_SIB) == (1, 2)
     assert ma.__name__ != mb.__name__
     assert ma.__name__.startswith("hpcodegen_generated.gen_")
     assert import_generated_module(a) is ma
     assert sys.path == path_before
+    assert ma.__cached__ is None and not (a / "__pycache__").exists()
+
+
+def test_unrecorded_sibling_is_refused(tmp_path) -> None:
+    art = copy_artifact("llama_tp2", tmp_path / "unrec")
+    (art / "sib.py").write_text("VALUE = 1\n")  # present, but not in outputs
+    record_file(art, "modeling", _modeling(art).name,
+                _modeling(art).read_text() + "\nfrom .sib import VALUE\n")
+    with pytest.raises(PlanError) as info:  # verify's rule: unrecorded code is an error
+        import_generated_module(art)
+    assert "outputs.unrecorded_code" in [f.code for f in info.value.findings]
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.runtime.loader import import_verified_module
+
+    with pytest.raises(PlanError) as info:  # the loader alone refuses it too
+        import_verified_module(load_meta(art))
+    assert info.value.findings[0].code == "runtime.import_failed"
+    assert "not a recorded, hashed output" in str(info.value)
 
 
 def test_failed_import_is_not_cached(tmp_path) -> None:
-    d = tmp_path / "broken"
-    _write(d / "modeling_x_gen_npu.py", "raise ValueError('boom')\n")
+    art = copy_artifact("llama_tp2", tmp_path / "broken")
+    good = _modeling(art).read_text()
+    record_file(art, "modeling", _modeling(art).name, good + "\nraise ValueError('boom')\n")
     with pytest.raises(PlanError) as info:
-        import_generated_module(d)
+        import_generated_module(art)
     assert info.value.findings[0].code == "runtime.import_failed"
     assert "boom" in str(info.value)
-    assert not any(m.startswith(package_name(d)) for m in sys.modules)
-    _write(d / "modeling_x_gen_npu.py", "OK = True\n")
-    assert import_generated_module(d).OK is True
+    assert not any(m.startswith(package_name(art)) for m in sys.modules)
+    record_file(art, "modeling", _modeling(art).name, good + "\nOK = True\n")
+    assert import_generated_module(art).OK is True
+
+
+def test_bytes_changed_after_the_check_never_run(tmp_path) -> None:
+    """load_verified_meta hashes the files; a write after it is refused by the loader,
+    which executes only bytes whose sha256 is the recorded one."""
+    from hpcodegen.runtime import import_verified_module, load_verified_meta
+
+    art = copy_artifact("llama_tp2", tmp_path / "race")
+    loaded = load_verified_meta(art)
+    marker = tmp_path / "ran"
+    _modeling(art).write_text(f"open({str(marker)!r}, 'w').close()\n"
+                              + _modeling(art).read_text())
+    with pytest.raises(PlanError) as info:
+        import_verified_module(loaded)
+    assert info.value.findings[0].code == "outputs.sha256_drift"
+    assert not marker.exists()
 
 
 def test_modeling_file_count(tmp_path) -> None:
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.runtime.loader import import_verified_module
+
+    art = copy_artifact("llama_tp2", tmp_path / "two")
+    (art / "modeling_other_gen_npu.py").write_text("X = 1\n")
     with pytest.raises(PlanError) as info:
-        import_generated_module(tmp_path)
+        import_verified_module(load_meta(art))
     assert info.value.findings[0].code == "runtime.modeling_file"
 
 

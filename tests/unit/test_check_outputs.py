@@ -10,12 +10,24 @@ sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
 
-def test_good_artifact_passes_and_pycache_is_ignored(tmp_path: Path) -> None:
+def test_good_artifact_passes(tmp_path: Path) -> None:
+    art = vf.build_fixture("qwen3_moe_g2", tmp_path / "a")
+    result = vf.run_check("outputs", art)
+    assert result.status == "pass" and result.findings == []
+
+
+def test_bytecode_and_unrecorded_code_are_errors(tmp_path: Path) -> None:
     art = vf.build_fixture("qwen3_moe_g2", tmp_path / "a")
     (art / "__pycache__").mkdir()
     (art / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    (art / "sub" / "__pycache__").mkdir(parents=True)
+    (art / "helper.py").write_text("X = 1\n")
+    (art / "notes.txt").write_text("hi\n")
     result = vf.run_check("outputs", art)
-    assert result.status == "pass" and result.findings == []
+    assert vf.codes(result, "error") == {("outputs.unrecorded_code", "__pycache__"),
+                                         ("outputs.unrecorded_code", "sub/__pycache__"),
+                                         ("outputs.unrecorded_code", "helper.py")}
+    assert vf.codes(result, "warning") == {("outputs.unrecorded_file", "notes.txt")}
 
 
 def test_line_count_drift_names_recorded_and_actual(tmp_path: Path) -> None:
