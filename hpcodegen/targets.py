@@ -10,6 +10,13 @@ resolves through this registry only, never by importing it as a path:
 3. prefixes the user trusts explicitly: ``--allow-target PREFIX`` on ``verify`` and
    ``launch``, ``allowed_target_prefixes=`` in the library. Only these are imported by path.
 
+A meta the existing system wrote (no hpcodegen generator stamp) names that system's own
+factories (``hyper_parallel.…``), which its runtime imports from its own package. ``verify``
+and ``inspect-plan`` cannot read that code but know whose it is: such a target is a warning
+(the plan itself is still checked), never silently trusted. The runtime refuses it like any
+other name outside the registry unless the user trusts the package (``--allow-target
+hyper_parallel``): nothing foreign is imported without an explicit word.
+
 A target matches an entry by the entry's name or by its full dotted path
 (``"module:attr"`` read as ``module.attr``). Deciding membership imports nothing (entry
 points are read from package metadata), so ``verify`` reports a target outside the registry
@@ -32,7 +39,7 @@ from functools import reduce
 from importlib.metadata import entry_points
 from typing import Any
 
-from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer
+from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer, warning
 
 ENTRY_POINT_GROUP = "hpcodegen.injection_targets"
 
@@ -44,6 +51,11 @@ BUILTIN_TARGETS: dict[str, str] = {
     "ep_dispatch": "hpcodegen.runtime.moe:ep_dispatch",
     "sdpa_hf": "hpcodegen.runtime.wrappers:sdpa_hf",
 }
+
+#: Top-level packages of the generator that wrote foreign metas: their targets are that
+#: system's own factories (a warning in verify and inspect-plan, refused at run time unless
+#: trusted). Metas hpcodegen wrote never name them.
+FOREIGN_SYSTEM_PACKAGES: tuple[str, ...] = ("hyper_parallel",)
 
 #: A target name or trusted prefix: identifiers joined by dots, nothing else.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -128,8 +140,22 @@ def iter_targets(meta: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
                 yield pointer("injections", i, key), value
 
 
-def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> list[Finding]:
-    """An error for every target outside the registry, at its JSON pointer; imports nothing."""
+def _foreign_system_target(meta: Mapping[str, Any], name: object) -> bool:
+    """A factory of the system that wrote this (foreign) meta, e.g. ``hyper_parallel.…``."""
+    from hpcodegen.artifact.digest import is_hpcodegen_meta
+
+    return (isinstance(name, str) and name.split(".", 1)[0] in FOREIGN_SYSTEM_PACKAGES
+            and "." in name and not is_hpcodegen_meta(meta))
+
+
+def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = (), *,
+                    to_run: bool = False) -> list[Finding]:
+    """A finding for every target outside the registry, at its JSON pointer; imports nothing.
+
+    Errors, except a foreign meta's own-system factory (:data:`FOREIGN_SYSTEM_PACKAGES`),
+    which is a warning for the gate and an error when the targets are about to run
+    (``to_run``): the runtime imports nothing the user did not trust.
+    """
     prefixes = tuple(prefixes)
     known = registry()
     out: list[Finding] = []
@@ -137,6 +163,16 @@ def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> li
         if target_spec(name, prefixes, known) is not None:
             continue
         shown = name if isinstance(name, str) and len(name) <= 200 else None
+        if not to_run and _foreign_system_target(meta, name):
+            package = name.split(".", 1)[0]
+            out.append(warning(
+                "plan.foreign_system_target", where,
+                f"injection target {shown!r} is a factory of the system that wrote this meta "
+                f"({package}); its code is not checkable here and hpcodegen runs it only if "
+                f"you trust that package",
+                hint=f"to run it: --allow-target {package} (allowed_target_prefixes= in "
+                     f"Python), with {package} installed"))
+            continue
         hint = (f"if you trust it, pass --allow-target {shown.rpartition('.')[0]} "
                 f"(allowed_target_prefixes= in Python)" if shown and "." in shown
                 else f"register it under entry point group {ENTRY_POINT_GROUP}")
@@ -152,7 +188,7 @@ def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> li
 
 def check_targets(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> None:
     """Raise PlanError for any target outside the registry (before any code is imported)."""
-    found = target_findings(meta, trusted_prefixes(tuple(prefixes)))
+    found = target_findings(meta, trusted_prefixes(tuple(prefixes)), to_run=True)
     if found:
         raise PlanError(found)
 
@@ -196,6 +232,7 @@ def resolve_injections(meta: Mapping[str, Any], prefixes: Iterable[str] = ()
     return out
 
 
-__all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "TARGET_FIELDS", "check_targets",
+__all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "FOREIGN_SYSTEM_PACKAGES", "TARGET_FIELDS",
+           "check_targets",
            "is_target_name", "registry", "resolve_injections", "target_findings",
            "target_spec", "trusted_prefixes"]

@@ -32,12 +32,12 @@ BUNDLES = [FIXTURES / "artifacts" / name for name in bf.BUNDLES]
 pytestmark = pytest.mark.timeout(240)
 
 
-def verify(*args: str | Path) -> tuple[int, dict[str, Any]]:
+def verify(*args: str | Path, trust: bool = True) -> tuple[int, dict[str, Any]]:
     """The CLI's JSON verdict; the bundles' injection targets live in ``hyper_parallel``, which
     a user of the existing system trusts explicitly (``--allow-target``, docs/security.md)."""
-    trust = [a for p in vf.REFERENCE_TARGETS for a in ("--allow-target", p)]
+    allow = [a for p in vf.REFERENCE_TARGETS for a in ("--allow-target", p)] if trust else []
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", *map(str, args),
-                           *trust, "--json"], capture_output=True, text=True, cwd=REPO,
+                           *allow, "--json"], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "NO_COLOR": "1"}, timeout=200)
     return proc.returncode, json.loads(proc.stdout)
 
@@ -78,6 +78,39 @@ def test_real_bundles_pass_with_a_matching_config_each_replacement_reported_once
             else "adapter.replacements"
         assert all(f"{factory}.replace_qwen3_moe_" in f["message"] for f in model)
         assert not findings(artifact, "signature", "warning")
+
+
+def test_untrusted_bundles_pass_the_gate_with_a_warning_and_never_run() -> None:
+    """Without ``--allow-target`` the existing system's own factories are a warning per target
+    (the gate still checks everything else and inspect-plan reads the plan); the runtime's
+    check refuses them, and the same names in a meta hpcodegen wrote stay errors."""
+    from hpcodegen.errors import PlanError
+    from hpcodegen.targets import check_targets, target_findings
+
+    code, doc = verify(*BUNDLES, "--hf-config", CONFIG, trust=False)
+    assert code == 0, json.dumps(doc, indent=1)[:4000]
+    for directory, artifact in zip(BUNDLES, doc["artifacts"], strict=True):
+        plan = [f for f in findings(artifact, "plan") if f["severity"] != "info"]
+        assert plan and {(f["code"], f["severity"]) for f in plan} == {
+            ("plan.foreign_system_target", "warning")}
+        meta = vf.read_meta(directory)
+        assert len(plan) == len(target_findings(meta))
+        with pytest.raises(PlanError, match="not in the injection registry"):
+            check_targets(meta)
+        check_targets(meta, vf.REFERENCE_TARGETS)  # trusted: resolvable, nothing imported
+        ours = dict(meta, generator={"name": "hpcodegen", "version": "0"})
+        assert {f.severity.value for f in target_findings(ours)} == {"error"}
+        evil = copy.deepcopy(meta)
+        evil["injections"][0]["local_compute_fn"] = {"_target_": "os.system"}
+        assert "error" in {f.severity.value for f in target_findings(evil)}
+    code, doc = verify(BUNDLES[0], "--strict", trust=False)
+    assert code == 1  # --strict: a target nobody trusted is not a clean pass
+    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "inspect-plan", str(BUNDLES[0])],
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = "".join((proc.stdout + proc.stderr).split())
+    assert "isafactoryofthesystemthatwrotethismeta(hyper_parallel)" in said
 
 
 def test_mismatching_configs_fail_naming_the_field(tmp_path: Path) -> None:

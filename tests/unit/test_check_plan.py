@@ -31,10 +31,18 @@ def test_reference_metas_pass_with_ep_keys_and_list_matches(gen: str) -> None:
 
 @pytest.mark.parametrize("gen", ["g2", "g3"])
 def test_reference_targets_are_foreign_unless_trusted(gen: str) -> None:
-    result = vf.run_check("plan", vf.qwen3_moe_meta(gen), allowed_targets=())
-    found = {w for c, w in vf.codes(result, "error") if c == "plan.foreign_target"}
+    """The existing system's own factories in its own metas: a warning, not silently trusted;
+    the same names in a meta hpcodegen wrote are errors; trusted, they are clean."""
+    meta = vf.qwen3_moe_meta(gen)
+    result = vf.run_check("plan", meta, allowed_targets=())
+    found = {w for c, w in vf.codes(result, "warning") if c == "plan.foreign_system_target"}
     assert "/injections/0/inner_wrapper/_target_" in found
-    assert {c for c, _ in vf.codes(result, "error")} == {"plan.foreign_target"}
+    assert not vf.codes(result, "error")
+    ours = dict(meta, generator={"name": "hpcodegen", "version": "0"})
+    result = vf.run_check("plan", ours, allowed_targets=())
+    assert "plan.foreign_target" in {c for c, _ in vf.codes(result, "error")}
+    result = vf.run_check("plan", meta)  # trusted: --allow-target hyper_parallel
+    assert not {c for c, _ in vf.codes(result, "warning") if "target" in c}
 
 
 def test_llama_meta_passes() -> None:
