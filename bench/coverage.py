@@ -123,7 +123,8 @@ def is_moe(config: Mapping[str, Any], styles: Iterable[str]) -> bool:
     for key, value in config.items():
         if isinstance(value, Mapping) and is_moe(value, ()):
             return True
-        if "expert" in key and not any(w in key for w in ("per_tok", "top", "shared", "group")) \
+        if isinstance(key, str) and "expert" in key \
+                and not any(w in key for w in ("per_tok", "top", "shared", "group")) \
                 and isinstance(value, int) and not isinstance(value, bool) and value > 1:
             return True
     return any("expert" in s or s.startswith("moe") for s in styles)
@@ -344,6 +345,9 @@ def run_phase1(families: Mapping[str, str], work: Path, jobs: int, per_worker: i
     argvs = []
     for n, chunk in enumerate(chunks):
         spec = work / f"phase1_{n}.json"
+        if spec.is_file() and json.loads(spec.read_text()) == [list(c) for c in chunk] \
+                and spec.with_suffix(".out.json").is_file():
+            continue  # done by an earlier run in the same --work dir
         spec.write_text(json.dumps(chunk))
         argvs.append([sys.executable, __file__, "--phase1-worker", str(spec)])
     _run_batches(argvs, timeout=120 * per_worker, jobs=jobs)
