@@ -182,19 +182,17 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def test_pure_verify_and_schema_never_import_torch_and_answer_fast(tmp_path: Path) -> None:
+def test_pure_verify_and_schema_never_import_torch(tmp_path: Path) -> None:
+    """Speed is bench/gate_speed.py's job (side by side with ``import torch``); here only
+    what cannot be noisy: neither verify without ``model`` nor ``schema`` imports torch."""
     art = vf.write_artifact(tmp_path / "big", vf.llama_meta(layers=7), vf.llama_source())
     assert len(vf.read_meta(art)["param_plan"]) >= 30
     config = vf.write_config(tmp_path / "cfg", dict(vf.LLAMA_CONFIG, num_hidden_layers=7))
-    runs = []
-    for _ in range(3):
-        proc = subprocess.run([sys.executable, "-c", _PROBE, str(art), str(config)],
-                              capture_output=True, text=True, env=ENV, timeout=60)
-        code, elapsed, torch, transformers = proc.stderr.split()[-4:]
-        assert (code, torch, transformers) == ("0", "False", "False"), proc.stderr
-        assert json.loads(proc.stdout)["$schema"].endswith("2020-12/schema")
-        runs.append(float(elapsed))
-    assert min(runs) < 0.5, runs
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(art), str(config)],
+                          capture_output=True, text=True, env=ENV, timeout=60)
+    code, _elapsed, torch, transformers = proc.stderr.split()[-4:]
+    assert (code, torch, transformers) == ("0", "False", "False"), proc.stderr
+    assert json.loads(proc.stdout)["$schema"].endswith("2020-12/schema")
 
 
 _SIDE_EFFECT = "open({marker!r}, 'w').write('executed')\n"
