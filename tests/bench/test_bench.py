@@ -80,7 +80,9 @@ def test_format_table_aligns_and_marks_missing_cells() -> None:
 LAST_LINES = {
     "install_time.py": r"install_time: s_64_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
     "forward_overhead.py": r"forward_overhead: vs_parallelize_module=\d+\.\d\d "
-                           r"vs_handwritten=\d+\.\d\d",
+                           r"vs_handwritten=\d+\.\d\d vs_hf_floor=\d+\.\d\d "
+                           r"vs_hf_floor_bwd=\d+\.\d\d vs_hf_tp_plan=\d+\.\d\d "
+                           r"compiled_vs_handwritten=\d+\.\d\d",
 }
 
 
