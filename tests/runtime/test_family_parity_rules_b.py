@@ -6,7 +6,9 @@ qkv and split-input closers), GPTBigCode multi-query (one shared k/v head: gathe
 multi-head (per-head interleaved c_attn), GPT-SW3 (GPT-2's classes: GPT-2's rules),
 OpenAI GPT (Conv1D, packed q|k|v), GPT-J (rotary, parallel sublayers), CodeGen (mp_num
 blocked qkv: gathered), MPT (ALiBi sliced per rank from the replicated bias), CTRL
-(nn.Sequential MLP), GPT-Neo (global and local layers), TrOCR.
+(three attention inputs v, k, q; nn.Sequential MLP), GPT-Neo (global and local layers), and
+XLNet / GIT / TrOCR (residual inside the sublayer modules: gathered colwise, split-input
+rowwise).
 One spawn runs every model; logits and every gradient within 1e-5 of the unsharded model.
 """
 
@@ -26,7 +28,7 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["bloom", "gpt_bigcode", "gpt_bigcode_mha", "gpt-sw3", "openai-gpt", "gptj", "codegen",
-       "mpt", "ctrl", "gpt_neo"]
+       "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr"]
 
 
 def _artifact(root: Path, family: str) -> tuple[str, str, str]:
