@@ -112,3 +112,13 @@ def test_every_attention_input_is_a_boundary_input() -> None:
     gradient of each is reduced over tp."""
     attn = plan_of("ctrl")["transformer.h.0.multi_head_attention"]
     assert set(attn["in_src"]) == set(attn["in_dst"]) == {"v", "k", "q"}
+
+
+@pytest.mark.parametrize("family", ["bloom", "gpt-sw3", "gptj", "mpt", "xlnet"])
+def test_sp_is_refused_where_the_rules_cannot_run_it(family: str) -> None:
+    """--sp crashed at run time for these (position embeddings or a residual input left
+    sequence-sharded); generate refuses it, naming the rules file and why."""
+    config, _ = read_hf_config(FAMILIES / family)
+    with pytest.raises(PlanError, match=r"--sp cannot run with these rules: \w") as info:
+        build_bundle(config, 2, True, None, family)
+    assert info.value.findings[0].file.startswith("hpcodegen/generate/rules/")
