@@ -169,11 +169,13 @@ class Lifter:
                 continue
             if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
                 self._shard_params(entry_fqn, a, params, deferred, divide)
-            elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
+            elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.MLA_KV_A):
                 for pname in direct_params(self.modules[a.fqn]):
                     params[f"{rel}.{pname}"] = {"tp": "R"}
-                    if a.kind is Kind.REPLICATE_GRAD:
+                    if a.kind is not Kind.REPLICATE:
                         partial.append(f"{rel}.{pname}")
+            elif a.kind is Kind.LOCAL_PARAMS:
+                continue  # a region's forward already runs on local shards
             else:
                 raise PlanError([error(
                     "generate.nested_boundary", a.fqn,
@@ -245,10 +247,14 @@ class Lifter:
             if a.kind is Kind.REPLICATE_GRAD and names:
                 entry["partial_grad_params"] = sorted(names)
             return entry
+        what = ("has no colwise/rowwise children of its own, so no region runs its forward "
+                "on local shards" if a.kind is Kind.LOCAL_PARAMS else
+                "needs an enclosing region (a colwise/rowwise parent or a gather/all_reduce "
+                "module)")
         raise PlanError([error(
             "generate.unsupported_style", a.fqn,
-            f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} needs an enclosing "
-            "region (a colwise/rowwise parent or a gather/all_reduce module)")])
+            f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} {what}",
+            hint="declare the boundary with a recipe rule (--recipe)")])
 
     # -- the whole plan --------------------------------------------------------------------
     def _defaults(self) -> list[Assignment]:
