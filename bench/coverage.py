@@ -23,6 +23,9 @@ A family counts as ok when tp 2 generates, verifies, inspects and passes parity,
 decoder layers are actually split over tp (a plan that only shards the embedding and the
 LM head because nothing else has a rule is listed as ``replicated``, not ok). A family is
 MoE when its config declares more than one expert or its HF plan shards experts.
+Families whose causal-LM class is a bidirectional encoder or the decoder half of a seq2seq
+model (transformers' masked-LM and seq2seq mappings) get their own table and are not
+counted in ``dense_ok``. Models of a parity spawn that died run again one per spawn.
 
     python bench/coverage.py                       # every family, docs/models.md
     python bench/coverage.py --families llama,gpt2 --jobs 2 --out /tmp/models.md
@@ -74,6 +77,25 @@ def causal_lm_families() -> dict[str, str]:
         if isinstance(name, str) and name.endswith(("ForCausalLM", "LMHeadModel")):
             out[model_type] = name
     return dict(sorted(out.items()))
+
+
+def family_kind(model_type: str) -> str:
+    """``decoder``, ``encoder`` or ``seq2seq``: what the family's causal-LM class is.
+
+    transformers also maps bidirectional encoders (BERT-like; their causal-LM class is the
+    encoder run with ``is_decoder=True``) and the decoder half of encoder-decoder models to
+    causal-LM classes. Those families are recognised by transformers' own masked-LM and
+    seq2seq auto mappings, so the split is transformers' classification, not a list of ours.
+    """
+    from transformers.models.auto import modeling_auto as auto
+
+    seq2seq = set(auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) \
+        | set(auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
+    if model_type in seq2seq:
+        return "seq2seq"
+    if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "encoder"
+    return "decoder"
 
 
 def _shrunk_value(key: str, value: Any) -> Any:
@@ -228,7 +250,8 @@ def layers_split(meta: Mapping[str, Any]) -> bool:
 
 def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]:
     """Phase 1 of one family: config, generate x3, verify x3, inspect (see the docstring)."""
-    row: dict[str, Any] = {"family": model_type, "class": class_name}
+    row: dict[str, Any] = {"family": model_type, "class": class_name,
+                           "kind": family_kind(model_type)}
     cfg_dir = work / model_type / "config"
     try:
         config = tiny_config(model_type, class_name)
@@ -416,7 +439,49 @@ def run_phase1(families: Mapping[str, str], work: Path, jobs: int, per_worker: i
     return [rows[k] for k in families]
 
 
+def _spawn_parity(batches: list[list[list[str]]], work: Path, tag: str
+                  ) -> dict[str, dict[str, Any]]:
+    """Run each batch of ``[key, artifact, config_dir]`` in one 2-rank spawn; the status per
+    key, with a died spawn's last output line for the keys it did not reach."""
+    argvs = []
+    for n, batch in enumerate(batches):
+        spec = work / f"parity_{tag}{n}.json"
+        spec.write_text(json.dumps(batch))
+        out = work / f"parity_{tag}{n}"
+        out.mkdir(exist_ok=True)
+        for stale in out.glob("rank*.json"):
+            stale.unlink()
+        argvs.append([sys.executable, __file__, "--parity-worker", str(spec), str(out)])
+    codes = _run_batches(argvs, timeout=60 + 40 * max(len(b) for b in batches), jobs=1) \
+        if batches else []
+    found: dict[str, dict[str, Any]] = {}
+    for n, batch in enumerate(batches):
+        ranks = []
+        for r in (0, 1):
+            f = work / f"parity_{tag}{n}" / f"rank{r}.json"
+            ranks.append(json.loads(f.read_text()) if f.is_file() else {})
+        code, output = codes[n]
+        last = next((ln.strip() for ln in reversed(output.splitlines())
+                     if ln.strip() and not ln.startswith(" ")), "")
+        for key, _, _ in batch:
+            res = [rk.get(key) for rk in ranks]
+            if any(x is None for x in res):
+                found[key] = {"ok": False, "died": True,
+                              "error": f"the parity spawn died or timed out (exit {code})"
+                                       + (f": {last[:200]}" if last else "")}
+            else:
+                found[key] = {"ok": all(x["ok"] for x in res),
+                              "logits": max(x.get("logits", 0.0) for x in res),
+                              "grad": max(x.get("grad", 0.0) for x in res),
+                              "error": next((x["error"] for x in res if x.get("error")), None),
+                              "worst": res[0].get("worst"),
+                              "odd": res[0].get("odd")}
+    return found
+
+
 def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
+    """Parity of every artifact that verified, ``per_spawn`` models per spawn; the models a
+    died spawn did not reach run again, one per spawn, so one crash blames one family."""
     jobs = []
     for row in rows:
         for variant in ("tp2", "sp"):
@@ -424,35 +489,16 @@ def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
             if v.get("ok"):
                 jobs.append([f"{row['family']}/{variant}", v["dir"],
                              str(work / row["family"] / "config")])
-    batches = [jobs[i:i + per_spawn] for i in range(0, len(jobs), per_spawn)]
-    argvs = []
-    for n, batch in enumerate(batches):
-        spec = work / f"parity_{n}.json"
-        spec.write_text(json.dumps(batch))
-        out = work / f"parity_{n}"
-        out.mkdir(exist_ok=True)
-        argvs.append([sys.executable, __file__, "--parity-worker", str(spec), str(out)])
-    codes = _run_batches(argvs, timeout=60 + 40 * per_spawn, jobs=1)
+    found = _spawn_parity([jobs[i:i + per_spawn] for i in range(0, len(jobs), per_spawn)],
+                          work, "")
+    lost = [job for job in jobs if found[job[0]].get("died")]
+    if per_spawn > 1 and lost:
+        found.update(_spawn_parity([[job] for job in lost], work, "alone"))
     by_row = {r["family"]: r for r in rows}
-    for n, batch in enumerate(batches):
-        ranks = []
-        for r in (0, 1):
-            f = work / f"parity_{n}" / f"rank{r}.json"
-            ranks.append(json.loads(f.read_text()) if f.is_file() else {})
-        for key, _, _ in batch:
-            family, variant = key.split("/")
-            res = [rk.get(key) for rk in ranks]
-            if any(x is None for x in res):
-                status = {"ok": False, "error": "the parity spawn died or timed out "
-                          f"(exit {codes[n][0]})"}
-            else:
-                status = {"ok": all(x["ok"] for x in res),
-                          "logits": max(x.get("logits", 0.0) for x in res),
-                          "grad": max(x.get("grad", 0.0) for x in res),
-                          "error": next((x["error"] for x in res if x.get("error")), None),
-                          "worst": res[0].get("worst"),
-                          "odd": res[0].get("odd")}
-            by_row[family].setdefault("parity", {})[variant] = status
+    for key, status in found.items():
+        family, variant = key.split("/")
+        status.pop("died", None)
+        by_row[family].setdefault("parity", {})[variant] = status
 
 
 # --------------------------------------------------------------------------- the report
@@ -513,15 +559,22 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         "none. Regenerate: `python bench/coverage.py`.",
         "",
     ]
-    for kind, title in ((False, "Dense families"), (True, "MoE families")):
-        lines += [f"## {title}", "",
-                  "| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
+    groups = _groups(rows)
+    for title, group in (("Dense decoder families", groups["dense"]),
+                         ("MoE families", groups["moe"]),
+                         ("Encoder and encoder-decoder families", groups["other"])):
+        lines += [f"## {title}", ""]
+        if title.startswith("Encoder"):
+            lines += ["transformers also maps these to causal-LM classes: a bidirectional "
+                      "encoder run with", "`is_decoder=True` (it has a masked-LM head) or the "
+                      "decoder half of a seq2seq model.", "They are listed, not counted in "
+                      "`dense_ok`.", ""]
+        lines += ["| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        for row in rows:
-            if bool(row.get("moe")) != kind:
-                continue
+        for row in group:
             status, reason = classify_row(row)
-            rules = "pkg" if _uses_package(row["family"]) else \
+            tp2 = row.get("tp2") or {}
+            rules = "pkg" if tp2.get("package") or _uses_package(row["family"]) else \
                 ("hf" if row.get("hf_plan") else "none")
             par = row.get("parity") or {}
             cells = [row["family"], rules, _cell(row.get("tp2")), _cell(row.get("tp4")),
@@ -530,19 +583,28 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
                      reason.replace("|", "\\|").replace("\n", " ")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    dense = [r for r in rows if not r.get("moe")]
-    moe = [r for r in rows if r.get("moe")]
 
-    def ok(group: list[dict[str, Any]]) -> int:
-        return sum(classify_row(r)[0] == "ok" for r in group)
+    def count(group: list[dict[str, Any]], status: str) -> int:
+        return sum(classify_row(r)[0] == status for r in group)
 
-    def repl(group: list[dict[str, Any]]) -> int:
-        return sum(classify_row(r)[0] == "replicated" for r in group)
-
-    lines.append(f"replicated only (exact, layers not split): dense={repl(dense)} moe={repl(moe)}")
+    dense, moe, other = groups["dense"], groups["moe"], groups["other"]
+    lines.append("replicated only (exact, layers not split): "
+                 f"dense={count(dense, 'replicated')} moe={count(moe, 'replicated')}")
+    lines.append(f"encoder and encoder-decoder families: ok={count(other, 'ok')}/{len(other)} "
+                 f"replicated={count(other, 'replicated')}")
     lines.append("")
-    lines.append(f"coverage: dense_ok={ok(dense)}/{len(dense)} moe_ok={ok(moe)}/{len(moe)}")
+    lines.append(f"coverage: dense_ok={count(dense, 'ok')}/{len(dense)} "
+                 f"moe_ok={count(moe, 'ok')}/{len(moe)}")
     return "\n".join(lines) + "\n"
+
+
+def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows by table: dense decoders, MoE (any kind), encoder / encoder-decoder."""
+    out: dict[str, list[dict[str, Any]]] = {"dense": [], "moe": [], "other": []}
+    for row in rows:
+        kind = row.get("kind") or family_kind(row["family"])
+        out["moe" if row.get("moe") else "dense" if kind == "decoder" else "other"].append(row)
+    return out
 
 
 @contextlib.contextmanager
