@@ -210,6 +210,9 @@ def hf_styles(config: Mapping[str, Any]) -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     plan = getattr(CONFIG_MAPPING[config["model_type"]], "base_model_tp_plan", None) or {}
+    text = config.get("text_config")  # a composite config: its text part holds the plan
+    if not plan and isinstance(text, Mapping) and text.get("model_type") in CONFIG_MAPPING:
+        plan = getattr(CONFIG_MAPPING[text["model_type"]], "base_model_tp_plan", None) or {}
     return sorted(set(map(str, plan.values())))
 
 
@@ -264,10 +267,14 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
     (cfg_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
     cfg4_dir = work / model_type / "config_kv4"  # tp 4 needs 4 kv heads
     cfg4_dir.mkdir(parents=True, exist_ok=True)
-    kv4 = {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
-           if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
-    (cfg4_dir / "config.json").write_text(json.dumps({**config, **kv4}, indent=1,
-                                                     default=str))
+    def kv4(scope: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
+                if isinstance(scope.get(k), int) and not isinstance(scope.get(k), bool)}
+
+    config4 = {**config, **kv4(config)}
+    if isinstance(config.get("text_config"), Mapping):
+        config4["text_config"] = {**config["text_config"], **kv4(config["text_config"])}
+    (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
                            ("sp", ["--tp", "2", "--sp"])):
         out = work / model_type / variant
