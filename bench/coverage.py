@@ -162,6 +162,10 @@ def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     for key, value in SHRINK.items():
         value = layers if key == "num_hidden_layers" else value
+        if key == "num_key_value_heads" and base.get("kv_lora_rank"):
+            # multi-head latent attention expands its latent to every query head: its
+            # key/value head count is the head count
+            value = SHRINK["num_attention_heads"]
         for name in (amap.get(key, key), *ALIASES.get(key, ())):
             if name in base and not isinstance(base[name], (dict, list)):
                 kw[name] = value
