@@ -165,7 +165,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     if ep > 1:
         injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
     replicate_uncovered(model, plan, sp)
-    unify_tied_placements(model, plan)
+    unify_tied_placements(model, plan, sp)
     return {fqn: plan[fqn] for fqn in sorted(plan)}, injections
 
 

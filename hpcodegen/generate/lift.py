@@ -232,7 +232,7 @@ class Lifter:
             return entry
         if a.kind is Kind.EMBED_VOCAB:
             params = {p: {"tp": "S(0)"} for p in names}
-            return {"params": params, **transitions(first_arg(module), "R", "R", "P(sum)", seq)}
+            return {"params": params, **embedding_transitions(module, self.sp and seq_sharded)}
         if a.kind is Kind.EMBED_HIDDEN:
             params = {p: {"tp": "S(1)"} for p in names}
             return {"params": params, **transitions(first_arg(module), "R", "R", "S(-1)", seq)}
@@ -261,12 +261,15 @@ class Lifter:
         """Embedding, lm_head and norms the HF plan leaves out (5.x lists no norms)."""
         by_id = {id(m): fqn for fqn, m in self.modules.items()}
         extra: list[Assignment] = []
+        # only a module holding the weight itself: a ModuleList of per-codebook heads
+        # (MusicGen) has no forward of its own to place
         emb = _call(self.model, "get_input_embeddings")
-        if emb is not None and by_id.get(id(emb)) not in self.assign:
+        if emb is not None and by_id.get(id(emb)) not in self.assign and _holds_weight(emb):
             extra.append(Assignment(by_id[id(emb)], Kind.EMBED_VOCAB, 1,
                                     "embedding_rowwise", "<input embeddings>"))
         head = _call(self.model, "get_output_embeddings")
-        if head is not None and by_id.get(id(head)) not in self.assign:
+        if head is not None and by_id.get(id(head)) not in self.assign \
+                and _holds_weight(head):
             extra.append(Assignment(by_id[id(head)], Kind.COLWISE_GATHER, 1,
                                     "colwise_gather_output", "<output embeddings>"))
         for fqn, module in self.modules.items():
@@ -310,6 +313,12 @@ class Lifter:
 
 
 
+def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
+    """A vocab-parallel embedding boundary: token ids in replicated, the partial lookup
+    reduced (with ``sp``: reduce-scattered onto the sequence)."""
+    return transitions(first_arg(module), "R", "R", "P(sum)", SEQ if sp else "R")
+
+
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
     """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
     replicated.
@@ -341,6 +350,10 @@ def _call(model: Any, name: str) -> Any:
         return fn() if callable(fn) else None
     except (NotImplementedError, AttributeError):
         return None
+
+
+def _holds_weight(module: Any) -> bool:
+    return "weight" in direct_params(module)
 
 
 def is_norm(module: Any) -> bool:

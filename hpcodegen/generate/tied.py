@@ -1,4 +1,4 @@
-"""Tied parameters get one placement (lazy torch: reads a meta-device model).
+"""Tied parameters get one placement (imports torch: reads a meta-device model).
 
 A tied parameter is one tensor under several names (an embedding and the LM head, BERT's
 ``cls.predictions.bias`` and ``cls.predictions.decoder.bias``). The runtime makes every
@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torch import nn
+
 from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.lift import embedding_transitions
 from hpcodegen.plan.entry import is_boundary, join_fqn
 
 
@@ -34,9 +37,14 @@ def tied_pairs(model: Any) -> list[list[str]]:
     return sorted([names[0], alias] for names in tied_groups(model) for alias in names[1:])
 
 
-def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]]) -> list[str]:
+def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]],
+                          sp: bool = False) -> list[str]:
     """Give every alias of a tied parameter the one sharded placement its names carry;
     returns the aliases changed.
+
+    An embedding alias whose weight becomes row-sharded (``S(0)``) becomes a vocab-parallel
+    boundary like the one it is tied to (its lookup would otherwise miss rows: the runtime
+    installs the masked lookup and its reduction only on such a boundary).
 
     Raises:
         PlanError: two names carry different sharded placements, or a name that must take
@@ -78,6 +86,9 @@ def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]]) -> list[s
                 fqn, rel = where[name]
                 entry = plan[fqn]
                 entry["params"][rel] = dict(target)
+                if rel == "weight" and target.get("tp") == "S(0)" and not is_boundary(entry) \
+                        and isinstance(model.get_submodule(fqn), nn.Embedding):
+                    entry.update(embedding_transitions(model.get_submodule(fqn), sp))
                 partial = [p for p in entry.get("partial_grad_params") or () if p != rel]
                 if partial:
                     entry["partial_grad_params"] = partial

@@ -216,3 +216,31 @@ def test_mla_kv_a_proj_is_replicated_with_a_partial_gradient() -> None:
     assert entry["params"]["kv_b_proj.weight"] == {"tp": "S(0)"}
     assert "kv_a_proj_with_mqa.weight" in entry["partial_grad_params"]
     assert entry["out_src"] == {"output": {"tp": "P(sum)"}}
+
+
+def test_a_tied_embedding_alias_becomes_a_vocab_parallel_boundary(tmp_path: Path) -> None:
+    """ProphetNet's decoder wrapper holds the word embeddings twice (tied, one tensor):
+    the alias takes the row shard, so it must also be a vocab-parallel boundary (masked
+    lookup, partial output reduced), or verify refuses its lookup."""
+    from hpcodegen.verify import run_verify
+
+    config = family("prophetnet")
+    plan = meta_of(config)["param_plan"]
+    outer, inner = plan["prophetnet.word_embeddings"], plan["prophetnet.decoder.word_embeddings"]
+    assert outer["params"] == inner["params"] == {"weight": {"tp": "S(0)"}}
+    assert outer["out_src"] == inner["out_src"] == {"output": {"tp": "P(sum)"}}
+    code, _, err = generate_cli(tmp_path, config)
+    assert code == 0, err
+    out, err2 = io.StringIO(), io.StringIO()
+    assert run_verify([tmp_path / "out"], hf_config=tmp_path / "model", stdout=out,
+                      stderr=err2) == 0, out.getvalue()
+
+
+def test_output_heads_in_a_module_list_are_replicated_not_refused() -> None:
+    """MusicGen's decoder has one LM head per codebook (a ModuleList): no boundary can be
+    placed on the list, so its heads are planned replicated like any unnamed parameter."""
+    plan = meta_of(family("musicgen"))["param_plan"]
+    assert "lm_heads" not in plan or not plan["lm_heads"].get("is_boundary")
+    heads = {f"{fqn}.{rel}": named for fqn, entry in plan.items() if fqn.startswith("lm_heads")
+             for rel, named in entry["params"].items()}
+    assert heads and all(named == {"tp": "R"} for named in heads.values())
