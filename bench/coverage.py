@@ -53,6 +53,7 @@ SHRINK: dict[str, Any] = {
     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
     "max_position_embeddings": 128, "num_experts": 4, "num_local_experts": 4,
     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "rotary_dim": 8,  # GPT-J, CodeGen: at most head_dim (16)
 }
 #: other spellings of the shrunk fields, for configs without an ``attribute_map`` entry
 ALIASES: dict[str, tuple[str, ...]] = {

@@ -186,12 +186,12 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
     if ep < 1:
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
-    check_divisible(config, tp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
+    rules = package_rules(config, modeling_family(type(model)))
+    check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
-    rules = package_rules(config)
     if rules is not None and notes is not None:
         notes.append(rules.describe())
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
@@ -215,6 +215,16 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     return render_bundle(files, roles, meta)
+
+
+def modeling_family(cls: type) -> str | None:
+    """The transformers package that defines ``cls`` (``gpt2`` for GPT2LMHeadModel), None
+    for a class from elsewhere: the key of the package rules of model_types that reuse
+    another family's classes."""
+    parts = cls.__module__.split(".")
+    if len(parts) >= 3 and parts[:2] == ["transformers", "models"]:
+        return parts[2]
+    return None
 
 
 def _digest_recipe(recipe: Sequence[Mapping[str, Any]] | None,
