@@ -3,9 +3,11 @@
 For every model type of transformers' causal-LM auto mapping (the ``*ForCausalLM`` classes,
 and the few older ``*LMHeadModel`` names such as GPT-2's), this script:
 
-1. builds a tiny config from the config class's defaults, shrunk generically: 2 layers,
-   hidden 64, 4 heads / 2 kv heads, head_dim 16, vocab 256, MLP widths 128, 4 experts
-   (2 per token), per-layer lists cut to 2 layers, token ids clamped into the vocab;
+1. builds a tiny config from the config class's defaults, shrunk generically: 2 layers
+   (more, up to 8, where a per-layer type list needs them to hold every layer kind of a
+   hybrid), hidden 64, 4 heads / 2 kv heads, head_dim 16, vocab 256, MLP widths 128,
+   4 experts (2 per token), per-layer lists cut to the layer count, token ids clamped into
+   the vocab; a composite config's text sub-config is shrunk the same way;
 2. runs ``generate`` at tp 2, tp 4 (with 4 kv heads) and tp 2 ``--sp``, ``verify --hf-config``
    on each, and
    ``inspect-plan`` on the tp 2 artifact (through the CLI, in-process, families batched per
@@ -21,6 +23,9 @@ A family counts as ok when tp 2 generates, verifies, inspects and passes parity,
 decoder layers are actually split over tp (a plan that only shards the embedding and the
 LM head because nothing else has a rule is listed as ``replicated``, not ok). A family is
 MoE when its config declares more than one expert or its HF plan shards experts.
+Families whose causal-LM class is a bidirectional encoder or the decoder half of a seq2seq
+model (transformers' masked-LM and seq2seq mappings) get their own table and are not
+counted in ``dense_ok``. Models of a parity spawn that died run again one per spawn.
 
     python bench/coverage.py                       # every family, docs/models.md
     python bench/coverage.py --families llama,gpt2 --jobs 2 --out /tmp/models.md
@@ -48,6 +53,7 @@ SHRINK: dict[str, Any] = {
     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
     "max_position_embeddings": 128, "num_experts": 4, "num_local_experts": 4,
     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "rotary_dim": 8,  # GPT-J, CodeGen: at most head_dim (16)
 }
 #: other spellings of the shrunk fields, for configs without an ``attribute_map`` entry
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -74,6 +80,25 @@ def causal_lm_families() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def family_kind(model_type: str) -> str:
+    """``decoder``, ``encoder`` or ``seq2seq``: what the family's causal-LM class is.
+
+    transformers also maps bidirectional encoders (BERT-like; their causal-LM class is the
+    encoder run with ``is_decoder=True``) and the decoder half of encoder-decoder models to
+    causal-LM classes. Those families are recognised by transformers' own masked-LM and
+    seq2seq auto mappings, so the split is transformers' classification, not a list of ours.
+    """
+    from transformers.models.auto import modeling_auto as auto
+
+    seq2seq = set(auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) \
+        | set(auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
+    if model_type in seq2seq:
+        return "seq2seq"
+    if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "encoder"
+    return "decoder"
+
+
 def _shrunk_value(key: str, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
@@ -83,27 +108,86 @@ def _shrunk_value(key: str, value: Any) -> Any:
 
 
 def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
-    """The config.json dict of a tiny model of ``model_type`` (see the module docstring)."""
+    """The config.json dict of a tiny model of ``model_type`` (see the module docstring).
+
+    The config is the one the class is built from, as transformers builds it: a composite
+    config (``text_config`` beside ``vision_config``) whose text sub-config the class takes
+    is kept composite with its text part shrunk; a class that takes another config class
+    altogether (``MusicgenForCausalLM``: the decoder's) gets that class's config.
+    """
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config_cls = CONFIG_MAPPING[model_type]
+    wanted = getattr(getattr(transformers, class_name, None), "config_class", None)
+    text_cls = (getattr(config_cls, "sub_configs", None) or {}).get("text_config")
+    if isinstance(wanted, type) and not issubclass(config_cls, wanted) and text_cls is not wanted:
+        config_cls = wanted
+        model_type = getattr(wanted, "model_type", model_type) or model_type
     base = config_cls().to_dict()
+    kw = _shrunk_kwargs(config_cls, base)
+    if text_cls is not None and text_cls is wanted and isinstance(base.get("text_config"), dict):
+        text = text_cls(**base["text_config"]).to_dict()
+        kw["text_config"] = _clamped(text_cls(**_shrunk_kwargs(text_cls, text)).to_dict())
+    data = _clamped(config_cls(**kw).to_dict())
+    data["model_type"] = model_type
+    data["architectures"] = [class_name]
+    del transformers
+    return data
+
+
+#: at most this many layers so that a tiny hybrid config holds every layer kind
+MAX_LAYERS = 8
+
+
+def _layer_count(base: Mapping[str, Any]) -> int:
+    """The fewest leading layers (2 at least, :data:`MAX_LAYERS` at most) holding every kind
+    a per-layer type list names (``layer_types``, ``*_layers_block_type``): a hybrid's
+    attention and linear-attention layers are both exercised."""
+    n = SHRINK["num_hidden_layers"]
+    for key, value in base.items():
+        if isinstance(value, list) and key.endswith(("layer_types", "_layers_block_type")):
+            kinds, seen = {str(v) for v in value}, set()
+            for i, kind in enumerate(value):
+                seen.add(str(kind))
+                if seen == kinds:
+                    n = max(n, i + 1)
+                    break
+    return min(n, MAX_LAYERS)
+
+
+def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments that shrink ``base`` (a config class's defaults)."""
     amap = dict(getattr(config_cls, "attribute_map", {}) or {})
+    layers = _layer_count(base)
     kw: dict[str, Any] = {}
     for key, value in SHRINK.items():
+        value = layers if key == "num_hidden_layers" else value
+        if key == "num_key_value_heads" and base.get("kv_lora_rank"):
+            # multi-head latent attention expands its latent to every query head: its
+            # key/value head count is the head count
+            value = SHRINK["num_attention_heads"]
         for name in (amap.get(key, key), *ALIASES.get(key, ())):
             if name in base and not isinstance(base[name], (dict, list)):
                 kw[name] = value
                 break
+    full = next((base[n] for n in (amap.get("num_hidden_layers", "num_hidden_layers"),
+                                   *ALIASES["num_hidden_layers"])
+                 if isinstance(base.get(n), int)), None)
     for key, value in base.items():
         if key not in kw and (small := _shrunk_value(key, value)) is not None:
             kw[key] = small
-    for key, value in base.items():  # per-layer lists follow the layer count
-        if isinstance(value, list) and len(value) > 2 and key.endswith(("layer_types",
-                                                                       "_layers_block_type")):
-            kw[key] = value[:2]
-    data = config_cls(**kw).to_dict()
+        elif isinstance(value, list) and len(value) > layers and (
+                key.endswith(("layer_types", "_layers_block_type")) or len(value) == full):
+            kw[key] = value[:layers]  # per-layer lists follow the layer count
+        elif re.fullmatch(r"num_\w+_layers", key) and key not in kw \
+                and isinstance(value, int) and not isinstance(value, bool) and value >= layers:
+            kw[key] = 0  # a count of special layers (kv-shared, dense) no longer fits
+    return kw
+
+
+def _clamped(data: dict[str, Any]) -> dict[str, Any]:
+    """Token ids clamped into the (shrunk) vocabulary."""
     vocab = data.get("vocab_size")
     for key in TOKEN_ID_KEYS:
         v = data.get(key)
@@ -111,9 +195,6 @@ def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
             data[key] = min(1, vocab - 1)
         elif isinstance(vocab, int) and isinstance(v, list):
             data[key] = [x if not isinstance(x, int) or x < vocab else 1 for x in v]
-    data["model_type"] = model_type
-    data["architectures"] = [class_name]
-    del transformers
     return data
 
 
@@ -134,6 +215,9 @@ def hf_styles(config: Mapping[str, Any]) -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     plan = getattr(CONFIG_MAPPING[config["model_type"]], "base_model_tp_plan", None) or {}
+    text = config.get("text_config")  # a composite config: its text part holds the plan
+    if not plan and isinstance(text, Mapping) and text.get("model_type") in CONFIG_MAPPING:
+        plan = getattr(CONFIG_MAPPING[text["model_type"]], "base_model_tp_plan", None) or {}
     return sorted(set(map(str, plan.values())))
 
 
@@ -174,7 +258,8 @@ def layers_split(meta: Mapping[str, Any]) -> bool:
 
 def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]:
     """Phase 1 of one family: config, generate x3, verify x3, inspect (see the docstring)."""
-    row: dict[str, Any] = {"family": model_type, "class": class_name}
+    row: dict[str, Any] = {"family": model_type, "class": class_name,
+                           "kind": family_kind(model_type)}
     cfg_dir = work / model_type / "config"
     try:
         config = tiny_config(model_type, class_name)
@@ -187,10 +272,14 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
     (cfg_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
     cfg4_dir = work / model_type / "config_kv4"  # tp 4 needs 4 kv heads
     cfg4_dir.mkdir(parents=True, exist_ok=True)
-    kv4 = {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
-           if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
-    (cfg4_dir / "config.json").write_text(json.dumps({**config, **kv4}, indent=1,
-                                                     default=str))
+    def kv4(scope: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
+                if isinstance(scope.get(k), int) and not isinstance(scope.get(k), bool)}
+
+    config4 = {**config, **kv4(config)}
+    if isinstance(config.get("text_config"), Mapping):
+        config4["text_config"] = {**config["text_config"], **kv4(config["text_config"])}
+    (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
                            ("sp", ["--tp", "2", "--sp"])):
         out = work / model_type / variant
@@ -259,7 +348,7 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config_dict["vocab_size"], (2, 17), generator=g)
+    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:
@@ -362,7 +451,49 @@ def run_phase1(families: Mapping[str, str], work: Path, jobs: int, per_worker: i
     return [rows[k] for k in families]
 
 
+def _spawn_parity(batches: list[list[list[str]]], work: Path, tag: str
+                  ) -> dict[str, dict[str, Any]]:
+    """Run each batch of ``[key, artifact, config_dir]`` in one 2-rank spawn; the status per
+    key, with a died spawn's last output line for the keys it did not reach."""
+    argvs = []
+    for n, batch in enumerate(batches):
+        spec = work / f"parity_{tag}{n}.json"
+        spec.write_text(json.dumps(batch))
+        out = work / f"parity_{tag}{n}"
+        out.mkdir(exist_ok=True)
+        for stale in out.glob("rank*.json"):
+            stale.unlink()
+        argvs.append([sys.executable, __file__, "--parity-worker", str(spec), str(out)])
+    codes = _run_batches(argvs, timeout=60 + 40 * max(len(b) for b in batches), jobs=1) \
+        if batches else []
+    found: dict[str, dict[str, Any]] = {}
+    for n, batch in enumerate(batches):
+        ranks = []
+        for r in (0, 1):
+            f = work / f"parity_{tag}{n}" / f"rank{r}.json"
+            ranks.append(json.loads(f.read_text()) if f.is_file() else {})
+        code, output = codes[n]
+        last = next((ln.strip() for ln in reversed(output.splitlines())
+                     if ln.strip() and not ln.startswith(" ")), "")
+        for key, _, _ in batch:
+            res = [rk.get(key) for rk in ranks]
+            if any(x is None for x in res):
+                found[key] = {"ok": False, "died": True,
+                              "error": f"the parity spawn died or timed out (exit {code})"
+                                       + (f": {last[:200]}" if last else "")}
+            else:
+                found[key] = {"ok": all(x["ok"] for x in res),
+                              "logits": max(x.get("logits", 0.0) for x in res),
+                              "grad": max(x.get("grad", 0.0) for x in res),
+                              "error": next((x["error"] for x in res if x.get("error")), None),
+                              "worst": res[0].get("worst"),
+                              "odd": res[0].get("odd")}
+    return found
+
+
 def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
+    """Parity of every artifact that verified, ``per_spawn`` models per spawn; the models a
+    died spawn did not reach run again, one per spawn, so one crash blames one family."""
     jobs = []
     for row in rows:
         for variant in ("tp2", "sp"):
@@ -370,35 +501,16 @@ def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
             if v.get("ok"):
                 jobs.append([f"{row['family']}/{variant}", v["dir"],
                              str(work / row["family"] / "config")])
-    batches = [jobs[i:i + per_spawn] for i in range(0, len(jobs), per_spawn)]
-    argvs = []
-    for n, batch in enumerate(batches):
-        spec = work / f"parity_{n}.json"
-        spec.write_text(json.dumps(batch))
-        out = work / f"parity_{n}"
-        out.mkdir(exist_ok=True)
-        argvs.append([sys.executable, __file__, "--parity-worker", str(spec), str(out)])
-    codes = _run_batches(argvs, timeout=60 + 40 * per_spawn, jobs=1)
+    found = _spawn_parity([jobs[i:i + per_spawn] for i in range(0, len(jobs), per_spawn)],
+                          work, "")
+    lost = [job for job in jobs if found[job[0]].get("died")]
+    if per_spawn > 1 and lost:
+        found.update(_spawn_parity([[job] for job in lost], work, "alone"))
     by_row = {r["family"]: r for r in rows}
-    for n, batch in enumerate(batches):
-        ranks = []
-        for r in (0, 1):
-            f = work / f"parity_{n}" / f"rank{r}.json"
-            ranks.append(json.loads(f.read_text()) if f.is_file() else {})
-        for key, _, _ in batch:
-            family, variant = key.split("/")
-            res = [rk.get(key) for rk in ranks]
-            if any(x is None for x in res):
-                status = {"ok": False, "error": "the parity spawn died or timed out "
-                          f"(exit {codes[n][0]})"}
-            else:
-                status = {"ok": all(x["ok"] for x in res),
-                          "logits": max(x.get("logits", 0.0) for x in res),
-                          "grad": max(x.get("grad", 0.0) for x in res),
-                          "error": next((x["error"] for x in res if x.get("error")), None),
-                          "worst": res[0].get("worst"),
-                          "odd": res[0].get("odd")}
-            by_row[family].setdefault("parity", {})[variant] = status
+    for key, status in found.items():
+        family, variant = key.split("/")
+        status.pop("died", None)
+        by_row[family].setdefault("parity", {})[variant] = status
 
 
 # --------------------------------------------------------------------------- the report
@@ -459,15 +571,22 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         "none. Regenerate: `python bench/coverage.py`.",
         "",
     ]
-    for kind, title in ((False, "Dense families"), (True, "MoE families")):
-        lines += [f"## {title}", "",
-                  "| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
+    groups = _groups(rows)
+    for title, group in (("Dense decoder families", groups["dense"]),
+                         ("MoE families", groups["moe"]),
+                         ("Encoder and encoder-decoder families", groups["other"])):
+        lines += [f"## {title}", ""]
+        if title.startswith("Encoder"):
+            lines += ["transformers also maps these to causal-LM classes: a bidirectional "
+                      "encoder run with", "`is_decoder=True` (it has a masked-LM head) or the "
+                      "decoder half of a seq2seq model.", "They are listed, not counted in "
+                      "`dense_ok`.", ""]
+        lines += ["| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        for row in rows:
-            if bool(row.get("moe")) != kind:
-                continue
+        for row in group:
             status, reason = classify_row(row)
-            rules = "pkg" if _uses_package(row["family"]) else \
+            tp2 = row.get("tp2") or {}
+            rules = "pkg" if tp2.get("package") or _uses_package(row["family"]) else \
                 ("hf" if row.get("hf_plan") else "none")
             par = row.get("parity") or {}
             cells = [row["family"], rules, _cell(row.get("tp2")), _cell(row.get("tp4")),
@@ -476,19 +595,28 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
                      reason.replace("|", "\\|").replace("\n", " ")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    dense = [r for r in rows if not r.get("moe")]
-    moe = [r for r in rows if r.get("moe")]
 
-    def ok(group: list[dict[str, Any]]) -> int:
-        return sum(classify_row(r)[0] == "ok" for r in group)
+    def count(group: list[dict[str, Any]], status: str) -> int:
+        return sum(classify_row(r)[0] == status for r in group)
 
-    def repl(group: list[dict[str, Any]]) -> int:
-        return sum(classify_row(r)[0] == "replicated" for r in group)
-
-    lines.append(f"replicated only (exact, layers not split): dense={repl(dense)} moe={repl(moe)}")
+    dense, moe, other = groups["dense"], groups["moe"], groups["other"]
+    lines.append("replicated only (exact, layers not split): "
+                 f"dense={count(dense, 'replicated')} moe={count(moe, 'replicated')}")
+    lines.append(f"encoder and encoder-decoder families: ok={count(other, 'ok')}/{len(other)} "
+                 f"replicated={count(other, 'replicated')}")
     lines.append("")
-    lines.append(f"coverage: dense_ok={ok(dense)}/{len(dense)} moe_ok={ok(moe)}/{len(moe)}")
+    lines.append(f"coverage: dense_ok={count(dense, 'ok')}/{len(dense)} "
+                 f"moe_ok={count(moe, 'ok')}/{len(moe)}")
     return "\n".join(lines) + "\n"
+
+
+def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows by table: dense decoders, MoE (any kind), encoder / encoder-decoder."""
+    out: dict[str, list[dict[str, Any]]] = {"dense": [], "moe": [], "other": []}
+    for row in rows:
+        kind = row.get("kind") or family_kind(row["family"])
+        out["moe" if row.get("moe") else "dense" if kind == "decoder" else "other"].append(row)
+    return out
 
 
 @contextlib.contextmanager
