@@ -94,6 +94,17 @@ def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
     return tied_pairs(model)
 
 
+def rules_scope(config: Mapping[str, Any], model: Any) -> Mapping[str, Any]:
+    """The config the package rules are chosen and conditioned by: the text sub-config when
+    the model was built from it (a composite config's causal LM: ``llama4`` ->
+    ``llama4_text``), else the config itself."""
+    text = config.get("text_config")
+    built = getattr(getattr(model, "config", None), "model_type", None)
+    if isinstance(text, Mapping) and built == text.get("model_type") != config.get("model_type"):
+        return text
+    return config
+
+
 def defined_classes(text: str) -> set[str]:
     """Top-level class names of a Python source (the classes the emitter can rewrite)."""
     import ast
@@ -188,7 +199,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     advance("building the model on the meta device")
     model = build_meta_model(config)
-    rules = package_rules(config, modeling_family(type(model)))
+    rules = package_rules(rules_scope(config, model), modeling_family(type(model)))
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
