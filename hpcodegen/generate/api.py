@@ -180,7 +180,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     model = build_meta_model(config)
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
-    rules = package_rules(config)
+    rules = package_rules(config, tp)
     if rules is not None and notes is not None:
         notes.append(rules.describe())
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel)
