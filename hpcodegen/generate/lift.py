@@ -194,10 +194,13 @@ class Lifter:
             if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
                 self._shard_params(entry_fqn, a, params, deferred, divide)
             elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
-                for pname in direct_params(self.modules[a.fqn]):
-                    params[f"{rel}.{pname}"] = {"tp": "R"}
+                # a rule on a parameter itself names just it (GPT-NeoX Japanese's dense_bias)
+                names = [rel] if a.param else [
+                    f"{rel}.{pname}" for pname in direct_params(self.modules[a.fqn])]
+                for name in names:
+                    params[name] = {"tp": "R"}
                     if a.kind is Kind.REPLICATE_GRAD:
-                        partial.append(f"{rel}.{pname}")
+                        partial.append(name)
             else:
                 raise PlanError([error(
                     "generate.nested_boundary", a.fqn,
