@@ -37,7 +37,8 @@ from hpcodegen.errors import PlanError, error
 
 RULES_PACKAGE = "hpcodegen.generate.rules"
 _TOP_KEYS = frozenset({"reason", "replace_hf_plan", "tp_plan", "recipe", "variants"})
-_VARIANT_KEYS = frozenset({"when", "when_indivisible", "reason", "replace_hf_plan", "tp_plan", "recipe"})
+_VARIANT_KEYS = frozenset({"when", "when_indivisible", "reason", "replace_hf_plan", "tp_plan",
+                           "recipe"})
 
 
 @dataclass(frozen=True)
