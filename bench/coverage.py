@@ -3,9 +3,11 @@
 For every model type of transformers' causal-LM auto mapping (the ``*ForCausalLM`` classes,
 and the few older ``*LMHeadModel`` names such as GPT-2's), this script:
 
-1. builds a tiny config from the config class's defaults, shrunk generically: 2 layers,
-   hidden 64, 4 heads / 2 kv heads, head_dim 16, vocab 256, MLP widths 128, 4 experts
-   (2 per token), per-layer lists cut to 2 layers, token ids clamped into the vocab;
+1. builds a tiny config from the config class's defaults, shrunk generically: 2 layers
+   (more, up to 8, where a per-layer type list needs them to hold every layer kind of a
+   hybrid), hidden 64, 4 heads / 2 kv heads, head_dim 16, vocab 256, MLP widths 128,
+   4 experts (2 per token), per-layer lists cut to the layer count, token ids clamped into
+   the vocab; a composite config's text sub-config is shrunk the same way;
 2. runs ``generate`` at tp 2, tp 4 (with 4 kv heads) and tp 2 ``--sp``, ``verify --hf-config``
    on each, and
    ``inspect-plan`` on the tp 2 artifact (through the CLI, in-process, families batched per
@@ -51,6 +53,7 @@ SHRINK: dict[str, Any] = {
     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
     "max_position_embeddings": 128, "num_experts": 4, "num_local_experts": 4,
     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "rotary_dim": 8,  # GPT-J, CodeGen: at most head_dim (16)
 }
 #: other spellings of the shrunk fields, for configs without an ``attribute_map`` entry
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -105,27 +108,86 @@ def _shrunk_value(key: str, value: Any) -> Any:
 
 
 def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
-    """The config.json dict of a tiny model of ``model_type`` (see the module docstring)."""
+    """The config.json dict of a tiny model of ``model_type`` (see the module docstring).
+
+    The config is the one the class is built from, as transformers builds it: a composite
+    config (``text_config`` beside ``vision_config``) whose text sub-config the class takes
+    is kept composite with its text part shrunk; a class that takes another config class
+    altogether (``MusicgenForCausalLM``: the decoder's) gets that class's config.
+    """
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config_cls = CONFIG_MAPPING[model_type]
+    wanted = getattr(getattr(transformers, class_name, None), "config_class", None)
+    text_cls = (getattr(config_cls, "sub_configs", None) or {}).get("text_config")
+    if isinstance(wanted, type) and not issubclass(config_cls, wanted) and text_cls is not wanted:
+        config_cls = wanted
+        model_type = getattr(wanted, "model_type", model_type) or model_type
     base = config_cls().to_dict()
+    kw = _shrunk_kwargs(config_cls, base)
+    if text_cls is not None and text_cls is wanted and isinstance(base.get("text_config"), dict):
+        text = text_cls(**base["text_config"]).to_dict()
+        kw["text_config"] = _clamped(text_cls(**_shrunk_kwargs(text_cls, text)).to_dict())
+    data = _clamped(config_cls(**kw).to_dict())
+    data["model_type"] = model_type
+    data["architectures"] = [class_name]
+    del transformers
+    return data
+
+
+#: at most this many layers so that a tiny hybrid config holds every layer kind
+MAX_LAYERS = 8
+
+
+def _layer_count(base: Mapping[str, Any]) -> int:
+    """The fewest leading layers (2 at least, :data:`MAX_LAYERS` at most) holding every kind
+    a per-layer type list names (``layer_types``, ``*_layers_block_type``): a hybrid's
+    attention and linear-attention layers are both exercised."""
+    n = SHRINK["num_hidden_layers"]
+    for key, value in base.items():
+        if isinstance(value, list) and key.endswith(("layer_types", "_layers_block_type")):
+            kinds, seen = {str(v) for v in value}, set()
+            for i, kind in enumerate(value):
+                seen.add(str(kind))
+                if seen == kinds:
+                    n = max(n, i + 1)
+                    break
+    return min(n, MAX_LAYERS)
+
+
+def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments that shrink ``base`` (a config class's defaults)."""
     amap = dict(getattr(config_cls, "attribute_map", {}) or {})
+    layers = _layer_count(base)
     kw: dict[str, Any] = {}
     for key, value in SHRINK.items():
+        value = layers if key == "num_hidden_layers" else value
+        if key == "num_key_value_heads" and base.get("kv_lora_rank"):
+            # multi-head latent attention expands its latent to every query head: its
+            # key/value head count is the head count
+            value = SHRINK["num_attention_heads"]
         for name in (amap.get(key, key), *ALIASES.get(key, ())):
             if name in base and not isinstance(base[name], (dict, list)):
                 kw[name] = value
                 break
+    full = next((base[n] for n in (amap.get("num_hidden_layers", "num_hidden_layers"),
+                                   *ALIASES["num_hidden_layers"])
+                 if isinstance(base.get(n), int)), None)
     for key, value in base.items():
         if key not in kw and (small := _shrunk_value(key, value)) is not None:
             kw[key] = small
-    for key, value in base.items():  # per-layer lists follow the layer count
-        if isinstance(value, list) and len(value) > 2 and key.endswith(("layer_types",
-                                                                       "_layers_block_type")):
-            kw[key] = value[:2]
-    data = config_cls(**kw).to_dict()
+        elif isinstance(value, list) and len(value) > layers and (
+                key.endswith(("layer_types", "_layers_block_type")) or len(value) == full):
+            kw[key] = value[:layers]  # per-layer lists follow the layer count
+        elif re.fullmatch(r"num_\w+_layers", key) and key not in kw \
+                and isinstance(value, int) and not isinstance(value, bool) and value >= layers:
+            kw[key] = 0  # a count of special layers (kv-shared, dense) no longer fits
+    return kw
+
+
+def _clamped(data: dict[str, Any]) -> dict[str, Any]:
+    """Token ids clamped into the (shrunk) vocabulary."""
     vocab = data.get("vocab_size")
     for key in TOKEN_ID_KEYS:
         v = data.get(key)
@@ -133,9 +195,6 @@ def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
             data[key] = min(1, vocab - 1)
         elif isinstance(vocab, int) and isinstance(v, list):
             data[key] = [x if not isinstance(x, int) or x < vocab else 1 for x in v]
-    data["model_type"] = model_type
-    data["architectures"] = [class_name]
-    del transformers
     return data
 
 
@@ -156,6 +215,9 @@ def hf_styles(config: Mapping[str, Any]) -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     plan = getattr(CONFIG_MAPPING[config["model_type"]], "base_model_tp_plan", None) or {}
+    text = config.get("text_config")  # a composite config: its text part holds the plan
+    if not plan and isinstance(text, Mapping) and text.get("model_type") in CONFIG_MAPPING:
+        plan = getattr(CONFIG_MAPPING[text["model_type"]], "base_model_tp_plan", None) or {}
     return sorted(set(map(str, plan.values())))
 
 
@@ -210,10 +272,14 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
     (cfg_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
     cfg4_dir = work / model_type / "config_kv4"  # tp 4 needs 4 kv heads
     cfg4_dir.mkdir(parents=True, exist_ok=True)
-    kv4 = {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
-           if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)}
-    (cfg4_dir / "config.json").write_text(json.dumps({**config, **kv4}, indent=1,
-                                                     default=str))
+    def kv4(scope: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: 4 for k in ("num_key_value_heads", *ALIASES["num_key_value_heads"])
+                if isinstance(scope.get(k), int) and not isinstance(scope.get(k), bool)}
+
+    config4 = {**config, **kv4(config)}
+    if isinstance(config.get("text_config"), Mapping):
+        config4["text_config"] = {**config["text_config"], **kv4(config["text_config"])}
+    (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
                            ("sp", ["--tp", "2", "--sp"])):
         out = work / model_type / variant
@@ -282,7 +348,7 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config_dict["vocab_size"], (2, 17), generator=g)
+    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:

@@ -126,7 +126,8 @@ def read_hf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
         ``(config dict, config path)``.
 
     Raises:
-        InputError: missing, unreadable, not JSON, or not an object.
+        InputError: missing, unreadable, not JSON (``NaN``/``Infinity``, which transformers
+            writes, are read as floats), or not an object.
     """
     config_path = resolve_config_path(path)
     try:
@@ -134,7 +135,9 @@ def read_hf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
     except OSError as exc:
         raise InputError([error("config.unreadable", "", f"cannot read: {exc.strerror}",
                                 file=str(config_path))]) from None
-    value, _ = parse_json_text(raw, str(config_path), MAX_CONFIG_BYTES)
+    # transformers writes non-finite floats (``"time_step_limit": [0.0, Infinity]``) as
+    # Python's json does: what HF writes must read
+    value, _ = parse_json_text(raw, str(config_path), MAX_CONFIG_BYTES, python_constants=True)
     if not isinstance(value, dict):
         raise InputError([error("config.not_object", "", "HF config is not a JSON object",
                                 file=str(config_path))])
@@ -164,7 +167,8 @@ def source_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_transformers_config(config: Mapping[str, Any]) -> Any:
-    """A transformers ``PretrainedConfig`` from a config dict (imports transformers)."""
+    """A transformers ``PretrainedConfig`` from a config dict (imports transformers): the
+    config the class named by ``architectures[0]`` takes (:func:`config_for_class`)."""
     from transformers import AutoConfig
 
     data = dict(config)
@@ -173,7 +177,7 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
         raise PlanError([error("config.no_model_type", "/model_type",
                                "HF config has no model_type")])
     try:
-        return AutoConfig.for_model(model_type, **data)
+        hf_config = AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
         # transformers' message lists every model type it knows (~500): keep its first clause
         reason = str(exc).split(". Should contain one of")[0].strip()
@@ -182,6 +186,39 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
         raise PlanError([error("config.unknown_model_type", "/model_type", message,
                                hint="check the config's model_type, or the installed "
                                     "transformers version")]) from None
+    arch = architecture_of(config)
+    import transformers
+
+    cls = getattr(transformers, arch, None) if arch else None
+    return config_for_class(hf_config, cls) if isinstance(cls, type) else hf_config
+
+
+def config_for_class(hf_config: Any, cls: type) -> Any:
+    """The config ``cls`` is built from, as transformers' auto classes choose it.
+
+    A composite config (a vision-language model's: ``text_config`` beside
+    ``vision_config``) names a causal-LM class whose ``config_class`` is its text
+    sub-config's class (``Qwen3_5ForCausalLM`` takes a ``Qwen3_5TextConfig``): transformers
+    builds that class from ``config.get_text_config()``, and so do we. A class that takes
+    neither the config nor its text sub-config cannot be built from it (PlanError naming
+    both classes).
+    """
+    wanted = getattr(cls, "config_class", None)
+    if not isinstance(wanted, type) or isinstance(hf_config, wanted):
+        return hf_config
+    subs = getattr(hf_config, "sub_configs", None) or {}
+    if subs.get("text_config") is wanted:
+        return hf_config.get_text_config()
+    owned = [key for key, sub in subs.items() if sub is wanted]
+    hint = (f"the config's {owned[0]!r} sub-config is a {wanted.__name__}: use it as the "
+            f"config.json (model_type {getattr(wanted, 'model_type', '?')!r})" if owned
+            else "use a config of the class's own model_type")
+    raise PlanError([error(
+        "config.class_mismatch", "/architectures/0",
+        f"{cls.__name__} takes a {wanted.__name__} (model_type "
+        f"{getattr(wanted, 'model_type', '?')!r}); this config is a "
+        f"{type(hf_config).__name__} (model_type {getattr(hf_config, 'model_type', '?')!r}) "
+        "and transformers cannot build the class from it", hint=hint)])
 
 
 def model_class_for(config: Mapping[str, Any]) -> type:
@@ -203,6 +240,10 @@ def model_class_for(config: Mapping[str, Any]) -> type:
 def build_meta_model(config: Mapping[str, Any], model_cls: type | None = None) -> torch.nn.Module:
     """Build the model on the meta device: the real structure, no weights, no download.
 
+    A config transformers itself cannot build the model from (a missing or inconsistent
+    field: its ``__init__`` raises) is a PlanError naming the class and transformers'
+    reason, never a traceback.
+
     Args:
         config: the HF config as a dict.
         model_cls: the class to instantiate; default ``architectures[0]`` from transformers.
@@ -211,5 +252,16 @@ def build_meta_model(config: Mapping[str, Any], model_cls: type | None = None) -
 
     hf_config = load_transformers_config(config)
     cls = model_cls or model_class_for(config)
-    with torch.device("meta"):
-        return cls(hf_config)
+    hf_config = config_for_class(hf_config, cls)
+    try:
+        with torch.device("meta"):
+            return cls(hf_config)
+    except Exception as exc:  # transformers' own __init__ on this config: its reason
+        reason = " ".join(str(exc).split()) or "no message"
+        reason = reason if len(reason) <= 240 else reason[:240] + "..."
+        raise PlanError([error(
+            "config.model_unbuildable", "",
+            f"transformers cannot build {cls.__name__} from this config: "
+            f"{type(exc).__name__}: {reason}",
+            hint="the config is missing or contradicts a field the model's __init__ "
+                 "reads; check it against the model's reference config")]) from None

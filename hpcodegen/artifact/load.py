@@ -95,9 +95,13 @@ class _DuplicateTracker:
 
 
 def parse_json_text(
-    raw: bytes, file: str, max_bytes: int = MAX_META_BYTES
+    raw: bytes, file: str, max_bytes: int = MAX_META_BYTES, *, python_constants: bool = False
 ) -> tuple[Any, tuple[str, ...]]:
     """Decode and parse JSON bytes; returns ``(value, duplicate key pointers)``.
+
+    ``python_constants``: accept ``NaN``, ``Infinity`` and ``-Infinity`` as floats, which
+    Python's ``json`` (so transformers' ``save_pretrained``) writes for non-finite floats;
+    an HF ``config.json`` is read so, our own metas stay strict JSON.
 
     Raises InputError for size, encoding and syntax problems.
     """
@@ -111,7 +115,8 @@ def parse_json_text(
                                 expected="a UTF-8 JSON file", file=file)]) from None
     tracker = _DuplicateTracker()
     try:
-        value = json.loads(text, object_pairs_hook=tracker, parse_constant=_not_json)
+        value = json.loads(text, object_pairs_hook=tracker,
+                           parse_constant=float if python_constants else _not_json)
     except json.JSONDecodeError as exc:
         raise InputError([error("load.invalid_json", f"line {exc.lineno}:{exc.colno}",
                                 f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",

@@ -374,7 +374,10 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                         "structure is not checkable here (signature still compares "
                         "architecture and structure)")
     tp = axis_sizes(ctx.meta).get("tp", 1)
-    yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"))
+    from hpcodegen.generate.package_rules import unsplit_fields
+
+    yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
+                               unsplit_fields(config))
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 

@@ -128,9 +128,12 @@ def _tied_pairs(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[
             yield error("plan.tied_self", pointer("tied_pairs", i),
                         f"{pair[0]!r} is tied to itself")
         elif dict(params[pair[0]][2]) != dict(params[pair[1]][2]):
-            yield warning("plan.tied_placements_differ", pointer("tied_pairs", i, 1),
-                          f"{pair[1]} shares {pair[0]}'s local storage but is planned with "
-                          "other placements", expected=json.dumps(dict(params[pair[0]][2])))
+            # the runtime makes both names one parameter object (one local shard): it
+            # refuses a pair planned two ways, so the gate does too
+            yield error("plan.tied_placements_differ", pointer("tied_pairs", i, 1),
+                        f"{pair[1]} shares {pair[0]}'s local storage but is planned with "
+                        "other placements (tied parameters are one tensor: one placement)",
+                        expected=json.dumps(dict(params[pair[0]][2])))
 
 
 def _is_sharded(named: Mapping[str, Any]) -> bool:

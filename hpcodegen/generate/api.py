@@ -55,6 +55,7 @@ from hpcodegen.generate.recipe import (
     recipe_target_findings,
 )
 from hpcodegen.generate.source import ModelingSource, modeling_source
+from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
 from hpcodegen.generate.validate import check_class_contracts, check_coverage, check_divisible
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.classify import classify_plan
@@ -86,13 +87,11 @@ class GenerateArgs:
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
-    """``[[source, tied]]`` parameter FQN pairs when the config ties the embeddings."""
-    if not config.get("tie_word_embeddings"):
-        return []
-    keys = getattr(model, "_tied_weights_keys", None) or {}
-    if isinstance(keys, Mapping):
-        return sorted([str(src), str(dst)] for dst, src in keys.items())
-    return [["model.embed_tokens.weight", "lm_head.weight"]]
+    """``[[source, tied]]`` parameter FQN pairs: every parameter the built model holds
+    under two names (:func:`hpcodegen.generate.tied.tied_pairs`; transformers ties what the
+    config asks for when it builds the model, embeddings and LM-head biases alike)."""
+    del config  # the model, built from it, already says what is tied
+    return tied_pairs(model)
 
 
 def defined_classes(text: str) -> set[str]:
@@ -137,17 +136,27 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 
 def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
-                 rules: PackageRules | None, ep: int = 1, loss_parallel: bool = False
-                 ) -> tuple[dict[str, dict[str, Any]], list]:
+                 rules: PackageRules | None, ep: int = 1, loss_parallel: bool = False,
+                 notes: list[str] | None = None) -> tuple[dict[str, dict[str, Any]], list]:
     """The lifted plan and injection records: HF plan, package rules, recipe, in that order
     of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
-    names is replicated."""
+    names is replicated; the aliases of a tied parameter take its one sharded placement.
+
+    An HF plan rule that matches no module of this config (a hybrid's attention rules on a
+    config without attention layers, a rule for another variant) is skipped, as transformers
+    skips it, and named in ``notes``; a recipe rule matching nothing stays an error.
+    """
     fqns = list(dict(model.named_modules()))
     params = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     overridden = recipe_modules(recipe or [], fqns)
     hf, shipped = merged_rules(hf_rules(model), rules)
     shipped_modules = set(expand_rules(shipped, fqns, params, overridden, strict=False))
-    assignments = expand_rules(hf, fqns, params, overridden | shipped_modules)
+    unmatched: list[str] = []
+    assignments = expand_rules(hf, fqns, params, overridden | shipped_modules, strict=False,
+                               unmatched=unmatched)
+    if unmatched and notes is not None:
+        notes.append(f"HF plan: {len(unmatched)} rule(s) match no module of this config and "
+                     f"are skipped (as transformers skips them): {', '.join(unmatched)}")
     assignments.update(expand_rules(shipped, fqns, params, overridden,
                                     origin="package", strict=False))
     plan = lift_plan(model, assignments, sp, loss_parallel)
@@ -156,6 +165,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     if ep > 1:
         injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
     replicate_uncovered(model, plan, sp)
+    unify_tied_placements(model, plan, sp)
     return {fqn: plan[fqn] for fqn in sorted(plan)}, injections
 
 
@@ -167,7 +177,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
-    ``notes`` receives a line naming the package rules used, if any.
+    ``notes`` receives a line naming the package rules used, if any, and one naming the HF
+    plan rules that match no module.
     """
     from hpcodegen.hf import build_meta_model
 
@@ -175,15 +186,15 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
     if ep < 1:
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
-    check_divisible(config, tp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
+    rules = package_rules(config, modeling_family(type(model)), tp)
+    check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
-    rules = package_rules(config, tp)
     if rules is not None and notes is not None:
         notes.append(rules.describe())
-    plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel)
+    plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
     advance("emitting the modeling module")
@@ -204,6 +215,16 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     return render_bundle(files, roles, meta)
+
+
+def modeling_family(cls: type) -> str | None:
+    """The transformers package that defines ``cls`` (``gpt2`` for GPT2LMHeadModel), None
+    for a class from elsewhere: the key of the package rules of model_types that reuse
+    another family's classes."""
+    parts = cls.__module__.split(".")
+    if len(parts) >= 3 and parts[:2] == ["transformers", "models"]:
+        return parts[2]
+    return None
 
 
 def _digest_recipe(recipe: Sequence[Mapping[str, Any]] | None,
@@ -286,7 +307,9 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
                     files=[{"name": name, "bytes": len(data),
                             "sha256": hashlib.sha256(data).hexdigest()}
                            for name, data in sorted(rendered.items())],
-                    drift=drifted, package_rules=notes)
+                    drift=drifted,
+                    package_rules=[n for n in notes if n.startswith("package rules ")],
+                    notes=notes)
     if args.verbosity >= 0:
         for note in notes:
             stdout.write(f"{note}\n")

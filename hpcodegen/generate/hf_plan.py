@@ -53,14 +53,16 @@ def hf_rules(model: Any) -> list[tuple[str, str]]:
 def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
                  param_fqns: Sequence[str] = (),
                  overridden: Set[str] = frozenset(), *,
-                 origin: str = "HF plan", strict: bool = True) -> dict[str, Assignment]:
+                 origin: str = "HF plan", strict: bool = True,
+                 unmatched: list[str] | None = None) -> dict[str, Assignment]:
     """Map each module FQN to its style; later rules win, as in transformers.
 
     A rule whose every match (module, or the module owning a matched parameter) is in
     ``overridden`` (matched by a recipe rule, or by a package rule for HF rules) is
     dropped: recipes win over the package rules, which win over the HF plan. With
-    ``strict=False`` (package rules, which cover config variants) a rule matching no
-    module is skipped.
+    ``strict=False`` (the HF plan and the package rules, which cover config variants) a rule
+    matching no module (nor parameter) is skipped, whatever its style, as transformers
+    skips it; its glob is appended to ``unmatched`` when given, so the caller can say so.
 
     Raises:
         PlanError: a style we cannot lift, or a rule that matches no module.
@@ -70,6 +72,12 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
     for glob, style in rules:
         if _overridden(glob, fqns, param_fqns, overridden):
             continue
+        matched = expand_glob(glob, fqns)
+        on_params = [] if matched else expand_glob(glob, param_fqns)
+        if not matched and not on_params and not strict:
+            if unmatched is not None:
+                unmatched.append(glob)
+            continue
         kind = style_kind(style)
         if kind is None:
             problems.append(error(
@@ -78,8 +86,6 @@ def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],
                 expected=", ".join(sorted(STYLE_KINDS)),
                 hint="override the module with a recipe rule (--recipe); recipes win"))
             continue
-        matched = expand_glob(glob, fqns)
-        on_params = [] if matched else expand_glob(glob, param_fqns)
         if on_params and kind[0] in PARAM_KINDS:
             for fqn in on_params:
                 out[fqn] = Assignment(fqn, kind[0], kind[1], style, glob, param=True)

@@ -193,14 +193,16 @@ class Lifter:
                 continue
             if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
                 self._shard_params(entry_fqn, a, params, deferred, divide)
-            elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
+            elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.MLA_KV_A):
                 # a rule on a parameter itself names just it (GPT-NeoX Japanese's dense_bias)
                 names = [rel] if a.param else [
                     f"{rel}.{pname}" for pname in direct_params(self.modules[a.fqn])]
                 for name in names:
                     params[name] = {"tp": "R"}
-                    if a.kind is Kind.REPLICATE_GRAD:
+                    if a.kind is not Kind.REPLICATE:
                         partial.append(name)
+            elif a.kind is Kind.LOCAL_PARAMS:
+                continue  # a region's forward already runs on local shards
             else:
                 raise PlanError([error(
                     "generate.nested_boundary", a.fqn,
@@ -257,7 +259,7 @@ class Lifter:
             return entry
         if a.kind is Kind.EMBED_VOCAB:
             params = {p: {"tp": "S(0)"} for p in names}
-            return {"params": params, **transitions(first_arg(module), "R", "R", "P(sum)", seq)}
+            return {"params": params, **embedding_transitions(module, self.sp and seq_sharded)}
         if a.kind is Kind.EMBED_HIDDEN:
             params = {p: {"tp": "S(1)"} for p in names}
             return {"params": params, **transitions(first_arg(module), "R", "R", "S(-1)", seq)}
@@ -272,22 +274,29 @@ class Lifter:
             if a.kind is Kind.REPLICATE_GRAD and names:
                 entry["partial_grad_params"] = sorted(names)
             return entry
+        what = ("has no colwise/rowwise children of its own, so no region runs its forward "
+                "on local shards" if a.kind is Kind.LOCAL_PARAMS else
+                "needs an enclosing region (a colwise/rowwise parent or a gather/all_reduce "
+                "module)")
         raise PlanError([error(
             "generate.unsupported_style", a.fqn,
-            f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} needs an enclosing "
-            "region (a colwise/rowwise parent or a gather/all_reduce module)")])
+            f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} {what}",
+            hint="declare the boundary with a recipe rule (--recipe)")])
 
     # -- the whole plan --------------------------------------------------------------------
     def _defaults(self) -> list[Assignment]:
         """Embedding, lm_head and norms the HF plan leaves out (5.x lists no norms)."""
         by_id = {id(m): fqn for fqn, m in self.modules.items()}
         extra: list[Assignment] = []
+        # only a module holding the weight itself: a ModuleList of per-codebook heads
+        # (MusicGen) has no forward of its own to place
         emb = _call(self.model, "get_input_embeddings")
-        if emb is not None and by_id.get(id(emb)) not in self.assign:
+        if emb is not None and by_id.get(id(emb)) not in self.assign and _holds_weight(emb):
             extra.append(Assignment(by_id[id(emb)], Kind.EMBED_VOCAB, 1,
                                     "embedding_rowwise", "<input embeddings>"))
         head = _call(self.model, "get_output_embeddings")
-        if head is not None and by_id.get(id(head)) not in self.assign:
+        if head is not None and by_id.get(id(head)) not in self.assign \
+                and _holds_weight(head):
             extra.append(Assignment(by_id[id(head)], Kind.COLWISE_GATHER, 1,
                                     "colwise_gather_output", "<output embeddings>"))
         for fqn, module in self.modules.items():
@@ -331,6 +340,12 @@ class Lifter:
 
 
 
+def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
+    """A vocab-parallel embedding boundary: token ids in replicated, the partial lookup
+    reduced (with ``sp``: reduce-scattered onto the sequence)."""
+    return transitions(first_arg(module), "R", "R", "P(sum)", SEQ if sp else "R")
+
+
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
     """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
     replicated.
@@ -362,6 +377,10 @@ def _call(model: Any, name: str) -> Any:
         return fn() if callable(fn) else None
     except (NotImplementedError, AttributeError):
         return None
+
+
+def _holds_weight(module: Any) -> bool:
+    return "weight" in direct_params(module)
 
 
 def is_norm(module: Any) -> bool:

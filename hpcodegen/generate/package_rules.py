@@ -11,6 +11,7 @@ fills the gap, so ``generate --model DIR --tp N`` works with no recipe from the 
       "transformer.h.*.attn.c_attn": "packed_colwise:3"     # a packed style with n blocks
       "transformer.h.*.attn.c_proj": rowwise
     recipe: []                 # recipe rules (schemas/recipe.schema.json), after the lift
+    unsplit_fields: []         # head-count fields the rules do not split (no divisibility)
     variants:                  # optional; the first whose `when` holds is merged on top
       - when: {multi_query: true, new_decoder_architecture: [false, null]}
         reason: one shared k/v head cannot be split over tp: attention stays replicated
@@ -20,10 +21,16 @@ fills the gap, so ``generate --model DIR --tp N`` works with no recipe from the 
 
 A ``tp_plan`` rule wins over an HF rule for the same modules (an HF rule whose modules all
 match package rules is dropped, whatever its style); the user's ``--recipe`` wins over both.
-``when`` compares config fields (a missing field reads as null; a list means any of);
+``when`` compares config fields (a missing field reads as null; a list means any of).
+
+A model_type without a file of its own that reuses another family's modeling classes (GPT-SW3
+is built from GPT-2's ``GPT2LMHeadModel``) gets the rules of the family whose transformers
+package defines its model class (``transformers.models.gpt2`` -> ``gpt2.yaml``): the rules
+name modules of those classes, so they hold for every model_type built from them.
+
 ``when_indivisible`` holds when some config field is not a multiple of its factor times
 the tp size (a layout that needs whole groups of heads per rank); a variant with both
-needs both.
+``when`` and ``when_indivisible`` needs both.
 """
 
 from __future__ import annotations
@@ -36,9 +43,10 @@ from typing import Any
 from hpcodegen.errors import PlanError, error
 
 RULES_PACKAGE = "hpcodegen.generate.rules"
-_TOP_KEYS = frozenset({"reason", "replace_hf_plan", "tp_plan", "recipe", "variants"})
+_TOP_KEYS = frozenset({"reason", "replace_hf_plan", "tp_plan", "recipe", "variants",
+                       "unsplit_fields"})
 _VARIANT_KEYS = frozenset({"when", "when_indivisible", "reason", "replace_hf_plan", "tp_plan",
-                           "recipe"})
+                           "recipe", "unsplit_fields"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,9 @@ class PackageRules:
     replace_hf_plan: bool = False
     tp_plan: tuple[tuple[str, str], ...] = ()
     recipe: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    #: head-count fields of the config these rules do not split over tp (GPTBigCode's one
+    #: shared k/v head under multi_query): exempt from the divisibility check
+    unsplit_fields: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for generate's output: which file, what it does, and why."""
@@ -101,6 +112,9 @@ def _check_part(label: str, where: str, part: Any, keys: frozenset[str]) -> None
         raise _bad(label, f"{where}/recipe", "expected a list of recipe rules")
     if not isinstance(part.get("replace_hf_plan", False), bool):
         raise _bad(label, f"{where}/replace_hf_plan", "expected true or false")
+    unsplit = part.get("unsplit_fields", [])
+    if not isinstance(unsplit, list) or not all(isinstance(f, str) for f in unsplit):
+        raise _bad(label, f"{where}/unsplit_fields", "expected a list of config field names")
     if "when" in part and not isinstance(part["when"], Mapping):
         raise _bad(label, f"{where}/when", "expected a mapping of config field -> value(s)")
     factors = part.get("when_indivisible", {})
@@ -125,14 +139,26 @@ def _indivisible(factors: Mapping[str, int], config: Mapping[str, Any], tp: int)
                for key, factor in factors.items())
 
 
-def package_rules(config: Mapping[str, Any], tp: int = 1) -> PackageRules | None:
+def package_rules(config: Mapping[str, Any], family: str | None = None, tp: int = 1
+                  ) -> PackageRules | None:
     """The shipped rules for ``config['model_type']`` at tp size ``tp``, None when the
     package has none.
+
+    Args:
+        config: the HF config (plain JSON).
+        family: the transformers package defining the model's class (``gpt2`` for
+            ``transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel``); its rules are used
+            when the model_type has no file of its own.
+        tp: the tp size (``when_indivisible`` variants).
 
     Raises:
         PlanError: a shipped file that breaks the format (a bug in the package).
     """
-    found = _read(str(config.get("model_type") or ""))
+    model_type = str(config.get("model_type") or "")
+    found, shared = _read(model_type), ()
+    if found is None and family and family != model_type:
+        found = _read(family)
+        shared = (f"{model_type} is built from the classes of transformers.models.{family}",)
     if found is None:
         return None
     label, data = found
@@ -153,12 +179,22 @@ def package_rules(config: Mapping[str, Any], tp: int = 1) -> PackageRules | None
     recipe: list[Mapping[str, Any]] = []
     plan: dict[str, str] = {}
     replace_hf = False
+    unsplit: list[str] = []
     for part in parts:
+        unsplit.extend(part.get("unsplit_fields", []))
         plan.update(part.get("tp_plan", {}))
         recipe.extend(validate_recipe(part.get("recipe", []), label))
         replace_hf = part.get("replace_hf_plan", replace_hf)
-    reasons = tuple(str(p["reason"]) for p in parts if p.get("reason"))
-    return PackageRules(label, reasons, replace_hf, tuple(plan.items()), tuple(recipe))
+    reasons = shared + tuple(str(p["reason"]) for p in parts if p.get("reason"))
+    return PackageRules(label, reasons, replace_hf, tuple(plan.items()), tuple(recipe),
+                        tuple(unsplit))
+
+
+def unsplit_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The config fields the shipped rules of ``config``'s model_type do not split over tp
+    (for the divisibility checks of verify and inspect-plan, which see no model class)."""
+    rules = package_rules(config)
+    return rules.unsplit_fields if rules is not None else ()
 
 
 def merged_rules(hf: Sequence[tuple[str, str]], rules: PackageRules | None

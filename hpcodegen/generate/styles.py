@@ -42,6 +42,16 @@ class Kind(str, Enum):
     #: all-reduced), the partial output all-reduced; its packed expert parameters hold the
     #: shards (HF's ``moe_tp_experts``)
     MOE_EXPERTS = "moe_experts"
+    #: a region's module whose forward runs on its own sharded parameters as local tensors
+    #: (HF ``local_params``, on an attention owning per-head ``sinks``): what every region
+    #: of ours already does, so nothing to add; outside a region it is refused
+    LOCAL_PARAMS = "local_params"
+    #: MLA's ``kv_a_proj_with_mqa`` (HF ``mla_kv_a_proj``): a replicated Linear inside the
+    #: attention whose output feeds both the colwise ``kv_b_proj`` and, as the rope part,
+    #: the split heads directly; inside our region it is a replicated parameter whose
+    #: gradient is partial over tp (HF all-reduces the rope part's gradient instead: the
+    #: same sum); outside a region it is refused
+    MLA_KV_A = "mla_kv_a"
 
 
 #: style name -> (kind, shard factor for packed weights, 1 otherwise)
@@ -68,6 +78,8 @@ STYLE_KINDS: dict[str, tuple[Kind, int]] = {
     "packed_rowwise": (Kind.ROWWISE, 2),
     "all_reduce": (Kind.REDUCE_OUTPUT, 1),
     "moe_tp_experts": (Kind.MOE_EXPERTS, 1),
+    "local_params": (Kind.LOCAL_PARAMS, 1),
+    "mla_kv_a_proj": (Kind.MLA_KV_A, 1),
 }
 
 #: kinds a rule may give a *parameter* (HF 5.x plans name packed expert weights directly,

@@ -6,7 +6,7 @@ module or the config field, so nothing is skipped silently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Collection, Mapping, Set
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +16,7 @@ from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
 from hpcodegen.plan.tp_divisible import tp_divisibility
 
 
-def check_divisible(config: Mapping[str, Any], tp: int) -> None:
+def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str] = ()) -> None:
     """Refuse a config whose sizes do not divide ``tp``: PlanError naming the fields.
 
     The rule is :func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the one verify's
@@ -24,7 +24,7 @@ def check_divisible(config: Mapping[str, Any], tp: int) -> None:
     unevenly) are refused here too: the generator only emits even shards.
     """
     problems = [replace(f, severity=Severity.ERROR)
-                for f in tp_divisibility(config, tp, "generate")]
+                for f in tp_divisibility(config, tp, "generate", unsplit=unsplit)]
     if problems:
         raise PlanError(problems)
 

@@ -110,6 +110,7 @@ def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Fin
     come from ``--hf-config`` when given, else from the meta's ``source.structure`` (generate
     records them); the tp size from ``--mesh`` when given, else the frozen one.
     """
+    from hpcodegen.generate.package_rules import unsplit_fields
     from hpcodegen.plan.tp_divisible import tp_divisibility
 
     if opts.mesh is not None:
@@ -132,7 +133,13 @@ def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Fin
         config, source = structure, "source.structure of the meta"
     return [replace(f, file=f.file or (source if opts.hf_config else None),
                     message=f"{f.message}, from {source}" if not opts.hf_config else f.message)
-            for f in tp_divisibility(config, tp, "inspect", where)]
+            for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(
+                {"model_type": _source_model_type(meta), **config}))]
+
+
+def _source_model_type(meta: Mapping[str, Any]) -> Any:
+    source = meta.get("source")
+    return source.get("model_type") if isinstance(source, Mapping) else None
 
 
 def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:

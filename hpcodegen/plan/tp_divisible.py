@@ -10,7 +10,7 @@ read when the top level lacks them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from hpcodegen.errors import Finding, Severity, error, warning
@@ -38,7 +38,7 @@ def config_size(config: Mapping[str, Any], key: str) -> tuple[str, int] | None:
 
 
 def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
-                    where: str | None = None) -> list[Finding]:
+                    where: str | None = None, unsplit: Collection[str] = ()) -> list[Finding]:
     """Findings for the sizes of ``config`` that do not divide ``tp``.
 
     Args:
@@ -46,11 +46,15 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
         tp: the tp size.
         check: the code prefix (``generate``, ``model``).
         where: the pointer every finding names; the config field's pointer when None.
+        unsplit: fields the plan does not split over tp (the package rules'
+            ``unsplit_fields``: a multi-query model's one k/v head, kept whole).
     """
     found: list[Finding] = []
     fields = [(k, why, Severity.ERROR) for k, why in HEAD_FIELDS]
     fields += [(k, why, Severity.WARNING) for k, why in SHARDED_FIELDS]
     for key, why, severity in fields:
+        if key in unsplit:
+            continue
         size = config_size(config, key)
         if size is None or tp < 1 or size[1] % tp == 0:
             continue

@@ -75,13 +75,13 @@ def test_duplicate_injection_target_and_unplanned_list_member() -> None:
     }
 
 
-def test_tied_pairs_with_other_placements_warn_and_self_tie_errors() -> None:
+def test_tied_pairs_with_other_placements_and_self_tie_are_errors() -> None:
     meta = vf.llama_meta()
     meta["param_plan"]["lm_head"]["params"]["weight"] = {"tp": "S(1)"}
     meta["tied_pairs"].append(["lm_head.weight", "lm_head.weight"])
     meta["frozen_sharded_params"] = sorted(meta["frozen_sharded_params"])
     result = plan(meta)
-    assert ("plan.tied_placements_differ", "/tied_pairs/0/1") in vf.codes(result, "warning")
+    assert ("plan.tied_placements_differ", "/tied_pairs/0/1") in vf.codes(result, "error")
     assert ("plan.tied_self", "/tied_pairs/1") in vf.codes(result, "error")
 
 
