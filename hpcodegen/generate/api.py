@@ -56,7 +56,12 @@ from hpcodegen.generate.recipe import (
 )
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
-from hpcodegen.generate.validate import check_class_contracts, check_coverage, check_divisible
+from hpcodegen.generate.validate import (
+    check_class_contracts,
+    check_coverage,
+    check_divisible,
+    check_sequence_parallel,
+)
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.classify import classify_plan
 from hpcodegen.plan.entry import is_boundary
@@ -197,6 +202,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
+    if sp:
+        check_sequence_parallel(plan, classes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))

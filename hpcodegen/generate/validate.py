@@ -85,3 +85,27 @@ def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
                      "transitions"))
     if problems:
         raise PlanError(problems)
+
+
+def check_sequence_parallel(plan: Mapping[str, Mapping[str, Any]],
+                            classes: Mapping[str, str]) -> None:
+    """With ``--sp``: refuse a module whose replicated compute would see only its rank's
+    slice of the sequence (:func:`hpcodegen.generate.lift.sequence_sharded_compute`), one
+    finding per class, so that no plan the runtime cannot execute exactly is frozen."""
+    from hpcodegen.generate.lift import sequence_sharded_compute
+
+    seen: dict[str, list[str]] = {}
+    for fqn in sequence_sharded_compute(plan):
+        seen.setdefault(classes.get(fqn, "?"), []).append(fqn)
+    problems = []
+    for cls, fqns in sorted(seen.items(), key=lambda kv: kv[1][0]):
+        more = f" (and {len(fqns) - 1} more)" if len(fqns) > 1 else ""
+        problems.append(error(
+            "generate.sp_replicated_compute", fqns[0],
+            f"{fqns[0]} ({cls}){more}: no tp rule splits it (its parameters are replicated), "
+            "so with sequence parallelism (--sp) it would run on its rank's slice of the "
+            "sequence only; a token-mixing module (attention, convolution, recurrence) "
+            "there is not exact",
+            hint="split it with a recipe rule (--recipe), or generate without --sp"))
+    if problems:
+        raise PlanError(problems)
