@@ -60,6 +60,7 @@ from hpcodegen.generate.validate import (
     check_class_contracts,
     check_coverage,
     check_divisible,
+    check_even_shards,
     check_sequence_parallel,
 )
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
@@ -202,6 +203,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
+    check_even_shards(model, plan, tp)
     if sp:
         check_sequence_parallel(plan, classes)
     advance("emitting the modeling module")
