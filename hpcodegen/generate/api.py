@@ -194,7 +194,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     advance("building the model on the meta device")
     model = build_meta_model(config)
-    rules = package_rules(config, modeling_family(type(model)))
+    rules = package_rules(config, modeling_family(type(model)), tp)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
