@@ -55,6 +55,7 @@ from hpcodegen.generate.recipe import (
     recipe_target_findings,
 )
 from hpcodegen.generate.source import ModelingSource, modeling_source
+from hpcodegen.generate.sp_check import check_sp_shapes
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
 from hpcodegen.generate.validate import (
     check_class_contracts,
@@ -206,6 +207,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     check_even_shards(model, plan, tp)
     if sp:
         check_sequence_parallel(plan, classes)
+        check_sp_shapes(model, plan, tp, classes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))
