@@ -55,8 +55,15 @@ from hpcodegen.generate.recipe import (
     recipe_target_findings,
 )
 from hpcodegen.generate.source import ModelingSource, modeling_source
+from hpcodegen.generate.sp_check import check_sp_shapes
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
-from hpcodegen.generate.validate import check_class_contracts, check_coverage, check_divisible
+from hpcodegen.generate.validate import (
+    check_class_contracts,
+    check_coverage,
+    check_divisible,
+    check_even_shards,
+    check_sequence_parallel,
+)
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.classify import classify_plan
 from hpcodegen.plan.entry import is_boundary
@@ -199,7 +206,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     advance("building the model on the meta device")
     model = build_meta_model(config)
-    rules = package_rules(rules_scope(config, model), modeling_family(type(model)))
+    rules = package_rules(rules_scope(config, model), modeling_family(type(model)), tp)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
@@ -208,6 +215,10 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
+    check_even_shards(model, plan, tp)
+    if sp:
+        check_sequence_parallel(plan, classes)
+        check_sp_shapes(model, plan, tp, classes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))

@@ -11,6 +11,7 @@ dim (``S(1)``): region inputs are all-gathered and region outputs reduce-scatter
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -19,7 +20,7 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.styles import Kind, param_shard, shard
-from hpcodegen.plan.entry import join_fqn, partial_deferred_biases
+from hpcodegen.plan.entry import fqn_depth, is_boundary, join_fqn, partial_deferred_biases
 
 SEQ = "S(1)"
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
@@ -73,17 +74,40 @@ def head_count_attrs(module: Any) -> list[str]:
     """Integer attributes naming head counts that the class's forward reads.
 
     The runtime divides them by tp (each rank holds heads/tp heads). transformers 5.x
-    attention reshapes with ``-1`` and keeps none, so this is usually ``[]``.
+    attention reshapes with ``-1`` and keeps none, so this is usually ``[]``. Methods of
+    the class that the forward calls (``self._split_heads(...)``: Persimmon, GPT-NeoX
+    Japanese) read them on its behalf, so their source counts too.
     """
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        return []
+    source = forward_source(module)
     return sorted(
         name for name, value in vars(module).items()
         if "heads" in name and isinstance(value, int) and not isinstance(value, bool)
         and f"self.{name}" in source
     )
+
+
+def forward_source(module: Any) -> str:
+    """The source of ``type(module).forward`` and of the methods it calls on ``self``
+    (transitively), "" when unavailable."""
+    cls = type(module)
+    seen: set[str] = set()
+    texts: list[str] = []
+    todo = ["forward"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name == "__init__":
+            continue
+        seen.add(name)
+        fn = getattr(cls, name, None)
+        try:
+            text = inspect.getsource(fn) if callable(fn) else ""
+        except (OSError, TypeError):
+            text = ""
+        texts.append(text)
+        # methods only: submodules (``self.q_proj(x)``) are instance attributes
+        todo.extend(m for m in re.findall(r"self\.(\w+)\(", text)
+                    if callable(getattr(cls, m, None)))
+    return "\n".join(texts)
 
 
 class Lifter:
@@ -170,10 +194,13 @@ class Lifter:
             if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
                 self._shard_params(entry_fqn, a, params, deferred, divide)
             elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.MLA_KV_A):
-                for pname in direct_params(self.modules[a.fqn]):
-                    params[f"{rel}.{pname}"] = {"tp": "R"}
+                # a rule on a parameter itself names just it (GPT-NeoX Japanese's dense_bias)
+                names = [rel] if a.param else [
+                    f"{rel}.{pname}" for pname in direct_params(self.modules[a.fqn])]
+                for name in names:
+                    params[name] = {"tp": "R"}
                     if a.kind is not Kind.REPLICATE:
-                        partial.append(f"{rel}.{pname}")
+                        partial.append(name)
             elif a.kind is Kind.LOCAL_PARAMS:
                 continue  # a region's forward already runs on local shards
             else:
@@ -242,6 +269,11 @@ class Lifter:
             if self.sp and names:
                 entry["partial_grad_params"] = sorted(names)
             return entry
+        if a.rule == PER_TOKEN_EMBEDDING:
+            # computed whole on every rank (replicated weight, full gradient), then this
+            # rank's slice of the sequence taken: the output's backward all-gathers
+            return {"params": {p: {"tp": "R"} for p in names},
+                    **transitions(first_arg(module), "R", "R", "R", seq)}
         if a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
             entry = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
             if a.kind is Kind.REPLICATE_GRAD and names:
@@ -275,6 +307,12 @@ class Lifter:
         for fqn, module in self.modules.items():
             if fqn not in self.assign and is_norm(module):
                 extra.append(Assignment(fqn, Kind.NORM, 1, "sequence_parallel", "<norm>"))
+        known = {a.fqn for a in extra} | set(self.assign)
+        for fqn, module in self.modules.items():
+            if self.sp and fqn not in known and is_lookup_embedding(module) \
+                    and direct_params(module):
+                extra.append(Assignment(fqn, Kind.REPLICATE, 1, "<per-token embedding>",
+                                        PER_TOKEN_EMBEDDING))
         return extra
 
     def run(self) -> dict[str, dict[str, Any]]:
@@ -357,9 +395,24 @@ def _holds_weight(module: Any) -> bool:
 
 
 def is_norm(module: Any) -> bool:
-    """RMSNorm/LayerNorm-like modules: the class name ends in ``Norm`` and holds a weight."""
-    name = type(module).__name__
-    return name.endswith(("RMSNorm", "LayerNorm")) and "weight" in direct_params(module)
+    """RMSNorm/LayerNorm-like modules holding a weight: the class name ends in ``RMSNorm`` or
+    ``LayerNorm``, or the class derives from torch's ``LayerNorm``/``RMSNorm`` (Nemotron's
+    ``LayerNorm1P``)."""
+    names = [c.__name__ for c in type(module).__mro__]
+    return (names[0].endswith(("RMSNorm", "LayerNorm")) or "LayerNorm" in names[1:]
+            or "RMSNorm" in names[1:]) and "weight" in direct_params(module)
+
+
+#: the rule name of a per-token embedding planned by :meth:`Lifter._defaults` under ``sp``
+PER_TOKEN_EMBEDDING = "<per-token embedding>"
+
+
+def is_lookup_embedding(module: Any) -> bool:
+    """An ``nn.Embedding`` (or subclass): a per-token lookup whose output is its ids' shape
+    plus the embedding width, so ``(batch, seq)`` ids give a sequence on dim 1 (GPT-2's
+    ``wpe`` position embedding, token-type or per-layer embeddings)."""
+    return any(c.__name__ == "Embedding" and c.__module__.startswith("torch.nn")
+               for c in type(module).__mro__)
 
 
 def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool,
@@ -390,19 +443,45 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
         owner = parent_of(name)
         enclosing = [fqn for fqn in plan if relative_to(owner, fqn) is not None]
         if enclosing:
-            fqn = max(enclosing, key=lambda f: (f.count(".") + 1) if f else 0)
+            fqn = max(enclosing, key=fqn_depth)
             entry = plan[fqn]
-            partial = splits_compute(entry) or (sp and _sequence_sharded_input(entry))
         else:
             fqn = owner
             entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
-            partial = sp
+        region = enclosing_boundary(plan, fqn)
+        partial = sp if region is None else splits_compute(plan[region]) or (
+            sp and _sequence_sharded_input(plan[region]))
         rel = relative_to(name, fqn) or name
         entry.setdefault("params", {})[rel] = {"tp": "R"}
         if partial:
             entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
         added.append(name)
     return added
+
+
+def enclosing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
+    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none)."""
+    above = [f for f, e in plan.items() if relative_to(fqn, f) is not None and is_boundary(e)]
+    return max(above, key=fqn_depth) if above else None
+
+
+def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """With ``sp``: the parameter-only entries whose module runs on sequence-sharded
+    activations (no enclosing boundary gathers the sequence first).
+
+    Such a module's compute is replicated (no rule splits it) but sees only its rank's slice
+    of the sequence; an attention, a convolution or a recurrence there mixes tokens and would
+    be wrong, and nothing tells which modules are per-token. Norms and per-token embeddings
+    are planned as boundaries of their own, so they are not listed.
+    """
+    out = []
+    for fqn, entry in plan.items():
+        if is_boundary(entry) or not entry.get("params"):
+            continue
+        region = enclosing_boundary(plan, fqn)
+        if region is None or _sequence_sharded_input(plan[region]):
+            out.append(fqn)
+    return sorted(out)
 
 
 def _sequence_sharded_input(entry: Mapping[str, Any]) -> bool:

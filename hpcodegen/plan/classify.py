@@ -60,7 +60,8 @@ from hpcodegen.plan.steps import (
 __all__ = [  # the step algebra lives in plan/steps.py; re-exported for existing importers
     "TP", "BoundaryForm", "Form", "OpKind", "Step", "StepKind", "TPOp", "Transition",
     "classify_boundary", "classify_entries", "classify_memo", "classify_plan",
-    "classify_transition", "grad_placements", "grad_steps", "outputs_not_first",
+    "classify_transition", "enclosed_in_partial", "grad_placements", "grad_steps",
+    "outputs_not_first",
     "redistribute_steps", "splits_compute",
 ]
 
@@ -83,6 +84,9 @@ class Transition:
     note: str
     #: what the backward runs per axis for this transition's gradient (see ``grad_steps``)
     grad_steps: tuple[Step, ...] = ()
+    #: an output of a boundary nested in one whose output is partial over tp: its
+    #: replicated gradient arrives partial (``grad_placements``' ``enclosed``)
+    enclosed: bool = False
 
     @property
     def is_identity(self) -> bool:
@@ -175,9 +179,29 @@ def _parses_as(text: object, pred: Any) -> bool:
         return False
 
 
+def partial_output(entry: Any) -> bool:
+    """True when ``entry`` is a boundary with an output partial over ``tp`` (a region)."""
+    if not isinstance(entry, Mapping) or not is_boundary(entry):
+        return False
+    return any(isinstance(named, Mapping)
+               and _parses_as(named.get(TP), lambda p: isinstance(p, Partial))
+               for named in (entry.get("out_src") or {}).values())
+
+
+def enclosed_in_partial(fqn: str, plan: Mapping[str, Any]) -> bool:
+    """True when a module enclosing ``fqn`` (not ``fqn`` itself) is a boundary whose output
+    is partial over tp: every replicated value inside it then has a partial gradient."""
+    if not fqn:
+        return False
+    parts = fqn.split(".")
+    return any(partial_output(plan.get(".".join(parts[:i]))) for i in range(len(parts)))
+
+
 def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Sequence[str],
-                 sizes: Mapping[str, int] | None) -> tuple[Transition, ...]:
+                 sizes: Mapping[str, int] | None, enclosed: bool = False
+                 ) -> tuple[Transition, ...]:
     split = splits_compute(entry)
+    enclosed = enclosed and side == "out"
     src_map = entry.get(f"{side}_src") or {}
     dst_map = entry.get(f"{side}_dst") or {}
     out: list[Transition] = []
@@ -190,9 +214,9 @@ def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Seq
         steps = () if identity else redistribute_steps(src, dst, axes)
         what = str(op) if op is not None else "dtensor redistribute"
         note = "" if identity else _note(name, raw_src, raw_dst, what)
-        grad, target = grad_placements(side, src, dst, axes, split)
+        grad, target = grad_placements(side, src, dst, axes, split, enclosed)
         back = redistribute_steps(_degenerate(grad, axes, sizes), target, axes)
-        out.append(Transition(side, name, src, dst, op, steps, note, back))
+        out.append(Transition(side, name, src, dst, op, steps, note, back, enclosed))
     return tuple(out)
 
 
@@ -212,6 +236,7 @@ def classify_boundary(
     axes: Sequence[str] | None,
     injection: Mapping[str, Any] | None = None,
     sizes: Mapping[str, int] | None = None,
+    enclosed: bool = False,
 ) -> BoundaryForm:
     """Classify one ``param_plan`` entry over the mesh ``axes``.
 
@@ -221,6 +246,8 @@ def classify_boundary(
         axes: the ordered active mesh axes (the plan's ``mesh_dim_names`` or a live mesh).
         injection: the entry's injection record (``expand_injections``), if any.
         sizes: axis sizes; an axis of size 1 makes every transition on it identity.
+        enclosed: the entry is nested in a boundary whose output is partial over tp
+            (:func:`enclosed_in_partial`): its replicated outputs get partial gradients.
 
     Returns:
         The form, each transition with its lowered op (or None) and its DTensor steps.
@@ -235,7 +262,7 @@ def classify_boundary(
     axes = tuple(axes or ())
     if injection.get("local_compute_fn"):
         inputs = _transitions(entry, "in", axes, sizes)
-        outputs = _transitions(entry, "out", axes, sizes)
+        outputs = _transitions(entry, "out", axes, sizes, enclosed)
         return BoundaryForm(fqn, "region", inputs, outputs, names,
                             ("local_compute_fn injection",), injection)
     reasons: list[str] = []
@@ -247,7 +274,7 @@ def classify_boundary(
         form: Form = "generic" if reasons else "identity"
         return BoundaryForm(fqn, form, (), (), names, tuple(reasons), injection or None)
     inputs = _transitions(entry, "in", axes, sizes)
-    outputs = _transitions(entry, "out", axes, sizes)
+    outputs = _transitions(entry, "out", axes, sizes, enclosed)
     for t in inputs + outputs:
         if t.op is None:
             reasons.append(f"{t.side}put {t.name!r} is not one tp collective")
@@ -270,7 +297,8 @@ def classify_plan(
     injections = expand_injections(meta)
     memo: dict[str, BoundaryForm] = {}
     return promote_reducing_identities({
-        fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
+        fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes,
+                           enclosed_in_partial(fqn, param_plan(meta)))
         for fqn, entry in param_plan(meta).items()
     }, param_plan(meta))
 
@@ -324,7 +352,8 @@ def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
         try:
             if not isinstance(entry, Mapping):
                 raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
-            forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes)
+            forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes,
+                                       enclosed_in_partial(fqn, param_plan(meta)))
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             problems.append(error("inspect.bad_entry", pointer("param_plan", fqn),
                                   f"cannot classify {fqn!r}: {exc}",
@@ -339,6 +368,7 @@ def classify_memo(
     axes: Sequence[str],
     injection: Mapping[str, Any] | None = None,
     sizes: Mapping[str, int] | None = None,
+    enclosed: bool = False,
 ) -> BoundaryForm:
     """:func:`classify_boundary` with a per-plan memo: repeated layers are classified once.
 
@@ -346,10 +376,10 @@ def classify_memo(
     same content (every layer of a model) share one classification. ``memo`` must only be
     reused for the same ``axes`` and ``sizes``.
     """
-    key = repr((entry, injection))
+    key = repr((entry, injection, enclosed))
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = classify_boundary(fqn, entry, axes, injection, sizes)
+        hit = memo[key] = classify_boundary(fqn, entry, axes, injection, sizes, enclosed)
     if hit.fqn == fqn:
         return hit
     return BoundaryForm(fqn, hit.form, hit.inputs, hit.outputs, hit.out_names, hit.reasons,

@@ -130,29 +130,36 @@ def redistribute_steps(
 
 
 def grad_steps(side: Literal["in", "out"], src: tuple[Placement, ...],
-               dst: tuple[Placement, ...], axes: Sequence[str], split: bool) -> tuple[Step, ...]:
+               dst: tuple[Placement, ...], axes: Sequence[str], split: bool,
+               enclosed: bool = False) -> tuple[Step, ...]:
     """What the backward of ``src -> dst`` runs, with DTensor's autograd.
 
     The gradient arrives with the ``dst`` placements, except that an *input* replicated on tp
-    inside a compute-splitting boundary has a ``P(sum)`` gradient; it is redistributed back to
-    ``src``, where a Partial target is kept as Replicate (as torch does). So an input
+    inside a compute-splitting boundary has a ``P(sum)`` gradient, and so has an *output*
+    replicated on tp of a boundary nested (``enclosed``) in a boundary whose output is
+    partial over tp (every replicated value in there reaches the loss only through that
+    partial sum: Mamba's x_proj all_reduce feeds the channel-split scan). It is redistributed
+    back to ``src``, where a Partial target is kept as Replicate (as torch does). So an input
     all_gather backs off as reduce_scatter, an identity input as all_reduce, an output
-    reduce_scatter as all_gather, an output all_reduce as nothing.
+    reduce_scatter as all_gather, an output all_reduce as nothing (enclosed: all_reduce).
     """
-    grad, target = grad_placements(side, src, dst, axes, split)
+    grad, target = grad_placements(side, src, dst, axes, split, enclosed)
     return redistribute_steps(grad, target, axes)
 
 
 def grad_placements(side: Literal["in", "out"], src: tuple[Placement, ...],
                     dst: tuple[Placement, ...], axes: Sequence[str],
-                    split: bool) -> tuple[tuple[Placement, ...], tuple[Placement, ...]]:
+                    split: bool, enclosed: bool = False
+                    ) -> tuple[tuple[Placement, ...], tuple[Placement, ...]]:
     """``(arriving gradient placements, target placements)`` of the backward of ``src -> dst``.
 
     The one rule behind :func:`grad_steps`, exposed so volume prediction walks the same
-    placements the backward walks.
+    placements the backward walks. ``split``: the boundary splits compute over tp (its
+    inputs' rule); ``enclosed``: it is nested in a boundary whose output is partial over tp
+    (its outputs' rule).
     """
     grad = dst
-    if side == "in" and split:
+    if (side == "in" and split) or (side == "out" and enclosed):
         grad = tuple(Partial("sum") if a == TP and isinstance(p, Replicate) else p
                      for a, p in zip(axes, dst, strict=False))
     target = tuple(REPLICATE if isinstance(p, Partial) else p for p in src)

@@ -154,7 +154,8 @@ def transition_volume(t: Transition, entry: Mapping[str, Any], axes: Sequence[st
     full = None
     if info is not None:
         full = float(math.prod(info[0]) * (info[1] or float_bytes))
-    grad, grad_target = grad_placements(t.side, t.src, t.dst, axes, splits_compute(entry))
+    grad, grad_target = grad_placements(t.side, t.src, t.dst, axes, splits_compute(entry),
+                                       t.enclosed)
     passes = [("forward", t.steps, t.src, t.dst)]
     if backward and not (info is not None and info[1] is not None):  # integers: no gradient
         passes.append(("backward", t.grad_steps, grad, grad_target))

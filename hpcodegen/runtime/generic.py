@@ -32,14 +32,15 @@ def dtensor_fn(t: Transition, active: ActiveMesh, split: bool, where: str) -> Ca
     if bad:
         raise PlanError([error("runtime.invalid_redistribute", where,
                                f"{t.side}put {t.name!r}: {bad[0].detail}")])
-    grad, _ = grad_placements(t.side, t.src, t.dst, active.axes, split)
+    grad, _ = grad_placements(t.side, t.src, t.dst, active.axes, split, t.enclosed)
     mesh = active.mesh
 
     def redistribute(value: torch.Tensor) -> torch.Tensor:
         nd = value.dim()
         d = DTensor.from_local(value, mesh, to_torch_placements(t.src, nd), run_check=False)
         d = d.redistribute(mesh, to_torch_placements(t.dst, nd))
-        grad_placements = to_torch_placements(grad, nd) if t.side == "in" else None
+        grad_placements = to_torch_placements(grad, nd) if t.side == "in" or t.enclosed \
+            else None
         return d.to_local(grad_placements=grad_placements)
     return lambda value: map_local_tensors(value, redistribute)
 

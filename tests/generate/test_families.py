@@ -135,7 +135,47 @@ def test_scaled_embedding_class_is_vocab_parallel() -> None:
 @pytest.mark.parametrize("family", ["phi3", "gpt2", "falcon_gqa", "apertus", "gemma3_text"])
 def test_tp4_and_sp(family: str) -> None:
     assert plan_of(family, tp=4)
-    assert plan_of(family, sp=True)
+    if family != "gpt2":  # refused: test_sp_refuses_a_model_that_reshapes_by_the_full_length
+        assert plan_of(family, sp=True)
+
+
+def test_sp_refuses_a_model_that_reshapes_by_the_full_length() -> None:
+    """GPT-2's model forward views its output by ``input_ids.shape``: on one rank's slice
+    of the sequence the logits come back misshapen. The fake-tensor dry run of the plan's
+    sequence transitions finds it at generate time and names the module."""
+    with pytest.raises(PlanError, match=r"transformer \(GPT2Model\).*shape \(1, 16, 256\)"
+                       r" instead of \(2, 8, 256\)") as exc:
+        plan_of("gpt2", sp=True)
+    assert {f.code for f in exc.value.findings} == {"generate.sp_shapes"}
+
+
+def test_sp_refuses_replicated_compute_on_a_sequence_slice() -> None:
+    """Falcon's multi-query attention has no rule (its fused q|k|v holds one kv head): with
+    --sp it would attend within its rank's slice of the sequence. generate refuses, naming
+    the module, instead of freezing a plan the runtime cannot execute exactly."""
+    assert plan_of("falcon")  # without --sp: replicated attention is exact
+    with pytest.raises(PlanError, match=r"self_attention\.dense \(FalconLinear\).*--sp") as exc:
+        plan_of("falcon", sp=True)
+    assert {f.code for f in exc.value.findings} == {"generate.sp_replicated_compute"}
+
+
+def test_layer_norm_subclass_is_a_norm_with_every_gradient_partial_under_sp() -> None:
+    """Nemotron's ``LayerNorm1P`` (a ``nn.LayerNorm`` subclass, weight and bias): a norm
+    boundary like RMSNorm, both gradients partial with --sp (each rank sees its slice)."""
+    plan = plan_of("nemotron", sp=True)
+    norm = plan["model.layers.0.input_layernorm"]
+    assert norm["in_src"] == {"input": {"tp": "S(1)"}}
+    assert norm["partial_grad_params"] == ["bias", "weight"]
+
+
+def test_sp_slices_a_per_token_embedding_after_computing_it_whole() -> None:
+    """GPT-BigCode's learned position embedding ``wpe`` is added to the sequence-sharded
+    token embedding: with --sp it is a boundary taking this rank's slice of its output."""
+    wpe = plan_of("gpt_bigcode", sp=True)["transformer.wpe"]
+    assert wpe["params"] == {"weight": {"tp": "R"}}
+    assert wpe["out_src"] == {"output": {"tp": "R"}}
+    assert wpe["out_dst"] == {"output": {"tp": "S(1)"}}
+    assert plan_of("gpt_bigcode")["transformer.wpe"]["is_boundary"] is False  # no --sp
 
 
 def test_package_rules_and_recipe_enter_the_input_digest() -> None:

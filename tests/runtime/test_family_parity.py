@@ -5,7 +5,8 @@ embedding (a class of the generated file, vocab-parallel, tied to the LM head), 
 OLMo 2 / GLM-4 (gathered colwise + rowwise_split_input), GPT-2 / Falcon / Hunyuan-V1 dense
 (package rules; GPT-2's Conv1D with a packed q|k|v and rowwise biases), Apertus (xIELU
 scalars no rule names: replicated, partial gradient synchronised), with --sp for several
-(Phi-3's attention then gathers the sequence itself).
+(Phi-3's attention then gathers the sequence itself; Gemma 2's eager attention takes a mask
+built for the full sequence; Nemotron's LayerNorm1P bias gradient is partial).
 Logits and every gradient within 1e-5 of the unsharded model.
 """
 
@@ -26,7 +27,7 @@ TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "glm4", "gpt2", "falcon",
        "falcon_gqa", "hunyuan_v1_dense", "apertus", "starcoder2", "gpt_neox"]
-SP = ["gemma", "phi3", "apertus"]
+SP = ["gemma", "phi3", "apertus", "gemma2", "nemotron"]
 
 
 def _artifact(root: Path, family: str, sp: bool) -> tuple[str, str, str]:

@@ -1,0 +1,52 @@
+"""Parity on real gloo ranks for the state-space (recurrent) decoder families.
+
+Their mixers are split over tp by channels with package rules
+(hpcodegen/generate/rules/<model_type>.yaml): in_proj packed colwise, the depthwise conv,
+dt_proj and the mixer's own per-channel A_log / D sharded on dim 0, out_proj rowwise, and a
+rowwise x_proj nested in the mixer whose all_reduce also all-reduces its gradient (the
+classifier's rule for outputs inside a partial region); Mamba-2's unequal packed in_proj
+gathered, its out_proj split rowwise, the scan replicated. One spawn runs every model.
+Logits and every gradient within 1e-5 of the unsharded model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from family_workers import parity_models
+from rt_workers import spawn
+
+from hpcodegen.generate.api import build_bundle
+from hpcodegen.hf import read_hf_config
+
+pytestmark = [pytest.mark.gloo, pytest.mark.slow]
+
+TOL = 1e-5
+FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
+TP2 = ["mamba", "falcon_mamba", "mamba2"]
+
+
+def _artifact(root: Path, family: str) -> tuple[str, str, str]:
+    from hpcodegen.artifact.bundle import write_bundle
+
+    config, _ = read_hf_config(FAMILIES / family)
+    name = f"{family}_tp2"
+    write_bundle(root / name, build_bundle(config, 2, False, None, family))
+    return name, str(root / name), str(FAMILIES / family)
+
+
+@pytest.mark.timeout(240)
+def test_ssm_family_parity_tp2(tmp_path: Path) -> None:
+    models = [_artifact(tmp_path, f) for f in TP2]
+    out = tmp_path / "ranks"
+    out.mkdir()
+    results = spawn(2, parity_models, models, 2, out_dir=str(out))
+    assert set(results[0]) == {m[0] for m in models}
+    for rank, per_model in enumerate(results):
+        for name, r in per_model.items():
+            assert "error" not in r, (rank, name, r.get("error"))
+            assert r["odd"] == [], (rank, name, r)
+            assert r["logits"] <= TOL, (rank, name, r)
+            assert r["grad"] <= TOL, (rank, name, r)
+            assert r["grad_scale"] > 100 * TOL, (rank, name, "gradients too small to test")
