@@ -11,6 +11,7 @@ dim (``S(1)``): region inputs are all-gathered and region outputs reduce-scatter
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -73,17 +74,40 @@ def head_count_attrs(module: Any) -> list[str]:
     """Integer attributes naming head counts that the class's forward reads.
 
     The runtime divides them by tp (each rank holds heads/tp heads). transformers 5.x
-    attention reshapes with ``-1`` and keeps none, so this is usually ``[]``.
+    attention reshapes with ``-1`` and keeps none, so this is usually ``[]``. Methods of
+    the class that the forward calls (``self._split_heads(...)``: Persimmon, GPT-NeoX
+    Japanese) read them on its behalf, so their source counts too.
     """
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        return []
+    source = forward_source(module)
     return sorted(
         name for name, value in vars(module).items()
         if "heads" in name and isinstance(value, int) and not isinstance(value, bool)
         and f"self.{name}" in source
     )
+
+
+def forward_source(module: Any) -> str:
+    """The source of ``type(module).forward`` and of the methods it calls on ``self``
+    (transitively), "" when unavailable."""
+    cls = type(module)
+    seen: set[str] = set()
+    texts: list[str] = []
+    todo = ["forward"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name == "__init__":
+            continue
+        seen.add(name)
+        fn = getattr(cls, name, None)
+        try:
+            text = inspect.getsource(fn) if callable(fn) else ""
+        except (OSError, TypeError):
+            text = ""
+        texts.append(text)
+        # methods only: submodules (``self.q_proj(x)``) are instance attributes
+        todo.extend(m for m in re.findall(r"self\.(\w+)\(", text)
+                    if callable(getattr(cls, m, None)))
+    return "\n".join(texts)
 
 
 class Lifter:
@@ -170,10 +194,13 @@ class Lifter:
             if a.kind in (Kind.COLWISE, Kind.ROWWISE, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE):
                 self._shard_params(entry_fqn, a, params, deferred, divide)
             elif a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.MLA_KV_A):
-                for pname in direct_params(self.modules[a.fqn]):
-                    params[f"{rel}.{pname}"] = {"tp": "R"}
+                # a rule on a parameter itself names just it (GPT-NeoX Japanese's dense_bias)
+                names = [rel] if a.param else [
+                    f"{rel}.{pname}" for pname in direct_params(self.modules[a.fqn])]
+                for name in names:
+                    params[name] = {"tp": "R"}
                     if a.kind is not Kind.REPLICATE:
-                        partial.append(f"{rel}.{pname}")
+                        partial.append(name)
             elif a.kind is Kind.LOCAL_PARAMS:
                 continue  # a region's forward already runs on local shards
             else:

@@ -17,6 +17,8 @@ fills the gap, so ``generate --model DIR --tp N`` works with no recipe from the 
       - when: {multi_query: true, new_decoder_architecture: [false, null]}
         reason: one shared k/v head cannot be split over tp: attention stays replicated
         tp_plan: {...}
+      - when_indivisible: {num_key_value_heads: 2}   # holds when a field % (2 * tp) != 0
+        reason: heads are split in pairs: attention stays replicated
 
 A ``tp_plan`` rule wins over an HF rule for the same modules (an HF rule whose modules all
 match package rules is dropped, whatever its style); the user's ``--recipe`` wins over both.
@@ -26,6 +28,10 @@ A model_type without a file of its own that reuses another family's modeling cla
 is built from GPT-2's ``GPT2LMHeadModel``) gets the rules of the family whose transformers
 package defines its model class (``transformers.models.gpt2`` -> ``gpt2.yaml``): the rules
 name modules of those classes, so they hold for every model_type built from them.
+
+``when_indivisible`` holds when some config field is not a multiple of its factor times
+the tp size (a layout that needs whole groups of heads per rank); a variant with both
+``when`` and ``when_indivisible`` needs both.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ from hpcodegen.errors import PlanError, error
 RULES_PACKAGE = "hpcodegen.generate.rules"
 _TOP_KEYS = frozenset({"reason", "replace_hf_plan", "tp_plan", "recipe", "variants",
                        "unsplit_fields", "no_sp"})
-_VARIANT_KEYS = frozenset({"when", "reason", "replace_hf_plan", "tp_plan", "recipe",
-                           "unsplit_fields", "no_sp"})
+_VARIANT_KEYS = frozenset({"when", "when_indivisible", "reason", "replace_hf_plan", "tp_plan",
+                           "recipe", "unsplit_fields", "no_sp"})
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,12 @@ def _check_part(label: str, where: str, part: Any, keys: frozenset[str]) -> None
         raise _bad(label, f"{where}/no_sp", "expected the reason --sp is refused (a string)")
     if "when" in part and not isinstance(part["when"], Mapping):
         raise _bad(label, f"{where}/when", "expected a mapping of config field -> value(s)")
+    factors = part.get("when_indivisible", {})
+    if not isinstance(factors, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            for k, v in factors.items()):
+        raise _bad(label, f"{where}/when_indivisible",
+                   "expected a mapping of config field -> positive integer factor")
 
 
 def _holds(when: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
@@ -126,15 +138,23 @@ def _holds(when: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     return True
 
 
-def package_rules(config: Mapping[str, Any], family: str | None = None
+def _indivisible(factors: Mapping[str, int], config: Mapping[str, Any], tp: int) -> bool:
+    """True when some integer field is not a multiple of ``factor * tp``."""
+    return any(isinstance(config.get(key), int) and config[key] % (factor * tp) != 0
+               for key, factor in factors.items())
+
+
+def package_rules(config: Mapping[str, Any], family: str | None = None, tp: int = 1
                   ) -> PackageRules | None:
-    """The shipped rules for ``config['model_type']``, None when the package has none.
+    """The shipped rules for ``config['model_type']`` at tp size ``tp``, None when the
+    package has none.
 
     Args:
         config: the HF config (plain JSON).
         family: the transformers package defining the model's class (``gpt2`` for
             ``transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel``); its rules are used
             when the model_type has no file of its own.
+        tp: the tp size (``when_indivisible`` variants).
 
     Raises:
         PlanError: a shipped file that breaks the format (a bug in the package).
@@ -154,7 +174,9 @@ def package_rules(config: Mapping[str, Any], family: str | None = None
         raise _bad(label, "/variants", "expected a list")
     for i, variant in enumerate(variants):
         _check_part(label, f"/variants/{i}", variant, _VARIANT_KEYS)
-        if _holds(variant.get("when", {}), config):
+        factors = variant.get("when_indivisible")
+        if _holds(variant.get("when", {}), config) and (
+                factors is None or _indivisible(factors, config, tp)):
             parts.append(variant)
             break
     from hpcodegen.generate.recipe import validate_recipe
@@ -175,10 +197,10 @@ def package_rules(config: Mapping[str, Any], family: str | None = None
                         tuple(unsplit), no_sp)
 
 
-def unsplit_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
+def unsplit_fields(config: Mapping[str, Any], tp: int = 1) -> tuple[str, ...]:
     """The config fields the shipped rules of ``config``'s model_type do not split over tp
     (for the divisibility checks of verify and inspect-plan, which see no model class)."""
-    rules = package_rules(config)
+    rules = package_rules(config, tp=tp)
     return rules.unsplit_fields if rules is not None else ()
 
 

@@ -1,0 +1,167 @@
+"""generate on dense families that transformers ships no TP plan for (package rules, set A).
+
+Each family's tiny fixture must come out with its decoder layers split at tp 2 and tp 4, the
+rule file named in generate's notes; the config variants a rule treats apart are checked
+here, their numerics in tests/runtime/test_family_parity_rules_a.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcodegen.errors import PlanError
+from hpcodegen.generate.api import build_bundle
+from hpcodegen.generate.package_rules import package_rules
+from hpcodegen.hf import read_hf_config
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
+#: family fixture -> the decoder layer 0 prefix
+LAYER0 = {
+    "opt": "model.decoder.layers.0", "biogpt": "biogpt.layers.0", "xglm": "model.layers.0",
+    "stablelm": "model.layers.0", "persimmon": "model.layers.0", "diffllama": "model.layers.0",
+    "lfm2": "model.layers.0", "lfm3": "model.layers.0",
+    "gpt_neox_japanese": "gpt_neox_japanese.layers.0", "modernbert-decoder": "model.layers.0",
+}
+
+
+def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
+            **overrides: Any) -> dict[str, Any]:
+    config, _ = read_hf_config(FAMILIES / family)
+    if tp == 4:  # heads and kv heads must divide tp: 4 kv heads (as bench/coverage.py)
+        config.update({k: 4 for k in ("num_key_value_heads",) if k in config})
+    config.update(overrides)
+    files = build_bundle(config, tp, False, None, family, notes=notes)
+    return json.loads(files["codegen_meta.json"])["param_plan"]
+
+
+def sharded_in(plan: dict[str, Any], prefix: str) -> set[str]:
+    """``fqn.param`` of every tp-sharded parameter under ``prefix``."""
+    return {f"{fqn}.{rel}" for fqn, entry in plan.items() if fqn.startswith(prefix)
+            for rel, p in (entry.get("params") or {}).items() if p.get("tp", "R") != "R"}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("family", sorted(LAYER0))
+def test_decoder_layers_are_split_by_the_package_rules(family: str, tp: int) -> None:
+    notes: list[str] = []
+    plan = plan_of(family, tp, notes)
+    assert len(notes) == 1 and f"hpcodegen/generate/rules/{family}.yaml" in notes[0]
+    assert "no base_model_tp_plan" in notes[0]
+    assert sharded_in(plan, LAYER0[family] + "."), (family, "layer 0 not split")
+
+
+def test_opt_mlp_keeps_the_shard_between_fc1_and_fc2() -> None:
+    """fc1/fc2 live in the decoder layer (residuals, norms): no region; fc1's output stays
+    sharded on its last dim into fc2, whose partial output is all-reduced."""
+    plan = plan_of("opt")
+    fc1, fc2 = plan["model.decoder.layers.0.fc1"], plan["model.decoder.layers.0.fc2"]
+    assert fc1["params"] == {"weight": {"tp": "S(0)"}, "bias": {"tp": "S(0)"}}
+    assert fc1["out_src"] == fc1["out_dst"] == {"output": {"tp": "S(-1)"}}
+    assert fc2["in_src"] == fc2["in_dst"] == {"input": {"tp": "S(-1)"}}
+    assert fc2["out_src"] == {"output": {"tp": "P(sum)"}} and fc2["deferred_bias_params"] == [
+        "bias"]
+    assert "model.decoder.layers.0" not in plan
+    assert plan["model.decoder.layers.0.self_attn"]["tp_divide_attrs"] == ["num_heads"]
+
+
+def test_xglm_divides_the_embed_dim_its_attention_reshapes_with() -> None:
+    attn = plan_of("xglm")["model.layers.0.self_attn"]
+    assert attn["tp_divide_attrs"] == ["embed_dim", "num_heads"]
+
+
+def test_head_counts_read_by_a_helper_method_are_divided() -> None:
+    """Persimmon's forward calls self._split_heads, which views with self.num_heads."""
+    attn = plan_of("persimmon")["model.layers.0.self_attn"]
+    assert attn["tp_divide_attrs"] == ["num_heads"]
+    assert attn["params"]["query_key_value.weight"] == {"tp": "S(0)"}
+    assert {"q_layernorm.weight", "k_layernorm.weight"} <= set(attn["partial_grad_params"])
+
+
+def test_head_count_attrs_follow_self_method_calls() -> None:
+    import torch
+
+    from hpcodegen.generate.lift import head_count_attrs
+
+    class Attn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_heads, self.num_kv_heads, self.unused_heads = 4, 2, 8
+            self.proj = torch.nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self._split(self.proj(x))
+
+        def _split(self, x: torch.Tensor) -> torch.Tensor:
+            return self._view(x).view(self.num_kv_heads, -1)
+
+        def _view(self, x: torch.Tensor) -> torch.Tensor:
+            return x.view(-1, self.num_heads)
+
+    assert head_count_attrs(Attn()) == ["num_heads", "num_kv_heads"]
+
+
+def test_stablelm_qk_layernorm_keeps_the_attention_replicated() -> None:
+    notes: list[str] = []
+    plan = plan_of("stablelm", notes=notes, qk_layernorm=True)
+    assert not sharded_in(plan, "model.layers.0.self_attn")
+    assert sharded_in(plan, "model.layers.0.mlp")
+    assert "per-head LayerNorms" in notes[0]
+    assert sharded_in(plan_of("stablelm", use_qkv_bias=True), "model.layers.0.self_attn") >= {
+        "model.layers.0.self_attn.q_proj.bias"}
+
+
+def test_diffllama_head_pairs_need_kv_heads_a_multiple_of_2_tp() -> None:
+    """q/k/v packed in two blocks of heads when each rank can hold whole pairs; else the
+    attention stays replicated and the variant says why."""
+    attn = plan_of("diffllama")["model.layers.0.self_attn"]  # 8 heads, 4 kv heads, tp 2
+    assert attn["params"]["k_proj.weight"] == {"tp": "SS(0,2)"}
+    assert attn["params"]["o_proj.weight"] == {"tp": "S(1)"}
+    assert "lambda_q1" in attn["partial_grad_params"]
+    for tp, kv in ((2, 2), (4, 4)):
+        notes: list[str] = []
+        plan = plan_of("diffllama", tp, notes, num_key_value_heads=kv)
+        assert not sharded_in(plan, "model.layers.0.self_attn"), (tp, kv)
+        assert sharded_in(plan, "model.layers.0.mlp") and "multiple of 2 * tp" in notes[0]
+
+
+def test_a_parameter_named_replicate_inside_a_region_keeps_a_full_gradient() -> None:
+    """GPT-NeoX Japanese's last attention returns dense_bias for the layer to add after the
+    reduction: replicated, NOT in partial_grad_params (its gradient is already whole)."""
+    plan = plan_of("gpt_neox_japanese")
+    last = plan["gpt_neox_japanese.layers.1.attention"]
+    assert last["params"]["dense_bias"] == {"tp": "R"}
+    assert "dense_bias" not in last.get("partial_grad_params", [])
+    assert "dense_bias" not in plan["gpt_neox_japanese.layers.0.attention"]["params"]
+
+
+def test_lfm_short_conv_channels_split_with_in_proj() -> None:
+    conv = plan_of("lfm2", conv_bias=True)["model.layers.0.conv"]
+    assert conv["params"]["in_proj.weight"] == {"tp": "SS(0,3)"}
+    assert conv["params"]["conv.weight"] == conv["params"]["conv.bias"] == {"tp": "S(0)"}
+    assert conv["params"]["out_proj.weight"] == {"tp": "S(1)"}
+    attn = plan_of("lfm3")["model.layers.1.self_attn"]
+    assert attn["params"]["g_proj.weight"] == {"tp": "S(0)"}
+
+
+def test_when_indivisible_reads_the_tp_size() -> None:
+    base = {"model_type": "diffllama", "num_attention_heads": 8}
+    split = package_rules({**base, "num_key_value_heads": 4}, tp=2)
+    assert split is not None and any("q_proj" in g for g, _ in split.tp_plan)
+    kept = package_rules({**base, "num_key_value_heads": 4}, tp=4)
+    assert kept is not None and not any("q_proj" in g for g, _ in kept.tp_plan)
+    assert any("2 * tp" in r for r in kept.reasons)
+
+
+def test_when_indivisible_must_name_positive_factors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcodegen.generate import package_rules as pr
+
+    data = {"tp_plan": {}, "variants": [{"when_indivisible": {"num_key_value_heads": 0}}]}
+    monkeypatch.setattr(pr, "_read", lambda _t: ("rules/x.yaml", data))
+    with pytest.raises(PlanError, match="when_indivisible"):
+        pr.package_rules({"model_type": "x"})
