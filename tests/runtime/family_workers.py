@@ -37,7 +37,7 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config_dict["vocab_size"], (2, 17), generator=g)
+    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:

@@ -4,7 +4,8 @@ Their mixers are split over tp by channels with package rules
 (hpcodegen/generate/rules/<model_type>.yaml): in_proj packed colwise, the depthwise conv,
 dt_proj and the mixer's own per-channel A_log / D sharded on dim 0, out_proj rowwise, and a
 rowwise x_proj nested in the mixer whose all_reduce also all-reduces its gradient (the
-classifier's rule for outputs inside a partial region). One spawn runs every model.
+classifier's rule for outputs inside a partial region); Mamba-2's unequal packed in_proj
+gathered, its out_proj split rowwise, the scan replicated. One spawn runs every model.
 Logits and every gradient within 1e-5 of the unsharded model.
 """
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-TP2 = ["mamba", "falcon_mamba"]
+TP2 = ["mamba", "falcon_mamba", "mamba2"]
 
 
 def _artifact(root: Path, family: str) -> tuple[str, str, str]:
