@@ -27,13 +27,22 @@ SHARDED_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: other spellings of a size in config.json (GPT-2 ``n_head``, MPT ``n_heads``), read when
+#: the field itself is absent. Not ``num_heads``: Mamba-2 names its SSM heads so.
+FIELD_ALIASES: dict[str, tuple[str, ...]] = {
+    "num_attention_heads": ("n_head", "n_heads"),
+}
+
+
 def config_size(config: Mapping[str, Any], key: str) -> tuple[str, int] | None:
-    """``(JSON pointer, value)`` of an integer size, top level first, then ``text_config``."""
+    """``(JSON pointer, value)`` of an integer size, top level first, then ``text_config``;
+    the field itself first, then its other spellings (``FIELD_ALIASES``)."""
     text = config.get("text_config")
     for where, scope in (("", config), ("/text_config", text)):
-        value = scope.get(key) if isinstance(scope, Mapping) else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return f"{where}/{key}", value
+        for name in (key, *FIELD_ALIASES.get(key, ())):
+            value = scope.get(name) if isinstance(scope, Mapping) else None
+            if isinstance(value, int) and not isinstance(value, bool):
+                return f"{where}/{name}", value
     return None
 
 

@@ -73,8 +73,8 @@ def test_multi_query_keeps_its_one_kv_head_whole() -> None:
     assert c_attn["out_dst"] == {"output": {"tp": "R"}}
     assert mq["transformer.h.0.attn.c_proj"]["in_dst"] == {"input": {"tp": "S(-1)"}}
     config, _ = read_hf_config(FAMILIES / "gpt_bigcode")
-    assert config["num_key_value_heads"] == 1 and unsplit_fields(config) == (
-        "num_key_value_heads",)
+    assert config["num_key_value_heads"] == 1 and set(unsplit_fields(config)) == {
+        "num_attention_heads", "num_key_value_heads"}
     assert tp_divisibility(config, 2, "model", unsplit=unsplit_fields(config)) == []
     assert tp_divisibility(config, 2, "model")  # without the rule: refused
     mha = plan_of("gpt_bigcode_mha")["transformer.h.0.attn"]
@@ -131,3 +131,14 @@ def test_sp_generates_where_it_runs(family: str) -> None:
     """Parity with --sp on gloo for these: tests/runtime/test_family_parity_rules_b.py."""
     config, _ = read_hf_config(FAMILIES / family)
     assert build_bundle(config, 2, True, None, family)
+
+
+def test_head_counts_under_other_names_must_divide_tp_where_heads_are_split() -> None:
+    """GPT-J's ``n_head`` (no ``num_attention_heads`` in its config.json) splits over tp: 2
+    heads at tp 4 are refused naming the field; BLOOM's heads are never split (gathered
+    qkv, whole attention core): its rules exempt them."""
+    with pytest.raises(PlanError, match="n_head = 2 is not divisible by tp_size = 4"):
+        plan_of("gptj", 4, n_head=2)
+    with pytest.raises(PlanError, match="n_heads = 2"):
+        plan_of("mpt", 4, n_heads=2)
+    assert _layer_split(plan_of("bloom", 4, n_head=2))
