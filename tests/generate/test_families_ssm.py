@@ -91,3 +91,19 @@ def test_uneven_packed_projection_is_refused() -> None:
     config field names; torch would shard it unevenly and the gather could not run."""
     with pytest.raises(PlanError, match=r"in_proj.weight.*size 361 over tp_size = 2"):
         plan_of("mamba2", 2, hidden_size=72, num_heads=9)
+
+
+def test_rwkv_time_and_channel_mixing_split_by_channels() -> None:
+    plan = plan_of("rwkv", 4)
+    att = plan["rwkv.blocks.0.attention"]
+    for name in ("key.weight", "value.weight", "receptance.weight", "time_decay", "time_first"):
+        assert att["params"][name] == {"tp": "S(0)"}, name
+    assert att["params"]["output.weight"] == {"tp": "S(1)"}
+    assert set(att["partial_grad_params"]) == {"time_mix_key", "time_mix_value",
+                                               "time_mix_receptance"}
+    ffn = plan["rwkv.blocks.0.feed_forward"]
+    assert ffn["params"]["key.weight"] == {"tp": "S(0)"}
+    assert ffn["params"]["value.weight"] == {"tp": "S(1)"}
+    # the hidden-sized gate multiplies the partial output: replicated, partial gradient
+    assert ffn["params"]["receptance.weight"] == {"tp": "R"}
+    assert "receptance.weight" in ffn["partial_grad_params"]
