@@ -208,6 +208,10 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     model = build_meta_model(config)
     rules = package_rules(rules_scope(config, model), modeling_family(type(model)), tp)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
+    if sp and rules is not None and rules.no_sp:
+        raise PlanError([error("generate.sp_unsupported", "--sp",
+                               f"--sp cannot run with these rules: {rules.no_sp}",
+                               hint="generate without --sp", file=rules.file)])
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
     if rules is not None and notes is not None:

@@ -132,7 +132,7 @@ def test_scaled_embedding_class_is_vocab_parallel() -> None:
     assert emb["out_src"] == {"output": {"tp": "P(sum)"}}
 
 
-@pytest.mark.parametrize("family", ["phi3", "gpt2", "falcon_gqa", "apertus", "gemma3_text"])
+@pytest.mark.parametrize("family", ["phi3", "gpt_neox", "falcon_gqa", "apertus", "gemma3_text"])
 def test_tp4_and_sp(family: str) -> None:
     assert plan_of(family, tp=4)
     if family != "gpt2":  # refused: test_sp_refuses_a_model_that_reshapes_by_the_full_length

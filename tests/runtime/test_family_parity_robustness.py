@@ -1,7 +1,7 @@
 """Parity on real gloo ranks for the families generate used to crash on or refuse for
 reasons other than missing rules.
 
-Qwen 3.5 and Llama 4 from their composite configs (the causal LM built from the text part;
+Qwen 3.5, Llama 4 and Emu3 from their composite configs (the causal LM built from the text part;
 hybrid linear/full attention, chunked attention with MoE), Granite-SWA (``local_params``
 attention with per-head sinks split), MiniCPM3 (``mla_kv_a_proj``: replicated, partial
 gradient), Gemma 3n (sparse MLP kept replicated by the package rules), BERT (tied output
@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-TP2 = ["qwen3_5", "llama4", "granite_swa", "minicpm3", "gemma3n_text", "bert", "prophetnet"]
+TP2 = ["qwen3_5", "llama4", "emu3", "granite_swa", "minicpm3", "gemma3n_text", "bert",
+       "prophetnet"]
 
 
 def _artifact(root: Path, family: str) -> tuple[str, str, str]:
