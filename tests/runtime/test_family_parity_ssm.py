@@ -8,8 +8,9 @@ classifier's rule for outputs inside a partial region); Mamba-2's unequal packed
 gathered, its out_proj split rowwise, the scan replicated; RWKV's time and channel mixing
 split by channels; RecurrentGemma's RG-LRU blocks by heads (block-diagonal gates sharded
 on their head dim), its attention by heads where the kv heads divide tp.
-One spawn runs every model. Logits and every gradient within 1e-5 of the unsharded model. RWKV runs in float64: its tiny embeddings (gain 1e-4) under a
-LayerNorm give gradients of ~100, whose float32 summation-order noise alone is ~1e-4.
+One spawn runs every model. Logits and every gradient within 1e-5 of the unsharded model.
+RWKV runs in float64: its tiny embeddings (gain 1e-4) under a LayerNorm give gradients of
+~100, whose float32 summation-order noise alone is ~1e-4.
 """
 
 from __future__ import annotations
