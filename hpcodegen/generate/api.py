@@ -195,6 +195,12 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     model = build_meta_model(config)
     rules = package_rules(config, modeling_family(type(model)), tp)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
+    if sp and rules is not None and rules.no_sp:
+        raise PlanError([error(
+            "generate.sp_unsupported", str(config.get("model_type")),
+            f"sequence parallelism (--sp) is not supported for "
+            f"{config.get('model_type')} ({rules.file}): {rules.no_sp}",
+            hint="generate without --sp")])
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
     if rules is not None and notes is not None:

@@ -12,6 +12,7 @@ fills the gap, so ``generate --model DIR --tp N`` works with no recipe from the 
       "transformer.h.*.attn.c_proj": rowwise
     recipe: []                 # recipe rules (schemas/recipe.schema.json), after the lift
     unsplit_fields: []         # head-count fields the rules do not split (no divisibility)
+    no_sp: "why"               # --sp cannot be exact with these rules: generate refuses
     variants:                  # optional; the first whose `when` holds is merged on top
       - when: {multi_query: true, new_decoder_architecture: [false, null]}
         reason: one shared k/v head cannot be split over tp: attention stays replicated
@@ -44,9 +45,9 @@ from hpcodegen.errors import PlanError, error
 
 RULES_PACKAGE = "hpcodegen.generate.rules"
 _TOP_KEYS = frozenset({"reason", "replace_hf_plan", "tp_plan", "recipe", "variants",
-                       "unsplit_fields"})
+                       "unsplit_fields", "no_sp"})
 _VARIANT_KEYS = frozenset({"when", "when_indivisible", "reason", "replace_hf_plan", "tp_plan",
-                           "recipe", "unsplit_fields"})
+                           "recipe", "unsplit_fields", "no_sp"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class PackageRules:
     #: head-count fields of the config these rules do not split over tp (GPTBigCode's one
     #: shared k/v head under multi_query): exempt from the divisibility check
     unsplit_fields: tuple[str, ...] = ()
+    #: why sequence parallelism cannot be exact under these rules ("" when it can)
+    no_sp: str = ""
 
     def describe(self) -> str:
         """One line for generate's output: which file, what it does, and why."""
@@ -115,6 +118,8 @@ def _check_part(label: str, where: str, part: Any, keys: frozenset[str]) -> None
     unsplit = part.get("unsplit_fields", [])
     if not isinstance(unsplit, list) or not all(isinstance(f, str) for f in unsplit):
         raise _bad(label, f"{where}/unsplit_fields", "expected a list of config field names")
+    if not isinstance(part.get("no_sp", ""), str):
+        raise _bad(label, f"{where}/no_sp", "expected the reason --sp is refused (a string)")
     if "when" in part and not isinstance(part["when"], Mapping):
         raise _bad(label, f"{where}/when", "expected a mapping of config field -> value(s)")
     factors = part.get("when_indivisible", {})
@@ -186,8 +191,9 @@ def package_rules(config: Mapping[str, Any], family: str | None = None, tp: int 
         recipe.extend(validate_recipe(part.get("recipe", []), label))
         replace_hf = part.get("replace_hf_plan", replace_hf)
     reasons = shared + tuple(str(p["reason"]) for p in parts if p.get("reason"))
+    no_sp = "; ".join(str(p["no_sp"]) for p in parts if p.get("no_sp"))
     return PackageRules(label, reasons, replace_hf, tuple(plan.items()), tuple(recipe),
-                        tuple(unsplit))
+                        tuple(unsplit), no_sp)
 
 
 def unsplit_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
