@@ -104,6 +104,8 @@ def _shrunk_value(key: str, value: Any) -> Any:
         return None
     if WIDTH_RE.search(key) and value > 128:
         return 32 if "moe" in key or "expert" in key else 128
+    if key.startswith("vocab_size") and value > SHRINK["vocab_size"]:
+        return SHRINK["vocab_size"]  # a second vocabulary (Gemma 3n's per-layer inputs)
     return None
 
 

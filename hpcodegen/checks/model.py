@@ -377,7 +377,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     from hpcodegen.generate.package_rules import unsplit_fields
 
     yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
-                               unsplit_fields(config))
+                               unsplit_fields(config, tp))
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 

@@ -55,11 +55,13 @@ from hpcodegen.generate.recipe import (
     recipe_target_findings,
 )
 from hpcodegen.generate.source import ModelingSource, modeling_source
+from hpcodegen.generate.sp_check import check_sp_shapes
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
 from hpcodegen.generate.validate import (
     check_class_contracts,
     check_coverage,
     check_divisible,
+    check_even_shards,
     check_sequence_parallel,
 )
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
@@ -97,6 +99,17 @@ def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
     config asks for when it builds the model, embeddings and LM-head biases alike)."""
     del config  # the model, built from it, already says what is tied
     return tied_pairs(model)
+
+
+def rules_scope(config: Mapping[str, Any], model: Any) -> Mapping[str, Any]:
+    """The config the package rules are chosen and conditioned by: the text sub-config when
+    the model was built from it (a composite config's causal LM: ``llama4`` ->
+    ``llama4_text``), else the config itself."""
+    text = config.get("text_config")
+    built = getattr(getattr(model, "config", None), "model_type", None)
+    if isinstance(text, Mapping) and built == text.get("model_type") != config.get("model_type"):
+        return text
+    return config
 
 
 def defined_classes(text: str) -> set[str]:
@@ -193,14 +206,12 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     advance("building the model on the meta device")
     model = build_meta_model(config)
-    rules = package_rules(config, modeling_family(type(model)), tp)
+    rules = package_rules(rules_scope(config, model), modeling_family(type(model)), tp)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     if sp and rules is not None and rules.no_sp:
-        raise PlanError([error(
-            "generate.sp_unsupported", str(config.get("model_type")),
-            f"sequence parallelism (--sp) is not supported for "
-            f"{config.get('model_type')} ({rules.file}): {rules.no_sp}",
-            hint="generate without --sp")])
+        raise PlanError([error("generate.sp_unsupported", "--sp",
+                               f"--sp cannot run with these rules: {rules.no_sp}",
+                               hint="generate without --sp", file=rules.file)])
     advance("lifting the TP plan and applying the recipe")
     modules = dict(model.named_modules())
     if rules is not None and notes is not None:
@@ -208,8 +219,10 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
+    check_even_shards(model, plan, tp)
     if sp:
         check_sequence_parallel(plan, classes)
+        check_sp_shapes(model, plan, tp, classes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))

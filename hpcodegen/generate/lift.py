@@ -266,7 +266,7 @@ class Lifter:
         if a.kind is Kind.NORM:
             entry = {"params": {p: {"tp": "R"} for p in names},
                      **transitions(first_arg(module), seq, seq, seq, seq)}
-            if seq == SEQ and names:  # a rank sees its slice of the sequence only
+            if seq == SEQ and names:  # each rank normalises its slice of the sequence
                 entry["partial_grad_params"] = sorted(names)
             return entry
         if a.rule == PER_TOKEN_EMBEDDING:

@@ -12,7 +12,7 @@ fills the gap, so ``generate --model DIR --tp N`` works with no recipe from the 
       "transformer.h.*.attn.c_proj": rowwise
     recipe: []                 # recipe rules (schemas/recipe.schema.json), after the lift
     unsplit_fields: []         # head-count fields the rules do not split (no divisibility)
-    no_sp: "why"               # --sp cannot be exact with these rules: generate refuses
+    no_sp: why --sp cannot run # optional: generate refuses --sp, naming the file and this
     variants:                  # optional; the first whose `when` holds is merged on top
       - when: {multi_query: true, new_decoder_architecture: [false, null]}
         reason: one shared k/v head cannot be split over tp: attention stays replicated
@@ -62,8 +62,8 @@ class PackageRules:
     #: head-count fields of the config these rules do not split over tp (GPTBigCode's one
     #: shared k/v head under multi_query): exempt from the divisibility check
     unsplit_fields: tuple[str, ...] = ()
-    #: why sequence parallelism cannot be exact under these rules ("" when it can)
-    no_sp: str = ""
+    #: why these rules cannot run with --sp (generate refuses it, naming the file), or None
+    no_sp: str | None = None
 
     def describe(self) -> str:
         """One line for generate's output: which file, what it does, and why."""
@@ -185,21 +185,22 @@ def package_rules(config: Mapping[str, Any], family: str | None = None, tp: int 
     plan: dict[str, str] = {}
     replace_hf = False
     unsplit: list[str] = []
+    no_sp: str | None = None
     for part in parts:
         unsplit.extend(part.get("unsplit_fields", []))
+        no_sp = part.get("no_sp", no_sp)
         plan.update(part.get("tp_plan", {}))
         recipe.extend(validate_recipe(part.get("recipe", []), label))
         replace_hf = part.get("replace_hf_plan", replace_hf)
     reasons = shared + tuple(str(p["reason"]) for p in parts if p.get("reason"))
-    no_sp = "; ".join(str(p["no_sp"]) for p in parts if p.get("no_sp"))
     return PackageRules(label, reasons, replace_hf, tuple(plan.items()), tuple(recipe),
                         tuple(unsplit), no_sp)
 
 
-def unsplit_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
+def unsplit_fields(config: Mapping[str, Any], tp: int = 1) -> tuple[str, ...]:
     """The config fields the shipped rules of ``config``'s model_type do not split over tp
     (for the divisibility checks of verify and inspect-plan, which see no model class)."""
-    rules = package_rules(config)
+    rules = package_rules(config, tp=tp)
     return rules.unsplit_fields if rules is not None else ()
 
 

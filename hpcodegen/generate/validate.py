@@ -29,6 +29,51 @@ def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str]
         raise PlanError(problems)
 
 
+def check_even_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) -> None:
+    """Refuse a plan with a tp shard of uneven size (:func:`uneven_shards`): PlanError."""
+    problems = uneven_shards(model, plan, tp)
+    if problems:
+        raise PlanError(problems)
+
+
+def uneven_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) -> list[Finding]:
+    """An error for every parameter the plan shards on tp (``S(d)``, ``SS(d,f)``) whose dim
+    does not divide evenly (``SS(d,f)``: into ``f`` blocks, each split over tp).
+
+    The config-size rule (:func:`check_divisible`) misses dims no config field names (a
+    packed projection of unequal blocks, Mamba-2's ``in_proj``); torch would shard them
+    unevenly and a gathered output could not be all-gathered (gloo aborts the rank).
+    """
+    from hpcodegen.placement import StridedShard, parse_placement, shard_dim
+
+    found: list[Finding] = []
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for fqn, entry in plan.items():
+        for rel, named in (entry.get("params") or {}).items():
+            text = (named or {}).get("tp") if isinstance(named, Mapping) else None
+            param = params.get(join_fqn(fqn, rel))
+            if text is None or param is None:
+                continue
+            try:
+                placement = parse_placement(text)
+                dim = shard_dim(placement)
+            except (ValueError, TypeError):
+                continue
+            if dim is None or tp < 2 or not -param.dim() <= dim < param.dim():
+                continue
+            factor = placement.split_factor if isinstance(placement, StridedShard) else 1
+            size = int(param.shape[dim])
+            if size % (factor * tp):
+                blocks = f" in {factor} blocks" if factor > 1 else ""
+                found.append(error(
+                    "generate.uneven_shard", join_fqn(fqn, rel),
+                    f"{text} splits dim {dim} of size {size}{blocks} over tp_size = {tp} "
+                    "unevenly; the generator only emits even shards",
+                    expected=f"a size divisible by {factor * tp}",
+                    hint="choose a tp size that divides it"))
+    return found
+
+
 def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
     """Every planned parameter is planned once and exists; every trainable one is covered.
 

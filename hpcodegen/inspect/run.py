@@ -134,7 +134,7 @@ def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Fin
     return [replace(f, file=f.file or (source if opts.hf_config else None),
                     message=f"{f.message}, from {source}" if not opts.hf_config else f.message)
             for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(
-                {"model_type": _source_model_type(meta), **config}))]
+                {"model_type": _source_model_type(meta), **config}, tp))]
 
 
 def _source_model_type(meta: Mapping[str, Any]) -> Any:

@@ -42,15 +42,33 @@ def out_names(entry: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def contract_differences(entry: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
-    """The fields two entries of one class declare differently, ``params`` aside (sorted).
+    """The fields two entries of one class declare differently, ``params`` and
+    ``partial_grad_params`` (per parameter, synchronised by the runtime) aside (sorted).
 
     One class has one generated forward, so every FQN of it must carry the same contract:
     ``generate`` refuses to freeze a plan where this is non-empty and verify's ``plan`` check
     rejects such an artifact, by this one rule (docs/design.md). A field one entry lacks
-    differs from any value the other gives it.
+    differs from any value the other gives it. Two entries that both pass every value
+    through (:func:`passes_through`) have the same forward whatever their placements.
     """
-    keys = sorted((set(entry) | set(other)) - {"params"})
-    return [k for k in keys if entry.get(k, _ABSENT) != other.get(k, _ABSENT)]
+    keys = sorted((set(entry) | set(other)) - {"params", "partial_grad_params"})
+    diff = [k for k in keys if entry.get(k, _ABSENT) != other.get(k, _ABSENT)]
+    if diff and passes_through(entry) and passes_through(other):
+        # no collective either way (a norm on R here, on S(1) there): one forward
+        diff = [k for k in diff if k not in TRANSITION_FIELDS]
+    return diff
+
+
+def passes_through(entry: Mapping[str, Any]) -> bool:
+    """Every input and output the entry declares keeps its placement (``src == dst``):
+    its boundary moves no data, whatever the placement."""
+    for side in ("in", "out"):
+        src, dst = entry.get(f"{side}_src") or {}, entry.get(f"{side}_dst") or {}
+        if not isinstance(src, Mapping) or not isinstance(dst, Mapping) or set(src) != set(dst):
+            return False
+        if any(src[name] != dst[name] for name in src):
+            return False
+    return True
 
 
 _ABSENT = object()

@@ -244,3 +244,40 @@ def test_output_heads_in_a_module_list_are_replicated_not_refused() -> None:
     heads = {f"{fqn}.{rel}": named for fqn, entry in plan.items() if fqn.startswith("lm_heads")
              for rel, named in entry["params"].items()}
     assert heads and all(named == {"tp": "R"} for named in heads.values())
+
+
+def test_package_rules_follow_the_text_sub_config_the_model_is_built_from() -> None:
+    """Llama 4's composite config (model_type llama4) builds Llama4ForCausalLM from its
+    text part: the rules for llama4_text apply, conditioned on that part."""
+    config = family("llama4")
+    assert config["model_type"] == "llama4" and config["text_config"]["model_type"] == \
+        "llama4_text"
+    notes: list[str] = []
+    plan = meta_of(config, notes=notes)["param_plan"]
+    assert any("rules/llama4_text.yaml" in n for n in notes)
+    assert plan["model.layers.0.self_attn"]["params"]["o_proj.weight"] == {"tp": "S(1)"}
+
+
+def test_gemma3n_mlp_with_activation_sparsity_stays_replicated() -> None:
+    """Gemma 3n's sparse MLP takes mean and std over the whole intermediate dim: split, each
+    rank would use its slice's statistics. The package rules keep it replicated and split
+    attention."""
+    config = family("gemma3n_text")
+    assert any(v > 0 for v in config["activation_sparsity_pattern"])
+    notes: list[str] = []
+    plan = meta_of(config, notes=notes)["param_plan"]
+    assert any("rules/gemma3n_text.yaml" in n for n in notes)
+    assert plan["model.layers.0.self_attn"]["params"]["q_proj.weight"] == {"tp": "S(0)"}
+    mlp = {f"{fqn}.{rel}": named for fqn, entry in plan.items()
+           if fqn.startswith("model.layers.0.mlp") for rel, named in entry["params"].items()}
+    assert mlp and all(named == {"tp": "R"} for named in mlp.values())
+
+
+def test_emu3_composite_config_gets_the_package_rules_of_its_text_decoder() -> None:
+    """Emu3 ships no HF plan; its causal LM (built from the composite config's text part,
+    model_type emu3_text_model) takes the rules of transformers.models.emu3."""
+    notes: list[str] = []
+    plan = meta_of(family("emu3"), notes=notes)["param_plan"]
+    assert any("rules/emu3.yaml" in n for n in notes)
+    assert plan["model.layers.0.self_attn"]["params"]["q_proj.weight"] == {"tp": "S(0)"}
+    assert plan["model.layers.0.mlp"]["params"]["down_proj.weight"] == {"tp": "S(1)"}

@@ -112,3 +112,22 @@ def test_every_attention_input_is_a_boundary_input() -> None:
     gradient of each is reduced over tp."""
     attn = plan_of("ctrl")["transformer.h.0.multi_head_attention"]
     assert set(attn["in_src"]) == set(attn["in_dst"]) == {"v", "k", "q"}
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "ctrl", "trocr", "openai-gpt", "xlnet"])
+def test_sp_is_refused_where_the_rules_cannot_run_it(family: str) -> None:
+    """--sp crashed at run time for these (masks or ALiBi built from the sharded sequence, a
+    residual input left sequence-sharded, ...); generate refuses it (the rules' no_sp),
+    naming the rules file and why."""
+    config, _ = read_hf_config(FAMILIES / family)
+    with pytest.raises(PlanError, match=r"--sp cannot run with these rules: \w") as info:
+        build_bundle(config, 2, True, None, family)
+    assert info.value.findings[0].file.startswith("hpcodegen/generate/rules/")
+
+
+@pytest.mark.parametrize("family", ["gpt_bigcode", "gpt_bigcode_mha", "gptj", "codegen",
+                                    "gpt_neo"])
+def test_sp_generates_where_it_runs(family: str) -> None:
+    """Parity with --sp on gloo for these: tests/runtime/test_family_parity_rules_b.py."""
+    config, _ = read_hf_config(FAMILIES / family)
+    assert build_bundle(config, 2, True, None, family)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcodegen.errors import PlanError
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
 
@@ -66,3 +67,43 @@ def test_nested_x_proj_all_reduces_its_gradient() -> None:
     out = forms["backbone.layers.0.mixer.x_proj"].outputs[0]
     assert [s.kind for s in out.grad_steps] == ["all_reduce"]
     assert [s.kind for s in forms["backbone.layers.0.mixer"].outputs[0].grad_steps] == []
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_mamba2_projections_split_scan_replicated(tp: int) -> None:
+    """Mamba-2's in_proj packs unequal blocks: gathered colwise, out_proj split rowwise,
+    the mixer's own parameters replicated with whole gradients."""
+    notes: list[str] = []
+    plan = plan_of("mamba2", tp, notes)
+    assert "hpcodegen/generate/rules/mamba2.yaml" in notes[0]
+    assert plan["backbone.layers.0.mixer.in_proj"]["params"] == {"weight": {"tp": "S(0)"}}
+    assert plan["backbone.layers.0.mixer.in_proj"]["out_src"] == {"output": {"tp": "S(-1)"}}
+    out = plan["backbone.layers.0.mixer.out_proj"]
+    assert out["params"] == {"weight": {"tp": "S(1)"}}
+    assert out["in_dst"] == {"input": {"tp": "S(-1)"}}
+    mixer = plan["backbone.layers.0.mixer"]
+    assert mixer["is_boundary"] is False and "partial_grad_params" not in mixer
+    assert all(p == {"tp": "R"} for p in mixer["params"].values())
+
+
+def test_uneven_packed_projection_is_refused() -> None:
+    """9 heads of 16 on hidden 72: in_proj has 2*144 + 2*2*16 + 9 = 361 rows, which no
+    config field names; torch would shard it unevenly and the gather could not run."""
+    with pytest.raises(PlanError, match=r"in_proj.weight.*size 361 over tp_size = 2"):
+        plan_of("mamba2", 2, hidden_size=72, num_heads=9)
+
+
+def test_rwkv_time_and_channel_mixing_split_by_channels() -> None:
+    plan = plan_of("rwkv", 4)
+    att = plan["rwkv.blocks.0.attention"]
+    for name in ("key.weight", "value.weight", "receptance.weight", "time_decay", "time_first"):
+        assert att["params"][name] == {"tp": "S(0)"}, name
+    assert att["params"]["output.weight"] == {"tp": "S(1)"}
+    assert set(att["partial_grad_params"]) == {"time_mix_key", "time_mix_value",
+                                               "time_mix_receptance"}
+    ffn = plan["rwkv.blocks.0.feed_forward"]
+    assert ffn["params"]["key.weight"] == {"tp": "S(0)"}
+    assert ffn["params"]["value.weight"] == {"tp": "S(1)"}
+    # the hidden-sized gate multiplies the partial output: replicated, partial gradient
+    assert ffn["params"]["receptance.weight"] == {"tp": "R"}
+    assert "receptance.weight" in ffn["partial_grad_params"]

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 
-def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
+def parity_one(artifact: str, config_dir: str, mesh: Any,
+               dtype: str = "float32") -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -29,22 +30,23 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     meta = load_meta(Path(artifact)).data
     config = load_transformers_config(config_dict)
     torch.manual_seed(0)
-    ref = model_class_for(config_dict)(config).float().eval()
+    ref = model_class_for(config_dict)(config).to(getattr(torch, dtype)).eval()
     gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config)
-    gen = gen.float().eval()
+    gen = gen.to(getattr(torch, dtype)).eval()
     gen.load_state_dict(ref.state_dict())
     context = MeshContext(device_mesh=mesh)
     parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config_dict["vocab_size"], (2, 17), generator=g)
+    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:
         logits = model(input_ids=ids, use_cache=False).logits
         if sharded:
             logits = full_logits(logits, model, meta, active)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+        return F.cross_entropy(logits.flatten(0, 1).to(getattr(torch, dtype)),
+                               labels.flatten()), logits
 
     loss, logits = loss_of(gen, True)
     loss.backward()
@@ -57,7 +59,9 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
 
 
 def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, Any]:
-    """``{name: diffs}`` for ``(name, artifact dir, config dir)`` on one 1-D tp mesh."""
+    """``{name: diffs}`` for ``(name, artifact dir, config dir[, dtype])`` on one 1-D tp mesh
+    (dtype ``float32`` unless given: ``float64`` separates float32 summation-order noise from
+    a real mismatch where gradients are large)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -66,9 +70,9 @@ def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, 
     import torch.distributed as dist
 
     out: dict[str, Any] = {}
-    for name, artifact, config in models:
+    for name, artifact, config, *dtype in models:
         try:
-            out[name] = parity_one(artifact, config, mesh)
+            out[name] = parity_one(artifact, config, mesh, *dtype)
         except Exception as exc:  # reported per model; the other models still run
             import traceback
 

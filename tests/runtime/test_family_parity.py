@@ -6,7 +6,8 @@ OLMo 2 / GLM-4 (gathered colwise + rowwise_split_input), GPT-2 / Falcon / Hunyua
 (package rules; GPT-2's Conv1D with a packed q|k|v and rowwise biases), Apertus (xIELU
 scalars no rule names: replicated, partial gradient synchronised), with --sp for several
 (Phi-3's attention then gathers the sequence itself; Gemma 2's eager attention takes a mask
-built for the full sequence; Nemotron's LayerNorm1P bias gradient is partial).
+built for the full sequence; Nemotron's LayerNorm1P bias gradient is partial; OLMo 2's
+RMSNorm class runs on R in its gathered attention and on S(1) between layers).
 Logits and every gradient within 1e-5 of the unsharded model.
 """
 
@@ -27,7 +28,7 @@ TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "glm4", "gpt2", "falcon",
        "falcon_gqa", "hunyuan_v1_dense", "apertus", "starcoder2", "gpt_neox"]
-SP = ["gemma", "phi3", "apertus", "gemma2", "nemotron"]
+SP = ["gemma", "phi3", "apertus", "gemma2", "nemotron", "olmo2"]
 
 
 def _artifact(root: Path, family: str, sp: bool) -> tuple[str, str, str]:

@@ -9,7 +9,9 @@ blocked qkv: gathered), MPT (ALiBi sliced per rank from the replicated bias), CT
 (three attention inputs v, k, q; nn.Sequential MLP), GPT-Neo (global and local layers), and
 XLNet / GIT / TrOCR (residual inside the sublayer modules: gathered colwise, split-input
 rowwise).
-One spawn runs every model; logits and every gradient within 1e-5 of the unsharded model.
+With --sp: GPTBigCode multi-query, CodeGen (gathered qkv under a sequence-gathering
+parent), GPT-Neo. One spawn runs every model; logits and every gradient within 1e-5 of
+the unsharded model.
 """
 
 from __future__ import annotations
@@ -29,20 +31,22 @@ TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["bloom", "gpt_bigcode", "gpt_bigcode_mha", "gpt-sw3", "openai-gpt", "gptj", "codegen",
        "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr"]
+SP = ["gpt_bigcode", "codegen", "gpt_neo"]
 
 
-def _artifact(root: Path, family: str) -> tuple[str, str, str]:
+def _artifact(root: Path, family: str, sp: bool = False) -> tuple[str, str, str]:
     from hpcodegen.artifact.bundle import write_bundle
 
     config, _ = read_hf_config(FAMILIES / family)
-    name = f"{family}_tp2"
-    write_bundle(root / name, build_bundle(config, 2, False, None, family))
+    name = f"{family}_tp2" + ("_sp" if sp else "")
+    write_bundle(root / name, build_bundle(config, 2, sp, None, family))
     return name, str(root / name), str(FAMILIES / family)
 
 
 @pytest.mark.timeout(300)
 def test_family_parity_package_rules_b(tmp_path: Path) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
+    models += [_artifact(tmp_path, f, sp=True) for f in SP]
     out = tmp_path / "ranks"
     out.mkdir()
     results = spawn(2, parity_models, models, 2, out_dir=str(out))

@@ -1,0 +1,204 @@
+"""With ``--sp``: run the meta-device model once as the plan would shard its sequence.
+
+Sequence parallelism hands every module between boundaries one rank's slice of the
+sequence. Code outside the plan's modules may still size tensors by the full length it
+reads elsewhere: GPT-2's ``hidden_states.view(input_ids.shape ...)``, an ALiBi bias built
+from the attention mask, a learned position embedding the model adds itself. Nothing in
+the plan shows it, so the generator runs the model on the meta device (torch's fake
+tensors: shapes only, no data, no process group): once as it is, then with each
+boundary's sequence transitions applied to the shapes (``S(1) -> R`` restores the full
+length of dim 1, ``-> S(1)`` takes this rank's ``1/tp``), and refuses the plan when the
+second run fails or its logits do not have the first run's shape, naming the first module
+that went wrong.
+
+Weights are whole on the meta model, so a split compute gives the shapes its gathered
+result would: only the sequence dim needs emulating. A model whose plain meta run already
+fails (data-dependent code) is not checked.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.plan.entry import is_boundary, out_names
+
+SEQ = "S(1)"
+
+
+def _tp(named: Any) -> str | None:
+    return named.get("tp") if isinstance(named, Mapping) else None
+
+
+def _seq_fns(entry: Mapping[str, Any], side: str, tp: int) -> dict[str, Callable[[Any], Any]]:
+    """``{name: shape function}`` of the entry's sequence transitions on ``side``."""
+    src = entry.get(f"{side}_src") or {}
+    dst = entry.get(f"{side}_dst") or {}
+    fns: dict[str, Callable[[Any], Any]] = {}
+    for name in set(src) | set(dst):
+        s, d = _tp(src.get(name)), _tp(dst.get(name))
+        if s == SEQ and d != SEQ:
+            fns[name] = lambda x: _resize(x, x.shape[1] * tp) if _seq_dim(x) else x
+        elif d == SEQ and s != SEQ:
+            fns[name] = lambda x: _resize(x, x.shape[1] // tp) if _seq_dim(x) else x
+    return fns
+
+
+def _seq_dim(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor) and x.dim() >= 2
+
+
+def _resize(x: Any, length: int) -> Any:
+    return x.new_empty((x.shape[0], length, *x.shape[2:]))
+
+
+def _shapes(out: Any) -> tuple:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape),)
+    if isinstance(out, (tuple, list)):
+        return tuple(tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in out)
+    if hasattr(out, "to_tuple"):
+        return _shapes(out.to_tuple())
+    return ()
+
+
+def _logits(out: Any) -> Any:
+    return getattr(out, "logits", None) if not isinstance(out, tuple) else out[0]
+
+
+def _run(model: Any, length: int) -> Any:
+    """The model's logits on ``(2, length)`` token ids, shapes only: under torch's fake
+    tensor mode, where transformers skips its data-dependent checks (packed sequences,
+    all-ones masks) that a plain meta tensor cannot answer."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # a failing op is logged there before it raises
+    try:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+            return _logits(model(**_call_args(model, length)))
+    finally:
+        quiet.setLevel(level)
+
+
+def _call_args(model: Any, length: int) -> dict[str, Any]:
+    import torch
+
+    kwargs: dict[str, Any] = {"input_ids": torch.zeros((2, length), dtype=torch.long,
+                                                       device="meta")}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    return kwargs
+
+
+def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
+                    classes: Mapping[str, str]) -> None:
+    """Refuse ``plan`` (PlanError ``generate.sp_shapes``) when the model's forward does not
+    run on sequence-sharded activations; see the module docstring."""
+
+    from hpcodegen.plan.entry import output_sequence_sharded, takes_token_ids
+    from hpcodegen.runtime.binding import InputBinder, apply_outputs
+    from hpcodegen.runtime.embedding import install_default_position_ids
+
+    modules = dict(model.named_modules())
+    names = {id(m): fqn for fqn, m in modules.items()}
+    length = 4 * tp
+    reference: dict[str, tuple] = {}
+    def record(mod: Any, _args: Any, out: Any) -> None:
+        reference.setdefault(names[id(mod)], _shapes(out))
+
+    handles = [m.register_forward_hook(record) for m in modules.values()]
+    try:
+        ref_logits = _run(model, length)
+    except Exception:  # data-dependent code cannot run on meta: nothing to check
+        return
+    finally:
+        for h in handles:
+            h.remove()
+    if ref_logits is None:
+        return
+
+    stack: list[str] = []
+    first_wrong: list[str] = []
+    wrapped: list[Any] = []
+
+    def enter(mod: Any, args: tuple, kw: dict) -> None:
+        stack.append(names[id(mod)])
+
+    def leave(mod: Any, _args: Any, out: Any) -> None:
+        fqn = stack.pop() if stack else names[id(mod)]
+        ref = reference.get(fqn)
+        if first_wrong or ref is None:
+            return
+        if not _matches(_shapes(out), ref, tp):
+            first_wrong.append(fqn)
+
+    handles = []
+    for fqn, entry in plan.items():
+        if not is_boundary(entry) or fqn not in modules:
+            continue
+        module = modules[fqn]
+        ins, outs = _seq_fns(entry, "in", tp), _seq_fns(entry, "out", tp)
+        if ins:
+            binder = InputBinder(module.forward, list(ins), fqn)
+            handles.append(module.register_forward_pre_hook(
+                lambda _m, a, kw, b=binder, f=ins: b.apply(a, kw, f), with_kwargs=True))
+        if outs:
+            order = list(out_names(entry)) or ["output"]
+            pos = [(order.index(n) if n in order else 0, fn) for n, fn in outs.items()]
+            handles.append(module.register_forward_hook(
+                lambda _m, _a, out, p=pos: apply_outputs(out, p)))
+        if takes_token_ids(classes.get(fqn)) and output_sequence_sharded(entry) and "." in fqn:
+            parent = modules[fqn.rpartition(".")[0]]
+            if "forward" not in parent.__dict__ and install_default_position_ids(parent):
+                wrapped.append(parent)
+    for m in modules.values():  # after the plan's hooks: they see the resized shapes
+        handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
+        handles.append(m.register_forward_hook(leave))
+    try:
+        logits = _run(model, length)
+        failure = None
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        logits = None
+    finally:
+        for h in handles:
+            h.remove()
+        for parent in wrapped:
+            parent.__dict__.pop("forward", None)
+            parent.__dict__.pop("_hp_position_ids_wrapped", None)
+    if failure is None and logits is not None and tuple(logits.shape) == tuple(ref_logits.shape):
+        return
+    where = stack[-1] if failure is not None and stack else (first_wrong or [""])[0]
+    cls = type(modules.get(where, model)).__name__
+    what = failure or (f"its logits come back with shape {tuple(logits.shape)} instead of "
+                       f"{tuple(ref_logits.shape)}" if logits is not None else "no logits")
+    raise PlanError([error(
+        "generate.sp_shapes", where or "<root>",
+        f"with sequence parallelism (--sp) {where or 'the model'} ({cls}) does not run on "
+        f"its rank's slice of the sequence: {what}; code outside the plan's boundaries "
+        "sizes a tensor by the full sequence length (a reshape, a position bias or mask "
+        "built by the model itself)",
+        hint="generate without --sp")])
+
+
+def _matches(got: tuple, ref: tuple, tp: int) -> bool:
+    """An output has the unsharded shape, or it with this rank's slice of dim 1."""
+    if len(got) != len(ref):
+        return False
+    for g, r in zip(got, ref, strict=True):
+        if g is None or r is None or g == r:
+            continue
+        if len(g) != len(r) or len(g) < 2 or g[0] != r[0] or g[2:] != r[2:] \
+                or g[1] * tp != r[1]:
+            return False
+    return True
