@@ -180,13 +180,17 @@ def test_bitnet_sub_norms_run_on_gathered_projections() -> None:
         "hidden_states": {"tp": "R"}}
 
 
-def test_sp_refuses_a_norm_class_seen_both_sharded_and_whole() -> None:
-    """With --sp the sub-norms (inside the sequence-gathering attention / MLP) see whole
-    sequences, the layer norms slices: one class cannot carry both contracts, and its
-    weight's gradient is partial only in the second. generate refuses, naming both."""
+def test_sp_norms_inside_a_sequence_gathering_parent_see_the_whole_sequence() -> None:
+    """With --sp the attention / MLP gather the sequence on entry (their projections are
+    gathered colwise + split rowwise): the sub-norms inside run on whole sequences, so their
+    weight's gradient is whole (not partial) while the layer norms' is partial."""
     config, _ = read_hf_config(FAMILIES / "bitnet")
-    with pytest.raises(PlanError, match=r"attn_sub_norm.*input_layernorm declare different"):
-        build_bundle(config, 2, True, None, "bitnet")
+    meta = json.loads(build_bundle(config, 2, True, None, "bitnet")["codegen_meta.json"])
+    plan = meta["param_plan"]
+    sub = plan["model.layers.0.self_attn.attn_sub_norm"]
+    assert sub["in_src"] == {"hidden_states": {"tp": "R"}} and "partial_grad_params" not in sub
+    assert plan["model.layers.0.input_layernorm"]["partial_grad_params"] == ["weight"]
+    assert plan["model.layers.0.self_attn"]["in_src"] == {"hidden_states": {"tp": "S(1)"}}
 
 
 def test_cpmant_position_bias_is_sharded_on_its_heads() -> None:
