@@ -182,9 +182,8 @@ def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
             # multi-head latent attention expands its latent to every query head: its
             # key/value head count is the head count
             value = SHRINK["num_attention_heads"]
-        if key == "head_dim" and base.get("kv_lora_rank") \
-                and base.get("head_dim") == base.get("qk_rope_head_dim"):
-            continue  # there ``head_dim`` is the rotary part of a head (Youtu, AXK1)
+        if key == "head_dim" and base.get("kv_lora_rank"):
+            continue  # MLA's head_dim is its rope part's width (qk_rope_head_dim), kept
         for name in (amap.get(key, key), *ALIASES.get(key, ())):
             if name in base and not isinstance(base[name], (dict, list)):
                 kw[name] = value
