@@ -107,3 +107,19 @@ def test_rwkv_time_and_channel_mixing_split_by_channels() -> None:
     # the hidden-sized gate multiplies the partial output: replicated, partial gradient
     assert ffn["params"]["receptance.weight"] == {"tp": "R"}
     assert "receptance.weight" in ffn["partial_grad_params"]
+
+
+def test_recurrent_gemma_rg_lru_by_heads_and_mqa_attention_whole() -> None:
+    plan = plan_of("recurrent_gemma")  # one shared k/v head
+    block = plan["model.layers.0.temporal_block"]
+    assert block["params"]["conv_1d.weight"] == {"tp": "S(0)"}
+    assert block["params"]["linear_out.weight"] == {"tp": "S(1)"}
+    lru = plan["model.layers.0.temporal_block.rg_lru"]
+    assert lru["params"]["input_gate_weight"] == {"tp": "S(0)"}  # [heads, w, w]
+    assert lru["tp_divide_attrs"] == ["num_attention_heads"]
+    assert plan["model.layers.0.temporal_block.conv_1d"]["tp_divide_attrs"] == [
+        "groups", "in_channels", "out_channels"]
+    assert plan["model.layers.2.temporal_block.q_proj"]["params"]["weight"] == {"tp": "R"}
+    gqa = plan_of("recurrent_gemma_gqa")["model.layers.2.temporal_block"]
+    assert gqa["params"]["k_proj.weight"] == {"tp": "S(0)"}
+    assert gqa["params"]["o_proj.weight"] == {"tp": "S(1)"}

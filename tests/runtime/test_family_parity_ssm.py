@@ -6,9 +6,11 @@ dt_proj and the mixer's own per-channel A_log / D sharded on dim 0, out_proj row
 rowwise x_proj nested in the mixer whose all_reduce also all-reduces its gradient (the
 classifier's rule for outputs inside a partial region); Mamba-2's unequal packed in_proj
 gathered, its out_proj split rowwise, the scan replicated; RWKV's time and channel mixing
-split by channels. One spawn runs every model. Logits and every gradient within 1e-5 of
-the unsharded model. RWKV runs in float64: its tiny embeddings (gain 1e-4) under a
-LayerNorm give gradients of ~100, whose float32 summation-order noise alone is ~1e-4.
+split by channels; RecurrentGemma's RG-LRU blocks by heads (block-diagonal gates sharded
+on their head dim), its attention by heads where the kv heads divide tp.
+One spawn runs every model. Logits and every gradient within 1e-5 of the unsharded model.
+RWKV runs in float64: its tiny embeddings (gain 1e-4) under a LayerNorm give gradients of
+~100, whose float32 summation-order noise alone is ~1e-4.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-TP2 = ["mamba", "falcon_mamba", "mamba2"]
+TP2 = ["mamba", "falcon_mamba", "mamba2", "recurrent_gemma", "recurrent_gemma_gqa"]
 FLOAT64 = ["rwkv"]
 
 
