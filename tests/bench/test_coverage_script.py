@@ -43,7 +43,7 @@ def _row(family: str, *, moe: bool = False, split: bool = True, parity: bool = T
 
 
 def test_last_line_counts_dense_decoders_and_moe_only(cov: ModuleType) -> None:
-    rows = [_row("llama"), _row("gpt2", parity=False), _row("opt", split=False),
+    rows = [_row("llama"), _row("gpt2", parity=False), _row("tiny_no_rules", split=False),
             _row("qwen2", tp2=False), _row("bert"), _row("mixtral", moe=True),
             _row("qwen3_moe", moe=True, parity=False)]
     text = cov.render(rows, "x", 0.0)
@@ -51,5 +51,5 @@ def test_last_line_counts_dense_decoders_and_moe_only(cov: ModuleType) -> None:
     assert lines[-1] == "coverage: dense_ok=1/4 moe_ok=1/2"
     assert "encoder and encoder-decoder families: ok=1/1 replicated=0" in lines
     assert "| qwen2 | hf | fail (generate) |" in text and "no rule for X" in text
-    assert "| opt | hf | replicated |" in text
+    assert "| tiny_no_rules | hf | replicated |" in text
     assert "tp2 parity: logits diff 1.0e-07, grad diff 1.0e+00 at w" in text

@@ -27,6 +27,7 @@ LAYER0 = {
     "stablelm": "model.layers.0", "persimmon": "model.layers.0", "diffllama": "model.layers.0",
     "lfm2": "model.layers.0", "lfm3": "model.layers.0",
     "gpt_neox_japanese": "gpt_neox_japanese.layers.0", "modernbert-decoder": "model.layers.0",
+    "bitnet": "model.layers.0", "cpmant": "cpmant.encoder.layers.0",
 }
 
 
@@ -165,3 +166,52 @@ def test_when_indivisible_must_name_positive_factors(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(pr, "_read", lambda _t: ("rules/x.yaml", data))
     with pytest.raises(PlanError, match="when_indivisible"):
         pr.package_rules({"model_type": "x"})
+
+
+def test_bitnet_sub_norms_run_on_gathered_projections() -> None:
+    """attn_sub_norm/ffn_sub_norm normalise the whole attention output / intermediate: the
+    projections gather their outputs, o_proj/down_proj split their replicated input."""
+    plan = plan_of("bitnet")
+    q = plan["model.layers.0.self_attn.q_proj"]
+    assert q["params"] == {"weight": {"tp": "S(0)"}} and q["out_dst"] == {"output": {"tp": "R"}}
+    o = plan["model.layers.0.self_attn.o_proj"]
+    assert o["in_dst"] == {"input": {"tp": "S(-1)"}} and o["params"] == {"weight": {"tp": "S(1)"}}
+    assert plan["model.layers.0.self_attn.attn_sub_norm"]["in_src"] == {
+        "hidden_states": {"tp": "R"}}
+
+
+def test_sp_norms_inside_a_sequence_gathering_parent_see_the_whole_sequence() -> None:
+    """With --sp the attention / MLP gather the sequence on entry (their projections are
+    gathered colwise + split rowwise): the sub-norms inside run on whole sequences, so their
+    weight's gradient is whole (not partial) while the layer norms' is partial."""
+    config, _ = read_hf_config(FAMILIES / "bitnet")
+    meta = json.loads(build_bundle(config, 2, True, None, "bitnet")["codegen_meta.json"])
+    plan = meta["param_plan"]
+    sub = plan["model.layers.0.self_attn.attn_sub_norm"]
+    assert sub["in_src"] == {"hidden_states": {"tp": "R"}} and "partial_grad_params" not in sub
+    assert plan["model.layers.0.input_layernorm"]["partial_grad_params"] == ["weight"]
+    assert plan["model.layers.0.self_attn"]["in_src"] == {"hidden_states": {"tp": "S(1)"}}
+
+
+def test_cpmant_position_bias_is_sharded_on_its_heads() -> None:
+    plan = plan_of("cpmant")
+    assert plan["cpmant.position_bias"] == {
+        "params": {"relative_attention_bias": {"tp": "S(1)"}}, "is_boundary": False}
+    attn = plan["cpmant.encoder.layers.0.self_att.self_attention"]
+    assert attn["in_dst"]["position_bias"] == {"tp": "S(1)"}
+    assert attn["in_dst"]["hidden_kv"] == {"tp": "R"} and attn["tp_divide_attrs"] == ["num_heads"]
+    ffn = plan["cpmant.encoder.layers.0.ffn.ffn"]
+    assert ffn["params"]["w_in.w_0.weight"] == {"tp": "S(0)"}
+    assert ffn["params"]["w_out.weight"] == {"tp": "S(1)"}
+
+
+@pytest.mark.parametrize("family", ["opt", "biogpt", "xglm", "gpt_neox_japanese"])
+def test_sp_is_refused_where_the_rules_say_it_cannot_be_exact(family: str) -> None:
+    """Positions added by the model's own forward to sequence-sharded embeddings (OPT,
+    BioGPT, XGLM), a bias added to a sequence slice (GPT-NeoX Japanese): generate --sp
+    refuses with the rule's reason instead of freezing a plan that runs inexactly."""
+    config, _ = read_hf_config(FAMILIES / family)
+    with pytest.raises(PlanError, match=rf"rules/{family}.yaml::--sp: --sp cannot run with "
+                                        r"these rules: \w+"):
+        build_bundle(config, 2, True, None, family)
+    assert plan_of(family)  # without --sp it generates

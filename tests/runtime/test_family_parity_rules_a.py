@@ -7,8 +7,10 @@ colwise fc1 whose output stays sharded into fc2; StableLM's q/k/v biases with th
 residual, and qk_layernorm (attention replicated); DiffLlama's head pairs (q/k/v packed in
 two blocks) and, with too few kv heads for 2 * tp, its replicated attention; LFM2/LFM3
 short-conv channels; GPT-NeoX Japanese's dense_bias added outside the region (a full
-gradient); ModernBERT decoder with every bias on. Logits and every gradient within 1e-5 of
-the unsharded model, and gradients large enough for that to mean something.
+gradient); ModernBERT decoder with every bias on; BitNet's sub-norms on gathered
+projections (also with --sp); CPM-Ant's head-sharded position bias and nested
+feed-forward. Logits and every gradient within 1e-5 of the unsharded model, and gradients
+large enough for that to mean something.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ MODELS = [
     ("gpt_neox_japanese", "gpt_neox_japanese", {}),
     ("modernbert_decoder", "modernbert-decoder", {"attention_bias": True, "mlp_bias": True,
                                                   "norm_bias": True}),
+    ("bitnet", "bitnet", {"attention_bias": True}),
+    ("bitnet_sp", "bitnet", {"attention_bias": True}),
+    ("cpmant", "cpmant", {}),
 ]
 
 
@@ -57,7 +62,8 @@ def _artifact(root: Path, name: str, family: str, overrides: dict) -> tuple[str,
     config_dir = root / f"{name}_config"
     config_dir.mkdir()
     (config_dir / "config.json").write_text(json.dumps(config))
-    write_bundle(root / name, build_bundle(config, 2, False, None, name))
+    sp = name.endswith("_sp")
+    write_bundle(root / name, build_bundle(config, 2, sp, None, name))
     return name, str(root / name), str(config_dir)
 
 
