@@ -548,7 +548,7 @@ def _spawn_parity(batches: list[list[list[str]]], work: Path, tag: str
                               "grad": max(x.get("grad", 0.0) for x in res),
                               "error": next((x["error"] for x in res if x.get("error")), None),
                               "worst": res[0].get("worst"),
-                              "odd": res[0].get("odd")}
+                              "odd": res[0].get("odd"), "f64": res[0].get("f64")}
     return found
 
 
