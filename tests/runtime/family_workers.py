@@ -79,3 +79,17 @@ def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, 
             out[name] = {"error": "".join(traceback.format_exception(exc))[-1500:]}
         dist.barrier()
     return out
+
+
+def assert_parity(results: Sequence[dict[str, Any]], models: Sequence[Sequence[str]],
+                  tol: float) -> None:
+    """Every model ran on every rank with no error or unmatched parameter, logits and every
+    gradient within ``tol``, and gradients large enough that ``tol`` tests something."""
+    assert set(results[0]) == {m[0] for m in models}
+    for rank, per_model in enumerate(results):
+        for name, r in per_model.items():
+            assert "error" not in r, (rank, name, r.get("error"))
+            assert r["odd"] == [], (rank, name, r)
+            assert r["logits"] <= tol, (rank, name, r)
+            assert r["grad"] <= tol, (rank, name, r)
+            assert r["grad_scale"] > 100 * tol, (rank, name, "gradients too small to test")

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
-from family_workers import parity_models
+from family_workers import assert_parity, parity_models
 from rt_workers import spawn
 
 from hpcodegen.generate.api import build_bundle
@@ -73,11 +73,4 @@ def test_package_rule_families_match_the_unsharded_model(tmp_path: Path) -> None
     out = tmp_path / "ranks"
     out.mkdir()
     results = spawn(2, parity_models, models, 2, out_dir=str(out))
-    assert set(results[0]) == {m[0] for m in models}
-    for rank, per_model in enumerate(results):
-        for name, r in per_model.items():
-            assert "error" not in r, (rank, name, r.get("error"))
-            assert r["odd"] == [], (rank, name, r)
-            assert r["logits"] <= TOL, (rank, name, r)
-            assert r["grad"] <= TOL, (rank, name, r)
-            assert r["grad_scale"] > 100 * TOL, (rank, name, "gradients too small to test")
+    assert_parity(results, models, TOL)
