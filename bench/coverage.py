@@ -105,8 +105,9 @@ def _shrunk_value(key: str, value: Any) -> Any:
         return None
     if WIDTH_RE.search(key) and value > 128:
         return 32 if "moe" in key or "expert" in key else 128
-    if key.startswith("vocab_size") and value > SHRINK["vocab_size"]:
-        return SHRINK["vocab_size"]  # a second vocabulary (Gemma 3n's per-layer inputs)
+    if "vocab" in key and value > SHRINK["vocab_size"]:
+        # a second vocabulary (Gemma 3n's per-layer inputs, BLT's hashed byte groups)
+        return SHRINK["vocab_size"]
     return None
 
 
@@ -132,13 +133,28 @@ def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
     if text_cls is not None and text_cls is wanted and isinstance(base.get("text_config"), dict):
         text = text_cls(**base["text_config"]).to_dict()
         kw["text_config"] = _clamped(text_cls(**_shrunk_kwargs(text_cls, text)).to_dict())
-    data = _clamped(config_cls(**kw).to_dict())
+    data = _clamped(_built(config_cls, kw, base).to_dict())
     data["model_type"] = model_type
     data["architectures"] = [class_name]
     del transformers
     # standard JSON has no Infinity (Mamba-2's default time_step_limit (0, inf)): a key left
     # at its default is dropped, so the class rebuilds it
     return {k: v for k, v in data.items() if _finite(v) or v != base.get(k)}
+
+
+def _built(config_cls: Any, kw: dict[str, Any], base: Mapping[str, Any]) -> Any:
+    """``config_cls(**kw)``; where the class refuses a shrunk value its error names (ZAYA:
+    "supports `num_experts_per_tok=1` only"), that field back at its default."""
+    try:
+        return config_cls(**kw)
+    except Exception as exc:
+        first = exc
+    for key in sorted((k for k in kw if re.search(rf"\b{re.escape(k)}\b", str(first))),
+                      key=len, reverse=True):
+        if key in base:
+            with contextlib.suppress(Exception):
+                return config_cls(**{**kw, key: base[key]})
+    raise first
 
 
 def _finite(value: Any) -> bool:
@@ -201,7 +217,68 @@ def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
                 and isinstance(value, int) and not isinstance(value, bool) and value >= layers:
             kw[key] = 0  # a count of special layers (kv-shared, dense) no longer fits
     _keep_expanded_heads(base, kw)
+    _follow_width(kw, base.get("hidden_size"), kw.get("hidden_size"), base)
+    kw.update(_shrunk_sub_configs(config_cls, base))
     return kw
+
+
+def _sub_config_class(config_cls: Any, name: str, value: Mapping[str, Any]) -> Any:
+    """The config class of the sub-config ``name`` (an ``AutoConfig`` entry resolves by the
+    sub-config's own ``model_type``), or None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sub_cls = (getattr(config_cls, "sub_configs", None) or {}).get(name)
+    if sub_cls is None or getattr(sub_cls, "__name__", "") == "AutoConfig":
+        kind = str(value.get("model_type"))  # the lazy mapping has no working .get
+        sub_cls = CONFIG_MAPPING[kind] if kind in CONFIG_MAPPING else None  # noqa: SIM401
+    return sub_cls if isinstance(sub_cls, type) else None
+
+
+def _shrunk_sub_configs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
+    """Every sub-config (``text_config``, ``vision_config``, BLT's patcher/encoder/decoder,
+    Fuyu's Persimmon text model) shrunk the same way, recursively: a default sub-config left
+    full size builds a model of billions of parameters. A sub-config whose shrunk form its
+    own class refuses is left out (kept at its default)."""
+    out: dict[str, Any] = {}
+    for name in getattr(config_cls, "sub_configs", None) or {}:
+        value = base.get(name)
+        if not isinstance(value, Mapping):
+            continue
+        sub_cls = _sub_config_class(config_cls, name, value)
+        if sub_cls is None:
+            continue
+        try:
+            full = sub_cls(**value).to_dict()
+            out[name] = _clamped(sub_cls(**_shrunk_kwargs(sub_cls, full)).to_dict())
+        except Exception:
+            continue
+    _follow_text_width(base, out)
+    return out
+
+
+def _follow_text_width(base: Mapping[str, Any], subs: dict[str, Any]) -> None:
+    """A sub-config width that equals the text model's default width (a vision or audio
+    adapter's output width, ``adapter_out_dim``) follows the shrunk text width, so that the
+    composite's own check that they match still holds."""
+    text = base.get("text_config")
+    old = text.get("hidden_size") if isinstance(text, Mapping) else None
+    new = (subs.get("text_config") or {}).get("hidden_size")
+    for name, sub in subs.items():
+        if name != "text_config" and isinstance(sub, dict):
+            _follow_width(sub, old, new, dict(sub))
+
+
+def _follow_width(kw: dict[str, Any], old: Any, new: Any, base: Mapping[str, Any]) -> None:
+    """Every width field of ``base`` (other than ``hidden_size`` and those ``kw`` shrinks
+    already) whose value is the old width ``old`` set to ``new`` in ``kw``: an adapter's
+    width that a config checks equal to ``hidden_size`` stays equal."""
+    if not isinstance(old, int) or not isinstance(new, int) or old == new:
+        return
+    for key, value in base.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value == old \
+                and key != "hidden_size" and "vocab" not in key \
+                and re.search(r"(dim|size|width)", key) and kw.get(key, old) == old:
+            kw[key] = new
 
 
 def _keep_expanded_heads(base: Mapping[str, Any], kw: dict[str, Any]) -> None:

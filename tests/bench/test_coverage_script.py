@@ -53,3 +53,35 @@ def test_last_line_counts_dense_decoders_and_moe_only(cov: ModuleType) -> None:
     assert "| qwen2 | hf | fail (generate) |" in text and "no rule for X" in text
     assert "| tiny_no_rules | hf | replicated |" in text
     assert "tp2 parity: logits diff 1.0e-07, grad diff 1.0e+00 at w" in text
+
+
+def _total(config: dict) -> int:
+    """The largest width anywhere in a config dict, sub-configs included."""
+    best = 0
+    for key, value in config.items():
+        if isinstance(value, dict):
+            best = max(best, _total(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and (
+                key == "hidden_size" or "vocab" in key):
+            best = max(best, value)
+    return best
+
+
+@pytest.mark.parametrize(("family", "cls"), [
+    ("fuyu", "FuyuForCausalLM"), ("blt", "BltForCausalLM")])
+def test_tiny_config_shrinks_every_sub_config(cov: ModuleType, family: str, cls: str) -> None:
+    # Fuyu's Persimmon text model and BLT's patcher/encoder/decoder/global sub-configs (and
+    # its hashed byte-group vocabulary) left at their defaults built billions of parameters
+    assert _total(cov.tiny_config(family, cls)) <= 256
+
+
+def test_tiny_config_keeps_adapter_widths_equal_to_the_text_width(cov: ModuleType) -> None:
+    config = cov.tiny_config("dots3_note", "Dots3NoteForCausalLM")
+    text = config["text_config"]["hidden_size"]
+    assert config["vision_config"]["adapter_out_dim"] == text == 64
+    assert config["vision_config"]["adapter_in_dim"] == config["vision_config"]["hidden_size"]
+
+
+def test_tiny_config_restores_a_default_the_config_class_insists_on(cov: ModuleType) -> None:
+    # ZAYA refuses any num_experts_per_tok but 1: the shrunk 2 goes back to the default
+    assert cov.tiny_config("zaya", "ZayaForCausalLM")["num_experts_per_tok"] == 1
