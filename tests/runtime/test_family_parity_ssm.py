@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-TP2 = ["mamba", "falcon_mamba", "mamba2", "recurrent_gemma", "recurrent_gemma_gqa"]
+TP2 = ["mamba", "falcon_mamba", "mamba2", "recurrent_gemma", "recurrent_gemma_gqa", "bamba",
+       "falcon_h1", "zamba2"]
 FLOAT64 = ["rwkv"]
 
 
