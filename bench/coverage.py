@@ -674,7 +674,7 @@ def classify_row(row: Mapping[str, Any]) -> tuple[str, str]:
                               "the embedding and LM head are split, the layers replicated")
     for variant in ("tp4", "sp"):
         v = row.get(variant) or {}
-        if not v.get("ok"):
+        if v and not v.get("ok"):
             notes.append(f"{variant} {v.get('stage')}: {v.get('reason')}")
     sp_par = (row.get("parity") or {}).get("sp")
     if sp_par and not sp_par.get("ok") and not _rounding_only(sp_par):
