@@ -53,3 +53,15 @@ def test_last_line_counts_dense_decoders_and_moe_only(cov: ModuleType) -> None:
     assert "| qwen2 | hf | fail (generate) |" in text and "no rule for X" in text
     assert "| tiny_no_rules | hf | replicated |" in text
     assert "tp2 parity: logits diff 1.0e-07, grad diff 1.0e+00 at w" in text
+
+
+def test_a_float32_miss_matched_in_float64_is_rounding_not_failure(cov: ModuleType) -> None:
+    rounding = _row("ssmx", parity=False)
+    rounding["parity"]["tp2"]["exact64"] = {"ok": True, "logits": 2e-15, "grad": 0.0}
+    wrong = _row("gptx", parity=False)
+    wrong["parity"]["tp2"]["exact64"] = {"ok": False, "logits": 1.3, "grad": 0.2}
+    text = cov.render([rounding, wrong], "x", 0.0)
+    assert text.strip().splitlines()[-1] == "coverage: dense_ok=1/2 moe_ok=0/0"
+    assert "| ssmx | hf | ok | - | - | ok in fp64 (2e-15) |" in text
+    assert "in float64 the sharded model matches" in text
+    assert "| gptx | hf | ok | - | - | FAIL |" in text
