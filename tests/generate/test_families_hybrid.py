@@ -95,3 +95,22 @@ def test_zamba2_sp_refused_where_shared_blocks_are_replicated() -> None:
     """The replicated shared attention would see only its rank's slice of the sequence."""
     with pytest.raises(PlanError, match=r"shared_transformer|linear.*--sp"):
         plan_of("zamba2", 2, sp=True)
+
+
+def test_zamba_mixer_split_by_mamba_heads() -> None:
+    plan = plan_of("zamba")
+    mixer = plan["model.layers.0.mamba"]
+    for name in ("x_proj_weight", "dt_proj_weight", "dt_proj_bias", "A_log", "D",
+                 "in_proj.weight", "conv1d.weight"):
+        assert mixer["params"][name] == {"tp": "S(0)"}, name
+    assert mixer["params"]["out_proj.weight"] == {"tp": "S(1)"}
+    assert mixer["out_src"] == {"output": {"tp": "P(sum)"}}
+    assert {"n_mamba_heads", "conv1d.groups"} <= set(mixer["tp_divide_attrs"])
+
+
+def test_zamba_heads_that_do_not_divide_fall_back_to_gathered_projections() -> None:
+    notes: list[str] = []
+    plan = plan_of("zamba", 4, notes=notes, num_key_value_heads=4)  # n_mamba_heads = 2
+    assert "n_mamba_heads does not divide tp" in notes[0]
+    assert plan["model.layers.0.mamba"]["params"]["x_proj_weight"] == {"tp": "R"}
+    assert plan["model.layers.0.mamba.in_proj"]["out_dst"] == {"output": {"tp": "R"}}
