@@ -85,3 +85,15 @@ def test_tiny_config_keeps_adapter_widths_equal_to_the_text_width(cov: ModuleTyp
 def test_tiny_config_restores_a_default_the_config_class_insists_on(cov: ModuleType) -> None:
     # ZAYA refuses any num_experts_per_tok but 1: the shrunk 2 goes back to the default
     assert cov.tiny_config("zaya", "ZayaForCausalLM")["num_experts_per_tok"] == 1
+
+
+def test_a_float32_miss_matched_in_float64_is_rounding_not_failure(cov: ModuleType) -> None:
+    rounding = _row("ssmx", parity=False)
+    rounding["parity"]["tp2"]["exact64"] = {"ok": True, "logits": 2e-15, "grad": 0.0}
+    wrong = _row("gptx", parity=False)
+    wrong["parity"]["tp2"]["exact64"] = {"ok": False, "logits": 1.3, "grad": 0.2}
+    text = cov.render([rounding, wrong], "x", 0.0)
+    assert text.strip().splitlines()[-1] == "coverage: dense_ok=1/2 moe_ok=0/0"
+    assert "| ssmx | hf | ok | - | - | ok in fp64 (2e-15) |" in text
+    assert "in float64 the sharded model matches" in text
+    assert "| gptx | hf | ok | - | - | FAIL |" in text

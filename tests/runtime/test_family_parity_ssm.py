@@ -7,7 +7,9 @@ rowwise x_proj nested in the mixer whose all_reduce also all-reduces its gradien
 classifier's rule for outputs inside a partial region); Mamba-2's unequal packed in_proj
 gathered, its out_proj split rowwise, the scan replicated; RWKV's time and channel mixing
 split by channels; RecurrentGemma's RG-LRU blocks by heads (block-diagonal gates sharded
-on their head dim), its attention by heads where the kv heads divide tp.
+on their head dim), its attention by heads where the kv heads divide tp; the hybrid
+Bamba / Falcon-H1 / Zamba2 with Mamba-2 mixers as Mamba-2, attention and MLP split; Zamba's
+mixers by Mamba heads (zamba_h1: one head, the gathered fallback).
 One spawn runs every model. Logits and every gradient within 1e-5 of the unsharded model.
 RWKV runs in float64: its tiny embeddings (gain 1e-4) under a LayerNorm give gradients of
 ~100, whose float32 summation-order noise alone is ~1e-4.
@@ -28,7 +30,8 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-TP2 = ["mamba", "falcon_mamba", "mamba2", "recurrent_gemma", "recurrent_gemma_gqa"]
+TP2 = ["mamba", "falcon_mamba", "mamba2", "recurrent_gemma", "recurrent_gemma_gqa", "bamba",
+       "falcon_h1", "zamba2", "zamba", "zamba_h1"]
 FLOAT64 = ["rwkv"]
 
 
