@@ -129,7 +129,11 @@ def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
     if isinstance(wanted, type) and not issubclass(config_cls, wanted) and text_cls is not wanted:
         config_cls = wanted
         model_type = getattr(wanted, "model_type", model_type) or model_type
-    base = config_cls().to_dict()
+    try:
+        base = config_cls().to_dict()
+    except Exception as exc:
+        raise ValueError(f"transformers' default {config_cls.__name__} is invalid: "
+                         f"{' '.join(str(exc).split())}") from None
     kw = _shrunk_kwargs(config_cls, base)
     if text_cls is not None and text_cls is wanted and isinstance(base.get("text_config"), dict):
         text = text_cls(**base["text_config"]).to_dict()
@@ -407,7 +411,10 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
         cfg = cfg4_dir if variant == "tp4" else cfg_dir
         code, text = _cli(["generate", "--model", str(cfg), *extra, "-o", str(out)])
         if code != 0:
-            row[variant] = {"ok": False, "stage": "generate", "reason": _reason(text)}
+            reason = _reason(text)
+            if "transformers cannot build" in reason:
+                reason = _default_build_error(model_type, class_name) or reason
+            row[variant] = {"ok": False, "stage": "generate", "reason": reason}
             continue
         packaged = "package rules" in text  # also a model_type reusing a family's rules
         code, text = _cli(["verify", str(out), "--hf-config", str(cfg)])
@@ -422,6 +429,24 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
             if code != 0:
                 row[variant] = {"ok": False, "stage": "inspect-plan", "reason": _reason(text)}
     return row
+
+
+def _default_build_error(model_type: str, class_name: str) -> str | None:
+    """Why ``class_name`` cannot be built even from transformers' own default config (on
+    the meta device), or None when it can: the failure is then not the tiny config's."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = getattr(transformers, class_name, None)
+    config_cls = getattr(cls, "config_class", None) or CONFIG_MAPPING[model_type]
+    try:
+        with torch.device("meta"):
+            cls(config_cls())
+    except Exception as exc:
+        return (f"transformers' default {config_cls.__name__} cannot build {class_name}: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:300]
+    return None
 
 
 def _uses_package(model_type: str) -> bool:
@@ -463,7 +488,9 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     ref = model_class_for(config_dict)(config).float().eval()
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
+    # the rows the model takes: MusicGen's decoder reads batch x num_codebooks rows
+    rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
+    ids = torch.randint(0, config.vocab_size, (rows, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
     result = _parity_at(artifact, config, config_dict, ref, ids, labels, mesh, exact=True)
     if not result["ok"] and not result["odd"] and "f64" in result:
@@ -502,7 +529,7 @@ def _parity_at(artifact: str, config: Any, config_dict: Mapping[str, Any], ref: 
         logits = model(input_ids=ids, use_cache=False).logits
         if sharded:
             logits = full_logits(logits, model, meta, active)
-        flat = logits.flatten(0, 1)
+        flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
         flat = flat if flat.dtype == torch.float64 else flat.float()
         return F.cross_entropy(flat, labels.flatten()), logits
 

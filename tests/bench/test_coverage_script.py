@@ -97,3 +97,11 @@ def test_a_float32_miss_matched_in_float64_is_rounding_not_failure(cov: ModuleTy
     assert "| ssmx | hf | ok | - | - | ok in fp64 (2e-15) |" in text
     assert "in float64 the sharded model matches" in text
     assert "| gptx | hf | ok | - | - | FAIL |" in text
+
+
+def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly(cov: ModuleType) -> None:
+    why = cov._default_build_error("cohere_compass_text", "CohereCompassForCausalLM")
+    assert why and why.startswith("transformers' default CohereCompassTextConfig cannot build")
+    assert cov._default_build_error("llama", "LlamaForCausalLM") is None
+    with pytest.raises(ValueError, match="transformers' default Gemma4AssistantConfig is invalid"):
+        cov.tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
