@@ -262,15 +262,17 @@ def _shrunk_sub_configs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, A
 
 
 def _follow_text_width(base: Mapping[str, Any], subs: dict[str, Any]) -> None:
-    """A sub-config width that equals the text model's default width (a vision or audio
-    adapter's output width, ``adapter_out_dim``) follows the shrunk text width, so that the
-    composite's own check that they match still holds."""
-    text = base.get("text_config")
-    old = text.get("hidden_size") if isinstance(text, Mapping) else None
-    new = (subs.get("text_config") or {}).get("hidden_size")
-    for name, sub in subs.items():
-        if name != "text_config" and isinstance(sub, dict):
-            _follow_width(sub, old, new, dict(sub))
+    """A sub-config width that equals another sub-config's default width (a vision or
+    audio adapter's output width equal to the text model's, BLT's ``hidden_size_global``
+    in its local encoder equal to its global transformer's) follows that shrunk width, so
+    that the composite's own check that they match still holds."""
+    for src, shrunk in subs.items():
+        full = base.get(src)
+        old = full.get("hidden_size") if isinstance(full, Mapping) else None
+        new = shrunk.get("hidden_size") if isinstance(shrunk, Mapping) else None
+        for name, sub in subs.items():
+            if name != src and isinstance(sub, dict):
+                _follow_width(sub, old, new, dict(sub))
 
 
 def _follow_width(kw: dict[str, Any], old: Any, new: Any, base: Mapping[str, Any]) -> None:
@@ -490,7 +492,8 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
     # the rows the model takes: MusicGen's decoder reads batch x num_codebooks rows
     rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
-    ids = torch.randint(0, config.vocab_size, (rows, 17), generator=g)  # a text sub-config's
+    vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (rows, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
     result = _parity_at(artifact, config, config_dict, ref, ids, labels, mesh, exact=True)
     if not result["ok"] and not result["odd"] and "f64" in result:

@@ -62,7 +62,7 @@ def _total(config: dict) -> int:
         if isinstance(value, dict):
             best = max(best, _total(value))
         elif isinstance(value, int) and not isinstance(value, bool) and (
-                key == "hidden_size" or "vocab" in key):
+                "hidden_size" in key or "vocab" in key):
             best = max(best, value)
     return best
 
