@@ -222,6 +222,7 @@ def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
                 and isinstance(value, int) and not isinstance(value, bool) and value >= layers:
             kw[key] = 0  # a count of special layers (kv-shared, dense) no longer fits
     _keep_expanded_heads(base, kw)
+    _keep_expert_groups(base, kw)
     _follow_width(kw, base.get("hidden_size"), kw.get("hidden_size"), base)
     kw.update(_shrunk_sub_configs(config_cls, base))
     return kw
@@ -286,6 +287,22 @@ def _follow_width(kw: dict[str, Any], old: Any, new: Any, base: Mapping[str, Any
                 and key != "hidden_size" and "vocab" not in key \
                 and re.search(r"(dim|size|width)", key) and kw.get(key, old) == old:
             kw[key] = new
+
+
+def _keep_expert_groups(base: Mapping[str, Any], kw: dict[str, Any]) -> None:
+    """Group-limited routing (DeepSeek-V3 style ``n_group``/``topk_group``) views the scores
+    as ``(tokens, groups, experts // groups)``: when the shrunk expert count no longer
+    splits into the default groups (4 experts in 8 groups gave ``[-1, 8, 0]``), route over
+    one group."""
+    experts = next((kw[k] for k in ("n_routed_experts", "num_experts", "num_local_experts")
+                    if isinstance(kw.get(k), int)), None)
+    for group, top in (("n_group", "topk_group"), ("num_expert_group", "topk_group")):
+        groups = base.get(group)
+        if isinstance(experts, int) and isinstance(groups, int) and groups > 0 \
+                and experts % groups:
+            kw[group] = 1
+            if isinstance(base.get(top), int):
+                kw[top] = 1
 
 
 def _keep_expanded_heads(base: Mapping[str, Any], kw: dict[str, Any]) -> None:

@@ -105,3 +105,9 @@ def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly(cov: Mod
     assert cov._default_build_error("llama", "LlamaForCausalLM") is None
     with pytest.raises(ValueError, match="transformers' default Gemma4AssistantConfig is invalid"):
         cov.tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
+
+
+def test_tiny_config_expert_groups_divide_the_shrunk_expert_count(cov: ModuleType) -> None:
+    config = cov.tiny_config("deepseek_v3", "DeepseekV3ForCausalLM")
+    assert config["n_routed_experts"] % config["n_group"] == 0
+    assert config["topk_group"] <= config["n_group"]
