@@ -106,8 +106,9 @@ def _shrunk_value(key: str, value: Any) -> Any:
         return None
     if WIDTH_RE.search(key) and value > 128:
         return 32 if "moe" in key or "expert" in key else 128
-    if key.startswith("vocab_size") and value > SHRINK["vocab_size"]:
-        return SHRINK["vocab_size"]  # a second vocabulary (Gemma 3n's per-layer inputs)
+    if "vocab" in key and value > SHRINK["vocab_size"]:
+        # a second vocabulary (Gemma 3n's per-layer inputs, BLT's hashed byte groups)
+        return SHRINK["vocab_size"]
     return None
 
 
@@ -128,18 +129,37 @@ def tiny_config(model_type: str, class_name: str) -> dict[str, Any]:
     if isinstance(wanted, type) and not issubclass(config_cls, wanted) and text_cls is not wanted:
         config_cls = wanted
         model_type = getattr(wanted, "model_type", model_type) or model_type
-    base = config_cls().to_dict()
+    try:
+        base = config_cls().to_dict()
+    except Exception as exc:
+        raise ValueError(f"transformers' default {config_cls.__name__} is invalid: "
+                         f"{' '.join(str(exc).split())}") from None
     kw = _shrunk_kwargs(config_cls, base)
     if text_cls is not None and text_cls is wanted and isinstance(base.get("text_config"), dict):
         text = text_cls(**base["text_config"]).to_dict()
         kw["text_config"] = _clamped(text_cls(**_shrunk_kwargs(text_cls, text)).to_dict())
-    data = _clamped(config_cls(**kw).to_dict())
+    data = _clamped(_built(config_cls, kw, base).to_dict())
     data["model_type"] = model_type
     data["architectures"] = [class_name]
     del transformers
     # standard JSON has no Infinity (Mamba-2's default time_step_limit (0, inf)): a key left
     # at its default is dropped, so the class rebuilds it
     return {k: v for k, v in data.items() if _finite(v) or v != base.get(k)}
+
+
+def _built(config_cls: Any, kw: dict[str, Any], base: Mapping[str, Any]) -> Any:
+    """``config_cls(**kw)``; where the class refuses a shrunk value its error names (ZAYA:
+    "supports `num_experts_per_tok=1` only"), that field back at its default."""
+    try:
+        return config_cls(**kw)
+    except Exception as exc:
+        first = exc
+    for key in sorted((k for k in kw if re.search(rf"\b{re.escape(k)}\b", str(first))),
+                      key=len, reverse=True):
+        if key in base:
+            with contextlib.suppress(Exception):
+                return config_cls(**{**kw, key: base[key]})
+    raise first
 
 
 def _finite(value: Any) -> bool:
@@ -202,7 +222,70 @@ def _shrunk_kwargs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
                 and isinstance(value, int) and not isinstance(value, bool) and value >= layers:
             kw[key] = 0  # a count of special layers (kv-shared, dense) no longer fits
     _keep_expanded_heads(base, kw)
+    _follow_width(kw, base.get("hidden_size"), kw.get("hidden_size"), base)
+    kw.update(_shrunk_sub_configs(config_cls, base))
     return kw
+
+
+def _sub_config_class(config_cls: Any, name: str, value: Mapping[str, Any]) -> Any:
+    """The config class of the sub-config ``name`` (an ``AutoConfig`` entry resolves by the
+    sub-config's own ``model_type``), or None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sub_cls = (getattr(config_cls, "sub_configs", None) or {}).get(name)
+    if sub_cls is None or getattr(sub_cls, "__name__", "") == "AutoConfig":
+        kind = str(value.get("model_type"))  # the lazy mapping has no working .get
+        sub_cls = CONFIG_MAPPING[kind] if kind in CONFIG_MAPPING else None  # noqa: SIM401
+    return sub_cls if isinstance(sub_cls, type) else None
+
+
+def _shrunk_sub_configs(config_cls: Any, base: Mapping[str, Any]) -> dict[str, Any]:
+    """Every sub-config (``text_config``, ``vision_config``, BLT's patcher/encoder/decoder,
+    Fuyu's Persimmon text model) shrunk the same way, recursively: a default sub-config left
+    full size builds a model of billions of parameters. A sub-config whose shrunk form its
+    own class refuses is left out (kept at its default)."""
+    out: dict[str, Any] = {}
+    for name in getattr(config_cls, "sub_configs", None) or {}:
+        value = base.get(name)
+        if not isinstance(value, Mapping):
+            continue
+        sub_cls = _sub_config_class(config_cls, name, value)
+        if sub_cls is None:
+            continue
+        try:
+            full = sub_cls(**value).to_dict()
+            out[name] = _clamped(sub_cls(**_shrunk_kwargs(sub_cls, full)).to_dict())
+        except Exception:
+            continue
+    _follow_text_width(base, out)
+    return out
+
+
+def _follow_text_width(base: Mapping[str, Any], subs: dict[str, Any]) -> None:
+    """A sub-config width that equals another sub-config's default width (a vision or
+    audio adapter's output width equal to the text model's, BLT's ``hidden_size_global``
+    in its local encoder equal to its global transformer's) follows that shrunk width, so
+    that the composite's own check that they match still holds."""
+    for src, shrunk in subs.items():
+        full = base.get(src)
+        old = full.get("hidden_size") if isinstance(full, Mapping) else None
+        new = shrunk.get("hidden_size") if isinstance(shrunk, Mapping) else None
+        for name, sub in subs.items():
+            if name != src and isinstance(sub, dict):
+                _follow_width(sub, old, new, dict(sub))
+
+
+def _follow_width(kw: dict[str, Any], old: Any, new: Any, base: Mapping[str, Any]) -> None:
+    """Every width field of ``base`` (other than ``hidden_size`` and those ``kw`` shrinks
+    already) whose value is the old width ``old`` set to ``new`` in ``kw``: an adapter's
+    width that a config checks equal to ``hidden_size`` stays equal."""
+    if not isinstance(old, int) or not isinstance(new, int) or old == new:
+        return
+    for key, value in base.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value == old \
+                and key != "hidden_size" and "vocab" not in key \
+                and re.search(r"(dim|size|width)", key) and kw.get(key, old) == old:
+            kw[key] = new
 
 
 def _keep_expanded_heads(base: Mapping[str, Any], kw: dict[str, Any]) -> None:
@@ -330,7 +413,10 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
         cfg = cfg4_dir if variant == "tp4" else cfg_dir
         code, text = _cli(["generate", "--model", str(cfg), *extra, "-o", str(out)])
         if code != 0:
-            row[variant] = {"ok": False, "stage": "generate", "reason": _reason(text)}
+            reason = _reason(text)
+            if "transformers cannot build" in reason:
+                reason = _default_build_error(model_type, class_name) or reason
+            row[variant] = {"ok": False, "stage": "generate", "reason": reason}
             continue
         packaged = "package rules" in text  # also a model_type reusing a family's rules
         code, text = _cli(["verify", str(out), "--hf-config", str(cfg)])
@@ -345,6 +431,24 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
             if code != 0:
                 row[variant] = {"ok": False, "stage": "inspect-plan", "reason": _reason(text)}
     return row
+
+
+def _default_build_error(model_type: str, class_name: str) -> str | None:
+    """Why ``class_name`` cannot be built even from transformers' own default config (on
+    the meta device), or None when it can: the failure is then not the tiny config's."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = getattr(transformers, class_name, None)
+    config_cls = getattr(cls, "config_class", None) or CONFIG_MAPPING[model_type]
+    try:
+        with torch.device("meta"):
+            cls(config_cls())
+    except Exception as exc:
+        return (f"transformers' default {config_cls.__name__} cannot build {class_name}: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:300]
+    return None
 
 
 def _uses_package(model_type: str) -> bool:
@@ -386,7 +490,10 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     ref = model_class_for(config_dict)(config).float().eval()
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
+    # the rows the model takes: MusicGen's decoder reads batch x num_codebooks rows
+    rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
+    vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (rows, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
     result = _parity_at(artifact, config, config_dict, ref, ids, labels, mesh, exact=True)
     if not result["ok"] and not result["odd"] and "f64" in result:
@@ -425,7 +532,7 @@ def _parity_at(artifact: str, config: Any, config_dict: Mapping[str, Any], ref: 
         logits = model(input_ids=ids, use_cache=False).logits
         if sharded:
             logits = full_logits(logits, model, meta, active)
-        flat = logits.flatten(0, 1)
+        flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
         flat = flat if flat.dtype == torch.float64 else flat.float()
         return F.cross_entropy(flat, labels.flatten()), logits
 

@@ -55,6 +55,38 @@ def test_last_line_counts_dense_decoders_and_moe_only(cov: ModuleType) -> None:
     assert "tp2 parity: logits diff 1.0e-07, grad diff 1.0e+00 at w" in text
 
 
+def _total(config: dict) -> int:
+    """The largest width anywhere in a config dict, sub-configs included."""
+    best = 0
+    for key, value in config.items():
+        if isinstance(value, dict):
+            best = max(best, _total(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and (
+                "hidden_size" in key or "vocab" in key):
+            best = max(best, value)
+    return best
+
+
+@pytest.mark.parametrize(("family", "cls"), [
+    ("fuyu", "FuyuForCausalLM"), ("blt", "BltForCausalLM")])
+def test_tiny_config_shrinks_every_sub_config(cov: ModuleType, family: str, cls: str) -> None:
+    # Fuyu's Persimmon text model and BLT's patcher/encoder/decoder/global sub-configs (and
+    # its hashed byte-group vocabulary) left at their defaults built billions of parameters
+    assert _total(cov.tiny_config(family, cls)) <= 256
+
+
+def test_tiny_config_keeps_adapter_widths_equal_to_the_text_width(cov: ModuleType) -> None:
+    config = cov.tiny_config("dots3_note", "Dots3NoteForCausalLM")
+    text = config["text_config"]["hidden_size"]
+    assert config["vision_config"]["adapter_out_dim"] == text == 64
+    assert config["vision_config"]["adapter_in_dim"] == config["vision_config"]["hidden_size"]
+
+
+def test_tiny_config_restores_a_default_the_config_class_insists_on(cov: ModuleType) -> None:
+    # ZAYA refuses any num_experts_per_tok but 1: the shrunk 2 goes back to the default
+    assert cov.tiny_config("zaya", "ZayaForCausalLM")["num_experts_per_tok"] == 1
+
+
 def test_a_float32_miss_matched_in_float64_is_rounding_not_failure(cov: ModuleType) -> None:
     rounding = _row("ssmx", parity=False)
     rounding["parity"]["tp2"]["exact64"] = {"ok": True, "logits": 2e-15, "grad": 0.0}
@@ -65,3 +97,11 @@ def test_a_float32_miss_matched_in_float64_is_rounding_not_failure(cov: ModuleTy
     assert "| ssmx | hf | ok | - | - | ok in fp64 (2e-15) |" in text
     assert "in float64 the sharded model matches" in text
     assert "| gptx | hf | ok | - | - | FAIL |" in text
+
+
+def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly(cov: ModuleType) -> None:
+    why = cov._default_build_error("cohere_compass_text", "CohereCompassForCausalLM")
+    assert why and why.startswith("transformers' default CohereCompassTextConfig cannot build")
+    assert cov._default_build_error("llama", "LlamaForCausalLM") is None
+    with pytest.raises(ValueError, match="transformers' default Gemma4AssistantConfig is invalid"):
+        cov.tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
