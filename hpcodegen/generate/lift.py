@@ -432,14 +432,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
     through sharded weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj``
     and ``down_proj``), or, with ``sp``, anywhere outside a region (each rank only sees its
     slice of the sequence).
+
+    Every name of a tied parameter counts (Zamba2's shared blocks tie each weight across
+    the hybrid layers' distinct modules): the meta's ``tied_pairs`` name every alias, so
+    each must be planned (:func:`hpcodegen.generate.tied.unify_tied_placements` then gives
+    them one placement).
     """
     from hpcodegen.plan.classify import splits_compute
-    from hpcodegen.plan.coverage import trainable_names, uncovered
+    from hpcodegen.plan.coverage import uncovered
 
     planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
                for rel in entry.get("params") or {}}
     added: list[str] = []
-    for name in uncovered(trainable_names(model), planned):
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
+    for name in uncovered(names, planned):
         owner = parent_of(name)
         enclosing = [fqn for fqn in plan if relative_to(owner, fqn) is not None]
         if enclosing:

@@ -78,11 +78,12 @@ def test_zamba2_mixers_split_shared_blocks_replicated() -> None:
     notes: list[str] = []
     plan = plan_of("zamba2", notes=notes)
     assert "hpcodegen/generate/rules/zamba2.yaml" in notes[0]
-    assert_mixer_split(plan, "model.layers.0.mamba")
-    assert_mixer_split(plan, "model.layers.1.mamba_decoder.mamba")  # the hybrid layer's
-    shared = "model.layers.1.shared_transformer"
-    assert plan[f"{shared}.self_attn.q_proj"]["params"] == {"weight": {"tp": "R"}}
-    assert plan[f"{shared}.feed_forward.gate_up_proj"]["params"] == {"weight": {"tp": "R"}}
+    assert_mixer_split(plan, "model.layers.1.mamba")
+    assert_mixer_split(plan, "model.layers.0.mamba_decoder.mamba")  # the hybrid layer's
+    for layer in (0, 2):  # tied across the hybrid layers: every alias planned, replicated
+        shared = f"model.layers.{layer}.shared_transformer"
+        assert plan[f"{shared}.self_attn.q_proj"]["params"] == {"weight": {"tp": "R"}}
+        assert plan[f"{shared}.feed_forward.gate_up_proj"]["params"] == {"weight": {"tp": "R"}}
 
 
 @pytest.mark.parametrize("family", ["bamba", "falcon_h1"])
