@@ -514,9 +514,12 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
     ids, labels = ids[:, :-1], ids[:, 1:]
     result = _parity_at(artifact, config, config_dict, ref, ids, labels, mesh, exact=True)
     if not result["ok"] and not result["odd"] and "f64" in result:
-        ref64 = model_class_for(config_dict)(config).double().eval()
-        ref64.load_state_dict(ref.state_dict())
-        again = _parity_at(artifact, config, config_dict, ref64, ids, labels, mesh)
+        try:  # a float32-only kernel cannot run this diagnostic; the float32 miss stands
+            ref64 = model_class_for(config_dict)(config).double().eval()
+            ref64.load_state_dict(ref.state_dict())
+            again = _parity_at(artifact, config, config_dict, ref64, ids, labels, mesh)
+        except Exception:
+            return result
         result["exact64"] = {"logits": again["logits"], "grad": again["grad"],
                              "ok": again["ok"]}
     return result
@@ -562,19 +565,23 @@ def _parity_at(artifact: str, config: Any, config_dict: Mapping[str, Any], ref: 
     result = {"logits": logit_diff, "grad": grad, "worst": worst, "odd": odd,
               "ok": logit_diff <= TOL and grad <= TOL and not odd}
     if exact and not result["ok"] and not odd:  # how far is float32 from the exact answer?
-        exact_ref = model_class_for(config_dict)(config).double().eval()
-        exact_ref.load_state_dict(ref.state_dict())
-        exact_loss, exact_logits = loss_of(exact_ref, False)
-        exact_loss.backward()
-        result["f64"] = {
-            "sharded_logits": float((logits.detach().double() - exact_logits.detach()
-                                     ).abs().max()),
-            "unsharded_logits": float((ref_logits.detach().double() - exact_logits.detach()
-                                       ).abs().max()),
-            "sharded_grad": max_param_diff(gen, exact_ref, meta, active, lambda p: p.grad)[0],
-            "unsharded_grad": max(float((a.grad.double() - b.grad).abs().max())
-                                  for a, b in zip(ref.parameters(), exact_ref.parameters(),
-                                                  strict=True) if a.grad is not None)}
+        try:
+            exact_ref = model_class_for(config_dict)(config).double().eval()
+            exact_ref.load_state_dict(ref.state_dict())
+            exact_loss, exact_logits = loss_of(exact_ref, False)
+            exact_loss.backward()
+            result["f64"] = {
+                "sharded_logits": float((logits.detach().double() - exact_logits.detach()
+                                         ).abs().max()),
+                "unsharded_logits": float((ref_logits.detach().double() - exact_logits.detach()
+                                           ).abs().max()),
+                "sharded_grad": max_param_diff(gen, exact_ref, meta, active,
+                                               lambda p: p.grad)[0],
+                "unsharded_grad": max(float((a.grad.double() - b.grad).abs().max())
+                                      for a, b in zip(ref.parameters(), exact_ref.parameters(),
+                                                      strict=True) if a.grad is not None)}
+        except Exception:  # a float32-only kernel: the float32 numbers stand alone
+            result.pop("f64", None)
     return result
 
 
