@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 from collections.abc import Mapping
@@ -96,9 +95,10 @@ def install_vocab_lookups(model: nn.Module, sharded: Mapping[str, ShardedParam],
     return done
 
 
-#: the full sequence length while a sequence-parallel model forward runs (else None)
-_FULL_SEQUENCE: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "hpcodegen_full_sequence", default=None)
+#: ``[n]``: the full sequence length while a sequence-parallel model forward runs, else
+#: ``[None]``. A one-item list, not a ContextVar: dynamo traces a list's item assignment
+#: (torch.compile keeps the forward in one graph) but breaks the graph on ContextVar methods.
+_FULL_SEQUENCE: list[int | None] = [None]
 #: the names transformers' mask builders give the activations they size the mask by
 _EMBEDS_ARGS = ("inputs_embeds", "input_embeds")
 
@@ -139,7 +139,7 @@ def _full_length_builder(fn: Any, arg: str) -> Any:
 
     @functools.wraps(fn)
     def full_length_mask(*args: Any, **kwargs: Any) -> Any:
-        full = _FULL_SEQUENCE.get()
+        full = _FULL_SEQUENCE[0]
         if full is None:
             return fn(*args, **kwargs)
         bound = sig.bind(*args, **kwargs)
@@ -185,11 +185,12 @@ def install_default_position_ids(parent: nn.Module) -> bool:
                 args = (*args[:index], ids, *args[index + 1:])
             else:
                 kwargs = {**kwargs, "position_ids": ids}
-        token = _FULL_SEQUENCE.set(int(input_ids.shape[-1]))
+        outer = _FULL_SEQUENCE[0]
+        _FULL_SEQUENCE[0] = int(input_ids.shape[-1])
         try:
             return original(*args, **kwargs)
         finally:
-            _FULL_SEQUENCE.reset(token)
+            _FULL_SEQUENCE[0] = outer
 
     parent.forward = sp_position_ids_forward
     parent._hp_position_ids_wrapped = True
