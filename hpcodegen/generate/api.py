@@ -264,6 +264,7 @@ def model_rules(config: Mapping[str, Any], model: Any, tp: int) -> PackageRules 
         sub_config = getattr(sub, "config", None)
         sub_family = modeling_family(type(sub))
         if (not fqn or sub_family in (None, family) or not hasattr(sub_config, "to_dict")
+                or not hasattr(sub, "base_model_prefix")  # a model, not one of its layers
                 or any(fqn.startswith(t + ".") for t in taken)):
             continue
         sub_rules = package_rules(sub_config.to_dict(), sub_family, tp)
