@@ -48,7 +48,9 @@ def parity_one(artifact: str, config_dir: str, mesh: Any,
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
     vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (2, 17), generator=g)  # a text sub-config's
+    # MusicGen's decoder reads batch x num_codebooks rows (its logits come back as many)
+    rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
+    ids = torch.randint(0, vocab, (rows, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
     extra = {name: torch.randn(shape, generator=g).to(getattr(torch, dtype))
              for name, shape in spec.get("inputs", {}).items()}
