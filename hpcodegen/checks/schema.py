@@ -202,7 +202,7 @@ def _rest_validator() -> Any:
     schema = meta_schema()
     for field in _uniform_arrays():
         del schema["properties"][field]["items"]
-    return _validator().evolve(schema=schema)
+    return strict_validator(schema)  # not evolve(): its "$schema" would pick the stock class
 
 
 @cache
