@@ -789,6 +789,8 @@ def classify_row(row: Mapping[str, Any]) -> tuple[str, str]:
     if not tp2.get("ok"):
         return "unsupported", f"tp2 {tp2.get('stage')}: {tp2.get('reason')}"
     par = (row.get("parity") or {}).get("tp2") or {}
+    if not par:
+        return "unsupported", "tp2 parity: not run (--no-parity)"
     notes = []
     if not par.get("ok") and _rounding_only(par):
         notes.append(f"tp2 parity in float32 misses {TOL:g} by rounding (logits "

@@ -111,3 +111,11 @@ def test_tiny_config_expert_groups_divide_the_shrunk_expert_count(cov: ModuleTyp
     config = cov.tiny_config("deepseek_v3", "DeepseekV3ForCausalLM")
     assert config["n_routed_experts"] % config["n_group"] == 0
     assert config["topk_group"] <= config["n_group"]
+
+
+def test_a_row_without_a_parity_run_says_so(cov: ModuleType) -> None:
+    """--no-parity leaves no parity result: the row says it was not run (it used to crash
+    formatting the missing diffs)."""
+    row = _row("llama", parity=False)
+    row["parity"] = {}
+    assert cov.classify_row(row) == ("unsupported", "tp2 parity: not run (--no-parity)")
