@@ -265,3 +265,21 @@ def build_meta_model(config: Mapping[str, Any], model_cls: type | None = None) -
             f"{type(exc).__name__}: {reason}",
             hint="the config is missing or contradicts a field the model's __init__ "
                  "reads; check it against the model's reference config")]) from None
+
+
+def no_cache_kwargs(model: Any) -> dict[str, Any]:
+    """``{"use_cache": False}`` when ``model``'s forward takes it, else ``{}``.
+
+    Training steps, parity checks and dry runs call the model once per batch: a KV cache
+    is never read back there, costs memory and time, and some families size it from
+    fields their decoder does not follow (a cache for ``num_hidden_layers`` layers in
+    front of a decoder with more), so every such call goes without it.
+    """
+    import inspect
+
+    forward = getattr(model, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):
+        return {}
+    return {"use_cache": False} if "use_cache" in params else {}

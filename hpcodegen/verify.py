@@ -161,8 +161,10 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         junit: also write JUnit XML to this file (atomically).
         strict: warnings fail their check.
         verbose / quiet: text output lists info findings too / only the failing artifacts.
-               strict: bool = False, verbose: bool = False, changed_files: bool = False,
-               allow_target: Sequence[str] = (),
+        changed_files: ``paths`` are changed files (a pre-commit hook's list); verify the
+            artifacts they lie in (:func:`artifacts_of_changed`).
+        allow_target: trusted module prefixes for injection targets (the ``plan`` check).
+        stdout / stderr: where reports and usage errors go (default: the process's).
 
     Example::
 

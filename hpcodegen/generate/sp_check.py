@@ -18,12 +18,12 @@ fails (data-dependent code) is not checked.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
+from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.plan.entry import is_boundary, out_names
 
 SEQ = "S(1)"
@@ -95,9 +95,7 @@ def _call_args(model: Any, length: int) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {"input_ids": torch.zeros((2, length), dtype=torch.long,
                                                        device="meta")}
-    if "use_cache" in inspect.signature(model.forward).parameters:
-        kwargs["use_cache"] = False
-    return kwargs
+    return {**kwargs, **no_cache_kwargs(model)}
 
 
 def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,

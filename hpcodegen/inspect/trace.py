@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcodegen.errors import Finding, HpcodegenError, PlanError, error, warning
+from hpcodegen.hf import no_cache_kwargs
 
 #: ``(shape, itemsize)``; itemsize is None for floating tensors (they take ``--dtype``)
 TensorInfo = tuple[tuple[int, ...], int | None]
@@ -131,7 +132,7 @@ def _run_forward(model: Any, batch: int, seq: int) -> None:
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     mask = torch.ones(batch, seq, dtype=torch.long, device="meta")
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, use_cache=False)
+        model(input_ids=ids, attention_mask=mask, **no_cache_kwargs(model))
 
 
 def _build(config: Mapping[str, Any]) -> Any:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.launch import env
 from hpcodegen.launch.model import (
     BuiltModel,
@@ -59,7 +60,7 @@ def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | Non
     """
     import torch.nn.functional as F
 
-    logits = model(input_ids=ids).logits
+    logits = model(input_ids=ids, **no_cache_kwargs(model)).logits
     if active is not None and vocab_sharded_heads(ctx.meta.data):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
@@ -77,7 +78,7 @@ def _timed_forward(model: Any, ids: Any, device: Any) -> float:
     with torch.no_grad():
         _sync(device)
         start = time.perf_counter()
-        model(input_ids=ids)
+        model(input_ids=ids, **no_cache_kwargs(model))
         _sync(device)
     return (time.perf_counter() - start) * 1000.0
 

@@ -42,6 +42,8 @@ all_reduce + chunk.
 
 from __future__ import annotations
 
+import functools
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,13 +97,9 @@ class Comm:
         group = self.group if self.group is not None else dist.group.WORLD
         return group, dist.get_world_size(group), dist.get_rank(group)
 
-    def all_reduce_(self, t: torch.Tensor) -> None:
-        """Sum ``t`` in place over the group (eager)."""
-        self.resolve().allreduce([t], self.sum_opts).wait()
-
 
 def _comm(group: Any) -> Comm:
-    return group if isinstance(group, Comm) else Comm(group)
+    return group if type(group) is Comm else Comm(group)
 
 
 def gather(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> torch.Tensor:
@@ -138,12 +136,12 @@ def reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
     clone. Under ``torch.compile`` the functional all_reduce (no autograd: wrapped by
     :func:`lowered_fn` when a gradient flows).
     """
-    comm = _comm(group)
+    comm = group if type(group) is Comm else Comm(group)
     if compiling():
         group_, _, _ = comm.traced()
         return torch.distributed._functional_collectives.all_reduce(x, "sum", group_)
     out = x.clone(memory_format=torch.contiguous_format)
-    comm.all_reduce_(out.detach())
+    (comm.pg or comm.resolve()).allreduce([out.detach()], comm.sum_opts).wait()
     return out
 
 
@@ -186,15 +184,15 @@ def scatter(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> 
 
 def step_fn(kind: str, dim: int | None, group: Any, where: str) -> LocalFn:
     """The local function of one collective kind on the tp group."""
-    comm = _comm(group)
+    comm = _comm(group)  # partials, not lambdas: no Python frame of their own per call
     if kind == "all_gather":
-        return lambda x: gather(x, dim, comm)
+        return functools.partial(gather, dim=dim, group=comm)
     if kind == "all_reduce":
-        return lambda x: reduce(x, comm)
+        return functools.partial(reduce, group=comm)
     if kind == "reduce_scatter":
-        return lambda x: scatter(x, dim, comm)
+        return functools.partial(scatter, dim=dim, group=comm)
     if kind == "chunk":
-        return lambda x: local_chunk(x, dim, comm)
+        return functools.partial(local_chunk, dim=dim, group=comm)
     raise PlanError([error("runtime.unlowerable", where,
                            f"cannot run {kind} as a lowered tp collective")])
 
@@ -263,6 +261,40 @@ def _native(op: TPOp, steps: Sequence[Step], fwd: LocalFn | None) -> LocalFn | N
     return None
 
 
+try:  # torch's own marking of a custom Function's view (absent: the Function runs instead)
+    from torch._C._autograd import CreationMeta, _set_creation_meta
+
+    _FUNCTION_VIEW: Any = CreationMeta.IN_CUSTOM_FUNCTION
+except ImportError:  # pragma: no cover - older or newer torch builds
+    _set_creation_meta = _FUNCTION_VIEW = None
+
+
+def backward_hooked(x: torch.Tensor, bwd: LocalFn) -> torch.Tensor:
+    """A fresh view of ``x`` whose gradient passes through ``bwd`` on its way back.
+
+    An identity forward with a collective backward (Megatron's f: the input of a
+    compute-splitting boundary, whose gradient is partial) needs no Python autograd
+    Function, whose forward ``apply`` and Python backward node cost about 0.1 ms per
+    boundary and step on the bench model: the view's C++ ``ViewBackward0`` carries the
+    gradient, and a tensor hook on the view, the only Python left in the backward, runs
+    ``bwd`` once on the gradient summed over every use of the view, as the Function's
+    backward would. The view is marked as a custom Function's output, so an in-place write
+    to it raises as it does on the Function's output (autograd would otherwise rebase the
+    view onto ``x`` and drop the hook). The hook goes into the dict torch's own
+    ``Tensor.register_hook`` fills, without a removable handle: the view dies with its graph.
+    """
+    y = x.view_as(x)
+    _set_creation_meta(y, _FUNCTION_VIEW)
+    try:  # an OrderedDict as register_hook's (hooks added later take weak references to
+        # it), keyed by a name no RemovableHandle id (an int) can take
+        y._backward_hooks = OrderedDict(hp_tp_backward=bwd)
+        y.grad_fn._register_hook_dict(y)
+    except AttributeError:  # a torch without the private hook dict: the public call
+        y._backward_hooks = None
+        y.register_hook(bwd)
+    return y
+
+
 def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
                   native: LocalFn | None = None) -> Callable[[Any], Any]:
     """Wrap ``fwd``/``bwd`` as a function over values (tensors, tuples of them, None).
@@ -276,12 +308,15 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
     plain = torch.Tensor
     grad_enabled = torch.is_grad_enabled
     apply = lowered_function(fwd, bwd).apply if fwd is not None or bwd is not None else None
+    hooked = fwd is None and bwd is not None and _FUNCTION_VIEW is not None
 
     def on_tensor(tensor: torch.Tensor) -> torch.Tensor:
         if apply is None:
             return tensor
         if native is not None and not compiling():
             return native(tensor)
+        if hooked and tensor.requires_grad and grad_enabled() and not compiling():
+            return backward_hooked(tensor, bwd)
         if tensor.requires_grad:
             if grad_enabled():
                 return apply(tensor)
@@ -293,6 +328,14 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
         def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
             if type(tensor) is plain and not compiling():  # the hot path
                 return native(tensor)
+            return map_local_tensors(tensor, on_tensor)
+        return run
+
+    if hooked:
+        def run(tensor: Any) -> Any:
+            if type(tensor) is plain and tensor.requires_grad and grad_enabled() \
+                    and not compiling():  # the hot path
+                return backward_hooked(tensor, bwd)
             return map_local_tensors(tensor, on_tensor)
         return run
 

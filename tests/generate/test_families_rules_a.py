@@ -28,6 +28,8 @@ LAYER0 = {
     "lfm2": "model.layers.0", "lfm3": "model.layers.0",
     "gpt_neox_japanese": "gpt_neox_japanese.layers.0", "modernbert-decoder": "model.layers.0",
     "bitnet": "model.layers.0", "cpmant": "cpmant.encoder.layers.0",
+    "musicgen": "model.decoder.layers.0", "musicgen_melody": "model.decoder.layers.0",
+    "moshi": "model.layers.0",
 }
 
 
@@ -215,3 +217,45 @@ def test_sp_is_refused_where_the_rules_say_it_cannot_be_exact(family: str) -> No
                                         r"these rules: \w+"):
         build_bundle(config, 2, True, None, family)
     assert plan_of(family)  # without --sp it generates
+
+
+@pytest.mark.parametrize("family", ["musicgen", "musicgen_melody"])
+def test_musicgen_splits_its_codebook_heads_and_keeps_the_uneven_embeddings(family: str) -> None:
+    """MusicGen's decoder has one LM head per codebook: each is gathered colwise. Its
+    codebook embeddings have vocab_size + 1 rows (uneven over tp 2): replicated. A model
+    type (musicgen_decoder) gets the rules of the package that defines its classes."""
+    notes: list[str] = []
+    plan = plan_of(family, notes=notes)
+    assert f"{family}_decoder is built from the classes of transformers.models.{family}" \
+        in notes[0]
+    config, _ = read_hf_config(FAMILIES / family)
+    for i in range(config["num_codebooks"]):
+        head = plan[f"lm_heads.{i}"]
+        assert head["params"] == {"weight": {"tp": "S(0)"}}
+        assert head["out_src"] == {"output": {"tp": "S(-1)"}}
+    embeds = {f"{fqn}.{rel}": p for fqn, entry in plan.items()
+              if fqn.startswith("model.decoder.embed_tokens")
+              for rel, p in entry["params"].items()}
+    assert len(embeds) == config["num_codebooks"]
+    assert all(p == {"tp": "R"} for p in embeds.values())
+    layer = "model.decoder.layers.0"
+    assert plan[f"{layer}.fc1"]["out_dst"] == {"output": {"tp": "S(-1)"}}
+    assert plan[f"{layer}.fc2"]["in_src"] == {"input": {"tp": "S(-1)"}}
+    with pytest.raises(PlanError, match="sinusoidal position"):
+        build_bundle(config, 2, True, None, family)
+
+
+def test_moshi_attention_wrapped_linears_split_and_odd_embedding_replicated() -> None:
+    """Moshi's projections are nn.Linear wrapped in MoshiLinear (`.linear`): the recipe
+    places the attention as one boundary over them; fc1 packs gate|up (two halves); the
+    embedding has vocab_size + 1 rows: replicated, where the default would be refused as
+    an uneven shard."""
+    plan = plan_of("moshi")
+    attn = plan["model.layers.0.self_attn"]
+    assert attn["params"] == {f"{p}_proj.linear.weight": {"tp": "S(1)" if p == "o" else "S(0)"}
+                              for p in "qkvo"}
+    assert attn["out_src"] == {"output": {"tp": "P(sum)"}}
+    assert attn["tp_divide_attrs"] == ["num_heads", "num_key_value_heads"]
+    assert plan["model.layers.0.mlp"]["params"]["fc1.weight"] == {"tp": "SS(0,2)"}
+    assert plan["model.embed_tokens"]["params"] == {"weight": {"tp": "R"}}
+    assert plan["lm_head"]["params"] == {"weight": {"tp": "S(0)"}}

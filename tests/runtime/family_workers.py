@@ -38,7 +38,9 @@ def parity_one(artifact: str, config_dir: str, mesh: Any,
     parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config.vocab_size, (2, 17), generator=g)  # a text sub-config's
+    # MusicGen's decoder reads batch x num_codebooks rows (its logits come back as many)
+    rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
+    ids = torch.randint(0, config.vocab_size, (rows, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:

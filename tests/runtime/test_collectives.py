@@ -99,6 +99,43 @@ def test_no_grad_skips_autograd_but_not_the_collective(fake_world) -> None:
     z = ops.all_reduce(y * 2)
     assert _backward_all_reduces(lambda: z.sum().backward()) == 1  # the input's, not z's
 
+def test_identity_forward_backward_hook_matches_the_function() -> None:
+    """The hooked view (Megatron's f without a Python autograd Function) has the Function's
+    gradients when the view feeds several branches and its input is used elsewhere too:
+    the backward step runs once, on the summed gradient. An in-place write to the view
+    raises, as on the Function's output, instead of dropping the hook; no_grad detaches."""
+    import torch
+
+    from hpcodegen.runtime.collectives import apply_lowered, lowered_function
+
+    calls: list[int] = []
+
+    def doubled(grad):  # stands in for the all_reduce of a partial gradient
+        calls.append(1)
+        return grad * 2
+
+    gen = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    x0 = torch.randn(4, 3, generator=gen)
+    grads = []
+    for f in (apply_lowered(None, doubled), lowered_function(None, doubled).apply):
+        x = x0.clone().requires_grad_()
+        h = x * 1.5
+        y = f(h)
+        assert torch.equal(y, h)
+        ((y @ w1).sum() + (y @ w2).pow(2).sum() + h.pow(3).sum()).backward()
+        grads.append(x.grad)
+    assert len(calls) == 2 and torch.equal(grads[0], grads[1])
+    hooked = apply_lowered(None, doubled)
+    y = hooked(torch.randn(4, 3, requires_grad=True) * 1.0)
+    assert type(y.grad_fn).__name__ == "ViewBackward0"  # C++ node, no Python Function
+    with pytest.raises(RuntimeError, match="view and is being modified inplace"):
+        y.mul_(3)
+    with torch.no_grad():
+        z = hooked(torch.randn(2, requires_grad=True))
+    assert not z.requires_grad
+
+
 def _gloo_collectives() -> dict:
     """On each rank: the c10d collectives against their single-process definition."""
     import torch

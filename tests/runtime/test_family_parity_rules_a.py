@@ -9,8 +9,11 @@ two blocks) and, with too few kv heads for 2 * tp, its replicated attention; LFM
 short-conv channels; GPT-NeoX Japanese's dense_bias added outside the region (a full
 gradient); ModernBERT decoder with every bias on; BitNet's sub-norms on gathered
 projections (also with --sp); CPM-Ant's head-sharded position bias and nested
-feed-forward. Logits and every gradient within 1e-5 of the unsharded model, and gradients
-large enough for that to mean something.
+feed-forward; MusicGen and MusicGen Melody (one LM head per codebook, the replicated
+codebook embeddings of vocab_size + 1 rows, OPT-style fc1/fc2); Moshi (a recipe boundary
+over MoshiLinear-wrapped projections, packed gate|up, a replicated odd embedding).
+Logits and every gradient within 1e-5 of the unsharded model, and gradients large enough
+for that to mean something.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ MODELS = [
     ("bitnet", "bitnet", {"attention_bias": True}),
     ("bitnet_sp", "bitnet", {"attention_bias": True}),
     ("cpmant", "cpmant", {}),
+    ("musicgen", "musicgen", {}),
+    ("musicgen_melody", "musicgen_melody", {}),
+    ("moshi", "moshi", {}),
 ]
 
 
