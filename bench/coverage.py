@@ -455,8 +455,9 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
                 if isinstance(scope.get(k), int) and not isinstance(scope.get(k), bool)}
 
     config4 = {**config, **kv4(config)}
-    if isinstance(config.get("text_config"), Mapping):
-        config4["text_config"] = {**config["text_config"], **kv4(config["text_config"])}
+    for name, sub in config.items():  # text_config, BLT's encoder/global/decoder/patcher
+        if isinstance(sub, Mapping) and kv4(sub):
+            config4[name] = {**sub, **kv4(sub)}
     (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
                            ("sp", ["--tp", "2", "--sp"])):
