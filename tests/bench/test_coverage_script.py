@@ -107,6 +107,17 @@ def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly(cov: Mod
         cov.tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
 
 
+def test_tiny_config_gives_rope_by_layer_type_only_where_the_model_reads_it(cov: ModuleType
+                                                                          ) -> None:
+    # Cohere Compass reads rope_parameters[layer_type]; its default config carries none
+    config = cov.tiny_config("cohere_compass_text", "CohereCompassForCausalLM")
+    assert config["rope_parameters"] == {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    # Gemma 3 has layer types too, but a RoPE of its own: left as transformers makes it
+    gemma3 = cov.tiny_config("gemma3_text", "Gemma3ForCausalLM")
+    assert gemma3["rope_parameters"]["full_attention"]["rope_theta"] == 1_000_000.0
+
+
 def test_tiny_config_expert_groups_divide_the_shrunk_expert_count(cov: ModuleType) -> None:
     config = cov.tiny_config("deepseek_v3", "DeepseekV3ForCausalLM")
     assert config["n_routed_experts"] % config["n_group"] == 0
