@@ -47,7 +47,12 @@ from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
-from hpcodegen.generate.package_rules import PackageRules, merged_rules, package_rules
+from hpcodegen.generate.package_rules import (
+    PackageRules,
+    merged_rules,
+    package_rules,
+    rerooted,
+)
 from hpcodegen.generate.recipe import (
     apply_recipe,
     load_recipe,
@@ -206,7 +211,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
     advance("building the model on the meta device")
     model = build_meta_model(config)
-    rules = package_rules(rules_scope(config, model), modeling_family(type(model)), tp)
+    rules = model_rules(config, model, tp)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else ())
     if sp and rules is not None and rules.no_sp:
         raise PlanError([error("generate.sp_unsupported", "--sp",
@@ -241,6 +246,42 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     return render_bundle(files, roles, meta)
+
+
+def model_rules(config: Mapping[str, Any], model: Any, tp: int) -> PackageRules | None:
+    """The package rules of ``model``: those of its model_type (or of its modeling package),
+    else those of the sub-models a composite builds from another family's classes (Fuyu's
+    language model is a ``PersimmonModel``: persimmon.yaml, moved under
+    ``model.language_model``), so a family is described once, wherever it is embedded."""
+    family = modeling_family(type(model))
+    rules = package_rules(rules_scope(config, model), family, tp)
+    if rules is not None:
+        return rules
+    own = getattr(getattr(model, "config", None), "model_type", None)
+    found: list[PackageRules] = []
+    taken: list[str] = []
+    for fqn, sub in model.named_modules():
+        sub_config = getattr(sub, "config", None)
+        sub_family = modeling_family(type(sub))
+        if (not fqn or sub_family in (None, family) or not hasattr(sub_config, "to_dict")
+                or not hasattr(sub, "base_model_prefix")  # a model, not one of its layers
+                or any(fqn.startswith(t + ".") for t in taken)):
+            continue
+        sub_rules = package_rules(sub_config.to_dict(), sub_family, tp)
+        if sub_rules is None:
+            continue
+        prefix = getattr(sub, "base_model_prefix", "") or ""
+        base = "" if prefix and hasattr(sub, prefix) else prefix  # a whole LM: rules as is
+        found.append(rerooted(sub_rules, base, fqn, str(own)))
+        taken.append(fqn)
+    if len(found) <= 1:
+        return found[0] if found else None
+    return PackageRules(", ".join(r.file for r in found),
+                        tuple(w for r in found for w in r.reasons), False,
+                        tuple(x for r in found for x in r.tp_plan),
+                        tuple(x for r in found for x in r.recipe),
+                        tuple(x for r in found for x in r.unsplit_fields),
+                        next((r.no_sp for r in found if r.no_sp), None))
 
 
 def modeling_family(cls: type) -> str | None:

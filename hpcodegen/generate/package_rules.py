@@ -197,6 +197,33 @@ def package_rules(config: Mapping[str, Any], family: str | None = None, tp: int 
                         tuple(unsplit), no_sp)
 
 
+def rerooted(rules: PackageRules, base: str, at: str, owner: str) -> PackageRules:
+    """The rules of a sub-model's family, moved to where the sub-model sits in a composite.
+
+    ``rules`` name modules of that family's causal LM, whose base model is ``base``
+    (``model.layers.*...`` for Persimmon); the composite holds the base model at ``at``
+    (Fuyu's ``model.language_model``). Rules under ``base`` move under ``at``; the others
+    (the family's own ``lm_head``) are dropped: the composite's head is its own. The rules
+    extend the composite's HF plan (they may only replace the part they cover).
+    """
+    def move(glob: str) -> str | None:
+        if base and glob.startswith(base + "."):
+            return f"{at}.{glob[len(base) + 1:]}"
+        return None if base else f"{at}.{glob}"
+
+    plan = tuple((g, s) for g, s in ((move(g), s) for g, s in rules.tp_plan) if g)
+    recipe = []
+    for rule in rules.recipe:
+        match = rule["match"]
+        moved = [m for m in map(move, [match] if isinstance(match, str) else match) if m]
+        if moved:
+            recipe.append({**rule, "match": moved[0] if isinstance(match, str) else moved})
+    why = (f"{owner}'s {at} is built from the classes of that family: {rules.file}, its "
+           f"rules under {base or '(the root)'} moved under {at}",)
+    return PackageRules(rules.file, why + rules.reasons, False, plan, tuple(recipe),
+                        rules.unsplit_fields, rules.no_sp)
+
+
 def unsplit_fields(config: Mapping[str, Any], tp: int = 1) -> tuple[str, ...]:
     """The config fields the shipped rules of ``config``'s model_type do not split over tp
     (for the divisibility checks of verify and inspect-plan, which see no model class)."""

@@ -31,7 +31,7 @@ def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str]
 
 def check_even_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) -> None:
     """Refuse a plan with a tp shard of uneven size (:func:`uneven_shards`): PlanError."""
-    problems = uneven_shards(model, plan, tp)
+    problems = uneven_shards(model, plan, tp) + indivisible_attrs(model, plan, tp)
     if problems:
         raise PlanError(problems)
 
@@ -70,6 +70,33 @@ def uneven_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) ->
                     f"{text} splits dim {dim} of size {size}{blocks} over tp_size = {tp} "
                     "unevenly; the generator only emits even shards",
                     expected=f"a size divisible by {factor * tp}",
+                    hint="choose a tp size that divides it"))
+    return found
+
+
+def indivisible_attrs(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
+                      ) -> list[Finding]:
+    """An error for every ``tp_divide_attrs`` count of the built model that tp does not divide.
+
+    The config-size rule reads the top-level (or ``text_config``) head counts; a model whose
+    stacks have sizes of their own (BLT's encoder, global transformer, decoder and patcher
+    sub-configs) is checked here on the modules themselves, as the runtime divides them.
+    """
+    found: list[Finding] = []
+    for fqn, entry in plan.items():
+        for attr in entry.get("tp_divide_attrs") or ():
+            name = attr.rsplit(".", 1)[-1]
+            try:  # through modules or a held object (xLSTM's ``mlstm_layer.config.num_heads``)
+                value = model.get_submodule(fqn)
+                for part in attr.split("."):
+                    value = getattr(value, part)
+            except AttributeError:
+                continue
+            if tp > 1 and isinstance(value, int) and not isinstance(value, bool) and value % tp:
+                found.append(error(
+                    "generate.indivisible_attr", join_fqn(fqn, attr),
+                    f"{name} = {value} is not divisible by tp_size = {tp} (each rank runs "
+                    f"{name}/tp of them)", expected=f"a multiple of {tp}",
                     hint="choose a tp size that divides it"))
     return found
 

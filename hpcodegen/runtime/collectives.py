@@ -335,9 +335,10 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
 
     if hooked:
         def run(tensor: Any) -> Any:
-            if type(tensor) is plain and tensor.requires_grad and grad_enabled() \
-                    and not compiling():  # the hot path
-                return backward_hooked(tensor, bwd)
+            if type(tensor) is plain and not compiling():  # the hot path: a local tensor
+                if not tensor.requires_grad:
+                    return tensor
+                return backward_hooked(tensor, bwd) if grad_enabled() else tensor.detach()
             return map_local_tensors(tensor, on_tensor)
         return run
 

@@ -4,9 +4,9 @@
   embedding, or any class whose name ends in ``Embedding``, defined in the generated file
   or not) whose weight is ``Shard(0)`` on tp holds rows ``[start, end)`` of the vocabulary.
   Its compute (the generated class's ``_forward_impl``, else its ``forward``) is called with
-  the ids shifted into the local range, ids outside looked up as row 0, and the rows of
-  those ids zeroed in its output, so the output is a ``Partial(sum)`` over tp which the
-  boundary's output op then reduces. Zeroing the output (not only the looked-up rows)
+  the ids shifted into the local range, ids outside clamped to its first or last row, and
+  the rows of those ids zeroed in its output, so the output is a ``Partial(sum)`` over tp
+  which the boundary's output op then reduces. Zeroing the output (not only the looked-up rows)
   keeps any per-token op after the lookup (Gemma's ``* embed_scale``) exact.
 * With sequence parallelism the embedding output leaves sharded on dim 1
   (:func:`hpcodegen.plan.entry.output_sequence_sharded` of a
@@ -43,6 +43,7 @@ def install_vocab_parallel(module: nn.Module, start: int) -> None:
     attr = "_forward_impl" if hasattr(module, "_forward_impl") else "forward"
     compute = getattr(module, attr)
     end = start + module.weight.shape[0]
+    last = end - start - 1
     pad = getattr(module, "padding_idx", None)
     if isinstance(pad, int):  # the lookup's padding row, in local numbering (or none here)
         module.padding_idx = pad - start if start <= pad < end else None
@@ -54,8 +55,9 @@ def install_vocab_parallel(module: nn.Module, start: int) -> None:
             ids, rest = args[0], args[1:]
         else:
             ids, rest = kwargs.pop(first), ()
-        outside = (ids < start) | (ids >= end)
-        local_ids = (ids - start).masked_fill(outside, 0)
+        shifted = ids - start  # 5 ops around the lookup: shift, clamp, compare, mask
+        local_ids = shifted.clamp(0, last)
+        outside = shifted != local_ids
         out = compute(local_ids, *rest, **kwargs) if args else \
             compute(**{first: local_ids}, **kwargs)
         return out.masked_fill(outside.unsqueeze(-1), 0.0)

@@ -4,7 +4,8 @@
 tests/runtime/test_family_parity_rules_b.py on real gloo ranks. Tiny configs:
 tests/fixtures/families (bench/coverage.py's shrinking rule; gpt_neo and gpt_bigcode_mha
 by hand: GPT-Neo's attention_types must match its layer count, GPTBigCode's default is
-multi-query).
+multi-query; Mllama's cross-attention layer moved to layer 1 so that 2 layers hold one).
+BLT, Fuyu and Mllama are composites: rules by stack, by sub-model, by layer kind.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.api import build_bundle
-from hpcodegen.generate.package_rules import package_rules, unsplit_fields
+from hpcodegen.generate.package_rules import PackageRules, package_rules, rerooted, unsplit_fields
 from hpcodegen.hf import read_hf_config
 from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -24,12 +25,16 @@ pytestmark = pytest.mark.slow
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 RULES_B = ["bloom", "gpt_bigcode", "gpt_bigcode_mha", "gpt-sw3", "openai-gpt", "gptj",
-           "codegen", "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr"]
+           "codegen", "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr", "blt", "fuyu", "mllama"]
 
 
 def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
             **overrides: object) -> dict:
     config, _ = read_hf_config(FAMILIES / family)
+    for scope in [config, *(v for v in config.values() if isinstance(v, dict))]:
+        kv = scope.get("num_key_value_heads")  # GQA kv heads (BLT's every stack) -> tp
+        if isinstance(kv, int) and kv > 1 and kv % tp:
+            scope["num_key_value_heads"] = tp
     config.update(overrides)
     files = build_bundle(config, tp, False, None, family, notes=notes)
     return json.loads(files["codegen_meta.json"])["param_plan"]
@@ -114,7 +119,8 @@ def test_every_attention_input_is_a_boundary_input() -> None:
     assert set(attn["in_src"]) == set(attn["in_dst"]) == {"v", "k", "q"}
 
 
-@pytest.mark.parametrize("family", ["bloom", "mpt", "ctrl", "trocr", "openai-gpt", "xlnet"])
+@pytest.mark.parametrize("family", ["bloom", "mpt", "ctrl", "trocr", "openai-gpt", "xlnet",
+                                    "mllama"])
 def test_sp_is_refused_where_the_rules_cannot_run_it(family: str) -> None:
     """--sp crashed at run time for these (masks or ALiBi built from the sharded sequence, a
     residual input left sequence-sharded, ...); generate refuses it (the rules' no_sp),
@@ -142,3 +148,65 @@ def test_head_counts_under_other_names_must_divide_tp_where_heads_are_split() ->
     with pytest.raises(PlanError, match="n_heads = 2"):
         plan_of("mpt", 4, n_heads=2)
     assert _layer_split(plan_of("bloom", 4, n_head=2))
+
+
+def test_a_sub_model_of_another_family_gets_that_familys_rules_moved_under_it() -> None:
+    """Fuyu's language model is a PersimmonModel at model.language_model: persimmon.yaml's
+    rules (written for PersimmonForCausalLM's model.*) apply there, and generate says so."""
+    notes: list[str] = []
+    plan = plan_of("fuyu", notes=notes)
+    assert "hpcodegen/generate/rules/persimmon.yaml" in notes[0]
+    assert "fuyu's model.language_model is built from the classes of that family" in notes[0]
+    attn = plan["model.language_model.layers.0.self_attn"]
+    assert attn["params"]["query_key_value.weight"] == {"tp": "S(0)"}
+    assert attn["tp_divide_attrs"] == ["num_heads"]
+    assert plan["model.language_model.layers.0.mlp"]["params"]["dense_4h_to_h.weight"] == {
+        "tp": "S(1)"}
+    assert package_rules({"model_type": "fuyu"}, "fuyu") is None  # no file of its own
+
+
+def test_rerooted_rules_move_the_base_model_globs_and_drop_the_rest() -> None:
+    rules = PackageRules("x.yaml", ("why",), True,
+                         (("model.layers.*.mlp.up", "colwise"), ("lm_head", "colwise")),
+                         ({"match": ["model.layers.*.mix", "head"], "params": {}},))
+    moved = rerooted(rules, "model", "model.language_model", "fuyu")
+    assert moved.tp_plan == (("model.language_model.layers.*.mlp.up", "colwise"),)
+    assert moved.recipe == ({"match": ["model.language_model.layers.*.mix"], "params": {}},)
+    assert not moved.replace_hf_plan and moved.reasons[-1] == "why"
+    whole = rerooted(rules, "", "lm", "x")  # a whole causal LM inside: every glob moves
+    assert [g for g, _ in whole.tp_plan] == ["lm.model.layers.*.mlp.up", "lm.lm_head"]
+
+
+def test_blt_splits_every_stack_and_gathers_its_cross_attention() -> None:
+    plan = plan_of("blt")
+    for stack in ("local_encoder", "global_transformer", "local_decoder", "patcher"):
+        attn = plan[f"model.{stack}.layers.0.self_attn"]
+        assert attn["params"]["q_proj.weight"] == {"tp": "S(0)"}, stack
+        assert set(attn["tp_divide_attrs"]) == {"num_heads", "num_key_value_heads"}
+    cross = "model.local_decoder.cross_attn_layers.0"
+    assert plan[f"{cross}.k_proj"]["out_dst"] == {"output": {"tp": "R"}}
+    assert plan[f"{cross}.o_proj"]["in_dst"] == {"input": {"tp": "S(-1)"}}
+    assert plan[f"{cross}.q_norm"]["params"]["weight"] == {"tp": "R"}
+
+
+def test_head_counts_of_a_stack_with_its_own_config_must_divide_tp() -> None:
+    """BLT's stacks size their attention by their own sub-config, which the config-size
+    rule does not read: generate checks the built modules' head counts it divides."""
+    config, _ = read_hf_config(FAMILIES / "blt")
+    for sub in ("encoder_config", "decoder_config", "patcher_config"):
+        config[sub]["num_key_value_heads"] = 4
+    config["global_config"]["num_key_value_heads"] = 2
+    with pytest.raises(PlanError, match="num_key_value_heads = 2 is not divisible by "
+                                        "tp_size = 4") as info:
+        build_bundle(config, 4, False, None, "blt")
+    assert {f.where.split(".layers.")[0] for f in info.value.findings} == {
+        "model.global_transformer"}
+
+
+def test_mllama_splits_self_attention_and_gathers_cross_attention() -> None:
+    plan = plan_of("mllama")
+    assert plan["model.layers.0.self_attn"]["params"]["k_proj.weight"] == {"tp": "S(0)"}
+    cross = plan["model.layers.1.cross_attn.k_proj"]
+    assert cross["params"]["weight"] == {"tp": "S(0)"}
+    assert cross["out_dst"] == {"output": {"tp": "R"}}
+    assert plan["model.layers.1.mlp"]["params"]["gate_proj.weight"] == {"tp": "S(0)"}

@@ -15,7 +15,7 @@ from typing import Any
 
 
 def parity_one(artifact: str, config_dir: str, mesh: Any,
-               dtype: str = "float32") -> dict[str, Any]:
+               dtype: str = "float32", use_cache: bool = False) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -27,24 +27,36 @@ def parity_one(artifact: str, config_dir: str, mesh: Any,
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     config_dict = json.loads(Path(config_dir, "config.json").read_text())
+    # parity.json beside a config: further inputs of its forward ({name: shape}, random;
+    # Mllama's cross-attention layers run only when given vision states) and parameters
+    # to draw at random (its tanh gates start at 0: no gradient would reach the layer)
+    extra_file = Path(config_dir, "parity.json")
+    spec = json.loads(extra_file.read_text()) if extra_file.is_file() else {}
     meta = load_meta(Path(artifact)).data
     config = load_transformers_config(config_dict)
     torch.manual_seed(0)
     ref = model_class_for(config_dict)(config).to(getattr(torch, dtype)).eval()
     gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config)
     gen = gen.to(getattr(torch, dtype)).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.rsplit(".", 1)[-1] in spec.get("random_params", ()):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
     gen.load_state_dict(ref.state_dict())
     context = MeshContext(device_mesh=mesh)
     parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
     active = resolve_active_mesh(meta, context)
     g = torch.Generator().manual_seed(1)
+    vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
     # MusicGen's decoder reads batch x num_codebooks rows (its logits come back as many)
     rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
-    ids = torch.randint(0, config.vocab_size, (rows, 17), generator=g)  # a text sub-config's
+    ids = torch.randint(0, vocab, (rows, 17), generator=g)  # a text sub-config's
     ids, labels = ids[:, :-1], ids[:, 1:]
+    extra = {name: torch.randn(shape, generator=g).to(getattr(torch, dtype))
+             for name, shape in spec.get("inputs", {}).items()}
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:
-        logits = model(input_ids=ids, use_cache=False).logits
+        logits = model(input_ids=ids, use_cache=use_cache, **extra).logits
         if sharded:
             logits = full_logits(logits, model, meta, active)
         return F.cross_entropy(logits.flatten(0, 1).to(getattr(torch, dtype)),
@@ -73,8 +85,9 @@ def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, 
 
     out: dict[str, Any] = {}
     for name, artifact, config, *dtype in models:
-        try:
-            out[name] = parity_one(artifact, config, mesh, *dtype)
+        try:  # a name ending in _cache runs with use_cache=True (a recurrent state's path)
+            out[name] = parity_one(artifact, config, mesh, *(dtype or ["float32"]),
+                                   use_cache=name.endswith("_cache"))
         except Exception as exc:  # reported per model; the other models still run
             import traceback
 

@@ -57,3 +57,32 @@ def test_row_sharded_vocab_start_needs_an_embedding_instance_sharded_by_rows() -
     assert row_sharded_vocab_start(emb, None, active) is None
     assert row_sharded_vocab_start(nn.Linear(4, 8), rows, active) is None
     assert row_sharded_vocab_start(emb, rows, ActiveMesh(("cp",), {"cp": 2}, None, None)) is None
+
+
+def test_vocab_parallel_lookups_sum_to_the_full_lookup() -> None:
+    """Each rank's masked lookup of its rows (ids outside its range zeroed) sums to the
+    full embedding, values and weight gradients, padding row included."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from hpcodegen.runtime.embedding import install_vocab_parallel
+
+    torch.manual_seed(0)
+    full = nn.Embedding(10, 4, padding_idx=7)
+    ids = torch.tensor([[0, 3, 4, 5, 9, 7], [8, 1, 6, 2, 7, 4]])
+    want = full(ids)
+    want.pow(2).sum().backward()
+    parts = []
+    for start, end in ((0, 5), (5, 10)):
+        shard = copy.deepcopy(full)  # as Phase A leaves it: the global padding_idx, local rows
+        shard.weight = nn.Parameter(full.weight.detach()[start:end].clone())
+        install_vocab_parallel(shard, start)
+        parts.append((shard, shard(ids)))
+    got = parts[0][1] + parts[1][1]
+    assert torch.equal(got, want)
+    got.pow(2).sum().backward()
+    grads = torch.cat([shard.weight.grad for shard, _ in parts])
+    assert torch.allclose(grads, full.weight.grad, atol=1e-6, rtol=0)
+    assert not grads[7].any()  # the padding row gets no gradient on its owner rank

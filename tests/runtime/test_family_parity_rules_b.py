@@ -8,7 +8,11 @@ OpenAI GPT (Conv1D, packed q|k|v), GPT-J (rotary, parallel sublayers), CodeGen (
 blocked qkv: gathered), MPT (ALiBi sliced per rank from the replicated bias), CTRL
 (three attention inputs v, k, q; nn.Sequential MLP), GPT-Neo (global and local layers), and
 XLNet / GIT / TrOCR (residual inside the sublayer modules: gathered colwise, split-input
-rowwise).
+rowwise), and three families split by rules they share with others or by parts: BLT
+(four Llama-style stacks split by heads, cross-attention with a second input gathered /
+split-input), Fuyu (its Persimmon language model: persimmon.yaml moved under
+model.language_model), Mllama (self-attention layers split by heads, a cross-attention
+layer, given vision states, gathered / split-input).
 With --sp: GPTBigCode multi-query, CodeGen (gathered qkv under a sequence-gathering
 parent), GPT-Neo. One spawn runs every model; logits and every gradient within 1e-5 of
 the unsharded model.
@@ -30,7 +34,7 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["bloom", "gpt_bigcode", "gpt_bigcode_mha", "gpt-sw3", "openai-gpt", "gptj", "codegen",
-       "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr"]
+       "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr", "blt", "fuyu", "mllama"]
 SP = ["gpt_bigcode", "codegen", "gpt_neo"]
 
 
