@@ -36,7 +36,6 @@ import importlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import reduce
-from importlib.metadata import entry_points
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer, warning
@@ -95,6 +94,8 @@ def registry() -> dict[str, str]:
 
     Built-ins win over entry points of the same name. Reads package metadata only.
     """
+    from importlib.metadata import entry_points  # ~12 ms to import: only when a name is read
+
     out: dict[str, str] = {}
     for name, spec in BUILTIN_TARGETS.items():
         out.setdefault(name, spec)
@@ -157,9 +158,11 @@ def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = (), *,
     (``to_run``): the runtime imports nothing the user did not trust.
     """
     prefixes = tuple(prefixes)
-    known = registry()
+    known: Mapping[str, str] | None = None  # read on the first target (most metas have none)
     out: list[Finding] = []
     for where, name in iter_targets(meta):
+        if known is None:
+            known = registry()
         if target_spec(name, prefixes, known) is not None:
             continue
         shown = name if isinstance(name, str) and len(name) <= 200 else None

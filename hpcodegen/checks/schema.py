@@ -160,11 +160,49 @@ def _findings_of(err: Any) -> Iterator[Finding]:
 _UNIFORM_MAPS: tuple[str, ...] = ("param_plan", "boundary_classes", "special_handlers")
 
 
+#: Top-level arrays whose items all share one schema (``items``), found in the schema: each
+#: distinct item is validated once; the array's own keywords (``uniqueItems``...) still
+#: run on the whole array.
+@lru_cache(maxsize=1)
+def _uniform_arrays() -> tuple[str, ...]:
+    return tuple(field for field, sub in meta_schema()["properties"].items()
+                 if isinstance(sub, Mapping) and isinstance(sub.get("items"), Mapping))
+
+
+def _resolved(schema: Any) -> Any:
+    """``schema`` with a lone local ``$ref`` (``{"$ref": "#/$defs/x"}``) followed, once.
+
+    A value checked against ``{"$ref": ...}`` pays a ``referencing`` lookup (~25 us) per
+    value; a thousand-key map paid it a thousand times. Annotation keywords beside the
+    ``$ref`` do not validate anything; refs inside the target still resolve from the root.
+    """
+    root = meta_schema()
+    for _ in range(32):  # a ref cycle is the schema's bug, not a reason to hang
+        if not (isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str)
+                and schema["$ref"].startswith("#/")
+                and set(schema) <= {"$ref", "description", "examples", "title"}):
+            return schema
+        node: Any = root
+        for part in schema["$ref"][2:].split("/"):
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+        schema = node
+    return schema
+
+
 @cache
 def _value_validator(field: str, part: str = "additionalProperties") -> Any:
-    """Validates one value (or, with ``part="propertyNames"``, one key) of a uniform
-    top-level map (refs resolve from the root schema)."""
-    return _validator().evolve(schema={"$ref": f"#/properties/{field}/{part}"})
+    """Validates one value (or, with ``part="propertyNames"``, one key; ``items``, one item)
+    of a uniform top-level map or array (refs inside resolve from the root schema)."""
+    return _validator().evolve(schema=_resolved(meta_schema()["properties"][field][part]))
+
+
+@lru_cache(maxsize=1)
+def _rest_validator() -> Any:
+    """The root validator without the ``items`` of the uniform arrays (checked apart)."""
+    schema = meta_schema()
+    for field in _uniform_arrays():
+        del schema["properties"][field]["items"]
+    return strict_validator(schema)  # not evolve(): its "$schema" would pick the stock class
 
 
 @cache
@@ -193,6 +231,18 @@ def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
                 yield replace(f, where=pointer(field, key) + f.where)
 
 
+def _item_findings(field: str, items: list[Any]) -> Iterator[Finding]:
+    """Validate each *distinct* item of a uniform array once, reported at every index."""
+    verdicts: dict[str, list[Any]] = {}
+    for index, item in enumerate(items):
+        seen = repr(item)
+        if seen not in verdicts:
+            verdicts[seen] = list(_value_validator(field, "items").iter_errors(item))
+        for err in verdicts[seen]:
+            for f in _findings_of(err):
+                yield replace(f, where=pointer(field, index) + f.where)
+
+
 def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
     """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings)."""
     out: list[Finding] = []
@@ -201,7 +251,10 @@ def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
         if isinstance(meta.get(field), Mapping):
             out.extend(_map_findings(field, meta[field]))
             rest[field] = {}
-    for err in _validator().iter_errors(rest):
+    for field in _uniform_arrays():
+        if isinstance(meta.get(field), list):
+            out.extend(_item_findings(field, meta[field]))
+    for err in _rest_validator().iter_errors(rest):
         out.extend(_findings_of(err))
     return sorted(set(out), key=lambda f: (f.where, f.code, f.message))
 

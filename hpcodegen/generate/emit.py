@@ -77,6 +77,21 @@ class _RewriteClasses(cst.CSTTransformer):
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return False
 
+    # Only top-level classes are rewritten (as ``class_forwards`` and ``defined_classes``
+    # read them): a class defined under ``if is_xlstm_available(): ... else:`` or inside a
+    # function is left as it is, and the runtime wraps its instances like a foreign class.
+    def visit_If(self, node: cst.If) -> bool:
+        return False
+
+    def visit_Try(self, node: cst.Try) -> bool:
+        return False
+
+    def visit_With(self, node: cst.With) -> bool:
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
         plan = self.plans.get(updated.name.value)
         if plan is None or plan.form.form == "identity":

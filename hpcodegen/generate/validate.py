@@ -85,9 +85,11 @@ def indivisible_attrs(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
     found: list[Finding] = []
     for fqn, entry in plan.items():
         for attr in entry.get("tp_divide_attrs") or ():
-            owner_path, _, name = join_fqn(fqn, attr).rpartition(".")
-            try:
-                value = getattr(model.get_submodule(owner_path), name)
+            name = attr.rsplit(".", 1)[-1]
+            try:  # through modules or a held object (xLSTM's ``mlstm_layer.config.num_heads``)
+                value = model.get_submodule(fqn)
+                for part in attr.split("."):
+                    value = getattr(value, part)
             except AttributeError:
                 continue
             if tp > 1 and isinstance(value, int) and not isinstance(value, bool) and value % tp:

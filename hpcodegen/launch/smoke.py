@@ -64,12 +64,21 @@ def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | Non
     if active is not None and vocab_sharded_heads(ctx.meta.data):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        vocab = vocab_size_of(getattr(model, "config", None))
         return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
                                             vocab_size=vocab), logits
     if active is not None:
         logits = full_logits(logits, model, ctx.meta.data, active)
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+
+
+def vocab_size_of(hf_config: Any) -> int | None:
+    """The vocabulary the token ids index: the config's own, else its text part's (Fuyu's
+    composite config keeps it in ``text_config`` only)."""
+    vocab = getattr(hf_config, "vocab_size", None)
+    if vocab is None and hasattr(hf_config, "get_text_config"):
+        vocab = getattr(hf_config.get_text_config(), "vocab_size", None)
+    return vocab
 
 
 def _timed_forward(model: Any, ids: Any, device: Any) -> float:
@@ -208,7 +217,7 @@ def run(reporter: RankReporter) -> None:
     weights = f"checkpoint {resume_dir} (step {first})" if resume_dir else built.weights
     reporter.update(phase="forward", weights=weights,
                     local_param_bytes=local_param_bytes(built.model))
-    batch = synthetic_batch(built.hf_config.vocab_size, ctx.world_size, seed, ctx.device)
+    batch = synthetic_batch(vocab_size_of(built.hf_config), ctx.world_size, seed, ctx.device)
     reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device))
     parity: dict[str, Any] | None = None
     if ref is not None:

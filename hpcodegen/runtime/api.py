@@ -270,10 +270,11 @@ def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
     """
     frozen = classify_plan(meta)
     live = classify_plan(meta, active.axes, active.sizes)
+    pairs = tied_pairs(model, meta)  # before Phase A replaces the tied parameter objects
     sharded = shard_parameters(model, meta, active, expert)
     divide_attrs(model, meta, active)
     apply_handlers(model, handlers, active)
-    tie_weights(model, tied_pairs(model, meta), {k: v.placements for k, v in sharded.items()})
+    tie_weights(model, pairs, {k: v.placements for k, v in sharded.items()})
     install_boundaries(model, meta, active, frozen, live, sharded)
     experts = {fqn for fqn, _, named in iter_params(meta) if is_expert_placement(named)}
     if expert is not None:

@@ -246,7 +246,9 @@ def lowered_fn(t: Transition, group: Any, where: str) -> Callable[[Any], Any]:
                                    f"backward step {s} is on axis {s.axis!r}, not tp")])
     fwd = None if t.op.kind == "identity" else step_fn(t.op.kind, t.op.dim, comm, where)
     bwd = _chain([step_fn(s.kind, s.dim, comm, where) for s in t.grad_steps])
-    return apply_lowered(fwd, bwd, native=_native(t.op, t.grad_steps, fwd))
+    run = apply_lowered(fwd, bwd, native=_native(t.op, t.grad_steps, fwd))
+    run.parts = (fwd, bwd)  # type: ignore[attr-defined]  # for TPOps.bind_traced
+    return run
 
 
 def _native(op: TPOp, steps: Sequence[Step], fwd: LocalFn | None) -> LocalFn | None:
@@ -347,6 +349,35 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
     return run
 
 
+def traced_lowered(fwd: LocalFn | None, bwd: LocalFn | None, declared: int | None = None,
+                   mismatch: Callable[[Any, int], Any] | None = None) -> Callable[..., Any]:
+    """The compiled-model form of a lowered transition (see :meth:`TPOps.bind_traced`).
+
+    What :func:`apply_lowered` runs under ``torch.compile``: the per-transition autograd
+    Function when a gradient can flow, ``fwd`` otherwise, in one closure. Dynamo guards
+    every object it reads, on every call of the compiled model; this reads two cells per
+    call (``declared`` too when the call names a dim), where the eager fast paths' nested
+    closures cost about 50 guard nodes per call. A dim other than ``declared`` goes to
+    ``mismatch(value, dim)`` (the eager matching: equal modulo the rank, or a PlanError).
+    """
+    apply = lowered_function(fwd, bwd).apply if fwd is not None or bwd is not None else None
+
+    def traced(value: Any, dim: int | None = None) -> Any:
+        if dim is not None and declared is not None and dim != declared and mismatch:
+            return mismatch(value, dim)
+        if type(value) is not torch.Tensor:  # a DTensor (unwrapped), a tuple, None...
+            return map_local_tensors(value, traced)
+        if apply is None:
+            return value
+        if value.requires_grad:
+            if torch.is_grad_enabled():
+                return apply(value)
+            if fwd is None:  # as the Function's view under no_grad: no graph to follow
+                return value.detach()
+        return fwd(value) if fwd is not None else value
+    return traced
+
+
 class TPOps:
     """The ``self._hp_tp`` of one boundary instance: name-free calls, per-transition autograd.
 
@@ -429,6 +460,31 @@ class TPOps:
         """An undeclared ``to_local`` only unwraps: a plain identity with no backward."""
         self._calls.append((TPOp("identity"), apply_lowered(None, None)))
         return len(self._calls) - 1
+
+    def bind_traced(self) -> bool:
+        """Bind each declared kind's method to its transition's compiled-model form.
+
+        Called on the boundaries a ``torch.compile`` scope covers
+        (:func:`hpcodegen.runtime.compile.compile_parallelized`): the same collectives and
+        autograd as the eager methods under ``torch.compiler.is_compiling()``, with a
+        fraction of the objects dynamo guards on every call; run eagerly (a graph break,
+        ``force_eager``) they stay exact, through the functional collectives. Only when no
+        kind is declared twice (otherwise the call order picks the transition and the
+        eager methods stay); False then.
+        """
+        kinds = [op.kind for op, _ in self._calls]
+        if len(set(kinds)) != len(kinds):
+            return False
+        if "identity" not in kinds:  # an undeclared ``to_local`` only unwraps
+            self.to_local = traced_lowered(None, None)  # type: ignore[method-assign]
+        for op, fn in self._calls:
+            fwd, bwd = getattr(fn, "parts", (None, None))  # an undeclared identity: none
+            setattr(self, _METHOD[op.kind], traced_lowered(
+                fwd, bwd, op.dim, functools.partial(self._mismatch, op.kind)))
+        return True
+
+    def _mismatch(self, kind: str, value: Any, dim: int) -> Any:
+        return self._call(kind, dim, value)  # equal modulo the rank, or a PlanError
 
     def __repr__(self) -> str:
         return f"TPOps({self.fqn}: {', '.join(str(op) for op, _ in self._calls)})"

@@ -18,7 +18,16 @@ change. The recipe for a user script::
 
 ``layers`` compiles each decoder layer (the entries of the model's largest
 ``nn.ModuleList``: torchtitan's default, one small graph reused per layer); ``model``
-compiles the whole forward once.
+compiles the whole forward once. Measured on the bench's tiny Llama (4 layers, fake PG,
+forward): ``model`` runs 20-30% faster per call than ``layers`` (the HF Python between
+the layers, the mask and rotary set-up, is in the graph), but its compile time grows with
+the depth (every layer is traced), where ``layers`` compiles one layer graph. ``layers``
+stays the default for that reason; small or shallow models gain from ``model``.
+
+Before compiling, the boundaries in scope get their compiled-model collectives
+(:func:`bind_traced`): the same graph, fewer Python objects for dynamo to guard on every
+call (on the bench model the compiled forward's guard tree shrinks from 2271 to about
+2100 nodes, hpcodegen's part from 584 to about 420).
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ def compile_parallelized(model: nn.Module, scope: str = "layers", **options: Any
     if scope not in SCOPES:
         raise ValueError(f"compile scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if scope == "model":
+        bind_traced(model)
         model.compile(**options)
         return model
     layers = decoder_layers(model)
@@ -59,5 +69,22 @@ def compile_parallelized(model: nn.Module, scope: str = "layers", **options: Any
         raise ValueError(f"{type(model).__name__} has no nn.ModuleList of decoder layers: "
                          "compile it whole (scope='model')")
     for layer in layers:
+        bind_traced(layer)
         layer.compile(**options)
     return model
+
+
+def bind_traced(root: nn.Module) -> int:
+    """Give every boundary under ``root`` its compiled-model collectives; how many.
+
+    (:meth:`hpcodegen.runtime.collectives.TPOps.bind_traced`: the ops dynamo puts in the
+    graph are the same, the guards checked on every call fewer.)
+    """
+    from hpcodegen.runtime.collectives import TPOps
+
+    bound = 0
+    for module in root.modules():
+        ops = module.__dict__.get("_hp_tp")
+        if isinstance(ops, TPOps) and ops.bind_traced():
+            bound += 1
+    return bound

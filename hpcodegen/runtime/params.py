@@ -10,6 +10,7 @@ Meta-device parameters stay on meta, shrunk to the local shape.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -122,14 +123,41 @@ def shard_parameters(model: nn.Module, meta: Mapping[str, Any], active: ActiveMe
     return done
 
 
+def _attr_owner(model: nn.Module, where: str, own: set[int]) -> tuple[Any, str]:
+    """The object holding the attribute ``where`` names, and the attribute's name.
+
+    A path through a non-module value (``mlstm_layer.config.num_heads``: transformers shares
+    one config object between every module of a model) divides a private shallow copy of
+    it, set on the module holding it, so the modules sharing the original keep the full
+    count. ``own`` holds the ids of the copies already made (each is made once).
+    """
+    parts = where.split(".")
+    owner: Any = model
+    for i, part in enumerate(parts[:-1]):
+        child = getattr(owner, part)
+        if not isinstance(child, nn.Module) and id(child) not in own:
+            if not isinstance(owner, nn.Module):
+                raise AttributeError(".".join(parts[:i + 1]))
+            child = copy.copy(child)
+            own.add(id(child))
+            setattr(owner, part, child)
+        owner = child
+    if not hasattr(owner, parts[-1]):
+        raise AttributeError(where)
+    return owner, parts[-1]
+
+
 def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
-    """Divide each entry's ``tp_divide_attrs`` (TP-local head counts) by the tp size."""
+    """Divide each entry's ``tp_divide_attrs`` (TP-local head counts) by the tp size; a
+    count held by a shared non-module object (a config) is divided on the module's own
+    copy of it (:func:`_attr_owner`)."""
     n = active.tp_size
+    own: set[int] = set()
     for fqn, entry in param_plan(meta).items():
         for attr in entry.get("tp_divide_attrs") or ():
             where = f"{fqn}.{attr}" if fqn else attr
             try:
-                owner, name = split_owner(model, where)
+                owner, name = _attr_owner(model, where, own)
                 value = getattr(owner, name)
             except AttributeError:
                 raise PlanError([error("runtime.missing_attr", where,

@@ -3,8 +3,11 @@
 Phase A replaces each planned parameter by a new ``nn.Parameter``; a tied pair (an embedding
 and an lm_head) then holds two tensors. For each pair ``[a, b]`` the owner of ``b`` gets
 ``a``'s parameter object back, on the same rank (no communication: both sides hold the same
-shard when their placements agree, which is checked). With no explicit pairs, a config with
-``tie_word_embeddings`` ties ``*embed_tokens.weight`` and ``*lm_head.weight``.
+shard when their placements agree, which is checked). With no explicit pairs, the pairs are
+the names the live model holds as one tensor before Phase A: exactly what the unsharded model
+ties. (The reference system instead ties ``*embed_tokens.weight`` and ``*lm_head.weight``
+whenever the config says ``tie_word_embeddings``; a model whose class never ties them, such as
+BigBird-Pegasus' causal LM, would then compute its logits with the embedding as LM head.)
 """
 
 from __future__ import annotations
@@ -19,17 +22,15 @@ from hpcodegen.runtime.params import param_owner
 
 
 def tied_pairs(model: nn.Module, meta: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Explicit ``tied_pairs``, else the auto-detected embedding/lm_head pair."""
+    """Explicit ``tied_pairs``, else ``(first name, alias)`` for every parameter the live
+    model holds under several names; call it before Phase A replaces the parameters."""
     pairs = [tuple(p) for p in meta.get("tied_pairs") or () if len(p) == 2]
     if pairs:
         return pairs  # type: ignore[return-value]
-    config = getattr(model, "config", None)
-    if not getattr(config, "tie_word_embeddings", False):
-        return []
-    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    embed = [n for n in names if n.endswith("embed_tokens.weight")]
-    head = [n for n in names if n.endswith("lm_head.weight")]
-    return [(embed[0], head[0])] if len(embed) == 1 and len(head) == 1 else []
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return [(names[0], alias) for names in by_id.values() for alias in names[1:]]
 
 
 def tie_weights(model: nn.Module, pairs: list[tuple[str, str]],

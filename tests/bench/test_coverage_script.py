@@ -107,7 +107,26 @@ def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly(cov: Mod
         cov.tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
 
 
+def test_tiny_config_gives_rope_by_layer_type_only_where_the_model_reads_it(cov: ModuleType
+                                                                          ) -> None:
+    # Cohere Compass reads rope_parameters[layer_type]; its default config carries none
+    config = cov.tiny_config("cohere_compass_text", "CohereCompassForCausalLM")
+    assert config["rope_parameters"] == {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    # Gemma 3 has layer types too, but a RoPE of its own: left as transformers makes it
+    gemma3 = cov.tiny_config("gemma3_text", "Gemma3ForCausalLM")
+    assert gemma3["rope_parameters"]["full_attention"]["rope_theta"] == 1_000_000.0
+
+
 def test_tiny_config_expert_groups_divide_the_shrunk_expert_count(cov: ModuleType) -> None:
     config = cov.tiny_config("deepseek_v3", "DeepseekV3ForCausalLM")
     assert config["n_routed_experts"] % config["n_group"] == 0
     assert config["topk_group"] <= config["n_group"]
+
+
+def test_a_row_without_a_parity_run_says_so(cov: ModuleType) -> None:
+    """--no-parity leaves no parity result: the row says it was not run (it used to crash
+    formatting the missing diffs)."""
+    row = _row("llama", parity=False)
+    row["parity"] = {}
+    assert cov.classify_row(row) == ("unsupported", "tp2 parity: not run (--no-parity)")

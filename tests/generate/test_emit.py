@@ -136,3 +136,15 @@ def test_generic_attention_from_recipe_runs_like_transformers(tmp_path: Path, ll
     ids = torch.arange(16).reshape(2, 8)
     with torch.no_grad():
         assert torch.equal(reference(ids).logits, generated(ids).logits)
+
+
+def test_a_class_defined_under_an_if_is_left_as_it_is() -> None:
+    """Only top-level classes are rewritten (xLSTM defines its layers under
+    ``if is_xlstm_available(): ... else:``): a planned class nested there is left for the
+    runtime to wrap per instance, not an internal error."""
+    src = ("if AVAILABLE:\n    from ext import D\nelse:\n    class D:\n"
+           "        def forward(self, x):\n            return x\n")
+    plan = ClassPlan(classify_boundary("d", _entry("x", "R", "R", "P(sum)", "R"), ["tp"]),
+                     deferred_bias=False)
+    text, forms = emit_modeling(src, "pkg.sub.mod", {"D": plan}, ["banner line"])
+    assert forms == {} and "_forward_impl" not in text and "def forward(self, x)" in text

@@ -132,11 +132,22 @@ def test_scaled_embedding_class_is_vocab_parallel() -> None:
     assert emb["out_src"] == {"output": {"tp": "P(sum)"}}
 
 
-@pytest.mark.parametrize("family", ["phi3", "gpt_neox", "falcon_gqa", "apertus", "gemma3_text"])
+@pytest.mark.parametrize("family", ["phi3", "gpt_neox", "falcon_gqa", "apertus", "gemma3_text",
+                                    "cohere_compass_text"])
 def test_tp4_and_sp(family: str) -> None:
     assert plan_of(family, tp=4)
     if family != "gpt2":  # refused: test_sp_refuses_a_model_that_reshapes_by_the_full_length
         assert plan_of(family, sp=True)
+
+
+def test_rope_by_layer_type_decoder_splits_its_layers() -> None:
+    """Cohere Compass (RoPE keyed by layer type, parallel attention + MLP): heads and MLP
+    split over tp like any HF-planned decoder."""
+    plan = plan_of("cohere_compass_text")
+    attn = plan["model.layers.1.self_attn"]["params"]
+    assert attn["q_proj.weight"] == {"tp": "S(0)"} and attn["o_proj.weight"] == {"tp": "S(1)"}
+    mlp = plan["model.layers.1.mlp"]["params"]
+    assert mlp["gate_proj.weight"] == {"tp": "S(0)"} and mlp["down_proj.weight"] == {"tp": "S(1)"}
 
 
 def test_sp_refuses_a_model_that_reshapes_by_the_full_length() -> None:

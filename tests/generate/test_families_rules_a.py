@@ -29,7 +29,7 @@ LAYER0 = {
     "gpt_neox_japanese": "gpt_neox_japanese.layers.0", "modernbert-decoder": "model.layers.0",
     "bitnet": "model.layers.0", "cpmant": "cpmant.encoder.layers.0",
     "musicgen": "model.decoder.layers.0", "musicgen_melody": "model.decoder.layers.0",
-    "moshi": "model.layers.0",
+    "moshi": "model.layers.0", "xlstm": "backbone.blocks.0",
 }
 
 
@@ -259,3 +259,27 @@ def test_moshi_attention_wrapped_linears_split_and_odd_embedding_replicated() ->
     assert plan["model.layers.0.mlp"]["params"]["fc1.weight"] == {"tp": "SS(0,2)"}
     assert plan["model.embed_tokens"]["params"] == {"weight": {"tp": "R"}}
     assert plan["lm_head"]["params"] == {"weight": {"tp": "S(0)"}}
+
+
+def test_xlstm_splits_its_heads_with_the_config_count_and_the_recurrent_state() -> None:
+    """xLSTM's mLSTM layer reshapes by ``config.num_heads``: divided on the layer's own copy
+    of the config (tests/runtime/test_divide_attrs.py); its recurrent state enters split on
+    the heads and leaves gathered (the cache holds every head); the multi-head norm's
+    weight is sharded with v. weight_mode fused packs q|k|v|o unequally: the layer stays
+    replicated there, the feed-forward split."""
+    layer = plan_of("xlstm")["backbone.blocks.0.mlstm_layer"]
+    assert {"config.num_heads", "multihead_norm.num_heads", "v_dim", "qk_dim"} <= set(
+        layer["tp_divide_attrs"])
+    assert layer["in_dst"]["state"] == {"tp": "S(1)"}
+    assert layer["out_src"] == {"output": {"tp": "P(sum)"}, "state": {"tp": "S(1)"}}
+    assert layer["out_dst"]["state"] == {"tp": "R"}
+    assert layer["params"]["multihead_norm.weight"] == {"tp": "S(0)"}
+    assert layer["params"]["igate_preact.bias"] == {"tp": "S(0)"}
+    bias = plan_of("xlstm", use_bias=True)["backbone.blocks.0.mlstm_layer"]["params"]
+    assert bias["multihead_norm.bias"] == {"tp": "S(0)"} and bias["out_proj.bias"]["tp"] == "R"
+    notes: list[str] = []
+    fused = plan_of("xlstm", notes=notes, weight_mode="fused")
+    assert "q|k|v|o in unequal blocks" in notes[0]
+    assert not sharded_in(fused, "backbone.blocks.0.mlstm_layer")
+    assert fused["backbone.blocks.0.ffn"]["params"]["proj_up_gate_z.weight"] == {"tp": "SS(0,2)"}
+    assert fused["backbone.blocks.0.ffn"]["tp_divide_attrs"] == ["up_proj_dim"]

@@ -97,3 +97,17 @@ def test_loss_lines_align_sharded_and_reference():
     assert loss_lines(recs) == ["loss per step (rank 0): 2.000000 1.500000",
                                 "unsharded reference:    2.000000 1.250000"]
     assert loss_lines({0: RankRecord(rank=0)}) == []
+
+
+def test_the_synthetic_batch_indexes_a_composite_configs_text_vocab():
+    """Fuyu's config keeps vocab_size in text_config only: launch read it on the top level
+    and every rank died with AttributeError before the forward."""
+    import json
+
+    from hpcodegen.hf import load_transformers_config
+    from hpcodegen.launch.smoke import vocab_size_of
+
+    fuyu = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "fuyu"
+    config = load_transformers_config(json.loads((fuyu / "config.json").read_text()))
+    assert vocab_size_of(config) == config.text_config.vocab_size
+    assert vocab_size_of(config.text_config) == config.text_config.vocab_size

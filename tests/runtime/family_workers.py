@@ -15,7 +15,7 @@ from typing import Any
 
 
 def parity_one(artifact: str, config_dir: str, mesh: Any,
-               dtype: str = "float32") -> dict[str, Any]:
+               dtype: str = "float32", use_cache: bool = False) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -56,7 +56,7 @@ def parity_one(artifact: str, config_dir: str, mesh: Any,
              for name, shape in spec.get("inputs", {}).items()}
 
     def loss_of(model: Any, sharded: bool) -> tuple[Any, Any]:
-        logits = model(input_ids=ids, use_cache=False, **extra).logits
+        logits = model(input_ids=ids, use_cache=use_cache, **extra).logits
         if sharded:
             logits = full_logits(logits, model, meta, active)
         return F.cross_entropy(logits.flatten(0, 1).to(getattr(torch, dtype)),
@@ -85,8 +85,9 @@ def parity_models(models: Sequence[tuple[str, str, str]], tp: int) -> dict[str, 
 
     out: dict[str, Any] = {}
     for name, artifact, config, *dtype in models:
-        try:
-            out[name] = parity_one(artifact, config, mesh, *dtype)
+        try:  # a name ending in _cache runs with use_cache=True (a recurrent state's path)
+            out[name] = parity_one(artifact, config, mesh, *(dtype or ["float32"]),
+                                   use_cache=name.endswith("_cache"))
         except Exception as exc:  # reported per model; the other models still run
             import traceback
 

@@ -32,6 +32,7 @@ def test_no_graph_break_beyond_the_plain_model(example, fake_world) -> None:
     from hpcodegen.hf import load_transformers_config, read_hf_config
     from hpcodegen.launch.model import model_class
     from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.runtime.compile import bind_traced
 
     artifact = REPO / "examples" / example
     config, _ = read_hf_config(REPO / "examples" / "configs" / "llama")
@@ -52,6 +53,25 @@ def test_no_graph_break_beyond_the_plain_model(example, fake_world) -> None:
     ops = {str(n.target) for g in ours.graphs for sub in g.modules() if hasattr(sub, "graph")
            for n in sub.graph.nodes if n.op == "call_function"}
     assert any("all_reduce" in o or "reduce_scatter" in o for o in ops), sorted(ops)
+    # compile_parallelized's binding: the same graphs; in a no-grad forward (where no
+    # autograd Function is traced) fewer of hpcodegen's objects guarded on every call
+    with torch.no_grad():
+        eager_ng = _explain(model, ids)
+    assert bind_traced(model) == len([m for m in model.modules() if "_hp_tp" in m.__dict__])
+    lean = _explain(model, ids)
+    assert lean.graph_break_count <= base.graph_break_count
+    assert lean.graph_count <= base.graph_count
+    assert _ops(lean) == _ops(ours)
+    with torch.no_grad():
+        lean_ng = _explain(model, ids)
+    assert _ops(lean_ng) == _ops(eager_ng)
+    hp_guards = [len([g for g in e.out_guards if "_hp_tp" in g.name]) for e in (lean_ng, eager_ng)]
+    assert hp_guards[0] < hp_guards[1], hp_guards
+
+
+def _ops(explained) -> list[str]:
+    return sorted(str(n.target) for g in explained.graphs for sub in g.modules()
+                  if hasattr(sub, "graph") for n in sub.graph.nodes if n.op == "call_function")
 
 
 def test_compile_scope_is_checked() -> None:

@@ -5,7 +5,10 @@ Qwen 3.5, Llama 4 and Emu3 from their composite configs (the causal LM built fro
 hybrid linear/full attention, chunked attention with MoE), Granite-SWA (``local_params``
 attention with per-head sinks split), MiniCPM3 (``mla_kv_a_proj``: replicated, partial
 gradient), Gemma 3n (sparse MLP kept replicated by the package rules), BERT (tied output
-biases) and ProphetNet (a tied embedding alias made a vocab-parallel boundary).
+biases), ProphetNet (a tied embedding alias made a vocab-parallel boundary), BigBird-Pegasus
+(`tie_word_embeddings` set, yet its causal LM never ties the LM head to the embedding) and Cohere
+Compass (RoPE by layer type: transformers' default config cannot build it, the tiny config gives
+each layer type a RoPE).
 One spawn runs every model; logits and every gradient within 1e-5 of the unsharded model.
 """
 
@@ -25,7 +28,7 @@ pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["qwen3_5", "llama4", "emu3", "granite_swa", "minicpm3", "gemma3n_text", "bert",
-       "prophetnet"]
+       "prophetnet", "bigbird_pegasus", "cohere_compass_text"]
 
 
 def _artifact(root: Path, family: str) -> tuple[str, str, str]:

@@ -11,7 +11,10 @@ gradient); ModernBERT decoder with every bias on; BitNet's sub-norms on gathered
 projections (also with --sp); CPM-Ant's head-sharded position bias and nested
 feed-forward; MusicGen and MusicGen Melody (one LM head per codebook, the replicated
 codebook embeddings of vocab_size + 1 rows, OPT-style fc1/fc2); Moshi (a recipe boundary
-over MoshiLinear-wrapped projections, packed gate|up, a replicated odd embedding).
+over MoshiLinear-wrapped projections, packed gate|up, a replicated odd embedding); xLSTM
+(heads split by a divided copy of the config's num_heads; with use_cache the recurrent
+state in and out of each layer; with biases; transformers 5.23 cannot initialise the
+fused weight_mode's weights itself, so that variant is checked by generate only).
 Logits and every gradient within 1e-5 of the unsharded model, and gradients large enough
 for that to mean something.
 """
@@ -57,6 +60,9 @@ MODELS = [
     ("musicgen", "musicgen", {}),
     ("musicgen_melody", "musicgen_melody", {}),
     ("moshi", "moshi", {}),
+    ("xlstm", "xlstm", {}),
+    ("xlstm_cache", "xlstm", {}),
+    ("xlstm_bias", "xlstm", {"use_bias": True}),
 ]
 
 

@@ -86,6 +86,25 @@ def test_every_violation_is_reported_at_once_with_its_pointer() -> None:
     }
 
 
+def test_uniform_arrays_and_map_keys_report_every_bad_item_at_its_index() -> None:
+    # distinct items are validated once each (a resolved $ref, not one lookup per item):
+    # a repeated bad item is still reported at every index, the array's own keywords on
+    # the whole array
+    meta = copy.deepcopy(METAS["llama_hp"])
+    meta["frozen_sharded_params"] = ["lm_head.weight", "bad name", 3, "bad name"]
+    meta["external_state_classes"] = ["Ok", "1x"]
+    meta["boundary_classes"] = {"bad key!": "Llama", "model.norm": "LlamaRMSNorm"}
+    found = {(f.code, f.where) for f in schema_findings(meta)}
+    assert found == {
+        ("schema.pattern", "/frozen_sharded_params/1"),
+        ("schema.type", "/frozen_sharded_params/2"),
+        ("schema.pattern", "/frozen_sharded_params/3"),
+        ("schema.uniqueItems", "/frozen_sharded_params"),
+        ("schema.pattern", "/external_state_classes/1"),
+        ("schema.pattern", "/boundary_classes"),
+    }
+
+
 def test_placement_message_says_what_is_expected() -> None:
     meta = copy.deepcopy(METAS["llama_hp"])
     meta["param_plan"]["lm_head"]["params"]["weight"]["tp"] = "Shard(0)"
