@@ -97,3 +97,23 @@ def test_benchmark_runs_and_ends_with_its_ratio_line(script: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(LAST_LINES[script], last), proc.stdout[-3000:]
+
+
+def test_instruction_counts_reads_callgrind_dumps_and_skips_without_valgrind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each dump file names its phase (``desc: Trigger: ... dump LABEL``) and its total;
+    without valgrind the script says so on its last line and exits 0."""
+    import instruction_counts as ic
+
+    (tmp_path / "cg.7.1").write_text("version: 1\ndesc: Trigger: dump hpcodegen.fwd\n"
+                                     "events: Ir\nsummary: 1234\n")
+    (tmp_path / "cg.7.2").write_text("desc: Trigger: dump hf_local.fwd_bwd\ntotals: 99\n")
+    (tmp_path / "cg.7").write_text("desc: Trigger: Program termination\nsummary: 5\n")
+    assert ic.read_dumps(tmp_path) == {"hpcodegen.fwd": 1234, "hf_local.fwd_bwd": 99}
+    monkeypatch.setattr(ic.shutil, "which", lambda _tool: None)
+    monkeypatch.setattr(sys, "argv", ["instruction_counts.py"])
+    monkeypatch.delenv(ic._WORKER, raising=False)
+    assert ic.main() == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "instruction_counts: skipped: valgrind, callgrind_control not installed"

@@ -103,8 +103,10 @@ def test_identity_forward_backward_hook_matches_the_function() -> None:
     """The hooked view (Megatron's f without a Python autograd Function) has the Function's
     gradients when the view feeds several branches and its input is used elsewhere too:
     the backward step runs once, on the summed gradient. An in-place write to the view
-    raises, as on the Function's output, instead of dropping the hook; no_grad detaches."""
+    raises, as on the Function's output, instead of dropping the hook; no_grad detaches;
+    activation checkpointing (either mode) gives the Function's gradients too."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
     from hpcodegen.runtime.collectives import apply_lowered, lowered_function
 
@@ -126,6 +128,15 @@ def test_identity_forward_backward_hook_matches_the_function() -> None:
         ((y @ w1).sum() + (y @ w2).pow(2).sum() + h.pow(3).sum()).backward()
         grads.append(x.grad)
     assert len(calls) == 2 and torch.equal(grads[0], grads[1])
+    for reentrant in (False, True):  # activation checkpointing re-runs the forward
+        ckpt = []
+        for f in (apply_lowered(None, doubled), lowered_function(None, doubled).apply):
+            x = x0.clone().requires_grad_()
+            out = checkpoint(lambda h, f=f: (f(h) @ w1).tanh() + f(h).sum(), x * 1.0,
+                             use_reentrant=reentrant)
+            out.pow(2).sum().backward()
+            ckpt.append(x.grad)
+        assert torch.equal(ckpt[0], ckpt[1])
     hooked = apply_lowered(None, doubled)
     y = hooked(torch.randn(4, 3, requires_grad=True) * 1.0)
     assert type(y.grad_fn).__name__ == "ViewBackward0"  # C++ node, no Python Function
