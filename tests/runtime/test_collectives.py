@@ -186,3 +186,39 @@ def test_c10d_collectives_on_gloo(tmp_path) -> None:
 
     for rank, checks in enumerate(spawn(2, _gloo_collectives, out_dir=str(tmp_path))):
         assert all(checks.values()), (rank, checks)
+
+
+def test_traced_binding_runs_the_same_ops_and_checks(fake_world) -> None:
+    """``TPOps.bind_traced`` (what ``compile_parallelized`` binds before compiling) keeps
+    the eager behaviour: the collectives, the backward, the dim matching and its errors."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.runtime.collectives import TPOps
+
+    fake_world(2)
+    assert not TPOps("block", classify_boundary("block", ENTRY, ("tp",)).transitions,
+                     dist.group.WORLD).bind_traced()  # a kind declared twice: call order rules
+    entry = {"params": {"w": {"tp": "S(0)"}},
+             "out_src": {"output": {"tp": "S(-1)"}}, "out_dst": {"output": {"tp": "R"}}}
+    ops = TPOps("head", classify_boundary("head", entry, ("tp",)).transitions,
+                dist.group.WORLD)
+    assert ops.bind_traced()
+    assert ops.all_gather(torch.randn(2, 3, 4), dim=2).shape == (2, 3, 8)  # -1 == 2 here
+    assert ops.to_local(torch.ones(2)).shape == (2,)  # undeclared: unwraps only
+    with pytest.raises(PlanError) as info:
+        ops.all_gather(torch.randn(2, 4), dim=0)
+    assert info.value.findings[0].code == "runtime.unbound_call"
+    entry = {"params": {"proj.weight": {"tp": "S(1)"}},
+             "in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "R"}},
+             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}}}
+    ops = TPOps("block", classify_boundary("block", entry, ("tp",)).transitions,
+                dist.group.WORLD)
+    assert ops.bind_traced()
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.no_grad(), CommDebugMode() as mode:
+        z = ops.all_reduce(ops.to_local(x) * 2)
+    assert z.grad_fn is None and mode.get_total_counts() == 1
+    z = ops.all_reduce(ops.to_local(x) * 2)
+    assert _backward_all_reduces(lambda: z.sum().backward()) == 1  # the input's, not z's
