@@ -176,12 +176,13 @@ def divided_config_findings(config: Mapping[str, Any], plan: Mapping[str, Any], 
     if tp <= 1:
         return []
     dividing = list(_dividing_modules(plan))
-    split = _split_modules(plan)
+    subs = list(_sub_configs(config))
+    split = _split_modules(plan) if subs else []
     found: list[Finding] = []
     sizes = [config_size(config, key) for key, _ in HEAD_FIELDS]
     text_read = any(s is not None and s[0].startswith("/text_config/") for s in sizes)
     top_fields = {n for key, _ in HEAD_FIELDS for n in (key, *FIELD_ALIASES.get(key, ()))}
-    for pointer, stem, scope in _sub_configs(config):
+    for pointer, stem, scope in subs:
         if text_read and pointer == "/text_config":
             continue  # read by tp_divisibility already
         users = [fqn for fqn in split if _configures(stem, fqn)]
