@@ -106,15 +106,17 @@ MAX_CONFIG_DEPTH = 3
 
 def _sub_configs(config: Mapping[str, Any], at: str = "", depth: int = 0
                  ) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """``(JSON pointer, stem, mapping)`` of every nested config object (``*_config`` or
-    ``*config`` key holding an object), the stem being the key without that suffix."""
+    """``(JSON pointer, stem, mapping)`` of every nested config object (an object under a
+    ``*_config`` key, or one with a ``model_type``: MusicGen's ``decoder``), the stem being
+    the key without its ``_config`` suffix."""
     if depth >= MAX_CONFIG_DEPTH:
         return
     for key, value in config.items():
         if not isinstance(value, Mapping) or not isinstance(key, str):
             continue
-        stem = key[:-len("config")].rstrip("_") if key.endswith("config") else ""
-        if stem:
+        named = key.endswith("config") or isinstance(value.get("model_type"), str)
+        stem = key[:-len("config")].rstrip("_") if key.endswith("config") else key
+        if named and stem:
             yield f"{at}/{key}", stem, value
             yield from _sub_configs(value, f"{at}/{key}", depth + 1)
 

@@ -73,6 +73,13 @@ def test_nested_sub_configs_and_unsplit_fields() -> None:
     assert _findings(config, plan, unsplit=("num_key_value_heads",)) == []
 
 
+def test_a_sub_config_under_a_plain_key_is_read_by_its_model_type() -> None:
+    config = {"decoder": {"model_type": "musicgen_decoder", "num_attention_heads": 3},
+              "rope_parameters": {"num_attention_heads": 3}}
+    plan = {"model.decoder.layers.0.self_attn": SPLIT}
+    assert [f.where for f in _findings(config, plan)] == ["/decoder/num_attention_heads"]
+
+
 def test_a_count_divided_through_a_held_config() -> None:
     plan = {f"backbone.blocks.{i}.mlstm_layer": {"tp_divide_attrs": ["config.num_heads"]}
             for i in range(2)}
