@@ -114,6 +114,11 @@ def forward_source(module: Any) -> str:
 _CHUNK_LAST = re.compile(r"\bchunk\(\s*(?:[\w.]+\s*,\s*)?(\d+)\s*,\s*(?:dim\s*=\s*)?-1\s*\)")
 
 
+#: transformers' name of a fused gate|up expert weight (Llama-4's ``down_proj`` is colwise
+#: too, [E, in, out] under bmm, and is not what its forward chunks)
+_FUSED_NAME = re.compile(r"gate_?up|up_?gate")
+
+
 def fused_blocks(module: Any) -> int:
     """How many blocks the forward (and the methods it calls) cuts a projection's output into
     on the last dim (``gate, up = x.chunk(2, dim=-1)``: 2); 1 when it cuts none, or cuts
@@ -212,16 +217,15 @@ class Lifter:
     def _param_factor(self, entry_fqn: str, a: Assignment) -> int:
         """The strided factor of a colwise rule on an expert parameter.
 
-        A plain ``colwise`` on the one colwise weight of an ``experts`` module whose forward
-        cuts that projection's output into ``k`` blocks (a fused ``gate_up_proj`` with
+        A plain ``colwise`` on the fused gate|up weight of an ``experts`` module whose forward
+        cuts a projection's output into ``k`` blocks (a fused ``gate_up_proj`` with
         ``.chunk(2, dim=-1)``: Inkling's HF plan) is the packed ``SS(dim,k)``: a contiguous
         shard would hand rank 0 the gate and rank 1 the up, and each rank's chunk would
         pair the wrong halves (measured: logits off by 1e-2)."""
-        if a.factor != 1 or a.kind is not Kind.COLWISE or entry_fqn not in self.moe_experts:
+        if a.factor != 1 or a.kind is not Kind.COLWISE or entry_fqn not in self.moe_experts \
+                or not _FUSED_NAME.search(a.fqn.rpartition(".")[2]):
             return a.factor
-        colwise = [b for b in self.assign.values() if b.param and b.kind is Kind.COLWISE
-                   and relative_to(b.fqn, entry_fqn)]
-        return fused_blocks(self.modules[entry_fqn]) if len(colwise) == 1 else 1
+        return fused_blocks(self.modules[entry_fqn])
 
     def _absorb(self, entry_fqn: str, params: dict, deferred: list, partial: list,
                 divide: list) -> None:
