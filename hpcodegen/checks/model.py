@@ -47,7 +47,12 @@ from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
 from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
 from hpcodegen.plan.overrides import replaced_modules as select_replaced
-from hpcodegen.plan.tp_divisible import config_size, tp_divisibility
+from hpcodegen.plan.tp_divisible import (
+    MISSING,
+    config_size,
+    divide_attr_findings,
+    tp_divisibility,
+)
 from hpcodegen.plan.vocab import vocab_parallel_findings
 
 #: At most this many uncovered parameters are listed one by one.
@@ -189,22 +194,21 @@ def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Findin
 
 
 def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
-                  scope: _Scope) -> Iterator[Finding]:
-    """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size."""
-    for fqn, entry in param_plan(meta).items():
+                  scope: _Scope) -> list[Finding]:
+    """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size
+    (:func:`hpcodegen.plan.tp_divisible.divide_attr_findings`, its own rule); those under a
+    replaced module describe the replacement and are not checkable here."""
+    def resolve(fqn: str, attr: str) -> Any:
         hf = scope.hf_name(fqn)
         module = None if hf is None else _resolve(model, hf)
         if module is None:
-            continue
-        for i, attr in enumerate(entry.get("tp_divide_attrs") or ()):
-            where = pointer("param_plan", fqn, "tp_divide_attrs", i)
-            value = _resolve(module, attr)
-            if value is None:
-                yield error("model.missing_attr", where, f"{fqn}.{attr} does not exist on "
-                            f"{type(module).__name__}; the runtime cannot divide it by tp")
-            elif not isinstance(value, int) or isinstance(value, bool) or value % tp:
-                yield error("model.indivisible_attr", where, f"{fqn}.{attr} = {value!r} is not "
-                            f"an integer divisible by tp_size = {tp}")
+            return None  # unknown module (reported by _fqns) or not checkable
+        value = _resolve(module, attr)
+        return MISSING if value is None else value
+
+    return divide_attr_findings(param_plan(meta), tp, resolve, "model",
+                                lambda fqn, i, _: pointer("param_plan", fqn, "tp_divide_attrs",
+                                                          i))
 
 
 def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
@@ -368,16 +372,23 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                          "module_overrides"):
         raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
                         "violate the schema")
-    foreign = _foreign_source(ctx.meta)
-    if foreign is not None:
-        raise SkipCheck(f"the modeling source {foreign} is not a transformers module; its "
-                        "structure is not checkable here (signature still compares "
-                        "architecture and structure)")
     tp = axis_sizes(ctx.meta).get("tp", 1)
     from hpcodegen.generate.package_rules import unsplit_fields
 
-    yield from tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
-                               unsplit_fields(config, tp))
+    # pure (config JSON + plan): holds for foreign modeling code too, which is never built
+    sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
+                            unsplit_fields(config, tp), plan=param_plan(ctx.meta))
+    foreign = _foreign_source(ctx.meta)
+    if foreign is not None:
+        why = (f"the modeling source {foreign} is not a transformers module; its structure "
+               "is not checkable here (signature still compares architecture and structure)")
+        if not sizes:
+            raise SkipCheck(why)
+        yield from sizes
+        yield info("model.foreign_source", pointer("source", "module_name"),
+                   f"only the config's sizes were checked: {why}")
+        return
+    yield from sizes
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 

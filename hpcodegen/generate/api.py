@@ -224,6 +224,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
+    check_divisible(config, tp, rules.unsplit_fields if rules is not None else (), plan)
     check_even_shards(model, plan, tp)
     if sp:
         check_sequence_parallel(plan, classes)

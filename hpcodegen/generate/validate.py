@@ -13,24 +13,27 @@ from typing import Any
 from hpcodegen.errors import Finding, PlanError, Severity, error
 from hpcodegen.plan.coverage import params_planned_twice, trainable_names, uncovered
 from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
-from hpcodegen.plan.tp_divisible import tp_divisibility
+from hpcodegen.plan.tp_divisible import MISSING, divide_attr_findings, tp_divisibility
 
 
-def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str] = ()) -> None:
+def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str] = (),
+                    plan: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Refuse a config whose sizes do not divide ``tp``: PlanError naming the fields.
 
     The rule is :func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the one verify's
-    ``model`` check applies. Its warnings (an MLP width or vocab that torch would shard
-    unevenly) are refused here too: the generator only emits even shards.
+    ``model`` check and inspect-plan apply; with ``plan``, the head counts of the
+    sub-configs and held configs it divides too. Its warnings (an MLP width or vocab that
+    torch would shard unevenly) are refused here: the generator only emits even shards.
     """
     problems = [replace(f, severity=Severity.ERROR)
-                for f in tp_divisibility(config, tp, "generate", unsplit=unsplit)]
+                for f in tp_divisibility(config, tp, "generate", unsplit=unsplit, plan=plan)]
     if problems:
         raise PlanError(problems)
 
 
 def check_even_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) -> None:
-    """Refuse a plan with a tp shard of uneven size (:func:`uneven_shards`): PlanError."""
+    """Refuse a plan with a tp shard of uneven size (:func:`uneven_shards`) or a
+    ``tp_divide_attrs`` count tp does not divide (:func:`indivisible_attrs`): PlanError."""
     problems = uneven_shards(model, plan, tp) + indivisible_attrs(model, plan, tp)
     if problems:
         raise PlanError(problems)
@@ -76,29 +79,20 @@ def uneven_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) ->
 
 def indivisible_attrs(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
                       ) -> list[Finding]:
-    """An error for every ``tp_divide_attrs`` count of the built model that tp does not divide.
+    """An error for every ``tp_divide_attrs`` count of the built model that is missing or
+    that tp does not divide: :func:`hpcodegen.plan.tp_divisible.divide_attr_findings`, the
+    rule verify's ``model`` check and the runtime apply, on the modules themselves (BLT's
+    stacks size their attention by sub-configs of their own)."""
+    def resolve(fqn: str, attr: str) -> Any:
+        try:  # through modules or a held object (xLSTM's ``mlstm_layer.config.num_heads``)
+            value = model.get_submodule(fqn)
+            for part in attr.split("."):
+                value = getattr(value, part)
+        except AttributeError:
+            return MISSING
+        return value
 
-    The config-size rule reads the top-level (or ``text_config``) head counts; a model whose
-    stacks have sizes of their own (BLT's encoder, global transformer, decoder and patcher
-    sub-configs) is checked here on the modules themselves, as the runtime divides them.
-    """
-    found: list[Finding] = []
-    for fqn, entry in plan.items():
-        for attr in entry.get("tp_divide_attrs") or ():
-            name = attr.rsplit(".", 1)[-1]
-            try:  # through modules or a held object (xLSTM's ``mlstm_layer.config.num_heads``)
-                value = model.get_submodule(fqn)
-                for part in attr.split("."):
-                    value = getattr(value, part)
-            except AttributeError:
-                continue
-            if tp > 1 and isinstance(value, int) and not isinstance(value, bool) and value % tp:
-                found.append(error(
-                    "generate.indivisible_attr", join_fqn(fqn, attr),
-                    f"{name} = {value} is not divisible by tp_size = {tp} (each rank runs "
-                    f"{name}/tp of them)", expected=f"a multiple of {tp}",
-                    hint="choose a tp size that divides it"))
-    return found
+    return divide_attr_findings(plan, tp, resolve, "generate") if tp > 1 else []
 
 
 def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:

@@ -134,7 +134,8 @@ def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Fin
     return [replace(f, file=f.file or (source if opts.hf_config else None),
                     message=f"{f.message}, from {source}" if not opts.hf_config else f.message)
             for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(
-                {"model_type": _source_model_type(meta), **config}, tp))]
+                {"model_type": _source_model_type(meta), **config}, tp),
+                plan=param_plan(meta))]
 
 
 def _source_model_type(meta: Mapping[str, Any]) -> Any:
@@ -262,9 +263,15 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
             empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
                           file=str(loaded.meta_path))
             return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
-        result = inspect_meta(loaded, opts)
-        # heads vs the shown tp: errors fail the run (exit 1) but the prediction is still shown
-        result.findings[:0] = gate + mesh_fit_findings(readable_view(loaded.data)[0], opts)
+        # heads vs the shown tp: errors fail the run (exit 1) but the prediction is still
+        # shown; they are reported too when the meta-device trace itself fails
+        fit = mesh_fit_findings(readable_view(loaded.data)[0], opts)
+        try:
+            result = inspect_meta(loaded, opts)
+        except HpcodegenError as exc:
+            return _emit_failure([*fit, *exc.findings], opts.as_json, out, err,
+                                 exc.exit_code)
+        result.findings[:0] = gate + fit
     except HpcodegenError as exc:
         return _emit_failure(exc.findings, opts.as_json, out, err, exc.exit_code)
     failed = any(f.severity is Severity.ERROR for f in result.findings)

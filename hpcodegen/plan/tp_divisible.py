@@ -6,14 +6,27 @@ warning: torch shards it unevenly, which runs but is not what the HF plan intend
 ``generate`` refuses every finding (it only emits even shards); verify's ``model`` check
 reports them with these severities. Multimodal configs keep the sizes in ``text_config``,
 read when the top level lacks them.
+
+Two rules see past the top level, both pure (no model is built), so that verify's ``model``
+check, inspect-plan and generate refuse alike what the runtime would divide:
+
+- :func:`divided_config_findings`: a sub-config (BLT's ``global_config``, a composite's
+  ``vision_config``) configures the stack under a module named for it
+  (``global_transformer``, ``vision_tower``); when the plan splits a module there over tp
+  (it shards a parameter on tp or lists ``tp_divide_attrs``), its head counts must divide
+  tp. A ``tp_divide_attrs`` path through a held config (xLSTM's
+  ``mlstm_layer.config.num_heads``) names a config field that must divide.
+- :func:`divide_attr_findings`: each ``tp_divide_attrs`` attribute, resolved by the caller on
+  a real or meta-device model, exists and is an integer tp divides (the runtime's own check).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 from hpcodegen.errors import Finding, Severity, error, warning
+from hpcodegen.plan.entry import join_fqn
 
 #: config field -> why it must divide tp; a miss is an error
 HEAD_FIELDS: tuple[tuple[str, str], ...] = (
@@ -47,7 +60,8 @@ def config_size(config: Mapping[str, Any], key: str) -> tuple[str, int] | None:
 
 
 def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
-                    where: str | None = None, unsplit: Collection[str] = ()) -> list[Finding]:
+                    where: str | None = None, unsplit: Collection[str] = (),
+                    plan: Mapping[str, Any] | None = None) -> list[Finding]:
     """Findings for the sizes of ``config`` that do not divide ``tp``.
 
     Args:
@@ -57,6 +71,8 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
         where: the pointer every finding names; the config field's pointer when None.
         unsplit: fields the plan does not split over tp (the package rules'
             ``unsplit_fields``: a multi-query model's one k/v head, kept whole).
+        plan: the ``param_plan``; when given, the head counts of the sub-configs and held
+            configs it divides are checked too (:func:`divided_config_findings`).
     """
     found: list[Finding] = []
     fields = [(k, why, Severity.ERROR) for k, why in HEAD_FIELDS]
@@ -77,4 +93,172 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
         else:
             found.append(warning(f"{check}.uneven_dim", where or pointer, message,
                                  expected=f"a multiple of {tp}"))
+    if plan is not None:
+        found += divided_config_findings(config, plan, tp, check, where, unsplit)
+    return found
+
+
+#: sub-config stem -> module-name words of the stack it configures (others: the stem itself)
+STEM_WORDS: dict[str, tuple[str, ...]] = {"text": ("text", "language", "lm")}
+#: how deep sub-configs are searched (a composite's text_config holding its own sub-configs)
+MAX_CONFIG_DEPTH = 3
+
+
+def _sub_configs(config: Mapping[str, Any], at: str = "", depth: int = 0
+                 ) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """``(JSON pointer, stem, mapping)`` of every nested config object (``*_config`` or
+    ``*config`` key holding an object), the stem being the key without that suffix."""
+    if depth >= MAX_CONFIG_DEPTH:
+        return
+    for key, value in config.items():
+        if not isinstance(value, Mapping) or not isinstance(key, str):
+            continue
+        stem = key[:-len("config")].rstrip("_") if key.endswith("config") else ""
+        if stem:
+            yield f"{at}/{key}", stem, value
+            yield from _sub_configs(value, f"{at}/{key}", depth + 1)
+
+
+def _dividing_modules(plan: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    """``(module FQN, tp_divide_attrs)`` of every entry that lists some."""
+    for fqn, entry in plan.items():
+        attrs = entry.get("tp_divide_attrs") if isinstance(entry, Mapping) else None
+        if isinstance(fqn, str) and isinstance(attrs, list) and attrs:
+            yield fqn, [a for a in attrs if isinstance(a, str)]
+
+
+def _split_modules(plan: Mapping[str, Any]) -> list[str]:
+    """FQNs of the entries the plan splits over tp: they list ``tp_divide_attrs`` or shard a
+    parameter on tp (a stack whose projections are split splits its heads too)."""
+    out = []
+    for fqn, entry in plan.items():
+        if not isinstance(fqn, str) or not isinstance(entry, Mapping):
+            continue
+        params = entry.get("params")
+        sharded = isinstance(params, Mapping) and any(
+            isinstance(p, Mapping) and p.get("tp", "R") != "R" for p in params.values())
+        if sharded or entry.get("tp_divide_attrs"):
+            out.append(fqn)
+    divides = {fqn for fqn, _ in _dividing_modules(plan)}
+    return sorted(out, key=lambda fqn: fqn not in divides)  # named first: those dividing
+
+
+def _configures(stem: str, fqn: str) -> bool:
+    """Whether a module FQN lies in the stack a ``<stem>_config`` configures: one of its
+    dotted names holds every ``_``-separated word of the stem (``global`` in
+    ``model.global_transformer.layers.0``, ``depth_decoder`` in ``model.depth_decoder``)."""
+    stems = STEM_WORDS.get(stem, (stem,))
+    return any(set(s.split("_")) <= set(part.split("_"))
+               for part in fqn.split(".") for s in stems)
+
+
+def _head_sizes(scope: Mapping[str, Any]) -> Iterator[tuple[str, int, str]]:
+    """``(field, value, why)`` of each head count set in one config object."""
+    for key, why in HEAD_FIELDS:
+        for name in (key, *FIELD_ALIASES.get(key, ())):
+            value = scope.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                yield name, value, why
+                break
+
+
+def divided_config_findings(config: Mapping[str, Any], plan: Mapping[str, Any], tp: int,
+                            check: str, where: str | None = None,
+                            unsplit: Collection[str] = ()) -> list[Finding]:
+    """Errors for head counts of sub-configs and held configs that the plan divides by tp.
+
+    A sub-config's heads are checked when some module the plan splits over tp lies in its
+    stack (:func:`_split_modules`, :func:`_configures`); a ``tp_divide_attrs`` path
+    ``...config.F`` divides field ``F`` of the model's config (top level, else
+    ``text_config``). The top level and a lone
+    ``text_config`` are :func:`tp_divisibility`'s own.
+    """
+    if tp <= 1:
+        return []
+    dividing = list(_dividing_modules(plan))
+    subs = list(_sub_configs(config))
+    split = _split_modules(plan) if subs else []
+    found: list[Finding] = []
+    sizes = [config_size(config, key) for key, _ in HEAD_FIELDS]
+    text_read = any(s is not None and s[0].startswith("/text_config/") for s in sizes)
+    top_fields = {n for key, _ in HEAD_FIELDS for n in (key, *FIELD_ALIASES.get(key, ()))}
+    for pointer, stem, scope in subs:
+        if text_read and pointer == "/text_config":
+            continue  # read by tp_divisibility already
+        users = [fqn for fqn in split if _configures(stem, fqn)]
+        if not users:
+            continue
+        for name, value, why in _head_sizes(scope):
+            if name not in unsplit and value % tp:
+                found.append(_head_error(check, where, f"{pointer}/{name}", value, tp, why,
+                                         users))
+    held: dict[tuple[str, int], list[str]] = {}
+    for fqn, attrs in dividing:
+        for attr in attrs:
+            parts = attr.split(".")
+            if len(parts) < 2 or parts[-2] != "config" or parts[-1] in unsplit \
+                    or parts[-1] in top_fields:  # those tp_divisibility reads itself
+                continue
+            size = config_size(config, parts[-1])
+            if size is not None and size[1] % tp:
+                held.setdefault(size, []).append(fqn)
+    for (field, value), users in held.items():
+        found.append(_head_error(check, where, field, value, tp,
+                                 "a module's held config is divided", users))
+    return found
+
+
+def _head_error(check: str, where: str | None, field: str, value: int, tp: int, why: str,
+                users: list[str]) -> Finding:
+    name = field[1:].replace("/", ".")
+    more = f" and {len(users) - 1} more" if len(users) > 1 else ""
+    return error(f"{check}.heads_not_divisible", where or field,
+                 f"{name} = {value} is not divisible by tp_size = {tp} ({why}; it sizes "
+                 f"{users[0]}{more}, which the plan splits over tp)",
+                 expected=f"a multiple of {tp}",
+                 hint="choose a tp size that divides the head counts")
+
+
+#: what a resolver returns for an attribute that does not exist
+MISSING = object()
+
+
+def divide_attr_findings(plan: Mapping[str, Any], tp: int,
+                         resolve: Callable[[str, str], Any], check: str,
+                         locate: Callable[[str, int, str], str] | None = None
+                         ) -> list[Finding]:
+    """The runtime's rule for ``tp_divide_attrs``, on attribute values a caller resolves.
+
+    Each attribute must exist and be an integer that tp divides (each rank keeps value/tp).
+
+    Args:
+        plan: the ``param_plan``.
+        tp: the tp size.
+        resolve: ``(module FQN, attribute path) -> value``; :data:`MISSING` when absent,
+            None when the caller cannot check it (a replaced module): skipped.
+        check: the code prefix (``generate``, ``model``, ``runtime``).
+        locate: ``(module FQN, index, attribute path) -> where`` a finding points;
+            default the attribute's full dotted name.
+    """
+    found: list[Finding] = []
+    for fqn, attrs in _dividing_modules(plan):
+        for i, attr in enumerate(attrs):
+            value = resolve(fqn, attr)
+            if value is None:
+                continue
+            full = join_fqn(fqn, attr)
+            where = locate(fqn, i, attr) if locate is not None else full
+            if value is MISSING:
+                found.append(error(f"{check}.missing_attr", where, f"tp_divide_attrs names a "
+                                   f"missing attribute: {full} does not exist, so the "
+                                   "runtime cannot divide it by tp",
+                                   expected="an integer attribute of the module"))
+            elif not isinstance(value, int) or isinstance(value, bool) or value % tp:
+                what = "is not divisible" if isinstance(value, int) and not isinstance(
+                    value, bool) else "is not an integer divisible"
+                found.append(error(f"{check}.indivisible_attr", where,
+                                   f"{full} = {value!r} {what} by tp_size = {tp} (each rank "
+                                   f"runs {attr.rsplit('.', 1)[-1]}/tp of them)",
+                                   expected=f"a multiple of {tp}",
+                                   hint="choose a tp size that divides it"))
     return found

@@ -43,7 +43,6 @@ all_reduce + chunk.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -263,40 +262,6 @@ def _native(op: TPOp, steps: Sequence[Step], fwd: LocalFn | None) -> LocalFn | N
     return None
 
 
-try:  # torch's own marking of a custom Function's view (absent: the Function runs instead)
-    from torch._C._autograd import CreationMeta, _set_creation_meta
-
-    _FUNCTION_VIEW: Any = CreationMeta.IN_CUSTOM_FUNCTION
-except ImportError:  # pragma: no cover - older or newer torch builds
-    _set_creation_meta = _FUNCTION_VIEW = None
-
-
-def backward_hooked(x: torch.Tensor, bwd: LocalFn) -> torch.Tensor:
-    """A fresh view of ``x`` whose gradient passes through ``bwd`` on its way back.
-
-    An identity forward with a collective backward (Megatron's f: the input of a
-    compute-splitting boundary, whose gradient is partial) needs no Python autograd
-    Function, whose forward ``apply`` and Python backward node cost about 0.1 ms per
-    boundary and step on the bench model: the view's C++ ``ViewBackward0`` carries the
-    gradient, and a tensor hook on the view, the only Python left in the backward, runs
-    ``bwd`` once on the gradient summed over every use of the view, as the Function's
-    backward would. The view is marked as a custom Function's output, so an in-place write
-    to it raises as it does on the Function's output (autograd would otherwise rebase the
-    view onto ``x`` and drop the hook). The hook goes into the dict torch's own
-    ``Tensor.register_hook`` fills, without a removable handle: the view dies with its graph.
-    """
-    y = x.view_as(x)
-    _set_creation_meta(y, _FUNCTION_VIEW)
-    try:  # an OrderedDict as register_hook's (hooks added later take weak references to
-        # it), keyed by a name no RemovableHandle id (an int) can take
-        y._backward_hooks = OrderedDict(hp_tp_backward=bwd)
-        y.grad_fn._register_hook_dict(y)
-    except AttributeError:  # a torch without the private hook dict: the public call
-        y._backward_hooks = None
-        y.register_hook(bwd)
-    return y
-
-
 def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
                   native: LocalFn | None = None) -> Callable[[Any], Any]:
     """Wrap ``fwd``/``bwd`` as a function over values (tensors, tuples of them, None).
@@ -310,15 +275,12 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
     plain = torch.Tensor
     grad_enabled = torch.is_grad_enabled
     apply = lowered_function(fwd, bwd).apply if fwd is not None or bwd is not None else None
-    hooked = fwd is None and bwd is not None and _FUNCTION_VIEW is not None
 
     def on_tensor(tensor: torch.Tensor) -> torch.Tensor:
         if apply is None:
             return tensor
         if native is not None and not compiling():
             return native(tensor)
-        if hooked and tensor.requires_grad and grad_enabled() and not compiling():
-            return backward_hooked(tensor, bwd)
         if tensor.requires_grad:
             if grad_enabled():
                 return apply(tensor)
@@ -330,15 +292,6 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
         def run(tensor: Any) -> Any:  # named as TPOps' methods, which may be bound to it
             if type(tensor) is plain and not compiling():  # the hot path
                 return native(tensor)
-            return map_local_tensors(tensor, on_tensor)
-        return run
-
-    if hooked:
-        def run(tensor: Any) -> Any:
-            if type(tensor) is plain and not compiling():  # the hot path: a local tensor
-                if not tensor.requires_grad:
-                    return tensor
-                return backward_hooked(tensor, bwd) if grad_enabled() else tensor.detach()
             return map_local_tensors(tensor, on_tensor)
         return run
 

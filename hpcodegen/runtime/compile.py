@@ -19,7 +19,7 @@ change. The recipe for a user script::
 ``layers`` compiles each decoder layer (the entries of the model's largest
 ``nn.ModuleList``: torchtitan's default, one small graph reused per layer); ``model``
 compiles the whole forward once. Measured on the bench's tiny Llama (4 layers, fake PG,
-forward): ``model`` runs 20-30% faster per call than ``layers`` (the HF Python between
+forward): ``model`` runs 20-35% faster per call than ``layers`` (the HF Python between
 the layers, the mask and rotary set-up, is in the graph), but its compile time grows with
 the depth (every layer is traced), where ``layers`` compiles one layer graph. ``layers``
 stays the default for that reason; small or shallow models gain from ``model``.

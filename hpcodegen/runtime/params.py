@@ -22,7 +22,7 @@ from hpcodegen.errors import PlacementMismatchError, PlanError, error
 from hpcodegen.placement import format_placements, resolve_placements
 from hpcodegen.plan.entry import iter_params, join_fqn, param_plan
 from hpcodegen.runtime.experts import ExpertMesh, expert_count_check, is_expert_placement
-from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
+from hpcodegen.runtime.mesh import ActiveMesh, to_torch_placements
 
 
 @dataclass(frozen=True)
@@ -150,19 +150,25 @@ def _attr_owner(model: nn.Module, where: str, own: set[int]) -> tuple[Any, str]:
 def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
     """Divide each entry's ``tp_divide_attrs`` (TP-local head counts) by the tp size; a
     count held by a shared non-module object (a config) is divided on the module's own
-    copy of it (:func:`_attr_owner`)."""
+    copy of it (:func:`_attr_owner`). Every count is checked first, by the rule generate
+    and verify apply (:func:`hpcodegen.plan.tp_divisible.divide_attr_findings`): one that is
+    missing or that tp does not divide refuses the plan before anything is divided."""
+    from hpcodegen.plan.tp_divisible import MISSING, divide_attr_findings
+
     n = active.tp_size
     own: set[int] = set()
-    for fqn, entry in param_plan(meta).items():
-        for attr in entry.get("tp_divide_attrs") or ():
-            where = f"{fqn}.{attr}" if fqn else attr
-            try:
-                owner, name = _attr_owner(model, where, own)
-                value = getattr(owner, name)
-            except AttributeError:
-                raise PlanError([error("runtime.missing_attr", where,
-                                       "tp_divide_attrs names a missing attribute")]) from None
-            if not isinstance(value, int) or value % n:
-                raise PlanError([error("runtime.indivisible_attr", where,
-                                       f"{name}={value!r} does not divide by {TP}={n}")])
-            setattr(owner, name, value // n)
+    owners: dict[str, tuple[Any, str]] = {}
+
+    def resolve(fqn: str, attr: str) -> Any:
+        where = join_fqn(fqn, attr)
+        try:
+            owners[where] = _attr_owner(model, where, own)
+        except AttributeError:
+            return MISSING
+        return getattr(*owners[where])
+
+    problems = divide_attr_findings(param_plan(meta), n, resolve, "runtime")
+    if problems:
+        raise PlanError(problems)
+    for owner, name in owners.values():
+        setattr(owner, name, getattr(owner, name) // n)

@@ -190,8 +190,9 @@ def test_blt_splits_every_stack_and_gathers_its_cross_attention() -> None:
 
 
 def test_head_counts_of_a_stack_with_its_own_config_must_divide_tp() -> None:
-    """BLT's stacks size their attention by their own sub-config, which the config-size
-    rule does not read: generate checks the built modules' head counts it divides."""
+    """BLT's stacks size their attention by their own sub-config: the config-size rule
+    reads the sub-config of each stack the plan divides (the rule verify and inspect-plan
+    apply too) and names it."""
     config, _ = read_hf_config(FAMILIES / "blt")
     for sub in ("encoder_config", "decoder_config", "patcher_config"):
         config[sub]["num_key_value_heads"] = 4
@@ -199,8 +200,9 @@ def test_head_counts_of_a_stack_with_its_own_config_must_divide_tp() -> None:
     with pytest.raises(PlanError, match="num_key_value_heads = 2 is not divisible by "
                                         "tp_size = 4") as info:
         build_bundle(config, 4, False, None, "blt")
-    assert {f.where.split(".layers.")[0] for f in info.value.findings} == {
-        "model.global_transformer"}
+    (found,) = info.value.findings
+    assert found.where == "/global_config/num_key_value_heads"
+    assert "model.global_transformer.layers.0.self_attn" in found.message
 
 
 def test_mllama_splits_self_attention_and_gathers_cross_attention() -> None:

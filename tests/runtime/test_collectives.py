@@ -99,14 +99,14 @@ def test_no_grad_skips_autograd_but_not_the_collective(fake_world) -> None:
     z = ops.all_reduce(y * 2)
     assert _backward_all_reduces(lambda: z.sum().backward()) == 1  # the input's, not z's
 
-def test_identity_forward_backward_hook_matches_the_function() -> None:
-    """The hooked view (Megatron's f without a Python autograd Function) has the Function's
-    gradients when the view feeds several branches and its input is used elsewhere too:
-    the backward step runs once, on the summed gradient. An in-place write to the view
-    raises, as on the Function's output, instead of dropping the hook; no_grad detaches."""
+def test_identity_forward_backward_step_runs_once_on_the_summed_gradient() -> None:
+    """Megatron's f (identity forward, a collective on the gradient) used by several
+    branches runs its backward step once, on the gradient summed over them, also when
+    activation checkpointing re-runs the forward (either mode); under no_grad it detaches."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
-    from hpcodegen.runtime.collectives import apply_lowered, lowered_function
+    from hpcodegen.runtime.collectives import apply_lowered
 
     calls: list[int] = []
 
@@ -114,26 +114,26 @@ def test_identity_forward_backward_hook_matches_the_function() -> None:
         calls.append(1)
         return grad * 2
 
+    f = apply_lowered(None, doubled)
     gen = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
     x0 = torch.randn(4, 3, generator=gen)
-    grads = []
-    for f in (apply_lowered(None, doubled), lowered_function(None, doubled).apply):
-        x = x0.clone().requires_grad_()
-        h = x * 1.5
+
+    def branches(h):
         y = f(h)
-        assert torch.equal(y, h)
-        ((y @ w1).sum() + (y @ w2).pow(2).sum() + h.pow(3).sum()).backward()
-        grads.append(x.grad)
-    assert len(calls) == 2 and torch.equal(grads[0], grads[1])
-    hooked = apply_lowered(None, doubled)
-    y = hooked(torch.randn(4, 3, requires_grad=True) * 1.0)
-    assert type(y.grad_fn).__name__ == "ViewBackward0"  # C++ node, no Python Function
-    with pytest.raises(RuntimeError, match="view and is being modified inplace"):
-        y.mul_(3)
+        return (y @ w1).tanh().sum() + (y @ w2).pow(2).sum()
+
+    x = x0.clone().requires_grad_()
+    branches(x * 1.5).backward()
+    h = (x0 * 1.5).requires_grad_()
+    expected = torch.autograd.grad((h @ w1).tanh().sum() + (h @ w2).pow(2).sum(), h)[0] * 3
+    assert len(calls) == 1 and torch.allclose(x.grad, expected)
+    for reentrant in (False, True):
+        xc = x0.clone().requires_grad_()
+        checkpoint(branches, xc * 1.5, use_reentrant=reentrant).backward()
+        assert torch.allclose(xc.grad, expected)
     with torch.no_grad():
-        z = hooked(torch.randn(2, requires_grad=True))
-    assert not z.requires_grad
+        assert not f(torch.randn(2, requires_grad=True)).requires_grad
 
 
 def _gloo_collectives() -> dict:
@@ -175,3 +175,39 @@ def test_c10d_collectives_on_gloo(tmp_path) -> None:
 
     for rank, checks in enumerate(spawn(2, _gloo_collectives, out_dir=str(tmp_path))):
         assert all(checks.values()), (rank, checks)
+
+
+def test_traced_binding_runs_the_same_ops_and_checks(fake_world) -> None:
+    """``TPOps.bind_traced`` (what ``compile_parallelized`` binds before compiling) keeps
+    the eager behaviour: the collectives, the backward, the dim matching and its errors."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.runtime.collectives import TPOps
+
+    fake_world(2)
+    assert not TPOps("block", classify_boundary("block", ENTRY, ("tp",)).transitions,
+                     dist.group.WORLD).bind_traced()  # a kind declared twice: call order rules
+    entry = {"params": {"w": {"tp": "S(0)"}},
+             "out_src": {"output": {"tp": "S(-1)"}}, "out_dst": {"output": {"tp": "R"}}}
+    ops = TPOps("head", classify_boundary("head", entry, ("tp",)).transitions,
+                dist.group.WORLD)
+    assert ops.bind_traced()
+    assert ops.all_gather(torch.randn(2, 3, 4), dim=2).shape == (2, 3, 8)  # -1 == 2 here
+    assert ops.to_local(torch.ones(2)).shape == (2,)  # undeclared: unwraps only
+    with pytest.raises(PlanError) as info:
+        ops.all_gather(torch.randn(2, 4), dim=0)
+    assert info.value.findings[0].code == "runtime.unbound_call"
+    entry = {"params": {"proj.weight": {"tp": "S(1)"}},
+             "in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "R"}},
+             "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}}}
+    ops = TPOps("block", classify_boundary("block", entry, ("tp",)).transitions,
+                dist.group.WORLD)
+    assert ops.bind_traced()
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.no_grad(), CommDebugMode() as mode:
+        z = ops.all_reduce(ops.to_local(x) * 2)
+    assert z.grad_fn is None and mode.get_total_counts() == 1
+    z = ops.all_reduce(ops.to_local(x) * 2)
+    assert _backward_all_reduces(lambda: z.sum().backward()) == 1  # the input's, not z's

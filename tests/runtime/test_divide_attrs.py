@@ -59,5 +59,18 @@ def test_two_counts_of_one_config_share_the_layers_one_copy() -> None:
 def test_a_missing_or_indivisible_config_count_is_a_plan_error() -> None:
     with pytest.raises(PlanError, match="missing attribute"):
         divide_attrs(Model(), _meta("config.num_kv"), SimpleNamespace(tp_size=2))
-    with pytest.raises(PlanError, match="does not divide"):
+    with pytest.raises(PlanError, match="num_heads = 4 is not divisible by tp_size = 3"):
         divide_attrs(Model(), _meta("config.num_heads"), SimpleNamespace(tp_size=3))
+
+
+def test_every_count_is_checked_before_any_is_divided() -> None:
+    """The runtime applies generate's and verify's rule to all counts first: one that tp
+    cannot divide refuses the plan (naming each) and leaves the model as it was."""
+    model = Model()
+    model.layers[1].v_dim = 6
+    with pytest.raises(PlanError) as info:
+        divide_attrs(model, _meta("v_dim", "config.num_heads"), SimpleNamespace(tp_size=4))
+    assert [f.where for f in info.value.findings] == ["layers.1.v_dim"]
+    assert info.value.findings[0].expected == "a multiple of 4"
+    assert [layer.v_dim for layer in model.layers] == [8, 6]
+    assert [layer.config.num_heads for layer in model.layers] == [4, 4]
