@@ -110,6 +110,23 @@ def forward_source(module: Any) -> str:
     return "\n".join(texts)
 
 
+#: a projection's output cut into equal blocks on the last dim (a fused gate|up)
+_CHUNK_LAST = re.compile(r"\bchunk\(\s*(?:[\w.]+\s*,\s*)?(\d+)\s*,\s*(?:dim\s*=\s*)?-1\s*\)")
+
+
+#: transformers' name of a fused gate|up expert weight (Llama-4's ``down_proj`` is colwise
+#: too, [E, in, out] under bmm, and is not what its forward chunks)
+_FUSED_NAME = re.compile(r"gate_?up|up_?gate")
+
+
+def fused_blocks(module: Any) -> int:
+    """How many blocks the forward (and the methods it calls) cuts a projection's output into
+    on the last dim (``gate, up = x.chunk(2, dim=-1)``: 2); 1 when it cuts none, or cuts
+    into differing counts (ambiguous: nothing is assumed)."""
+    counts = {int(n) for n in _CHUNK_LAST.findall(forward_source(module))}
+    return counts.pop() if len(counts) == 1 else 1
+
+
 class Lifter:
     """Builds ``param_plan`` entries from expanded HF assignments (one instance per model)."""
 
@@ -152,6 +169,19 @@ class Lifter:
                     f"HF plan rule {a.rule!r} ({a.style}): {parent or '<root>'} has no {missing} "
                     "child to close the region, so no boundary can be lifted",
                     hint="declare the boundary with a recipe rule (--recipe)")])
+            rows = sorted(a.fqn for a in members if a.kind is Kind.ROWWISE)
+            if len(rows) > 1 and parent not in self.moe_experts:
+                # the region reduces its output once; a second rowwise child's partial
+                # result is consumed inside the forward before any reduction (Doge's
+                # dt_proj feeding a per-head mask), where a sum of rank-local partials is
+                # not the unsharded value and its head dim is not split with the heads
+                raise PlanError([error(
+                    "generate.rowwise_inside_region", rows[0],
+                    f"{parent or '<root>'} has {len(rows)} rowwise children "
+                    f"({', '.join(r.rsplit('.', 1)[-1] for r in rows)}): its region reduces "
+                    "only the forward's output once, so all but one of them would hand "
+                    "their partial (unreduced) output to the rest of the forward; not exact",
+                    hint="replicate all but the output projection with a recipe rule")])
             for a in members:
                 self.assign[a.fqn] = a
         return groups
@@ -161,7 +191,7 @@ class Lifter:
         rel = relative_to(a.fqn, entry_fqn)
         if a.param:  # a rule on the parameter itself: a packed expert weight [E, out, in]
             placement, rowwise_bias = param_shard(a.kind, self.model.get_parameter(a.fqn).dim(),
-                                                  a.factor)
+                                                  self._param_factor(entry_fqn, a))
             if rowwise_bias:
                 raise PlanError([error(
                     "generate.rowwise_param_bias", a.fqn,
@@ -183,6 +213,19 @@ class Lifter:
                 out[key] = {"tp": shard(out_dim if col else in_dim, a.factor)}
         if col and divide is not None and isinstance(getattr(module, "nf", None), int):
             divide.append(f"{rel}.nf" if rel else "nf")  # Conv1D sizes its output by nf
+
+    def _param_factor(self, entry_fqn: str, a: Assignment) -> int:
+        """The strided factor of a colwise rule on an expert parameter.
+
+        A plain ``colwise`` on the fused gate|up weight of an ``experts`` module whose forward
+        cuts a projection's output into ``k`` blocks (a fused ``gate_up_proj`` with
+        ``.chunk(2, dim=-1)``: Inkling's HF plan) is the packed ``SS(dim,k)``: a contiguous
+        shard would hand rank 0 the gate and rank 1 the up, and each rank's chunk would
+        pair the wrong halves (measured: logits off by 1e-2)."""
+        if a.factor != 1 or a.kind is not Kind.COLWISE or entry_fqn not in self.moe_experts \
+                or not _FUSED_NAME.search(a.fqn.rpartition(".")[2]):
+            return a.factor
+        return fused_blocks(self.modules[entry_fqn])
 
     def _absorb(self, entry_fqn: str, params: dict, deferred: list, partial: list,
                 divide: list) -> None:
@@ -222,6 +265,9 @@ class Lifter:
             return entry
         entry = {"params": params, **transitions(
             first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
+        a = self.assign.get(fqn)
+        if a is not None and a.kind is Kind.REDUCE_OUTPUT:
+            self._declare_extra_inputs(fqn, module, entry)
         entry["tp_divide_attrs"] = sorted(set(head_count_attrs(module)) | set(divide))
         if deferred:
             entry["deferred_bias_params"] = sorted(deferred)
@@ -230,6 +276,28 @@ class Lifter:
         if partial:
             entry["partial_grad_params"] = sorted(set(partial))
         return entry
+
+    def _declare_extra_inputs(self, fqn: str, module: Any, entry: dict[str, Any]) -> None:
+        """Declare every further required input of an ``all_reduce`` region replicated.
+
+        Its forward computes on tp shards, so a replicated input it multiplies in (Inkling's
+        shared experts' routing ``gammas``) gets a partial gradient on each rank; declared,
+        the classifier's rule all-reduces it in the backward (left out, the router upstream
+        got one rank's partial gradient). Under sp such an input would arrive as a sequence
+        slice beside the gathered first input: refused."""
+        first = first_arg(module)
+        params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+        extra = [p.name for p in params if p.name != first and p.default is p.empty
+                 and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if extra and self.sp:
+            raise PlanError([error(
+                "generate.region_inputs_sp", fqn,
+                f"{type(module).__name__}.forward takes further inputs ({', '.join(extra)}) "
+                "besides the gathered first one; with sequence parallelism (--sp) they would "
+                "arrive as this rank's slice of the sequence", hint="generate without --sp")])
+        for name in extra:
+            entry["in_src"][name] = {"tp": "R"}
+            entry["in_dst"][name] = {"tp": "R"}
 
     # -- standalone entries ----------------------------------------------------------------
     def standalone_entry(self, a: Assignment, seq_sharded: bool = True) -> dict[str, Any]:
@@ -257,6 +325,11 @@ class Lifter:
                 if partial_deferred_biases(entry):
                     entry["partial_grad_params"] = sorted(partial_deferred_biases(entry))
             return entry
+        if a.kind is Kind.EMBED_VOCAB and not_lookup_only(module) and not self.sp:
+            # transformers' default ``embedding_rowwise`` on an embedding that does more
+            # than the lookup: kept whole, the exact plan (under sp it is refused below:
+            # its submodules would see the whole sequence while planned on a slice)
+            return {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
         if a.kind is Kind.EMBED_VOCAB:
             params = {p: {"tp": "S(0)"} for p in names}
             return {"params": params, **embedding_transitions(module, self.sp and seq_sharded)}
@@ -353,8 +426,32 @@ class Lifter:
 
 def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
     """A vocab-parallel embedding boundary: token ids in replicated, the partial lookup
-    reduced (with ``sp``: reduce-scattered onto the sequence)."""
+    reduced (with ``sp``: reduce-scattered onto the sequence).
+
+    Raises:
+        PlanError: the embedding's forward runs submodules after the lookup
+            (:func:`not_lookup_only`): the reduction would come after them.
+    """
+    reason = not_lookup_only(module)
+    if reason:
+        raise PlanError([error("generate.embedding_not_lookup", type(module).__name__, reason,
+                               hint="replicate the embedding with a recipe rule")])
     return transitions(first_arg(module), "R", "R", "P(sum)", SEQ if sp else "R")
+
+
+def not_lookup_only(module: Any) -> str:
+    """Why a vocab-parallel split of this embedding is not exact, or "".
+
+    The split makes each rank's output a partial sum (its vocabulary rows, zeros elsewhere)
+    reduced after the module's forward; that is the unsharded output only when the forward
+    is linear in the lookup. An embedding holding submodules runs them on the partial
+    lookup (Inkling's ``embed_norm``: norm(a) + norm(b) is not norm(a + b))."""
+    children = [name for name, _ in module.named_children()]
+    if not children:
+        return ""
+    return (f"{type(module).__name__} runs its submodules ({', '.join(children)}) inside its "
+            "forward after the lookup; a vocab-parallel split would reduce the partial "
+            "lookups only after them, so the output would not be the unsharded one")
 
 
 def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:

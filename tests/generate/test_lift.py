@@ -78,3 +78,14 @@ def test_tied_embeddings_recorded(tmp_path, make_config) -> None:
     meta = json.loads(build_bundle(config, 2, False, None, "tied")["codegen_meta.json"])
     assert meta["tied_pairs"] == [["model.embed_tokens.weight", "lm_head.weight"]]
     assert meta["source"]["structure"]["tie_word_embeddings"] is True
+
+
+def test_second_rowwise_child_in_a_region_is_refused(llama) -> None:
+    # a region reduces its output once: a second rowwise child's partial output would be
+    # used inside the forward unreduced (Doge's dt_proj feeding a per-head mask)
+    rules = [("model.layers.*.mlp.gate_proj", "colwise"),
+             ("model.layers.*.mlp.up_proj", "rowwise"),
+             ("model.layers.*.mlp.down_proj", "rowwise")]
+    with pytest.raises(PlanError, match=r"model\.layers\.0\.mlp has 2 rowwise children "
+                                        r"\(down_proj, up_proj\).*not exact"):
+        _lift(llama, rules, False)

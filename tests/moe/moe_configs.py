@@ -30,6 +30,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gpt_oss": {"architectures": ["GptOssForCausalLM"], "intermediate_size": 32,
                 "num_local_experts": 4, "layer_types": ["sliding_attention", "full_attention"],
                 "sliding_window": 8},
+    # a normed embedding (embed_norm inside the lookup module), a fused gate_up_proj whose HF
+    # rule is plain colwise (chunked in the forward), shared experts taking routing gammas
+    "inkling_text": {"architectures": ["InklingForCausalLM"], "intermediate_size": 128,
+                     "moe_intermediate_size": 32, "n_routed_experts": 4,
+                     "n_shared_experts": 2, "layer_types": ["hybrid_sliding", "hybrid"],
+                     "mlp_layer_types": ["sparse", "sparse"]},
     "llama4_text": {"architectures": ["Llama4ForCausalLM"], "intermediate_size": 32,
                     "intermediate_size_mlp": 64, "num_local_experts": 4,
                     "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,

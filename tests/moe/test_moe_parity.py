@@ -22,7 +22,8 @@ from hpcodegen.generate.api import GenerateArgs, generate_artifact
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
-TP2 = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "gpt_oss", "llama4_text"]
+TP2 = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "gpt_oss", "llama4_text",
+       "inkling_text"]
 TP2_EP2 = ["qwen3_moe", "mixtral", "deepseek_v3"]
 
 

@@ -190,3 +190,17 @@ def test_runtime_gate_accepts_the_models_own_config_object(tmp_path: Path) -> No
     load_verified_meta(out, load_transformers_config(config))
     with pytest.raises(PlanError, match="num_experts: artifact 4, config 8"):
         load_verified_meta(out, load_transformers_config({**config, "num_experts": 8}))
+
+
+def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
+    """The general rules Inkling needs (its tp 2 parity runs in test_moe_parity)."""
+    _, _, meta = _generate(tmp_path, "inkling_text", 2)
+    plan = meta["param_plan"]
+    # the embedding normalises inside its forward: kept whole, not vocab-parallel
+    assert plan["model.embed_tokens"] == {"is_boundary": False, "params": {"weight": {"tp": "R"}}}
+    experts = plan["model.layers.0.mlp.experts"]
+    # HF says plain colwise, but the forward chunks gate|up: packed
+    assert experts["params"]["gate_up_proj"] == {"tp": "SS(1,2)"}
+    # the shared experts' routing gammas: declared, so their partial gradient is reduced
+    shared = plan["model.layers.0.mlp.shared_experts"]
+    assert shared["in_src"] == {"hidden_states": {"tp": "R"}, "gammas": {"tp": "R"}}
