@@ -7,7 +7,9 @@ Steps, in order:
    the package ships for the ``model_type`` (:mod:`.package_rules`; they win);
 3. lift the per-Linear styles to module boundaries (:mod:`.lift`), apply the package's and
    then the user's recipe, and plan every parameter no rule names as replicated;
-4. check coverage (every trainable parameter exactly once) and per-class contracts;
+4. check coverage (every trainable parameter exactly once) and per-class contracts; with
+   ``--loss-parallel``, that the head stays vocab-sharded and the forward only applies
+   elementwise steps to its logits (:mod:`.loss_head`);
 5. freeze the meta, classify every entry (the one classifier), emit the modeling module with
    libcst, its diff against the transformers source and ``__init__.py``;
 6. render the bundle and write it atomically, or compare it with disk (``--check``).
@@ -47,6 +49,7 @@ from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
+from hpcodegen.generate.loss_head import check_loss_parallel
 from hpcodegen.generate.package_rules import (
     PackageRules,
     merged_rules,
@@ -229,6 +232,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if sp:
         check_sequence_parallel(plan, classes)
         check_sp_shapes(model, plan, tp, classes)
+    if loss_parallel:  # last: its meta forward switches the model to eager attention
+        check_loss_parallel(model, plan, notes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))

@@ -41,7 +41,7 @@ def _full(local: Any, active: Any, named: Mapping[str, Any] | None, like: Any) -
     return dt.full_tensor()
 
 
-def _output_module_fqn(model: Any) -> str | None:
+def output_module_fqn(model: Any) -> str | None:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for name, module in model.named_modules():
         if module is head:
@@ -55,7 +55,7 @@ def full_logits(logits: Any, model: Any, meta: Mapping[str, Any], active: Any) -
     The output placement is the head entry's ``out_dst`` (else ``out_src``) for its first
     output; a head outside the plan produces replicated logits.
     """
-    fqn = _output_module_fqn(model)
+    fqn = output_module_fqn(model)
     entry = param_plan(meta).get(fqn) if fqn is not None else None
     named = None
     if entry is not None and is_boundary(entry):

@@ -33,7 +33,7 @@ from hpcodegen.launch.model import (
     resolve_model_dir,
     synthetic_batch,
 )
-from hpcodegen.launch.parity import full_logits, max_param_diff
+from hpcodegen.launch.parity import full_logits, max_param_diff, output_module_fqn
 from hpcodegen.launch.rank import RankContext, init_rank
 from hpcodegen.launch.reporter import RankReporter
 from hpcodegen.plan.entry import vocab_sharded_heads
@@ -53,15 +53,16 @@ def _sync(device: Any) -> None:
 def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | None) -> Any:
     """Cross entropy and the logits it was taken on.
 
-    The sharded model (``active`` given): on the full logits, gathered per plan; with a
-    loss-parallel head (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`) on the
-    vocab-sharded logits themselves (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`,
-    no gather), which are returned as they are.
+    The sharded model (``active`` given): on the full logits, gathered per plan; when the
+    model's output head is a loss-parallel head
+    (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`), on the vocab-sharded logits
+    themselves (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`, no gather),
+    which are returned as they are.
     """
     import torch.nn.functional as F
 
     logits = model(input_ids=ids, **no_cache_kwargs(model)).logits
-    if active is not None and vocab_sharded_heads(ctx.meta.data):
+    if active is not None and output_module_fqn(model) in vocab_sharded_heads(ctx.meta.data):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
         vocab = vocab_size_of(getattr(model, "config", None))

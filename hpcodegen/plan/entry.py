@@ -157,27 +157,44 @@ def _tp_placement(named: Any) -> Any:
         return None
 
 
+def is_vocab_sharded_head(entry: Mapping[str, Any]) -> bool:
+    """A boundary whose weight is ``S(0)`` on tp (output features: the vocabulary of an LM
+    head) and whose first output leaves as ``S(-1)`` on tp (``out_dst``, else ``out_src``)."""
+    if not (isinstance(entry, Mapping) and is_boundary(entry)):
+        return False
+    names = out_names(entry)
+    outs = entry.get("out_dst") or entry.get("out_src") or {}
+    out = outs.get(names[0]) if names and isinstance(outs, Mapping) else None
+    params = entry.get("params")
+    weight = params.get("weight") if isinstance(params, Mapping) else None
+    return _tp_placement(out) == Shard(-1) and _tp_placement(weight) == Shard(0)
+
+
+def _takes_sharded_input(entry: Any) -> bool:
+    ins = entry.get("in_src") if isinstance(entry, Mapping) and is_boundary(entry) else None
+    return isinstance(ins, Mapping) and any(_tp_placement(v) == Shard(-1) for v in ins.values())
+
+
 def vocab_sharded_heads(meta: Mapping[str, Any]) -> list[str]:
     """Boundaries leaving the logits vocab-sharded for a loss-parallel cross entropy.
 
-    With ``parallel_dims.loss_parallel``: a boundary whose weight is ``S(0)`` on tp (output
-    features, the vocabulary of an LM head) and whose first output leaves as ``S(-1)`` on
-    tp (``out_dst``, else ``out_src``): no gather of the logits. Empty without the flag.
+    With ``parallel_dims.loss_parallel``: the :func:`is_vocab_sharded_head` boundaries, less
+    those a sibling boundary (same parent module) takes a ``S(-1)`` input from: that is the
+    first half of a split MLP (OPT's ``fc1`` feeding ``fc2``), not a head whose output
+    leaves the model. Empty without the flag.
     """
     dims = meta.get("parallel_dims")
     if not (isinstance(dims, Mapping) and dims.get("loss_parallel") is True):
         return []
-    heads = []
-    for fqn, entry in param_plan(meta).items():
-        if not (isinstance(entry, Mapping) and is_boundary(entry)):
-            continue
-        names = out_names(entry)
-        outs = entry.get("out_dst") or entry.get("out_src") or {}
-        out = outs.get(names[0]) if names and isinstance(outs, Mapping) else None
-        weight = (entry.get("params") or {}).get("weight")
-        if _tp_placement(out) == Shard(-1) and _tp_placement(weight) == Shard(0):
-            heads.append(fqn)
-    return sorted(heads)
+    plan = param_plan(meta)
+    consumers = {_parent(fqn) for fqn, entry in plan.items() if _takes_sharded_input(entry)}
+    return sorted(fqn for fqn, entry in plan.items()
+                  if is_vocab_sharded_head(entry) and _parent(fqn) not in consumers)
+
+
+def _parent(fqn: str) -> str:
+    """``a.b.c`` -> ``a.b``; a top-level name's parent is the root ``""``."""
+    return fqn.rpartition(".")[0]
 
 
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
