@@ -179,14 +179,19 @@ def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = Fa
 
 
 # ----------------------------------------------------------------------------- timing
-def interleaved_timings(arms: Mapping[str, Callable[[], Any]], *, warmup: int, rounds: int
-                        ) -> dict[str, dict[str, float]]:
-    """``{arm: {"median": s, "min": s}}`` per call, the arms taking turns call by call.
+def interleaved_timings(arms: Mapping[str, Callable[[], Any]], *, warmup: int, rounds: int,
+                        settle: int = 1) -> dict[str, dict[str, float]]:
+    """``{arm: {"median": s, "min": s}}`` per call, the arms taking turns.
 
-    Taking turns call by call spreads the noise of a shared machine over every arm alike,
-    instead of letting a burst of someone else's work land on one arm's whole block. The
-    median is the headline figure; the minimum (noise only ever adds time) is the cleanest
-    estimate of the work itself when the machine is loaded.
+    Taking turns spreads the noise of a shared machine over every arm alike, instead of
+    letting a burst of someone else's work land on one arm's whole block. Each turn first
+    runs ``settle`` untimed calls, then times one: what is timed is a call that follows a
+    call of the same arm, as every step of a training loop does. Timing the first call of
+    a turn instead charges each arm for the caches the previous arm left cold, an order
+    effect of up to 8% between two identical compiled models (``ab_control`` in
+    forward_overhead.py shows what is left). The median is the headline figure; the
+    minimum (noise only ever adds time) is the cleanest estimate of the work itself when
+    the machine is loaded.
     """
     for fn in arms.values():
         for _ in range(warmup):
@@ -195,6 +200,8 @@ def interleaved_timings(arms: Mapping[str, Callable[[], Any]], *, warmup: int, r
     clock = time.perf_counter
     for _ in range(rounds):
         for name, fn in arms.items():
+            for _ in range(settle):
+                fn()
             t0 = clock()
             fn()
             samples[name].append(clock() - t0)

@@ -158,6 +158,18 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
         def call(*args: Any, **kwargs: Any) -> Any:
             return module.__dict__["__hp_compute__"](*args, **kwargs)
     in_fns, out_fns = compile_transitions(live, entry, active)
+    module.forward = _boundary_forward(original, call, in_fns, out_fns, deferred, fqn)
+    # what compile_parallelized binds before compiling (the group exists by then)
+    module.__dict__["_hp_traced_forward"] = functools.partial(
+        _traced_boundary_forward, original, call, in_fns, out_fns, deferred, fqn)
+    return effective
+
+
+def _boundary_forward(original: Callable[..., Any], call: Callable[..., Any],
+                      in_fns: Mapping[str, Callable[[Any], Any]],
+                      out_fns: list[tuple[int, Callable[[Any], Any]]],
+                      deferred: Callable[[Any], Any] | None, fqn: str) -> Callable[..., Any]:
+    """A wrapped module's forward: inputs -> ``call`` -> outputs (-> deferred biases)."""
     bind_in = InputBinder(original, list(in_fns), fqn).compile(in_fns)
     bind_out = compile_outputs(out_fns)
 
@@ -168,9 +180,21 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
         if bind_out is not None:
             outputs = bind_out(outputs)
         return deferred(outputs) if deferred is not None else outputs
+    return hp_boundary_forward
 
-    module.forward = hp_boundary_forward
-    return effective
+
+def _traced_boundary_forward(original: Callable[..., Any], call: Callable[..., Any],
+                             in_fns: Mapping[str, Callable[[Any], Any]],
+                             out_fns: list[tuple[int, Callable[[Any], Any]]],
+                             deferred: Callable[[Any], Any] | None, fqn: str
+                             ) -> Callable[..., Any]:
+    """:func:`_boundary_forward` over the transitions' compiled-model forms (the lowered
+    ones' ``traced``: the same collectives, far fewer objects for dynamo to guard)."""
+    def traced(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        form = getattr(fn, "traced", None)
+        return form() if form is not None else fn
+    return _boundary_forward(original, call, {name: traced(fn) for name, fn in in_fns.items()},
+                             [(index, traced(fn)) for index, fn in out_fns], deferred, fqn)
 
 
 def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,

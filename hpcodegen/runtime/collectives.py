@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import Step, TPOp, Transition
@@ -91,6 +92,11 @@ class Comm:
             self.pg = pg
         return self.pg
 
+    def traced_name(self) -> tuple[str, int, int]:
+        """``(group name, size, rank)``: what the compiled-model closures capture."""
+        group, size, rank = self.traced()
+        return group.group_name, size, rank
+
     def traced(self) -> tuple[Any, int, int]:
         """``(group, size, rank)`` for the functional collectives (compile-time constants)."""
         group = self.group if self.group is not None else dist.group.WORLD
@@ -117,6 +123,13 @@ def gather(x: torch.Tensor, dim: int, group: Any, world: int | None = None) -> t
         n, rank = comm.size, comm.rank
         out = src.new_empty((n * src.shape[0], *src.shape[1:]))
         pg.all_gather_single(out, src, comm.gather_opts).wait()
+    return _place_gathered(x, out, dim, n, rank)
+
+
+def _place_gathered(x: torch.Tensor, out: torch.Tensor, dim: int, n: int,
+                    rank: int) -> torch.Tensor:
+    """The all_gather result ``out`` (shards stacked on dim 0) laid out on ``dim``; when a
+    gradient flows, ``x`` itself in this rank's slot (``cat``'s backward is the chunk)."""
     d = dim % x.dim()
     if n == 1:
         return x
@@ -140,7 +153,9 @@ def reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
         group_, _, _ = comm.traced()
         return torch.distributed._functional_collectives.all_reduce(x, "sum", group_)
     out = x.clone(memory_format=torch.contiguous_format)
-    (comm.pg or comm.resolve()).allreduce([out.detach()], comm.sum_opts).wait()
+    # c10d writes in place: through a detached alias when autograd records the clone
+    (comm.pg or comm.resolve()).allreduce([out.detach() if out.requires_grad else out],
+                                          comm.sum_opts).wait()
     return out
 
 
@@ -152,11 +167,15 @@ def local_chunk(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     else:
         comm.resolve()
         n, rank = comm.size, comm.rank
-    parts = torch.chunk(x, n, dim % x.dim())
+    return _chunk_of(x, dim % x.dim(), n, rank)
+
+
+def _chunk_of(x: torch.Tensor, d: int, n: int, rank: int) -> torch.Tensor:
+    parts = torch.chunk(x, n, d)
     if rank < len(parts):
         return parts[rank].contiguous()
     shape = list(x.shape)
-    shape[dim % x.dim()] = 0
+    shape[d] = 0
     return x.new_empty(shape)
 
 
@@ -194,6 +213,48 @@ def step_fn(kind: str, dim: int | None, group: Any, where: str) -> LocalFn:
         return functools.partial(local_chunk, dim=dim, group=comm)
     raise PlanError([error("runtime.unlowerable", where,
                            f"cannot run {kind} as a lowered tp collective")])
+
+
+def traced_step(kind: str, dim: int | None, group: Any) -> LocalFn:
+    """:func:`step_fn`'s compiled-model form: a functional collective over constants only.
+
+    Dynamo guards every object a compiled function reads, on every call of the compiled
+    model. Traced, these closures read the group's name, size and rank and the dim (a str
+    and ints); the eager partials over a :class:`Comm` add about 20 guard nodes per
+    transition (the partial, its arguments, the Comm, the group lookup), measured 10% of
+    the compiled bench forward. The tensor math after the collective is the eager
+    functions' own (:func:`_place_gathered`, :func:`_chunk_of`). Run eagerly (a graph
+    break, ``force_eager``) each is :func:`step_fn`'s function, a cell dynamo never reads.
+    """
+    eager = step_fn(kind, dim, group, "")
+    name, n, rank = _comm(group).traced_name()
+    if kind == "all_reduce":
+        def traced_all_reduce(x: torch.Tensor) -> torch.Tensor:
+            if not compiling():
+                return eager(x)
+            return funcol.all_reduce(x, "sum", name)
+        return traced_all_reduce
+    assert dim is not None, kind
+    if kind == "all_gather":
+        def traced_all_gather(x: torch.Tensor) -> torch.Tensor:
+            if not compiling():
+                return eager(x)
+            out = funcol.all_gather_tensor(x.detach().contiguous(), 0, name)
+            return _place_gathered(x, out, dim, n, rank)
+        return traced_all_gather
+    if kind == "reduce_scatter":
+        def traced_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+            if not compiling():
+                return eager(x)
+            d = dim % x.dim()
+            if x.shape[d] % n:
+                return _chunk_of(funcol.all_reduce(x, "sum", name), d, n, rank)
+            return funcol.reduce_scatter_tensor(x.contiguous(), "sum", d, name)
+        return traced_reduce_scatter
+
+    def traced_chunk(x: torch.Tensor) -> torch.Tensor:  # kind "chunk" (step_fn checked)
+        return _chunk_of(x, dim % x.dim(), n, rank)
+    return traced_chunk
 
 
 def _chain(fns: Sequence[LocalFn]) -> LocalFn | None:
@@ -246,7 +307,7 @@ def lowered_fn(t: Transition, group: Any, where: str) -> Callable[[Any], Any]:
     fwd = None if t.op.kind == "identity" else step_fn(t.op.kind, t.op.dim, comm, where)
     bwd = _chain([step_fn(s.kind, s.dim, comm, where) for s in t.grad_steps])
     run = apply_lowered(fwd, bwd, native=_native(t.op, t.grad_steps, fwd))
-    run.parts = (fwd, bwd)  # type: ignore[attr-defined]  # for TPOps.bind_traced
+    run.traced = functools.partial(traced_transition, t, comm)  # type: ignore[attr-defined]
     return run
 
 
@@ -262,6 +323,26 @@ def _native(op: TPOp, steps: Sequence[Step], fwd: LocalFn | None) -> LocalFn | N
     return None
 
 
+functorch_active = torch._C._are_functorch_transforms_active
+
+
+def direct_apply(function: type[torch.autograd.Function]) -> Callable[[Any], Any]:
+    """``function.apply`` without ``autograd.Function.apply``'s Python layer.
+
+    That layer (a ``setup_context`` lookup, functorch's dead-wrapper unwrap) costs about
+    9 us per call, half of what a Function with a one-line forward costs in all; a Function
+    without ``setup_context`` ends in the C ``_FunctionBase.apply`` it wraps. Used eagerly
+    only: under ``torch.compile`` dynamo needs ``function.apply`` itself to trace the
+    Function, and under functorch transforms the layer is what refuses it. Falls back to
+    ``function.apply`` where this torch has no such base.
+    """
+    base = getattr(torch._C, "_FunctionBase", None)
+    descriptor = vars(base).get("apply") if base is not None else None
+    if descriptor is None or function.setup_context is not torch.autograd.Function.setup_context:
+        return function.apply
+    return descriptor.__get__(None, function)
+
+
 def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
                   native: LocalFn | None = None) -> Callable[[Any], Any]:
     """Wrap ``fwd``/``bwd`` as a function over values (tensors, tuples of them, None).
@@ -274,7 +355,9 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
     """
     plain = torch.Tensor
     grad_enabled = torch.is_grad_enabled
-    apply = lowered_function(fwd, bwd).apply if fwd is not None or bwd is not None else None
+    function = lowered_function(fwd, bwd) if fwd is not None or bwd is not None else None
+    apply = function.apply if function is not None else None
+    direct = direct_apply(function) if function is not None else None
 
     def on_tensor(tensor: torch.Tensor) -> torch.Tensor:
         if apply is None:
@@ -283,7 +366,7 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
             return native(tensor)
         if tensor.requires_grad:
             if grad_enabled():
-                return apply(tensor)
+                return apply(tensor) if compiling() or functorch_active() else direct(tensor)
             if fwd is None:  # as the Function's view under no_grad: no graph to follow
                 return tensor.detach()
         return fwd(tensor) if fwd is not None else tensor
@@ -302,33 +385,54 @@ def apply_lowered(fwd: LocalFn | None, bwd: LocalFn | None,
     return run
 
 
+def traced_transition(t: Transition, comm: Comm,
+                      mismatch: Callable[[Any, int], Any] | None = None) -> Callable[..., Any]:
+    """Transition ``t``'s compiled-model form: :func:`traced_lowered` over
+    :func:`traced_step`'s closures (the same collectives as the eager ones)."""
+    assert t.op is not None  # lowered_fn refused the others
+    fwd = None if t.op.kind == "identity" else traced_step(t.op.kind, t.op.dim, comm)
+    bwd = _chain([traced_step(s.kind, s.dim, comm) for s in t.grad_steps])
+    return traced_lowered(fwd, bwd, t.op.dim, mismatch)
+
+
 def traced_lowered(fwd: LocalFn | None, bwd: LocalFn | None, declared: int | None = None,
                    mismatch: Callable[[Any, int], Any] | None = None) -> Callable[..., Any]:
     """The compiled-model form of a lowered transition (see :meth:`TPOps.bind_traced`).
 
     What :func:`apply_lowered` runs under ``torch.compile``: the per-transition autograd
-    Function when a gradient can flow, ``fwd`` otherwise, in one closure. Dynamo guards
-    every object it reads, on every call of the compiled model; this reads two cells per
-    call (``declared`` too when the call names a dim), where the eager fast paths' nested
-    closures cost about 50 guard nodes per call. A dim other than ``declared`` goes to
-    ``mismatch(value, dim)`` (the eager matching: equal modulo the rank, or a PlanError).
+    Function when a gradient can flow, ``fwd`` otherwise. Dynamo guards every object it
+    reads, on every call of the compiled model, so each path reads as few cells as it can:
+    a no-grad forward reads ``fwd`` alone (``apply`` only when a gradient flows), and only
+    a kind that takes a dim gets the ``dim`` parameter. A dim other than ``declared`` goes
+    to ``mismatch(value, dim)`` (the eager matching: equal modulo the rank, or a
+    PlanError).
     """
-    apply = lowered_function(fwd, bwd).apply if fwd is not None or bwd is not None else None
-
-    def traced(value: Any, dim: int | None = None) -> Any:
-        if dim is not None and declared is not None and dim != declared and mismatch:
-            return mismatch(value, dim)
-        if type(value) is not torch.Tensor:  # a DTensor (unwrapped), a tuple, None...
-            return map_local_tensors(value, traced)
-        if apply is None:
+    if fwd is None and bwd is None:
+        def traced_identity(value: Any) -> Any:
+            if type(value) is not torch.Tensor:  # a DTensor (unwrapped), a tuple, None...
+                return map_local_tensors(value, traced_identity)
             return value
+        return traced_identity
+    apply = lowered_function(fwd, bwd).apply
+
+    def traced(value: Any) -> Any:
+        if type(value) is not torch.Tensor:
+            return map_local_tensors(value, traced)
         if value.requires_grad:
             if torch.is_grad_enabled():
                 return apply(value)
             if fwd is None:  # as the Function's view under no_grad: no graph to follow
                 return value.detach()
         return fwd(value) if fwd is not None else value
-    return traced
+
+    if declared is None or mismatch is None:
+        return traced
+
+    def traced_dim(value: Any, dim: int | None = None) -> Any:
+        if dim is not None and dim != declared:
+            return mismatch(value, dim)
+        return traced(value)
+    return traced_dim
 
 
 class TPOps:
@@ -431,9 +535,10 @@ class TPOps:
         if "identity" not in kinds:  # an undeclared ``to_local`` only unwraps
             self.to_local = traced_lowered(None, None)  # type: ignore[method-assign]
         for op, fn in self._calls:
-            fwd, bwd = getattr(fn, "parts", (None, None))  # an undeclared identity: none
-            setattr(self, _METHOD[op.kind], traced_lowered(
-                fwd, bwd, op.dim, functools.partial(self._mismatch, op.kind)))
+            traced = getattr(fn, "traced", None)  # an undeclared identity has none
+            mismatch = functools.partial(self._mismatch, op.kind)
+            setattr(self, _METHOD[op.kind], traced(mismatch=mismatch) if traced is not None
+                    else traced_lowered(None, None))
         return True
 
     def _mismatch(self, kind: str, value: Any, dim: int) -> Any:

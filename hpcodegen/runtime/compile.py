@@ -77,8 +77,9 @@ def compile_parallelized(model: nn.Module, scope: str = "layers", **options: Any
 def bind_traced(root: nn.Module) -> int:
     """Give every boundary under ``root`` its compiled-model collectives; how many.
 
-    (:meth:`hpcodegen.runtime.collectives.TPOps.bind_traced`: the ops dynamo puts in the
-    graph are the same, the guards checked on every call fewer.)
+    A generated boundary's ``_hp_tp`` (:meth:`~hpcodegen.runtime.collectives.TPOps.bind_traced`)
+    and a wrapped module's forward (its ``_hp_traced_forward``, bound once): the ops dynamo
+    puts in the graph are the same, the guards checked on every call fewer.
     """
     from hpcodegen.runtime.collectives import TPOps
 
@@ -86,5 +87,9 @@ def bind_traced(root: nn.Module) -> int:
     for module in root.modules():
         ops = module.__dict__.get("_hp_tp")
         if isinstance(ops, TPOps) and ops.bind_traced():
+            bound += 1
+        rebuild = module.__dict__.pop("_hp_traced_forward", None)
+        if rebuild is not None:
+            module.forward = rebuild()
             bound += 1
     return bound
