@@ -199,13 +199,15 @@ def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
             hint="generate without --loss-parallel")])
     entry = plan.get(fqn)
     if not (isinstance(entry, Mapping) and is_vocab_sharded_head(entry)):
-        params = (entry or {}).get("params") if isinstance(entry, Mapping) else None
-        weight = (params or {}).get("weight", {}).get("tp", "R") if params else "R"
+        params = entry.get("params") if isinstance(entry, Mapping) else None
+        named = params.get("weight") if isinstance(params, Mapping) else None
+        what = (f"its weight is {named.get('tp', 'R')} on tp" if isinstance(named, Mapping)
+                else f"the plan places no weight of this {type(head).__name__}")
         raise PlanError([error(
             "generate.loss_parallel_head", fqn,
             f"--loss-parallel: the output head {fqn} is not split on the vocabulary by the "
-            f"plan (its weight is {weight} on tp, expected S(0), and its output must stay "
-            "S(-1)); only a colwise head has vocab-sharded logits to keep",
+            f"plan ({what}; expected weight S(0) and output S(-1) on tp): only a colwise "
+            "head has vocab-sharded logits to keep",
             hint="generate without --loss-parallel, or shard the head colwise with a "
                  "recipe rule")])
     _check_postprocess(model, fqn, head, notes)
@@ -244,11 +246,14 @@ def _check_postprocess(model: Any, fqn: str, head: Any, notes: list[str] | None)
     (its mask shortcuts read tensor values in some families, Inkling's): then it runs again
     with the decoder (``base_model``) answering zeros, as only the head's output matters."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from hpcodegen.inspect.trace import _stub_experts, _use_eager
 
     taint = _VocabTaint()
     handle = head.register_forward_hook(lambda _m, _a, out: taint.mark(out))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its notes on eager attention and slow kernels
     body = getattr(model, "base_model", None)
     weight = getattr(head, "weight", None)
     tries: list[tuple[Any, int]] = [(None, 0)]
@@ -278,6 +283,7 @@ def _check_postprocess(model: Any, fqn: str, head: Any, notes: list[str] | None)
             return
     finally:
         handle.remove()
+        hf_logging.set_verbosity(verbosity)
     where = f"{type(model).__name__}.forward"
     if taint.violation is not None:
         raise PlanError([error(

@@ -50,14 +50,16 @@ def _sync(device: Any) -> None:
         torch.npu.synchronize(device)  # type: ignore[attr-defined]
 
 
-def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | None) -> Any:
+def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | None,
+          vocab: int | None = None) -> Any:
     """Cross entropy and the logits it was taken on.
 
     The sharded model (``active`` given): on the full logits, gathered per plan; when the
     model's output head is a loss-parallel head
     (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`), on the vocab-sharded logits
     themselves (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`, no gather),
-    which are returned as they are.
+    which are returned as they are. ``vocab`` is the head's full output width
+    (:func:`head_vocab`).
     """
     import torch.nn.functional as F
 
@@ -65,12 +67,24 @@ def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | Non
     if active is not None and output_module_fqn(model) in vocab_sharded_heads(ctx.meta.data):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
-        vocab = vocab_size_of(getattr(model, "config", None))
         return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
                                             vocab_size=vocab), logits
     if active is not None:
         logits = full_logits(logits, model, ctx.meta.data, active)
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+
+
+def head_vocab(built: BuiltModel) -> int | None:
+    """The full output width of the model's head: its weight's global rows (the layout's
+    pre-install shape), which is what the vocab-sharded logits are slices of; it can differ
+    from ``config.vocab_size`` (a head sized from its embedding). Else the config's."""
+    fqn = output_module_fqn(built.model)
+    weight = f"{fqn}.weight" if fqn else ""
+    layout = built.layout
+    spec = layout.params.get(layout.aliases.get(weight, weight)) if layout is not None else None
+    if spec is not None and spec.global_shape:
+        return int(spec.global_shape[0])
+    return vocab_size_of(built.hf_config)
 
 
 def vocab_size_of(hf_config: Any) -> int | None:
@@ -94,10 +108,10 @@ def _timed_forward(model: Any, ids: Any, device: Any) -> float:
 
 
 def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
-            active: Any, expert: Any = None) -> dict[str, Any]:
+            active: Any, expert: Any = None, vocab: int | None = None) -> dict[str, Any]:
     """One forward/backward on both models; max diffs of logits and gradients."""
     ids, labels = batch
-    loss, logits = _loss(model, ids, labels, ctx, active)
+    loss, logits = _loss(model, ids, labels, ctx, active, vocab)
     loss.backward()
     # vocab-sharded logits (loss parallel) are gathered here for the comparison only
     logits = full_logits(logits.detach(), model, ctx.meta.data, active)
@@ -146,7 +160,7 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
         losses = []
         for i, (built, opt) in enumerate(runs):
             opt.zero_grad(set_to_none=True)
-            loss, _ = _loss(built.model, *batch, ctx, built.active)
+            loss, _ = _loss(built.model, *batch, ctx, built.active, head_vocab(built))
             loss.backward()
             norms[i].append(_clip(built, max_norm))
             opt.step()
@@ -223,7 +237,8 @@ def run(reporter: RankReporter) -> None:
     parity: dict[str, Any] | None = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(built.model, ref.model, batch, ctx, built.active, built.expert),
+        parity = {**_parity(built.model, ref.model, batch, ctx, built.active, built.expert,
+                            head_vocab(built)),
                   "tolerance": tol}
         reporter.update(parity=parity)
     if steps:

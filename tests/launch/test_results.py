@@ -111,3 +111,34 @@ def test_the_synthetic_batch_indexes_a_composite_configs_text_vocab():
     config = load_transformers_config(json.loads((fuyu / "config.json").read_text()))
     assert vocab_size_of(config) == config.text_config.vocab_size
     assert vocab_size_of(config.text_config) == config.text_config.vocab_size
+
+
+def test_the_vocab_parallel_loss_takes_the_heads_own_width():
+    """The vocab-sharded logits are slices of the head's output, whose width can differ from
+    config.vocab_size (a head sized from its embedding): the loss must place each rank's
+    slice by the head's global rows (the layout's pre-install shape), tied or not."""
+    from torch import nn
+
+    from hpcodegen.checkpoint.layout import ShardLayout
+    from hpcodegen.launch.model import BuiltModel
+    from hpcodegen.launch.smoke import head_vocab
+
+    class LM(nn.Module):
+        def __init__(self, tied: bool):
+            super().__init__()
+            self.embed = nn.Embedding(260, 4)
+            self.lm_head = nn.Linear(4, 130, bias=False)  # this rank's half of 260
+            if tied:
+                self.lm_head.weight = self.embed.weight
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    config = type("Config", (), {"vocab_size": 250})()
+    for tied in (False, True):
+        model = LM(tied)
+        layout = ShardLayout.from_model(model, {"embed.weight": (260, 4),
+                                                "lm_head.weight": (260, 4)}, None)
+        assert head_vocab(BuiltModel(model, config, {}, "", layout)) == 260
+    model = LM(False)
+    assert head_vocab(BuiltModel(model, config, {}, "", None)) == 250
