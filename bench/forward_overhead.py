@@ -38,6 +38,7 @@ ARM_LABELS = {
     "handwritten": "hand-written Megatron",
     "hf_tp_plan": "HF tp_plan",
     "hf_local": "ref: HF local shapes, no comm",
+    "hf_local_again": "ref: the same, a second instance (A/A control)",
     "hpcodegen_compiled": "hpcodegen, torch.compile",
     "parallelize_module_compiled": "parallelize_module, torch.compile",
     "handwritten_compiled": "hand-written, torch.compile",
@@ -179,9 +180,10 @@ def run_fake_pg(artifact_dir: Path | None, args: argparse.Namespace, notes: list
     try:
         arms = build_arms(mesh, artifact_dir, notes, hf_dir, compiled=not args.no_compile)
         arms["hf_local"] = local_shape_model()
+        arms["hf_local_again"] = local_shape_model()  # how far apart two equal arms land
         ids = batch_ids(CONFIG["vocab_size"])
         ids_for = {name: ids for name in arms}
-        ids_for["hf_local"] = ids % (CONFIG["vocab_size"] // TP)
+        ids_for["hf_local"] = ids_for["hf_local_again"] = ids % (CONFIG["vocab_size"] // TP)
         timings = measure(arms, ids_for, args)
         if args.profile:
             for name in args.profile:
@@ -363,6 +365,9 @@ def main() -> int:
     fwd = {name: t["median"] for name, t in fake["fwd"].items()}
     both = {name: t["median"] for name, t in fake["fwd+bwd"].items()}
     hp = fwd.get("hpcodegen")
+    print(f"A/A control (two instances of the same floor model; the noise of these ratios): "
+          f"fwd {common.ratio(fwd.get('hf_local_again'), fwd.get('hf_local'))} "
+          f"fwd+bwd {common.ratio(both.get('hf_local_again'), both.get('hf_local'))}")
     print(f"forward_overhead: vs_parallelize_module="
           f"{common.ratio(hp, fwd['parallelize_module'])} "
           f"vs_handwritten={common.ratio(hp, fwd['handwritten'])} "

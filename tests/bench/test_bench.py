@@ -83,6 +83,8 @@ LAST_LINES = {
                            r"vs_handwritten=\d+\.\d\d vs_hf_floor=\d+\.\d\d "
                            r"vs_hf_floor_bwd=\d+\.\d\d vs_hf_tp_plan=\d+\.\d\d "
                            r"compiled_vs_handwritten=\d+\.\d\d",
+    "overhead_breakdown.py": r"overhead_breakdown: hpcodegen=\d+\.\d\d f_node_only=\d+\.\d\d "
+                             r"no_f=\d+\.\d\d no_f_g_clone=\d+\.\d\d no_f_no_g=\d+\.\d\d",
 }
 
 
