@@ -36,7 +36,10 @@ _ELEMENTWISE = frozenset({
     "div", "div_", "true_divide", "neg", "pow", "square",
     # pointwise functions
     "tanh", "tanh_", "sigmoid", "clamp", "clamp_", "clip", "clip_", "exp", "log", "abs",
-    "nan_to_num", "nan_to_num_", "softcap", "masked_fill", "masked_fill_",
+    "nan_to_num", "nan_to_num_", "masked_fill", "masked_fill_", "where",
+    # comparisons and tests, per entry
+    "__gt__", "__lt__", "__ge__", "__le__", "__eq__", "__ne__", "gt", "lt", "ge", "le", "eq",
+    "ne", "isnan", "isinf", "isfinite", "logical_not", "__invert__",
 })
 
 

@@ -75,12 +75,20 @@ def _softcap(self, x):
     return torch.tanh(x) * 30.0
 
 
+def _leaky(x):
+    """A comparison and a select, entry by entry."""
+    import torch
+
+    return torch.where(x > 0, x, x * 0.1)
+
+
 @pytest.mark.parametrize("post", [
     lambda self, x: x,
     _softcap,
     lambda self, x: x * 0.25 / 4.0 + 1.0,  # Cohere's logit_scale, Granite's logits_scaling
     lambda self, x: x[:, -1:, :].contiguous(),  # a slice of the sequence
     lambda self, x: x.masked_fill(x.new_zeros((*x.shape[:-1], 1), dtype=bool), -1e4),
+    lambda self, x: _leaky(x),
 ])
 def test_elementwise_postprocessing_passes(post) -> None:
     assert _check(post) == "lm_head"
