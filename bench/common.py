@@ -13,6 +13,7 @@ import io
 import json
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -180,26 +181,30 @@ def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = Fa
 
 # ----------------------------------------------------------------------------- timing
 def interleaved_timings(arms: Mapping[str, Callable[[], Any]], *, warmup: int, rounds: int,
-                        settle: int = 1) -> dict[str, dict[str, float]]:
+                        settle: int = 1, seed: int = 0) -> dict[str, dict[str, float]]:
     """``{arm: {"median": s, "min": s}}`` per call, the arms taking turns.
 
     Taking turns spreads the noise of a shared machine over every arm alike, instead of
     letting a burst of someone else's work land on one arm's whole block. Each turn first
     runs ``settle`` untimed calls, then times one: what is timed is a call that follows a
-    call of the same arm, as every step of a training loop does. Timing the first call of
-    a turn instead charges each arm for the caches the previous arm left cold, an order
-    effect of up to 8% between two identical compiled models (``ab_control`` in
-    forward_overhead.py shows what is left). The median is the headline figure; the
-    minimum (noise only ever adds time) is the cleanest estimate of the work itself when
-    the machine is loaded.
+    call of the same arm, as every step of a training loop does. The order of the turns is
+    shuffled every round (seeded): a fixed order charges each arm for the caches its
+    predecessor left, an effect of 5-8% between two identical models (measured: two
+    instances of one compiled model, and the ``A/A control`` line of
+    ``forward_overhead.py``). The median is the headline figure; the minimum (noise only
+    ever adds time) is the cleanest estimate of the work itself when the machine is loaded.
     """
     for fn in arms.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in arms}
+    order = list(arms)
+    shuffle = random.Random(seed).shuffle
     clock = time.perf_counter
     for _ in range(rounds):
-        for name, fn in arms.items():
+        shuffle(order)
+        for name in order:
+            fn = arms[name]
             for _ in range(settle):
                 fn()
             t0 = clock()

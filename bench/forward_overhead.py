@@ -350,8 +350,9 @@ def main() -> int:
         gloo = None if args.no_gloo else run_gloo(artifact_dir, args, tmp, hf_dir)
     print(f"model: tiny Llama {LAYERS} layers, hidden {CONFIG['hidden_size']}, "
           f"batch {BATCH}x{SEQ}, fp32, tp={TP}; {common.machine_note()}")
-    print(f"iterations: {args.warmup} warm-up calls per arm, then {args.rounds} rounds of one "
-          "call per arm, arms taking turns; ms per call, median (and min)")
+    print(f"iterations: {args.warmup} warm-up calls per arm, then {args.rounds} rounds; each "
+          "round every arm in a shuffled order runs an untimed call, then the timed one; ms per "
+          "call, median (and min)")
     for note in dict.fromkeys(notes):
         print(note)
     print_table("fake process group (rank 0 of 2): framework overhead only", fake)
