@@ -210,12 +210,27 @@ def interleaved_timings(arms: Mapping[str, Callable[[], Any]], *, warmup: int, r
             t0 = clock()
             fn()
             samples[name].append(clock() - t0)
-    return {name: summary(vals) for name, vals in samples.items()}
+    return {name: {**summary(vals), "samples": vals} for name, vals in samples.items()}
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
     """Median and minimum of timing samples (seconds)."""
     return {"median": statistics.median(values), "min": min(values)}
+
+
+def paired_ratio(num: Mapping[str, Any] | None, den: Mapping[str, Any] | None) -> str:
+    """The median over rounds of ``num``'s time over ``den``'s in the same round, to 2
+    decimals (``n/a`` when either is missing).
+
+    Why: the machine's speed drifts over a run (here medians sat up to 60% above minima),
+    and two calls of the same round ran seconds apart at most; a ratio of the two arms'
+    overall medians carries the drift, the median of per-round ratios far less of it.
+    Timings from :func:`interleaved_timings` (their ``samples`` are aligned by round).
+    """
+    if not num or not den or "samples" not in num or "samples" not in den:
+        return "n/a"
+    ratios = [a / b for a, b in zip(num["samples"], den["samples"], strict=True) if b > 0]
+    return f"{statistics.median(ratios):.2f}" if ratios else "n/a"
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[float, Any]:

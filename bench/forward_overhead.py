@@ -150,7 +150,7 @@ def step_fns(arm: Any, ids: Any) -> tuple[Any, Any]:
     return forward, forward_backward
 
 
-Timings = dict[str, dict[str, dict[str, float]]]
+Timings = dict[str, dict[str, dict[str, Any]]]
 
 
 def measure(arms: dict[str, Any], ids_for: dict[str, Any], args: argparse.Namespace) -> Timings:
@@ -363,20 +363,23 @@ def main() -> int:
               f"relative): {errs}")
     for text in args.profiles:
         print(text)
-    fwd = {name: t["median"] for name, t in fake["fwd"].items()}
-    both = {name: t["median"] for name, t in fake["fwd+bwd"].items()}
-    hp = fwd.get("hpcodegen")
+    fwd, both = fake["fwd"], fake["fwd+bwd"]
+
+    def paired(mode: dict[str, Any], num: str, den: str) -> str:
+        return common.paired_ratio(mode.get(num), mode.get(den))
+
     print(f"A/A control (two instances of the same floor model; the noise of these ratios): "
-          f"fwd {common.ratio(fwd.get('hf_local_again'), fwd.get('hf_local'))} "
-          f"fwd+bwd {common.ratio(both.get('hf_local_again'), both.get('hf_local'))}")
-    print(f"forward_overhead: vs_parallelize_module="
-          f"{common.ratio(hp, fwd['parallelize_module'])} "
-          f"vs_handwritten={common.ratio(hp, fwd['handwritten'])} "
-          f"vs_hf_floor={common.ratio(hp, fwd.get('hf_local'))} "
-          f"vs_hf_floor_bwd={common.ratio(both.get('hpcodegen'), both.get('hf_local'))} "
-          f"vs_hf_tp_plan={common.ratio(hp, fwd.get('hf_tp_plan'))} "
-          f"compiled_vs_handwritten="
-          f"{common.ratio(fwd.get('hpcodegen_compiled'), fwd['handwritten'])}")
+          f"fwd {paired(fwd, 'hf_local_again', 'hf_local')} "
+          f"fwd+bwd {paired(both, 'hf_local_again', 'hf_local')}")
+    print("ratios: medians of per-round ratios (common.paired_ratio); the tables: ratios of "
+          "medians")
+    print(f"forward_overhead: "
+          f"vs_parallelize_module={paired(fwd, 'hpcodegen', 'parallelize_module')} "
+          f"vs_handwritten={paired(fwd, 'hpcodegen', 'handwritten')} "
+          f"vs_hf_floor={paired(fwd, 'hpcodegen', 'hf_local')} "
+          f"vs_hf_floor_bwd={paired(both, 'hpcodegen', 'hf_local')} "
+          f"vs_hf_tp_plan={paired(fwd, 'hpcodegen', 'hf_tp_plan')} "
+          f"compiled_vs_handwritten={paired(fwd, 'hpcodegen_compiled', 'handwritten')}")
     return 0
 
 

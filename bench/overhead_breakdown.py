@@ -13,7 +13,8 @@ hpcodegen model with one piece of the tensor-parallel machinery replaced:
 
 The variants compute wrong gradients (and ``no_g`` wrong values) on a real group: they are
 timing probes, never a runtime mode. Each ratio is over the floor; the difference between
-two rows is what the replaced piece costs. The embedding's masked lookup and the logits
+two rows is what the replaced piece costs. Ratios are medians of per-round ratios
+(``common.paired_ratio``). The embedding's masked lookup and the logits
 gather (wrapped boundaries) stay as they are in every row.
 
 Run: ``python bench/overhead_breakdown.py [--quick]``. Last line:
@@ -107,16 +108,14 @@ def main() -> int:
             common.destroy_pg()
     print(f"model: tiny Llama {fo.LAYERS} layers, fake PG tp={fo.TP}; {common.machine_note()}")
     rows = [[name, t["median"] * 1e3, timings["fwd+bwd"][name]["median"] * 1e3,
-             common.ratio(t["median"], timings["fwd"]["hf_local"]["median"]),
-             common.ratio(timings["fwd+bwd"][name]["median"],
-                          timings["fwd+bwd"]["hf_local"]["median"])]
+             common.paired_ratio(t, timings["fwd"]["hf_local"]),
+             common.paired_ratio(timings["fwd+bwd"][name], timings["fwd+bwd"]["hf_local"])]
             for name, t in timings["fwd"].items()]
     print(common.format_table(["variant", "fwd ms", "fwd+bwd ms", "fwd / floor",
                                "f+b / floor"], rows))
     both = timings["fwd+bwd"]
     print("overhead_breakdown: " + " ".join(
-        f"{name}={common.ratio(both[name]['median'], both['hf_local']['median'])}"
-        for name in VARIANTS))
+        f"{name}={common.paired_ratio(both[name], both['hf_local'])}" for name in VARIANTS))
     return 0
 
 

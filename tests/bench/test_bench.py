@@ -77,6 +77,24 @@ def test_format_table_aligns_and_marks_missing_cells() -> None:
     assert common.ratio(1.0, None) == "n/a" and common.ratio(3.0, 2.0) == "1.50"
 
 
+def test_interleaved_timings_pair_rounds_and_shuffle_the_order() -> None:
+    """Every arm gets one timed sample per round, aligned by round for ``paired_ratio``; the
+    turn order changes between rounds (a fixed order biases equal arms)."""
+    import common
+
+    calls: list[str] = []
+    arms = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    out = common.interleaved_timings(arms, warmup=1, rounds=6, settle=1)
+    assert all(len(t["samples"]) == 6 for t in out.values())
+    timed = calls[4:]  # after the warm-up: (settle, timed) per arm per round
+    assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))
+    orders = {tuple(timed[r * 8:(r + 1) * 8:2]) for r in range(6)}
+    assert len(orders) > 1 and all(sorted(o) == list("abcd") for o in orders)
+    slow, fast = {"samples": [2.0, 4.0, 9.0]}, {"samples": [1.0, 2.0, 3.0]}
+    assert common.paired_ratio(slow, fast) == "2.00"  # per round: 2, 2, 3
+    assert common.paired_ratio(slow, None) == "n/a"
+
+
 LAST_LINES = {
     "install_time.py": r"install_time: s_64_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
     "forward_overhead.py": r"forward_overhead: vs_parallelize_module=\d+\.\d\d "
