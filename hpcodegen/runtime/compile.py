@@ -26,8 +26,9 @@ stays the default for that reason; small or shallow models gain from ``model``.
 
 Before compiling, the boundaries in scope get their compiled-model collectives
 (:func:`bind_traced`): the same graph, fewer Python objects for dynamo to guard on every
-call (on the bench model the compiled forward's guard tree shrinks from 2271 to about
-2100 nodes, hpcodegen's part from 584 to about 420).
+call. On the bench model (whole-model scope) the guard tree shrinks from 2065 to 1730
+nodes (the plain transformers model's has 1356), and the compiled forward runs about 4%
+faster.
 """
 
 from __future__ import annotations
