@@ -29,7 +29,7 @@ model (transformers' masked-LM and seq2seq mappings) get their own table and are
 counted in ``dense_ok``. Models of a parity spawn that died run again one per spawn.
 
     python bench/coverage.py                       # every family, docs/models.md
-    python bench/coverage.py --families llama,gpt2 --jobs 2 --out /tmp/models.md
+    python bench/coverage.py --families llama,gpt2 --jobs 2 --out out/models.md
 """
 
 from __future__ import annotations

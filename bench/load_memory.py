@@ -18,7 +18,7 @@ Arms:
 ratio = (max over ranks of peak RSS - baseline peak) / checkpoint bytes. Goals: tp2 <= 0.6,
 tp4 <= 0.35 (a rank holds checkpoint/tp plus transient slices). Last line:
 ``load_memory: tp2_ratio=... tp4_ratio=...``. Run: ``python bench/load_memory.py``
-(about 2-4 min on 2 cores; wrap it in ``flock /tmp/hpc-heavy.lock`` on a shared machine).
+(about 2-4 min on 2 cores; wrap it in ``flock LOCKFILE`` on a shared machine).
 """
 
 from __future__ import annotations
