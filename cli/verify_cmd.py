@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 from hpcodegen.cli.app import app, guarded, start_progress
 
-_CHECKS_HELP = "schema, plan, outputs, source, signature, model (comma lists allowed; repeatable)"
+_CHECKS_HELP = ("schema, plan, targets, outputs, source, signature, model (comma lists allowed; "
+                "repeatable)")
 
 
 _HELP = (

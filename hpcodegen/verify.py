@@ -46,7 +46,7 @@ from hpcodegen.targets import trusted_prefixes
 #: Checks that read ``--hf-config``.
 CONFIG_CHECKS: tuple[str, ...] = ("signature", "model")
 #: What the runtime checks before it imports an artifact (all pure and fast).
-RUNTIME_CHECKS: tuple[str, ...] = ("schema", "plan", "outputs")
+RUNTIME_CHECKS: tuple[str, ...] = ("schema", "plan", "targets", "outputs")
 
 
 def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
@@ -163,7 +163,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         verbose / quiet: text output lists info findings too / only the failing artifacts.
         changed_files: ``paths`` are changed files (a pre-commit hook's list); verify the
             artifacts they lie in (:func:`artifacts_of_changed`).
-        allow_target: trusted module prefixes for injection targets (the ``plan`` check).
+        allow_target: trusted module prefixes for injection targets (the ``targets`` check).
         stdout / stderr: where reports and usage errors go (default: the process's).
 
     Example::
@@ -254,7 +254,7 @@ def load_checked_meta(artifact_dir: str | os.PathLike[str],
         artifact_dir: the artifact directory (or its meta file).
         checks: check names; ``signature`` needs ``hf_config`` (else it is skipped).
         hf_config: the HF config as a dict (``PretrainedConfig.to_dict()``), optional.
-        allowed_targets: trusted module prefixes for injection targets (the ``plan`` check).
+        allowed_targets: trusted module prefixes for injection targets (the ``targets`` check).
 
     Returns:
         The loaded meta, when no check reported an error (warnings are ignored).

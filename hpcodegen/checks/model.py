@@ -9,7 +9,11 @@ every trainable parameter must be covered by a planned key (equal, or below it:
 kv-head counts (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the rule ``generate``
 refuses by; an MLP width or vocab that does not divide is a warning there) and each
 ``tp_divide_attrs`` attribute must divide the tp size, and a sharded dim that does not divide
-its axis size is a warning (torch shards it unevenly).
+its axis size is a warning (torch shards it unevenly). With ``parallel_dims.loss_parallel``
+the output head must be vocab-sharded and the forward may only apply elementwise steps to
+its logits; without it, the plan must not leave the head's logits vocab-sharded
+(:func:`hpcodegen.plan.loss_parallel.model_findings`, the rule of ``generate
+--loss-parallel`` and of the runtime's install).
 
 An injection's ``ep_stack`` is honoured: the stacked parameter is made from its per-expert
 sources (which must exist, all of one shape, and are covered by it).
@@ -45,6 +49,7 @@ from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
+from hpcodegen.plan.loss_parallel import declared, model_findings
 from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
 from hpcodegen.plan.overrides import replaced_modules as select_replaced
 from hpcodegen.plan.tp_divisible import (
@@ -392,7 +397,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 
-    with steps("verify model check", 2) as advance:
+    with steps("verify model check", 3 if declared(ctx.meta) else 2) as advance:
         advance(f"building {architecture_of(config) or 'the model'} on the meta device")
         try:
             model = build_meta_model(config)
@@ -417,4 +422,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_coverage(ctx.meta, model, scope),
                     *_divisibility(ctx.meta, model, scope),
                     *_vocab_parallel(ctx.meta, modules)]
+        if declared(ctx.meta):
+            advance("watching the logits after the head (loss_parallel)")
+        # last: its meta forward switches the model to eager attention and stubs experts
+        findings += model_findings(model, ctx.meta, "model")
     yield from findings

@@ -2,12 +2,13 @@
 
 Placements parse and name known axes; ``mesh_dim_names`` agrees with ``parallel_dims``;
 ``out_src``/``out_dst`` names are declared in ``out_names``; a plan that claims coverage is
-not empty; every injection target is in the registry (:mod:`hpcodegen.targets`) or under a
-trusted ``--allow-target`` prefix; the cross references (``boundary_classes``, injections,
-handlers, tied pairs, ``frozen_sharded_params``) are checked in
-:mod:`hpcodegen.checks.plan_refs`. Informational
-findings note a negative ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys
-the schema does not know (allowed, as the reference system ignores them).
+not empty; ``loss_parallel`` is set only where the plan keeps an output vocab-sharded
+(:func:`hpcodegen.plan.loss_parallel.plan_findings`); the cross references
+(``boundary_classes``, injections, handlers, tied pairs, ``frozen_sharded_params``) are
+checked in :mod:`hpcodegen.checks.plan_refs`. Informational findings note a negative
+``S(n)`` (torch semantics, decisions.md item 3) and top-level keys the schema does not know
+(allowed, as the reference system ignores them). Injection targets are the ``targets``
+check's (:mod:`hpcodegen.checks.targets`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hpcodegen.errors import Finding, error, info, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import params_planned_twice
 from hpcodegen.plan.entry import ENTRYPOINTS, TRANSITION_FIELDS
-from hpcodegen.targets import target_findings
+from hpcodegen.plan.loss_parallel import plan_findings
 
 #: Axes a placement key may name besides the plan's own: ep routes to the expert mesh,
 #: dp is FSDP-owned (decisions.md item 4).
@@ -189,6 +190,6 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     yield from _check_mesh(meta)
     yield from _check_outputs_names(meta)
     yield from check_references(ctx)
-    yield from target_findings(meta, ctx.allowed_targets)
+    yield from plan_findings(meta, "plan")
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

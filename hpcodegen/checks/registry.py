@@ -18,6 +18,7 @@ from hpcodegen.checks.result import CheckResult, status_of
 from hpcodegen.checks.schema import check_schema
 from hpcodegen.checks.signature import check_signature
 from hpcodegen.checks.source import check_source
+from hpcodegen.checks.targets import check_targets
 from hpcodegen.errors import Finding, UsageError, error
 
 
@@ -35,6 +36,7 @@ class Check:
 CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("schema", check_schema, "the meta matches schemas/codegen_meta.schema.json"),
     Check("plan", check_plan, "placements, axes, output names and cross references"),
+    Check("targets", check_targets, "injection targets are registered or under --allow-target"),
     Check("outputs", check_outputs, "recorded files exist inside the dir and match their hashes"),
     Check("source", check_source, "the modeling file's classes agree with the boundary forms"),
     Check("signature", check_signature, "made for the model of --hf-config (pure JSON)"),

@@ -8,8 +8,9 @@ Steps, in order:
 3. lift the per-Linear styles to module boundaries (:mod:`.lift`), apply the package's and
    then the user's recipe, and plan every parameter no rule names as replicated;
 4. check coverage (every trainable parameter exactly once) and per-class contracts; with
-   ``--loss-parallel``, that the head stays vocab-sharded and the forward only applies
-   elementwise steps to its logits (:mod:`.loss_head`);
+   ``--loss-parallel``, that tp > 1, the head stays vocab-sharded and the forward only
+   applies elementwise steps to its logits (:mod:`hpcodegen.plan.loss_parallel`, the rule
+   verify and the runtime apply too); without it, that no head is left vocab-sharded;
 5. freeze the meta, classify every entry (the one classifier), emit the modeling module with
    libcst, its diff against the transformers source and ``__init__.py``;
 6. render the bundle and write it atomically, or compare it with disk (``--check``).
@@ -46,10 +47,14 @@ from hpcodegen.errors import (
 )
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
 from hpcodegen.generate.experts import moe_experts, shard_experts
-from hpcodegen.generate.freeze import build_meta, modeling_file_name, source_record
+from hpcodegen.generate.freeze import (
+    build_meta,
+    modeling_file_name,
+    parallel_dims,
+    source_record,
+)
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
-from hpcodegen.generate.loss_head import check_loss_parallel
 from hpcodegen.generate.package_rules import (
     PackageRules,
     merged_rules,
@@ -232,8 +237,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if sp:
         check_sequence_parallel(plan, classes)
         check_sp_shapes(model, plan, tp, classes)
-    if loss_parallel:  # last: its meta forward switches the model to eager attention
-        check_loss_parallel(model, plan, notes)
+    _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))
@@ -252,6 +256,23 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     return render_bundle(files, roles, meta)
+
+
+def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
+                         ep: int, loss_parallel: bool, notes: list[str] | None) -> None:
+    """verify's loss-parallel rules (:mod:`hpcodegen.plan.loss_parallel`) on the plan to be
+    frozen. Last: the meta forward switches the model to eager attention."""
+    from hpcodegen import GENERATOR_NAME
+    from hpcodegen.plan.loss_parallel import check_declared, check_loss_parallel, plan_findings
+
+    if not loss_parallel:
+        check_declared(model, plan)
+        return
+    check_loss_parallel(model, plan, notes)  # first: it names the head it refuses
+    problems = plan_findings({"generator": {"name": GENERATOR_NAME}, "param_plan": plan,
+                              "parallel_dims": parallel_dims(tp, sp, ep, True)}, "generate")
+    if problems:
+        raise PlanError(problems)
 
 
 def model_rules(config: Mapping[str, Any], model: Any, tp: int) -> PackageRules | None:

@@ -48,7 +48,7 @@ from hpcodegen.plan.revalidate import (
 from hpcodegen.plan.volume import dtype_bytes
 
 #: the verify checks run before predicting (pure, milliseconds)
-GATE_CHECKS = ("schema", "plan")
+GATE_CHECKS = ("schema", "plan", "targets")
 
 
 def _check_options(opts: InspectOptions) -> None:

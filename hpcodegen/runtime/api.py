@@ -37,6 +37,7 @@ from hpcodegen.runtime.experts import (
 from hpcodegen.runtime.grad_sync import install_grad_allreduce, install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers, check_handlers
 from hpcodegen.runtime.loader import import_verified_module
+from hpcodegen.runtime.loss_install import check_loss_parallel_install
 from hpcodegen.runtime.mesh import (
     TP,
     ActiveMesh,
@@ -195,8 +196,9 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
 
     0. Refuse a second call; load and check the meta like ``verify`` (schema, plan, output
        hashes: a drifted file is refused); refuse a config of another architecture;
-       resolve special handlers and injection targets (allowlist). Nothing is mutated or
-       imported before all of this passes.
+       resolve special handlers and injection targets (allowlist); refuse loss
+       parallelism verify's model check refuses (:mod:`.loss_install`, on a meta copy).
+       Nothing is mutated or imported before all of this passes.
     1. Import the generated module (synthetic package); if it defines the meta's
        ``entrypoints.parallelize`` function, call it and return its result.
     2. Resolve the active submesh (plan axes in the live order, size-1 axes dropped). No
@@ -244,6 +246,7 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     handlers = check_handlers(meta)
     records = expand_injections(meta)
     injections = resolve_injections(meta, allowed_target_prefixes)
+    check_loss_parallel_install(model, meta)
     module = import_verified_module(loaded, allowed_target_prefixes=allowed_target_prefixes)
     entry_name = (meta.get("entrypoints") or {}).get("parallelize")
     entry_fn = getattr(module, entry_name, None) if entry_name else None

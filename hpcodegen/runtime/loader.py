@@ -231,7 +231,7 @@ def import_verified_module(loaded: LoadedMeta, *,
 
 def import_generated_module(artifact_dir: str | os.PathLike[str], *,
                             allowed_target_prefixes: Sequence[str] = ()) -> types.ModuleType:
-    """Check the artifact as the runtime does (schema, plan, outputs), then
+    """Check the artifact as the runtime does (schema, plan, targets, outputs), then
     :func:`import_verified_module` it."""
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
 

@@ -23,7 +23,7 @@ from hpcodegen.hf import read_hf_config, source_from_config  # noqa: E402
 from hpcodegen.verify import run_verify  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-ALL_CHECKS = ["schema", "plan", "outputs", "source", "signature", "model"]
+ALL_CHECKS = ["schema", "plan", "targets", "outputs", "source", "signature", "model"]
 ENV = {**os.environ, "NO_COLOR": "1"}
 
 
@@ -109,7 +109,24 @@ def test_only_and_skip_choose_checks(tmp_path: Path) -> None:
     _, doc = verify_json([art], only=["schema,plan"])
     assert list(doc["artifacts"][0]["checks"]) == ["schema", "plan"]
     _, doc = verify_json([art], skip=["source", "model"], only=[])
-    assert list(doc["artifacts"][0]["checks"]) == ["schema", "plan", "outputs", "signature"]
+    assert list(doc["artifacts"][0]["checks"]) == ["schema", "plan", "targets", "outputs",
+                                                   "signature"]
+
+
+def test_skipping_plan_keeps_the_targets_check(tmp_path: Path) -> None:
+    """``--skip plan`` turns off the plan's rules, not the injection-target gate: a foreign
+    ``_target_`` still fails; only ``--skip targets`` names that gate."""
+    art = vf.build_fixture("llama_hp", tmp_path / "a")
+    meta = vf.read_meta(art)
+    meta["injections"] = [{"match": "lm_head", "inner_wrapper": {"_target_": "os.system"}}]
+    vf.save_meta(art, meta)
+    code, doc = verify_json([art], skip=["plan"])
+    checks = doc["artifacts"][0]["checks"]
+    assert code == 1 and "plan" not in checks
+    assert [(f["code"], f["path"]) for f in checks["targets"]["findings"]] == [
+        ("plan.foreign_target", "/injections/0/inner_wrapper/_target_")]
+    code, doc = verify_json([art], skip=["plan", "targets"])
+    assert "targets" not in doc["artifacts"][0]["checks"]
 
 
 def test_strict_fails_on_warnings(tmp_path: Path) -> None:

@@ -163,7 +163,7 @@ CASES = [
          1, "schema", "schema.type", "/injections/0/match/0"),
     Case("target_not_registered", meta_edit(lambda m: m["injections"].append(
         {"match": ATTN, "local_compute_fn": {"_target_": "nodots"}})),
-         1, "plan", "plan.foreign_target", "/injections/0/local_compute_fn/_target_"),
+         1, "targets", "plan.foreign_target", "/injections/0/local_compute_fn/_target_"),
     Case("target_not_a_name", meta_edit(lambda m: m["injections"].append(
         {"match": ATTN, "local_compute_fn": {"_target_": "os.system; rm"}})),
          1, "schema", "schema.pattern", "/injections/0/local_compute_fn/_target_"),

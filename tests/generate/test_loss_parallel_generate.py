@@ -58,7 +58,7 @@ def _tiny_lm(post):
 
 
 def _check(post, plan=None):
-    from hpcodegen.generate.loss_head import check_loss_parallel
+    from hpcodegen.plan.loss_parallel import check_loss_parallel
 
     notes: list[str] = []
     fqn = check_loss_parallel(_tiny_lm(post), {"lm_head": HEAD} if plan is None else plan,
@@ -131,7 +131,7 @@ def test_head_not_vocab_sharded_or_missing_refused() -> None:
         _check(lambda self, x: x, {})
     model = _tiny_lm(lambda self, x: x)
     model.get_output_embeddings = lambda: None
-    from hpcodegen.generate.loss_head import check_loss_parallel
+    from hpcodegen.plan.loss_parallel import check_loss_parallel
 
     with pytest.raises(PlanError) as info:
         check_loss_parallel(model, {"lm_head": HEAD})

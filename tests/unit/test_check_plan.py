@@ -32,16 +32,17 @@ def test_reference_metas_pass_with_ep_keys_and_list_matches(gen: str) -> None:
 @pytest.mark.parametrize("gen", ["g2", "g3"])
 def test_reference_targets_are_foreign_unless_trusted(gen: str) -> None:
     """The existing system's own factories in its own metas: a warning, not silently trusted;
-    the same names in a meta hpcodegen wrote are errors; trusted, they are clean."""
+    the same names in a meta hpcodegen wrote are errors; trusted, they are clean (the
+    ``targets`` check; its codes keep their ``plan.`` prefix)."""
     meta = vf.qwen3_moe_meta(gen)
-    result = vf.run_check("plan", meta, allowed_targets=())
+    result = vf.run_check("targets", meta, allowed_targets=())
     found = {w for c, w in vf.codes(result, "warning") if c == "plan.foreign_system_target"}
     assert "/injections/0/inner_wrapper/_target_" in found
     assert not vf.codes(result, "error")
     ours = dict(meta, generator={"name": "hpcodegen", "version": "0"})
-    result = vf.run_check("plan", ours, allowed_targets=())
+    result = vf.run_check("targets", ours, allowed_targets=())
     assert "plan.foreign_target" in {c for c, _ in vf.codes(result, "error")}
-    result = vf.run_check("plan", meta)  # trusted: --allow-target hyper_parallel
+    result = vf.run_check("targets", meta)  # trusted: --allow-target hyper_parallel
     assert not {c for c, _ in vf.codes(result, "warning") if "target" in c}
 
 
@@ -168,7 +169,7 @@ def test_signature_inputs_of_the_wrong_type_never_crash(field: str) -> None:
     meta[field] = ["not", "an", "object"]
     meta["generator"] = meta["generator"] if field != "generator" else {"name": "hpcodegen",
                                                                         "version": []}
-    for name in ("plan", "outputs", "source", "signature"):
+    for name in ("plan", "targets", "outputs", "source", "signature"):
         result = vf.run_check(name, meta, hf_config=dict(vf.LLAMA_CONFIG))
         assert not any(f.code.endswith(".internal") for f in result.findings), result.findings
 

@@ -21,7 +21,8 @@ from hpcodegen.verify import load_checked_meta  # noqa: E402
 def test_selection_keeps_registry_order_and_accepts_comma_lists() -> None:
     assert select_checks() == list(CHECKS)
     assert select_checks(["plan,schema"]) == ["schema", "plan"]
-    assert select_checks((), ["model", "signature"]) == ["schema", "plan", "outputs", "source"]
+    assert select_checks((), ["model", "signature"]) == ["schema", "plan", "targets", "outputs",
+                                                         "source"]
 
 
 @pytest.mark.parametrize(("only", "skip", "code"), [

@@ -1,12 +1,13 @@
-"""``generate --loss-parallel``: refuse what a vocab-sharded head cannot run exactly.
+"""Loss parallelism: when a head's logits may stay vocab-sharded, exactly (one rule).
 
-With loss parallelism the output head's logits stay as each rank's slice of the
-vocabulary, and the model's forward runs on that slice whatever it does to the logits after
-the head. That is exact only when every step is elementwise per vocabulary entry (Gemma-2's
-soft-capping ``tanh(x / c) * c``, Cohere's ``logit_scale``, Granite's ``logits_scaling``,
-a dtype cast). A step that reads the vocabulary as a whole (a softmax, a slice to
-``unpadded_vocab_size``, a full-vocab bias, writing global token ids as in Chameleon's
-``logits[:, :, image_tokens] = min``) would compute something else on a slice, silently.
+With loss parallelism (``parallel_dims.loss_parallel``) the output head's logits stay as
+each rank's slice of the vocabulary, and the model's forward runs on that slice whatever it
+does to the logits after the head. That is exact only when every step is elementwise per
+vocabulary entry (Gemma-2's soft-capping ``tanh(x / c) * c``, Cohere's ``logit_scale``,
+Granite's ``logits_scaling``, a dtype cast). A step that reads the vocabulary as a whole (a
+softmax, a slice to ``unpadded_vocab_size``, a full-vocab bias, writing global token ids as
+in Chameleon's ``logits[:, :, image_tokens] = min``) would compute something else on a
+slice, silently.
 
 So the plan must leave the head's output ``S(-1)`` (a colwise head; a rowwise head already
 reduces its output, there is nothing to keep sharded), and one forward of the meta model is
@@ -14,15 +15,34 @@ watched from the head's output onwards (:class:`_VocabTaint`): every torch call 
 tensor derived from the head output must be one of a short list of elementwise operations
 whose other tensor operands do not span the vocabulary, and the ``logits`` the model
 returns must derive from the head.
+
+The one rule, run by three callers with their own code prefix (``generate.``, ``model.``,
+``runtime.``), so that a hand-edited or foreign meta cannot bypass what ``generate
+--loss-parallel`` refuses:
+
+* :func:`plan_findings` (pure, the ``plan`` check, hence also the runtime's install-time
+  checks): the flag needs a tp axis of size > 1 and a boundary that leaves its output
+  vocab-sharded;
+* :func:`check_loss_parallel` (a built model): ``generate --loss-parallel``;
+* :func:`model_findings` (a built model and a meta): verify's ``model`` check and
+  ``parallelize_from_generated``. It also refuses the converse, a head whose output the
+  plan leaves vocab-sharded without the flag: the model would return a slice of the logits
+  as if it were all of them.
+
+torch and transformers are imported inside the functions that take a model only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.errors import PlanError, error
-from hpcodegen.plan.entry import is_vocab_sharded_head
+from hpcodegen.errors import Finding, PlanError, error, info, pointer, warning
+from hpcodegen.plan.entry import axis_sizes, is_vocab_sharded_head, param_plan
+
+#: Where findings about the flag point: ``/parallel_dims/loss_parallel``
+FLAG = pointer("parallel_dims", "loss_parallel")
 
 #: Tensor methods / torch functions that act on each vocabulary entry on its own
 _ELEMENTWISE = frozenset({
@@ -181,8 +201,80 @@ def _output_logits(output: Any) -> Any:
     return logits
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who applies the rule: its code prefix, how it names the flag, where its findings
+    point (None: at the head's FQN) and what it suggests."""
+
+    check: str
+    flag: str
+    where: str | None
+    hint: str
+
+
+#: ``generate --loss-parallel``
+GENERATE = Caller("generate", "--loss-parallel", None, "generate without --loss-parallel")
+
+
+def meta_caller(check: str) -> Caller:
+    """verify's ``model`` check and the runtime: the flag is the meta's."""
+    return Caller(check, "parallel_dims.loss_parallel", FLAG,
+                  "regenerate the artifact without --loss-parallel (loss_parallel false)")
+
+
+def declared(meta: Mapping[str, Any]) -> bool:
+    """``parallel_dims.loss_parallel`` is true."""
+    dims = meta.get("parallel_dims")
+    return isinstance(dims, Mapping) and dims.get("loss_parallel") is True
+
+
+def plan_findings(meta: Mapping[str, Any], check: str) -> list[Finding]:
+    """The flag on a plan that keeps nothing vocab-sharded (pure: no model needed).
+
+    ``loss_parallel`` needs a tp axis of size > 1 and a boundary whose weight is ``S(0)``
+    and whose output stays ``S(-1)`` on tp (:func:`hpcodegen.plan.entry.vocab_sharded_heads`).
+    Otherwise the logits are whole and the flag misleads whoever computes the loss from it:
+    an error in a meta hpcodegen wrote, a warning in a foreign one (the existing system
+    writes the flag from its job config whatever the mesh; its plan still runs exactly).
+    """
+    from hpcodegen.artifact.digest import is_hpcodegen_meta
+    from hpcodegen.plan.entry import vocab_sharded_heads
+
+    if not declared(meta):
+        return []
+    make = error if is_hpcodegen_meta(meta) else warning
+    tp = axis_sizes(meta).get("tp", 1)
+    if tp <= 1:
+        return [make(f"{check}.loss_parallel_without_tp", FLAG,
+                     f"loss_parallel is true but tp_size is {tp}: the logits are not split "
+                     "over any axis, there is no vocab-sharded output to keep",
+                     expected="tp_size > 1, or loss_parallel false",
+                     hint="generate --loss-parallel only with --tp > 1")]
+    if param_plan(meta) and not vocab_sharded_heads(meta):  # (an empty plan: plan.empty)
+        return [make(f"{check}.loss_parallel_no_sharded_head", FLAG,
+                     "loss_parallel is true but no boundary of param_plan leaves its output "
+                     "vocab-sharded (weight S(0) and output S(-1) on tp, as a colwise "
+                     "lm_head): the logits are gathered whole, so a loss-parallel cross "
+                     "entropy would read the full vocabulary as one rank's slice",
+                     expected="an output head with weight S(0) and out_dst S(-1) on tp, or "
+                              "loss_parallel false")]
+    return []
+
+
+def output_head(model: Any) -> tuple[str | None, Any]:
+    """``(FQN, module)`` of the model's output head (``get_output_embeddings``)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    try:
+        head = get_head() if callable(get_head) else None
+    except Exception:  # some heads are not reachable this way (NotImplementedError)
+        head = None
+    fqn = next((name for name, m in model.named_modules() if m is head), None) \
+        if head is not None else None
+    return fqn, head
+
+
 def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
-                        notes: list[str] | None = None) -> str:
+                        notes: list[str] | None = None, caller: Caller = GENERATE) -> str:
     """The vocab-sharded head's FQN; a PlanError when loss parallelism would not be exact.
 
     Refused: a model without an output head (``get_output_embeddings``), a head the plan
@@ -190,16 +282,13 @@ def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
     elementwise steps to the logits after the head. A forward the meta device cannot run
     leaves the post-processing unchecked: a note says so (``launch --check-parity`` shows).
     """
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    fqn = next((name for name, m in model.named_modules() if m is head), None) \
-        if head is not None else None
+    fqn, head = output_head(model)
     if fqn is None:
         raise PlanError([error(
-            "generate.loss_parallel_no_head", "--loss-parallel",
-            f"{type(model).__name__} has no output head (get_output_embeddings() is None): "
-            "there are no vocabulary logits to keep sharded",
-            hint="generate without --loss-parallel")])
+            f"{caller.check}.loss_parallel_no_head", caller.where or caller.flag,
+            f"{caller.flag}: {type(model).__name__} has no output head "
+            "(get_output_embeddings() is None): there are no vocabulary logits to keep "
+            "sharded", hint=caller.hint)])
     entry = plan.get(fqn)
     if not (isinstance(entry, Mapping) and is_vocab_sharded_head(entry)):
         params = entry.get("params") if isinstance(entry, Mapping) else None
@@ -207,14 +296,60 @@ def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
         what = (f"its weight is {named.get('tp', 'R')} on tp" if isinstance(named, Mapping)
                 else f"the plan places no weight of this {type(head).__name__}")
         raise PlanError([error(
-            "generate.loss_parallel_head", fqn,
-            f"--loss-parallel: the output head {fqn} is not split on the vocabulary by the "
+            f"{caller.check}.loss_parallel_head", caller.where or fqn,
+            f"{caller.flag}: the output head {fqn} is not split on the vocabulary by the "
             f"plan ({what}; expected weight S(0) and output S(-1) on tp): only a colwise "
             "head has vocab-sharded logits to keep",
-            hint="generate without --loss-parallel, or shard the head colwise with a "
-                 "recipe rule")])
-    _check_postprocess(model, fqn, head, notes)
+            hint=caller.hint + ", or shard the head colwise with a recipe rule")])
+    _check_postprocess(model, fqn, head, notes, caller)
     return fqn
+
+
+def check_declared(model: Any, plan: Mapping[str, Mapping[str, Any]],
+                   caller: Caller = GENERATE) -> None:
+    """Without loss parallelism, a PlanError when the plan still leaves the output head's
+    logits vocab-sharded: the model would return one rank's slice as if it were all of them
+    (and transformers' own loss would read it so)."""
+    fqn, _ = output_head(model)
+    entry = plan.get(fqn) if fqn is not None else None
+    if isinstance(entry, Mapping) and is_vocab_sharded_head(entry):
+        raise PlanError([error(
+            f"{caller.check}.loss_parallel_undeclared", FLAG if caller.where else fqn,
+            f"the plan leaves the output of the head {fqn} vocab-sharded (weight S(0), "
+            "output S(-1) on tp) but loss_parallel is not set: the model would return one "
+            "rank's slice of the logits as the logits",
+            expected="out_dst R on tp for the head, or loss_parallel true (generate "
+                     "--loss-parallel)")])
+
+
+def forward_needed(meta: Mapping[str, Any]) -> bool:
+    """:func:`model_findings` runs a forward: the flag is set, tp > 1 and the plan keeps an
+    output vocab-sharded (else :func:`plan_findings` has said what is wrong)."""
+    from hpcodegen.plan.entry import vocab_sharded_heads
+
+    return declared(meta) and axis_sizes(meta).get("tp", 1) > 1 \
+        and bool(vocab_sharded_heads(meta))
+
+
+def model_findings(model: Any, meta: Mapping[str, Any], check: str) -> list[Finding]:
+    """The rule for a built model and a frozen meta (verify's ``model`` check, the
+    runtime's install): errors, and an info when the post-processing could not be checked.
+
+    Runs :func:`check_loss_parallel` when :func:`forward_needed`, :func:`check_declared`
+    when the flag is not set. The forward may switch ``model`` to eager attention and stub
+    its experts: pass a meta-device model nobody runs afterwards.
+    """
+    caller = meta_caller(check)
+    plan = param_plan(meta)
+    notes: list[str] = []
+    try:
+        if not declared(meta):
+            check_declared(model, plan, caller)
+        elif forward_needed(meta):
+            check_loss_parallel(model, plan, notes, caller)
+    except PlanError as exc:
+        return list(exc.findings)
+    return [info(f"{check}.loss_parallel_unchecked", FLAG, note) for note in notes]
 
 
 class _BodyOutput:
@@ -244,7 +379,8 @@ def _forward(model: Any, body: Any = None, width: int = 0) -> Any:
     return model(input_ids=ids, attention_mask=torch.ones_like(ids), **no_cache_kwargs(model))
 
 
-def _check_postprocess(model: Any, fqn: str, head: Any, notes: list[str] | None) -> None:
+def _check_postprocess(model: Any, fqn: str, head: Any, notes: list[str] | None,
+                       caller: Caller) -> None:
     """Watch what the forward does to the head's output. The decoder must run on meta first
     (its mask shortcuts read tensor values in some families, Inkling's): then it runs again
     with the decoder (``base_model``) answering zeros, as only the head's output matters."""
@@ -279,7 +415,7 @@ def _check_postprocess(model: Any, fqn: str, head: Any, notes: list[str] | None)
                 taint.reset()
         else:
             if notes is not None:
-                notes.append(f"--loss-parallel: what {type(model).__name__}.forward does to "
+                notes.append(f"{caller.flag}: what {type(model).__name__}.forward does to "
                              f"the logits after {fqn} could not be checked on the meta "
                              f"device ({type(failure).__name__}); launch --check-parity "
                              "verifies it")
@@ -290,14 +426,14 @@ def _check_postprocess(model: Any, fqn: str, head: Any, notes: list[str] | None)
     where = f"{type(model).__name__}.forward"
     if taint.violation is not None:
         raise PlanError([error(
-            "generate.loss_parallel_postprocess", fqn,
-            f"--loss-parallel: {where} applies {taint.violation} to the output of {fqn}, "
+            f"{caller.check}.loss_parallel_postprocess", caller.where or fqn,
+            f"{caller.flag}: {where} applies {taint.violation} to the output of {fqn}, "
             "which is not elementwise per vocabulary entry; on each rank's slice of the "
             "vocabulary it would compute something else than on the full logits",
-            hint="generate without --loss-parallel")])
+            hint=caller.hint)])
     if not taint.is_derived(_output_logits(output)):
         raise PlanError([error(
-            "generate.loss_parallel_postprocess", fqn,
-            f"--loss-parallel: the logits {where} returns do not come from {fqn}",
-            hint="generate without --loss-parallel")])
+            f"{caller.check}.loss_parallel_postprocess", caller.where or fqn,
+            f"{caller.flag}: the logits {where} returns do not come from {fqn}",
+            hint=caller.hint)])
 
