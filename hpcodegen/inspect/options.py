@@ -31,7 +31,7 @@ class InspectOptions:
         batch, seq: the traced ``input_ids`` shape (required with ``hf_config``).
         dtype: element type of floating activations (``bf16``, ``fp32``, ...).
         link_gbps: link bandwidth in gigabit/s for the time estimate.
-        checks: run verify's schema and plan checks first (``--no-checks`` skips them, for
+        checks: run verify's schema, plan and targets checks first (``--no-checks`` skips them, for
             plans CI already verified: they dominate the time on very large plans).
         verbosity: -1 ``--quiet`` (findings only, no tables), 0, 1 ``-v`` (info findings).
     """

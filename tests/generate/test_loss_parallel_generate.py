@@ -182,3 +182,24 @@ def test_vocab_sharded_heads_leaves_out_a_split_mlp_half() -> None:
                            "layers.1.up": HEAD}}
     assert vocab_sharded_heads(meta) == ["layers.1.up", "lm_head"]
     assert vocab_sharded_heads({**meta, "parallel_dims": {"tp_size": 2}}) == []
+
+
+def test_tp_1_refused_and_undeclared_sharded_head_refused() -> None:
+    """The flag's plan rules (verify's, :func:`plan_findings`) hold at generate: --tp 1 keeps
+    nothing sharded; a plan that leaves the head's logits sharded needs the flag."""
+    from hpcodegen.generate.api import build_bundle
+    from hpcodegen.plan.loss_parallel import check_declared
+
+    config = json.loads((Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama"
+                         / "config.json").read_text())
+    with pytest.raises(PlanError) as info:
+        build_bundle(config, 1, False, None, "llama", loss_parallel=True)
+    assert [(f.code, f.where) for f in info.value.findings] == [
+        ("generate.loss_parallel_without_tp", "/parallel_dims/loss_parallel")]
+    assert "tp_size is 1" in info.value.findings[0].message
+    with pytest.raises(PlanError) as info:
+        check_declared(_tiny_lm(lambda self, x: x), {"lm_head": HEAD})
+    assert [(f.code, f.where) for f in info.value.findings] == [
+        ("generate.loss_parallel_undeclared", "lm_head")]
+    check_declared(_tiny_lm(lambda self, x: x), {"lm_head": {**HEAD, "out_dst": {
+        "output": {"tp": "R"}}}})
