@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,16 +55,24 @@ STRUCTURE_ALIASES: tuple[tuple[str, ...], ...] = (EXPERT_COUNT_FIELDS,)
 
 
 def structure_value(config: Mapping[str, Any], key: str) -> tuple[str, Any] | None:
-    """``(field, value)`` for structure field ``key``: the field itself, else an alias the
-    config sets instead (``num_experts`` recorded, ``num_local_experts`` saved); None when
-    neither is set."""
-    if key in config:
-        return key, config[key]
+    """``(field, value)`` for structure field ``key`` (a name, or a dotted path into
+    sub-configs: ``text_config.hidden_size``): the field itself, else an alias its config
+    sets instead (``num_experts`` recorded, ``num_local_experts`` saved), the field named by
+    its dotted path; None when neither is set."""
+    *path, name = key.split(".")
+    scope: Any = config
+    for part in path:
+        scope = scope.get(part)
+        if not isinstance(scope, Mapping):
+            return None
+    prefix = "".join(f"{part}." for part in path)
+    if name in scope:
+        return key, scope[name]
     for group in STRUCTURE_ALIASES:
-        if key in group:
+        if name in group:
             for alias in group:
-                if alias in config:
-                    return alias, config[alias]
+                if alias in scope:
+                    return prefix + alias, scope[alias]
     return None
 
 
@@ -153,8 +161,67 @@ def architecture_of(config: Mapping[str, Any]) -> str | None:
 
 
 def structure_of(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The shape fields present in the config (``STRUCTURE_FIELDS``), in that order."""
-    return {key: config[key] for key in STRUCTURE_FIELDS if key in config}
+    """The shape fields (``STRUCTURE_FIELDS``) of the config and of all its sub-configs.
+
+    Top-level fields keep their names, as the existing system records them. Composite models
+    keep their shapes in sub-configs (``text_config``, ``vision_config``, BLT's
+    ``encoder_config``, MusicGen's ``decoder``): the fields of every nested object, at any
+    depth, are keyed by their dotted path (``text_config.hidden_size``). Only objects under
+    identifier keys are visited (HF config attributes are identifiers), so a path has one
+    reading. Order: fields in ``STRUCTURE_FIELDS`` order, the top level first, then the
+    sub-configs depth-first by sorted key; objects holding no field add nothing.
+    """
+    found: dict[str, Any] = {}
+    stack: list[tuple[str, Mapping[str, Any]]] = [("", config)]
+    while stack:  # iterative: a config may nest as deep as JSON parsing allows
+        prefix, scope = stack.pop()
+        found.update((prefix + key, scope[key]) for key in STRUCTURE_FIELDS if key in scope)
+        subs = sorted(key for key, value in scope.items()
+                      if isinstance(key, str) and key.isidentifier()
+                      and isinstance(value, Mapping))
+        stack.extend((f"{prefix}{key}.", scope[key]) for key in reversed(subs))
+    return found
+
+
+def structure_view(config: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``config`` whose structure fields, at every depth, are exactly those of
+    ``keys`` that it sets (through aliases too, stored under the name in ``keys``).
+
+    ``PretrainedConfig.to_dict()`` adds class defaults and aliases that the ``config.json``
+    an artifact was generated from never wrote; the recorded fields are the ones to compare.
+    """
+    found = {key: structure_value(config, key) for key in keys}
+    view = _without_structure(config)
+    for key, hit in found.items():
+        if hit is None:
+            continue
+        *path, name = key.split(".")
+        scope = view
+        for part in path:
+            scope = scope.setdefault(part, {})
+        scope[name] = hit[1]
+    return view
+
+
+def structure_config(structure: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded ``source.structure`` as a config: dotted fields nested back into their
+    sub-configs (``text_config.hidden_size`` -> ``{"text_config": {"hidden_size": ...}}``)."""
+    config: dict[str, Any] = {}
+    for key, value in structure.items():
+        *path, name = str(key).split(".")
+        scope: Any = config
+        for part in path:
+            scope = scope.setdefault(part, {})
+            if not isinstance(scope, dict):
+                break
+        else:
+            scope[name] = value
+    return config
+
+
+def _without_structure(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: _without_structure(value) if isinstance(value, Mapping) else value
+            for key, value in config.items() if key not in STRUCTURE_FIELDS}
 
 
 def source_from_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ def signature_payload(
     """What the signature of an hpcodegen artifact is taken over.
 
     ``source`` contributes only ``architecture``, ``model_type`` and ``structure`` (the HF
-    config's shape fields), so ``verify --hf-config`` can recompute it from a config alone.
+    config's shape fields, a sub-config's under its dotted path: ``text_config.hidden_size``),
+    so ``verify --hf-config`` can recompute it from a config alone.
     """
     return {
         "generator": {"name": "hpcodegen", "version": generator_version},

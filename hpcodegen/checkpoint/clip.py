@@ -2,10 +2,12 @@
 
 ``torch.nn.utils.clip_grad_norm_`` on local shards takes each rank's own norm: under tp
 that is a different, wrong number on every rank. Here a sharded gradient contributes its
-local ``sum |g|^p`` summed over the mesh axes that shard it, a replicated one contributes
-once (every rank holds the same values, partial gradients were reduced by the runtime),
-and tied parameters count once. The result equals the unsharded model's total norm, and
-the clip coefficient is torch's: ``min(1, max_norm / (total + 1e-6))``.
+local ``sum |g|^p`` summed over the mesh axes that shard it (plain or strided shards, e.g.
+a fused ``gate_up_proj`` over tp; expert parameters over their ``(ep, tp)`` mesh), a
+replicated one contributes once (every rank holds the same values, partial gradients were
+reduced by the runtime), and tied parameters count once. The result equals the unsharded
+model's total norm, and the clip coefficient is torch's: ``min(1, max_norm / (total +
+1e-6))``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.checkpoint.layout import ShardLayout
+from hpcodegen.checkpoint.layout import ShardLayout, splits
 
 
 def _reduced(value: torch.Tensor, mesh: Any, sharded: tuple[bool, ...],
@@ -31,29 +33,37 @@ def _reduced(value: torch.Tensor, mesh: Any, sharded: tuple[bool, ...],
 
 
 def total_grad_norm(model: nn.Module, layout: ShardLayout, norm_type: float = 2.0) -> torch.Tensor:
-    """The unsharded model's gradient norm, computed from the local shards (collective)."""
+    """The unsharded model's gradient norm, computed from the local shards (collective).
+
+    Parameters are grouped by (mesh, axes that split them): one reduction per group, over
+    exactly those axes. Every parameter of the layout joins its group whether or not it has
+    a gradient here (an expert no token reached has none on its rank only), so every rank
+    issues the same collectives; a missing gradient contributes 0, as in torch.
+    """
     norm_type = float(norm_type)
-    # one collective per (mesh, set of sharding axes)
+    if not (norm_type > 0):  # 0, negative and -inf norms are no norms to clip by
+        raise ValueError(f"clip_grad_norm_: norm_type {norm_type} is not supported "
+                         "(expected a p > 0, or inf for the max norm)")
+    inf = math.isinf(norm_type)
     groups: dict[tuple[int, tuple[bool, ...]], tuple[Any, list[torch.Tensor]]] = {}
     for fqn, spec in layout.params.items():
-        grad = model.get_parameter(fqn).grad
-        if grad is not None:
-            key = (id(spec.mesh), tuple(p.is_shard() for p in spec.placements))
-            groups.setdefault(key, (spec.mesh, []))[1].append(grad.detach())
-    total = torch.zeros((), dtype=torch.float32)
+        param = model.get_parameter(fqn)
+        key = (id(spec.mesh), tuple(splits(p) for p in spec.placements))
+        mesh, norms = groups.setdefault(key, (spec.mesh, []))
+        grad = param.grad
+        if grad is None or not grad.numel():
+            norms.append(torch.zeros((), dtype=torch.float32, device=param.device))
+        else:  # torch's own per-tensor norm, as torch.nn.utils.get_total_norm takes it
+            norms.append(torch.linalg.vector_norm(grad.detach(), norm_type,
+                                                  dtype=torch.float32))
     parts = []
-    for (_, sharded), (mesh, grads) in groups.items():
-        if math.isinf(norm_type):
-            local = torch.stack([g.abs().max().float().cpu() if g.numel() else torch.zeros(())
-                                 for g in grads]).max()
-            parts.append(_reduced(local.to(grads[0].device), mesh, sharded, "max").cpu())
-        else:
-            local = sum((g.float().abs().pow(norm_type).sum() for g in grads),
-                        torch.zeros((), device=grads[0].device))
-            parts.append(_reduced(local, mesh, sharded, "sum").cpu())
+    for (_, sharded), (mesh, norms) in groups.items():
+        stacked = torch.stack(norms)
+        local = stacked.max() if inf else stacked.pow(norm_type).sum()
+        parts.append(_reduced(local, mesh, sharded, "max" if inf else "sum").cpu())
     if not parts:
-        return total
-    if math.isinf(norm_type):
+        return torch.zeros((), dtype=torch.float32)
+    if inf:
         return torch.stack(parts).max()
     return torch.stack(parts).sum().pow(1.0 / norm_type)
 

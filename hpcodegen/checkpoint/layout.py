@@ -34,6 +34,18 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
+def splits(placement: Any) -> bool:
+    """True when ``placement`` leaves each rank of its mesh axis only part of the tensor:
+    a ``Shard`` or a strided shard (``SS(d,f)``).
+
+    One rule for both: torch's ``is_shard()`` is False for ``_StridedShard`` (torch 2.13),
+    so a fused ``gate_up_proj`` sharded over tp would pass for replicated there.
+    """
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return placement.is_shard() or isinstance(placement, _StridedShard)
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One parameter's global shape and its torch placements over ``mesh``.
@@ -87,7 +99,7 @@ class ShardLayout:
 
     def is_sharded(self, fqn: str) -> bool:
         """True when some mesh axis holds only part of ``fqn``."""
-        return any(p.is_shard() for p in self.params[fqn].placements)
+        return any(splits(p) for p in self.params[fqn].placements)
 
     def is_strided(self, fqn: str) -> bool:
         """True for a strided shard (``SS(d,f)``, e.g. a fused gate_up over tp): the local

@@ -4,10 +4,15 @@ The config is read as plain JSON (:func:`hpcodegen.hf.read_hf_config`, no transf
 ``source.architecture`` must equal ``architectures[0]`` and ``source.model_type`` the config's
 ``model_type``; each ``source.structure`` field that the config sets differently is named with
 both values (a field the config sets under a transformers alias, such as ``num_experts`` saved
-as ``num_local_experts``, is compared through the alias: ``hf.STRUCTURE_ALIASES``).
+as ``num_local_experts``, is compared through the alias: ``hf.STRUCTURE_ALIASES``). A field of a
+sub-config is recorded under its dotted path (``text_config.hidden_size``: composite models
+keep their shapes there) and compared at that path with the same alias rules.
 For metas hpcodegen wrote, the signature is recomputed with the config's source
-(decisions.md item 5) and a mismatch names the differing fields; other generators' signatures
-cannot be recomputed ("skipped: foreign generator", info).
+(decisions.md item 5), sub-config fields included, and a mismatch names the differing fields;
+other generators' signatures cannot be recomputed ("skipped: foreign generator", info). An
+hpcodegen meta that records no sub-config field although the config has some was written
+before they were recorded: its signature is recomputed over the top-level fields, with a
+warning that the sub-configs' shapes went unchecked.
 """
 
 from __future__ import annotations
@@ -74,6 +79,18 @@ def _differing_fields(meta_source: Mapping[str, Any], cfg_source: Mapping[str, A
     return fields
 
 
+def _top_level_source(meta_source: Mapping[str, Any], cfg_source: Mapping[str, Any]
+                      ) -> dict[str, Any] | None:
+    """The config's source with its top-level structure only, when the meta records no
+    sub-config field but the config has some (a meta written before they were recorded)."""
+    if any("." in key for key in as_dict(meta_source.get("structure"))):
+        return None
+    structure = cfg_source["structure"]
+    if not any("." in key for key in structure):
+        return None
+    return {**cfg_source, "structure": {k: v for k, v in structure.items() if "." not in k}}
+
+
 def _recompute(ctx: CheckContext, config: Mapping[str, Any]) -> Iterator[Finding]:
     meta = ctx.meta
     if not is_hpcodegen_meta(meta):
@@ -88,6 +105,15 @@ def _recompute(ctx: CheckContext, config: Mapping[str, Any]) -> Iterator[Finding
     cfg_source = source_from_config(config)
     actual, stored = meta_signature(meta, source=cfg_source), meta.get("signature")
     if actual == stored:
+        return
+    legacy = _top_level_source(as_dict(meta.get("source")), cfg_source)
+    if legacy is not None and meta_signature(meta, source=legacy) == stored:
+        nested = sorted({k.split(".")[0] for k in cfg_source["structure"] if "." in k})
+        yield warning("signature.top_level_only", pointer("source", "structure"),
+                      "the signature matches this config over its top-level structure fields "
+                      "only: the meta records no sub-config fields (written before hpcodegen "
+                      f"recorded them), so the shapes in {', '.join(nested)} were not compared",
+                      hint="regenerate the artifact to cover the sub-configs' shapes")
         return
     fields = _differing_fields(as_dict(meta.get("source")), cfg_source)
     detail = (f"differing fields: {', '.join(fields)}" if fields

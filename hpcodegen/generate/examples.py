@@ -5,7 +5,8 @@ Usage::
     python -m hpcodegen.generate.examples           # rewrite every bundle
     python -m hpcodegen.generate.examples --check   # exit 1 naming each drifted file
 
-Each example is ``(config dir, tp, sp, artifact dir)``, relative to the repository root.
+Each example is ``(config dir, tp, sp, artifact dir, loss parallel)``, paths relative to the
+repository root.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ class Example:
     tp: int
     sp: bool
     out: str
+    #: the output head's logits stay vocab-sharded (``generate --loss-parallel``)
+    loss_parallel: bool = False
 
 
 EXAMPLES: tuple[Example, ...] = (
     Example("examples/configs/llama", 2, False, "examples/llama_tp2"),
     Example("examples/configs/llama", 2, True, "examples/llama_tp2_sp"),
+    Example("examples/configs/llama", 2, True, "examples/llama_tp2_sp_lp", loss_parallel=True),
     Example("examples/configs/llama", 4, False, "examples/llama_tp4"),
     Example("examples/configs/qwen3", 2, False, "examples/qwen3_tp2"),
     Example("examples/configs/qwen3", 2, True, "examples/qwen3_tp2_sp"),
@@ -56,7 +60,8 @@ def run_examples(check: bool, root: Path = REPO_ROOT, only: tuple[str, ...] = ()
     for ex in EXAMPLES:
         if only and ex.out not in only and Path(ex.out).name not in only:
             continue
-        args = GenerateArgs(root / ex.config, ex.tp, root / ex.out, sp=ex.sp, check=check)
+        args = GenerateArgs(root / ex.config, ex.tp, root / ex.out, sp=ex.sp, check=check,
+                            loss_parallel=ex.loss_parallel)
         code = run_generate(args, stdout=_Relative(root))
         worst = max(worst, code)
     return worst

@@ -130,7 +130,9 @@ def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Fin
             if isinstance(meta.get("source"), Mapping) else None
         if not isinstance(structure, Mapping):
             return []
-        config, source = structure, "source.structure of the meta"
+        from hpcodegen.hf import structure_config
+
+        config, source = structure_config(structure), "source.structure of the meta"
     return [replace(f, file=f.file or (source if opts.hf_config else None),
                     message=f"{f.message}, from {source}" if not opts.hf_config else f.message)
             for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(

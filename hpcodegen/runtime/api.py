@@ -77,19 +77,15 @@ def _recorded_view(config: dict[str, Any], meta: Mapping[str, Any]) -> dict[str,
     ``to_dict`` adds every class default and attribute alias (``attention_bias``,
     ``num_local_experts`` for ``num_experts``) that the config.json the artifact was
     generated from never wrote; the signature covers the fields that file set, so those are
-    the ones compared (as verify's structure check compares only recorded fields).
+    the ones compared (as verify's structure check compares only recorded fields), in
+    sub-configs too (``text_config.hidden_size``).
     """
-    from hpcodegen.hf import STRUCTURE_FIELDS, structure_value
+    from hpcodegen.hf import structure_view
 
     recorded = (meta.get("source") or {}).get("structure")
     if not isinstance(recorded, Mapping):
         return config
-    view = {k: v for k, v in config.items() if k not in STRUCTURE_FIELDS}
-    for key in recorded:
-        found = structure_value(config, key)
-        if found is not None:
-            view[key] = found[1]
-    return view
+    return structure_view(config, recorded)
 
 
 def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = None, *,

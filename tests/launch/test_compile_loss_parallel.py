@@ -2,9 +2,9 @@
 
 * ``examples/llama_tp2_sp`` compiled per decoder layer (inductor): logits, every gradient
   and two AdamW steps' losses match the unsharded eager model.
-* an artifact generated with ``--loss-parallel``: inspect-plan shows no all_gather on the
-  ``lm_head`` output, and the vocab-parallel cross entropy (no logits gather) gives the
-  unsharded loss and gradients over two steps.
+* ``examples/llama_tp2_sp_lp`` (``generate --sp --loss-parallel``): inspect-plan shows no
+  all_gather on the ``lm_head`` output, and the vocab-parallel cross entropy (no logits
+  gather) gives the unsharded loss and gradients over two steps.
 """
 
 from __future__ import annotations
@@ -39,15 +39,13 @@ def test_compile_check_parity_two_steps_sp(tmp_path):
 
 
 @pytest.mark.timeout(200)
-def test_loss_parallel_artifact_no_logits_gather_and_parity(tmp_path):
-    from hpcodegen.generate.api import GenerateArgs, run_generate
+def test_loss_parallel_artifact_no_logits_gather_and_parity():
+    """The shipped ``examples/llama_tp2_sp_lp`` (``generate --sp --loss-parallel``; the
+    example gate regenerates it byte for byte)."""
     from hpcodegen.inspect.options import InspectOptions
     from hpcodegen.inspect.run import run_inspect
 
-    out = tmp_path / "lp"
-    err = io.StringIO()
-    assert run_generate(GenerateArgs(LLAMA_CONFIG, 2, out, loss_parallel=True),
-                        io.StringIO(), err) == 0, err.getvalue()
+    out = REPO / "examples" / "llama_tp2_sp_lp"
     meta = json.loads((out / "codegen_meta.json").read_text())
     assert meta["parallel_dims"]["loss_parallel"] is True
     assert meta["param_plan"]["lm_head"]["out_dst"]["output"]["tp"] == "S(-1)"
@@ -55,7 +53,8 @@ def test_loss_parallel_artifact_no_logits_gather_and_parity(tmp_path):
     assert run_inspect(InspectOptions(path=str(out), as_json=True), buf, io.StringIO()) == 0
     doc = json.loads(buf.getvalue())
     head = next(b for b in doc["boundaries"] if b["fqn"] == "lm_head")
-    assert "all_gather" not in json.dumps(head)
+    assert head["out_ops"] == []  # the logits leave vocab-sharded: no all_gather
+    assert [op["kind"] for op in head["in_ops"]] == ["all_gather"]  # sp: the sequence only
     assert doc["loss_parallel_heads"] == ["lm_head"]
     run = run_cli(out, "--nproc", "2", "--model-dir", LLAMA_CONFIG, "--device", "cpu",
                   "--check-parity", "--steps", "2", "--json", "--timeout", "180", timeout=190)

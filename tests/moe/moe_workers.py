@@ -28,6 +28,7 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from hpcodegen.artifact.load import load_meta
+    from hpcodegen.checkpoint.layout import ShardLayout, global_shapes
     from hpcodegen.hf import load_transformers_config, model_class_for
     from hpcodegen.launch.mesh import build_device_mesh, resolve_mesh_layout
     from hpcodegen.launch.parity import full_logits, max_param_diff
@@ -47,7 +48,9 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     gen.load_state_dict(ref.state_dict())
     ref_start = copy.deepcopy(ref)
     context = MeshContext(device_mesh=mesh)
-    parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
+    shapes = global_shapes(gen)
+    info = parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
+    layout = ShardLayout.from_model(gen, shapes, info)
     active = resolve_active_mesh(meta, context)
     expert = resolve_expert_mesh(meta, mesh)
     g = torch.Generator().manual_seed(1)
@@ -68,6 +71,7 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     routed = [n for n, p in gen.named_parameters() if p.grad is not None]
     out = {"logits": float((logits - ref_logits).abs().max()), "grad": grad, "worst": worst,
            "odd": odd, "with_grad": len(routed), "params": len(list(gen.parameters()))}
+    out |= clip_result(gen, ref, layout, meta, active, expert)
     losses: list[float] = []
     ref_losses: list[float] = []
     ref = ref_start
@@ -83,6 +87,33 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
             sink.append(float(step_loss))
     out["loss_diff"] = max((abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
                            default=0.0)
+    return out
+
+
+def clip_result(gen: Any, ref: Any, layout: Any, meta: Any, active: Any,
+                expert: Any) -> dict[str, Any]:
+    """Global-norm clipping on the sharded model vs torch's on the unsharded one (both hold
+    their gradients): relative norm errors for p = 2, inf and 3, then the clipped gradients'
+    max diff and the clip coefficient."""
+    import math
+
+    import torch
+
+    from hpcodegen.checkpoint.clip import clip_grad_norm_, total_grad_norm
+    from hpcodegen.launch.parity import max_param_diff
+
+    grads = [p.grad for p in ref.parameters() if p.grad is not None]
+    out: dict[str, Any] = {}
+    for name, p in (("2", 2.0), ("inf", math.inf), ("3", 3.0)):
+        want = float(torch.nn.utils.get_total_norm(grads, p))
+        out[f"norm_rel_{name}"] = abs(float(total_grad_norm(gen, layout, p)) - want) / want
+    want = float(torch.nn.utils.get_total_norm(grads, 2.0))
+    max_norm = 0.25 * want  # clipping is active: every gradient is scaled by ~0.25
+    got = float(clip_grad_norm_(gen, layout, max_norm))
+    ref_got = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm))
+    out["clip_norm_rel"] = abs(got - ref_got) / ref_got
+    out["clip_coef"] = max_norm / (ref_got + 1e-6)
+    out["clip_grad"] = max_param_diff(gen, ref, meta, active, lambda p: p.grad, expert)[0]
     return out
 
 

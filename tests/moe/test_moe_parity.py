@@ -1,7 +1,8 @@
 """MoE families against the unsharded model on real gloo ranks: tp 2, tp 2 x ep 2, ep 2.
 
-Logits and every gradient (router, experts, shared experts) within 1e-5, and the losses of
-a few AdamW steps; several artifacts per spawn to pay the process start-up once.
+Logits and every gradient (router, experts, shared experts) within 1e-5, the global gradient
+norm (``hpcodegen.checkpoint.clip``) within fp32 rounding and the clipped gradients, and the
+losses of a few AdamW steps; several artifacts per spawn to pay the process start-up once.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def _check(results: dict) -> None:
         assert r["grad"] <= TOL, (name, r)
         assert r["loss_diff"] <= TOL, (name, r)
         assert r["with_grad"] == r["params"], (name, r)  # router and every expert reached
+        # global-norm clipping == torch's on the unsharded model: fp32 rounding only (p=3:
+        # torch's own fp32 norm is ~4e-6 from the fp64 one); then the same clipped grads
+        assert r["norm_rel_2"] <= 1e-6 and r["norm_rel_inf"] <= 1e-6, (name, r)
+        assert r["norm_rel_3"] <= 1e-5 and r["clip_norm_rel"] <= 1e-6, (name, r)
+        assert r["clip_grad"] <= TOL * r["clip_coef"], (name, r)
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 from rt_workers import EXAMPLES, batch, build_pair, hf_config
 
-ARTIFACTS = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2"]
+ARTIFACTS = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",
+             "llama_tp2_sp_lp"]
 OP_KIND = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
            "all_reduce": "all_reduce", "allreduce_": "all_reduce",
            "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
@@ -71,6 +72,8 @@ def test_counts_match_prediction(fake_world) -> None:
     # the SP variants really run sequence-parallel collectives
     assert seen["llama_tp2_sp"][0]["reduce_scatter"] > 0
     assert seen["llama_tp2"][0]["reduce_scatter"] == 0
+    # loss parallel: the same plan as llama_tp2_sp less the logits all_gather, both ways
+    assert seen["llama_tp2_sp_lp"][0]["all_gather"] == seen["llama_tp2_sp"][0]["all_gather"] - 1
 
 
 @pytest.mark.timeout(60)
