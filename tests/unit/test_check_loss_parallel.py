@@ -90,12 +90,14 @@ def test_head_left_vocab_sharded_without_the_flag_fails_verify(inkling, tmp_path
     assert "lm_head" in doc["findings"][-1]["message"]
 
 
-def test_generated_and_reference_loss_parallel_llama_verify_clean(tmp_path) -> None:
+def test_generated_example_and_reference_loss_parallel_llama_verify_clean(tmp_path) -> None:
     art = lpf.write_generated(tmp_path / "llama_lp", lpf.config_dict(LLAMA_CONFIG),
                               loss_parallel=True)
     assert vf.read_meta(art)["parallel_dims"]["loss_parallel"] is True
     code, doc = verify(art, LLAMA_CONFIG, "--strict")
     assert code == 0, failing(doc)
     assert doc["artifacts"][0]["checks"]["model"]["status"] == "pass"
+    example = LLAMA_CONFIG.parents[1] / "llama_tp2_sp_lp"  # the committed sp + lp example
+    assert verify(example, LLAMA_CONFIG, "--strict")[0] == 0
     result = vf.run_check("model", vf.llama_meta(), hf_config=dict(vf.LLAMA_CONFIG))
     assert result.status == "pass" and result.findings == []
