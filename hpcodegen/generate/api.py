@@ -266,7 +266,8 @@ def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: 
     from hpcodegen.plan.loss_parallel import check_declared, check_loss_parallel, plan_findings
 
     if not loss_parallel:
-        check_declared(model, plan)
+        if tp > 1:  # with one rank the logits are whole
+            check_declared(model, plan)
         return
     check_loss_parallel(model, plan, notes)  # first: it names the head it refuses
     problems = plan_findings({"generator": {"name": GENERATOR_NAME}, "param_plan": plan,

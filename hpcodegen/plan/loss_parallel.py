@@ -39,7 +39,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, error, info, pointer, warning
-from hpcodegen.plan.entry import axis_sizes, is_vocab_sharded_head, param_plan
+from hpcodegen.plan.entry import (
+    axis_sizes,
+    is_vocab_sharded_head,
+    param_plan,
+    vocab_sharded_heads,
+)
 
 #: Where findings about the flag point: ``/parallel_dims/loss_parallel``
 FLAG = pointer("parallel_dims", "loss_parallel")
@@ -238,7 +243,6 @@ def plan_findings(meta: Mapping[str, Any], check: str) -> list[Finding]:
     writes the flag from its job config whatever the mesh; its plan still runs exactly).
     """
     from hpcodegen.artifact.digest import is_hpcodegen_meta
-    from hpcodegen.plan.entry import vocab_sharded_heads
 
     if not declared(meta):
         return []
@@ -325,8 +329,6 @@ def check_declared(model: Any, plan: Mapping[str, Mapping[str, Any]],
 def forward_needed(meta: Mapping[str, Any]) -> bool:
     """:func:`model_findings` runs a forward: the flag is set, tp > 1 and the plan keeps an
     output vocab-sharded (else :func:`plan_findings` has said what is wrong)."""
-    from hpcodegen.plan.entry import vocab_sharded_heads
-
     return declared(meta) and axis_sizes(meta).get("tp", 1) > 1 \
         and bool(vocab_sharded_heads(meta))
 
@@ -336,14 +338,15 @@ def model_findings(model: Any, meta: Mapping[str, Any], check: str) -> list[Find
     runtime's install): errors, and an info when the post-processing could not be checked.
 
     Runs :func:`check_loss_parallel` when :func:`forward_needed`, :func:`check_declared`
-    when the flag is not set. The forward may switch ``model`` to eager attention and stub
-    its experts: pass a meta-device model nobody runs afterwards.
+    when the flag is not set and tp > 1 (with one rank the logits are whole). The forward
+    may switch ``model`` to eager attention and stub its experts: pass a meta-device model
+    nobody runs afterwards.
     """
     caller = meta_caller(check)
     plan = param_plan(meta)
     notes: list[str] = []
     try:
-        if not declared(meta):
+        if not declared(meta) and axis_sizes(meta).get("tp", 1) > 1:
             check_declared(model, plan, caller)
         elif forward_needed(meta):
             check_loss_parallel(model, plan, notes, caller)

@@ -101,3 +101,18 @@ def test_generated_example_and_reference_loss_parallel_llama_verify_clean(tmp_pa
     assert verify(example, LLAMA_CONFIG, "--strict")[0] == 0
     result = vf.run_check("model", vf.llama_meta(), hf_config=dict(vf.LLAMA_CONFIG))
     assert result.status == "pass" and result.findings == []
+
+
+def test_runtime_gate_refuses_the_flag_with_tp_1(tmp_path) -> None:
+    """The runtime's install-time checks include the plan check: the same finding."""
+    from hpcodegen.errors import PlanError
+    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
+
+    art = vf.build_fixture("llama_hp", tmp_path / "a")
+    meta = vf.read_meta(art)
+    meta["parallel_dims"]["tp_size"] = 1
+    vf.save_meta(art, meta)
+    with pytest.raises(PlanError) as info:
+        load_checked_meta(art, RUNTIME_CHECKS)
+    assert [(f.code, f.where) for f in info.value.findings] == [
+        ("plan.loss_parallel_without_tp", FLAG)]
