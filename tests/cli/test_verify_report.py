@@ -147,4 +147,4 @@ def test_junit_file_follows_the_umask(tmp_path: Path, mask: int) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
-    assert ET.parse(out).getroot().get("tests") == "6"
+    assert ET.parse(out).getroot().get("tests") == "7"  # one testcase per check
