@@ -35,10 +35,10 @@ torch and transformers are imported inside the functions that take a model only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from hpcodegen.errors import Finding, PlanError, error, info, pointer, warning
+from hpcodegen.errors import Finding, PlanError, Severity, error, info, pointer, warning
 from hpcodegen.plan.entry import (
     axis_sizes,
     is_vocab_sharded_head,
@@ -342,12 +342,22 @@ def model_findings(model: Any, meta: Mapping[str, Any], check: str) -> list[Find
     may switch ``model`` to eager attention and stub its experts: pass a meta-device model
     nobody runs afterwards.
     """
+    from hpcodegen.artifact.digest import is_hpcodegen_meta
+
     caller = meta_caller(check)
     plan = param_plan(meta)
     notes: list[str] = []
     try:
         if not declared(meta) and axis_sizes(meta).get("tp", 1) > 1:
-            check_declared(model, plan, caller)
+            try:
+                check_declared(model, plan, caller)
+            except PlanError as exc:
+                if is_hpcodegen_meta(meta):
+                    raise
+                # a foreign meta: its own runtime may hand the head's output on as a DTensor
+                # whose loss gathers it; ours returns the local slice, so say so, as the
+                # flag's other foreign findings (plan_findings) do
+                return [replace(f, severity=Severity.WARNING) for f in exc.findings]
         elif forward_needed(meta):
             check_loss_parallel(model, plan, notes, caller)
     except PlanError as exc:

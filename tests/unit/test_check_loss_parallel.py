@@ -116,3 +116,16 @@ def test_runtime_gate_refuses_the_flag_with_tp_1(tmp_path) -> None:
         load_checked_meta(art, RUNTIME_CHECKS)
     assert [(f.code, f.where) for f in info.value.findings] == [
         ("plan.loss_parallel_without_tp", FLAG)]
+
+
+def test_foreign_head_left_vocab_sharded_without_the_flag_is_a_warning(tmp_path) -> None:
+    """A meta of another generator (no ``generator`` record, as the existing system's) with
+    lm_head out S(-1) and the flag cleared: its own runtime may hand the logits on as a
+    DTensor, so verify warns and passes; in a meta hpcodegen wrote it is an error (above)."""
+    meta = vf.read_meta(vf.build_fixture("llama_hp", tmp_path / "a"))
+    del meta["generator"]
+    assert meta["param_plan"]["lm_head"]["out_dst"]["output"]["tp"] == "S(-1)"
+    meta["parallel_dims"]["loss_parallel"] = False
+    result = vf.run_check("model", meta, hf_config=dict(vf.LLAMA_CONFIG))
+    assert result.status != "fail"
+    assert vf.codes(result, "warning") == {("model.loss_parallel_undeclared", FLAG)}
