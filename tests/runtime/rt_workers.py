@@ -132,6 +132,9 @@ def run_ranks(rank: int, world: int, init_method: str, out_dir: str, fn: Callabl
     try:
         result = fn(*args)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        # every rank done before any tears its sockets down: a rank closing while a peer
+        # still reads the tail of the last collective aborts that peer (seen under load)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
