@@ -31,7 +31,8 @@ def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str
     returns the injection list, sorted by module.
 
     Raises:
-        PlanError: the model has no experts module, or its expert count does not divide ``ep``.
+        PlanError: the model has no experts module, its expert count does not divide ``ep``,
+            or its forward takes no routing (:func:`routed_inputs_check`).
     """
     if not experts:
         raise PlanError([error("generate.ep_without_experts", "--ep",
@@ -41,6 +42,7 @@ def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str
     by_match = {r["match"]: dict(r) for r in injections}
     for fqn in experts:
         module = model.get_submodule(fqn)
+        routed_inputs_check(fqn, module, ep)
         entry = plan.setdefault(fqn, {})
         params = entry.setdefault("params", {})
         for name, p in module.named_parameters(recurse=False):
@@ -54,3 +56,25 @@ def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str
         record["local_compute_fn"] = {"_target_": EP_DISPATCH_TARGET}
         record["ep_size"] = ep
     return [by_match[k] for k in sorted(by_match)]
+
+
+def routed_inputs_check(fqn: str, module: Any, ep: int) -> None:
+    """The dispatch needs transformers' routed contract: ``forward(hidden_states,
+    expert_indices, routing_weights)``, each token sent only to its chosen experts and
+    scaled at home. An experts module taking only the hidden states (Llama-4's: every
+    expert runs every token, pre-scaled by the router) has no routing to dispatch.
+
+    Raises:
+        PlanError: the forward takes fewer than three inputs.
+    """
+    import inspect
+
+    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(names) < 3:
+        raise PlanError([error(
+            "generate.ep_unrouted_experts", fqn,
+            f"--ep {ep}: {type(module).__name__}.forward({', '.join(names)}) takes no expert "
+            "indices and routing weights, so there is no per-token routing to dispatch over "
+            "the ep ranks", expected="forward(hidden_states, expert_indices, routing_weights)",
+            hint="generate without --ep (the experts stay sharded over tp)")])

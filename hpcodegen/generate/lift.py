@@ -20,6 +20,7 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.styles import Kind, param_shard, shard
+from hpcodegen.plan.classify import splits_compute
 from hpcodegen.plan.entry import fqn_depth, is_boundary, join_fqn, partial_deferred_biases
 
 SEQ = "S(1)"
@@ -261,8 +262,7 @@ class Lifter:
         self._absorb(fqn, params, deferred, partial, divide)
         module = self.modules[fqn]
         if fqn in self.moe_experts:
-            entry = {"params": params, **moe_transitions(module, self.sp)}
-            return entry
+            return moe_entry(fqn, module, params, self.sp)
         entry = {"params": params, **transitions(
             first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
         a = self.assign.get(fqn)
@@ -454,13 +454,46 @@ def not_lookup_only(module: Any) -> str:
             "lookups only after them, so the output would not be the unsharded one")
 
 
-def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
+def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool) -> dict[str, Any]:
+    """An ``experts`` region (HF ``moe_tp_experts``): every expert parameter placed (those
+    no rule names replicated) and the transitions of :func:`moe_transitions`.
+
+    When a rule splits the experts over tp, each rank computes a partial output of every
+    expert; a parameter left whole there is applied once per rank (GPT-OSS's per-expert
+    ``down_proj_bias``, added inside each expert before the routing weight, would be summed
+    tp times by the reduction): refused. With no parameter split the experts compute whole
+    on every tp rank and the output is already replicated (the region then only dispatches
+    over ep, if any).
+
+    Raises:
+        PlanError: a tp-split experts module holds a replicated parameter.
+    """
+    own = direct_params(module)
+    for name in own:
+        params.setdefault(name, {"tp": "R"})
+    split = splits_compute({"params": params})
+    whole = sorted(n for n in own if split and params[n].get("tp") == "R")
+    if whole:
+        raise PlanError([error(
+            "generate.moe_replicated_expert_param", f"{fqn}.{whole[0]}",
+            f"{type(module).__name__} is split over tp but {', '.join(whole)} "
+            f"{'is' if len(whole) == 1 else 'are'} left whole: each rank would apply "
+            f"{'it' if len(whole) == 1 else 'them'} to its partial expert output, so the tp "
+            "reduction would count it once per rank; not exact",
+            expected="every expert parameter sharded with the experts, or none",
+            hint="keep the experts replicated over tp (no rule on their parameters) and "
+                 "shard them over experts with --ep")])
+    return {"params": params, **moe_transitions(module, sp, split)}
+
+
+def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]:
     """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
     replicated.
 
-    Both enter a compute split over tp, so both gradients are partial and all-reduced in the
-    backward (the classifier's rule for a replicated input of a compute-splitting boundary),
-    as HF's ``MoeExpertsParallel`` does; the partial output is all-reduced.
+    With the compute ``split`` over tp both inputs' gradients are partial and all-reduced in
+    the backward (the classifier's rule for a replicated input of a compute-splitting
+    boundary), as HF's ``MoeExpertsParallel`` does, and the partial output is all-reduced;
+    unsplit, the output is whole on every rank (replicated).
     """
     if sp:
         raise PlanError([error(
@@ -475,7 +508,8 @@ def moe_transitions(module: Any, sp: bool) -> dict[str, Any]:
     names = [names[0], *names[2:3]] if names else names
     in_src = {name: {"tp": "R"} for name in names}
     return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
-            "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},
+            "out_src": {"output": {"tp": "P(sum)" if split else "R"}},
+            "out_dst": {"output": {"tp": "R"}},
             "out_names": ["output"], "is_boundary": True}
 
 

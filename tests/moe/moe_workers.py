@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     routed = [n for n, p in gen.named_parameters() if p.grad is not None]
     out = {"logits": float((logits - ref_logits).abs().max()), "grad": grad, "worst": worst,
            "odd": odd, "with_grad": len(routed), "params": len(list(gen.parameters()))}
+    out["expert_split"] = expert_split(gen, meta, shapes)
     out |= clip_result(gen, ref, layout, meta, active, expert)
     losses: list[float] = []
     ref_losses: list[float] = []
@@ -88,6 +89,21 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     out["loss_diff"] = max((abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
                            default=0.0)
     return out
+
+
+def expert_split(gen: Any, meta: Any, shapes: dict[str, Any]) -> list[int]:
+    """How many ways the expert dimension of each expert parameter (an ``ep`` placement) is
+    split on this rank: ``[ep]`` when every rank holds ``E/ep`` experts."""
+    from hpcodegen.launch.parity import plan_placements
+
+    placements = plan_placements(meta)
+    split = set()
+    for fqn, param in gen.named_parameters():
+        named = placements.get(fqn)
+        if isinstance(named, Mapping) and "ep" in named:
+            local = param.to_local() if hasattr(param, "to_local") else param
+            split.add(int(shapes[fqn][0]) // int(local.shape[0]))
+    return sorted(split)
 
 
 def clip_result(gen: Any, ref: Any, layout: Any, meta: Any, active: Any,

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 TP2 = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "gpt_oss", "llama4_text",
        "inkling_text"]
-TP2_EP2 = ["qwen3_moe", "mixtral", "deepseek_v3"]
+TP2_EP2 = ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"]
 
 
 def _artifact(root: Path, model_type: str, tp: int, ep: int) -> tuple[str, str, str]:
@@ -42,6 +42,8 @@ def _check(results: dict) -> None:
         assert r["grad"] <= TOL, (name, r)
         assert r["loss_diff"] <= TOL, (name, r)
         assert r["with_grad"] == r["params"], (name, r)  # router and every expert reached
+        ep = int(name.rsplit("ep", 1)[1])  # each rank holds E/ep experts (none split at ep 1)
+        assert r["expert_split"] == ([ep] if ep > 1 else []), (name, r)
         # global-norm clipping == torch's on the unsharded model: fp32 rounding only (p=3:
         # torch's own fp32 norm is ~4e-6 from the fp64 one); then the same clipped grads
         assert r["norm_rel_2"] <= 1e-6 and r["norm_rel_inf"] <= 1e-6, (name, r)
@@ -65,3 +67,15 @@ def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path) -> None:
     results = spawn(4, parity_cases, cases, out_dir=str(tmp_path))
     for rank in results:
         _check(rank)
+
+
+@pytest.mark.timeout(240)
+def test_biased_experts_ep2_match_unsharded(tmp_path: Path) -> None:
+    """GPT-OSS: per-expert biases (``gate_up_proj_bias``, ``down_proj_bias``) and the
+    clamped, interleaved gate/up activation; experts whole over tp, split over ep 2 (each
+    bias travels with its expert, so it is added once)."""
+    cases = [(*_artifact(tmp_path, "gpt_oss", 1, 2), 2)]
+    results = spawn(2, parity_cases, cases, out_dir=str(tmp_path))
+    for rank in results:
+        _check(rank)
+    assert set(results[0]) == {c[0] for c in cases}

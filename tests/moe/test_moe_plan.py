@@ -76,12 +76,55 @@ def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_biased_experts_stay_whole_over_tp_and_split_over_ep(tmp_path: Path) -> None:
+    """GPT-OSS's experts carry per-expert biases: whole over tp (no P(sum) output to
+    reduce), every parameter, biases included, split over ep with its expert."""
+    from hpcodegen.verify import run_verify
+
+    names = ["down_proj", "down_proj_bias", "gate_up_proj", "gate_up_proj_bias"]
+    for tp, ep in ((2, 1), (2, 2), (1, 2)):
+        out, model, meta = _generate(tmp_path, "gpt_oss", tp, ep)
+        entry = meta["param_plan"]["model.layers.1.mlp.experts"]
+        want = {"tp": "R", "ep": "S(0)"} if ep > 1 else {"tp": "R"}
+        assert entry["params"] == dict.fromkeys(names, want), (tp, ep)
+        assert entry["out_src"] == {"output": {"tp": "R"}}, (tp, ep)
+        assert len(meta.get("injections", [])) == (2 if ep > 1 else 0)
+        assert run_verify([str(out)], hf_config=str(model)) == 0, (tp, ep)
+
+
+@pytest.mark.timeout(120)
+def test_tp_split_experts_refuse_a_whole_expert_parameter(tmp_path: Path) -> None:
+    """A rule splitting biased experts over tp (as HF's moe_tp_experts plans do for
+    bias-free families) would add each whole ``down_proj_bias`` once per rank: refused."""
+    import torch
+
+    from hpcodegen.generate.hf_plan import expand_rules
+    from hpcodegen.generate.lift import lift_plan
+    from hpcodegen.hf import load_transformers_config, model_class_for
+
+    config = json.loads((write_model_dir(tmp_path / "m", "gpt_oss") / "config.json").read_text())
+    with torch.device("meta"):
+        model = model_class_for(config)(load_transformers_config(config))
+    rules = [("model.layers.*.mlp.experts.gate_up_proj", "packed_rowwise"),
+             ("model.layers.*.mlp.experts.down_proj", "colwise"),
+             ("model.layers.*.mlp.experts", "moe_tp_experts")]
+    fqns = list(dict(model.named_modules()))
+    params = [n for n, _ in model.named_parameters()]
+    with pytest.raises(PlanError, match="down_proj_bias, gate_up_proj_bias are left whole"):
+        lift_plan(model, expand_rules(rules, fqns, params), sp=False)
+
+
+@pytest.mark.timeout(120)
 def test_ep_refusals(tmp_path: Path, llama_model_dir: Path) -> None:
     with pytest.raises(PlanError, match="no mixture-of-experts layer"):
         generate_artifact(GenerateArgs(llama_model_dir, 2, tmp_path / "a", ep=2))
     model = write_model_dir(tmp_path / "m", "mixtral")
     with pytest.raises(PlanError, match="4 experts do not divide over --ep 3"):
         generate_artifact(GenerateArgs(model, 1, tmp_path / "b", ep=3))
+    # Llama-4's experts run every token pre-scaled by the router: nothing to dispatch
+    model = write_model_dir(tmp_path / "l4", "llama4_text")
+    with pytest.raises(PlanError, match=r"Llama4TextExperts.forward\(hidden_states\) takes no"):
+        generate_artifact(GenerateArgs(model, 2, tmp_path / "c", ep=2))
     from hpcodegen.launch.mesh import resolve_mesh_layout
 
     meta = {"parallel_dims": {"tp_size": 2, "ep_size": 2}, "mesh_dim_names": ["tp"]}
@@ -117,7 +160,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
-    arts = [_generate(tmp_path, m, 2, ep=2) for m in ("qwen3_moe", "deepseek_v3")]
+    arts = [_generate(tmp_path, m, 2, ep=2) for m in ("qwen3_moe", "deepseek_v3", "gpt_oss")]
     fake_world(4)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
