@@ -111,6 +111,18 @@ def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = No
         config = _recorded_view(config, loaded.data)
     want = (loaded.data.get("source") or {}).get("architecture")
     got = architecture_of(config)
+    if got is None and not isinstance(hf_config, (Mapping, str, os.PathLike)):
+        # a config object without ``architectures``: typically a composite model's text
+        # sub-config (``model.config`` of Mllama's causal LM), which also lacks the
+        # composite's shape fields the signature covers
+        raise PlanError([error(
+            "runtime.config_without_architecture", "/source/architecture",
+            f"the config object {type(hf_config).__name__} (model_type "
+            f"{config.get('model_type')!r}) names no architecture to compare with "
+            f"{want!r}", expected=f"a config whose architectures[0] is {want!r}",
+            file=str(loaded.meta_path),
+            hint="pass the model's config.json (its path or dict) or the full config "
+                 "AutoConfig.from_pretrained(model_dir) gives, not a sub-config")])
     if want != got:
         raise PlanError([error("runtime.architecture", "/source/architecture",
                                f"the artifact was generated for {want!r}, the config is "

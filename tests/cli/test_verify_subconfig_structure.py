@@ -104,6 +104,13 @@ def test_the_runtime_gate_refuses_a_drifted_pretrained_config(mllama: dict[str, 
     with pytest.raises(PlanError) as exc:
         load_verified_meta(mllama["art"], config)
     assert "/source/structure/text_config.num_hidden_layers" in str(exc.value)
+    # the text sub-config alone (what ``MllamaForCausalLM(...).config`` is) names no
+    # architecture: a clear refusal saying which config to pass instead
+    with pytest.raises(PlanError) as exc:
+        load_verified_meta(mllama["art"], config.text_config)
+    (finding,) = exc.value.findings
+    assert finding.code == "runtime.config_without_architecture"
+    assert "MllamaTextConfig" in finding.message and "not a sub-config" in finding.hint
 
 
 def test_inspect_reads_sub_config_heads_from_the_recorded_structure(
