@@ -169,7 +169,7 @@ def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Itera
 
 def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
     for fqn, entry in plan_entries(meta).items():
-        for key in ("deferred_bias_params", "partial_grad_params"):
+        for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
             for i, rel in enumerate(as_list(entry.get(key))):
                 if isinstance(rel, str) and join_fqn(fqn, rel) not in params:
                     yield error(f"plan.{key}_unplanned", pointer("param_plan", fqn, key, i),

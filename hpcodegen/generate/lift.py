@@ -190,6 +190,17 @@ class Lifter:
     def _shard_params(self, entry_fqn: str, a: Assignment, out: dict, deferred: list,
                       divide: list | None = None) -> None:
         rel = relative_to(a.fqn, entry_fqn)
+        if a.param and entry_fqn in self.moe_experts \
+                and self.model.get_parameter(a.fqn).dim() == 2:
+            # a per-expert vector [E, n] (GPT-OSS's biases): colwise splits n with its
+            # projection's output; rowwise is the bias of a row-split projection, added to
+            # each rank's partial output: whole, applied by tp rank 0 only (counted once)
+            if a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE):
+                out[rel] = {"tp": shard(1, a.factor)}
+            else:
+                out[rel] = {"tp": "R"}
+                deferred.append(rel)
+            return
         if a.param:  # a rule on the parameter itself: a packed expert weight [E, out, in]
             placement, rowwise_bias = param_shard(a.kind, self.model.get_parameter(a.fqn).dim(),
                                                   self._param_factor(entry_fqn, a))
@@ -262,7 +273,7 @@ class Lifter:
         self._absorb(fqn, params, deferred, partial, divide)
         module = self.modules[fqn]
         if fqn in self.moe_experts:
-            return moe_entry(fqn, module, params, self.sp)
+            return moe_entry(fqn, module, params, self.sp, once=deferred)
         entry = {"params": params, **transitions(
             first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
         a = self.assign.get(fqn)
@@ -454,25 +465,29 @@ def not_lookup_only(module: Any) -> str:
             "lookups only after them, so the output would not be the unsharded one")
 
 
-def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool) -> dict[str, Any]:
+def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
+              once: list[str] = ()) -> dict[str, Any]:
     """An ``experts`` region (HF ``moe_tp_experts``): every expert parameter placed (those
     no rule names replicated) and the transitions of :func:`moe_transitions`.
 
     When a rule splits the experts over tp, each rank computes a partial output of every
-    expert; a parameter left whole there is applied once per rank (GPT-OSS's per-expert
-    ``down_proj_bias``, added inside each expert before the routing weight, would be summed
-    tp times by the reduction): refused. With no parameter split the experts compute whole
-    on every tp rank and the output is already replicated (the region then only dispatches
-    over ep, if any).
+    expert. A per-expert bias of the row-split projection (``once``: a rowwise rule on an
+    ``[E, n]`` parameter, GPT-OSS's ``down_proj_bias``) is added inside each expert before
+    the routing weight, so it stays whole and only tp rank 0 applies it
+    (``tp_rank0_params``): the reduction counts it once, and its gradient, rank 0's, is
+    all-reduced like any partial one. Any other parameter left whole there would be applied
+    once per rank: refused. With no parameter split the experts compute whole on every tp
+    rank and the output is already replicated (the region then only dispatches over ep).
 
     Raises:
-        PlanError: a tp-split experts module holds a replicated parameter.
+        PlanError: a tp-split experts module holds a replicated parameter no rule declares
+            a row-split bias.
     """
     own = direct_params(module)
     for name in own:
         params.setdefault(name, {"tp": "R"})
     split = splits_compute({"params": params})
-    whole = sorted(n for n in own if split and params[n].get("tp") == "R")
+    whole = sorted(n for n in own if split and params[n].get("tp") == "R" and n not in once)
     if whole:
         raise PlanError([error(
             "generate.moe_replicated_expert_param", f"{fqn}.{whole[0]}",
@@ -481,9 +496,14 @@ def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool) -> dict[s
             f"{'it' if len(whole) == 1 else 'them'} to its partial expert output, so the tp "
             "reduction would count it once per rank; not exact",
             expected="every expert parameter sharded with the experts, or none",
-            hint="keep the experts replicated over tp (no rule on their parameters) and "
-                 "shard them over experts with --ep")])
-    return {"params": params, **moe_transitions(module, sp, split)}
+            hint="shard it with the experts (colwise on a per-expert vector), declare "
+                 "the row-split projection's bias with a rowwise rule (tp rank 0 adds it), "
+                 "or keep the experts whole over tp (no rule on their parameters)")])
+    entry = {"params": params, **moe_transitions(module, sp, split)}
+    if split and once:
+        entry["tp_rank0_params"] = sorted(once)
+        entry["partial_grad_params"] = sorted(once)
+    return entry
 
 
 def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]:

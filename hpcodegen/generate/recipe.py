@@ -179,7 +179,7 @@ def _drop_elsewhere(plan: dict[str, dict[str, Any]], keep: str, full: str) -> No
             if join_fqn(fqn, rel) != full:
                 continue
             del params[rel]
-            for key in ("deferred_bias_params", "partial_grad_params"):
+            for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
                 names = [n for n in entry.get(key) or () if n != rel]
                 if names:
                     entry[key] = names

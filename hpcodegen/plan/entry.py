@@ -117,15 +117,25 @@ def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
     return biases if sharded else ()
 
 
+def tp_rank0_params(entry: Any) -> tuple[str, ...]:
+    """The entry's ``tp_rank0_params``: replicated parameters only tp rank 0 applies inside
+    a tp-split compute (every other rank sees them times 0), so the output's reduction
+    counts them once; the gradient is rank 0's alone, hence partial over tp."""
+    names = entry.get("tp_rank0_params") if isinstance(entry, Mapping) else None
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
 def effective_partial_grad_params(entry: Any) -> tuple[str, ...]:
     """The parameters whose gradient the runtime all-reduces over tp: the declared
-    ``partial_grad_params`` then the :func:`partial_deferred_biases` not declared.
+    ``partial_grad_params`` then the :func:`partial_deferred_biases` and
+    :func:`tp_rank0_params` not declared.
 
     The runtime's gradient sync and inspect-plan's prediction both read this, so a meta
     written without the derived names (another generator) is synced and counted alike.
     """
     declared = partial_grad_params(entry)
-    return declared + tuple(n for n in partial_deferred_biases(entry) if n not in declared)
+    derived = partial_deferred_biases(entry) + tp_rank0_params(entry)
+    return declared + tuple(dict.fromkeys(n for n in derived if n not in declared))
 
 
 def takes_token_ids(cls: str | None) -> bool:

@@ -15,7 +15,9 @@ Before any boundary, every row-sharded token embedding, generated class or not, 
 masked vocab-parallel lookup around its compute (:mod:`hpcodegen.runtime.embedding`).
 
 Deferred biases (``deferred_bias_params``) are hidden from the rowwise layer and added once
-after the output reduction, by ``module._hp_deferred_bias``.
+after the output reduction, by ``module._hp_deferred_bias``. Parameters only tp rank 0
+applies (``tp_rank0_params``: a per-expert bias inside a tp-split experts compute) are
+seen times 0 on the other tp ranks (:func:`tp_rank0_only`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from hpcodegen.plan.entry import (
     output_sequence_sharded,
     param_plan,
     takes_token_ids,
+    tp_rank0_params,
 )
 from hpcodegen.plan.revalidate import decide
 from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_outputs
@@ -117,6 +120,34 @@ def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any]
     return add_deferred_biases
 
 
+def tp_rank0_only(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+                  active: ActiveMesh, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with each ``tp_rank0_params`` parameter seen as ``p * m``, ``m`` 1 on tp
+    rank 0 and 0 elsewhere: a bias added inside a tp-split compute to every rank's partial
+    output (GPT-OSS's per-expert ``down_proj_bias``) is then counted once by the reduction.
+    Every rank keeps the parameter in its graph (``1 * p`` is exact), so the gradient
+    hooks fire alike and the all-reduce of this partial gradient (rank 0's) matches."""
+    paths = tp_rank0_params(entry)
+    if not paths or active.tp_size <= 1:
+        return fn
+    import torch.distributed as dist
+
+    scale = 1.0 if dist.get_rank(active.tp_group()) == 0 else 0.0
+    owners = [param_owner(module, path, "tp_rank0_params", prefix=fqn) for path in paths]
+
+    @functools.wraps(fn)
+    def rank0_forward(*args: Any, **kwargs: Any) -> Any:
+        saved = [owner._parameters[name] for owner, name in owners]
+        for (owner, name), param in zip(owners, saved, strict=True):
+            owner._parameters[name] = param * scale
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for (owner, name), param in zip(owners, saved, strict=True):
+                owner._parameters[name] = param
+    return rank0_forward
+
+
 def _add_all(x: Any, biases: list[Any]) -> Any:
     for b in biases:
         x = x + b
@@ -127,6 +158,8 @@ def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
                        live: BoundaryForm, effective: str, active: ActiveMesh) -> str:
     marker = _marker(module)
     deferred = install_deferred_bias(module, fqn, entry)
+    if tp_rank0_params(entry):
+        module._forward_impl = tp_rank0_only(module, fqn, entry, active, module._forward_impl)
     if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER) and effective == "tp_collective":
         _bind(module, "tp", TPOps(fqn, live.transitions, active.tp_group()))
         if marker == TOGGLE_FORM_MARKER:
@@ -157,6 +190,7 @@ def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return module.__dict__["__hp_compute__"](*args, **kwargs)
+    call = tp_rank0_only(module, fqn, entry, active, call)
     in_fns, out_fns = compile_transitions(live, entry, active)
     module.forward = _boundary_forward(original, call, in_fns, out_fns, deferred, fqn)
     # what compile_parallelized binds before compiling (the group exists by then)

@@ -43,6 +43,10 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     config = load_transformers_config(config_dict)
     torch.manual_seed(0)
     ref = model_class_for(config_dict)(config).float().eval()
+    with torch.no_grad():  # zero-initialised biases would hide a bias added once per rank
+        for param in ref.parameters():
+            if not param.any():
+                param.normal_(0.0, 0.02)
     gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config)
     gen = gen.float().eval()
     gen.load_state_dict(ref.state_dict())

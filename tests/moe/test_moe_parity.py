@@ -71,9 +71,10 @@ def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_biased_experts_ep2_match_unsharded(tmp_path: Path) -> None:
-    """GPT-OSS: per-expert biases (``gate_up_proj_bias``, ``down_proj_bias``) and the
-    clamped, interleaved gate/up activation; experts whole over tp, split over ep 2 (each
-    bias travels with its expert, so it is added once)."""
+    """GPT-OSS: per-expert biases (``gate_up_proj_bias``, ``down_proj_bias``, made non-zero
+    by the worker) and the clamped, interleaved gate/up activation, split over ep 2 (each
+    bias travels with its expert, so it is added once). Its tp 2 (down_proj_bias applied by
+    tp rank 0 only) and tp 2 x ep 2 runs are in the tests above."""
     cases = [(*_artifact(tmp_path, "gpt_oss", 1, 2), 2)]
     results = spawn(2, parity_cases, cases, out_dir=str(tmp_path))
     for rank in results:

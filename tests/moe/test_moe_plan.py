@@ -76,18 +76,22 @@ def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_biased_experts_stay_whole_over_tp_and_split_over_ep(tmp_path: Path) -> None:
-    """GPT-OSS's experts carry per-expert biases: whole over tp (no P(sum) output to
-    reduce), every parameter, biases included, split over ep with its expert."""
+def test_biased_experts_split_over_tp_with_the_output_bias_applied_once(tmp_path: Path) -> None:
+    """GPT-OSS's experts carry per-expert biases: over tp, gate_up [E, H, 2I] and its bias
+    split on the interleaved (gate, up) columns, down [E, I, H] on I, and down_proj_bias
+    whole, applied by tp rank 0 only (its gradient partial); over ep every parameter,
+    biases included, goes with its expert."""
     from hpcodegen.verify import run_verify
 
-    names = ["down_proj", "down_proj_bias", "gate_up_proj", "gate_up_proj_bias"]
+    tp_split = {"gate_up_proj": "S(2)", "gate_up_proj_bias": "S(1)", "down_proj": "S(1)",
+                "down_proj_bias": "R"}
     for tp, ep in ((2, 1), (2, 2), (1, 2)):
         out, model, meta = _generate(tmp_path, "gpt_oss", tp, ep)
         entry = meta["param_plan"]["model.layers.1.mlp.experts"]
-        want = {"tp": "R", "ep": "S(0)"} if ep > 1 else {"tp": "R"}
-        assert entry["params"] == dict.fromkeys(names, want), (tp, ep)
-        assert entry["out_src"] == {"output": {"tp": "R"}}, (tp, ep)
+        extra = {"ep": "S(0)"} if ep > 1 else {}
+        assert entry["params"] == {n: {"tp": p, **extra} for n, p in tp_split.items()}
+        assert entry["out_src"] == {"output": {"tp": "P(sum)"}}, (tp, ep)
+        assert entry["tp_rank0_params"] == entry["partial_grad_params"] == ["down_proj_bias"]
         assert len(meta.get("injections", [])) == (2 if ep > 1 else 0)
         assert run_verify([str(out)], hf_config=str(model)) == 0, (tp, ep)
 
