@@ -251,3 +251,20 @@ def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
     # the shared experts' routing gammas: declared, so their partial gradient is reduced
     shared = plan["model.layers.0.mlp.shared_experts"]
     assert shared["in_src"] == {"hidden_states": {"tp": "R"}, "gammas": {"tp": "R"}}
+
+
+def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
+    """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
+    from hpcodegen.checks.context import planned_params
+    from hpcodegen.checks.plan_refs import _entry_param_lists
+    from hpcodegen.plan.entry import effective_partial_grad_params
+
+    _, _, meta = _generate(tmp_path, "gpt_oss", 2)
+    entry = meta["param_plan"]["model.layers.0.mlp.experts"]
+    assert not list(_entry_param_lists(meta, planned_params(meta)))
+    # another generator may omit the derived partial list: the gradient is still synced
+    assert effective_partial_grad_params({**entry, "partial_grad_params": []}) == \
+        ("down_proj_bias",)
+    entry["tp_rank0_params"] = ["down_proj_bias", "no_such_bias"]
+    codes = [f.code for f in _entry_param_lists(meta, planned_params(meta))]
+    assert codes == ["plan.tp_rank0_params_unplanned"]
