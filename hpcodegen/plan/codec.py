@@ -22,16 +22,8 @@ from typing import Any
 from hpcodegen.errors import pointer
 from hpcodegen.placement import Placement, PlacementSyntaxError, parse_placement
 from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
-from hpcodegen.plan.types import (
-    Injection,
-    OutputDigest,
-    ParallelDims,
-    Plan,
-    PlanEntry,
-    Provenance,
-    Source,
-    Target,
-)
+from hpcodegen.plan.provenance import OutputDigest, Provenance, Source
+from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Target
 
 __all__ = ["PlanFormatError", "entry_from_json", "plan_from_meta", "plan_to_meta",
            "render_meta"]
