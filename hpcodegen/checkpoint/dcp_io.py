@@ -1,18 +1,20 @@
 """Save and resume training with ``torch.distributed.checkpoint`` (DCP), at any tp and dp.
 
-Each parameter goes to DCP as the DTensor it is a shard of (global shape, placements on
-the plan's submesh, this rank's local shard), and so does every optimizer state tensor
-shaped like its parameter. DCP writes each chunk once (dp replicas are deduplicated) and
-on load reads, for the new layout, exactly the chunks each rank needs: resharding from
-tp=2 to tp=4 is DCP's work, not ours. Loads go into the live tensors in place.
+A parallelized model's ``state_dict()`` already holds DTensors with the plan's placements,
+and so does its optimizer's (:mod:`hpcodegen.runtime.state_dict`), so this is torch's own
+recipe: ``get_model_state_dict`` / ``get_optimizer_state_dict``, ``dcp.save``; at resume
+the same two (at the new tp and dp) as the template, ``dcp.load`` into them (each rank reads
+the saved chunks overlapping its new slice: resharding is DCP's work), then
+``set_model_state_dict`` / ``set_optimizer_state_dict``. What is left here is what DCP
+does not do: an atomic directory, a record of what was saved (:mod:`.record`), and errors
+that name the parameters that do not fit.
 
-Keys of the flat state dict: ``model.<fqn>``, ``optim.<fqn>.<state>`` (``exp_avg``,
-``step``...), ``optim.param_groups`` (JSON, parameters by FQN) and ``step``.
+Keys (DCP flattens the nested dict): ``model.<fqn>``, ``optim.state.<fqn>.<state>``,
+``optim.param_groups``, ``step``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -23,10 +25,12 @@ import torch
 from torch import nn
 
 from hpcodegen.checkpoint.layout import ShardLayout
-from hpcodegen.checkpoint.record import check_target, read_record, write_record
+from hpcodegen.checkpoint.record import FORMAT_V1, check_target, read_record, write_record
 from hpcodegen.errors import PlanError, error
+from hpcodegen.placement import Replicate, Shard, StridedShard
+from hpcodegen.runtime.shards import local_grad
 
-MODEL, OPTIM, GROUPS, STEP = "model.", "optim.", "optim.param_groups", "step"
+MODEL, OPTIM, STEP = "model", "optim", "step"
 
 
 def _dist() -> Any:
@@ -47,41 +51,60 @@ def _rank() -> int:
 
 
 def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
+    """``{axis: "S(0)"}`` in the plan's grammar, for the record."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
     spec = layout.params[fqn]
     names = tuple(spec.mesh.mesh_dim_names or ()) if spec.mesh is not None else ()
     out = {}
     for name, p in zip(names, spec.placements, strict=False):
-        out[name] = f"S({p.dim})" if p.is_shard() else "R"
+        ours = (StridedShard(p.dim, p.split_factor) if isinstance(p, _StridedShard)
+                else Shard(p.dim) if p.is_shard() else Replicate())
+        out[name] = str(ours)
     return out
 
 
-def _fqn_of(model: nn.Module, layout: ShardLayout) -> dict[int, str]:
-    by_id = {id(p): fqn for fqn, p in model.named_parameters(remove_duplicate=False)}
-    return {k: layout.aliases.get(v, v) for k, v in by_id.items()}
+def _initialize(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state tensors (a zero-gradient step at lr 0), whatever
+    gradients the parameters hold: ``get_optimizer_state_dict`` skips that step when a
+    parameter has a gradient, and an optimizer without state loads nothing from DCP."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [local_grad(p) for p in params]
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        for group in optimizer.param_groups:
+            if "lr" in group:
+                group["lr"] = torch.tensor(0.0) if torch.is_tensor(group["lr"]) else 0.0
+        optimizer.step()
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            if lr is not None:
+                group["lr"] = lr
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
 
 
-def _optimizer_entries(model: nn.Module, layout: ShardLayout,
-                       optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    fqns = _fqn_of(model, layout)
-    ordered = [fqns[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    sd = optimizer.state_dict()
-    out: dict[str, Any] = {}
-    for index, state in sd["state"].items():
-        fqn = ordered[index]
-        local = model.get_parameter(fqn)
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.dim() and value.shape == local.shape:
-                value = layout.to_dtensor(fqn, value)
-            out[f"{OPTIM}{fqn}.{key}"] = value
-    groups = []
-    for group in sd["param_groups"]:
-        groups.append({**{k: v.item() if torch.is_tensor(v) else v for k, v in group.items()},
-                       "params": [ordered[i] for i in group["params"]]})
-    out[GROUPS] = json.dumps(groups)
-    return out
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
+           template: bool = False) -> dict[str, Any]:
+    """The nested state dict DCP saves, or (``template``) loads into."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    state: dict[str, Any] = {MODEL: get_model_state_dict(model)}
+    if optimizer is not None:
+        if template:
+            _initialize(optimizer)
+        state[OPTIM] = get_optimizer_state_dict(model, optimizer)
+    return state
 
 
-def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayout, *,
+def save(directory: str | os.PathLike[str], model: nn.Module, *,
          optimizer: torch.optim.Optimizer | None = None, step: int = 0,
          record: Mapping[str, Any] | None = None) -> Path:
     """Write a DCP checkpoint of ``model`` (and ``optimizer``, ``step``) to ``directory``.
@@ -94,41 +117,42 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
 
     Raises:
         UsageError: ``directory`` exists and is not empty.
+        PlanError: a strided shard (DCP stores one chunk per shard).
     """
     import torch.distributed.checkpoint as dcp
 
     target = Path(directory)
     check_target(target)
+    layout = ShardLayout.of(model)
     _refuse_strided(layout)
     stage = target.parent / f".{target.name}.partial"
     if _rank() == 0:
         shutil.rmtree(stage, ignore_errors=True)
         stage.parent.mkdir(parents=True, exist_ok=True)
     _barrier()
-    state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(fqn, model.get_parameter(fqn))
-                             for fqn in layout.params}
-    if optimizer is not None:
-        state.update(_optimizer_entries(model, layout, optimizer))
-    state[STEP] = int(step)
-    dcp.save(state, checkpoint_id=str(stage))
+    dcp.save({**_state(model, optimizer), STEP: int(step)}, checkpoint_id=str(stage))
     if _rank() == 0:
-        first = next(iter(layout.params), None)
-        dtype = str(model.get_parameter(first).dtype).removeprefix("torch.") if first else None
-        mesh = layout.mesh
-        write_record(stage, {
-            **(record or {}), "step": int(step), "dtype": dtype,
+        write_record(stage, _record(model, layout, optimizer, step, record))
+        if target.exists():
+            target.rmdir()  # empty (checked above)
+        os.replace(stage, target)
+    _barrier()
+    return target
+
+
+def _record(model: nn.Module, layout: ShardLayout, optimizer: Any, step: int,
+            record: Mapping[str, Any] | None) -> dict[str, Any]:
+    first = next(iter(layout.params), None)
+    dtype = str(model.get_parameter(first).dtype).removeprefix("torch.") if first else None
+    mesh = layout.mesh
+    return {**(record or {}), "step": int(step), "dtype": dtype,
             "optimizer": type(optimizer).__name__ if optimizer is not None else None,
             "shard_mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
             if mesh is not None else {},
             "params": {fqn: {"shape": list(spec.global_shape),
                              "placements": _placement_text(layout, fqn)}
                        for fqn, spec in layout.params.items()},
-            "aliases": dict(layout.aliases)})
-        if target.exists():
-            target.rmdir()  # empty (checked above)
-        os.replace(stage, target)
-    _barrier()
-    return target
+            "aliases": dict(layout.aliases)}
 
 
 def _refuse_strided(layout: ShardLayout) -> None:
@@ -144,7 +168,8 @@ def _refuse_strided(layout: ShardLayout) -> None:
 
 def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: Path) -> None:
     """Every model parameter is in the checkpoint with its global shape, and nothing else."""
-    saved = {k[len(MODEL):]: v for k, v in metadata.items() if k.startswith(MODEL)}
+    prefix = MODEL + "."
+    saved = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
     missing = [f for f in layout.params if f not in saved]
     extra = [f for f in saved if f not in layout.params and f not in layout.aliases]
     wrong = [f"{f}: checkpoint {tuple(saved[f].size)}, model {spec.global_shape}"
@@ -156,59 +181,7 @@ def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: P
                                f"unexpected {extra[:3]}, other shapes {wrong[:3]}")])
 
 
-def _optimizer_placeholders(model: nn.Module, layout: ShardLayout,
-                            metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Empty tensors (DTensors for parameter-shaped ones) for every saved optimizer state."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    fqns = sorted(layout.params, key=len, reverse=True)
-    out: dict[str, Any] = {}
-    for key, md in metadata.items():
-        if not key.startswith(OPTIM) or key == GROUPS:
-            continue
-        rest = key[len(OPTIM):]
-        fqn = next((f for f in fqns if rest.startswith(f + ".")
-                    and "." not in rest[len(f) + 1:]), None)
-        if fqn is None:
-            raise PlanError([error("checkpoint.optimizer", key,
-                                   "optimizer state of a parameter the model does not have")])
-        if not isinstance(md, TensorStorageMetadata):
-            out[key] = None
-            continue
-        size, dtype = tuple(md.size), md.properties.dtype
-        device = model.get_parameter(fqn).device
-        if size == layout.params[fqn].global_shape and size:
-            out[key] = layout.to_dtensor(fqn, torch.empty(layout.local_shape(fqn),
-                                                          dtype=dtype, device=device))
-        else:
-            out[key] = torch.empty(size, dtype=dtype, device="cpu" if not size else device)
-    return out
-
-
-def _load_optimizer(model: nn.Module, layout: ShardLayout, optimizer: torch.optim.Optimizer,
-                    state: Mapping[str, Any]) -> None:
-    fqns = _fqn_of(model, layout)
-    ordered = [fqns[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = json.loads(state[GROUPS])
-    if [g["params"] for g in groups] != [[fqns[id(p)] for p in g["params"]]
-                                         for g in optimizer.param_groups]:
-        raise PlanError([error("checkpoint.optimizer", GROUPS,
-                               "the optimizer's parameter groups differ from the checkpoint's")])
-    index = {fqn: i for i, fqn in enumerate(ordered)}
-    per_param: dict[int, dict[str, Any]] = {}
-    for key, value in state.items():
-        if not key.startswith(OPTIM) or key == GROUPS:
-            continue
-        rest = key[len(OPTIM):]
-        fqn = next(f for f in sorted(index, key=len, reverse=True) if rest.startswith(f + "."))
-        local = value.to_local() if hasattr(value, "to_local") else value
-        per_param.setdefault(index[fqn], {})[rest[len(fqn) + 1:]] = local
-    optimizer.load_state_dict({
-        "state": per_param,
-        "param_groups": [{**g, "params": [index[f] for f in g["params"]]} for g in groups]})
-
-
-def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayout, *,
+def resume(directory: str | os.PathLike[str], model: nn.Module, *,
            optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load a checkpoint saved by :func:`save` (any tp, any dp) into ``model`` in place.
 
@@ -219,20 +192,26 @@ def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLay
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     path = Path(directory)
-    read_record(path)
+    record = read_record(path)
+    layout = ShardLayout.of(model)
     _refuse_strided(layout)
     metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     _check_params(layout, metadata, path)
-    state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
-        fqn, model.get_parameter(fqn).detach()) for fqn in layout.params}
-    has_optim = GROUPS in metadata
-    if optimizer is not None and has_optim:
-        state.update(_optimizer_placeholders(model, layout, metadata))
-        state[GROUPS] = ""
-    state[STEP] = 0
+    has_optim = any(k.startswith(OPTIM + ".") for k in metadata)
+    if optimizer is not None and has_optim and record.get("format") == FORMAT_V1:
+        raise PlanError([error("checkpoint.old_optimizer", str(path),
+                               "the checkpoint's optimizer state has an older layout "
+                               f"({FORMAT_V1}); its model weights load, its optimizer "
+                               "state does not", hint="resume without the optimizer")])
+    state = {**_state(model, optimizer if has_optim else None, template=True), STEP: 0}
     dcp.load(state, checkpoint_id=str(path))
-    if optimizer is not None and has_optim:
-        _load_optimizer(model, layout, optimizer, state)
+    set_model_state_dict(model, state[MODEL])
+    if OPTIM in state:
+        set_optimizer_state_dict(model, optimizer, state[OPTIM])
     return int(state[STEP])

@@ -21,7 +21,10 @@ from hpcodegen.errors import InputError, UsageError, error
 from hpcodegen.hf import architecture_of, structure_of
 
 RECORD_NAME = "hpcodegen_checkpoint.json"
-FORMAT = "hpcodegen-checkpoint/1"
+#: 2: the optimizer state as torch's ``get_optimizer_state_dict`` keys it; 1 (read for the
+#: model weights and export): hpcodegen's own optimizer keys
+FORMAT = "hpcodegen-checkpoint/2"
+FORMAT_V1 = "hpcodegen-checkpoint/1"
 
 
 def write_record(directory: Path, record: Mapping[str, Any]) -> None:
@@ -49,7 +52,7 @@ def read_record(directory: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise InputError([error("checkpoint.unreadable", "", f"unreadable: {exc}",
                                 file=str(path))]) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT \
+    if not isinstance(data, dict) or data.get("format") not in (FORMAT, FORMAT_V1) \
             or not isinstance(data.get("config"), dict):
         raise InputError([error("checkpoint.format", "/format",
                                 f"not a {FORMAT} record", file=str(path))])

@@ -1,9 +1,10 @@
 """Phase A: shard every planned parameter, then keep only its local shard.
 
 Each parameter named in ``param_plan`` is distributed with ``distribute_tensor`` on the
-active submesh (placements resolved over the live axis order) and replaced by an
-``nn.Parameter`` of the local shard: after install every parameter is a plain local tensor
-and the forwards run bare collectives on local tensors. A parameter that already is a
+active submesh (placements resolved over the live axis order) and replaced by a parameter
+of the local shard (:func:`hpcodegen.runtime.shards.as_local_param`, which records what
+it is a shard of): after install every parameter is a plain local tensor and the forwards
+run bare collectives on local tensors. A parameter that already is a
 DTensor is accepted only with the planned placements (else ``PlacementMismatchError``).
 Meta-device parameters stay on meta, shrunk to the local shape.
 """
@@ -23,6 +24,7 @@ from hpcodegen.placement import format_placements, resolve_placements
 from hpcodegen.plan.entry import iter_params, join_fqn, param_plan
 from hpcodegen.runtime.experts import ExpertMesh, expert_count_check, is_expert_placement
 from hpcodegen.runtime.mesh import ActiveMesh, to_torch_placements
+from hpcodegen.runtime.shards import ShardSpec, as_local_param
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
         raise PlanError([error("runtime.local_shape", fqn,
                                f"local shard {tuple(local.shape)} for {format_placements(ours)}",
                                expected=str(tuple(local_shape)))])
-    owner._parameters[name] = nn.Parameter(local.contiguous(), requires_grad=param.requires_grad)
+    spec = ShardSpec(shape, placements, active.mesh)
+    owner._parameters[name] = as_local_param(local.contiguous(), spec, param.requires_grad)
     return ShardedParam(fqn, placements, shape, tuple(offset))
 
 

@@ -94,7 +94,7 @@ def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
     """Regression: a meta without ``partial_grad_params`` for its SP deferred bias was
     synced by the runtime but predicted without that backward all_reduce."""
     from hpcodegen.plan.predict import predict_plan, summarize
-    from hpcodegen.runtime.api import _partial_grad_fqns
+    from hpcodegen.runtime.install import _partial_grad_fqns
 
     meta = {"mesh_dim_names": ["tp"], "parallel_dims": {"tp_size": 2},
             "param_plan": {"model.layers.0.self_attn": _region("S(1)", None),
