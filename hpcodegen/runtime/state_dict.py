@@ -10,8 +10,10 @@ the global shape (sliced) and local shards alike.
 
 Optimizers get the same pair of hooks for their parameter-shaped state (``exp_avg``...),
 attached the first time an optimizer holding such parameters steps (a process-wide
-``register_optimizer_step_pre_hook``; ``get_optimizer_state_dict`` steps once with zero
-gradients before reading, so it always finds them attached).
+``register_optimizer_step_pre_hook``; torch has no hook at an optimizer's construction).
+``get_optimizer_state_dict`` steps once with zero gradients before reading a fresh
+optimizer; where it does not (its parameters already hold gradients), a state loaded as
+DTensors is made local at the first step, before the update reads it.
 
 .. note:: a model wrapped by ``fully_shard`` after install holds FSDP's DTensors over dp,
    which do not carry the tp placement; its ``state_dict()`` is refused with a clear error
@@ -111,6 +113,22 @@ def _attach(optimizer: torch.optim.Optimizer, args: Any = (), kwargs: Any = None
         optimizer.register_state_dict_post_hook(_optim_to_dtensors)
         optimizer.register_load_state_dict_pre_hook(_optim_to_locals)
         optimizer.__dict__[_OPTIM_HOOKED] = True
+        _localize_loaded(optimizer, params)
+
+
+def _localize_loaded(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """State loaded before the hooks were attached (``set_optimizer_state_dict`` into an
+    optimizer that never stepped, its parameters holding gradients) came in as DTensors:
+    make it local shards now, before the step uses it."""
+    from torch.distributed.tensor import DTensor
+
+    for p in params:
+        spec, entry = spec_of(p), optimizer.state.get(p)
+        if spec is None or spec.mesh is None or not entry:
+            continue
+        for name, value in list(entry.items()):
+            if isinstance(value, DTensor):
+                entry[name] = spec.to_local(value, name)
 
 
 def attach_optimizer(optimizer: torch.optim.Optimizer) -> None:
@@ -138,17 +156,18 @@ def _shaped_like(value: Any, param: torch.Tensor) -> bool:
 
 def _optim_to_dtensors(optimizer: torch.optim.Optimizer,
                        state_dict: dict[str, Any]) -> dict[str, Any]:
+    """New entries (``Optimizer.state_dict`` hands out the live per-parameter dicts)."""
     from torch.distributed.tensor import DTensor
 
     specs = _state_specs(optimizer, state_dict)
+    state = {}
     for key, entry in state_dict["state"].items():
-        if key not in specs:
-            continue
-        param, spec = specs[key]
-        for name, value in list(entry.items()):
-            if _shaped_like(value, param) and not isinstance(value, DTensor):
-                entry[name] = spec.to_dtensor(value)
-    return state_dict
+        param, spec = specs.get(key, (None, None))
+        state[key] = {name: spec.to_dtensor(value)
+                      if spec is not None and _shaped_like(value, param)
+                      and not isinstance(value, DTensor) else value
+                      for name, value in entry.items()}
+    return {**state_dict, "state": state}
 
 
 def _optim_to_locals(optimizer: torch.optim.Optimizer,
