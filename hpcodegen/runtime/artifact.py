@@ -185,8 +185,8 @@ class Artifact:
         self.module()
         context = as_context(context)
         setattr(model, _DONE, True)
-        active = resolve_active_mesh(meta, context)
-        expert = resolve_expert_mesh(meta, context.device_mesh, context.expert_mesh)
+        active = resolve_active_mesh(self.plan, context)
+        expert = resolve_expert_mesh(self.plan, context.device_mesh, context.expert_mesh)
         if active.degenerate and expert is None:
             _warn_without_plan_axes(self.plan, context)
             return {}
@@ -195,7 +195,6 @@ class Artifact:
     def _refusals(self, model: Any) -> Any:
         from torch import nn
 
-        from hpcodegen.plan.entry import expand_injections
         from hpcodegen.runtime.handlers import check_handlers
         from hpcodegen.runtime.install import Resolved
         from hpcodegen.runtime.loss_install import check_loss_parallel_install
@@ -209,10 +208,10 @@ class Artifact:
             raise PlanError([error("runtime.second_call", type(model).__name__,
                                    "the model is already parallelized")])
         meta = self.loaded.data
-        handlers = check_handlers(meta)
+        handlers = check_handlers(self.plan)
         injections = resolve_injections(meta, self.allowed_target_prefixes)
         check_loss_parallel_install(model, meta)
-        return Resolved(handlers, injections, expand_injections(meta))
+        return Resolved(handlers, injections)
 
 
 def _nothing() -> Any:

@@ -23,9 +23,10 @@ from torch import nn
 
 from hpcodegen.placement import REPLICATE
 from hpcodegen.plan.classify import classify_plan
-from hpcodegen.plan.entry import effective_partial_grad_params, iter_params, join_fqn, param_plan
+from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.boundaries import install_boundaries
-from hpcodegen.runtime.experts import ExpertMesh, ExpertParallel, is_expert_placement
+from hpcodegen.runtime.experts import ExpertMesh, ExpertParallel
 from hpcodegen.runtime.grad_sync import install_grad_allreduce, install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
@@ -44,27 +45,26 @@ class Resolved:
 
     handlers: Mapping[str, Any]
     injections: Mapping[str, Any]
-    records: Mapping[str, Mapping[str, Any]]
 
 
-def install(model: nn.Module, meta: Mapping[str, Any], plan: Any, active: ActiveMesh,
+def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: ActiveMesh,
             resolved: Resolved, expert: ExpertMesh | None = None) -> SourceInfo:
     """Phases A, B, D, C (module docstring); returns the source info."""
     frozen = classify_plan(meta)
     live = classify_plan(meta, active.axes, active.sizes)
-    pairs = tied_pairs(model, meta)  # before Phase A replaces the tied parameter objects
-    sharded = shard_parameters(model, meta, active, expert)
-    divide_attrs(model, meta, active)
+    pairs = tied_pairs(model, plan)  # before Phase A replaces the tied parameter objects
+    sharded = shard_parameters(model, plan, active, expert)
+    divide_attrs(model, plan, active)
     apply_handlers(model, resolved.handlers, active)
     tie_weights(model, pairs, {k: v.placements for k, v in sharded.items()})
     install_boundaries(model, meta, active, frozen, live, sharded)
-    experts = {fqn for fqn, _, named in iter_params(meta) if is_expert_placement(named)}
+    experts = {p.fqn for p in plan.parameters() if p.is_expert}
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
-    _bind_injections(model, resolved.injections, resolved.records)
+    _bind_injections(model, resolved.injections, plan)
     if TP in active.axes:
-        install_grad_allreduce(model, _partial_grad_fqns(meta), active.tp_group())
+        install_grad_allreduce(model, _partial_grad_fqns(plan), active.tp_group())
     info = _source_info(model, active, sharded, expert, experts)
     record_state(model, info, plan)
     return info
@@ -109,13 +109,14 @@ def _bind_expert_parallel(model: nn.Module, expert: ExpertMesh, fqns: set[str]) 
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],
-                     records: Mapping[str, Mapping[str, Any]]) -> None:
+                     plan: Plan) -> None:
     """Call each injection factory as ``factory(module, **kwargs)``.
 
     A ``local_compute_fn`` result is bound as ``module.__hp_compute__`` (the region forms
     call it); an ``inner_wrapper`` result that is a module replaces the ``inner_target``
     child.
     """
+    records = plan.injections_by_fqn()
     for fqn, targets in resolved.items():
         module = model.get_submodule(fqn) if fqn else model
         for key, (factory, kwargs) in targets.items():
@@ -124,11 +125,12 @@ def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]]
                 module.__dict__["__hp_compute__"] = result
                 module.__dict__["__hyper_compute__"] = result
                 continue
-            target = (records.get(fqn) or {}).get("inner_target") or "self"
+            record = records.get(fqn)
+            target = (record.inner_target if record is not None else None) or "self"
             if isinstance(result, nn.Module) and target != "self":
                 setattr(module, target, result)
 
 
-def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
-    return [join_fqn(fqn, rel) for fqn, entry in param_plan(meta).items()
-            for rel in effective_partial_grad_params(entry)]
+def _partial_grad_fqns(plan: Plan) -> list[str]:
+    return [join_fqn(fqn, rel) for fqn, entry in plan.entries.items()
+            for rel in entry.effective_partial_grad_params()]

@@ -21,8 +21,9 @@ from torch import nn
 
 from hpcodegen.errors import PlacementMismatchError, PlanError, error
 from hpcodegen.placement import format_placements, resolve_placements
-from hpcodegen.plan.entry import iter_params, join_fqn, param_plan
-from hpcodegen.runtime.experts import ExpertMesh, expert_count_check, is_expert_placement
+from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.types import Plan
+from hpcodegen.runtime.experts import ExpertMesh, expert_count_check
 from hpcodegen.runtime.mesh import ActiveMesh, to_torch_placements
 from hpcodegen.runtime.shards import ShardSpec, as_local_param
 
@@ -110,7 +111,7 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
     return ShardedParam(fqn, placements, shape, tuple(offset))
 
 
-def shard_parameters(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
+def shard_parameters(model: nn.Module, plan: Plan, active: ActiveMesh,
                      expert: ExpertMesh | None = None) -> dict[str, ShardedParam]:
     """Phase A over the whole plan; returns ``{param_fqn: ShardedParam}``.
 
@@ -118,11 +119,11 @@ def shard_parameters(model: nn.Module, meta: Mapping[str, Any], active: ActiveMe
     to the dense active mesh, skipped when it has no axis (an ep-only install).
     """
     done: dict[str, ShardedParam] = {}
-    for fqn, _entry_fqn, named in iter_params(meta):
-        if expert is not None and is_expert_placement(named):
-            done[fqn] = shard_parameter(model, fqn, named or {}, expert)
+    for param in plan.parameters():
+        if expert is not None and param.is_expert:
+            done[param.fqn] = shard_parameter(model, param.fqn, param.placements, expert)
         elif not active.degenerate:
-            done[fqn] = shard_parameter(model, fqn, named or {}, active)
+            done[param.fqn] = shard_parameter(model, param.fqn, param.placements, active)
     return done
 
 
@@ -150,7 +151,7 @@ def _attr_owner(model: nn.Module, where: str, own: set[int]) -> tuple[Any, str]:
     return owner, parts[-1]
 
 
-def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+def divide_attrs(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
     """Divide each entry's ``tp_divide_attrs`` (TP-local head counts) by the tp size; a
     count held by a shared non-module object (a config) is divided on the module's own
     copy of it (:func:`_attr_owner`). Every count is checked first, by the rule generate
@@ -170,7 +171,7 @@ def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) 
             return MISSING
         return getattr(*owners[where])
 
-    problems = divide_attr_findings(param_plan(meta), n, resolve, "runtime")
+    problems = divide_attr_findings(plan.entries, n, resolve, "runtime")
     if problems:
         raise PlanError(problems)
     for owner, name in owners.values():

@@ -93,6 +93,7 @@ def test_effective_partial_grads_add_a_deferred_bias_on_a_sharded_output(
 def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
     """Regression: a meta without ``partial_grad_params`` for its SP deferred bias was
     synced by the runtime but predicted without that backward all_reduce."""
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime.install import _partial_grad_fqns
 
@@ -102,4 +103,4 @@ def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
     preds, problems = predict_plan(meta)
     assert problems == []
     assert summarize(preds).grad_sync == {("all_reduce", "tp", None): 1}
-    assert _partial_grad_fqns(meta) == ["model.layers.0.self_attn.o_proj.bias"]
+    assert _partial_grad_fqns(plan_from_meta(meta)) == ["model.layers.0.self_attn.o_proj.bias"]
