@@ -57,7 +57,7 @@ def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: Activ
     divide_attrs(model, plan, active)
     apply_handlers(model, resolved.handlers, active)
     tie_weights(model, pairs, {k: v.placements for k, v in sharded.items()})
-    install_boundaries(model, meta, active, frozen, live, sharded)
+    install_boundaries(model, plan, active, frozen, live, sharded)
     experts = {p.fqn for p in plan.parameters() if p.is_expert}
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)

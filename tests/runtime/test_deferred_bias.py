@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.errors import PlanError
+from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.plan.types import PlanEntry
 
 
 class _Block:
@@ -25,10 +27,11 @@ class _Block:
         return Block()
 
 
-def _entry(paths: list[str]) -> dict:
-    return {"params": {}, "in_src": {"hidden_states": {"tp": "R"}},
-            "in_dst": {"hidden_states": {"tp": "R"}}, "out_src": {"output": {"tp": "R"}},
-            "out_dst": {"output": {"tp": "R"}}, "deferred_bias_params": paths}
+def _entry(paths: list[str]) -> PlanEntry:
+    return entry_from_json("m", {
+        "params": {}, "in_src": {"hidden_states": {"tp": "R"}},
+        "in_dst": {"hidden_states": {"tp": "R"}}, "out_src": {"output": {"tp": "R"}},
+        "out_dst": {"output": {"tp": "R"}}, "deferred_bias_params": paths})
 
 
 @pytest.mark.parametrize("path", ["nope.bias", "o_proj.nope"])
