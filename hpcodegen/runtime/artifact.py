@@ -101,7 +101,7 @@ class Artifact:
         """The generated module's model class (``model_class``, else ``source.architecture``)."""
         from hpcodegen.runtime.loader import generated_model_class
 
-        return generated_model_class(self.loaded.data, self.module())
+        return generated_model_class(self.plan, self.module())
 
     def build_model(self, device: Any = None, *, dtype: Any = None) -> nn.Module:
         """The unsharded model of the generated class, from the config given to :meth:`load`.
