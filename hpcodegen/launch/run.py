@@ -52,10 +52,12 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
-    if opts.resume is not None:  # another model's checkpoint: refused before start
+    if opts.resume is not None:  # a damaged or another model's checkpoint: refused here
+        from hpcodegen.checkpoint.integrity import open_checkpoint
         from hpcodegen.checkpoint.record import check_same_model, read_record
 
-        check_same_model(read_record(opts.resume), config or {}, opts.resume)
+        check_same_model(read_record(opts.resume, checked=False), config or {}, opts.resume)
+        open_checkpoint(opts.resume, digests="none")  # the ranks share hashing the files
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)
