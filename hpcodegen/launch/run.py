@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.artifact.load import load_meta
-from hpcodegen.errors import EXIT_OK, HpcodegenError, UsageError, error, printable
+from hpcodegen.errors import EXIT_OK, HpcodegenError, InputError, UsageError, error, printable
 from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import display
 from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
@@ -46,8 +46,15 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = None
     if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
+        from hpcodegen.checkpoint.weight_files import weight_files
+
         config, config_path = read_hf_config(model_dir)
         model_dir = config_path.parent
+        if opts.resume is None:  # a FIFO named *.safetensors: refused before a rank opens it
+            try:
+                weight_files(model_dir)
+            except HpcodegenError as exc:  # unusable input, as an unreadable config
+                raise InputError(exc.findings) from None
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
