@@ -173,7 +173,8 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     live, _ = classify_entries(meta, axes, live_sizes)
     effective, changes = revalidate_forms(frozen, live, axes)
     tp_live = "tp" in axes
-    preds = predict_forms(meta, live, effective, tp_live=tp_live)
+    preds = predict_forms(meta, live, effective, tp_live=tp_live,
+                          ep_live=live_sizes.get("ep", 1) > 1)
     problems += unreduced_grad_findings(meta, preds, tp_live)
     sizes = {a: live_sizes[a] for a in shown}
     return Inspection("", shown, sizes, preds, [], summarize(preds), changes, findings=problems)
