@@ -65,7 +65,8 @@ def _local_schema() -> dict[str, Any]:
     return {k: v for k, v in meta_schema().items() if k != "$id"}
 
 
-@settings(deadline=None, derandomize=True, max_examples=25,
+@pytest.mark.timeout(240)
+@settings(deadline=None, derandomize=True, max_examples=10,  # regex-made names are slow
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.filter_too_much])
 @given(from_schema(_local_schema()))
@@ -207,3 +208,12 @@ def test_the_plan_loads_no_torch() -> None:
             "assert plan_to_meta(plan_from_meta(m)) == m;"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_checked_loader_builds_the_plan() -> None:
+    from hpcodegen.verify import check_meta, load_checked_meta
+
+    loaded = load_checked_meta(ROOT / "examples/llama_tp2")
+    assert isinstance(loaded.plan, Plan)
+    assert plan_to_meta(loaded.plan) == loaded.data
+    assert check_meta(loaded, ("schema",)).plan is loaded.plan  # built once, then kept
