@@ -1,16 +1,13 @@
 """Save and resume training with ``torch.distributed.checkpoint`` (DCP), at any tp and dp.
 
-A parallelized model's ``state_dict()`` already holds DTensors with the plan's placements,
-and so does its optimizer's (:mod:`hpcodegen.runtime.state_dict`), so this is torch's own
-recipe: ``get_model_state_dict`` / ``get_optimizer_state_dict``, ``dcp.save``; at resume
-the same two (at the new tp and dp) as the template, ``dcp.load`` into them (each rank reads
-the saved chunks overlapping its new slice: resharding is DCP's work), then
-``set_model_state_dict`` / ``set_optimizer_state_dict``. What is left here is what DCP
-does not do: an atomic directory, a record of what was saved (:mod:`.record`), and errors
-that name the parameters that do not fit.
+Each parameter goes to DCP as the DTensor it is a shard of (global shape, placements on
+the plan's submesh, this rank's local shard), and so does every optimizer state tensor
+shaped like its parameter. DCP writes each chunk once (dp replicas are deduplicated) and
+on load reads, for the new layout, exactly the chunks each rank needs: resharding from
+tp=2 to tp=4 is DCP's work, not ours. Loads go into the live tensors in place.
 
-Keys (DCP flattens the nested dict): ``model.<fqn>``, ``optim.state.<fqn>.<state>``,
-``optim.param_groups``, ``step``.
+Keys of the flat state dict: ``model.<fqn>``, ``optim.<fqn>.<state>`` (``exp_avg``,
+``step``...), ``optim.param_groups`` (JSON, parameters by FQN) and ``step``.
 """
 
 from __future__ import annotations
@@ -25,12 +22,10 @@ import torch
 from torch import nn
 
 from hpcodegen.checkpoint.layout import ShardLayout
-from hpcodegen.checkpoint.record import FORMAT_V1, check_target, read_record, write_record
-from hpcodegen.errors import PlanError, error
-from hpcodegen.placement import Replicate, Shard, StridedShard
-from hpcodegen.runtime.shards import local_grad
-
-MODEL, OPTIM, STEP = "model", "optim", "step"
+from hpcodegen.checkpoint.optim_state import GROUPS, MODEL, STEP
+from hpcodegen.checkpoint.optim_state import entries as optimizer_entries
+from hpcodegen.checkpoint.record import check_target, write_record
+from hpcodegen.errors import InputError, PlanError, error
 
 
 def _dist() -> Any:
@@ -51,93 +46,86 @@ def _rank() -> int:
 
 
 def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
-    """``{axis: "S(0)"}`` in the plan's grammar, for the record."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     spec = layout.params[fqn]
     names = tuple(spec.mesh.mesh_dim_names or ()) if spec.mesh is not None else ()
     out = {}
     for name, p in zip(names, spec.placements, strict=False):
-        ours = (StridedShard(p.dim, p.split_factor) if isinstance(p, _StridedShard)
-                else Shard(p.dim) if p.is_shard() else Replicate())
-        out[name] = str(ours)
+        out[name] = f"S({p.dim})" if p.is_shard() else "R"
     return out
 
 
-def _initialize(optimizer: torch.optim.Optimizer) -> None:
-    """Give a fresh optimizer its state tensors (a zero-gradient step at lr 0), whatever
-    gradients the parameters hold: ``get_optimizer_state_dict`` skips that step when a
-    parameter has a gradient, and an optimizer without state loads nothing from DCP."""
-    if optimizer.state:
-        return
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    grads = [local_grad(p) for p in params]
-    lrs = [group.get("lr") for group in optimizer.param_groups]
-    try:
-        for p in params:
-            p.grad = torch.zeros_like(p) if p.requires_grad else None
-        for group in optimizer.param_groups:
-            if "lr" in group:
-                group["lr"] = torch.tensor(0.0) if torch.is_tensor(group["lr"]) else 0.0
-        optimizer.step()
-    finally:
-        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-            if lr is not None:
-                group["lr"] = lr
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
-
-
-def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
-           template: bool = False) -> dict[str, Any]:
-    """The nested state dict DCP saves, or (``template``) loads into."""
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    state: dict[str, Any] = {MODEL: get_model_state_dict(model)}
-    if optimizer is not None:
-        if template:
-            _initialize(optimizer)
-        state[OPTIM] = get_optimizer_state_dict(model, optimizer)
-    return state
-
-
-def save(directory: str | os.PathLike[str], model: nn.Module, *,
+def save(directory: str | os.PathLike[str], model: nn.Module,
+         layout: ShardLayout | None = None, *,
          optimizer: torch.optim.Optimizer | None = None, step: int = 0,
          record: Mapping[str, Any] | None = None) -> Path:
     """Write a DCP checkpoint of ``model`` (and ``optimizer``, ``step``) to ``directory``.
 
-    Collective: every rank calls it. The files go to ``.<name>.partial`` first and the
+    Collective: every rank calls it. The files go to a new hidden sibling
+    (``.<name>.<random>.partial``, created here, so nothing else is ever removed) and the
     directory appears under its name only once every rank wrote its part and rank 0 added
     ``hpcodegen_checkpoint.json`` (``record`` plus the step, dtype, optimizer class, the
-    mesh the placements refer to (``shard_mesh``) and each parameter's global shape and
-    placements).
+    mesh the placements refer to (``shard_mesh``), each parameter's global shape and
+    placements, and the sha256 of every file, each rank hashing the files it wrote).
 
     Raises:
         UsageError: ``directory`` exists and is not empty.
-        PlanError: a strided shard (DCP stores one chunk per shard).
     """
     import torch.distributed.checkpoint as dcp
 
     target = Path(directory)
     check_target(target)
-    layout = ShardLayout.of(model)
+    layout = layout if layout is not None else ShardLayout.of(model)
     _refuse_strided(layout)
-    stage = target.parent / f".{target.name}.partial"
-    if _rank() == 0:
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.parent.mkdir(parents=True, exist_ok=True)
-    _barrier()
-    dcp.save({**_state(model, optimizer), STEP: int(step)}, checkpoint_id=str(stage))
-    if _rank() == 0:
-        write_record(stage, _record(model, layout, optimizer, step, record))
-        if target.exists():
-            target.rmdir()  # empty (checked above)
-        os.replace(stage, target)
+    stage = _new_stage(target)
+    try:
+        state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
+            fqn, model.get_parameter(fqn)) for fqn in layout.params}
+        if optimizer is not None:
+            state.update(optimizer_entries(model, layout, optimizer))
+        state[STEP] = int(step)
+        dcp.save(state, checkpoint_id=str(stage))
+        digests = _gathered_digests(stage)
+        if _rank() == 0:
+            write_record(stage, _record(model, layout, optimizer, step, record), digests)
+            if target.exists():
+                target.rmdir()  # empty (checked above)
+            os.replace(stage, target)
+    except BaseException:
+        if _rank() == 0:
+            shutil.rmtree(stage, ignore_errors=True)  # ours: created by _new_stage
+        raise
     _barrier()
     return target
+
+
+def _new_stage(target: Path) -> Path:
+    """A fresh hidden sibling of ``target`` made by rank 0, its name shared with all ranks."""
+    import tempfile
+
+    name = [None]
+    if _rank() == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        name[0] = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial",
+                                   dir=target.parent)
+    dist = _dist()
+    if dist is not None:
+        dist.broadcast_object_list(name, src=0)
+    return Path(str(name[0]))
+
+
+def _gathered_digests(stage: Path) -> dict[str, str]:
+    """sha256 of the data files this rank wrote (DCP names them ``__<rank>_<n>.distcp``),
+    merged over the ranks (collective)."""
+    from hpcodegen.checkpoint.record import file_sha256
+
+    rank = _rank()
+    mine = {p.name: file_sha256(p) for p in stage.glob(f"__{rank}_*.distcp")}
+    dist = _dist()
+    if dist is None:
+        return mine
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return {k: v for part in parts for k, v in (part or {}).items()}
 
 
 def _record(model: nn.Module, layout: ShardLayout, optimizer: Any, step: int,
@@ -145,14 +133,15 @@ def _record(model: nn.Module, layout: ShardLayout, optimizer: Any, step: int,
     first = next(iter(layout.params), None)
     dtype = str(model.get_parameter(first).dtype).removeprefix("torch.") if first else None
     mesh = layout.mesh
-    return {**(record or {}), "step": int(step), "dtype": dtype,
-            "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-            "shard_mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
-            if mesh is not None else {},
-            "params": {fqn: {"shape": list(spec.global_shape),
-                             "placements": _placement_text(layout, fqn)}
-                       for fqn, spec in layout.params.items()},
-            "aliases": dict(layout.aliases)}
+    return {
+        **(record or {}), "step": int(step), "dtype": dtype,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "shard_mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
+        if mesh is not None else {},
+        "params": {fqn: {"shape": list(spec.global_shape),
+                         "placements": _placement_text(layout, fqn)}
+                   for fqn, spec in layout.params.items()},
+        "aliases": dict(layout.aliases)}
 
 
 def _refuse_strided(layout: ShardLayout) -> None:
@@ -167,51 +156,64 @@ def _refuse_strided(layout: ShardLayout) -> None:
 
 
 def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: Path) -> None:
-    """Every model parameter is in the checkpoint with its global shape, and nothing else."""
-    prefix = MODEL + "."
-    saved = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
-    missing = [f for f in layout.params if f not in saved]
-    extra = [f for f in saved if f not in layout.params and f not in layout.aliases]
-    wrong = [f"{f}: checkpoint {tuple(saved[f].size)}, model {spec.global_shape}"
-             for f, spec in layout.params.items()
-             if f in saved and tuple(saved[f].size) != spec.global_shape]
-    if missing or extra or wrong:
-        raise PlanError([error("checkpoint.params", str(directory),
-                               f"the checkpoint does not fit the model: missing {missing[:3]}, "
-                               f"unexpected {extra[:3]}, other shapes {wrong[:3]}")])
+    """Every model parameter is in the checkpoint as a tensor of its global shape, and
+    nothing else is (dtypes were checked against the record: DCP converts on load)."""
+    from hpcodegen.checkpoint.metadata import tensor_problems
+
+    expected = {f"{MODEL}{f}": (spec.global_shape, None) for f, spec in layout.params.items()}
+    problems = tensor_problems(metadata, expected) + [
+        f"{key[len(MODEL):]}: not a parameter of the model" for key in metadata.state_dict_metadata
+        if key.startswith(MODEL) and key not in expected
+        and key[len(MODEL):] not in layout.aliases]
+    if problems:
+        raise InputError([error("checkpoint.params", str(directory),
+                                "the checkpoint does not fit the model: "
+                                + "; ".join(problems[:3])
+                                + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""),
+                                hint="resume with the artifact and config the checkpoint "
+                                     "was saved with (any tp and dp)")])
 
 
-def resume(directory: str | os.PathLike[str], model: nn.Module, *,
+def resume(directory: str | os.PathLike[str], model: nn.Module,
+           layout: ShardLayout | None = None, *,
            optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load a checkpoint saved by :func:`save` (any tp, any dp) into ``model`` in place.
 
-    Collective. ``optimizer`` gets its saved state (when the checkpoint has one).
+    Collective. The checkpoint is untrusted input: its record and metadata are read as
+    plain data and checked against each other and against ``layout`` (every parameter
+    present with its global shape), the ranks share the sha256 check of its files, and
+    only then are the chunks read, each checked (:mod:`hpcodegen.checkpoint.dcp_safe`).
+    ``optimizer`` gets its saved state (when the checkpoint has one), checked against the
+    optimizer's own groups.
 
     Returns:
         The step the checkpoint was saved at.
+
+    Raises:
+        InputError: (exit 2) the checkpoint is damaged, foreign, or not of this model.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from hpcodegen.checkpoint import optim_state
+    from hpcodegen.checkpoint.dcp_safe import load
+    from hpcodegen.checkpoint.integrity import open_checkpoint
 
     path = Path(directory)
-    record = read_record(path)
-    layout = ShardLayout.of(model)
+    layout = layout if layout is not None else ShardLayout.of(model)
     _refuse_strided(layout)
-    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    checked = open_checkpoint(path, digests="share")
+    metadata = checked.metadata
     _check_params(layout, metadata, path)
-    has_optim = any(k.startswith(OPTIM + ".") for k in metadata)
-    if optimizer is not None and has_optim and record.get("format") == FORMAT_V1:
-        raise PlanError([error("checkpoint.old_optimizer", str(path),
-                               "the checkpoint's optimizer state has an older layout "
-                               f"({FORMAT_V1}); its model weights load, its optimizer "
-                               "state does not", hint="resume without the optimizer")])
-    state = {**_state(model, optimizer if has_optim else None, template=True), STEP: 0}
-    dcp.load(state, checkpoint_id=str(path))
-    set_model_state_dict(model, state[MODEL])
-    if OPTIM in state:
-        set_optimizer_state_dict(model, optimizer, state[OPTIM])
-    return int(state[STEP])
+    state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
+        fqn, model.get_parameter(fqn).detach()) for fqn in layout.params}
+    entries = metadata.state_dict_metadata
+    has_optim = optimizer is not None and GROUPS in entries
+    if has_optim:
+        state.update(optim_state.placeholders(model, layout, entries, path))
+    state.update(optim_state.plain_items(entries, path, with_groups=has_optim))
+    load(state, path, metadata)
+    step = state[STEP]
+    if type(step) is not int or step < 0:
+        raise InputError([error("checkpoint.step", STEP, f"the saved step is {step!r}",
+                                expected="a non-negative integer", file=str(path))])
+    if has_optim:
+        optim_state.load_into(optimizer, model, layout, state, path)
+    return step

@@ -189,6 +189,7 @@ _ENTRY: Table = {
     "deferred_bias_params": ("deferred_bias_params", _strs, _list),
     "tp_rank0_params": ("tp_rank0_params", _strs, _list),
     "partial_grad_params": ("partial_grad_params", _strs, _list),
+    "no_grad_inputs": ("no_grad_inputs", _strs, _list),
 }
 _INJECTION: Table = {
     "match": ("match", _match, _write_match),

@@ -62,6 +62,7 @@ def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: Activ
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
+    _bind_token_gather(model, meta, active)
     _bind_injections(model, resolved.injections, plan)
     if TP in active.axes:
         install_grad_allreduce(model, _partial_grad_fqns(plan), active.tp_group())
@@ -106,6 +107,28 @@ def _bind_expert_parallel(model: nn.Module, expert: ExpertMesh, fqns: set[str]) 
         owner_path = fqn.rpartition(".")[0]
         owner = model.get_submodule(owner_path) if owner_path else model
         owner._hp_expert_parallel = ep
+
+
+def _bind_token_gather(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+    """Give each dispatching ``experts`` region whose tokens stay sharded on tp while its
+    experts are split over tp (sequence parallelism) the tp group its dispatch gathers the
+    received rows over (read by ``ep_dispatch``; :func:`hpcodegen.plan.moe.gathers_over_tp`)."""
+    from hpcodegen.plan.entry import expand_injections, param_plan
+    from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, gathers_over_tp, target_name
+    from hpcodegen.runtime.moe import TokenGather
+
+    if TP not in active.axes:
+        return
+    group = active.tp_group()
+    import torch.distributed as dist
+
+    gather = TokenGather(group, dist.get_world_size(group), dist.get_rank(group))
+    records = expand_injections(meta)
+    for fqn, entry in param_plan(meta).items():
+        record = records.get(fqn) or {}
+        if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS \
+                and gathers_over_tp(entry):
+            model.get_submodule(fqn).__dict__["_hp_expert_tp"] = gather
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],
