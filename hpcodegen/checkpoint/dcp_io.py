@@ -215,5 +215,8 @@ def resume(directory: str | os.PathLike[str], model: nn.Module,
         raise InputError([error("checkpoint.step", STEP, f"the saved step is {step!r}",
                                 expected="a non-negative integer", file=str(path))])
     if has_optim:
+        from hpcodegen.runtime.state_dict import attach_optimizer
+
+        attach_optimizer(optimizer)  # its state_dict() shows DTensors, as after a step
         optim_state.load_into(optimizer, model, layout, state, path)
     return step

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Artifact", "MeshContext", "generated_model_class", "import_generated_module",
+__all__ = ["Artifact", "MeshContext", "attach_optimizer", "generated_model_class",
+           "import_generated_module",
            "import_verified_module", "load_verified_meta", "parallel_state",
            "parallelize_from_generated"]
 
 _HOMES = {"Artifact": "artifact", "MeshContext": "mesh", "parallel_state": "shards",
+          "attach_optimizer": "state_dict",
           "parallelize_from_generated": "api", "load_verified_meta": "api",
           "generated_model_class": "loader", "import_generated_module": "loader",
           "import_verified_module": "loader"}
