@@ -201,3 +201,21 @@ def test_parallelize_from_generated_is_the_thin_wrapper(tp2) -> None:
     assert state is not None and state.source_info == info
     assert info["lm_head.weight"][0] == (torch.distributed.tensor.Shard(0),)
     assert state.plan == art.plan
+
+
+def test_state_dict_of_a_model_wrapped_by_fully_shard_is_refused(fake_world) -> None:
+    """FSDP2 over dp replaces the parameters by its DTensors over dp, which do not carry
+    the tp placement: saving them would write each tp rank's shard as the whole tensor."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import hpcodegen
+
+    fake_world(4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    art = hpcodegen.Artifact.load(EXAMPLES / "llama_tp2", CONFIG)
+    model = art.parallelize(art.build_model(device="cpu"), mesh)
+    fully_shard(model, mesh=mesh["dp"])
+    with pytest.raises(PlanError) as info:
+        model.state_dict()
+    assert info.value.findings[0].code == "runtime.state_dict_wrapped"
