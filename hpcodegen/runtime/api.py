@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Union
 from hpcodegen.artifact.load import LoadedMeta, load_meta
 from hpcodegen.errors import PlanError, error
 from hpcodegen.hf import architecture_of
+from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.mesh import MeshContext
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def config_dict(hf_config: Any) -> dict[str, Any] | None:
     return read_hf_config(hf_config)[0]
 
 
-def _recorded_view(config: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def _recorded_view(config: dict[str, Any], plan: Plan) -> dict[str, Any]:
     """A ``PretrainedConfig.to_dict()`` narrowed to the structure fields the artifact recorded.
 
     ``to_dict`` adds every class default and attribute alias (``attention_bias``,
@@ -56,8 +57,9 @@ def _recorded_view(config: dict[str, Any], meta: Mapping[str, Any]) -> dict[str,
     """
     from hpcodegen.hf import structure_view
 
-    recorded = (meta.get("source") or {}).get("structure")
-    if not isinstance(recorded, Mapping):
+    source = plan.provenance.source
+    recorded = source.structure if source is not None else None
+    if recorded is None:
         return config
     return structure_view(config, recorded)
 
@@ -83,13 +85,14 @@ def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = No
     if config is None:
         return loaded
     if not isinstance(hf_config, (Mapping, str, os.PathLike)):
-        config = _recorded_view(config, loaded.data)
+        config = _recorded_view(config, loaded.plan)
     _check_architecture(loaded, hf_config, config)
     return check_meta(loaded, ("signature",), hf_config=config)
 
 
 def _check_architecture(loaded: LoadedMeta, hf_config: Any, config: dict[str, Any]) -> None:
-    want = (loaded.data.get("source") or {}).get("architecture")
+    source = loaded.plan.provenance.source if loaded.plan is not None else None
+    want = source.architecture if source is not None else None
     got = architecture_of(config)
     if got is None and not isinstance(hf_config, (Mapping, str, os.PathLike)):
         # a config object without ``architectures``: typically a composite model's text
