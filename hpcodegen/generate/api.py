@@ -54,6 +54,7 @@ from hpcodegen.generate.freeze import (
     parallel_dims,
     source_record,
 )
+from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.layer_split import rules_in_use, unsplit_layers
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
@@ -72,6 +73,7 @@ from hpcodegen.generate.recipe import (
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.sp_check import check_sp_shapes
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
+from hpcodegen.generate.token_dims import retarget_token_dims
 from hpcodegen.generate.validate import (
     check_class_contracts,
     check_coverage,
@@ -172,10 +174,12 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
                  rules: PackageRules | None, ep: int = 1, loss_parallel: bool = False,
-                 notes: list[str] | None = None) -> tuple[dict[str, dict[str, Any]], list]:
+                 notes: list[str] | None = None
+                 ) -> tuple[dict[str, dict[str, Any]], list, list[str]]:
     """The lifted plan and injection records: HF plan, package rules, recipe, in that order
     of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
     names is replicated; the aliases of a tied parameter take its one sharded placement.
+    The third value lists the ``experts`` modules (HF ``moe_tp_experts``).
 
     An HF plan rule that matches no module of this config (a hybrid's attention rules on a
     config without attention layers, a rule for another variant) is skipped, as transformers
@@ -197,11 +201,12 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     plan = lift_plan(model, assignments, sp, loss_parallel)
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
+    experts = moe_experts(assignments)
     if ep > 1:
-        injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
+        injections = shard_experts(model, plan, experts, ep, injections, sp)
     replicate_uncovered(model, plan, sp)
     unify_tied_placements(model, plan, sp)
-    return {fqn: plan[fqn] for fqn in sorted(plan)}, injections
+    return {fqn: plan[fqn] for fqn in sorted(plan)}, injections, experts
 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
@@ -235,13 +240,17 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     modules = dict(model.named_modules())
     if rules is not None and notes is not None:
         notes.append(rules.describe())
-    plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
+    plan, injections, experts = plan_sources(model, sp, recipe, rules, ep, loss_parallel,
+                                             notes)
+    moe_blocks = sorted({parent_of(fqn) for fqn in experts})
+    if sp:
+        retarget_token_dims(model, plan, moe_blocks)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else (), plan)
     check_even_shards(model, plan, tp)
     if sp:
-        check_sequence_parallel(plan, classes)
+        check_sequence_parallel(plan, classes, moe_blocks)
         check_sp_shapes(model, plan, tp, classes)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
     degenerate = unsplit_layers(model, plan, tp, rules_in_use(

@@ -64,14 +64,18 @@ def _mark_lost(outcome: JobOutcome, expected: int) -> list[int]:
 
 def _root_cause(outcome: JobOutcome) -> tuple[dict[str, Any] | None, RankRecord | None]:
     """``(torchrun's failure row, None)`` when the first rank torchrun saw fail left no
-    error of its own (a signal, ``os._exit``, a crash); else ``(None, the first error
-    record)``: torchrun's order decides which rank was first, our records what it said."""
+    result of its own (a signal, ``os._exit``, a crash before its final record); else
+    ``(None, the first error record)``: torchrun's order decides which rank was first, our
+    records what it said. A rank that wrote its final record (its check failed, or it
+    raised) and then exited non-zero is reported by that record, never as "exited before
+    reporting a result"."""
     if outcome.failures:
         row = outcome.failures[0]
         rec = outcome.records.get(row.get("rank"))
-        if rec is None or rec.status != STATUS_ERROR:
+        if rec is None or not rec.done:
             return row, None
-        return None, rec
+        if rec.status == STATUS_ERROR:
+            return None, rec
     return None, first_error(outcome.records)
 
 
@@ -101,13 +105,25 @@ def likely_cause(signal_name: str, oom_kills: int | None) -> str:
     return f"out of memory, the kernel's OOM killer sends SIGKILL{seen}; see dmesg"
 
 
-def _how(row: dict[str, Any], oom_kills: int | None = None) -> str:
+def _failed_after_ok(outcome: JobOutcome) -> dict[str, Any] | None:
+    """torchrun's first failure row of a rank whose own record says ok (it failed in its
+    teardown: an exit hook, a process group that did not close)."""
+    for row in outcome.failures:
+        rec = outcome.records.get(row.get("rank"))
+        if rec is not None and rec.status == STATUS_OK:
+            return row
+    return None
+
+
+def _how(row: dict[str, Any], oom_kills: int | None = None) -> tuple[str, str]:
+    """``("was killed by signal 9 (SIGKILL)", "; likely cause: ...")`` or
+    ``("exited with code 3", "")``: what torchrun saw, and for a signal why, most likely."""
     code = int(row.get("exitcode", 0))
     if code < 0:
         name = row.get("signal") or "unknown"
-        return (f"was killed by signal {-code} ({name}) before reporting a result; likely "
-                f"cause: {likely_cause(str(name), oom_kills)}")
-    return f"exited with code {code} before reporting a result"
+        return (f"was killed by signal {-code} ({name})",
+                f"; likely cause: {likely_cause(str(name), oom_kills)}")
+    return f"exited with code {code}", ""
 
 
 def _refused(outcome: JobOutcome, expected: int) -> tuple[int, str] | None:
@@ -124,6 +140,15 @@ def _refused(outcome: JobOutcome, expected: int) -> tuple[int, str] | None:
                         f"{printable(rec.error or '')}; hint: {HINT}")
 
 
+def _ended(outcome: JobOutcome) -> str:
+    """What the launcher did to the job, as it is: every process ended, or which not."""
+    left = outcome.survivors
+    if not left:
+        return "every process of the job was ended"
+    return (f"{len(left)} process(es) of the job could not be ended (pid "
+            f"{', '.join(map(str, left[:5]))})")
+
+
 def _pending(records: dict[int, RankRecord]) -> str:
     return ", ".join(f"{r} ({rec.phase})" for r, rec in sorted(records.items())
                      if not rec.done) or "none"
@@ -138,7 +163,7 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
     keep = "" if opts.log_dir is not None else f"; run files kept in {run_dir}"
     if outcome.interrupted:
         _mark_lost(outcome, expected)
-        return EXIT_FAILED, f"interrupted; every process of the job was ended{keep}"
+        return EXIT_FAILED, f"interrupted; {_ended(outcome)}{keep}"
     if not outcome.records and not outcome.timed_out:
         console = f"; torchrun output: {console_log}" if console_log else ""
         return EXIT_FAILED, (f"no rank reported (torchrun exit code {outcome.returncode})"
@@ -150,7 +175,7 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         pending = _pending(outcome.records)
         _mark_lost(outcome, expected)
         return EXIT_FAILED, (f"timed out after {opts.timeout:g} s with ranks still running: "
-                             f"{pending}; every process of the job was ended{keep}")
+                             f"{pending}; {_ended(outcome)}{keep}")
     dead, failed = _root_cause(outcome)
     if dead is not None:
         rank = int(dead["rank"])
@@ -164,7 +189,8 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         outcome.blamed = rank
         log = rank_log(logs, int(dead.get("local_rank", rank)))
         where = f" (log: {log})" if log else ""
-        return EXIT_FAILED, f"rank {rank} {_how(dead, oom_kills)}{where}{keep}"
+        how, cause = _how(dead, oom_kills)
+        return EXIT_FAILED, f"rank {rank} {how} before reporting a result{cause}{where}{keep}"
     if failed is not None:
         _mark_lost(outcome, expected)
         outcome.blamed = failed.rank
@@ -176,6 +202,13 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         rec = bad[0]
         outcome.blamed = rec.rank
         return EXIT_FAILED, f"rank {rec.rank} check failed: {printable(rec.error or '')}{keep}"
+    after = _failed_after_ok(outcome)
+    if after is not None:
+        rank = int(after["rank"])
+        outcome.blamed = rank
+        how, cause = _how(after, oom_kills)
+        return EXIT_FAILED, (f"rank {rank} reported ok, then {how}{cause}"
+                             f"{_where(logs, None, int(after.get('local_rank', rank)))}{keep}")
     if lost or len(outcome.records) < opts.nproc:
         rank = lost[0] if lost else len(outcome.records)
         return EXIT_FAILED, (f"rank {rank} ended without a result (torchrun exit code "
