@@ -78,7 +78,9 @@ def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
         if os.environ.get("HPCODEGEN_DEBUG"):
             raise
         return _input_problem(verb, exc, as_json)
-    except Exception as exc:
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # a library's BaseException (DCP's CheckpointException) too
         if os.environ.get("HPCODEGEN_DEBUG"):
             raise
         message = f"internal error: {type(exc).__name__}: {exc}"
