@@ -347,11 +347,13 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
         raise PlanError([error("config.unknown_model_type", "/model_type", message,
                                hint="check the config's model_type, or the installed "
                                     "transformers version")]) from None
-    except Exception as exc:  # a field of a type the config class refuses (strict dataclass)
+    except Exception as exc:  # the config class's own validation (strict dataclass fields)
         reason = " ".join(str(exc).split())
-        raise InputError([error("config.bad_value", "", "transformers refuses this config: "
-                                f"{type(exc).__name__}: {reason[:240]}",
-                                hint="fix the field it names")]) from None
+        reason = reason if len(reason) <= 240 else reason[:240] + "..."
+        raise PlanError([error("config.model_unbuildable", "",
+                               f"transformers refuses this config ({model_type}): "
+                               f"{type(exc).__name__}: {reason}",
+                               hint="fix the field it names")]) from None
     arch = architecture_of(config)
     import transformers
 
