@@ -71,7 +71,7 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
     """
     import torch.distributed.checkpoint as dcp
 
-    target = Path(directory)
+    target = Path(os.path.abspath(directory))
     check_target(target)
     _refuse_strided(layout)
     stage = _new_stage(target)
