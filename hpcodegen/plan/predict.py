@@ -231,8 +231,12 @@ class Summary:
     per_backward: dict[tuple[str, str, int | None], int]
     #: ``(kind, target) -> [fqn]``
     opaque: dict[tuple[str, str], list[str]]
-    #: gradient all-reduces of ``partial_grad_params`` per backward (not boundary transitions)
+    #: gradient all-reduces of ``partial_grad_params`` per backward (not boundary
+    #: transitions): one flattened all_reduce on tp for all of them (one per parameter dtype
+    #: at run time; a model in one dtype has one), :mod:`hpcodegen.runtime.grad_buckets`
     grad_sync: dict[tuple[str, str, int | None], int] = field(default_factory=dict)
+    #: how many parameter instances that all_reduce sums
+    grad_sync_params: int = 0
     #: ops torch would refuse (redistribute to Partial), as warnings
     problems: tuple[Finding, ...] = ()
 
@@ -263,7 +267,8 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
             for op in p.in_ops + p.out_ops if op.kind == "invalid")
     return Summary(forms=dict(forms), per_forward=_sorted(fwd), per_backward=_sorted(bwd),
                    opaque=opaque, problems=tuple(problems),
-                   grad_sync={("all_reduce", TP, None): sync} if sync else {})
+                   grad_sync={("all_reduce", TP, None): 1} if sync else {},
+                   grad_sync_params=sync)
 
 
 def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str, int | None], int]:

@@ -34,7 +34,8 @@ from hpcodegen.runtime.experts import (
     is_expert_placement,
     resolve_expert_mesh,
 )
-from hpcodegen.runtime.grad_sync import install_grad_allreduce, install_grad_scale
+from hpcodegen.runtime.grad_buckets import install_partial_grad_sync
+from hpcodegen.runtime.grad_sync import install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers, check_handlers
 from hpcodegen.runtime.loader import import_verified_module
 from hpcodegen.runtime.loss_install import check_loss_parallel_install
@@ -315,5 +316,5 @@ def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
     _bind_token_gather(model, meta, records, active)
     _bind_injections(model, injections, records)
     if TP in active.axes:
-        install_grad_allreduce(model, _partial_grad_fqns(meta), active.tp_group())
+        install_partial_grad_sync(model, _partial_grad_fqns(meta), active.tp_group())
     return _source_info(model, active, sharded, expert, experts)
