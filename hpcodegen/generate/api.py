@@ -55,6 +55,7 @@ from hpcodegen.generate.freeze import (
 )
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
+from hpcodegen.generate.layouts import megatron_layouts
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
 from hpcodegen.generate.package_rules import (
     PackageRules,
@@ -192,9 +193,16 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     if unmatched and notes is not None:
         notes.append(f"HF plan: {len(unmatched)} rule(s) match no module of this config and "
                      f"are skipped (as transformers skips them): {', '.join(unmatched)}")
+    layouts = megatron_layouts(model, assignments, overridden | shipped_modules)
+    if notes is not None:
+        notes.extend(layouts.notes())
     assignments.update(expand_rules(shipped, fqns, params, overridden,
                                     origin="package", strict=False))
     plan = lift_plan(model, assignments, sp, loss_parallel)
+    for fqn, attrs in layouts.config_heads.items():
+        if fqn in plan and attrs:
+            entry = plan[fqn]
+            entry["tp_divide_attrs"] = sorted({*entry.get("tp_divide_attrs", ()), *attrs})
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
     experts = moe_experts(assignments)
