@@ -205,6 +205,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
             entry["tp_divide_attrs"] = sorted({*entry.get("tp_divide_attrs", ()), *attrs})
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
+    injections += layouts.injections(plan)
     experts = moe_experts(assignments)
     if ep > 1:
         injections = shard_experts(model, plan, experts, ep, injections, sp)

@@ -50,6 +50,17 @@ class LayoutReport:
     kept: dict[str, str] = field(default_factory=dict)
     #: split fused q|k|v modules -> the config head counts their forward reads (divided)
     config_heads: dict[str, list[str]] = field(default_factory=dict)
+    #: norms run split over tp -> the kwargs of their local compute
+    sharded_norms: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def injections(self, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The local compute of every split norm still in the plan (a recipe may have
+        placed it otherwise)."""
+        from hpcodegen.plan.norms import SHARDED_NORM_TARGET
+
+        return [{"match": fqn, "local_compute_fn": {"_target_": SHARDED_NORM_TARGET, **kw}}
+                for fqn, kw in sorted(self.sharded_norms.items())
+                if (plan.get(fqn) or {}).get("is_boundary")]
 
     def notes(self) -> list[str]:
         out = []
@@ -134,6 +145,76 @@ def config_head_attrs(module: Any) -> list[str]:
                   if isinstance(getattr(config, n, None), int))
 
 
+def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignment]
+                ) -> tuple[dict[str, bool], str]:
+    """The norms between gathered head projections and the heads (OLMo-2's ``q_norm``
+    over ``q_proj``'s whole width), each with its cast order, or why the projections stay
+    gathered. Every projection must produce whole heads; a norm must be an RMS norm whose
+    arithmetic :func:`hpcodegen.runtime.norms.rms_norm` reproduces."""
+    import re
+
+    from hpcodegen.generate.lift import forward_source, is_norm
+
+    module = modules[parent]
+    heads = _heads(module)
+    names = ", ".join(g.fqn.rsplit(".", 1)[-1] for g in gathers)
+    gathered = f"{len(gathers)} projections ({names}) are all-gathered"
+    if heads is None:
+        return {}, f"{gathered}: the module names no head counts to split them by"
+    nh, nkv, hd = heads
+    source = forward_source(module)
+    kids = _children(modules, parent)
+    norms: dict[str, bool] = {}
+    for g in gathers:
+        proj = g.fqn.rsplit(".", 1)[-1]
+        width = getattr(modules[g.fqn], "out_features", None)
+        if width not in (nh * hd, nkv * hd):
+            return {}, f"{gathered}: {proj} does not produce whole heads"
+        for name, child in kids.items():
+            weight = getattr(child, "weight", None)
+            if is_norm(child) and getattr(weight, "numel", lambda: 0)() == width \
+                    and re.search(rf"self\.{name}\(\s*self\.{proj}\(", source):
+                cast_last = rms_norm_variant(child)
+                if cast_last is None:
+                    return {}, (f"{gathered} for {name}, a norm over the whole projection "
+                                "width that is not an RMS norm the runtime can split")
+                norms[f"{parent}.{name}" if parent else name] = cast_last
+    return norms, ""
+
+
+def rms_norm_variant(module: Any) -> bool | None:
+    """Whether the module computes :func:`hpcodegen.runtime.norms.rms_norm` with the cast
+    after the weight (True) or before it (False), checked on a real copy with random
+    weights and inputs in float32 and bfloat16; None when it computes something else."""
+    import copy
+
+    import torch
+
+    from hpcodegen.runtime.norms import norm_eps, rms_norm
+
+    try:
+        norm = copy.deepcopy(module).to_empty(device="cpu")
+    except Exception:  # a module that cannot be copied: not checked, not split
+        return None
+    eps = norm_eps(norm)
+    weight = getattr(norm, "weight", None)
+    if eps is None or not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    width = weight.shape[0]
+    with torch.no_grad():
+        weight.copy_(torch.rand(width, generator=gen) + 0.5)
+        x = torch.randn(4, width, generator=gen)
+        if not torch.allclose(norm(x), rms_norm(x, weight, eps, width, True, lambda s: s),
+                              rtol=1e-5, atol=1e-6):
+            return None
+        half = norm.to(torch.bfloat16)
+        got = half(x.to(torch.bfloat16))
+        hits = {last: int((rms_norm(x.to(torch.bfloat16), half.weight, eps, width, last,
+                                    lambda s: s) == got).sum()) for last in (True, False)}
+    return hits[True] >= hits[False]
+
+
 def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment],
                    report: LayoutReport) -> None:
     """Rewrite gathered fused projections to their packed split (in place)."""
@@ -147,10 +228,19 @@ def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment
         if not gathers or not rows:
             continue
         if len(gathers) > 1:
-            names = ", ".join(g.fqn.rsplit(".", 1)[-1] for g in gathers)
-            report.kept[parent] = (
-                f"{len(gathers)} projections ({names}) are all-gathered for code between "
-                "them and the heads (a norm over the whole projection width)")
+            norms, why = split_norms(modules, parent, gathers)
+            if why:
+                report.kept[parent] = why
+                continue
+            for g in gathers:
+                assignments[g.fqn] = replace(g, kind=Kind.COLWISE, style="colwise", rule=RULE)
+            for r in rows:
+                assignments[r.fqn] = replace(r, kind=Kind.ROWWISE, style="rowwise", rule=RULE)
+            for fqn, cast_last in norms.items():
+                assignments[fqn] = Assignment(fqn, Kind.SHARDED_NORM, 1, "sharded_rms_norm",
+                                              RULE)
+                report.sharded_norms[fqn] = {"cast_last": cast_last}
+            report.split.append(parent)
             continue
         factor, why = _fused_factor(modules[parent], modules[gathers[0].fqn])
         if factor == 1:
