@@ -148,7 +148,7 @@ def _clip(built: BuiltModel, max_norm: float | None) -> float | None:
 
     if built.active is None:
         return float(torch.nn.utils.clip_grad_norm_(built.model.parameters(), max_norm))
-    return float(clip_grad_norm_(built.model, built.layout, max_norm))
+    return float(clip_grad_norm_(built.model, max_norm))
 
 
 def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: int,
@@ -206,7 +206,7 @@ def _resume(directory: str, runs: list[tuple[BuiltModel, Any]], reporter: RankRe
     from hpcodegen.checkpoint.dcp_io import resume
 
     reporter.update(phase="resume")
-    steps = {resume(directory, built.model, built.layout, optimizer=opt) for built, opt in runs}
+    steps = {resume(directory, built.model, optimizer=opt) for built, opt in runs}
     return steps.pop()
 
 
@@ -286,7 +286,7 @@ def run(reporter: RankReporter) -> None:
         from hpcodegen.checkpoint.dcp_io import save
 
         reporter.update(phase="save")
-        save(save_dir, built.model, built.layout, optimizer=runs[0][1], step=first + steps,
+        save(save_dir, built.model, optimizer=runs[0][1], step=first + steps,
              record=_checkpoint_record(ctx, built))
     reporter.update(parity=parity)
     failure = _failure(parity, tol) if parity is not None else None
