@@ -72,7 +72,7 @@ def save(directory: str | os.PathLike[str], model: nn.Module,
     """
     import torch.distributed.checkpoint as dcp
 
-    target = Path(directory)
+    target = Path(os.path.abspath(directory))
     check_target(target)
     layout = layout if layout is not None else ShardLayout.of(model)
     _refuse_strided(layout)

@@ -256,8 +256,9 @@ class Lifter:
                     params[name] = {"tp": "R"}
                     if a.kind is not Kind.REPLICATE:
                         partial.append(name)
-            elif a.kind is Kind.LOCAL_PARAMS:
-                continue  # a region's forward already runs on local shards
+            elif a.kind in (Kind.LOCAL_PARAMS, Kind.SHARDED_NORM):
+                continue  # a region's forward already runs on local shards; a split norm
+                # is a boundary of its own (sharded_norm_entry)
             else:
                 raise PlanError([error(
                     "generate.nested_boundary", a.fqn,
@@ -406,6 +407,9 @@ class Lifter:
                     if a.kind in (Kind.REDUCE_OUTPUT, Kind.MOE_EXPERTS) and a.fqn not in regions]
         for fqn in regions:
             self.plan[fqn] = self.region_entry(fqn)
+        for a in self.assign.values():
+            if a.kind is Kind.SHARDED_NORM:
+                self.plan[a.fqn] = sharded_norm_entry(self.modules[a.fqn])
 
         def inside(fqn: str) -> bool:
             return any(relative_to(fqn, r) not in (None, "") for r in regions)
@@ -433,6 +437,15 @@ class Lifter:
                 first_arg(self.modules[fqn]), SEQ, "R", "R", SEQ)}
         return parents
 
+
+
+def sharded_norm_entry(module: Any) -> dict[str, Any]:
+    """A norm over a colwise projection's features, run on this rank's features (weight
+    ``S(0)``, input and output ``S(-1)``); its injected compute sums the squares over tp
+    (:mod:`hpcodegen.runtime.norms`)."""
+    seq = "S(-1)"
+    return {"params": {p: {"tp": "S(0)"} for p in direct_params(module)},
+            **transitions(first_arg(module), seq, seq, seq, seq)}
 
 
 def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
@@ -608,20 +621,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
     """Plan every trainable parameter no rule names as replicated (``R``); returns them.
 
     The parameter joins the deepest entry enclosing its module, else a parameter-only entry
-    of its own module. Its gradient is partial over tp, so it is listed in
-    ``partial_grad_params``, where its compute is split: inside an entry that splits compute
-    over tp (:func:`hpcodegen.plan.classify.splits_compute`: every path to its output runs
-    through sharded weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj``
-    and ``down_proj``), or, with ``sp``, anywhere outside a region (each rank only sees its
-    slice of the sequence).
+    of its own module. It is listed in ``partial_grad_params`` where its gradient is partial
+    by :func:`hpcodegen.plan.partial_grads.verdict`, the rule verify checks metas by: inside
+    an entry that splits compute over tp (every path to its output runs through sharded
+    weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj`` and
+    ``down_proj``), or, with ``sp``, on sequence slices (outside a region, or in one whose
+    input is the rank's slice).
 
     Every name of a tied parameter counts (Zamba2's shared blocks tie each weight across
     the hybrid layers' distinct modules): the meta's ``tied_pairs`` name every alias, so
     each must be planned (:func:`hpcodegen.generate.tied.unify_tied_placements` then gives
     them one placement).
     """
-    from hpcodegen.plan.classify import splits_compute
     from hpcodegen.plan.coverage import uncovered
+    from hpcodegen.plan.partial_grads import verdict
 
     planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
                for rel in entry.get("params") or {}}
@@ -636,21 +649,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
         else:
             fqn = owner
             entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
-        region = enclosing_boundary(plan, fqn)
-        partial = sp if region is None else splits_compute(plan[region]) or (
-            sp and _sequence_sharded_input(plan[region]))
         rel = relative_to(name, fqn) or name
         entry.setdefault("params", {})[rel] = {"tp": "R"}
-        if partial:
+        if verdict(plan, fqn, rel, sp) != "full":  # the rule verify checks the meta by
             entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
         added.append(name)
     return added
 
 
 def enclosing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
-    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none)."""
-    above = [f for f, e in plan.items() if relative_to(fqn, f) is not None and is_boundary(e)]
-    return max(above, key=fqn_depth) if above else None
+    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none):
+    :func:`hpcodegen.plan.partial_grads.governing_boundary`."""
+    from hpcodegen.plan.partial_grads import governing_boundary
+
+    return governing_boundary(plan, fqn)
 
 
 def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -64,6 +64,11 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, DTYPES.get(name, name))
 
 
+def model_dtype_bytes(name: str) -> int:
+    """Bytes per element of ``--dtype`` (4 for fp32, 2 for bf16 and fp16)."""
+    return int(torch_dtype(name).itemsize)
+
+
 @dataclass
 class BuiltModel:
     """A rank's model and what was learned building it.
@@ -110,6 +115,12 @@ def _construct(directory: Path, artifact: Path, *, on_meta: bool,
     torch.manual_seed(seed)
     with torch.device("cpu"):
         return cls(hf_config), hf_config, config
+
+
+def build_on_meta(directory: Path, artifact: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The generated class built from ``directory``'s config, every parameter on the
+    meta device: ``(model, transformers config, config dict)``."""
+    return _construct(directory, artifact, on_meta=True, seed=0)
 
 
 def _weights_text(checkpoint: Any, seed: int) -> str:

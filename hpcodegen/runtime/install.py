@@ -27,7 +27,8 @@ from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.boundaries import install_boundaries
 from hpcodegen.runtime.experts import ExpertMesh, ExpertParallel
-from hpcodegen.runtime.grad_sync import install_grad_allreduce, install_grad_scale
+from hpcodegen.runtime.grad_buckets import install_partial_grad_sync
+from hpcodegen.runtime.grad_sync import install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
 from hpcodegen.runtime.params import ShardedParam, divide_attrs, shard_parameters
@@ -62,10 +63,10 @@ def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: Activ
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
-    _bind_token_gather(model, meta, active)
+    _bind_tp_groups(model, meta, active)
     _bind_injections(model, resolved.injections, plan)
     if TP in active.axes:
-        install_grad_allreduce(model, _partial_grad_fqns(plan), active.tp_group())
+        install_partial_grad_sync(model, _partial_grad_fqns(plan), active.tp_group())
     info = _source_info(model, active, sharded, expert, experts)
     record_state(model, info, plan)
     return info
@@ -109,26 +110,32 @@ def _bind_expert_parallel(model: nn.Module, expert: ExpertMesh, fqns: set[str]) 
         owner._hp_expert_parallel = ep
 
 
-def _bind_token_gather(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
-    """Give each dispatching ``experts`` region whose tokens stay sharded on tp while its
-    experts are split over tp (sequence parallelism) the tp group its dispatch gathers the
-    received rows over (read by ``ep_dispatch``; :func:`hpcodegen.plan.moe.gathers_over_tp`)."""
+def _bind_tp_groups(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+    """Give the injected local computes that communicate over tp their group (read by the
+    factories): a dispatching ``experts`` region whose tokens stay sharded on tp while its
+    experts are split over tp (sequence parallelism: :func:`hpcodegen.plan.moe.
+    gathers_over_tp`), and a norm split over tp (:mod:`hpcodegen.runtime.norms`)."""
     from hpcodegen.plan.entry import expand_injections, param_plan
     from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, gathers_over_tp, target_name
+    from hpcodegen.plan.norms import is_sharded_norm
     from hpcodegen.runtime.moe import TokenGather
+    from hpcodegen.runtime.norms import NormGroup
 
     if TP not in active.axes:
         return
     group = active.tp_group()
     import torch.distributed as dist
 
-    gather = TokenGather(group, dist.get_world_size(group), dist.get_rank(group))
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
     records = expand_injections(meta)
     for fqn, entry in param_plan(meta).items():
         record = records.get(fqn) or {}
+        module = model.get_submodule(fqn) if fqn else model
         if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS \
                 and gathers_over_tp(entry):
-            model.get_submodule(fqn).__dict__["_hp_expert_tp"] = gather
+            module.__dict__["_hp_expert_tp"] = TokenGather(group, size, rank)
+        elif is_sharded_norm(record):
+            module.__dict__["_hp_tp_norm"] = NormGroup(group, size)
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],
