@@ -49,6 +49,7 @@ TARGET_FIELDS: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
 BUILTIN_TARGETS: dict[str, str] = {
     "ep_dispatch": "hpcodegen.runtime.moe:ep_dispatch",
     "sdpa_hf": "hpcodegen.runtime.wrappers:sdpa_hf",
+    "sharded_rms_norm": "hpcodegen.runtime.norms:sharded_rms_norm",
 }
 
 #: Top-level packages of the generator that wrote foreign metas: their targets are that

@@ -256,8 +256,9 @@ class Lifter:
                     params[name] = {"tp": "R"}
                     if a.kind is not Kind.REPLICATE:
                         partial.append(name)
-            elif a.kind is Kind.LOCAL_PARAMS:
-                continue  # a region's forward already runs on local shards
+            elif a.kind in (Kind.LOCAL_PARAMS, Kind.SHARDED_NORM):
+                continue  # a region's forward already runs on local shards; a split norm
+                # is a boundary of its own (sharded_norm_entry)
             else:
                 raise PlanError([error(
                     "generate.nested_boundary", a.fqn,
@@ -406,6 +407,9 @@ class Lifter:
                     if a.kind in (Kind.REDUCE_OUTPUT, Kind.MOE_EXPERTS) and a.fqn not in regions]
         for fqn in regions:
             self.plan[fqn] = self.region_entry(fqn)
+        for a in self.assign.values():
+            if a.kind is Kind.SHARDED_NORM:
+                self.plan[a.fqn] = sharded_norm_entry(self.modules[a.fqn])
 
         def inside(fqn: str) -> bool:
             return any(relative_to(fqn, r) not in (None, "") for r in regions)
@@ -433,6 +437,15 @@ class Lifter:
                 first_arg(self.modules[fqn]), SEQ, "R", "R", SEQ)}
         return parents
 
+
+
+def sharded_norm_entry(module: Any) -> dict[str, Any]:
+    """A norm over a colwise projection's features, run on this rank's features (weight
+    ``S(0)``, input and output ``S(-1)``); its injected compute sums the squares over tp
+    (:mod:`hpcodegen.runtime.norms`)."""
+    seq = "S(-1)"
+    return {"params": {p: {"tp": "S(0)"} for p in direct_params(module)},
+            **transitions(first_arg(module), seq, seq, seq, seq)}
 
 
 def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:

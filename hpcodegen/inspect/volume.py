@@ -16,6 +16,7 @@ from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.placement import is_shard
 from hpcodegen.plan.entry import axis_sizes, no_grad_inputs, output_index, param_plan
 from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
+from hpcodegen.plan.norms import norm_bytes
 from hpcodegen.plan.predict import takes_token_ids
 from hpcodegen.plan.volume import (
     BoundaryVolume,
@@ -86,6 +87,20 @@ def _dispatch_ops(p: Any, trace: TraceResult, config: Any, float_bytes: int,
     return out
 
 
+def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
+    """The per-token sum-of-squares all_reduces of a norm split over tp (plan.norms)."""
+    ops = [(d, o) for d, group in (("forward", p.in_ops), ("backward", p.grad_ops))
+           for o in group if o.name == "sum_of_squares"]
+    inputs = [t for t in p.transitions if t.side == "in"]
+    info = trace.tensors.get((p.fqn, "in", inputs[0].name)) if ops and inputs else None
+    if info is None:
+        return []
+    tokens = math.prod(info[0][:-1])
+    nbytes = norm_bytes(tokens, sizes.get("tp", 1))
+    return [OpVolume(d, "in", o.name, o.kind, o.axis or "", None, (*info[0][:-1], 1), nbytes)
+            for d, o in ops]
+
+
 def _volumes(result: Inspection, entries: Any, trace: TraceResult,
              float_bytes: int, config: Any = None, ep: int = 1) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
@@ -94,6 +109,7 @@ def _volumes(result: Inspection, entries: Any, trace: TraceResult,
             continue
         bv = BoundaryVolume(p.fqn)
         bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes, result.sizes, ep))
+        bv.ops.extend(_norm_ops(p, trace, result.sizes))
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
             backward = not (t.side == "in" and (takes_token_ids(p.cls)
@@ -202,3 +218,19 @@ def loss_parallel_saving(result: Inspection, config: Any, opts: InspectOptions,
     added = 3 * ring_factor("all_reduce", n) * batch * seq * 4.0
     return {"heads": result.loss_parallel_heads, "logits_shape": [batch, seq, vocab],
             "gather_bytes_saved": saved, "loss_allreduce_bytes": added}
+
+
+def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: int,
+               dtype: str = "bf16") -> tuple[float, float]:
+    """``(forward, backward)`` bytes per rank of a meta on its frozen mesh, as inspect-plan
+    counts them, traced from a config dict (generate's cost against Megatron's layout)."""
+    from hpcodegen.inspect.run import classify_meta
+    from hpcodegen.inspect.trace import trace_boundaries
+
+    result = classify_meta(meta, None)
+    entries = param_plan(meta)
+    trace = trace_boundaries(config, _targets(result, entries), batch, seq)
+    volumes = _volumes(result, entries, trace, dtype_bytes(dtype), config,
+                       max(axis_sizes(meta).get(EP, 1), 1))
+    return (sum(v.total("forward") for v in volumes.values()),
+            sum(v.total("backward") for v in volumes.values()))
