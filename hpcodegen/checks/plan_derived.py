@@ -13,7 +13,8 @@ the same rules the generator and the runtime use and refuses a disagreement:
   compute); from replicated weights every rank holds the whole value and the reduction
   would multiply it;
 * ``tp_rank0_params``: replicated parameters of a boundary that splits its compute into a
-  partial output (else the other ranks would drop them); in such an entry every
+  partial output, or whose injected compute reduces it (the expert dispatch under ``--sp``),
+  else the other ranks would drop them; in such an entry every
   replicated parameter of the module itself is one of them (the generator's rule:
   applied to a partial output once per rank, it would be counted tp times);
 * ``ep_size``: expert placements (``ep: S(..)``) exactly when ``parallel_dims.ep_size`` > 1,
@@ -127,7 +128,7 @@ def output_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         "sharded input): every rank computes the whole value, and the "
                         "reduction would multiply it by tp_size",
                         expected="R, or a boundary whose parameters or inputs are sharded")
-    yield from _rank0_findings(plan)
+    yield from _rank0_findings(plan, opaque_fqns)
 
 
 def _computed_elsewhere(meta: Mapping[str, Any]) -> set[str]:
@@ -141,7 +142,10 @@ def _computed_elsewhere(meta: Mapping[str, Any]) -> set[str]:
     return out
 
 
-def _rank0_findings(plan: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+def _rank0_findings(plan: Mapping[str, Mapping[str, Any]],
+                    opaque: set[str]) -> Iterator[Finding]:
+    """``opaque``: boundaries whose compute an injection replaces (the expert dispatch
+    reduces its tp-split compute itself, so its output need not be declared partial)."""
     for fqn, entry in plan.items():
         names = tp_rank0_params(entry)
         if not names:
@@ -155,7 +159,8 @@ def _rank0_findings(plan: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
                         "slice, so it cannot be applied by tp rank 0 only",
                         hint="drop it from tp_rank0_params")
         partial_out = any(_partial_tp(v) for v in as_dict(entry.get("out_src")).values())
-        if not (is_boundary(entry) and partial_out and _split_below(plan, fqn)):
+        reduced = partial_out or fqn in opaque
+        if not (is_boundary(entry) and reduced and _split_below(plan, fqn)):
             yield error("plan.rank0_unsplit", where,
                         f"{fqn} lists tp_rank0_params but does not split its compute into a "
                         "partial output: every rank computes the whole output, and the "

@@ -23,8 +23,18 @@ CONFIG = REPO / "examples" / "configs" / "llama"
 
 
 def _cli(*args: Any) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", *map(str, args), "--json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=150,
+    """The CLI in this process (torch and transformers load once for the whole file)."""
+    from hpcodegen.cli.app import _register, app
+    from typer.testing import CliRunner
+
+    _register()
+    res = CliRunner().invoke(app, [*map(str, args), "--json"], catch_exceptions=False)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def _launch(*args: Any) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch", *map(str, args),
+                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=150,
                           env={**os.environ, "NO_COLOR": "1"})
     return proc.returncode, json.loads(proc.stdout)
 
@@ -63,8 +73,8 @@ def test_a_contradicting_meta_fails_the_gate(tmp_path, example, edit, code,
     exit_code, doc = _cli("verify", art, "--hf-config", CONFIG, "--strict")
     assert exit_code == 1 and code in _errors(doc), doc
     if at_launch:  # the runtime's own checks: refused before any process starts
-        exit_code, doc = _cli("launch", art, "--nproc", "2", "--device", "cpu",
-                              "--model-dir", CONFIG)
+        exit_code, doc = _launch(art, "--nproc", "2", "--device", "cpu", "--model-dir",
+                                 CONFIG)
         assert exit_code == 1 and code in {f["code"] for f in doc["findings"]}
         assert doc.get("pids") in (None, [])
 
