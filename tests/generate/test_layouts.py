@@ -102,3 +102,36 @@ def test_rms_norm_variant_reads_the_module_arithmetic() -> None:
     assert rms_norm_variant(LastCast()) is True
     assert rms_norm_variant(FirstCast()) is False
     assert rms_norm_variant(Centered()) is None
+
+
+def test_unplanned_attention_and_mlp_split_in_a_planned_model() -> None:
+    """Phi-3.5-MoE's HF plan names the experts only, Qwen2-MoE's misses the shared expert:
+    attentions and MLPs no rule names are split like Llama's (a model with no rule at all
+    stays replicated, as planned)."""
+    from moe_configs import config_of
+
+    phimoe = {"architectures": ["PhimoeForCausalLM"], "model_type": "phimoe",
+              "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+              "num_experts_per_tok": 2, "vocab_size": 256, "max_position_embeddings": 128}
+    attn = _meta(phimoe)["param_plan"]["model.layers.0.self_attn"]
+    assert attn["params"]["q_proj.weight"] == {"tp": "S(0)"}
+    assert attn["params"]["o_proj.weight"] == {"tp": "S(1)"}
+    shared = _meta(config_of("qwen2_moe"))["param_plan"]["model.layers.0.mlp.shared_expert"]
+    assert shared["params"] == {"gate_proj.weight": {"tp": "S(0)"},
+                                "up_proj.weight": {"tp": "S(0)"},
+                                "down_proj.weight": {"tp": "S(1)"}}
+    assert shared["out_src"] == {"output": {"tp": "P(sum)"}}
+
+
+def test_unrouted_experts_reduce_with_their_block() -> None:
+    """Llama-4's experts output experts x tokens rows: the block is the region, reduced
+    once per token; --sp and --ep are still refused for them."""
+    from moe_configs import config_of
+
+    plan = _meta(config_of("llama4_text"))["param_plan"]
+    block = plan["model.layers.0.feed_forward"]
+    assert block["out_src"] == {"output": {"tp": "P(sum)"}}
+    assert block["params"]["experts.down_proj"] == {"tp": "S(1)"}
+    assert block["params"]["shared_expert.down_proj.weight"] == {"tp": "S(1)"}
+    assert "model.layers.0.feed_forward.experts" not in plan
