@@ -16,9 +16,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import InputError, error, pointer
+
+if TYPE_CHECKING:
+    from hpcodegen.plan.types import Plan
 
 META_NAME = "codegen_meta.json"
 #: Metas above this size are refused before parsing (a 10,000-entry plan is ~5 MB).
@@ -34,12 +37,15 @@ class LoadedMeta:
         meta_path: the ``codegen_meta.json`` file.
         artifact_dir: its directory (the artifact).
         duplicate_keys: JSON pointers of keys that occur more than once in one object.
+        plan: the typed plan, once the checks passed (:func:`hpcodegen.verify.check_meta`
+            builds it); None for a meta that was only read.
     """
 
     data: dict[str, Any]
     meta_path: Path
     artifact_dir: Path
     duplicate_keys: tuple[str, ...] = ()
+    plan: Plan | None = None
 
 
 def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
@@ -49,7 +55,12 @@ def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
                                 f"not a path: got {type(path).__name__}",
                                 expected=f"a directory holding {META_NAME} (str or PathLike)")])
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except OSError as exc:  # a name too long, a loop of links
+        raise InputError([error("load.bad_path", "", f"unusable path: {exc.strerror or exc}",
+                                file=str(p)[:200])]) from None
+    if is_dir:
         meta = p / META_NAME
         if not meta.is_file():
             raise InputError([error("load.no_meta", str(p),
@@ -57,7 +68,7 @@ def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
                                     hint="run `hpcodegen generate` to create the artifact",
                                     file=str(meta))])
         return meta
-    if p.is_file():
+    if is_file:
         return p
     raise InputError([error("load.not_found", str(p),
                             "no such artifact directory or meta file",

@@ -65,7 +65,10 @@ def _check_names(model: nn.Module, layout: ShardLayout,
         if shape != spec.global_shape:
             wrong.append(f"{name}: file {shape}, model {spec.global_shape}")
         sources[fqn] = name
-    buffers = {n for n, _ in model.named_buffers()}
+    buffers = {n: tuple(b.shape) for n, b in model.named_buffers()}
+    wrong += [f"{n}: file {checkpoint.tensors[n].shape}, model {shape}"
+              for n, shape in buffers.items()
+              if n in checkpoint and checkpoint.tensors[n].shape != shape]  # never broadcast
     unexpected = [n for n in checkpoint.tensors
                   if n not in sources.values() and n not in buffers and n not in layout.aliases]
     where = str(checkpoint.directory)
@@ -85,9 +88,21 @@ def _check_names(model: nn.Module, layout: ShardLayout,
 
 
 def _install(model: nn.Module, fqn: str, local: torch.Tensor) -> None:
-    """Put ``local`` into the parameter object itself (tied aliases see it too)."""
+    """Put ``local`` into the parameter object itself (tied aliases see it too); it keeps
+    its kind (a runtime ``LocalShard`` stays one) and its recorded spec.
+
+    ``swap_tensors`` swaps the objects' attributes too: the new one carries the spec only
+    (not the grad hooks' flags: the hooks stay with the old tensor, and the forward
+    pre-hooks hook the new one).
+    """
+    from hpcodegen.runtime.shards import remember, spec_of
+
     param = model.get_parameter(fqn)
-    torch.utils.swap_tensors(param, nn.Parameter(local, requires_grad=param.requires_grad))
+    new = type(param)(local, requires_grad=param.requires_grad)
+    spec = spec_of(param)
+    if spec is not None:
+        remember(new, spec)
+    torch.utils.swap_tensors(param, new)
 
 
 def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,

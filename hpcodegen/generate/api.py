@@ -42,6 +42,7 @@ from hpcodegen.errors import (
     Finding,
     HpcodegenError,
     PlanError,
+    Severity,
     UsageError,
     error,
 )
@@ -56,6 +57,7 @@ from hpcodegen.generate.freeze import (
 )
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
+from hpcodegen.generate.layer_split import rules_in_use, unsplit_layers
 from hpcodegen.generate.layouts import LayoutReport, after_package_rules, megatron_layouts
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
 from hpcodegen.generate.package_rules import (
@@ -109,6 +111,8 @@ class GenerateArgs:
     verbosity: int = 0
     #: module prefixes trusted for injection targets (as ``launch --allow-target``)
     allow_target: tuple[str, ...] = ()
+    #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
+    strict: bool = False
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
@@ -222,12 +226,14 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
                  advance: Callable[[str], None] = lambda _step: None,
                  ep: int = 1, notes: list[str] | None = None,
-                 loss_parallel: bool = False) -> dict[str, bytes]:
+                 loss_parallel: bool = False,
+                 warnings: list[Finding] | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
     ``notes`` receives a line naming the package rules used, if any, and one naming the HF
-    plan rules that match no module.
+    plan rules that match no module; ``warnings`` what the plan is legal but likely not
+    meant to be (a plan that splits no layer: :mod:`.layer_split`).
     """
     from hpcodegen.hf import build_meta_model
 
@@ -262,6 +268,10 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         check_sequence_parallel(plan, classes, moe_blocks)
         check_sp_shapes(model, plan, tp, classes)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
+    degenerate = unsplit_layers(model, plan, tp, rules_in_use(
+        model, hf_rules(model), rules.file if rules is not None else None, recipe))
+    if degenerate is not None and warnings is not None:
+        warnings.append(degenerate)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))
@@ -283,7 +293,45 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         "__init__.py": INIT_TEXT.encode("utf-8"),
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
-    return render_bundle(files, roles, meta)
+    rendered = render_bundle(files, roles, meta)
+    verify_frozen(rendered[META_NAME], defined_classes(text), modules)
+    return rendered
+
+
+#: The checks of verify that read the meta alone: a meta generate writes must pass them.
+FROZEN_CHECKS: tuple[str, ...] = ("schema", "plan")
+
+
+def verify_frozen(meta_bytes: bytes, classes: set[str],
+                  modules: Mapping[str, Any] | None = None) -> None:
+    """Run verify's own ``schema`` and ``plan`` checks on the meta about to be written, and
+    with the built model's ``modules`` the model check's boundary rules
+    (:mod:`hpcodegen.checks.model_derived`).
+
+    Whatever generate accepts (a recipe value included) must give a meta its own verify
+    accepts: a plan that fails them is refused here (PlanError, exit 1), with verify's
+    findings, instead of being written. ``classes`` are the modeling file's classes (the
+    plan check reads them from the file on disk, which does not exist yet).
+    """
+    from hpcodegen.artifact.load import LoadedMeta
+    from hpcodegen.checks.context import CheckContext
+    from hpcodegen.checks.model_derived import input_name_findings, leaf_form_findings
+    from hpcodegen.checks.registry import run_checks
+    from hpcodegen.errors import Severity
+
+    data = json.loads(meta_bytes)
+    missing = Path("/nonexistent/hpcodegen-unwritten")  # nothing is read from disk
+    ctx = CheckContext(LoadedMeta(data, missing / META_NAME, missing))
+    ctx.cache["file_classes"] = set(classes)
+    found = [f for r in run_checks(ctx, FROZEN_CHECKS).values() for f in r.findings]
+    if modules is not None:
+        plan = data["param_plan"]
+        found += [*leaf_form_findings(data, modules, plan),
+                  *input_name_findings(plan, modules, set())]
+    errors = [replace(f, file=None, message=f"the plan to be frozen fails verify: {f.message}")
+              for f in found if f.severity is Severity.ERROR]
+    if errors:
+        raise PlanError(errors)
 
 
 def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
@@ -408,10 +456,15 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     if is_hub_id(args.model_dir):  # a snapshot dir is named by its commit: show the id
         label = os.fspath(args.model_dir)
     notes: list[str] = []
+    warned: list[Finding] = []
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep, notes, args.loss_parallel)
+                                    args.ep, notes, args.loss_parallel, warned)
+            if warned and args.strict:
+                raise PlanError([replace(f, severity=Severity.ERROR,
+                                         hint=f"{f.hint}; --strict refuses warnings")
+                                 for f in warned])
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise
@@ -424,7 +477,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     if args.as_json:
         findings = [error("generate.drift", line.split(":", 1)[0],
                           f"{os.fspath(args.out)}/{line}", file=os.fspath(args.out))
-                    for line in drifted]
+                    for line in drifted] + warned
         return emit("generate", code, findings, stdout, out=os.fspath(args.out),
                     check=args.check, written=not args.check, signature=meta["signature"],
                     files=[{"name": name, "bytes": len(data),
@@ -436,6 +489,11 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     if args.verbosity >= 0:
         for note in notes:
             stdout.write(f"{note}\n")
+    for finding in warned:  # like verify's: on stderr, even with --quiet
+        from hpcodegen.report.terminal import fold_text
+
+        sys.stderr.write(fold_text(f"hpcodegen generate: {finding.severity}: "
+                                   f"{finding.render()}") + "\n")
     _report_text(args, rendered, meta, drifted, stdout)
     return code
 

@@ -621,20 +621,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
     """Plan every trainable parameter no rule names as replicated (``R``); returns them.
 
     The parameter joins the deepest entry enclosing its module, else a parameter-only entry
-    of its own module. Its gradient is partial over tp, so it is listed in
-    ``partial_grad_params``, where its compute is split: inside an entry that splits compute
-    over tp (:func:`hpcodegen.plan.classify.splits_compute`: every path to its output runs
-    through sharded weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj``
-    and ``down_proj``), or, with ``sp``, anywhere outside a region (each rank only sees its
-    slice of the sequence).
+    of its own module. It is listed in ``partial_grad_params`` where its gradient is partial
+    by :func:`hpcodegen.plan.partial_grads.verdict`, the rule verify checks metas by: inside
+    an entry that splits compute over tp (every path to its output runs through sharded
+    weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj`` and
+    ``down_proj``), or, with ``sp``, on sequence slices (outside a region, or in one whose
+    input is the rank's slice).
 
     Every name of a tied parameter counts (Zamba2's shared blocks tie each weight across
     the hybrid layers' distinct modules): the meta's ``tied_pairs`` name every alias, so
     each must be planned (:func:`hpcodegen.generate.tied.unify_tied_placements` then gives
     them one placement).
     """
-    from hpcodegen.plan.classify import splits_compute
     from hpcodegen.plan.coverage import uncovered
+    from hpcodegen.plan.partial_grads import verdict
 
     planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
                for rel in entry.get("params") or {}}
@@ -649,21 +649,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
         else:
             fqn = owner
             entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
-        region = enclosing_boundary(plan, fqn)
-        partial = sp if region is None else splits_compute(plan[region]) or (
-            sp and _sequence_sharded_input(plan[region]))
         rel = relative_to(name, fqn) or name
         entry.setdefault("params", {})[rel] = {"tp": "R"}
-        if partial:
+        if verdict(plan, fqn, rel, sp) != "full":  # the rule verify checks the meta by
             entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
         added.append(name)
     return added
 
 
 def enclosing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
-    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none)."""
-    above = [f for f, e in plan.items() if relative_to(fqn, f) is not None and is_boundary(e)]
-    return max(above, key=fqn_depth) if above else None
+    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none):
+    :func:`hpcodegen.plan.partial_grads.governing_boundary`."""
+    from hpcodegen.plan.partial_grads import governing_boundary
+
+    return governing_boundary(plan, fqn)
 
 
 def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from hpcodegen.errors import Finding, Severity, error, warning
 from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.types import PlanEntry
 
 #: config field -> why it must divide tp; a miss is an error
 HEAD_FIELDS: tuple[tuple[str, str], ...] = (
@@ -162,9 +163,13 @@ def _sub_configs(config: Mapping[str, Any], at: str = "", depth: int = 0
 
 
 def _dividing_modules(plan: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
-    """``(module FQN, tp_divide_attrs)`` of every entry that lists some."""
+    """``(module FQN, tp_divide_attrs)`` of every entry that lists some (meta entries, or a
+    typed plan's :class:`~hpcodegen.plan.types.PlanEntry`)."""
     for fqn, entry in plan.items():
-        attrs = entry.get("tp_divide_attrs") if isinstance(entry, Mapping) else None
+        if isinstance(entry, PlanEntry):
+            attrs = list(entry.tp_divide_attrs or ())
+        else:
+            attrs = entry.get("tp_divide_attrs") if isinstance(entry, Mapping) else None
         if isinstance(fqn, str) and isinstance(attrs, list) and attrs:
             yield fqn, [a for a in attrs if isinstance(a, str)]
 
