@@ -40,7 +40,7 @@ from hpcodegen.plan.entry import (
     partial_grad_params,
     tp_rank0_params,
 )
-from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, target_name
+from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, gathers_over_tp, target_name
 from hpcodegen.plan.partial_grads import (
     governing_boundary,
     sequence_parallel,
@@ -127,7 +127,7 @@ def output_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         "sharded input): every rank computes the whole value, and the "
                         "reduction would multiply it by tp_size",
                         expected="R, or a boundary whose parameters or inputs are sharded")
-    yield from _rank0_findings(plan)
+    yield from _rank0_findings(plan, _reduced_inside(meta, plan))
 
 
 def _computed_elsewhere(meta: Mapping[str, Any]) -> set[str]:
@@ -141,7 +141,25 @@ def _computed_elsewhere(meta: Mapping[str, Any]) -> set[str]:
     return out
 
 
-def _rank0_findings(plan: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+def _reduced_inside(meta: Mapping[str, Any], plan: Mapping[str, Mapping[str, Any]]
+                    ) -> set[str]:
+    """Expert regions whose dispatch reduces their tp-partial results itself (sequence
+    parallelism with experts split over tp: :func:`hpcodegen.plan.moe.gathers_over_tp`):
+    their compute is split over tp though their output leaves whole."""
+    out: set[str] = set()
+    for record in as_list(meta.get("injections")):
+        if not isinstance(record, Mapping) or \
+                target_name(record.get("local_compute_fn")) not in EP_DISPATCH_TARGETS:
+            continue
+        match = record.get("match")
+        for fqn in [match] if isinstance(match, str) else as_list(match):
+            if isinstance(fqn, str) and gathers_over_tp(plan.get(fqn)):
+                out.add(fqn)
+    return out
+
+
+def _rank0_findings(plan: Mapping[str, Mapping[str, Any]],
+                    reduced_inside: set[str] = frozenset()) -> Iterator[Finding]:
     for fqn, entry in plan.items():
         names = tp_rank0_params(entry)
         if not names:
@@ -154,7 +172,8 @@ def _rank0_findings(plan: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
                         f"{fqn}.{sharded[0]} is sharded over tp: each rank holds its own "
                         "slice, so it cannot be applied by tp rank 0 only",
                         hint="drop it from tp_rank0_params")
-        partial_out = any(_partial_tp(v) for v in as_dict(entry.get("out_src")).values())
+        partial_out = any(_partial_tp(v) for v in as_dict(entry.get("out_src")).values()) \
+            or fqn in reduced_inside
         if not (is_boundary(entry) and partial_out and _split_below(plan, fqn)):
             yield error("plan.rank0_unsplit", where,
                         f"{fqn} lists tp_rank0_params but does not split its compute into a "
