@@ -22,6 +22,7 @@ from hpcodegen.launch.model import (
     SEQ_LEN,
     TOKENS_PER_RANK,
     build_on_meta,
+    checked_artifact,
     model_dtype_bytes,
     parallelize,
 )
@@ -44,7 +45,7 @@ def _counts(directory: Path, ctx: Any) -> tuple[int, int, int]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     vocab = int(head.weight.shape[0]) if getattr(head, "weight", None) is not None \
         else int(config.get("vocab_size") or 0)
-    parallelize(model, ctx, config)
+    parallelize(model, ctx, checked_artifact(ctx.meta.artifact_dir, config))
     local = sum(p.numel() for p in model.parameters())
     return full, local, vocab
 
