@@ -39,6 +39,9 @@ MLA_REQUIRED = ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 MLA_STYLES = {"q_proj": (Kind.COLWISE, "colwise"), "q_b_proj": (Kind.COLWISE, "colwise"),
               "kv_a_proj_with_mqa": (Kind.MLA_KV_A, "mla_kv_a_proj"),
               "kv_b_proj": (Kind.COLWISE, "colwise"), "o_proj": (Kind.ROWWISE, "rowwise")}
+#: the modules an MLA attention holds: a split is exact only when it holds nothing else
+#: (another projection, a gate over the heads' output, would stay whole beside split heads)
+MLA_KNOWN = frozenset({*MLA_STYLES, "q_a_proj", "q_a_layernorm", "kv_a_layernorm"})
 RULE = "<Megatron layout>"
 
 
@@ -95,19 +98,30 @@ def mla_assignments(modules: Mapping[str, Any], assignments: Mapping[str, Assign
             continue
         if any(f in assignments or f in taken for f in full):
             continue  # some rule speaks for this attention: it wins
+        held = {n for n, m in kids.items() if any(True for _ in m.parameters())}
+        if held - MLA_KNOWN or any(True for _ in modules[fqn].parameters(recurse=False)):
+            continue  # a projection or parameter the MLA split does not know
         for name, child in zip(names, full, strict=True):
             kind, style = MLA_STYLES[name]
             out[child] = Assignment(child, kind, 1, style, RULE)
     return out
 
 
+def _get(obj: Any, name: str) -> Any:
+    """``getattr`` that reads an attribute a config refuses to give (a per-layer head count
+    read globally raises its own error) as absent."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # transformers' configs raise their own errors for ambiguous fields
+        return None
+
+
 def _heads(module: Any) -> tuple[int, int, int] | None:
     """``(query heads, key/value heads, head dim)`` an attention module reads."""
-    config = getattr(module, "config", None)
-    nh = getattr(module, "num_heads", None) or getattr(config, "num_attention_heads", None)
-    nkv = getattr(module, "num_key_value_heads", None) \
-        or getattr(config, "num_key_value_heads", None) or nh
-    hd = getattr(module, "head_dim", None)
+    config = _get(module, "config")
+    nh = _get(module, "num_heads") or _get(config, "num_attention_heads")
+    nkv = _get(module, "num_key_value_heads") or _get(config, "num_key_value_heads") or nh
+    hd = _get(module, "head_dim")
     if all(isinstance(v, int) and v > 0 for v in (nh, nkv, hd)):
         return nh, nkv, hd
     return None
@@ -139,10 +153,9 @@ def config_head_attrs(module: Any) -> list[str]:
 
     from hpcodegen.generate.lift import forward_source
 
-    config = getattr(module, "config", None)
+    config = _get(module, "config")
     names = set(re.findall(r"self\.config\.(\w*heads\w*)", forward_source(module)))
-    return sorted(f"config.{n}" for n in names
-                  if isinstance(getattr(config, n, None), int))
+    return sorted(f"config.{n}" for n in names if isinstance(_get(config, n), int))
 
 
 def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignment]
@@ -271,15 +284,21 @@ def _block_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | Non
     from hpcodegen.generate.lift import forward_source, is_norm
 
     held = {n for n, m in kids.items() if any(True for _ in m.parameters())}
+    own = dict(module.named_parameters(recurse=False))
     if "config.num_" in forward_source(module) or fused_blocks(module) > 1:
-        return None
+        return None  # heads sized by the config, or fused blocks
     out = [n for n in ATTN_OUTPUTS if _is_linear(kids.get(n))]
     heads = _heads(module)
     if all(_is_linear(kids.get(n)) for n in ATTN_INPUTS) and len(out) == 1 and heads:
         norms = {n for n in held - {*ATTN_INPUTS, out[0]} if is_norm(kids[n])
                  and kids[n].weight.numel() == heads[2]}
-        if held == {*ATTN_INPUTS, out[0], *norms}:
-            return {**{n: Kind.COLWISE for n in ATTN_INPUTS}, out[0]: Kind.ROWWISE}
+        # per-head parameters of its own (attention sinks, [heads]) split with the heads
+        if held == {*ATTN_INPUTS, out[0], *norms} and all(
+                p.dim() == 1 and p.shape[0] == heads[0] for p in own.values()):
+            return {**{n: Kind.COLWISE for n in (*ATTN_INPUTS, *own)},
+                    out[0]: Kind.ROWWISE}
+    if own:
+        return None
     for cols, row in MLP_SHAPES:
         if held == {*cols, row} and all(_is_linear(kids[n]) for n in held):
             return {**{n: Kind.COLWISE for n in cols}, row: Kind.ROWWISE}
@@ -300,9 +319,10 @@ def unplanned_blocks(modules: Mapping[str, Any], assignments: Mapping[str, Assig
                           for f in named | set(out)):
             continue
         styles = _block_styles(module, _children(modules, fqn))
+        own = {n for n, _ in module.named_parameters(recurse=False)}
         for name, kind in (styles or {}).items():
             child = f"{fqn}.{name}"
-            out[child] = Assignment(child, kind, 1, kind.value, RULE)
+            out[child] = Assignment(child, kind, 1, kind.value, RULE, param=name in own)
     return out
 
 
