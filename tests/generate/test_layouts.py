@@ -135,3 +135,44 @@ def test_unrouted_experts_reduce_with_their_block() -> None:
     assert block["params"]["experts.down_proj"] == {"tp": "S(1)"}
     assert block["params"]["shared_expert.down_proj.weight"] == {"tp": "S(1)"}
     assert "model.layers.0.feed_forward.experts" not in plan
+
+
+def test_structural_rules_split_only_what_they_know() -> None:
+    """An MLA attention holding another projection (a gate over the heads' output) or an
+    attention with a parameter of its own that is not per head stays as planned; per-head
+    sinks split with the heads."""
+    from torch import nn
+
+    from hpcodegen.generate.layouts import Kind, _block_styles, _children, mla_assignments
+
+    class Mla(nn.Module):
+        def __init__(self, gate: bool) -> None:
+            super().__init__()
+            self.q_proj, self.o_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.kv_a_proj_with_mqa, self.kv_b_proj = nn.Linear(8, 4), nn.Linear(4, 8)
+            if gate:
+                self.g_proj = nn.Linear(8, 8)
+
+    for gate, split in ((False, True), (True, False)):
+        root = nn.Module()
+        root.attn = Mla(gate)
+        assert bool(mla_assignments(dict(root.named_modules()), {}, ())) is split
+
+    class Attention(nn.Module):
+        def __init__(self, extra: int) -> None:
+            super().__init__()
+            self.head_dim, self.num_heads = 4, 2
+            self.q_proj, self.k_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.v_proj, self.o_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.sinks = nn.Parameter(nn.init.zeros_(nn.Parameter(nn.Linear(1, extra).bias)))
+
+        def forward(self, hidden_states):
+            return self.o_proj(self.q_proj(hidden_states))
+
+    for extra, split in ((2, True), (3, False)):  # [heads] sinks split, anything else not
+        root = nn.Module()
+        root.attn = Attention(extra)
+        styles = _block_styles(root.attn, _children(dict(root.named_modules()), "attn"))
+        assert (styles is not None) is split
+        if split:
+            assert styles["sinks"] is Kind.COLWISE and styles["o_proj"] is Kind.ROWWISE
