@@ -12,7 +12,8 @@ reason. Last line::
 
     plan_quality: worst_comm_ratio=... worst_param_ratio=... families=N
 
-Run: ``.venv/bin/python bench/plan_quality.py [--models a,b] [--seq 8192] [--no-ep]``.
+Run: ``.venv/bin/python bench/plan_quality.py [--models a,b] [--seq 8192] [--no-ep]
+[--configs DIR]`` (``DIR/<model>/config.json``: other shapes through the same comparison).
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ class Row:
 
 
 def largest_tp(config: dict[str, Any], limit: int = 8) -> int:
-    heads = config.get("num_attention_heads") or 1
-    kv = config.get("num_key_value_heads") or heads
+    """8, or the largest power of two the query and key/value heads both divide."""
+    from hpcodegen.plan.tp_divisible import config_size
+
+    heads = (config_size(config, "num_attention_heads") or ("", 1))[1]
+    kv = (config_size(config, "num_key_value_heads") or ("", heads))[1]
     tp = limit
     while tp > 1 and (heads % tp or kv % tp):
         tp //= 2
@@ -95,6 +99,9 @@ def measure(name: str, model_dir: Path, seq: int, with_ep: bool) -> list[Row]:
             continue
         meta = json.loads(files["codegen_meta.json"])
         fwd, bwd = comm_bytes(shape, tp, sp, ep, 1, seq, ELEM)
+        if tp <= 1:
+            rows.append(Row(name, label, note="tp 1: nothing to compare"))
+            continue
         comm = plan_bytes(meta, model_dir, seq) / (fwd + bwd)
         param = plan_param_bytes(meta["param_plan"], numels, tp, ep, ELEM) \
             / param_bytes(shape, tp, ep, ELEM)
@@ -127,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated config dir names")
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--no-ep", action="store_true", help="leave the --ep 8 settings out")
+    parser.add_argument("--configs", type=Path, default=CONFIGS,
+                        help="a directory of <model>/config.json (default bench/configs)")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n] or sorted(
-        p.name for p in CONFIGS.iterdir() if (p / "config.json").is_file())
+        p.name for p in args.configs.iterdir() if (p / "config.json").is_file())
     rows: list[Row] = []
     start = time.perf_counter()
     for name in names:
         t0 = time.perf_counter()
-        rows += measure(name, CONFIGS / name, args.seq, not args.no_ep)
+        rows += measure(name, args.configs / name, args.seq, not args.no_ep)
         print(f"[{name}: {time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
     print(report(rows, len(names)))  # families: the published shapes measured
     print(f"[{time.perf_counter() - start:.0f} s in all]", file=sys.stderr)

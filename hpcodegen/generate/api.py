@@ -58,7 +58,7 @@ from hpcodegen.generate.freeze import (
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.layer_split import rules_in_use, unsplit_layers
-from hpcodegen.generate.layouts import LayoutReport, megatron_layouts
+from hpcodegen.generate.layouts import LayoutReport, after_package_rules, megatron_layouts
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
 from hpcodegen.generate.package_rules import (
     PackageRules,
@@ -205,6 +205,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
         notes.extend(layouts.notes())
     assignments.update(expand_rules(shipped, fqns, params, overridden,
                                     origin="package", strict=False))
+    after_package_rules(model, assignments, layouts, sp, ep)
     plan = lift_plan(model, assignments, sp, loss_parallel)
     for fqn, attrs in layouts.config_heads.items():
         if fqn in plan and attrs:

@@ -30,7 +30,6 @@ def cost_note(model: Any, config: Mapping[str, Any], meta: Mapping[str, Any],
               kept: Mapping[str, str], tp: int, sp: bool, ep: int) -> str:
     """The note for a plan with modules kept above Megatron's layout."""
     from hpcodegen.generate.megatron_shape import model_shape
-    from hpcodegen.inspect.volume import plan_bytes
     from hpcodegen.plan.megatron import comm_bytes, param_bytes, plan_param_bytes
 
     shape = model_shape(model, dict(config))
@@ -44,3 +43,23 @@ def cost_note(model: Any, config: Mapping[str, Any], meta: Mapping[str, Any],
     return (f"{ABOVE}: {comm:.2f}x its bytes per rank (forward and backward), "
             f"{params / ref_params:.2f}x its parameter bytes per rank; kept as transformers "
             f"plans it: {'; '.join(_folded(kept))}")
+
+
+def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: int,
+               dtype: str = "bf16") -> tuple[float, float]:
+    """``(forward, backward)`` bytes per rank of a meta on its frozen mesh, as inspect-plan
+    counts them, traced from a config dict."""
+    from hpcodegen.inspect.run import classify_meta
+    from hpcodegen.inspect.trace import trace_boundaries
+    from hpcodegen.inspect.volume import _targets, _volumes
+    from hpcodegen.plan.entry import axis_sizes, param_plan
+    from hpcodegen.plan.moe import EP
+    from hpcodegen.plan.volume import dtype_bytes
+
+    result = classify_meta(meta, None)
+    entries = param_plan(meta)
+    trace = trace_boundaries(config, _targets(result, entries), batch, seq)
+    volumes = _volumes(result, entries, trace, dtype_bytes(dtype), config,
+                       max(axis_sizes(meta).get(EP, 1), 1))
+    return (sum(v.total("forward") for v in volumes.values()),
+            sum(v.total("backward") for v in volumes.values()))

@@ -39,6 +39,9 @@ MLA_REQUIRED = ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 MLA_STYLES = {"q_proj": (Kind.COLWISE, "colwise"), "q_b_proj": (Kind.COLWISE, "colwise"),
               "kv_a_proj_with_mqa": (Kind.MLA_KV_A, "mla_kv_a_proj"),
               "kv_b_proj": (Kind.COLWISE, "colwise"), "o_proj": (Kind.ROWWISE, "rowwise")}
+#: the modules an MLA attention holds: a split is exact only when it holds nothing else
+#: (another projection, a gate over the heads' output, would stay whole beside split heads)
+MLA_KNOWN = frozenset({*MLA_STYLES, "q_a_proj", "q_a_layernorm", "kv_a_layernorm"})
 RULE = "<Megatron layout>"
 
 
@@ -95,19 +98,30 @@ def mla_assignments(modules: Mapping[str, Any], assignments: Mapping[str, Assign
             continue
         if any(f in assignments or f in taken for f in full):
             continue  # some rule speaks for this attention: it wins
+        held = {n for n, m in kids.items() if any(True for _ in m.parameters())}
+        if held - MLA_KNOWN or any(True for _ in modules[fqn].parameters(recurse=False)):
+            continue  # a projection or parameter the MLA split does not know
         for name, child in zip(names, full, strict=True):
             kind, style = MLA_STYLES[name]
             out[child] = Assignment(child, kind, 1, style, RULE)
     return out
 
 
+def _get(obj: Any, name: str) -> Any:
+    """``getattr`` that reads an attribute a config refuses to give (a per-layer head count
+    read globally raises its own error) as absent."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # transformers' configs raise their own errors for ambiguous fields
+        return None
+
+
 def _heads(module: Any) -> tuple[int, int, int] | None:
     """``(query heads, key/value heads, head dim)`` an attention module reads."""
-    config = getattr(module, "config", None)
-    nh = getattr(module, "num_heads", None) or getattr(config, "num_attention_heads", None)
-    nkv = getattr(module, "num_key_value_heads", None) \
-        or getattr(config, "num_key_value_heads", None) or nh
-    hd = getattr(module, "head_dim", None)
+    config = _get(module, "config")
+    nh = _get(module, "num_heads") or _get(config, "num_attention_heads")
+    nkv = _get(module, "num_key_value_heads") or _get(config, "num_key_value_heads") or nh
+    hd = _get(module, "head_dim")
     if all(isinstance(v, int) and v > 0 for v in (nh, nkv, hd)):
         return nh, nkv, hd
     return None
@@ -139,10 +153,9 @@ def config_head_attrs(module: Any) -> list[str]:
 
     from hpcodegen.generate.lift import forward_source
 
-    config = getattr(module, "config", None)
+    config = _get(module, "config")
     names = set(re.findall(r"self\.config\.(\w*heads\w*)", forward_source(module)))
-    return sorted(f"config.{n}" for n in names
-                  if isinstance(getattr(config, n, None), int))
+    return sorted(f"config.{n}" for n in names if isinstance(_get(config, n), int))
 
 
 def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignment]
@@ -256,6 +269,85 @@ def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment
             report.config_heads[parent] = config_head_attrs(modules[parent])
 
 
+#: an attention's input projections and its output projection, in transformers' names
+ATTN_INPUTS = ("q_proj", "k_proj", "v_proj")
+ATTN_OUTPUTS = ("o_proj", "out_proj", "dense")
+#: an MLP's (column-parallel inputs, row-parallel output), in transformers' names
+MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("up_proj",), "down_proj"),
+              (("fc1",), "fc2"), (("w1", "w3"), "w2"))
+
+
+def _block_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
+    """Megatron's styles for an attention or MLP no rule names, or None: every child with
+    parameters must be one of its projections (an attention may hold per-head norms), and
+    the forward must not size heads by the config (which the plan would not divide)."""
+    from hpcodegen.generate.lift import forward_source, is_norm
+
+    held = {n for n, m in kids.items() if any(True for _ in m.parameters())}
+    own = dict(module.named_parameters(recurse=False))
+    if "config.num_" in forward_source(module) or fused_blocks(module) > 1:
+        return None  # heads sized by the config, or fused blocks
+    out = [n for n in ATTN_OUTPUTS if _is_linear(kids.get(n))]
+    heads = _heads(module)
+    if all(_is_linear(kids.get(n)) for n in ATTN_INPUTS) and len(out) == 1 and heads:
+        norms = {n for n in held - {*ATTN_INPUTS, out[0]} if is_norm(kids[n])
+                 and kids[n].weight.numel() == heads[2]}
+        # per-head parameters of its own (attention sinks, [heads]) split with the heads
+        if held == {*ATTN_INPUTS, out[0], *norms} and all(
+                p.dim() == 1 and p.shape[0] == heads[0] for p in own.values()):
+            return {**{n: Kind.COLWISE for n in (*ATTN_INPUTS, *own)},
+                    out[0]: Kind.ROWWISE}
+    if own:
+        return None
+    for cols, row in MLP_SHAPES:
+        if held == {*cols, row} and all(_is_linear(kids[n]) for n in held):
+            return {**{n: Kind.COLWISE for n in cols}, row: Kind.ROWWISE}
+    return None
+
+
+def unplanned_blocks(modules: Mapping[str, Any], assignments: Mapping[str, Assignment],
+                     taken: Collection[str]) -> dict[str, Assignment]:
+    """Megatron's split for every attention and MLP no rule names (Phi-3.5-MoE's attention,
+    Qwen2-MoE's shared expert, a composite model's vision tower), in a model some rule
+    already splits (a model with no rule at all is left replicated, as planned)."""
+    if not assignments:
+        return {}
+    named = set(assignments) | set(taken)
+    out: dict[str, Assignment] = {}
+    for fqn, module in modules.items():
+        if not fqn or any(f == fqn or f.startswith(f"{fqn}.") or fqn.startswith(f"{f}.")
+                          for f in named | set(out)):
+            continue
+        styles = _block_styles(module, _children(modules, fqn))
+        own = {n for n, _ in module.named_parameters(recurse=False)}
+        for name, kind in (styles or {}).items():
+            child = f"{fqn}.{name}"
+            out[child] = Assignment(child, kind, 1, kind.value, RULE, param=name in own)
+    return out
+
+
+def unrouted_experts(modules: Mapping[str, Any], assignments: dict[str, Assignment],
+                     report: LayoutReport) -> None:
+    """Experts taking every token stacked once per expert (Llama-4's: no (index, weight)
+    routing) output ``experts x tokens`` rows; all-reducing those would move ``experts``
+    times the hidden states. Their block (the experts' parent: router, experts, shared
+    expert) becomes the region instead: its output, one row per token, is reduced once."""
+    import inspect
+
+    for a in [a for a in assignments.values() if a.kind is Kind.MOE_EXPERTS]:
+        sig = inspect.signature(type(modules[a.fqn]).forward).parameters.values()
+        if len([p for p in sig if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) > 2:
+            continue  # (self, hidden_states, indices, weights): routed
+        block = parent_of(a.fqn)
+        del assignments[a.fqn]
+        for fqn, b in list(assignments.items()):
+            if fqn.startswith(f"{block}.") and b.kind in (Kind.COLWISE, Kind.ROWWISE):
+                local = Kind.LOCAL_COLWISE if b.kind is Kind.COLWISE else Kind.LOCAL_ROWWISE
+                assignments[fqn] = replace(b, kind=local, rule=RULE)
+        assignments[block] = Assignment(block, Kind.REDUCE_OUTPUT, 1, "all_reduce", RULE)
+        report.split.append(block)
+
+
 def megatron_layouts(model: Any, assignments: dict[str, Assignment],
                      taken: Collection[str] = ()) -> LayoutReport:
     """Apply the module docstring's rules to the HF assignments (in place); ``taken`` are the
@@ -266,4 +358,16 @@ def megatron_layouts(model: Any, assignments: dict[str, Assignment],
     assignments.update(mla)
     report.split += sorted({parent_of(f) for f in mla})
     split_gathered(modules, assignments, report)
+    blocks = unplanned_blocks(modules, assignments, taken)
+    assignments.update(blocks)
+    report.split += sorted({parent_of(f) for f in blocks})
     return report
+
+
+def after_package_rules(model: Any, assignments: dict[str, Assignment], report: LayoutReport,
+                        sp: bool, ep: int) -> None:
+    """The rules that hold for package rules too (in place): unrouted experts reduced with
+    their block. With ``sp`` or ``--ep`` they keep their assignment: both are refused for
+    them, with the reason."""
+    if not sp and ep <= 1:
+        unrouted_experts(dict(model.named_modules()), assignments, report)

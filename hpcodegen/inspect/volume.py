@@ -219,18 +219,3 @@ def loss_parallel_saving(result: Inspection, config: Any, opts: InspectOptions,
     return {"heads": result.loss_parallel_heads, "logits_shape": [batch, seq, vocab],
             "gather_bytes_saved": saved, "loss_allreduce_bytes": added}
 
-
-def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: int,
-               dtype: str = "bf16") -> tuple[float, float]:
-    """``(forward, backward)`` bytes per rank of a meta on its frozen mesh, as inspect-plan
-    counts them, traced from a config dict (generate's cost against Megatron's layout)."""
-    from hpcodegen.inspect.run import classify_meta
-    from hpcodegen.inspect.trace import trace_boundaries
-
-    result = classify_meta(meta, None)
-    entries = param_plan(meta)
-    trace = trace_boundaries(config, _targets(result, entries), batch, seq)
-    volumes = _volumes(result, entries, trace, dtype_bytes(dtype), config,
-                       max(axis_sizes(meta).get(EP, 1), 1))
-    return (sum(v.total("forward") for v in volumes.values()),
-            sum(v.total("backward") for v in volumes.values()))

@@ -102,3 +102,77 @@ def test_rms_norm_variant_reads_the_module_arithmetic() -> None:
     assert rms_norm_variant(LastCast()) is True
     assert rms_norm_variant(FirstCast()) is False
     assert rms_norm_variant(Centered()) is None
+
+
+def test_unplanned_attention_and_mlp_split_in_a_planned_model() -> None:
+    """Phi-3.5-MoE's HF plan names the experts only, Qwen2-MoE's misses the shared expert:
+    attentions and MLPs no rule names are split like Llama's (a model with no rule at all
+    stays replicated, as planned)."""
+    from moe_configs import config_of
+
+    phimoe = {"architectures": ["PhimoeForCausalLM"], "model_type": "phimoe",
+              "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+              "num_experts_per_tok": 2, "vocab_size": 256, "max_position_embeddings": 128}
+    attn = _meta(phimoe)["param_plan"]["model.layers.0.self_attn"]
+    assert attn["params"]["q_proj.weight"] == {"tp": "S(0)"}
+    assert attn["params"]["o_proj.weight"] == {"tp": "S(1)"}
+    shared = _meta(config_of("qwen2_moe"))["param_plan"]["model.layers.0.mlp.shared_expert"]
+    assert shared["params"] == {"gate_proj.weight": {"tp": "S(0)"},
+                                "up_proj.weight": {"tp": "S(0)"},
+                                "down_proj.weight": {"tp": "S(1)"}}
+    assert shared["out_src"] == {"output": {"tp": "P(sum)"}}
+
+
+def test_unrouted_experts_reduce_with_their_block() -> None:
+    """Llama-4's experts output experts x tokens rows: the block is the region, reduced
+    once per token; --sp and --ep are still refused for them."""
+    from moe_configs import config_of
+
+    plan = _meta(config_of("llama4_text"))["param_plan"]
+    block = plan["model.layers.0.feed_forward"]
+    assert block["out_src"] == {"output": {"tp": "P(sum)"}}
+    assert block["params"]["experts.down_proj"] == {"tp": "S(1)"}
+    assert block["params"]["shared_expert.down_proj.weight"] == {"tp": "S(1)"}
+    assert "model.layers.0.feed_forward.experts" not in plan
+
+
+def test_structural_rules_split_only_what_they_know() -> None:
+    """An MLA attention holding another projection (a gate over the heads' output) or an
+    attention with a parameter of its own that is not per head stays as planned; per-head
+    sinks split with the heads."""
+    from torch import nn
+
+    from hpcodegen.generate.layouts import Kind, _block_styles, _children, mla_assignments
+
+    class Mla(nn.Module):
+        def __init__(self, gate: bool) -> None:
+            super().__init__()
+            self.q_proj, self.o_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.kv_a_proj_with_mqa, self.kv_b_proj = nn.Linear(8, 4), nn.Linear(4, 8)
+            if gate:
+                self.g_proj = nn.Linear(8, 8)
+
+    for gate, split in ((False, True), (True, False)):
+        root = nn.Module()
+        root.attn = Mla(gate)
+        assert bool(mla_assignments(dict(root.named_modules()), {}, ())) is split
+
+    class Attention(nn.Module):
+        def __init__(self, extra: int) -> None:
+            super().__init__()
+            self.head_dim, self.num_heads = 4, 2
+            self.q_proj, self.k_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.v_proj, self.o_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.sinks = nn.Parameter(nn.init.zeros_(nn.Parameter(nn.Linear(1, extra).bias)))
+
+        def forward(self, hidden_states):
+            return self.o_proj(self.q_proj(hidden_states))
+
+    for extra, split in ((2, True), (3, False)):  # [heads] sinks split, anything else not
+        root = nn.Module()
+        root.attn = Attention(extra)
+        styles = _block_styles(root.attn, _children(dict(root.named_modules()), "attn"))
+        assert (styles is not None) is split
+        if split:
+            assert styles["sinks"] is Kind.COLWISE and styles["o_proj"] is Kind.ROWWISE
