@@ -48,8 +48,8 @@ out, mode = sys.argv[1], sys.argv[2]
 if mode == "full-then-shard":
     from safetensors.torch import load_file
     from hpcodegen.hf import load_transformers_config, read_hf_config
-    from hpcodegen.launch.model import checked_artifact, parallelize, resolve_model_dir
-    from hpcodegen.launch.rank import init_rank
+    from hpcodegen.launch.rank.model import checked_artifact, parallelize, resolve_model_dir
+    from hpcodegen.launch.rank.context import init_rank
     ctx = init_rank()
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
     config, _ = read_hf_config(directory)

@@ -74,7 +74,7 @@ def launch(
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
-    from hpcodegen.launch.options import LaunchOptions
+    from hpcodegen.launch.launcher.options import LaunchOptions
 
     opts = LaunchOptions(
         artifact=artifact, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
@@ -90,7 +90,7 @@ def launch(
         from hpcodegen.extras import require
 
         require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
-        from hpcodegen.launch.run import run_launch
+        from hpcodegen.launch.launcher.run import run_launch
 
         return run_launch(opts)
 

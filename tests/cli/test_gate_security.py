@@ -148,7 +148,7 @@ def test_file_changed_between_check_and_import_never_runs(tmp_path: Path) -> Non
 # 3. import before refusal / 4. the gate and the injection registry --------------------------
 
 FOREIGN = ["os.system", "subprocess.Popen", "builtins.exec", "posix.system", "pty.spawn",
-           "hpcodegen.launch.worker.main", "hpcodegen.runtime.identity.no_deferred_bias",
+           "hpcodegen.launch.rank.worker.main", "hpcodegen.runtime.identity.no_deferred_bias",
            "shutil.rmtree", "sdpa_hf_not_registered"]
 
 

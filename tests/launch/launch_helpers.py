@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcodegen.launch.procs import alive
+from hpcodegen.launch.launcher.procs import alive
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama_tp2"

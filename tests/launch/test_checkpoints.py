@@ -78,8 +78,8 @@ def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
     import torch
     import torch.nn.functional as F
 
-    from hpcodegen.launch.model import build_model, synthetic_batch
-    from hpcodegen.launch.smoke import LEARNING_RATE
+    from hpcodegen.launch.rank.model import build_model, synthetic_batch
+    from hpcodegen.launch.rank.smoke import LEARNING_RATE
 
     built = build_model(LLAMA_CONFIG, EXAMPLE, 0, torch.device("cpu"))
     ids, labels = synthetic_batch(built.hf_config.vocab_size, 2, 0, torch.device("cpu"))

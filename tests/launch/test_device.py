@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpcodegen.errors import UsageError
-from hpcodegen.launch.device import resolve_device
+from hpcodegen.launch.rank.device import resolve_device
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_npu_binds_local_rank(tmp_path):
     """In a fresh interpreter: renaming torch's privateuse1 backend cannot be undone."""
     (tmp_path / "torch_npu.py").write_text(FAKE_TORCH_NPU)
     code = ("import torch, torch_npu; torch.cuda.is_available = lambda: False\n"
-            "from hpcodegen.launch.device import bind_device, resolve_device\n"
+            "from hpcodegen.launch.rank.device import bind_device, resolve_device\n"
             "choice = resolve_device('auto', nproc=2)\n"
             "dev = bind_device(choice.kind, 1)\n"
             "print(choice.kind, choice.backend, dev, torch_npu.calls)\n")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
-from hpcodegen.launch.command import torchrun_argv
-from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.launcher.command import torchrun_argv
+from hpcodegen.launch.launcher.options import LaunchOptions
 
 
 def test_dry_run_prints_command_and_rank_env(tmp_path):
@@ -17,14 +17,15 @@ def test_dry_run_prints_command_and_rank_env(tmp_path):
                   "--check-parity", "--steps", "3", "--log-dir", logs, "--dry-run")
     assert run.code == 0, run.stderr
     lines = run.stdout.splitlines()
-    wrapped = shlex.split(next(line for line in lines if "hpcodegen.launch.torchrun" in line))
-    assert wrapped[1:4] == ["-m", "hpcodegen.launch.deathsig", "<launcher-pid>"]  # as run
+    wrapped = shlex.split(next(line for line in lines
+                               if "hpcodegen.launch.launcher.torchrun" in line))
+    assert wrapped[1:4] == ["-m", "hpcodegen.launch.launcher.deathsig", "<launcher-pid>"]  # as run
     argv = wrapped[4:]
-    assert argv[1:3] == ["-m", "hpcodegen.launch.torchrun"]
+    assert argv[1:3] == ["-m", "hpcodegen.launch.launcher.torchrun"]
     assert "--standalone" in argv
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[argv.index("--log-dir") + 1] == str(logs)
-    assert argv[-2:] == ["-m", "hpcodegen.launch.worker"]
+    assert argv[-2:] == ["-m", "hpcodegen.launch.rank.worker"]
     envs = [dict(kv.split("=", 1) for kv in shlex.split(line))
             for line in lines if line.startswith("RANK=")]
     assert [e["RANK"] for e in envs] == ["0", "1"]
@@ -46,9 +47,9 @@ def test_dry_run_json_with_user_script(tmp_path):
     assert (doc["verb"], doc["status"], doc["exit_code"], doc["dry_run"]) == (
         "launch", "ok", 0, True)
     assert doc["exec_argv"][-len(doc["argv"]):] == doc["argv"]
-    assert doc["exec_argv"][1:3] == ["-m", "hpcodegen.launch.deathsig"]
+    assert doc["exec_argv"][1:3] == ["-m", "hpcodegen.launch.launcher.deathsig"]
     assert doc["mesh"] == {"dp": 2, "tp": 2}
-    assert doc["argv"][-5:] == ["-m", "hpcodegen.launch.worker", str(script), "--lr", "0.1"]
+    assert doc["argv"][-5:] == ["-m", "hpcodegen.launch.rank.worker", str(script), "--lr", "0.1"]
     assert [e["LOCAL_RANK"] for e in doc["rank_env"]] == ["0", "1", "2", "3"]
 
 
@@ -75,8 +76,8 @@ def test_launcher_imports_no_torch_for_cpu():
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from hpcodegen.launch.options import LaunchOptions\n"
-        "from hpcodegen.launch.run import run_launch\n"
+        "from hpcodegen.launch.launcher.options import LaunchOptions\n"
+        "from hpcodegen.launch.launcher.run import run_launch\n"
         f"opts = LaunchOptions(artifact=Path({str(EXAMPLE)!r}), nproc=2, device='cpu',\n"
         f"                     model_dir=Path({str(LLAMA_CONFIG)!r}), dry_run=True, json=True)\n"
         "assert run_launch(opts) == 0\n"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, leftover, run_cli
 
-from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.launcher.options import LaunchOptions
+from hpcodegen.launch.launcher.supervise import JobOutcome
+from hpcodegen.launch.launcher.verdict import verdict
 from hpcodegen.launch.results import RankRecord
-from hpcodegen.launch.supervise import JobOutcome
-from hpcodegen.launch.verdict import verdict
 
 OPTS = LaunchOptions(artifact=Path("art"), nproc=2, timeout=5.0)
 

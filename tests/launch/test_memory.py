@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcodegen.launch.memory import (
+from hpcodegen.launch.launcher.verdict import likely_cause
+from hpcodegen.launch.rank.memory import (
     HINT,
     JobShape,
     MemoryNeed,
@@ -17,7 +18,6 @@ from hpcodegen.launch.memory import (
     estimate,
     oom_kills,
 )
-from hpcodegen.launch.verdict import likely_cause
 
 F, S = 1_000_000, 500_000  # parameters: whole model, one tp=2 rank's
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.errors import EXIT_USAGE, UsageError
-from hpcodegen.launch.mesh import resolve_mesh_layout
+from hpcodegen.launch.rank.mesh import resolve_mesh_layout
 
 
 def _meta(**dims: int) -> dict:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from hpcodegen.launch.display import rank_table
-from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.launcher.display import rank_table
+from hpcodegen.launch.launcher.options import LaunchOptions
+from hpcodegen.launch.launcher.supervise import JobOutcome
+from hpcodegen.launch.launcher.verdict import verdict
+from hpcodegen.launch.rank.smoke import _failure
 from hpcodegen.launch.results import RankRecord, first_error, read_records, write_record
-from hpcodegen.launch.smoke import _failure
-from hpcodegen.launch.supervise import JobOutcome
-from hpcodegen.launch.verdict import verdict
 
 OPTS = LaunchOptions(artifact=Path("art"), nproc=2, timeout=5.0)
 
@@ -90,7 +90,7 @@ def test_table_columns():
 
 
 def test_loss_lines_align_sharded_and_reference():
-    from hpcodegen.launch.display import loss_lines
+    from hpcodegen.launch.launcher.display import loss_lines
 
     recs = {1: RankRecord(rank=1, losses=[2.0, 1.5], ref_losses=[2.0, 1.25]),
             0: RankRecord(rank=0, losses=[2.0, 1.5], ref_losses=[2.0, 1.25])}
@@ -105,7 +105,7 @@ def test_the_synthetic_batch_indexes_a_composite_configs_text_vocab():
     import json
 
     from hpcodegen.hf import load_transformers_config
-    from hpcodegen.launch.smoke import vocab_size_of
+    from hpcodegen.launch.rank.smoke import vocab_size_of
 
     fuyu = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "fuyu"
     config = load_transformers_config(json.loads((fuyu / "config.json").read_text()))
@@ -120,8 +120,8 @@ def test_the_vocab_parallel_loss_takes_the_heads_own_width():
     from torch import nn
 
     from hpcodegen.checkpoint.layout import ShardLayout
-    from hpcodegen.launch.model import BuiltModel
-    from hpcodegen.launch.smoke import head_vocab
+    from hpcodegen.launch.rank.model import BuiltModel
+    from hpcodegen.launch.rank.smoke import head_vocab
 
     class LM(nn.Module):
         def __init__(self, tied: bool):

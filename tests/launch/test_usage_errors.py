@@ -99,7 +99,7 @@ def test_node_rank_and_master_port_out_of_range() -> None:
     import pytest
 
     from hpcodegen.errors import UsageError
-    from hpcodegen.launch.options import LaunchOptions
+    from hpcodegen.launch.launcher.options import LaunchOptions
 
     for kw, needle in (({"node_rank": -1}, "--node-rank -1 (expected 0 .. 0"),
                        ({"node_rank": 2, "nnodes": "2"}, "--node-rank 2 (expected 0 .. 1"),

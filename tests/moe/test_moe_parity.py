@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 from moe_configs import write_model_dir
 from moe_workers import parity_cases
-from rt_workers import spawn
 
 from hpcodegen.generate.api import GenerateArgs, generate_artifact
+from hpcodegen.parity.ranks import spawn
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5

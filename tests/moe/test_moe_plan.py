@@ -129,7 +129,7 @@ def test_ep_refusals(tmp_path: Path, llama_model_dir: Path) -> None:
     model = write_model_dir(tmp_path / "l4", "llama4_text")
     with pytest.raises(PlanError, match=r"Llama4TextExperts.forward\(hidden_states\) takes no"):
         generate_artifact(GenerateArgs(model, 2, tmp_path / "c", ep=2))
-    from hpcodegen.launch.mesh import resolve_mesh_layout
+    from hpcodegen.launch.rank.mesh import resolve_mesh_layout
 
     meta = {"parallel_dims": {"tp_size": 2, "ep_size": 2}, "mesh_dim_names": ["tp"]}
     assert resolve_mesh_layout(meta, 4).describe() == "dp=2 (ep=2) x tp=2"
@@ -159,7 +159,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.hf import load_transformers_config
-    from hpcodegen.launch.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module

@@ -109,7 +109,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
     from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.hf import load_transformers_config
-    from hpcodegen.launch.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
@@ -159,7 +159,8 @@ def test_sp_expert_all_to_all_moves_a_tp_th(tmp_path: Path) -> None:
 
 def _parity(root: Path, families: list[str], tp: int, ep: int, world: int) -> None:
     from moe_workers import parity_cases
-    from rt_workers import spawn
+
+    from hpcodegen.parity.ranks import spawn
 
     cases = []
     for family in families:

@@ -7,8 +7,6 @@ collectives the second backward ran.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 
@@ -18,29 +16,21 @@ def accumulate_case(artifact: str, model_dir: str) -> dict[str, Any]:
     import torch.nn.functional as F
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from hpcodegen.artifact.load import load_meta
-    from hpcodegen.hf import load_transformers_config, model_class_for
-    from hpcodegen.launch.mesh import build_device_mesh, resolve_mesh_layout
-    from hpcodegen.launch.parity import full_logits, max_param_diff
-    from hpcodegen.runtime import MeshContext, parallelize_from_generated
-    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
-    from hpcodegen.runtime.mesh import resolve_active_mesh
+    from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.parity.gather import full_logits, max_param_diff
+    from hpcodegen.parity.harness import build_pair, install, read_config
 
     torch.set_num_threads(1)
-    config_dict = json.loads(Path(model_dir, "config.json").read_text())
-    meta = load_meta(Path(artifact)).data
-    mesh = build_device_mesh(resolve_mesh_layout(meta, dist.get_world_size()), "cpu")
-    config = load_transformers_config(config_dict)
-    torch.manual_seed(0)
-    ref = model_class_for(config_dict)(config).float()
-    with torch.no_grad():  # norms start at ones: make every partial gradient distinct
+    config_dict = read_config(model_dir)
+
+    def perturb(ref: Any) -> None:  # norms start at ones: make every partial gradient distinct
         for param in ref.parameters():
             param.add_(torch.randn_like(param) * 0.02)
-    gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config).float()
-    gen.load_state_dict(ref.state_dict())
-    context = MeshContext(device_mesh=mesh)
-    parallelize_from_generated(gen, context, artifact, hf_config=config_dict)
-    active = resolve_active_mesh(meta, context)
+
+    pair = build_pair(artifact, config_dict, eval_mode=False, prepare=perturb)
+    meta, ref, gen = pair.meta, pair.reference, pair.sharded
+    mesh = build_device_mesh(resolve_mesh_layout(meta, dist.get_world_size()), "cpu")
+    active = install(pair, mesh).active
     g = torch.Generator().manual_seed(1)
     vocab = config_dict["vocab_size"]
     counts = []

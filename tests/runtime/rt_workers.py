@@ -1,15 +1,14 @@
 """Rank workers for the runtime tests (spawned processes; real gloo ranks or the fake PG).
 
-Each worker builds the unsharded transformers model and the model from the artifact's
-generated classes with the same weights, installs the plan on the second one and compares
-logits and every gradient (the reference gradient chunked by the parameter's placement).
+Thin callers of the library's parity harness (:mod:`hpcodegen.parity.harness`: the pair
+with the same weights, the install, the comparison) and its spawn helper
+(:mod:`hpcodegen.parity.ranks`), with the example artifacts' configs and batch.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,32 +33,22 @@ def hf_config(artifact: str) -> dict[str, Any]:
 
 def build_pair(artifact: str, seed: int = 0) -> tuple[Any, Any]:
     """(unsharded transformers model, model from the generated classes), same weights."""
-    import torch
+    pair = _pair(artifact, seed=seed)
+    return pair.reference, pair.sharded
 
-    from hpcodegen.hf import load_transformers_config, model_class_for
-    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
-    config_dict = hf_config(artifact)
-    config = load_transformers_config(config_dict)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    ref = model_class_for(config_dict)(config).float()
-    from hpcodegen.artifact.load import load_meta
+def _pair(artifact: str, **kwargs: Any) -> Any:
+    from hpcodegen.parity.harness import build_pair as harness_pair
 
-    meta = load_meta(EXAMPLES / artifact).data
-    gen_cls = generated_model_class(meta, import_generated_module(EXAMPLES / artifact))
-    gen = gen_cls(config).float()
-    gen.load_state_dict(ref.state_dict())
-    return ref, gen
+    return harness_pair(EXAMPLES / artifact, hf_config(artifact), eval_mode=False,
+                        attn_implementation="sdpa", **kwargs)
 
 
 def batch(vocab: int, seed: int = 1) -> tuple[Any, Any]:
     """Token ids and next-token labels (seeded, the same on every rank)."""
-    import torch
+    from hpcodegen.parity.harness import token_batch
 
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (BATCH, SEQ + 1), generator=g)
-    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    return token_batch(vocab, BATCH, SEQ, seed)
 
 
 def loss_of(logits: Any, labels: Any) -> Any:
@@ -68,85 +57,42 @@ def loss_of(logits: Any, labels: Any) -> Any:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def local_of(full: Any, placements: Sequence[Any], mesh: Any) -> Any:
-    """The shard of ``full`` this rank holds under ``placements`` on ``mesh``."""
-    from torch.distributed.tensor import Replicate, distribute_tensor
-
-    if all(isinstance(p, Replicate) for p in placements):
-        return full
-    return distribute_tensor(full.detach().clone(), mesh, placements).to_local()
-
-
 def compare(artifact: str, mesh: Any) -> dict[str, float]:
     """Install the artifact on a fresh model, run forward+backward, return max diffs.
 
+    The harness's comparison (gradients gathered by the plan's placements) and, as strict,
+    the reference gradient cut to this rank's shard by the returned source info (which
+    checks the placements the runtime reports): ``grad`` is the worse of the two.
     ``artifact`` may end in ``:plain``: the model is then built from the transformers
-    classes instead of the generated ones.
+    classes instead of the generated ones (``:dtensor``: also every transition through
+    ``DTensor.redistribute``).
     """
-    from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.parity.gather import max_shard_diff
+    from hpcodegen.parity.harness import compare as harness_compare
+    from hpcodegen.parity.harness import install
 
     artifact, _, variant = artifact.partition(":")
-    ref, gen = build_pair(artifact)
-    if variant in ("plain", "dtensor"):  # unmodified transformers classes, wrapped instances
-        gen = type(ref)(ref.config).float()
-        gen.load_state_dict(ref.state_dict())
+    pair = _pair(artifact, plain=variant in ("plain", "dtensor"))
     if variant == "dtensor":  # every transition through DTensor.redistribute, none lowered
         import hpcodegen.runtime.generic as generic
 
         lowered, generic.transition_fn = generic.transition_fn, generic.dtensor_fn
     try:
-        info = parallelize_from_generated(gen, mesh, EXAMPLES / artifact,
-                                          hf_config=hf_config(artifact))
+        installed = install(pair, mesh)
     finally:
         if variant == "dtensor":
             generic.transition_fn = lowered
-    ids, labels = batch(ref.config.vocab_size)
-    out_ref = ref(input_ids=ids).logits  # default use_cache: a DynamicCache is built
-    out_gen = gen(input_ids=ids).logits
-    loss_of(out_ref, labels).backward()
-    loss_of(out_gen, labels).backward()
-    result = {"logits": (out_ref - out_gen).abs().max().item(),
-              "grad_scale": max(p.grad.abs().max().item() for p in ref.parameters())}
-    ref_params = dict(ref.named_parameters())
-    worst, worst_name = 0.0, ""
-    for name, p in gen.named_parameters():
-        placements, source = info[name]
-        assert isinstance(placements, tuple), (name, placements)  # FSDP2 needs a tuple
-        want = local_of(ref_params[name].grad, placements, source)
-        diff = (p.grad - want).abs().max().item()
-        if diff > worst:
-            worst, worst_name = diff, name
-    result["grad"] = worst
-    result["grad_name"] = worst_name
-    return result
-
-
-def run_ranks(rank: int, world: int, init_method: str, out_dir: str, fn: Callable[..., Any],
-              args: tuple) -> None:
-    """Spawn target: init gloo, run ``fn(*args)``, write its JSON result per rank."""
-    import torch.distributed as dist
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            init_method=init_method)
-    try:
-        result = fn(*args)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-        # every rank done before any tears its sockets down: a rank closing while a peer
-        # still reads the tail of the last collective aborts that peer (seen under load)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn(world: int, fn: Callable[..., Any], *args: Any, out_dir: str) -> list[Any]:
-    """Run ``fn`` on ``world`` gloo ranks; return the per-rank results."""
-    import torch.multiprocessing as mp
-
-    # A file rendezvous in the test's own dir: no free-port race with other jobs.
-    init_method = Path(out_dir, "rendezvous").resolve().as_uri()
-    mp.spawn(run_ranks, args=(world, init_method, out_dir, fn, args), nprocs=world, join=True)
-    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+    ids, labels = batch(pair.reference.config.vocab_size)
+    # default use_cache: a DynamicCache is built
+    result = harness_compare(pair.sharded, pair.reference, pair.meta, installed,
+                             {"input_ids": ids}, labels)
+    ref_grads = {n: q.grad for n, q in pair.reference.named_parameters()}
+    shard, shard_name = max_shard_diff(pair.sharded, ref_grads, installed.info,
+                                       lambda q: q.grad)
+    worst, name = max((result.grad, result.worst or ""), (shard, shard_name))
+    assert not result.odd, result.odd
+    return {"logits": result.logits, "grad_scale": result.grad_scale, "grad": worst,
+            "grad_name": name}
 
 
 def parity_many(artifacts: Sequence[str], tp: int) -> dict[str, Any]:
@@ -179,6 +125,8 @@ def fsdp_adamw_step(artifact: str, mesh: Any) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
+    from hpcodegen.parity.gather import max_shard_diff
+    from hpcodegen.parity.harness import token_batch
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
 
     dp = mesh.size(0)
@@ -188,7 +136,7 @@ def fsdp_adamw_step(artifact: str, mesh: Any) -> dict[str, Any]:
     for layer in gen.model.layers:
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(gen, mesh=mesh["dp"])
-    ids, labels = batch_global(ref.config.vocab_size, dp * BATCH)
+    ids, labels = token_batch(ref.config.vocab_size, dp * BATCH, SEQ)
     r = mesh.get_local_rank("dp")
     rows = slice(r * BATCH, (r + 1) * BATCH)
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR, eps=EPS)
@@ -198,38 +146,16 @@ def fsdp_adamw_step(artifact: str, mesh: Any) -> dict[str, Any]:
     opt_ref.step()
     loss_gen = loss_of(gen(input_ids=ids[rows], use_cache=False).logits, labels[rows])
     loss_gen.backward()
-    grad_diff = _max_diff(gen, {n: q.grad for n, q in ref.named_parameters()}, info,
-                          lambda q: q.grad)
+    grad_diff = list(max_shard_diff(gen, {n: q.grad for n, q in ref.named_parameters()},
+                                    info, lambda q: q.grad))
     opt_gen.step()
     mean_loss = loss_gen.detach().clone()
     dist.all_reduce(mean_loss, group=mesh.get_group("dp"))
     mean_loss /= dp
     moved = 0.0
-    param_diff = _max_diff(gen, {n: q.detach() for n, q in ref.named_parameters()}, info,
-                           lambda q: q.detach())
+    param_diff = list(max_shard_diff(gen, {n: q.detach() for n, q in ref.named_parameters()},
+                                     info, lambda q: q.detach()))
     for p0, p1 in zip(build_pair(artifact)[0].parameters(), ref.parameters(), strict=True):
         moved = max(moved, (p0 - p1).abs().max().item())
     return {"loss": abs(mean_loss.item() - loss_ref.item()), "grad": grad_diff,
             "param": param_diff, "moved": moved}
-
-
-def _max_diff(gen: Any, want: dict[str, Any], info: dict[str, Any],
-              get: Callable[[Any], Any]) -> list[Any]:
-    """Max abs diff of each FSDP parameter's tp-local value vs the reference's shard."""
-    worst: list[Any] = [0.0, ""]
-    for name, p in gen.named_parameters():
-        value = get(p)
-        local = value.full_tensor() if hasattr(value, "full_tensor") else value
-        placements, source = info[name]
-        diff = (local - local_of(want[name], placements, source)).abs().max().item()
-        if diff > worst[0]:
-            worst = [diff, name]
-    return worst
-
-
-def batch_global(vocab: int, rows: int, seed: int = 1) -> tuple[Any, Any]:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (rows, SEQ + 1), generator=g)
-    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()

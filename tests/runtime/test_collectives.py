@@ -171,7 +171,7 @@ def _gloo_collectives() -> dict:
 def test_c10d_collectives_on_gloo(tmp_path) -> None:
     """all_gather_single / reduce_scatter_single run on gloo for every dim; all_reduce
     reduces a copy (the caller's tensor keeps its value)."""
-    from rt_workers import spawn
+    from hpcodegen.parity.ranks import spawn
 
     for rank, checks in enumerate(spawn(2, _gloo_collectives, out_dir=str(tmp_path))):
         assert all(checks.values()), (rank, checks)

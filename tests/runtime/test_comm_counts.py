@@ -8,38 +8,13 @@ expected backward adds them.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 from rt_workers import EXAMPLES, batch, build_pair, hf_config
 
+from hpcodegen.parity.harness import count_collectives, predicted_collectives
+
 ARTIFACTS = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",
              "llama_tp2_sp_lp"]
-OP_KIND = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-           "all_reduce": "all_reduce", "allreduce_": "all_reduce",
-           "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
-
-
-def _counted(mode) -> Counter:
-    out: Counter = Counter()
-    for op, n in mode.get_comm_counts().items():
-        name = str(op).split(".")[-1].split("'")[0]
-        out[OP_KIND.get(name, name)] += n
-    return out
-
-
-def _predicted(meta) -> tuple[Counter, Counter]:
-    from hpcodegen.plan.predict import predict_plan, summarize
-
-    summary = summarize(predict_plan(meta)[0])
-    fwd, bwd = Counter(), Counter()
-    for (kind, _axis, _dim), n in summary.per_forward.items():
-        fwd[kind] += n
-    for (kind, _axis, _dim), n in summary.per_backward.items():
-        bwd[kind] += n
-    for (kind, _axis, _dim), n in summary.grad_sync.items():
-        bwd[kind] += n
-    return +fwd, +bwd
 
 
 @pytest.mark.timeout(120)
@@ -47,7 +22,6 @@ def _predicted(meta) -> tuple[Counter, Counter]:
 @pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
 def test_counts_match_prediction(fake_world) -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.artifact.load import load_meta
     from hpcodegen.runtime import parallelize_from_generated
@@ -60,12 +34,12 @@ def test_counts_match_prediction(fake_world) -> None:
         parallelize_from_generated(model, mesh, EXAMPLES / artifact,
                                    hf_config=hf_config(artifact))
         ids, _ = batch(model.config.vocab_size)
-        with CommDebugMode() as fwd_mode:
+        with count_collectives() as fwd:
             logits = model(input_ids=ids, use_cache=False).logits
-        with CommDebugMode() as bwd_mode:
+        with count_collectives() as bwd:
             logits.float().sum().backward()
-        want_fwd, want_bwd = _predicted(load_meta(EXAMPLES / artifact).data)
-        seen[artifact] = (_counted(fwd_mode), _counted(bwd_mode), want_fwd, want_bwd)
+        want_fwd, want_bwd = predicted_collectives(load_meta(EXAMPLES / artifact).data)
+        seen[artifact] = (fwd, bwd, want_fwd, want_bwd)
     for artifact, (fwd, bwd, want_fwd, want_bwd) in seen.items():
         assert fwd == want_fwd, (artifact, "forward", fwd, want_fwd)
         assert bwd == want_bwd, (artifact, "backward", bwd, want_bwd)
@@ -83,7 +57,6 @@ def test_grad_allreduce_special_handler_adds_one_backward_all_reduce(tmp_path, f
     """The built-in ``replicated_with_grad_allreduce`` handler sums one more gradient."""
     from rt_artifacts import copy_artifact
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.runtime import parallelize_from_generated
 
@@ -97,7 +70,7 @@ def test_grad_allreduce_special_handler_adds_one_backward_all_reduce(tmp_path, f
         _, model = build_pair("llama_tp2")
         parallelize_from_generated(model, mesh, path)
         logits = model(input_ids=batch(256)[0], use_cache=False).logits
-        with CommDebugMode() as mode:
+        with count_collectives() as seen:
             logits.sum().backward()
-        counts.append(_counted(mode)["all_reduce"])
+        counts.append(seen["all_reduce"])
     assert counts[1] == counts[0] + 1

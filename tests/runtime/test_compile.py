@@ -30,7 +30,7 @@ def test_no_graph_break_beyond_the_plain_model(example, fake_world) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from hpcodegen.hf import load_transformers_config, read_hf_config
-    from hpcodegen.launch.model import model_class
+    from hpcodegen.launch.rank.model import model_class
     from hpcodegen.runtime import parallelize_from_generated
     from hpcodegen.runtime.compile import bind_traced
 

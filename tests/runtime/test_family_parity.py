@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from family_workers import assert_parity, parity_models
-from rt_workers import spawn
 
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
+from hpcodegen.parity.ranks import spawn
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 

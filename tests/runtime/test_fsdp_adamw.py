@@ -8,7 +8,9 @@ and parameters after it equal a single-process step on the whole batch within 1e
 from __future__ import annotations
 
 import pytest
-from rt_workers import fsdp_many, spawn
+from rt_workers import fsdp_many
+
+from hpcodegen.parity.ranks import spawn
 
 TOL = 1e-5
 

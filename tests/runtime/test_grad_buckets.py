@@ -78,7 +78,8 @@ def test_sixteen_layers_sync_in_one_collective(tmp_path: Path, fake_world) -> No
 @pytest.mark.timeout(240)
 def test_sixteen_layers_accumulate_exactly(tmp_path: Path) -> None:
     from grad_workers import accumulate_case
-    from rt_workers import spawn
+
+    from hpcodegen.parity.ranks import spawn
 
     out, model = _llama(tmp_path, 16)
     results = spawn(2, accumulate_case, str(out), str(model), out_dir=str(tmp_path))

@@ -103,7 +103,8 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
 @pytest.mark.timeout(300)
 def test_layouts_match_unsharded(tmp_path: Path) -> None:
     from moe_workers import parity_cases
-    from rt_workers import spawn
+
+    from hpcodegen.parity.ranks import spawn
 
     cases = [(f"{name} sp={sp}", *_artifact(tmp_path, name, sp), 2) for name, sp in CASES]
     for rank in spawn(2, parity_cases, cases, out_dir=str(tmp_path)):
@@ -118,7 +119,8 @@ def test_vision_tower_split_matches_unsharded_with_images(tmp_path: Path) -> Non
     """Gemma-3's composite: transformers plans the text model only; the SigLIP vision
     tower's attention and MLPs are split like any (Megatron layout), exact with images."""
     from layout_workers import image_case
-    from rt_workers import spawn
+
+    from hpcodegen.parity.ranks import spawn
 
     config = {
         "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",

@@ -8,7 +8,9 @@ spawn to pay the process start-up once.
 from __future__ import annotations
 
 import pytest
-from rt_workers import parity_many, spawn
+from rt_workers import parity_many
+
+from hpcodegen.parity.ranks import spawn
 
 TOL = 1e-5
 TP2 = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",

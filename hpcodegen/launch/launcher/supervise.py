@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.launch.deathsig import wrap
-from hpcodegen.launch.procs import alive, end_job
+from hpcodegen.launch.launcher.deathsig import wrap
+from hpcodegen.launch.launcher.procs import alive, end_job
 from hpcodegen.launch.results import RankRecord, first_error, read_records
 
 POLL_S = 0.2
@@ -45,7 +45,7 @@ class JobOutcome:
         interrupted: the launcher got Ctrl-C or SIGTERM and ended the job.
         elapsed: seconds from start to decision.
         pids: torchrun and every rank pid the launcher knew of (all gone afterwards).
-        failures: torchrun's own per-rank failure records (``hpcodegen.launch.torchrun``),
+        failures: torchrun's own per-rank failure records (``hpcodegen.launch.launcher.torchrun``),
             first failure first: rank, local rank, pid, exit code, signal, time.
         blamed: the rank the verdict names as the root cause, once decided.
     """
@@ -178,7 +178,7 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:
     """torchrun's failure records (``torchrun.json``), or ``[]`` when it wrote none."""
-    from hpcodegen.launch.torchrun import FAILURES_NAME
+    from hpcodegen.launch.launcher.torchrun import FAILURES_NAME
 
     try:
         data = json.loads((run_dir / FAILURES_NAME).read_text(encoding="utf-8"))

@@ -5,7 +5,7 @@ Steps, in order (each is a ``phase`` the launcher shows):
 1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
 2. ``memory check``: the model built and installed on the meta device, each rank's peak
    estimated and compared with its node's and device's free memory; if any rank cannot
-   fit, every rank stops here, status ``refused`` (:mod:`hpcodegen.launch.preflight`).
+   fit, every rank stops here, status ``refused`` (:mod:`hpcodegen.launch.rank.preflight`).
 3. ``build``: the model, parallelized, each rank reading only its shards of the
    safetensors weights (or a seeded init, or empty shards for ``--resume``); with parity,
    the unsharded reference is built from the same weights. With ``--compile``,
@@ -28,7 +28,8 @@ from typing import Any
 
 from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.launch import env
-from hpcodegen.launch.model import (
+from hpcodegen.launch.rank.context import RankContext, init_rank
+from hpcodegen.launch.rank.model import (
     BuiltModel,
     build_model,
     build_parallel_model,
@@ -36,10 +37,9 @@ from hpcodegen.launch.model import (
     resolve_model_dir,
     synthetic_batch,
 )
-from hpcodegen.launch.parity import full_logits, max_param_diff, output_module_fqn
-from hpcodegen.launch.rank import RankContext, init_rank
-from hpcodegen.launch.reporter import RankReporter
-from hpcodegen.plan.entry import vocab_sharded_heads
+from hpcodegen.launch.rank.reporter import RankReporter
+from hpcodegen.parity.gather import max_param_diff, output_module_fqn
+from hpcodegen.parity.harness import Installed, compare, loss_and_logits
 
 LEARNING_RATE = 1e-3
 
@@ -55,26 +55,12 @@ def _sync(device: Any) -> None:
 
 def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | None,
           vocab: int | None = None) -> Any:
-    """Cross entropy and the logits it was taken on.
-
-    The sharded model (``active`` given): on the full logits, gathered per plan; when the
-    model's output head is a loss-parallel head
-    (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`), on the vocab-sharded logits
-    themselves (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`, no gather),
-    which are returned as they are. ``vocab`` is the head's full output width
-    (:func:`head_vocab`).
-    """
-    import torch.nn.functional as F
-
-    logits = model(input_ids=ids, **no_cache_kwargs(model)).logits
-    if active is not None and output_module_fqn(model) in vocab_sharded_heads(ctx.meta.data):
-        from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
-
-        return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
-                                            vocab_size=vocab), logits
-    if active is not None:
-        logits = full_logits(logits, model, ctx.meta.data, active)
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()), logits
+    """Cross entropy and the logits it was taken on (the parity harness's rule,
+    :func:`hpcodegen.parity.harness.loss_and_logits`: on the vocab-sharded logits of a
+    loss-parallel head, else on the full logits). ``vocab`` is the head's full output
+    width (:func:`head_vocab`)."""
+    inputs = {"input_ids": ids, **no_cache_kwargs(model)}
+    return loss_and_logits(model, inputs, labels, ctx.meta.data, active, vocab)
 
 
 def head_vocab(built: BuiltModel) -> int | None:
@@ -112,21 +98,13 @@ def _timed_forward(model: Any, ids: Any, device: Any) -> float:
 
 def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
             active: Any, expert: Any = None, vocab: int | None = None) -> dict[str, Any]:
-    """One forward/backward on both models; max diffs of logits and gradients."""
+    """One forward/backward on both models (the parity harness,
+    :func:`hpcodegen.parity.harness.compare`); max diffs of logits and gradients."""
     ids, labels = batch
-    loss, logits = _loss(model, ids, labels, ctx, active, vocab)
-    loss.backward()
-    # vocab-sharded logits (loss parallel) are gathered here for the comparison only
-    logits = full_logits(logits.detach(), model, ctx.meta.data, active)
-    ref_loss, ref_logits = _loss(ref, ids, labels, ctx, None)
-    ref_loss.backward()
-    grad_diff, worst, odd = max_param_diff(model, ref, ctx.meta.data, active,
-                                           lambda p: p.grad, expert)
-    model.zero_grad(set_to_none=True)
-    ref.zero_grad(set_to_none=True)
-    return {"logits_max_diff": float((logits.detach() - ref_logits.detach()).abs().max()),
-            "grad_max_diff": grad_diff, "worst_grad": worst, "mismatched_params": odd,
-            "loss": float(loss.detach()), "ref_loss": float(ref_loss.detach())}
+    r = compare(model, ref, ctx.meta.data, Installed({}, active, expert),
+                {"input_ids": ids, **no_cache_kwargs(model)}, labels, vocab, zero_grad=True)
+    return {"logits_max_diff": r.logits, "grad_max_diff": r.grad, "worst_grad": r.worst,
+            "mismatched_params": r.odd, "loss": r.loss, "ref_loss": r.ref_loss}
 
 
 def _optimizer(model: Any) -> Any:
@@ -213,7 +191,7 @@ def _resume(directory: str, runs: list[tuple[BuiltModel, Any]], reporter: RankRe
 def _fits(reporter: RankReporter, directory: Path, ctx: RankContext, **job: Any) -> bool:
     """The memory check; False (and this rank's final state written) when the job is
     refused: ``refused`` with the figures on a rank that cannot fit, ``ended`` elsewhere."""
-    from hpcodegen.launch.preflight import check_memory
+    from hpcodegen.launch.rank.preflight import check_memory
     from hpcodegen.launch.results import STATUS_ENDED
 
     reporter.update(phase="memory check")

@@ -5,7 +5,7 @@ subprocess handler), so killing torchrun's process group alone would orphan the 
 launcher therefore starts torchrun in its own session too and ends the job by descent and
 by session: every descendant of the job's root, and every process whose session id is one
 of theirs, gets SIGTERM, then SIGKILL after a grace period. On Linux the root is the
-:mod:`hpcodegen.launch.deathsig` shim, a child subreaper: a process a rank double-forked
+:mod:`hpcodegen.launch.launcher.deathsig` shim, a child subreaper: a process a rank double-forked
 into a session of its own is reparented to it, so it is still a descendant here. psutil
 lists the processes (parents, states) on every OS; a zombie counts as gone (it only waits
 to be reaped).

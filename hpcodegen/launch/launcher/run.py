@@ -19,14 +19,14 @@ from typing import Any
 from hpcodegen.artifact.load import load_meta
 from hpcodegen.errors import EXIT_OK, HpcodegenError, InputError, UsageError, error, printable
 from hpcodegen.hf import read_hf_config
-from hpcodegen.launch import display
-from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
-from hpcodegen.launch.deathsig import wrap
-from hpcodegen.launch.device import resolve_device
-from hpcodegen.launch.mesh import MeshLayout, resolve_mesh_layout
-from hpcodegen.launch.options import LaunchOptions
-from hpcodegen.launch.supervise import run_job
-from hpcodegen.launch.verdict import verdict
+from hpcodegen.launch.launcher import display
+from hpcodegen.launch.launcher.command import job_environment, rank_environments, torchrun_argv
+from hpcodegen.launch.launcher.deathsig import wrap
+from hpcodegen.launch.launcher.options import LaunchOptions
+from hpcodegen.launch.launcher.supervise import run_job
+from hpcodegen.launch.launcher.verdict import verdict
+from hpcodegen.launch.rank.device import resolve_device
+from hpcodegen.launch.rank.mesh import MeshLayout, resolve_mesh_layout
 
 
 def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
@@ -96,8 +96,8 @@ def _dry_run(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
 
     print(f"# mesh {layout.describe()}")
     if exec_argv != argv:
-        print(fold_text(f"# torchrun runs under hpcodegen.launch.deathsig, which ends it if "
-                        f"the launcher dies; {LAUNCHER_PID} is the launcher's pid", "# "))
+        print(fold_text(f"# torchrun runs under hpcodegen.launch.launcher.deathsig, which ends "
+                        f"it if the launcher dies; {LAUNCHER_PID} is the launcher's pid", "# "))
     print(fold_command([shlex.quote(a) for a in exec_argv]))
     for rank_env in envs:
         print(f"# local rank {rank_env['LOCAL_RANK']}:")
@@ -163,7 +163,7 @@ def run_launch(opts: LaunchOptions) -> int:
 
 def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
              job_env: dict[str, str], run_dir: Path, logs: Path) -> int:
-    from hpcodegen.launch.memory import oom_kills
+    from hpcodegen.launch.rank.memory import oom_kills
 
     live = _Progress(opts, layout)
     console_log = logs / "torchrun.log"  # torchrun's banners and tracebacks: never the console

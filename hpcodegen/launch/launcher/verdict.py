@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, printable
-from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.launcher.options import LaunchOptions
+from hpcodegen.launch.launcher.supervise import JobOutcome
 from hpcodegen.launch.results import (
     STATUS_ENDED,
     STATUS_ERROR,
@@ -27,7 +28,6 @@ from hpcodegen.launch.results import (
     RankRecord,
     first_error,
 )
-from hpcodegen.launch.supervise import JobOutcome
 
 
 def rank_log(logs: Path | None, local_rank: int) -> Path | None:
@@ -131,7 +131,7 @@ def _refused(outcome: JobOutcome, expected: int) -> tuple[int, str] | None:
     refused = [r for _, r in sorted(outcome.records.items()) if r.status == STATUS_REFUSED]
     if not refused:
         return None
-    from hpcodegen.launch.memory import HINT
+    from hpcodegen.launch.rank.memory import HINT
 
     _mark_lost(outcome, expected)
     rec = refused[0]

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.launch import env
-from hpcodegen.launch.model import build_parallel_model, local_param_bytes, resolve_model_dir
-from hpcodegen.launch.rank import RankContext, init_rank
-from hpcodegen.launch.reporter import current
+from hpcodegen.launch.rank.context import RankContext, init_rank
+from hpcodegen.launch.rank.model import build_parallel_model, local_param_bytes, resolve_model_dir
+from hpcodegen.launch.rank.reporter import current
 
 
 @dataclass

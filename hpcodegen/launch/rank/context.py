@@ -14,8 +14,8 @@ from typing import Any
 
 from hpcodegen.artifact.load import LoadedMeta, load_meta
 from hpcodegen.launch import env
-from hpcodegen.launch.device import BACKENDS, bind_device, resolve_device
-from hpcodegen.launch.mesh import MeshLayout, build_device_mesh, resolve_mesh_layout
+from hpcodegen.launch.rank.device import BACKENDS, bind_device, resolve_device
+from hpcodegen.launch.rank.mesh import MeshLayout, build_device_mesh, resolve_mesh_layout
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""torchrun, with its per-rank failure records kept: ``python -m hpcodegen.launch.torchrun ARGS``.
+"""torchrun, with its per-rank failure records kept.
+
+``python -m hpcodegen.launch.launcher.torchrun ARGS``.
 
 This is ``torch.distributed.run`` itself (same arguments, same agent); only its end differs.
 When a rank fails, torchelastic raises ``ChildFailedError`` carrying one ``ProcessFailure``

@@ -1,4 +1,13 @@
-"""Compare the parallelized model with the unsharded one: logits, gradients, parameters.
+"""The comparison rules of the parity harness: a sharded model's tensors against the
+unsharded model's (logits, gradients, parameters).
+
+Two directions, both used by the harness (:mod:`hpcodegen.parity.harness`):
+
+* :func:`max_param_diff` gathers each local shard to the full tensor by the *plan's*
+  placement and compares it with the reference's;
+* :func:`max_shard_diff` cuts the reference tensor down to this rank's shard by the
+  *runtime's* ``source_info`` (what ``parallelize_from_generated`` returned), so the
+  placements the runtime reports are checked too (FSDP2 parameters are unsharded first).
 
 Local shards are turned back into full tensors with DTensor (``from_local`` with the plan's
 placements, then ``full_tensor``), so uneven and strided shards are handled by torch, and
@@ -10,7 +19,7 @@ checks that partial gradients (SP norms) were reduced by the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcodegen.placement import Replicate, resolve_placements
@@ -104,3 +113,36 @@ def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active
         if where is None or diff > worst:
             worst, where = diff, fqn
     return worst, where, odd
+
+
+def local_of(full: Any, placements: Sequence[Any], mesh: Any) -> Any:
+    """The shard of ``full`` this rank holds under torch ``placements`` on ``mesh``."""
+    from torch.distributed.tensor import Replicate as TReplicate
+    from torch.distributed.tensor import distribute_tensor
+
+    if all(isinstance(p, TReplicate) for p in placements):
+        return full
+    return distribute_tensor(full.detach().clone(), mesh, placements).to_local()
+
+
+def max_shard_diff(sharded: Any, reference: Mapping[str, Any], info: Mapping[str, Any],
+                   pick: Callable[[Any], Any]) -> tuple[float, str]:
+    """Largest ``|pick(sharded p) - shard of reference[fqn]|``, the reference tensor cut by
+    the runtime's ``source_info`` (``{fqn: (torch placements tuple, source mesh)}``).
+
+    An FSDP2 parameter (a DTensor over dp) is compared as its full tensor over dp, i.e. the
+    tp-local shard. Every placement must be a tuple (what FSDP2 requires).
+
+    Returns:
+        ``(max abs diff, FQN where it occurs)`` (``""`` when every diff is 0).
+    """
+    worst, where = 0.0, ""
+    for fqn, param in sharded.named_parameters():
+        value = pick(param)
+        local = value.full_tensor() if _is_dtensor(value) else value
+        placements, source = info[fqn]
+        assert isinstance(placements, tuple), (fqn, placements)  # FSDP2 needs a tuple
+        diff = float((local - local_of(reference[fqn], placements, source)).abs().max())
+        if diff > worst:
+            worst, where = diff, fqn
+    return worst, where

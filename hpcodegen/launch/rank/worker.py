@@ -1,7 +1,7 @@
-"""The per-rank entry point: ``python -m hpcodegen.launch.worker [SCRIPT ARGS...]``.
+"""The per-rank entry point: ``python -m hpcodegen.launch.rank.worker [SCRIPT ARGS...]``.
 
 torchrun starts one of these per rank. Without arguments it runs the built-in smoke job
-(:mod:`hpcodegen.launch.smoke`); with a script it runs that script as ``__main__`` (like
+(:mod:`hpcodegen.launch.rank.smoke`); with a script it runs that script as ``__main__`` (like
 ``python SCRIPT ARGS``). Either way the rank's final state (ok, a failed check, or the
 exception that ended it) is written to its result file before the process exits, so the
 launcher can name the failing rank and its error without reading tracebacks.
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcodegen.launch import env
-from hpcodegen.launch.reporter import RankReporter, from_environment
+from hpcodegen.launch.rank.reporter import RankReporter, from_environment
 
 #: ``HPCODEGEN_FAULT`` actions: raise an exception, hang, ``os._exit(3)``, SIGKILL itself.
 FAULTS: tuple[str, ...] = ("raise", "hang", "exit", "kill")
@@ -78,7 +78,7 @@ def run_rank(argv: Sequence[str], reporter: RankReporter) -> int:
             _run_script(argv)
             reporter.finish()
         else:
-            from hpcodegen.launch import smoke
+            from hpcodegen.launch.rank import smoke
 
             smoke.run(reporter)
     except SystemExit as exc:

@@ -16,7 +16,7 @@ torchrun has exited (or on such a signal) ends every descendant still running (S
 then SIGKILL after a grace period) and reaps them, then exits with torchrun's status. The
 launcher ends the job through the shim's pid, whose descendants are the whole job.
 
-Usage (internal): ``python -m hpcodegen.launch.deathsig LAUNCHER_PID COMMAND [ARGS...]``.
+Usage (internal): ``python -m hpcodegen.launch.launcher.deathsig LAUNCHER_PID COMMAND [ARGS...]``.
 On platforms without ``prctl`` the command runs unwrapped (:func:`wrap`).
 """
 

@@ -1,6 +1,6 @@
 """The exact torchrun command line and the environment every rank gets.
 
-torchrun is started as ``python -m hpcodegen.launch.torchrun`` (``torch.distributed.run``
+torchrun is started as ``python -m hpcodegen.launch.launcher.torchrun`` (``torch.distributed.run``
 itself, keeping its per-rank failure records for the launcher) with the launcher's own
 interpreter, so the ranks run in the same virtualenv. One node without rendezvous options
 uses ``--standalone`` (a local c10d store on a free port, chosen by torchrun); multi-node
@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpcodegen.launch import env
-from hpcodegen.launch.options import LaunchOptions
+from hpcodegen.launch.launcher.options import LaunchOptions
 
-WORKER_MODULE = "hpcodegen.launch.worker"
-TORCHRUN_MODULE = "hpcodegen.launch.torchrun"
+WORKER_MODULE = "hpcodegen.launch.rank.worker"
+TORCHRUN_MODULE = "hpcodegen.launch.launcher.torchrun"
 
 
 def torchrun_argv(opts: LaunchOptions, *, log_dir: Path | None, tee: bool) -> list[str]:
-    """``[python, -m, hpcodegen.launch.torchrun, ...torchrun options, -m, worker, ...script]``.
+    """``[python, -m, TORCHRUN_MODULE, ...torchrun options, -m, WORKER_MODULE, ...script]``.
 
     Args:
         opts: the launch request.

@@ -2,7 +2,7 @@
 
 Each rank builds the model on the meta device, installs the artifact's plan on it with the
 runtime (so the count of what it will hold is the runtime's own, expert parallelism
-included), estimates its peak (:mod:`hpcodegen.launch.memory`) and compares it with its
+included), estimates its peak (:mod:`hpcodegen.launch.rank.memory`) and compares it with its
 node's host memory and its own device's free memory. The ranks then agree (one all-reduce)
 so that all of them stop when any cannot fit: the job is refused as a whole, nothing is
 built, and the launcher reports it as a usage error (exit 2) with the figures. Each node
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.launch import memory
-from hpcodegen.launch.model import (
+from hpcodegen.launch.rank import memory
+from hpcodegen.launch.rank.model import (
     BATCH_SIZE,
     SEQ_LEN,
     TOKENS_PER_RANK,
@@ -52,7 +52,7 @@ def _counts(directory: Path, ctx: Any) -> tuple[int, int, int]:
 
 def job_shape(directory: Path, ctx: Any, *, dtype: str, parity: bool, steps: int,
               seeded: bool) -> memory.JobShape:
-    """The smoke job's :class:`~hpcodegen.launch.memory.JobShape` on this rank."""
+    """The smoke job's :class:`~hpcodegen.launch.rank.memory.JobShape` on this rank."""
     full, local, vocab = _counts(directory, ctx)
     length = SEQ_LEN if SEQ_LEN % ctx.world_size == 0 else TOKENS_PER_RANK * ctx.world_size
     return memory.JobShape(full_numel=full, local_numel=local,

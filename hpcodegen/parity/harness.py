@@ -1,0 +1,228 @@
+"""The parity harness: is the parallelized model the unsharded model's function?
+
+"Correct means measured against the unsharded model": every runtime check, ``launch
+--check-parity``, the tests and ``bench/coverage.py`` run this one procedure:
+
+1. :func:`build_pair`: the unsharded transformers model (the reference) and the model of
+   the artifact's generated classes, the same weights in both;
+2. :func:`install`: the plan installed on the second over a live mesh
+   (``parallelize_from_generated``), with the active and expert meshes it resolved;
+3. :func:`compare`: one forward and backward of both on the same batch; the logits
+   (gathered per the LM head's placement) and every parameter's gradient (gathered per the
+   plan's placement, :mod:`hpcodegen.parity.gather`) against the reference's;
+4. :func:`count_collectives` / :func:`predicted_collectives`: the collectives a forward or
+   backward ran, by kind, against what inspect-plan predicts for the artifact.
+
+A loss-parallel head's logits stay vocab-sharded for the loss (the runtime's
+``vocab_parallel_cross_entropy``, what a user's training runs) and are gathered for the
+comparison only. Callers keep their own batches and tolerances; the harness compares and
+returns the distances.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcodegen.parity.gather import full_logits, max_param_diff, output_module_fqn
+from hpcodegen.plan.entry import vocab_sharded_heads
+
+
+@dataclass
+class Pair:
+    """The reference and the model to parallelize, built with the same weights."""
+
+    reference: Any
+    sharded: Any
+    meta: dict[str, Any]
+    artifact: Path
+    config_dict: dict[str, Any]
+
+
+@dataclass
+class Installed:
+    """What :func:`install` resolved: the runtime's ``source_info`` and the live meshes."""
+
+    info: dict[str, Any]
+    active: Any
+    expert: Any = None
+
+
+@dataclass
+class ParityResult:
+    """Distances of one forward/backward: max abs diffs and where the worst gradient is."""
+
+    logits: float
+    grad: float
+    worst: str | None
+    odd: list[str] = field(default_factory=list)
+    loss: float = 0.0
+    ref_loss: float = 0.0
+    grad_scale: float = 0.0
+    #: the full logits compared (sharded model's gathered, the reference's), detached
+    sharded_logits: Any = field(default=None, repr=False)
+    ref_logits: Any = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"logits": self.logits, "grad": self.grad, "worst": self.worst,
+                "odd": list(self.odd), "loss": self.loss, "ref_loss": self.ref_loss,
+                "grad_scale": self.grad_scale}
+
+
+def read_config(config_dir: str | Path) -> dict[str, Any]:
+    """The ``config.json`` dict of a model dir."""
+    return json.loads(Path(config_dir, "config.json").read_text())
+
+
+def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: Any = None,
+               seed: int = 0, eval_mode: bool = True, attn_implementation: str | None = None,
+               prepare: Callable[[Any], None] | None = None, plain: bool = False) -> Pair:
+    """The unsharded model and the generated one (``plain``: the transformers class again,
+    boundaries then wrapped per instance), the reference's weights loaded into both.
+
+    ``prepare(reference)`` runs under ``no_grad`` before the weights are copied (random
+    gates, non-zero biases: what a check needs to see a mistake).
+    """
+    import torch
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+
+    artifact = Path(artifact)
+    dtype = dtype or torch.float32
+    config = load_transformers_config(dict(config_dict))
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    ref = model_class_for(dict(config_dict))(config).to(dtype)
+    if prepare is not None:
+        with torch.no_grad():
+            prepare(ref)
+    meta = load_meta(artifact).data
+    cls = type(ref) if plain else generated_model_class(meta, import_generated_module(artifact))
+    gen = cls(config).to(dtype)
+    gen.load_state_dict(ref.state_dict())
+    if eval_mode:
+        ref.eval()
+        gen.eval()
+    return Pair(ref, gen, meta, artifact, dict(config_dict))
+
+
+def install(pair: Pair, mesh: Any) -> Installed:
+    """The plan installed on ``pair.sharded`` over ``mesh`` (a ``DeviceMesh`` or a
+    ``MeshContext``); the active mesh and, for an expert plan, the expert mesh."""
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.experts import resolve_expert_mesh
+    from hpcodegen.runtime.mesh import resolve_active_mesh
+
+    context = mesh if isinstance(mesh, MeshContext) else MeshContext(device_mesh=mesh)
+    info = parallelize_from_generated(pair.sharded, context, pair.artifact,
+                                      hf_config=pair.config_dict)
+    return Installed(info, resolve_active_mesh(pair.meta, context),
+                     resolve_expert_mesh(pair.meta, context.device_mesh))
+
+
+def token_batch(vocab: int, rows: int, length: int, seed: int = 1,
+                generator: Any = None) -> tuple[Any, Any]:
+    """Seeded token ids and their next-token labels, ``(rows, length)`` each (the same on
+    every rank); drawn from ``generator`` when given (further inputs then follow)."""
+    import torch
+
+    g = generator if generator is not None else torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, length + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Mapping[str, Any],
+                    active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
+    """Cross entropy of ``model(**inputs)`` and the logits it was taken on.
+
+    The sharded model (``active`` given): on the full logits, gathered per plan, or, when
+    the output head is loss parallel (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`),
+    on the vocab-sharded logits themselves (no gather; ``vocab`` is the head's full
+    width), returned as they are. Logits of a half-precision model are taken in float32.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    logits = model(**inputs).logits
+    if active is not None and output_module_fqn(model) in vocab_sharded_heads(meta):
+        from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
+
+        return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
+                                            vocab_size=vocab), logits
+    if active is not None:
+        logits = full_logits(logits, model, meta, active)
+    flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
+    flat = flat if flat.dtype == torch.float64 else flat.float()
+    return F.cross_entropy(flat, labels.flatten()), logits
+
+
+def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: Installed,
+            inputs: Mapping[str, Any], labels: Any, vocab: int | None = None,
+            zero_grad: bool = False) -> ParityResult:
+    """One forward/backward of both models on ``inputs``; logits and every gradient.
+
+    The gradients stay on the parameters (a caller may compare more, e.g. clipping) unless
+    ``zero_grad``.
+    """
+    active, expert = installed.active, installed.expert
+    loss, logits = loss_and_logits(sharded, inputs, labels, meta, active, vocab)
+    loss.backward()
+    # vocab-sharded logits (loss parallel) are gathered here for the comparison only
+    logits = full_logits(logits.detach(), sharded, meta, active)
+    ref_loss, ref_logits = loss_and_logits(reference, inputs, labels, meta, None)
+    ref_loss.backward()
+    grad, worst, odd = max_param_diff(sharded, reference, meta, active, lambda p: p.grad,
+                                      expert)
+    scale = max((float(p.grad.abs().max()) for p in reference.parameters()
+                 if p.grad is not None), default=0.0)
+    logits, ref_logits = logits.detach(), ref_logits.detach()
+    result = ParityResult(float((logits - ref_logits).abs().max()), grad, worst, odd,
+                          float(loss.detach()), float(ref_loss.detach()), scale, logits,
+                          ref_logits)
+    if zero_grad:
+        sharded.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+    return result
+
+
+#: CommDebugMode's op names -> inspect-plan's collective kinds
+OP_KIND = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+           "all_reduce": "all_reduce", "allreduce_": "all_reduce",
+           "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+
+
+@contextmanager
+def count_collectives() -> Iterator[Counter]:
+    """``with count_collectives() as seen:`` the collectives run inside, by kind."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    seen: Counter = Counter()
+    with CommDebugMode() as mode:
+        yield seen
+    for op, n in mode.get_comm_counts().items():
+        name = str(op).split(".")[-1].split("'")[0]
+        seen[OP_KIND.get(name, name)] += n
+
+
+def predicted_collectives(meta: Mapping[str, Any]) -> tuple[Counter, Counter]:
+    """inspect-plan's collectives per forward and per backward (the partial gradients'
+    all-reduces, ``Summary.grad_sync``, included in the backward), by kind."""
+    from hpcodegen.plan.predict import predict_plan, summarize
+
+    summary = summarize(predict_plan(meta)[0])
+    fwd, bwd = Counter(), Counter()
+    for (kind, _axis, _dim), n in summary.per_forward.items():
+        fwd[kind] += n
+    for (kind, _axis, _dim), n in summary.per_backward.items():
+        bwd[kind] += n
+    for (kind, _axis, _dim), n in summary.grad_sync.items():
+        bwd[kind] += n
+    return +fwd, +bwd
