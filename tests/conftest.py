@@ -8,11 +8,17 @@ Tests marked ``cuda(n)`` need ``n`` CUDA devices (default 1) and are skipped, wi
 reason, where fewer are visible. The count is asked of torch in a child process, and only
 when such a test was collected: this process never imports torch for it (tests assert
 that the pure core leaves torch unloaded).
+
+``fake_world`` starts torch's fake process group (one process, any world size) for the
+tests that count collectives or check shapes and placements without real ranks; numeric
+parity runs on real gloo ranks (``hpcodegen.parity.ranks.spawn``, each such test under a
+hard ``timeout`` mark).
 """
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from functools import cache
 
 import pytest
@@ -44,3 +50,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if have < need:
             item.add_marker(pytest.mark.skip(
                 reason=f"needs {need} CUDA device(s), {have} visible"))
+
+
+@pytest.fixture
+def fake_world() -> Iterator[Callable[[int], None]]:
+    """``init(world)`` starts a fake process group of that size as rank 0; torn down after."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def init(world: int) -> None:
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
