@@ -1,4 +1,5 @@
-"""bench/coverage.py's accounting: which table a family lands in and what the last line counts.
+"""bench/coverage.py's accounting (:mod:`hpcodegen.families`): which table a family lands
+in, what the last line counts, and the tiny configs it measures.
 
 The split between dense decoders and encoder / encoder-decoder families comes from
 transformers' own auto mappings; a row's status comes from one rule (``classify_row``).
@@ -6,30 +7,20 @@ transformers' own auto mappings; a row's status comes from one rule (``classify_
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "coverage.py"
-
-
-@pytest.fixture(scope="module")
-def cov() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hpcodegen_bench_coverage", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from hpcodegen.families.catalog import family_kind
+from hpcodegen.families.probe import default_build_error
+from hpcodegen.families.report import classify_row, render
+from hpcodegen.families.tiny import tiny_config
 
 
 @pytest.mark.parametrize(("family", "kind"), [
     ("llama", "decoder"), ("gpt2", "decoder"), ("bert", "encoder"), ("roberta", "encoder"),
     ("bart", "seq2seq"), ("whisper", "seq2seq"), ("marian", "seq2seq")])
-def test_family_kind_follows_transformers_mappings(cov: ModuleType, family: str,
+def test_family_kind_follows_transformers_mappings(family: str,
                                                   kind: str) -> None:
-    assert cov.family_kind(family) == kind
+    assert family_kind(family) == kind
 
 
 def _row(family: str, *, moe: bool = False, split: bool = True, parity: bool = True,
@@ -42,11 +33,11 @@ def _row(family: str, *, moe: bool = False, split: bool = True, parity: bool = T
     return row
 
 
-def test_last_line_counts_dense_decoders_and_moe_only(cov: ModuleType) -> None:
+def test_last_line_counts_dense_decoders_and_moe_only() -> None:
     rows = [_row("llama"), _row("gpt2", parity=False), _row("tiny_no_rules", split=False),
             _row("qwen2", tp2=False), _row("bert"), _row("mixtral", moe=True),
             _row("qwen3_moe", moe=True, parity=False)]
-    text = cov.render(rows, "x", 0.0)
+    text = render(rows, "x", 0.0)
     lines = text.strip().splitlines()
     assert lines[-1] == "coverage: dense_ok=1/4 moe_ok=1/2"
     assert "encoder and encoder-decoder families: ok=1/1 replicated=0" in lines
@@ -69,64 +60,63 @@ def _total(config: dict) -> int:
 
 @pytest.mark.parametrize(("family", "cls"), [
     ("fuyu", "FuyuForCausalLM"), ("blt", "BltForCausalLM")])
-def test_tiny_config_shrinks_every_sub_config(cov: ModuleType, family: str, cls: str) -> None:
+def test_tiny_config_shrinks_every_sub_config(family: str, cls: str) -> None:
     # Fuyu's Persimmon text model and BLT's patcher/encoder/decoder/global sub-configs (and
     # its hashed byte-group vocabulary) left at their defaults built billions of parameters
-    assert _total(cov.tiny_config(family, cls)) <= 256
+    assert _total(tiny_config(family, cls)) <= 256
 
 
-def test_tiny_config_keeps_adapter_widths_equal_to_the_text_width(cov: ModuleType) -> None:
-    config = cov.tiny_config("dots3_note", "Dots3NoteForCausalLM")
+def test_tiny_config_keeps_adapter_widths_equal_to_the_text_width() -> None:
+    config = tiny_config("dots3_note", "Dots3NoteForCausalLM")
     text = config["text_config"]["hidden_size"]
     assert config["vision_config"]["adapter_out_dim"] == text == 64
     assert config["vision_config"]["adapter_in_dim"] == config["vision_config"]["hidden_size"]
 
 
-def test_tiny_config_restores_a_default_the_config_class_insists_on(cov: ModuleType) -> None:
+def test_tiny_config_restores_a_default_the_config_class_insists_on() -> None:
     # ZAYA refuses any num_experts_per_tok but 1: the shrunk 2 goes back to the default
-    assert cov.tiny_config("zaya", "ZayaForCausalLM")["num_experts_per_tok"] == 1
+    assert tiny_config("zaya", "ZayaForCausalLM")["num_experts_per_tok"] == 1
 
 
-def test_a_float32_miss_matched_in_float64_is_rounding_not_failure(cov: ModuleType) -> None:
+def test_a_float32_miss_matched_in_float64_is_rounding_not_failure() -> None:
     rounding = _row("ssmx", parity=False)
     rounding["parity"]["tp2"]["exact64"] = {"ok": True, "logits": 2e-15, "grad": 0.0}
     wrong = _row("gptx", parity=False)
     wrong["parity"]["tp2"]["exact64"] = {"ok": False, "logits": 1.3, "grad": 0.2}
-    text = cov.render([rounding, wrong], "x", 0.0)
+    text = render([rounding, wrong], "x", 0.0)
     assert text.strip().splitlines()[-1] == "coverage: dense_ok=1/2 moe_ok=0/0"
     assert "| ssmx | hf | ok | - | - | ok in fp64 (2e-15) |" in text
     assert "in float64 the sharded model matches" in text
     assert "| gptx | hf | ok | - | - | FAIL |" in text
 
 
-def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly(cov: ModuleType) -> None:
-    why = cov._default_build_error("cohere_compass_text", "CohereCompassForCausalLM")
+def test_a_model_transformers_own_defaults_cannot_build_is_said_plainly() -> None:
+    why = default_build_error("cohere_compass_text", "CohereCompassForCausalLM")
     assert why and why.startswith("transformers' default CohereCompassTextConfig cannot build")
-    assert cov._default_build_error("llama", "LlamaForCausalLM") is None
+    assert default_build_error("llama", "LlamaForCausalLM") is None
     with pytest.raises(ValueError, match="transformers' default Gemma4AssistantConfig is invalid"):
-        cov.tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
+        tiny_config("gemma4_assistant", "Gemma4AssistantForCausalLM")
 
 
-def test_tiny_config_gives_rope_by_layer_type_only_where_the_model_reads_it(cov: ModuleType
-                                                                          ) -> None:
+def test_tiny_config_gives_rope_by_layer_type_only_where_the_model_reads_it() -> None:
     # Cohere Compass reads rope_parameters[layer_type]; its default config carries none
-    config = cov.tiny_config("cohere_compass_text", "CohereCompassForCausalLM")
+    config = tiny_config("cohere_compass_text", "CohereCompassForCausalLM")
     assert config["rope_parameters"] == {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     # Gemma 3 has layer types too, but a RoPE of its own: left as transformers makes it
-    gemma3 = cov.tiny_config("gemma3_text", "Gemma3ForCausalLM")
+    gemma3 = tiny_config("gemma3_text", "Gemma3ForCausalLM")
     assert gemma3["rope_parameters"]["full_attention"]["rope_theta"] == 1_000_000.0
 
 
-def test_tiny_config_expert_groups_divide_the_shrunk_expert_count(cov: ModuleType) -> None:
-    config = cov.tiny_config("deepseek_v3", "DeepseekV3ForCausalLM")
+def test_tiny_config_expert_groups_divide_the_shrunk_expert_count() -> None:
+    config = tiny_config("deepseek_v3", "DeepseekV3ForCausalLM")
     assert config["n_routed_experts"] % config["n_group"] == 0
     assert config["topk_group"] <= config["n_group"]
 
 
-def test_a_row_without_a_parity_run_says_so(cov: ModuleType) -> None:
+def test_a_row_without_a_parity_run_says_so() -> None:
     """--no-parity leaves no parity result: the row says it was not run (it used to crash
     formatting the missing diffs)."""
     row = _row("llama", parity=False)
     row["parity"] = {}
-    assert cov.classify_row(row) == ("unsupported", "tp2 parity: not run (--no-parity)")
+    assert classify_row(row) == ("unsupported", "tp2 parity: not run (--no-parity)")
