@@ -10,9 +10,12 @@ when such a test was collected: this process never imports torch for it (tests a
 that the pure core leaves torch unloaded).
 
 ``fake_world`` starts torch's fake process group (one process, any world size) for the
-tests that count collectives or check shapes and placements without real ranks; numeric
-parity runs on real gloo ranks (``hpcodegen.parity.ranks.spawn``, each such test under a
-hard ``timeout`` mark).
+tests that count collectives or check shapes and placements without real ranks. Numeric
+parity runs on real gloo ranks: ``gloo(world, fn, *args)`` runs ``fn`` on every rank of a
+world kept for the session (``hpcodegen.parity.ranks.GlooWorld``: the process start and
+the imports are paid once per world size, not once per test; a rank that fails or a test
+that times out ends that world and the next test starts a fresh one). Every such test
+keeps its hard ``timeout`` mark.
 """
 
 import os
@@ -20,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -64,3 +68,30 @@ def fake_world() -> Iterator[Callable[[int], None]]:
     yield init
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def _gloo_worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Any]]:
+    """The kept gloo worlds by size (one alive at a time), ended with the session."""
+    worlds: dict[int, Any] = {}
+    yield worlds
+    for world in worlds.values():
+        world.close()
+
+
+@pytest.fixture
+def gloo(_gloo_worlds: dict[int, Any], tmp_path_factory: pytest.TempPathFactory
+         ) -> Callable[..., list[Any]]:
+    """``gloo(world, fn, *args)``: ``fn(*args)`` on ``world`` real gloo ranks, the per-rank
+    results (JSON-able) in rank order. ``fn`` must be importable (a module-level function)."""
+    from hpcodegen.parity.ranks import GlooWorld
+
+    def run(world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        for size, other in _gloo_worlds.items():
+            if size != world:
+                other.close()  # one world's processes alive at a time (memory)
+        if world not in _gloo_worlds:
+            _gloo_worlds[world] = GlooWorld(world, tmp_path_factory.mktemp(f"gloo{world}"))
+        return _gloo_worlds[world].run(fn, *args)
+
+    return run

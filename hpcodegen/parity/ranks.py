@@ -9,8 +9,12 @@ that file itself as it goes (:func:`result_path`); the final result overwrites i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,3 +55,112 @@ def spawn(world: int, fn: Callable[..., Any], *args: Any, out_dir: str | Path) -
     mp.spawn(run_rank, args=(world, init_method, str(out_dir), fn, args), nprocs=world,
              join=True)
     return [json.loads(result_path(out_dir, r).read_text()) for r in range(world)]
+
+
+class GlooWorld:
+    """``world`` gloo ranks started once and kept for several checks (the test suite's).
+
+    Each :meth:`run` sends ``fn(*args)`` to every rank and returns the per-rank results,
+    as :func:`spawn` does, without paying the process start and the imports again. A rank
+    that raises, or a :meth:`run` that does not return (a timeout interrupting it), ends
+    the whole world: the next :meth:`run` starts a fresh one, so no check inherits a
+    process group in an unknown state. The caller's ``sys.path`` travels with each job
+    (a test directory's worker modules resolve in the ranks).
+    """
+
+    def __init__(self, world: int, directory: str | Path) -> None:
+        self.world = world
+        self.directory = Path(directory)
+        self._procs: list[Any] = []
+        self._jobs: list[Any] = []
+        self._results: Any = None
+        self._starts = 0
+
+    def _start(self) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._starts += 1
+        init = (self.directory / f"rendezvous{self._starts}").resolve().as_uri()
+        self._jobs = [ctx.SimpleQueue() for _ in range(self.world)]
+        self._results = ctx.SimpleQueue()
+        self._procs = [ctx.Process(target=_serve, daemon=True,
+                                   args=(r, self.world, init, self._jobs[r], self._results))
+                       for r in range(self.world)]
+        for proc in self._procs:
+            proc.start()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """``fn(*args)`` on every rank; the JSON-able results in rank order."""
+        if not self._procs or not all(p.is_alive() for p in self._procs):
+            self.close()
+            self._start()
+        job = pickle.dumps((list(sys.path), pickle.dumps((fn, args))))
+        done: dict[int, Any] = {}
+        try:
+            for queue in self._jobs:
+                queue.put(job)
+            while len(done) < self.world:
+                rank, ok, value = self._next_result()
+                if not ok:
+                    raise RuntimeError(f"rank {rank} raised:\n{value}")
+                done[rank] = json.loads(value)
+        except BaseException:
+            self.close()
+            raise
+        return [done[r] for r in range(self.world)]
+
+    def _next_result(self) -> tuple[int, bool, str]:
+        """The next rank's answer; a rank that died without one fails the run."""
+        while True:
+            if not self._results.empty():
+                return self._results.get()
+            dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+            if dead and self._results.empty():
+                raise RuntimeError(f"rank {dead[0]} died (exit {self._procs[dead[0]].exitcode})")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """End every rank (killed when it does not stop at once)."""
+        for queue, proc in zip(self._jobs, self._procs, strict=False):
+            if proc.is_alive():
+                with contextlib.suppress(OSError):
+                    queue.put(None)
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs, self._jobs = [], []
+
+
+def _serve(rank: int, world: int, init_method: str, jobs: Any, results: Any) -> None:
+    """A kept rank: gloo up once, then each job from ``jobs`` until ``None``; after a job
+    that raised the rank leaves (its process group may be mid-collective)."""
+    import traceback
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init_method)
+    try:
+        while (job := jobs.get()) is not None:
+            fn, args = _unpickled(job)
+            try:
+                value = json.dumps(fn(*args))
+                # every rank done before the next job: as in run_rank
+                dist.barrier()
+            except BaseException:
+                results.put((rank, False, traceback.format_exc()[-3000:]))
+                return
+            results.put((rank, True, value))
+    finally:
+        dist.destroy_process_group()
+
+
+def _unpickled(job: bytes) -> tuple[Any, tuple]:
+    """The job's function and arguments, its sender's ``sys.path`` entries added first so
+    that the function (a test directory's worker) resolves."""
+    path, payload = pickle.loads(job)
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    return pickle.loads(payload)

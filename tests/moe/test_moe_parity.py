@@ -19,7 +19,6 @@ from moe_configs import write_model_dir
 from moe_workers import parity_cases
 
 from hpcodegen.generate.api import GenerateArgs, generate_artifact
-from hpcodegen.parity.ranks import spawn
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -52,31 +51,31 @@ def _check(results: dict) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_tp2_and_ep2_alone_match_unsharded(tmp_path: Path) -> None:
+def test_tp2_and_ep2_alone_match_unsharded(tmp_path: Path, gloo) -> None:
     cases = [(*_artifact(tmp_path, m, 2, 1), 0) for m in TP2]
     cases.append((*_artifact(tmp_path, "qwen3_moe", 1, 2), 2))
-    results = spawn(2, parity_cases, cases, out_dir=str(tmp_path))
+    results = gloo(2, parity_cases, cases)
     for rank in results:
         _check(rank)
     assert set(results[0]) == {c[0] for c in cases}
 
 
 @pytest.mark.timeout(300)
-def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path) -> None:
+def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path, gloo) -> None:
     cases = [(*_artifact(tmp_path, m, 2, 2), 2) for m in TP2_EP2]
-    results = spawn(4, parity_cases, cases, out_dir=str(tmp_path))
+    results = gloo(4, parity_cases, cases)
     for rank in results:
         _check(rank)
 
 
 @pytest.mark.timeout(240)
-def test_biased_experts_ep2_match_unsharded(tmp_path: Path) -> None:
+def test_biased_experts_ep2_match_unsharded(tmp_path: Path, gloo) -> None:
     """GPT-OSS: per-expert biases (``gate_up_proj_bias``, ``down_proj_bias``, made non-zero
     by the worker) and the clamped, interleaved gate/up activation, split over ep 2 (each
     bias travels with its expert, so it is added once). Its tp 2 (down_proj_bias applied by
     tp rank 0 only) and tp 2 x ep 2 runs are in the tests above."""
     cases = [(*_artifact(tmp_path, "gpt_oss", 1, 2), 2)]
-    results = spawn(2, parity_cases, cases, out_dir=str(tmp_path))
+    results = gloo(2, parity_cases, cases)
     for rank in results:
         _check(rank)
     assert set(results[0]) == {c[0] for c in cases}

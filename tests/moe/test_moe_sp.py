@@ -157,16 +157,14 @@ def test_sp_expert_all_to_all_moves_a_tp_th(tmp_path: Path) -> None:
     assert ep_bytes(sliced, model) == moe * (counts + 4 * payload / 2)
 
 
-def _parity(root: Path, families: list[str], tp: int, ep: int, world: int) -> None:
+def _parity(root: Path, families: list[str], tp: int, ep: int, world: int, gloo) -> None:
     from moe_workers import parity_cases
-
-    from hpcodegen.parity.ranks import spawn
 
     cases = []
     for family in families:
         out, model, _ = _generate(root, family, tp, ep=ep)
         cases.append((f"{family} tp{tp} ep{ep}", str(out), str(model), 2))
-    for rank in spawn(world, parity_cases, cases, out_dir=str(root)):
+    for rank in gloo(world, parity_cases, cases):
         for name, r in rank.items():
             assert not r["odd"], (name, r["odd"])
             assert r["logits"] <= TOL and r["grad"] <= TOL, (name, r)
@@ -175,10 +173,10 @@ def _parity(root: Path, families: list[str], tp: int, ep: int, world: int) -> No
 
 
 @pytest.mark.timeout(300)
-def test_sp_tp2_matches_unsharded(tmp_path: Path) -> None:
-    _parity(tmp_path, ["qwen3_moe", "qwen2_moe", "gpt_oss"], 2, 1, 2)
+def test_sp_tp2_matches_unsharded(tmp_path: Path, gloo) -> None:
+    _parity(tmp_path, ["qwen3_moe", "qwen2_moe", "gpt_oss"], 2, 1, 2, gloo)
 
 
 @pytest.mark.timeout(300)
-def test_sp_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path) -> None:
-    _parity(tmp_path, ["qwen3_moe", "gpt_oss"], 2, 2, 4)
+def test_sp_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path, gloo) -> None:
+    _parity(tmp_path, ["qwen3_moe", "gpt_oss"], 2, 2, 4, gloo)

@@ -20,7 +20,6 @@ from family_workers import assert_parity, parity_models
 
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
-from hpcodegen.parity.ranks import spawn
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
@@ -41,10 +40,8 @@ def _artifact(root: Path, family: str, sp: bool) -> tuple[str, str, str]:
 
 
 @pytest.mark.timeout(420)
-def test_family_parity_tp2_and_sp(tmp_path: Path) -> None:
+def test_family_parity_tp2_and_sp(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f, False) for f in TP2]
     models += [_artifact(tmp_path, f, True) for f in SP]
-    out = tmp_path / "ranks"
-    out.mkdir()
-    results = spawn(2, parity_models, models, 2, out_dir=str(out))
+    results = gloo(2, parity_models, models, 2)
     assert_parity(results, models, TOL)

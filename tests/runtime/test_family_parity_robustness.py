@@ -21,7 +21,6 @@ from family_workers import assert_parity, parity_models
 
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
-from hpcodegen.parity.ranks import spawn
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
@@ -41,9 +40,7 @@ def _artifact(root: Path, family: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.timeout(300)
-def test_family_parity_robustness(tmp_path: Path) -> None:
+def test_family_parity_robustness(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
-    out = tmp_path / "ranks"
-    out.mkdir()
-    results = spawn(2, parity_models, models, 2, out_dir=str(out))
+    results = gloo(2, parity_models, models, 2)
     assert_parity(results, models, TOL)

@@ -29,7 +29,6 @@ from family_workers import assert_parity, parity_models
 
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
-from hpcodegen.parity.ranks import spawn
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
@@ -80,9 +79,7 @@ def _artifact(root: Path, name: str, family: str, overrides: dict) -> tuple[str,
 
 
 @pytest.mark.timeout(300)
-def test_package_rule_families_match_the_unsharded_model(tmp_path: Path) -> None:
+def test_package_rule_families_match_the_unsharded_model(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, *m) for m in MODELS]
-    out = tmp_path / "ranks"
-    out.mkdir()
-    results = spawn(2, parity_models, models, 2, out_dir=str(out))
+    results = gloo(2, parity_models, models, 2)
     assert_parity(results, models, TOL)

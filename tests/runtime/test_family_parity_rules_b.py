@@ -27,7 +27,6 @@ from family_workers import assert_parity, parity_models
 
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
-from hpcodegen.parity.ranks import spawn
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
@@ -48,10 +47,8 @@ def _artifact(root: Path, family: str, sp: bool = False) -> tuple[str, str, str]
 
 
 @pytest.mark.timeout(300)
-def test_family_parity_package_rules_b(tmp_path: Path) -> None:
+def test_family_parity_package_rules_b(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
     models += [_artifact(tmp_path, f, sp=True) for f in SP]
-    out = tmp_path / "ranks"
-    out.mkdir()
-    results = spawn(2, parity_models, models, 2, out_dir=str(out))
+    results = gloo(2, parity_models, models, 2)
     assert_parity(results, models, TOL)

@@ -24,7 +24,6 @@ from family_workers import assert_parity, parity_models
 
 from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
-from hpcodegen.parity.ranks import spawn
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 
@@ -45,10 +44,8 @@ def _artifact(root: Path, family: str, dtype: str = "float32") -> tuple[str, ...
 
 
 @pytest.mark.timeout(240)
-def test_ssm_family_parity_tp2(tmp_path: Path) -> None:
+def test_ssm_family_parity_tp2(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
     models += [_artifact(tmp_path, f, "float64") for f in FLOAT64]
-    out = tmp_path / "ranks"
-    out.mkdir()
-    results = spawn(2, parity_models, models, 2, out_dir=str(out))
+    results = gloo(2, parity_models, models, 2)
     assert_parity(results, models, TOL)

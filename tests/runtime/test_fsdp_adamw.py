@@ -10,17 +10,15 @@ from __future__ import annotations
 import pytest
 from rt_workers import fsdp_many
 
-from hpcodegen.parity.ranks import spawn
-
 TOL = 1e-5
 
 
 @pytest.mark.gloo
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_adamw_step_dp2_tp2_matches_single_process(tmp_path) -> None:
+def test_adamw_step_dp2_tp2_matches_single_process(gloo) -> None:
     artifacts = ["llama_tp2_sp", "llama_bias_tp2"]
-    results = spawn(4, fsdp_many, artifacts, 2, 2, out_dir=str(tmp_path))
+    results = gloo(4, fsdp_many, artifacts, 2, 2)
     for rank, per_artifact in enumerate(results):
         assert set(per_artifact) == set(artifacts)
         for artifact, r in per_artifact.items():

@@ -76,13 +76,11 @@ def test_sixteen_layers_sync_in_one_collective(tmp_path: Path, fake_world) -> No
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_sixteen_layers_accumulate_exactly(tmp_path: Path) -> None:
+def test_sixteen_layers_accumulate_exactly(tmp_path: Path, gloo) -> None:
     from grad_workers import accumulate_case
 
-    from hpcodegen.parity.ranks import spawn
-
     out, model = _llama(tmp_path, 16)
-    results = spawn(2, accumulate_case, str(out), str(model), out_dir=str(tmp_path))
+    results = gloo(2, accumulate_case, str(out), str(model))
     for r in results:
         assert not r["odd"], r
         assert r["logits"] <= TOL and r["grad"] <= TOL, r

@@ -101,13 +101,11 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_layouts_match_unsharded(tmp_path: Path) -> None:
+def test_layouts_match_unsharded(tmp_path: Path, gloo) -> None:
     from moe_workers import parity_cases
 
-    from hpcodegen.parity.ranks import spawn
-
     cases = [(f"{name} sp={sp}", *_artifact(tmp_path, name, sp), 2) for name, sp in CASES]
-    for rank in spawn(2, parity_cases, cases, out_dir=str(tmp_path)):
+    for rank in gloo(2, parity_cases, cases):
         for name, r in rank.items():
             assert not r["odd"], (name, r["odd"])
             assert r["logits"] <= TOL and r["grad"] <= TOL, (name, r)
@@ -115,12 +113,10 @@ def test_layouts_match_unsharded(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_vision_tower_split_matches_unsharded_with_images(tmp_path: Path) -> None:
+def test_vision_tower_split_matches_unsharded_with_images(tmp_path: Path, gloo) -> None:
     """Gemma-3's composite: transformers plans the text model only; the SigLIP vision
     tower's attention and MLPs are split like any (Megatron layout), exact with images."""
     from layout_workers import image_case
-
-    from hpcodegen.parity.ranks import spawn
 
     config = {
         "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
@@ -139,6 +135,6 @@ def test_vision_tower_split_matches_unsharded_with_images(tmp_path: Path) -> Non
     meta = json.loads((out / "codegen_meta.json").read_text())
     attn = meta["param_plan"]["model.vision_tower.encoder.layers.0.self_attn"]
     assert attn["params"]["q_proj.weight"] == {"tp": "S(0)"}
-    for r in spawn(2, image_case, str(out), str(model), out_dir=str(tmp_path)):
+    for r in gloo(2, image_case, str(out), str(model)):
         assert not r["odd"] and r["vision_grads"] > 0, r
         assert r["logits"] <= TOL and r["grad"] <= TOL, r

@@ -2,15 +2,13 @@
 
 Logits and every parameter's gradient (the reference gradient sharded by the parameter's
 placement from the returned source info) within 1e-5 in fp32. Several artifacts share one
-spawn to pay the process start-up once.
+world (tests/conftest.py's kept gloo ranks) to pay the process start-up once.
 """
 
 from __future__ import annotations
 
 import pytest
 from rt_workers import parity_many
-
-from hpcodegen.parity.ranks import spawn
 
 TOL = 1e-5
 TP2 = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",
@@ -31,13 +29,13 @@ def _check(results: list[dict]) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_parity_tp2_every_artifact(tmp_path) -> None:
-    results = spawn(2, parity_many, TP2, 2, out_dir=str(tmp_path))
+def test_parity_tp2_every_artifact(gloo) -> None:
+    results = gloo(2, parity_many, TP2, 2)
     assert set(results[0]) == set(TP2)
     _check(results)
 
 
 @pytest.mark.timeout(180)
-def test_parity_tp4_llama(tmp_path) -> None:
-    results = spawn(4, parity_many, ["llama_tp4"], 4, out_dir=str(tmp_path))
+def test_parity_tp4_llama(gloo) -> None:
+    results = gloo(4, parity_many, ["llama_tp4"], 4)
     _check(results)

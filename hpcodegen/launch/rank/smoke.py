@@ -2,7 +2,7 @@
 
 Steps, in order (each is a ``phase`` the launcher shows):
 
-1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
+1. ``init``: device, process group, mesh (:func:`~hpcodegen.launch.rank.context.init_rank`).
 2. ``memory check``: the model built and installed on the meta device, each rank's peak
    estimated and compared with its node's and device's free memory; if any rank cannot
    fit, every rank stops here, status ``refused`` (:mod:`hpcodegen.launch.rank.preflight`).
