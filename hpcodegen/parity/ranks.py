@@ -144,7 +144,7 @@ def _serve(rank: int, world: int, init_method: str, jobs: Any, results: Any) -> 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init_method)
     try:
-        while (job := jobs.get()) is not None:
+        while (job := _next_job(jobs)) is not None:
             fn, args = _unpickled(job)
             try:
                 value = json.dumps(fn(*args))
@@ -156,6 +156,16 @@ def _serve(rank: int, world: int, init_method: str, jobs: Any, results: Any) -> 
             results.put((rank, True, value))
     finally:
         dist.destroy_process_group()
+
+
+def _next_job(jobs: Any) -> bytes | None:
+    """The next job, or None to stop: also when the process that started this rank is
+    gone (killed without closing its world), so no rank outlives its test run."""
+    parent = os.getppid()
+    while not jobs._reader.poll(1.0):
+        if os.getppid() != parent:
+            return None
+    return jobs.get()
 
 
 def _unpickled(job: bytes) -> tuple[Any, tuple]:
