@@ -152,7 +152,7 @@ def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Ma
     import torch.nn.functional as F
 
     logits = model(**inputs).logits
-    if active is not None and output_module_fqn(model) in vocab_sharded_heads(meta):
+    if _loss_parallel_head(model, meta, active):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
         return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
@@ -162,6 +162,11 @@ def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Ma
     flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
     flat = flat if flat.dtype == torch.float64 else flat.float()
     return F.cross_entropy(flat, labels.flatten()), logits
+
+
+def _loss_parallel_head(model: Any, meta: Mapping[str, Any], active: Any | None) -> bool:
+    """The sharded model's output head leaves its logits vocab-sharded for the loss."""
+    return active is not None and output_module_fqn(model) in vocab_sharded_heads(meta)
 
 
 def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: Installed,
@@ -175,8 +180,10 @@ def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: In
     active, expert = installed.active, installed.expert
     loss, logits = loss_and_logits(sharded, inputs, labels, meta, active, vocab)
     loss.backward()
-    # vocab-sharded logits (loss parallel) are gathered here for the comparison only
-    logits = full_logits(logits.detach(), sharded, meta, active)
+    if _loss_parallel_head(sharded, meta, active):
+        # vocab-sharded logits (the loss took them as they are): gathered for the
+        # comparison only; any other logits were gathered for the loss already
+        logits = full_logits(logits.detach(), sharded, meta, active)
     ref_loss, ref_logits = loss_and_logits(reference, inputs, labels, meta, None)
     ref_loss.backward()
     grad, worst, odd = max_param_diff(sharded, reference, meta, active, lambda p: p.grad,
