@@ -11,7 +11,7 @@ with three all_reduces of ``(tokens,)`` fp32 values instead of an all_gather of
 3. the target's shifted logit, which only the rank holding the target row contributes.
 
 ``loss = log(sum) - target`` per token, then the mean over tokens whose label is not
-``ignore_index``. The two sums use :func:`hpcodegen.runtime.collectives.reduce`, whose
+``ignore_index``. The two sums use :func:`hpcodegen.runtime.collectives.ops.reduce`, whose
 backward is the identity (DTensor's ``Partial -> Replicate``), so autograd gives each rank
 ``softmax - one_hot`` on its own slice: the gradient of the unsharded loss, sharded. The
 loss is a plain replicated tensor: call ``loss.backward()`` anywhere (torch's
@@ -35,7 +35,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcodegen.runtime.collectives import Comm, compiling, reduce
+from hpcodegen.runtime.collectives.comm import Comm
+from hpcodegen.runtime.collectives.local import compiling
+from hpcodegen.runtime.collectives.ops import reduce
 
 
 def _all_reduce_max(x: torch.Tensor, comm: Comm) -> torch.Tensor:
