@@ -339,7 +339,8 @@ def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: 
     """verify's loss-parallel rules (:mod:`hpcodegen.plan.loss_parallel`) on the plan to be
     frozen. Last: the meta forward switches the model to eager attention."""
     from hpcodegen import GENERATOR_NAME
-    from hpcodegen.plan.loss_parallel import check_declared, check_loss_parallel, plan_findings
+    from hpcodegen.plan.loss_parallel import plan_findings
+    from hpcodegen.tracer.loss_parallel import check_declared, check_loss_parallel
 
     if not loss_parallel:
         if tp > 1:  # with one rank the logits are whole

@@ -13,18 +13,28 @@ that went wrong.
 
 Weights are whole on the meta model, so a split compute gives the shapes its gathered
 result would: only the sequence dim needs emulating. A model whose plain meta run already
-fails (data-dependent code) is not checked.
+fails (data-dependent code) is not checked. The runs are the tracer's
+(:func:`hpcodegen.tracer.model.forward`, fake tensors); the transitions bind to each
+forward as the runtime binds them (:mod:`hpcodegen.binding`), and the parent of a
+sequence-sharded embedding gets the runtime's default position ids
+(:mod:`hpcodegen.sp_positions`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpcodegen.binding import InputBinder, apply_outputs
 from hpcodegen.errors import PlanError, error
-from hpcodegen.hf import no_cache_kwargs
-from hpcodegen.plan.entry import is_boundary, out_names
+from hpcodegen.plan.entry import (
+    is_boundary,
+    out_names,
+    output_sequence_sharded,
+    takes_token_ids,
+)
+from hpcodegen.tracer.hooks import outputs_of, removed
+from hpcodegen.tracer.model import forward
 
 #: the sequence-sharded placements: ``(batch, seq, ...)`` activations and token rows
 SEQ_DIMS = {"S(1)": 1, "S(0)": 0}
@@ -63,13 +73,8 @@ def _resize(x: Any, dim: int, length: int) -> Any:
 def _shapes(out: Any) -> tuple:
     import torch
 
-    if isinstance(out, torch.Tensor):
-        return (tuple(out.shape),)
-    if isinstance(out, (tuple, list)):
-        return tuple(tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in out)
-    if hasattr(out, "to_tuple"):
-        return _shapes(out.to_tuple())
-    return ()
+    return tuple(tuple(o.shape) if isinstance(o, torch.Tensor) else None
+                 for o in outputs_of(out))
 
 
 def _logits(out: Any) -> Any:
@@ -80,38 +85,14 @@ def _run(model: Any, length: int) -> Any:
     """The model's logits on ``(2, length)`` token ids, shapes only: under torch's fake
     tensor mode, where transformers skips its data-dependent checks (packed sequences,
     all-ones masks) that a plain meta tensor cannot answer."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # a failing op is logged there before it raises
-    from hpcodegen.inspect.trace import experts_shape_only
-
-    try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), \
-                experts_shape_only(model):
-            return _logits(model(**_call_args(model, length)))
-    finally:
-        quiet.setLevel(level)
-
-
-def _call_args(model: Any, length: int) -> dict[str, Any]:
-    import torch
-
-    kwargs: dict[str, Any] = {"input_ids": torch.zeros((2, length), dtype=torch.long,
-                                                       device="meta")}
-    return {**kwargs, **no_cache_kwargs(model)}
+    return _logits(forward(model, 2, length, fake=True))
 
 
 def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
                     classes: Mapping[str, str]) -> None:
     """Refuse ``plan`` (PlanError ``generate.sp_shapes``) when the model's forward does not
     run on sequence-sharded activations; see the module docstring."""
-
-    from hpcodegen.plan.entry import output_sequence_sharded, takes_token_ids
-    from hpcodegen.runtime.binding import InputBinder, apply_outputs
-    from hpcodegen.runtime.embedding import install_default_position_ids
+    from hpcodegen.sp_positions import install_default_position_ids
 
     modules = dict(model.named_modules())
     names = {id(m): fqn for fqn, m in modules.items()}
@@ -120,14 +101,11 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
     def record(mod: Any, _args: Any, out: Any) -> None:
         reference.setdefault(names[id(mod)], _shapes(out))
 
-    handles = [m.register_forward_hook(record) for m in modules.values()]
     try:
-        ref_logits = _run(model, length)
+        with removed([m.register_forward_hook(record) for m in modules.values()]):
+            ref_logits = _run(model, length)
     except Exception:  # data-dependent code cannot run on meta: nothing to check
         return
-    finally:
-        for h in handles:
-            h.remove()
     if ref_logits is None:
         return
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpcodegen.binding import InputBinder, apply_outputs, compile_outputs
 from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import BoundaryForm
 from hpcodegen.plan.entry import (
@@ -42,15 +43,12 @@ from hpcodegen.plan.entry import (
 )
 from hpcodegen.plan.revalidate import decide
 from hpcodegen.plan.types import Plan, PlanEntry
-from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_outputs
 from hpcodegen.runtime.collectives.matching import TPOps
-from hpcodegen.runtime.embedding import (
-    install_default_position_ids,
-    install_vocab_lookups,
-)
+from hpcodegen.runtime.embedding import install_vocab_lookups
 from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
 from hpcodegen.runtime.mesh import ActiveMesh
 from hpcodegen.runtime.params import ShardedParam, param_owner
+from hpcodegen.sp_positions import install_default_position_ids
 
 
 class RuntimeFallbackWarning(UserWarning):

@@ -46,7 +46,8 @@ def meta_twin(model: nn.Module) -> nn.Module:
 
 def check_loss_parallel_install(model: nn.Module, meta: Mapping[str, Any]) -> None:
     """Raise a PlanError where loss parallelism (or its absence) would run inexactly."""
-    from hpcodegen.plan.loss_parallel import forward_needed, model_findings
+    from hpcodegen.plan.loss_parallel import forward_needed
+    from hpcodegen.tracer.loss_parallel import model_findings
 
     target = model
     if forward_needed(meta):
