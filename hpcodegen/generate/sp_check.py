@@ -92,12 +92,11 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
                     classes: Mapping[str, str]) -> None:
     """Refuse ``plan`` (PlanError ``generate.sp_shapes``) when the model's forward does not
     run on sequence-sharded activations; see the module docstring."""
-    from hpcodegen.sp_positions import install_default_position_ids
-
     modules = dict(model.named_modules())
     names = {id(m): fqn for fqn, m in modules.items()}
     length = 4 * tp
     reference: dict[str, tuple] = {}
+
     def record(mod: Any, _args: Any, out: Any) -> None:
         reference.setdefault(names[id(mod)], _shapes(out))
 
@@ -111,7 +110,6 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
 
     stack: list[str] = []
     first_wrong: list[str] = []
-    wrapped: list[Any] = []
 
     def enter(mod: Any, args: tuple, kw: dict) -> None:
         stack.append(names[id(mod)])
@@ -124,7 +122,36 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
         if not _matches(_shapes(out), ref, tp):
             first_wrong.append(fqn)
 
-    handles = []
+    handles, wrapped = _shard_sequence(modules, plan, tp, classes)
+    for m in modules.values():  # after the plan's hooks: they see the resized shapes
+        handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
+        handles.append(m.register_forward_hook(leave))
+    try:
+        with removed(handles):
+            logits = _run(model, length)
+        failure = None
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        logits = None
+    finally:
+        for parent in wrapped:
+            parent.__dict__.pop("forward", None)
+            parent.__dict__.pop("_hp_position_ids_wrapped", None)
+    if failure is None and logits is not None and tuple(logits.shape) == tuple(ref_logits.shape):
+        return
+    where = stack[-1] if failure is not None and stack else (first_wrong or [""])[0]
+    _refuse(where, modules.get(where, model), failure, logits, ref_logits)
+
+
+def _shard_sequence(modules: Mapping[str, Any], plan: Mapping[str, Mapping[str, Any]],
+                    tp: int, classes: Mapping[str, str]) -> tuple[list[Any], list[Any]]:
+    """Hooks applying each boundary's sequence transitions to the shapes, bound as the
+    runtime binds them, and the parents given the runtime's default position ids; returns
+    ``(hook handles, wrapped parents)``."""
+    from hpcodegen.sp_positions import install_default_position_ids
+
+    handles: list[Any] = []
+    wrapped: list[Any] = []
     for fqn, entry in plan.items():
         if not is_boundary(entry) or fqn not in modules:
             continue
@@ -143,33 +170,19 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
             parent = modules[fqn.rpartition(".")[0]]
             if "forward" not in parent.__dict__ and install_default_position_ids(parent):
                 wrapped.append(parent)
-    for m in modules.values():  # after the plan's hooks: they see the resized shapes
-        handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
-        handles.append(m.register_forward_hook(leave))
-    try:
-        logits = _run(model, length)
-        failure = None
-    except Exception as exc:
-        failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-        logits = None
-    finally:
-        for h in handles:
-            h.remove()
-        for parent in wrapped:
-            parent.__dict__.pop("forward", None)
-            parent.__dict__.pop("_hp_position_ids_wrapped", None)
-    if failure is None and logits is not None and tuple(logits.shape) == tuple(ref_logits.shape):
-        return
-    where = stack[-1] if failure is not None and stack else (first_wrong or [""])[0]
-    cls = type(modules.get(where, model)).__name__
+    return handles, wrapped
+
+
+def _refuse(where: str, module: Any, failure: str | None, logits: Any,
+            ref_logits: Any) -> None:
     what = failure or (f"its logits come back with shape {tuple(logits.shape)} instead of "
                        f"{tuple(ref_logits.shape)}" if logits is not None else "no logits")
     raise PlanError([error(
         "generate.sp_shapes", where or "<root>",
-        f"with sequence parallelism (--sp) {where or 'the model'} ({cls}) does not run on "
-        f"its rank's slice of the sequence: {what}; code outside the plan's boundaries "
-        "sizes a tensor by the full sequence length (a reshape, a position bias or mask "
-        "built by the model itself)",
+        f"with sequence parallelism (--sp) {where or 'the model'} ({type(module).__name__}) "
+        f"does not run on its rank's slice of the sequence: {what}; code outside the plan's "
+        "boundaries sizes a tensor by the full sequence length (a reshape, a position bias "
+        "or mask built by the model itself)",
         hint="generate without --sp")])
 
 
