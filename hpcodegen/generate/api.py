@@ -72,6 +72,7 @@ from hpcodegen.generate.recipe import (
     recipe_modules,
     recipe_target_findings,
 )
+from hpcodegen.generate.seeds import seeds_note, structural_seeds
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.sp_check import check_sp_shapes
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
@@ -200,6 +201,11 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     if unmatched and notes is not None:
         notes.append(f"HF plan: {len(unmatched)} rule(s) match no module of this config and "
                      f"are skipped (as transformers skips them): {', '.join(unmatched)}")
+    seeds = structural_seeds(model, hf, rules is not None and rules.replace_hf_plan,
+                             overridden | shipped_modules)
+    assignments.update(seeds)
+    if notes is not None:
+        notes.extend(seeds_note(model, seeds))
     layouts = megatron_layouts(model, assignments, overridden | shipped_modules)
     if notes is not None:
         notes.extend(layouts.notes())
