@@ -114,6 +114,32 @@ def call_order(source: str) -> list[str]:
     return order
 
 
+def input_readers(source: str) -> set[str]:
+    """The ``self.<name>`` children a forward (or a method it calls) applies to its own first
+    input: ``self.q_proj(hidden_states)`` in ``forward(self, hidden_states)``, or
+    ``self.in_proj(input_states)`` in ``torch_forward(self, input_states)``."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return set()
+    out: set[str] = set()
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        args = [a.arg for a in fn.args.args[1:]]
+        if not args:
+            continue
+        for node in ast.walk(fn):
+            func = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) \
+                    and isinstance(func.value, ast.Name) and func.value.id == "self" \
+                    and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id == args[0]:
+                out.add(func.attr)
+    return out
+
+
 def _takes_second_stream(module: Any) -> bool:
     import inspect
 
@@ -123,7 +149,7 @@ def _takes_second_stream(module: Any) -> bool:
 
 def attention_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
     """Megatron's styles for an attention (module docstring), or None."""
-    from hpcodegen.generate.lift import is_norm
+    from hpcodegen.generate.module_facts import is_norm
 
     out = [n for n in ATTN_OUTPUTS if is_linear(kids.get(n))]
     heads = head_counts(module)
@@ -155,7 +181,7 @@ def mlp_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
     One or two input projections ``h -> i`` and one output projection ``i -> h``; with one
     input projection the two shapes mirror each other, so the one the forward calls first
     reads the input (a third projection of the input would be an attention's)."""
-    from hpcodegen.generate.lift import forward_source
+    from hpcodegen.generate.module_facts import forward_source
 
     held = _held(kids)
     if len(held) not in (2, 3) or not all(is_linear(kids[n]) for n in held):
@@ -182,20 +208,24 @@ def gathered_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | N
     runs between them; the weights of every projection are split. None when the block has
     no such projections.
 
-    The output projection maps back to the width the input projections read; where the
-    shapes leave several candidates, it is the one the forward calls last."""
-    from hpcodegen.generate.lift import forward_source
+    The input projections are applied to the forward's own input (by name, in the forward
+    or the method it hands its input to); the output projection is not, maps back to the
+    width they read, and is called after them. A block whose input projections feed no
+    output projection of its own (BERT's self-attention: query, key, value) has none."""
+    from hpcodegen.generate.module_facts import forward_source
 
     held = _held(kids)
     linears = {n: (kids[n].in_features, kids[n].out_features) for n in held
                if is_linear(kids[n])}
     if len(linears) < 2:
         return None
-    order = [n for n in call_order(forward_source(module)) if n in held]
+    source = forward_source(module)
+    order = [n for n in call_order(source) if n in held]
     if not order or order[0] not in linears:
         return None  # the block's input is not read by a projection
-    outs = [o for o, (_, width) in linears.items()
-            if all(dims[0] == width for n, dims in linears.items() if n != o)]
+    readers = input_readers(source)
+    outs = [o for o, (_, width) in linears.items() if o not in readers
+            and all(dims[0] == width and n in readers for n, dims in linears.items() if n != o)]
     outs = [o for o in outs if o in order and all(
         n in order and order.index(n) < order.index(o) for n in linears if n != o)]
     if len(outs) != 1:
@@ -210,7 +240,7 @@ def block_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
     shapes, else by :data:`MLP_SHAPES`), or None: not one, or not exactly splittable.
     With ``by_shape`` a block that is neither gets its projections split one by one where
     it has them (:func:`gathered_styles`)."""
-    from hpcodegen.generate.lift import forward_source, fused_blocks
+    from hpcodegen.generate.module_facts import forward_source, fused_blocks
 
     if _takes_second_stream(module):
         return None
@@ -265,7 +295,7 @@ def structural_seeds(model: Any, hf: Sequence[tuple[str, str]], replaced: bool,
 
 def kept_reason(module: Any, kids: Mapping[str, Any]) -> str:
     """Why an attention (a module holding :data:`ATTN_INPUTS`) was not split by heads."""
-    from hpcodegen.generate.lift import forward_source, fused_blocks, is_norm
+    from hpcodegen.generate.module_facts import forward_source, fused_blocks, is_norm
 
     if _takes_second_stream(module):
         return "it takes keys and values from a second input, whose gradient would stay partial"

@@ -124,6 +124,17 @@ def test_projections_around_unsplittable_compute_are_gathered() -> None:
 
     assert _styles(NormFirst()) is None
 
+    class ThreeReaders(nn.Module):  # BERT's self-attention: no output projection of its own
+        def __init__(self) -> None:
+            super().__init__()
+            self.query, self.key, self.value = (nn.Linear(8, 8) for _ in range(3))
+
+        def forward(self, hidden_states: Any) -> Any:
+            q, k = self.query(hidden_states), self.key(hidden_states)
+            return q * k * self.value(hidden_states)
+
+    assert _styles(ThreeReaders()) is None
+
 
 class Lm(nn.Module):
     def __init__(self) -> None:
