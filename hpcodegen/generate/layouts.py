@@ -31,7 +31,7 @@ from typing import Any
 
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import Assignment
-from hpcodegen.generate.lift import fused_blocks
+from hpcodegen.generate.module_facts import fused_blocks
 from hpcodegen.generate.seeds import (
     SEED_RULE,
     block_assignments,
@@ -136,7 +136,7 @@ def config_head_attrs(module: Any) -> list[str]:
     fused q|k|v at ``self.config.num_attention_heads * self.head_dim``)."""
     import re
 
-    from hpcodegen.generate.lift import forward_source
+    from hpcodegen.generate.module_facts import forward_source
 
     config = config_value(module, "config")
     names = set(re.findall(r"self\.config\.(\w*heads\w*)", forward_source(module)))
@@ -151,7 +151,7 @@ def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignmen
     arithmetic :func:`hpcodegen.runtime.norms.rms_norm` reproduces."""
     import re
 
-    from hpcodegen.generate.lift import forward_source, is_norm
+    from hpcodegen.generate.module_facts import forward_source, is_norm
 
     module = modules[parent]
     heads = head_counts(module)

@@ -241,9 +241,9 @@ def test_output_heads_in_a_module_list_are_replicated_not_refused(
     """MusicGen's decoder has one LM head per codebook (a ModuleList): with no rule naming
     them (here: without musicgen.yaml), no boundary can be placed on the list, so its heads
     are planned replicated like any unnamed parameter."""
-    import hpcodegen.generate.api as api
+    import hpcodegen.generate.plan_sources as sources
 
-    monkeypatch.setattr(api, "package_rules", lambda *a, **k: None)
+    monkeypatch.setattr(sources, "package_rules", lambda *a, **k: None)
     plan = meta_of(family("musicgen"))["param_plan"]
     assert "lm_heads" not in plan or not plan["lm_heads"].get("is_boundary")
     heads = {f"{fqn}.{rel}": named for fqn, entry in plan.items() if fqn.startswith("lm_heads")

@@ -97,7 +97,7 @@ def test_head_counts_read_by_a_helper_method_are_divided() -> None:
 def test_head_count_attrs_follow_self_method_calls() -> None:
     import torch
 
-    from hpcodegen.generate.lift import head_count_attrs
+    from hpcodegen.generate.module_facts import head_count_attrs
 
     class Attn(torch.nn.Module):
         def __init__(self) -> None:
