@@ -3,8 +3,9 @@
 Steps, in order:
 
 1. check the config divides ``tp`` (heads, kv heads, MLP width, vocab);
-2. build the model on the meta device and read transformers' own TP plan, plus the rules
-   the package ships for the ``model_type`` (:mod:`.package_rules`; they win);
+2. build the model on the meta device and read transformers' own TP plan (where it names
+   no layer, seed one from the model's structure: :mod:`.seeds`), plus the rules the
+   package ships for the ``model_type`` (:mod:`.package_rules`; they win): :mod:`.plan_sources`;
 3. lift the per-Linear styles to module boundaries (:mod:`.lift`), apply the package's and
    then the user's recipe, and plan every parameter no rule names as replicated;
 4. check coverage (every trainable parameter exactly once) and per-class contracts; with
