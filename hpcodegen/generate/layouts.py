@@ -218,14 +218,17 @@ def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment
     """Rewrite gathered fused projections to their packed split (in place)."""
     parents: dict[str, list[Assignment]] = {}
     for a in assignments.values():
-        if a.kind in (Kind.COLWISE_GATHER, Kind.ROWWISE_SPLIT) and not a.param \
-                and a.rule != SEED_RULE:  # seeds gather where a split is not exact
+        if a.kind in (Kind.COLWISE_GATHER, Kind.ROWWISE_SPLIT) and not a.param:
             parents.setdefault(parent_of(a.fqn), []).append(a)
     for parent, members in sorted(parents.items()):
         gathers = [a for a in members if a.kind is Kind.COLWISE_GATHER]
         rows = [a for a in members if a.kind is Kind.ROWWISE_SPLIT]
         if not gathers or not rows:
             continue
+        if any(a.rule == SEED_RULE for a in members) and (
+                len(gathers) > 1 or fused_blocks(modules[parent]) == 1):
+            continue  # seeds gather where a head split is not exact; only a projection the
+            # forward cuts into equal blocks (ModernBERT's Wi) is packed
         if len(gathers) > 1:
             norms, why = split_norms(modules, parent, gathers)
             if why:

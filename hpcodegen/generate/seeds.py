@@ -147,11 +147,20 @@ def _takes_second_stream(module: Any) -> bool:
     return any(n in names for n in CROSS_INPUTS)
 
 
-def attention_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
-    """Megatron's styles for an attention (module docstring), or None."""
-    from hpcodegen.generate.module_facts import is_norm
+def attention_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
+                     ) -> dict[str, Kind] | None:
+    """Megatron's styles for an attention (module docstring), or None. Its output
+    projection is one of :data:`ATTN_OUTPUTS`, else (``by_shape``) the one other Linear
+    that is not applied to the forward's input and maps back to the width q/k/v read
+    (ModernBERT's ``Wo``)."""
+    from hpcodegen.generate.module_facts import forward_source, is_norm
 
     out = [n for n in ATTN_OUTPUTS if is_linear(kids.get(n))]
+    if not out and by_shape and is_linear(kids.get(ATTN_INPUTS[0])):
+        readers = input_readers(forward_source(module))
+        width = kids[ATTN_INPUTS[0]].in_features
+        out = [n for n, m in kids.items() if n not in ATTN_INPUTS and n not in readers
+               and is_linear(m) and m.out_features == width]
     heads = head_counts(module)
     if not (all(is_linear(kids.get(n)) for n in ATTN_INPUTS) and len(out) == 1 and heads):
         return None
@@ -245,7 +254,7 @@ def block_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
     if _takes_second_stream(module):
         return None
     clean = "config.num_" not in forward_source(module) and fused_blocks(module) == 1
-    styles = attention_styles(module, kids) if clean else None
+    styles = attention_styles(module, kids, by_shape) if clean else None
     if styles is None and clean and not any(True for _ in module.parameters(recurse=False)):
         styles = mlp_styles(module, kids) if by_shape else named_mlp_styles(kids)
     if styles is None and by_shape:

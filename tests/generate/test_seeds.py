@@ -102,6 +102,25 @@ def test_an_attention_splits_by_heads_unless_it_holds_more() -> None:
                                                               .named_children()))
 
 
+def test_an_unnamed_output_projection_is_found_by_dataflow() -> None:
+    """ModernBERT's ``Wo``: the one other Linear not applied to the input, mapping back to
+    the width q/k/v read. Only for seeds; an HF plan's unnamed blocks match by name."""
+
+    class Wo(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_heads, self.head_dim = 2, 4
+            self.q_proj, self.k_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.v_proj, self.Wo = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, hidden_states: Any) -> Any:
+            q, k = self.q_proj(hidden_states), self.k_proj(hidden_states)
+            return self.Wo(q * k * self.v_proj(hidden_states))
+
+    assert _styles(Wo())["Wo"] is Kind.ROWWISE
+    assert _styles(Wo(), by_shape=False) is None
+
+
 def test_a_cross_attention_is_never_seeded() -> None:
     """Its keys and values come from a second input, whose gradient would stay partial."""
     assert _styles(CrossAttention()) is None
