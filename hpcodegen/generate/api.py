@@ -45,6 +45,12 @@ from hpcodegen.errors import (
     UsageError,
     error,
 )
+from hpcodegen.generate.cp_plan import (
+    add_cp_axis,
+    check_cp_model,
+    check_layout,
+    default_layout,
+)
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
 from hpcodegen.generate.experts import moe_experts, shard_experts
 from hpcodegen.generate.freeze import (
@@ -104,6 +110,10 @@ class GenerateArgs:
     verbosity: int = 0
     #: module prefixes trusted for injection targets (as ``launch --allow-target``)
     allow_target: tuple[str, ...] = ()
+    #: context-parallel degree (the sequence cut over cp ranks; docs/cp.md)
+    cp: int = 1
+    #: ``headtail`` / ``contiguous``; None: head-tail for causal models
+    cp_layout: str | None = None
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
@@ -204,7 +214,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
                  advance: Callable[[str], None] = lambda _step: None,
                  ep: int = 1, notes: list[str] | None = None,
-                 loss_parallel: bool = False) -> dict[str, bytes]:
+                 loss_parallel: bool = False, cp: int = 1,
+                 cp_layout: str | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -217,6 +228,9 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
     if ep < 1:
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
+    if cp < 1:
+        raise UsageError([error("generate.cp", "--cp", f"--cp must be >= 1, got {cp}")])
+    check_layout(cp_layout)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)
@@ -237,6 +251,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if sp:
         check_sequence_parallel(plan, classes)
         check_sp_shapes(model, plan, tp, classes)
+    if cp > 1:
+        injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
@@ -245,7 +261,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
-                      loss_parallel=loss_parallel)
+                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout)
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, _class_plans(meta, classes),
                             banner_lines(label, meta, src))
@@ -256,6 +272,19 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     return render_bundle(files, roles, meta)
+
+
+def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, Any]],
+             injections: list[dict[str, Any]], layout: str | None
+             ) -> tuple[list[dict[str, Any]], str]:
+    """The cp axis on the plan (:mod:`hpcodegen.generate.cp_plan`) and the frozen layout,
+    after the probe forward found every attention and no other token mixer."""
+    from hpcodegen.generate.cp_probe import probe_cp
+
+    boundaries = [fqn for fqn, entry in plan.items() if is_boundary(entry)]
+    probe = probe_cp(model, config, boundaries)
+    check_cp_model(model, config, probe)
+    return add_cp_axis(plan, injections, probe), layout or default_layout(probe)
 
 
 def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
@@ -383,7 +412,8 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep, notes, args.loss_parallel)
+                                    args.ep, notes, args.loss_parallel, args.cp,
+                                    args.cp_layout)
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise

@@ -39,6 +39,7 @@ from hpcodegen.runtime.handlers import apply_handlers, check_handlers
 from hpcodegen.runtime.loader import import_verified_module
 from hpcodegen.runtime.loss_install import check_loss_parallel_install
 from hpcodegen.runtime.mesh import (
+    CP,
     TP,
     ActiveMesh,
     MeshContext,
@@ -134,16 +135,20 @@ def load_verified_meta(artifact_dir: str | os.PathLike[str], hf_config: Any = No
 
 def _source_info(model: nn.Module, active: ActiveMesh, sharded: Mapping[str, ShardedParam],
                  expert: ExpertMesh | None, expert_fqns: set[str]) -> SourceInfo:
-    """``{param_fqn: (placements over the active axes, source submesh)}``, always tuples;
-    expert parameters name the expert mesh."""
-    replicated = to_torch_placements((REPLICATE,) * len(active.axes))
+    """``{param_fqn: (placements over the source axes, source submesh)}``, always tuples;
+    expert parameters name the expert mesh. The source axes are the active ones but cp
+    (:attr:`~hpcodegen.runtime.mesh.ActiveMesh.source_axes`: every parameter is replicated
+    on cp, whose gradients FSDP2 reduces with dp's)."""
+    keep = [i for i, a in enumerate(active.axes) if a in active.source_axes]
+    replicated = to_torch_placements((REPLICATE,) * len(keep))
     info: SourceInfo = {}
     for fqn, _ in model.named_parameters(remove_duplicate=False):
         if expert is not None and fqn in expert_fqns:
             info[fqn] = (tuple(sharded[fqn].placements), expert.source_mesh)
         else:
-            info[fqn] = (tuple(sharded[fqn].placements) if fqn in sharded else replicated,
-                         active.source_mesh)
+            placements = sharded[fqn].placements if fqn in sharded else None
+            info[fqn] = (tuple(placements[i] for i in keep) if placements is not None
+                         else replicated, active.source_mesh)
     return info
 
 
@@ -176,6 +181,27 @@ def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]]
             target = (records.get(fqn) or {}).get("inner_target") or "self"
             if isinstance(result, nn.Module) and target != "self":
                 setattr(module, target, result)
+
+
+def _install_cp(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+    """Context parallelism on a live cp axis (:mod:`hpcodegen.runtime.cp.context`): before
+    the injections bind, so each attention's ``inner_wrapper`` finds the cp state."""
+    from hpcodegen.plan.cp import cp_injections, cp_layout
+    from hpcodegen.runtime.cp.context import install_context_parallel
+
+    attention = sorted(cp_injections(meta))
+    if not attention:
+        raise PlanError([error("runtime.cp_no_attention", "/injections",
+                               f"the mesh has cp={active.cp_size} but no attention of the plan "
+                               "all-gathers K/V over cp: every token would only see its "
+                               "rank's chunk", hint="regenerate the artifact with --cp")])
+    import torch.distributed as dist
+
+    group = active.cp_group()
+    dims = meta.get("parallel_dims") or {}
+    sp = dims.get("sequence_parallel") is True and TP in active.axes
+    install_context_parallel(model, attention, group, active.cp_size, dist.get_rank(group),
+                             cp_layout(meta), active.tp_size if sp else 1)
 
 
 def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
@@ -291,6 +317,8 @@ def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
+    if CP in active.axes:
+        _install_cp(model, meta, active)
     _bind_injections(model, injections, records)
     if TP in active.axes:
         install_grad_allreduce(model, _partial_grad_fqns(meta), active.tp_group())

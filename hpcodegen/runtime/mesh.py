@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 TP = "tp"
-#: axes owned by data parallelism / pipelining: never plan axes (legacy metas without
-#: ``mesh_dim_names`` take every other live axis)
+CP = "cp"
+#: plan axes whose parameters are replicated and whose gradients FSDP2 reduces (with dp):
+#: they are left out of the source info, as the existing system leaves them out
+FSDP_AXES: tuple[str, ...] = (CP,)
 
 @dataclass
 class MeshContext:
@@ -50,13 +52,27 @@ class ActiveMesh:
         axes: the plan axes present in the live mesh with size > 1, in the live order.
         sizes: their sizes.
         mesh: the submesh over ``axes`` (None when ``axes`` is empty: a no-op install).
-        source_mesh: the submesh named in the FSDP2 source info.
+        source_mesh: the submesh named in the FSDP2 source info: over :attr:`source_axes`
+            (None when there are none, e.g. a cp-only plan).
     """
 
     axes: tuple[str, ...]
     sizes: dict[str, int]
     mesh: Any
     source_mesh: Any
+
+    @property
+    def source_axes(self) -> tuple[str, ...]:
+        """The active axes the source info names: all but cp (FSDP2 composes over dp x cp,
+        every parameter is replicated on cp)."""
+        return tuple(a for a in self.axes if a not in FSDP_AXES)
+
+    @property
+    def cp_size(self) -> int:
+        return self.sizes.get(CP, 1)
+
+    def cp_group(self) -> Any:
+        return self.mesh.get_group(CP)
 
     @property
     def degenerate(self) -> bool:
@@ -113,10 +129,11 @@ def resolve_active_mesh(meta: Mapping[str, Any], context: MeshContext) -> Active
     if not axes:
         return ActiveMesh((), {}, None, None)
     sub = _submesh(mesh, axes)
-    source = sub
+    kept = tuple(a for a in axes if a not in FSDP_AXES)
+    source = _submesh(mesh, kept) if kept else None
     fsdp = context.fsdp_mesh
-    if fsdp is not None and set(axes) <= set(fsdp.mesh_dim_names or ()):
-        source = _submesh(fsdp, axes)
+    if kept and fsdp is not None and set(kept) <= set(fsdp.mesh_dim_names or ()):
+        source = _submesh(fsdp, kept)
     return ActiveMesh(axes, {a: shape[a] for a in axes}, sub, source)
 
 

@@ -1,0 +1,321 @@
+"""With ``--cp``: one fake-tensor forward that finds what context parallelism must know.
+
+Context parallelism cuts the sequence over cp ranks everywhere; it is exact only when
+every token mixer is an attention that goes through transformers' attention interface
+(whose K/V the runtime gathers and whose mask it rebuilds at global positions). The
+generator runs the meta-device model once under torch's fake tensor mode (shapes only, no
+data) on ``(3, L)`` token ids, ``L`` a prime no config field equals, with:
+
+* a probe registered as the model's attention implementation: it records which modules
+  call the interface, their K/V shapes and the keyword arguments they pass (a softcap needs
+  the eager kernel; a ``position_bias`` is a bias built for the local sequence), then runs
+  the model's own kernel;
+* a dispatch mode that flags, *outside* those calls, every op on an activation (a floating
+  tensor that requires grad) that mixes values along a dim of length ``L``: a matmul
+  contracting it, a convolution sliding over it, a cumulative or reducing op along it, a
+  pad/roll/flip shifting it. Those are token mixers CP cannot make exact (recurrent and
+  state-space mixers, a time shift, attention computed by the model itself), named with
+  the innermost module running them;
+* hooks recording every boundary's input and output shapes, so each value's sequence dim
+  (``L``, or ``3 L`` for flattened tokens) is known for its ``cp`` placement.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcodegen.hf import no_cache_kwargs
+
+BATCH = 3
+PROBE_NAME = "hpcodegen_cp_probe"
+_PRIMES = (97, 101, 103, 107, 109, 113, 127, 131, 137, 139)
+
+
+@dataclass
+class AttentionCall:
+    """One module's call of the attention interface."""
+
+    key: tuple[int, ...]
+    value: tuple[int, ...]
+    query: tuple[int, ...]
+    softcap: bool
+    position_bias: bool
+    is_causal: bool
+
+
+@dataclass
+class CPProbe:
+    """What the probe forward saw (see the module docstring)."""
+
+    length: int
+    attention: dict[str, AttentionCall] = field(default_factory=dict)
+    #: ``(module FQN, op description)`` of token mixing outside the attention interface
+    mixing: list[tuple[str, str]] = field(default_factory=list)
+    #: the model overlays its own mask function (image tokens, ...)
+    mask_overlay: bool = False
+    #: ``{(fqn, side, name): shape}`` of the boundary values
+    shapes: dict[tuple[str, str, str], tuple[int, ...]] = field(default_factory=dict)
+    #: the forward failed on fake tensors (data-dependent code): why
+    failure: str | None = None
+    #: the model's configured attention implementation
+    implementation: str | None = None
+
+
+def probe_length(config: Mapping[str, Any]) -> int:
+    """A prime sequence length no integer of the config equals."""
+    used: set[int] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            used.add(value)
+    walk(config)
+    return next((p for p in _PRIMES if p not in used and p * BATCH not in used), 151)
+
+
+def _mixing_ops() -> Any:
+    """``{op: rule}`` of the aten ops the detector inspects."""
+    import torch
+
+    aten = torch.ops.aten
+    contract = {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (1, 2),
+                aten.baddbmm.default: (1, 2)}
+    along = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default}
+    reduce = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+              aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default,
+              aten.logsumexp.default, aten.var.correction, aten.prod.dim_int}
+    return contract, along, reduce
+
+
+def _active(t: Any) -> bool:
+    import torch
+
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+
+
+def _dims(value: Any, ndim: int) -> list[int]:
+    if value is None:
+        return list(range(ndim))
+    dims = value if isinstance(value, (list, tuple)) else [value]
+    return [d % ndim for d in dims] if ndim else []
+
+
+def mixes(func: Any, args: tuple, kwargs: Mapping[str, Any], length: int,
+          rules: Any) -> str | None:
+    """Why ``func`` mixes values along a dim of ``length`` on an activation, or None."""
+    import torch
+
+    aten = torch.ops.aten
+    contract, along, reduce = rules
+    name = str(func).removeprefix("aten.")
+    if func in contract:
+        a, b = args[contract[func][0]], args[contract[func][1]]
+        if (_active(a) or _active(b)) and a.shape[-1] == length:
+            return f"{name} contracts the sequence"
+    elif func is aten.convolution.default:
+        x, w = args[0], args[1]
+        if _active(x) and any(s == length for s in x.shape[2:]) and w.numel() and \
+                any(k > 1 for k in w.shape[2:]):
+            return f"{name} slides over the sequence"
+    elif func in along or func in reduce:
+        x = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if _active(x) and any(x.shape[d] == length for d in _dims(dim, x.dim())):
+            return f"{name} along the sequence"
+    elif func in (aten.constant_pad_nd.default, aten.roll.default, aten.flip.default):
+        x = args[0]
+        if _active(x) and any(s == length for s in x.shape):
+            return f"{name} shifts along the sequence"
+    elif "scaled_dot_product" in name and _active(args[0]):
+        return f"{name} outside the attention interface"
+    return None
+
+
+class _Recorder:
+    """Module stack, attention calls, mixing ops: the probe's state during the forward."""
+
+    def __init__(self, model: Any, length: int) -> None:
+        self.names = {id(m): fqn for fqn, m in model.named_modules()}
+        self.stack: list[str] = []
+        self.inside = 0
+        self.result = CPProbe(length)
+
+    def where(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+
+def _kernel(module: Any, implementation: str | None) -> Any:
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation and implementation != "eager" and implementation in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[implementation]
+    found = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if callable(found):
+        return found
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+_CURRENT: list[tuple[_Recorder, str | None]] = []
+
+
+def _probe_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                     **kwargs: Any) -> Any:
+    rec, implementation = _CURRENT[-1]
+    fqn = rec.names.get(id(module), type(module).__name__)
+    rec.result.attention.setdefault(fqn, AttentionCall(
+        tuple(key.shape), tuple(value.shape), tuple(query.shape),
+        kwargs.get("softcap") is not None, kwargs.get("position_bias") is not None,
+        bool(getattr(module, "is_causal", True))))
+    rec.inside += 1
+    try:
+        return _kernel(module, implementation)(module, query, key, value, attention_mask,
+                                               **kwargs)
+    finally:
+        rec.inside -= 1
+
+
+def _probe_mask(*args: Any, **kwargs: Any) -> Any:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    rec, implementation = _CURRENT[-1]
+    if kwargs.get("use_vmap"):
+        rec.result.mask_overlay = True
+    inner = implementation if implementation in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"
+    return ALL_MASK_ATTENTION_FUNCTIONS[inner](*args, **kwargs)
+
+
+def _register() -> None:
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(PROBE_NAME, _probe_attention)
+    AttentionMaskInterface.register(PROBE_NAME, _probe_mask)
+
+
+def _dispatch_mode(rec: _Recorder) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    rules = _mixing_ops()
+
+    class MixingDetector(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                               kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if not rec.inside:
+                why = mixes(func, args, kwargs, rec.result.length, rules)
+                if why and len(rec.result.mixing) < 50:
+                    rec.result.mixing.append((rec.where(), why))
+            return func(*args, **kwargs)
+    return MixingDetector()
+
+
+def _shape_hooks(model: Any, boundaries: Iterable[str], rec: _Recorder) -> list[Any]:
+    from hpcodegen.inspect.trace import TraceResult, TraceTarget, _hooks
+
+    modules = dict(model.named_modules())
+    traced = TraceResult()
+    handles = []
+    for fqn in boundaries:
+        module = modules.get(fqn)
+        if module is None:
+            continue
+        try:
+            params = list(inspect.signature(module.forward).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        names = tuple(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+        handles.extend(_hooks(module, TraceTarget(fqn, names, (("output", 0),)), traced))
+    rec.traced = traced  # type: ignore[attr-defined]
+    return handles
+
+
+def _stack_hooks(model: Any, rec: _Recorder) -> list[Any]:
+    def enter(mod: Any, _args: Any) -> None:
+        rec.stack.append(rec.names.get(id(mod), ""))
+
+    def leave(_mod: Any, _args: Any, _out: Any) -> None:
+        if rec.stack:
+            rec.stack.pop()
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+    return handles
+
+
+def _stub_experts(model: Any) -> list[Any]:
+    """Packed MoE experts run data-dependent kernels fake tensors cannot: stub them shape
+    for shape (they mix no tokens); returns the stubbed modules."""
+    stubbed = []
+    for module in model.modules():
+        if hasattr(module, "is_concatenated") and hasattr(module, "has_gate"):
+            module.forward = lambda hidden_states, *_a, **_k: hidden_states * 0.0
+            stubbed.append(module)
+    return stubbed
+
+
+def _configs(model: Any) -> list[tuple[Any, Any]]:
+    return [(m, m.__dict__["config"]) for m in model.modules()
+            if hasattr(m.__dict__.get("config"), "_attn_implementation")]
+
+
+def probe_cp(model: Any, config: Mapping[str, Any], boundaries: Iterable[str]) -> CPProbe:
+    """Run the probe forward (module docstring); the model is left as it was."""
+    import copy
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    length = probe_length(config)
+    rec = _Recorder(model, length)
+    implementation = getattr(model.config, "_attn_implementation", None)
+    rec.result.implementation = implementation
+    _register()
+    held = _configs(model)
+    twins = {id(c): copy.copy(c) for _, c in held}
+    for module, cfg in held:
+        twin = twins[id(cfg)]
+        twin._attn_implementation_internal = PROBE_NAME
+        module.config = twin
+    handles = _shape_hooks(model, boundaries, rec) + _stack_hooks(model, rec)
+    stubbed = _stub_experts(model)
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    _CURRENT.append((rec, implementation))
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            ids = torch.zeros((BATCH, length), dtype=torch.long)
+            with _dispatch_mode(rec):
+                model(input_ids=ids, **no_cache_kwargs(model))
+    except Exception as exc:  # data-dependent model code: reported as the refusal's reason
+        rec.result.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    finally:
+        _CURRENT.pop()
+        quiet.setLevel(level)
+        for handle in handles:
+            handle.remove()
+        for module in stubbed:
+            module.__dict__.pop("forward", None)
+        for module, cfg in held:
+            module.config = cfg
+    traced = getattr(rec, "traced", None)
+    if traced is not None:
+        rec.result.shapes = {key: shape for key, (shape, _) in traced.tensors.items()}
+    return rec.result
+
+
+__all__ = ["AttentionCall", "CPProbe", "mixes", "probe_cp", "probe_length"]

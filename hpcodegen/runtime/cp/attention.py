@@ -1,0 +1,169 @@
+"""The CP attention: local queries against K and V all-gathered over cp, exact masks.
+
+Registered with transformers under a per-model attention-implementation name (the model's
+config copy carries it, :mod:`.context`), in both of transformers' own extension points:
+
+* ``AttentionInterface``: :func:`attention_function` receives what the model's attention
+  module hands its kernel (``module, query, key, value, attention_mask, **kwargs``), all-gathers
+  ``key`` and ``value`` over cp **at their own kv-head count** (GQA is expanded by the kernel
+  afterwards, as unsharded), and calls the module's kernel: transformers' SDPA function or
+  the modeling file's own ``eager_attention_forward`` (softcapping, sinks and scaling stay
+  the model's). The gather's backward reduce-scatters dK/dV (:func:`kv_gather`).
+* ``AttentionMaskInterface``: transformers' ``create_causal_mask`` /
+  ``create_sliding_window_causal_mask`` / ``create_bidirectional_mask`` compose the model's
+  mask function per layer type (causal, sliding window of ``config.sliding_window``, ...) and
+  hand it to :func:`mask_function`, which evaluates it at this rank's global query
+  positions against every gathered key's global position, with the batch's padding and
+  packed documents (transformers' own padding and packed-sequence functions, fed the
+  gathered global tensors): the rows of the global mask this rank needs, ``[B, 1, S_local,
+  S]`` booleans, never ``S x S``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.plan.cp import KV_SEQ_DIM
+from hpcodegen.runtime.collectives import Comm, apply_lowered, gather, scatter
+from hpcodegen.runtime.cp.state import CPState
+
+
+def kv_gather(comm: Comm) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``S(2) -> R`` over cp as an autograd op: all_gather forward (rows in gathered order),
+    reduce_scatter of the gradient backward (every rank's queries contributed to it)."""
+    fwd = functools.partial(gather, dim=KV_SEQ_DIM, group=comm)
+    bwd = functools.partial(scatter, dim=KV_SEQ_DIM, group=comm)
+    return apply_lowered(fwd, bwd)
+
+
+def eager_kernel(module: Any) -> Callable[..., Any]:
+    """The ``eager_attention_forward`` of the file that defines ``module``'s class (the
+    generated modeling module: the model's own eager math)."""
+    found = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if not callable(found):
+        raise PlanError([error("runtime.cp_no_eager", type(module).__name__,
+                               "its modeling file defines no eager_attention_forward",
+                               hint="use the sdpa_hf wrapper for this attention")])
+    return found
+
+
+def sdpa_kernel() -> Callable[..., Any]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+class CPAttention:
+    """One attention module's CP kernel call (bound as ``module._hp_cp_attention``).
+
+    Args:
+        gather: the cp K/V gather (:func:`kv_gather`).
+        kernel: the attention math: SDPA or the model's eager function.
+        eager: ``kernel`` takes an additive float mask (transformers' eager convention).
+    """
+
+    def __init__(self, gather_fn: Callable[[torch.Tensor], torch.Tensor],
+                 kernel: Callable[..., Any], eager: bool) -> None:
+        self.gather = gather_fn
+        self.kernel = kernel
+        self.eager = eager
+
+    def __call__(self, module: Any, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
+        if kwargs.get("position_bias") is not None:
+            raise PlanError([error("runtime.cp_position_bias", type(module).__name__,
+                                   "the model passes its own position bias to attention; it "
+                                   "is built for the local sequence and cannot be offset")])
+        key, value = self.gather(key), self.gather(value)
+        if self.eager and attention_mask is not None and attention_mask.dtype == torch.bool:
+            zero = torch.zeros((), dtype=query.dtype, device=query.device)
+            attention_mask = torch.where(attention_mask, zero, torch.finfo(query.dtype).min)
+        return self.kernel(module, query, key, value, attention_mask, **kwargs)
+
+
+def attention_function(state: CPState) -> Callable[..., Any]:
+    """The function registered in ``AttentionInterface`` under ``state.name``."""
+    def hpcodegen_cp_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
+        run = module.__dict__.get("_hp_cp_attention")
+        if run is None:
+            raise PlanError([error(
+                "runtime.cp_unwrapped_attention", type(module).__name__,
+                "this attention runs under context parallelism but the plan gives it no cp "
+                "inner_wrapper: its queries would only see this rank's keys",
+                hint="regenerate the artifact with --cp")])
+        return run(module, query, key, value, attention_mask, **kwargs)
+    return hpcodegen_cp_attention
+
+
+def _view(state: CPState) -> Any:
+    view = state.batch
+    if view is None:
+        raise PlanError([error("runtime.cp_no_batch", "model",
+                               "a mask was built outside the model's cp forward (the root "
+                               "model's forward sets the batch's global positions)",
+                               hint="call the parallelized model itself, not a submodule")])
+    return view
+
+
+def mask_function(state: CPState) -> Callable[..., Any]:
+    """The function registered in ``AttentionMaskInterface`` under ``state.name``."""
+    from transformers.masking_utils import (
+        and_masks,
+        packed_sequence_compatibility_function,
+        padding_mask_function,
+    )
+
+    def hpcodegen_cp_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
+                          kv_offset: int = 0, mask_function: Callable[..., Any] | None = None,
+                          use_vmap: bool = False, **_: Any) -> torch.Tensor:
+        view = _view(state)
+        local = view.q_index.shape[0]
+        if use_vmap:
+            raise PlanError([error(
+                "runtime.cp_mask_overlay", "model",
+                "the model overlays its own mask function (image tokens, custom masks); "
+                "it indexes local tensors and cannot be evaluated at global positions")])
+        if (q_length, kv_length, q_offset, kv_offset) != (local, local, 0, 0):
+            raise PlanError([error(
+                "runtime.cp_mask_shape", "model",
+                f"mask requested for q_length={q_length}, kv_length={kv_length}, offsets "
+                f"{q_offset}/{kv_offset}; under cp a forward sees its {local} local tokens "
+                "without a cache", hint="run training / prefill forwards without a cache")])
+        fn = mask_function
+        if view.documents is not None:
+            fn = packed_sequence_compatibility_function(fn, view.positions, view.documents)
+        if view.valid is not None:
+            fn = and_masks(fn, padding_mask_function(view.valid))
+        device = view.q_index.device
+        b = torch.arange(batch_size, device=device)[:, None, None, None]
+        h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
+        mask = fn(b, h, view.q_index[None, None, :, None], view.kv_index[None, None, None, :])
+        return mask.expand(batch_size, 1, local, view.kv_index.shape[0])
+    return hpcodegen_cp_mask
+
+
+_REGISTERED: list[str] = []
+
+
+def register(state: CPState) -> str:
+    """Register this model's attention and mask functions under a fresh name; returns it."""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    name = f"hpcodegen_cp_{len(_REGISTERED)}"
+    _REGISTERED.append(name)
+    AttentionInterface.register(name, attention_function(state))
+    AttentionMaskInterface.register(name, mask_function(state))
+    state.name = name
+    return name
+
+
+__all__ = ["CPAttention", "attention_function", "eager_kernel", "kv_gather", "mask_function",
+           "register", "sdpa_kernel"]

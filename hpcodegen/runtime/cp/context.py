@@ -1,0 +1,161 @@
+"""Install context parallelism on a model: its own config, the root forward's batch view.
+
+:func:`install_context_parallel` runs once per model, after the boundaries and before the
+injection factories (the ``inner_wrapper`` of each attention, :mod:`.wrappers`, then binds
+the module's CP kernel):
+
+1. the model gets its own deep copy of its config (every module that held the old one, or
+   one of its sub-configs, now holds the copy), whose ``_attn_implementation`` is this
+   model's registered CP name (:func:`.attention.register`): transformers then builds the
+   masks with the CP mask function and every attention module calls the CP attention. The
+   caller's config object is left as it was (an unsharded reference built from it runs
+   plain);
+2. a forward pre-hook on the root model reads this forward's inputs (``input_ids`` or
+   ``inputs_embeds``, ``attention_mask``, ``position_ids``; every rank passes its own chunk
+   of the sequence, see :mod:`.batch`), and records the batch view the masks need:
+
+   * no ``position_ids``: they default to the tokens' global positions (the layout's);
+   * a 2-D ``attention_mask`` (padding): all-gathered over cp, in original order (``valid``);
+   * ``position_ids`` without a mask: all-gathered, and documents found where they do not
+     step by one (transformers' packed-sequence rule, on the whole sequence);
+
+   then hands the model an all-ones local mask instead (so transformers does not read the
+   local, layout-ordered positions as packed documents: the real padding is in the view)
+   and turns the cache off. ``labels=`` is refused: transformers would shift them inside
+   this rank's chunk (pre-shift them and use :func:`.batch.CPBatch.loss`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.runtime.collectives import Comm, gather
+from hpcodegen.runtime.cp.attention import kv_gather, register
+from hpcodegen.runtime.cp.state import BatchView, CPState
+
+STATE_ATTR = "_hp_cp_state"
+
+
+def cp_state(model: nn.Module) -> CPState | None:
+    """The model's :class:`CPState`, None when it runs without context parallelism."""
+    return model.__dict__.get(STATE_ATTR)
+
+
+def _own_config(model: nn.Module) -> Any:
+    """Give ``model`` a deep copy of its config, sub-configs included; return it."""
+    old = getattr(model, "config", None)
+    if old is None or not hasattr(old, "_attn_implementation"):
+        raise PlanError([error("runtime.cp_no_config", type(model).__name__,
+                               "context parallelism needs a transformers model (one with a "
+                               "config)")])
+    new = copy.deepcopy(old)
+    pairs = {id(old): new}
+    for key, value in vars(old).items():
+        twin = getattr(new, key, None)
+        if hasattr(value, "_attn_implementation") and twin is not None:
+            pairs[id(value)] = twin
+    for module in model.modules():
+        held = module.__dict__.get("config")
+        if held is not None and id(held) in pairs:
+            module.config = pairs[id(held)]
+    return new
+
+
+def _positional_names(model: nn.Module) -> list[str]:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _gather_rows(x: torch.Tensor, state: CPState, order: torch.Tensor) -> torch.Tensor:
+    """``[B, S_local]`` -> ``[B, S]`` over cp, in original order."""
+    return gather(x.contiguous(), 1, state.comm)[:, order]
+
+
+def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any) -> BatchView:
+    """The global view of one forward's batch (see the module docstring)."""
+    local = tokens.shape[1]
+    seq = local * state.size
+    q_index, kv_index = state.indices(seq, tokens.device)
+    view = BatchView(q_index, kv_index)
+    order = state.restore_order(seq, tokens.device)
+    if mask is not None:
+        view.valid = _gather_rows(mask.to(torch.uint8), state, order).to(torch.bool)
+    elif positions is not None:
+        full = _gather_rows(positions.expand(tokens.shape[0], -1), state, order)
+        first = full[:, :1] - 1
+        view.documents = (torch.diff(full, prepend=first, dim=-1) != 1).cumsum(-1)
+        view.positions = full
+    return view
+
+
+def _pre_hook(state: CPState, names: list[str], accepts: set[str]) -> Any:
+    def hp_cp_batch(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
+        if kwargs.get("labels") is not None:
+            raise PlanError([error(
+                "runtime.cp_labels", "labels",
+                "under context parallelism the model cannot shift labels itself (each rank "
+                "holds chunks of the sequence)",
+                hint="pass pre-shifted labels to hpcodegen.runtime.cp.shard_batch and take "
+                     "batch.loss(logits)")])
+        tokens = kwargs.get("input_ids")
+        tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+        if not isinstance(tokens, torch.Tensor):
+            state.batch = None
+            return (), kwargs
+        mask = kwargs.get("attention_mask")
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+            raise PlanError([error("runtime.cp_mask", "attention_mask",
+                                   "under context parallelism attention_mask must be the 2-D "
+                                   "[batch, local seq] padding mask")])
+        positions = kwargs.get("position_ids")
+        state.batch = batch_view(state, tokens, mask, positions)
+        if positions is None:
+            kwargs["position_ids"] = state.batch.q_index.unsqueeze(0).expand(tokens.shape[0], -1)
+        kwargs["attention_mask"] = torch.ones(tokens.shape[:2], dtype=torch.bool,
+                                              device=tokens.device)
+        if "use_cache" in accepts:
+            kwargs["use_cache"] = False
+        return (), kwargs
+    return hp_cp_batch
+
+
+def install_context_parallel(model: nn.Module, attention: Iterable[str], group: Any,
+                             size: int, rank: int, layout: str,
+                             seq_multiple: int = 1) -> CPState:
+    """Phase CP (see the module docstring); returns the model's :class:`CPState`.
+
+    ``attention``: the FQNs of the attention modules whose ``inner_wrapper`` will bind their
+    CP kernel; each gets the state as ``_hp_cp``.
+    """
+    if cp_state(model) is not None:
+        raise PlanError([error("runtime.reinstall", type(model).__name__,
+                               "context parallelism already installed")])
+    state = CPState(Comm(group), size, rank, layout, seq_multiple)
+    state.kv = kv_gather(state.comm)
+    config = _own_config(model)
+    config._attn_implementation = register(state)
+    names = _positional_names(model)
+    try:
+        accepts = set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        accepts = set(names)
+    model.register_forward_pre_hook(_pre_hook(state, names, accepts), with_kwargs=True)
+    model.__dict__[STATE_ATTR] = state
+    for fqn in attention:
+        model.get_submodule(fqn).__dict__["_hp_cp"] = state
+    return state
+
+
+__all__ = ["STATE_ATTR", "batch_view", "cp_state", "install_context_parallel"]
