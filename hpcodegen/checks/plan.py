@@ -8,7 +8,8 @@ not empty; ``loss_parallel`` is set only where the plan keeps an output vocab-sh
 checked in :mod:`hpcodegen.checks.plan_refs`. Informational findings note a negative
 ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys the schema does not know
 (allowed, as the reference system ignores them). Injection targets are the ``targets``
-check's (:mod:`hpcodegen.checks.targets`).
+check's (:mod:`hpcodegen.checks.targets`); the context-parallel rules are
+:mod:`hpcodegen.checks.cp`'s.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
+from hpcodegen.checks.cp import check_cp
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
@@ -191,5 +193,6 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     yield from _check_outputs_names(meta)
     yield from check_references(ctx)
     yield from plan_findings(meta, "plan")
+    yield from check_cp(meta)
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

@@ -6,10 +6,10 @@ every token mixer is an attention that goes through transformers' attention inte
 generator runs the meta-device model once under torch's fake tensor mode (shapes only, no
 data) on ``(3, L)`` token ids, ``L`` a prime no config field equals, with:
 
-* a probe registered as the model's attention implementation: it records which modules
-  call the interface, their K/V shapes and the keyword arguments they pass (a softcap needs
-  the eager kernel; a ``position_bias`` is a bias built for the local sequence), then runs
-  the model's own kernel;
+* the attention interface watched (:func:`hpcodegen.inspect.attention.watch_attention`):
+  which modules call it, their K/V shapes and the keyword arguments they pass (a softcap
+  needs the eager kernel; a ``position_bias`` is a bias built for the local sequence); the
+  model's own kernel still runs;
 * a dispatch mode that flags, *outside* those calls, every op on an activation (a floating
   tensor that requires grad) that mixes values along a dim of length ``L``: a matmul
   contracting it, a convolution sliding over it, a cumulative or reducing op along it, a
@@ -31,7 +31,6 @@ from typing import Any
 from hpcodegen.hf import no_cache_kwargs
 
 BATCH = 3
-PROBE_NAME = "hpcodegen_cp_probe"
 _PRIMES = (97, 101, 103, 107, 109, 113, 127, 131, 137, 139)
 
 
@@ -153,56 +152,29 @@ class _Recorder:
         return self.stack[-1] if self.stack else ""
 
 
-def _kernel(module: Any, implementation: str | None) -> Any:
-    import sys
+def _on_call(rec: _Recorder) -> Any:
+    from contextlib import contextmanager
 
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if implementation and implementation != "eager" and implementation in ALL_ATTENTION_FUNCTIONS:
-        return ALL_ATTENTION_FUNCTIONS[implementation]
-    found = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if callable(found):
-        return found
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward
-
-
-_CURRENT: list[tuple[_Recorder, str | None]] = []
-
-
-def _probe_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                     **kwargs: Any) -> Any:
-    rec, implementation = _CURRENT[-1]
-    fqn = rec.names.get(id(module), type(module).__name__)
-    rec.result.attention.setdefault(fqn, AttentionCall(
-        tuple(key.shape), tuple(value.shape), tuple(query.shape),
-        kwargs.get("softcap") is not None, kwargs.get("position_bias") is not None,
-        bool(getattr(module, "is_causal", True))))
-    rec.inside += 1
-    try:
-        return _kernel(module, implementation)(module, query, key, value, attention_mask,
-                                               **kwargs)
-    finally:
-        rec.inside -= 1
+    @contextmanager
+    def record(module: Any, query: Any, key: Any, value: Any, kwargs: dict[str, Any]) -> Any:
+        fqn = rec.names.get(id(module), type(module).__name__)
+        rec.result.attention.setdefault(fqn, AttentionCall(
+            tuple(key.shape), tuple(value.shape), tuple(query.shape),
+            kwargs.get("softcap") is not None, kwargs.get("position_bias") is not None,
+            bool(getattr(module, "is_causal", True))))
+        rec.inside += 1
+        try:
+            yield
+        finally:
+            rec.inside -= 1
+    return record
 
 
-def _probe_mask(*args: Any, **kwargs: Any) -> Any:
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    rec, implementation = _CURRENT[-1]
-    if kwargs.get("use_vmap"):
-        rec.result.mask_overlay = True
-    inner = implementation if implementation in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"
-    return ALL_MASK_ATTENTION_FUNCTIONS[inner](*args, **kwargs)
-
-
-def _register() -> None:
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(PROBE_NAME, _probe_attention)
-    AttentionMaskInterface.register(PROBE_NAME, _probe_mask)
+def _on_mask(rec: _Recorder) -> Any:
+    def record(kwargs: dict[str, Any]) -> None:
+        if kwargs.get("use_vmap"):
+            rec.result.mask_overlay = True
+    return record
 
 
 def _dispatch_mode(rec: _Recorder) -> Any:
@@ -267,51 +239,35 @@ def _stub_experts(model: Any) -> list[Any]:
     return stubbed
 
 
-def _configs(model: Any) -> list[tuple[Any, Any]]:
-    return [(m, m.__dict__["config"]) for m in model.modules()
-            if hasattr(m.__dict__.get("config"), "_attn_implementation")]
-
-
 def probe_cp(model: Any, config: Mapping[str, Any], boundaries: Iterable[str]) -> CPProbe:
     """Run the probe forward (module docstring); the model is left as it was."""
-    import copy
-
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from hpcodegen.inspect.attention import watch_attention
+
     length = probe_length(config)
     rec = _Recorder(model, length)
-    implementation = getattr(model.config, "_attn_implementation", None)
-    rec.result.implementation = implementation
-    _register()
-    held = _configs(model)
-    twins = {id(c): copy.copy(c) for _, c in held}
-    for module, cfg in held:
-        twin = twins[id(cfg)]
-        twin._attn_implementation_internal = PROBE_NAME
-        module.config = twin
     handles = _shape_hooks(model, boundaries, rec) + _stack_hooks(model, rec)
     stubbed = _stub_experts(model)
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
-    _CURRENT.append((rec, implementation))
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with watch_attention(model, _on_call(rec), _on_mask(rec)) as implementation, \
+                FakeTensorMode(allow_non_fake_inputs=True):
+            rec.result.implementation = implementation
             ids = torch.zeros((BATCH, length), dtype=torch.long)
             with _dispatch_mode(rec):
                 model(input_ids=ids, **no_cache_kwargs(model))
     except Exception as exc:  # data-dependent model code: reported as the refusal's reason
         rec.result.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     finally:
-        _CURRENT.pop()
         quiet.setLevel(level)
         for handle in handles:
             handle.remove()
         for module in stubbed:
             module.__dict__.pop("forward", None)
-        for module, cfg in held:
-            module.config = cfg
     traced = getattr(rec, "traced", None)
     if traced is not None:
         rec.result.shapes = {key: shape for key, (shape, _) in traced.tensors.items()}

@@ -176,6 +176,20 @@ def gathered_order(seq: int, cp: int, layout: str) -> list[int]:
     return [p for r in range(cp) for p in rank_positions(seq, cp, r, layout)]
 
 
+def kv_gather_bytes(shape: tuple[int, ...], elem_bytes: int, cp: int, tp_split: int = 1
+                    ) -> float:
+    """Bytes one rank sends to all-gather one K or V over cp (ring model, as
+    :mod:`hpcodegen.plan.volume`): ``shape`` is the unsharded ``[batch, kv_heads, seq,
+    head_dim]`` the kernel gets (kv heads, never the expanded query heads), ``tp_split`` the
+    tp size when the heads are split over tp. The backward's reduce_scatter moves as much."""
+    if cp <= 1:
+        return 0.0
+    numel = 1
+    for n in shape:
+        numel *= n
+    return (cp - 1) / cp * numel * elem_bytes / max(tp_split, 1)
+
+
 def causal_work(seq: int, cp: int, layout: str) -> list[int]:
     """Unmasked causal score entries per cp rank (query ``i`` sees keys ``0..i``)."""
     return [sum(p + 1 for p in rank_positions(seq, cp, r, layout)) for r in range(cp)]
@@ -184,5 +198,6 @@ def causal_work(seq: int, cp: int, layout: str) -> list[int]:
 __all__ = ["CONTIGUOUS", "CP", "CP_WRAPPER_NAMES", "HEADTAIL", "KV_NAMES", "KV_SEQ_DIM",
            "LAYOUTS", "KVTransition", "causal_work", "cp_injections", "cp_layout", "cp_size",
            "gathered_order", "is_cp_wrapper", "kv_backward_steps", "kv_forward_steps",
+           "kv_gather_bytes",
            "kv_transitions", "layout_chunks", "rank_positions", "rank_ranges",
            "wrapper_name"]
