@@ -55,10 +55,21 @@ def _reference_loss(ref: Any, batch: dict[str, Any], labels: Any) -> tuple[Any, 
     return loss, logits
 
 
+_MESHES: dict[tuple[int, int], Any] = {}
+
+
+def mesh_of(cp: int, tp: int) -> Any:
+    """One ``(cp, tp)`` mesh per shape per process (its groups are made once)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if (cp, tp) not in _MESHES:
+        _MESHES[(cp, tp)] = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
+    return _MESHES[(cp, tp)]
+
+
 def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
               seq: int = 32) -> dict[str, Any]:
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
 
     from hpcodegen.artifact.load import load_meta
     from hpcodegen.hf import load_transformers_config, model_class_for
@@ -69,7 +80,7 @@ def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
+    mesh = mesh_of(cp, tp)
     config_dict = json.loads(Path(config_dir, "config.json").read_text())
     meta = load_meta(Path(artifact)).data
     config = load_transformers_config(config_dict)
