@@ -10,7 +10,9 @@ the module's CP kernel):
    masks with the CP mask function and every attention module calls the CP attention. The
    caller's config object is left as it was (an unsharded reference built from it runs
    plain);
-2. a forward pre-hook on the root model reads this forward's inputs (``input_ids`` or
+2. the root model's forward is wrapped (an instance attribute, as the sequence-parallel
+   position-id wrapper: a pre-hook returning new arguments would cost ``torch.compile`` a
+   graph break); the wrapper reads this forward's inputs (``input_ids`` or
    ``inputs_embeds``, ``attention_mask``, ``position_ids``; every rank passes its own chunk
    of the sequence, see :mod:`.batch`), and records the batch view the masks need:
 
@@ -98,37 +100,42 @@ def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any) 
     return view
 
 
-def _pre_hook(state: CPState, names: list[str], accepts: set[str]) -> Any:
-    def hp_cp_batch(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
-        if kwargs.get("labels") is not None:
-            raise PlanError([error(
-                "runtime.cp_labels", "labels",
-                "under context parallelism the model cannot shift labels itself (each rank "
-                "holds chunks of the sequence)",
-                hint="pass pre-shifted labels to hpcodegen.runtime.cp.shard_batch and take "
-                     "batch.loss(logits)")])
-        tokens = kwargs.get("input_ids")
-        tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
-        if not isinstance(tokens, torch.Tensor):
-            state.batch = None
-            return (), kwargs
-        mask = kwargs.get("attention_mask")
-        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
-            raise PlanError([error("runtime.cp_mask", "attention_mask",
-                                   "under context parallelism attention_mask must be the 2-D "
-                                   "[batch, local seq] padding mask")])
-        positions = kwargs.get("position_ids")
-        state.batch = batch_view(state, tokens, mask, positions)
-        if positions is None:
-            kwargs["position_ids"] = state.batch.q_index.unsqueeze(0).expand(tokens.shape[0], -1)
-        kwargs["attention_mask"] = torch.ones(tokens.shape[:2], dtype=torch.bool,
-                                              device=tokens.device)
-        if "use_cache" in accepts:
-            kwargs["use_cache"] = False
-        return (), kwargs
-    return hp_cp_batch
+def _cp_forward(original: Any, state: CPState, names: list[str], accepts: set[str]) -> Any:
+    def hp_cp_forward(*args: Any, **kwargs: Any) -> Any:
+        return original(**_cp_inputs(state, names, accepts, args, kwargs))
+    return hp_cp_forward
+
+
+def _cp_inputs(state: CPState, names: list[str], accepts: set[str], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> dict[str, Any]:
+    """This forward's keyword arguments under cp (see the module docstring)."""
+    kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
+    if kwargs.get("labels") is not None:
+        raise PlanError([error(
+            "runtime.cp_labels", "labels",
+            "under context parallelism the model cannot shift labels itself (each rank "
+            "holds chunks of the sequence)",
+            hint="pass pre-shifted labels to hpcodegen.runtime.cp.shard_batch and take "
+                 "batch.loss(logits)")])
+    tokens = kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    if not isinstance(tokens, torch.Tensor):
+        state.batch = None
+        return kwargs
+    mask = kwargs.get("attention_mask")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+        raise PlanError([error("runtime.cp_mask", "attention_mask",
+                               "under context parallelism attention_mask must be the 2-D "
+                               "[batch, local seq] padding mask")])
+    positions = kwargs.get("position_ids")
+    state.batch = batch_view(state, tokens, mask, positions)
+    if positions is None:
+        kwargs["position_ids"] = state.batch.q_index.unsqueeze(0).expand(tokens.shape[0], -1)
+    kwargs["attention_mask"] = torch.ones(tokens.shape[:2], dtype=torch.bool,
+                                          device=tokens.device)
+    if "use_cache" in accepts:
+        kwargs["use_cache"] = False
+    return kwargs
 
 
 def install_context_parallel(model: nn.Module, attention: Iterable[str], group: Any,
@@ -151,7 +158,7 @@ def install_context_parallel(model: nn.Module, attention: Iterable[str], group: 
         accepts = set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
         accepts = set(names)
-    model.register_forward_pre_hook(_pre_hook(state, names, accepts), with_kwargs=True)
+    model.forward = _cp_forward(model.forward, state, names, accepts)
     model.__dict__[STATE_ATTR] = state
     for fqn in attention:
         model.get_submodule(fqn).__dict__["_hp_cp"] = state
