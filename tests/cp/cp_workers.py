@@ -94,6 +94,9 @@ def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
     active = resolve_active_mesh(meta, context)
 
     full = make_batch(case, config.vocab_size, seq)
+    # the helper passes position ids (the batch's, else 0..S-1): so does the reference (a
+    # model deriving its own from the padding mask, OPT, would otherwise differ)
+    full.setdefault("position_ids", torch.arange(full["input_ids"].shape[1]).expand(2, -1))
     target = full["input_ids"]
     if "attention_mask" in full:
         target = target.masked_fill(full["attention_mask"] == 0, -100)

@@ -13,10 +13,10 @@ config copy carries it, :mod:`.context`), in both of transformers' own extension
   ``create_sliding_window_causal_mask`` / ``create_bidirectional_mask`` compose the model's
   mask function per layer type (causal, sliding window of ``config.sliding_window``, ...) and
   hand it to :func:`mask_function`, which evaluates it at this rank's global query
-  positions against every gathered key's global position, with the batch's padding and
-  packed documents (transformers' own padding and packed-sequence functions, fed the
-  gathered global tensors): the rows of the global mask this rank needs, ``[B, 1, S_local,
-  S]`` booleans, never ``S x S``.
+  positions against every gathered key's global position, with the batch's padding and,
+  where the model asked transformers for it, its packed documents (transformers' own
+  padding and packed-sequence functions, fed the gathered global tensors): the rows of
+  the global mask this rank needs, ``[B, 1, S_local, S]`` booleans, never ``S x S``.
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def mask_function(state: CPState) -> Callable[..., Any]:
                 f"{q_offset}/{kv_offset}; under cp a forward sees its {local} local tokens "
                 "without a cache", hint="run training / prefill forwards without a cache")])
         fn = mask_function
-        if view.documents is not None:
+        packed, state.packed_requested = state.packed_requested, False
+        if packed and view.documents is not None:
             fn = packed_sequence_compatibility_function(fn, view.positions, view.documents)
         if view.valid is not None:
             fn = and_masks(fn, padding_mask_function(view.valid))

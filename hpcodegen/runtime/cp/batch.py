@@ -17,11 +17,14 @@ What :func:`shard_batch` does, on the full ``[B, S]`` batch:
    them) are shifted once on the whole sequence (position ``i`` predicts token ``i + 1``, the
    last ``ignore_index``); ``shift_labels`` are taken as already aligned per position.
 2. padding to the layout's multiple (``2 cp`` chunks head-tail, ``cp`` contiguous, times tp
-   under sequence parallelism): appended tokens never reach a real token: masked keys when
-   the batch has an ``attention_mask``, else a document of their own (their position ids
-   restart at 0); their labels are ``ignore_index`` and :meth:`CPBatch.gather` drops them.
+   under sequence parallelism): tokens appended at the end, which a causal model's real
+   tokens never see (their position ids restart at 0, a document of their own, unless the
+   batch has a mask); a bidirectional model gets them masked out (an ``attention_mask``
+   with zeros there); their labels are ``ignore_index`` and :meth:`CPBatch.gather` drops
+   them.
 3. position ids: given ones are kept (packed documents restart them); absent, they are the
-   tokens' global positions (what the unsharded model uses), passed explicitly.
+   tokens' global positions 0..S-1, passed explicitly (transformers' default; a model that
+   derives its own from the padding mask, such as OPT, gets these unless you pass yours).
 4. every per-token tensor is indexed by this rank's positions.
 
 The model's root forward gathers the small per-token inputs (position ids or the padding
@@ -185,6 +188,8 @@ def shard_batch(model: nn.Module, input_ids: torch.Tensor | None = None, *,
                                     ("position_ids", position_ids)) if v is not None}
         return CPBatch(inputs, target, seq, None, ignore_index)
     pad = (-seq) % state.multiple
+    if pad and attention_mask is None and not state.causal:
+        attention_mask = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
     if position_ids is None:
         position_ids = torch.arange(seq, device=tokens.device).expand(batch, -1)
     position_ids = _pad_positions(position_ids.expand(batch, -1), pad,

@@ -18,11 +18,11 @@ the module's CP kernel):
 
    * no ``position_ids``: they default to the tokens' global positions (the layout's);
    * a 2-D ``attention_mask`` (padding): all-gathered over cp, in original order (``valid``);
+     the model keeps its local mask for whatever else it does with it per token;
    * ``position_ids`` without a mask: all-gathered, and documents found where they do not
-     step by one (transformers' packed-sequence rule, on the whole sequence);
+     step by one (transformers' packed-sequence rule, on the whole sequence), applied
+     where the model asks transformers for packed detection (:func:`watch_packed_detection`);
 
-   then hands the model an all-ones local mask instead (so transformers does not read the
-   local, layout-ordered positions as packed documents: the real padding is in the view)
    and turns the cache off. ``labels=`` is refused: transformers would shift them inside
    this rank's chunk (pre-shift them and use :func:`.batch.CPBatch.loss`).
 """
@@ -100,10 +100,45 @@ def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any) 
     return view
 
 
+#: the cp states of the forwards running now (innermost last)
+ACTIVE: list[CPState] = []
+
+
 def _cp_forward(original: Any, state: CPState, names: list[str], accepts: set[str]) -> Any:
     def hp_cp_forward(*args: Any, **kwargs: Any) -> Any:
-        return original(**_cp_inputs(state, names, accepts, args, kwargs))
+        kwargs = _cp_inputs(state, names, accepts, args, kwargs)
+        ACTIVE.append(state)
+        try:
+            return original(**kwargs)
+        finally:
+            ACTIVE.pop()
     return hp_cp_forward
+
+
+def watch_packed_detection() -> None:
+    """Have transformers' packed-sequence detection tell the cp state when the model asks
+    for it, instead of running on this rank's position ids (once per process).
+
+    transformers looks for packed documents only when the model hands ``position_ids`` to
+    its mask creation and no 2-D mask was given (``find_packed_sequence_indices``, called by
+    every ``create_*_mask``); under cp the local ids are in layout order and would look
+    packed. Inside a cp forward the call records the request (the mask function then
+    applies the documents found on the whole sequence) and answers "not packed"; anywhere
+    else it is transformers' own function.
+    """
+    import transformers.masking_utils as masking
+
+    if getattr(masking.find_packed_sequence_indices, "_hp_cp", False):
+        return
+    original = masking.find_packed_sequence_indices
+
+    def find_packed_sequence_indices(position_ids: torch.Tensor) -> Any:
+        if not ACTIVE:
+            return original(position_ids)
+        ACTIVE[-1].packed_requested = True
+        return None
+    find_packed_sequence_indices._hp_cp = True  # type: ignore[attr-defined]
+    masking.find_packed_sequence_indices = find_packed_sequence_indices
 
 
 def _cp_inputs(state: CPState, names: list[str], accepts: set[str], args: tuple[Any, ...],
@@ -129,10 +164,9 @@ def _cp_inputs(state: CPState, names: list[str], accepts: set[str], args: tuple[
                                "[batch, local seq] padding mask")])
     positions = kwargs.get("position_ids")
     state.batch = batch_view(state, tokens, mask, positions)
+    state.packed_requested = False
     if positions is None:
         kwargs["position_ids"] = state.batch.q_index.unsqueeze(0).expand(tokens.shape[0], -1)
-    kwargs["attention_mask"] = torch.ones(tokens.shape[:2], dtype=torch.bool,
-                                          device=tokens.device)
     if "use_cache" in accepts:
         kwargs["use_cache"] = False
     return kwargs
@@ -151,6 +185,7 @@ def install_context_parallel(model: nn.Module, attention: Iterable[str], group: 
                                "context parallelism already installed")])
     state = CPState(Comm(group), size, rank, layout, seq_multiple)
     state.kv = kv_gather(state.comm)
+    watch_packed_detection()
     config = _own_config(model)
     config._attn_implementation = register(state)
     names = _positional_names(model)
@@ -161,7 +196,9 @@ def install_context_parallel(model: nn.Module, attention: Iterable[str], group: 
     model.forward = _cp_forward(model.forward, state, names, accepts)
     model.__dict__[STATE_ATTR] = state
     for fqn in attention:
-        model.get_submodule(fqn).__dict__["_hp_cp"] = state
+        module = model.get_submodule(fqn)
+        module.__dict__["_hp_cp"] = state
+        state.causal = state.causal and bool(getattr(module, "is_causal", True))
     return state
 
 

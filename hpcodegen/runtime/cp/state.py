@@ -55,6 +55,10 @@ class CPState:
     batch: BatchView | None = None
     #: the K/V gather over cp (:func:`hpcodegen.runtime.cp.attention.kv_gather`)
     kv: Any = None
+    #: transformers asked for packed-document detection in the mask being built
+    packed_requested: bool = False
+    #: every cp attention of the model is causal (a query never sees later keys)
+    causal: bool = True
     _index: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, repr=False)
 
