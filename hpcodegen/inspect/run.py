@@ -36,6 +36,7 @@ from hpcodegen.plan.classify import classify_entries
 from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan, vocab_sharded_heads
 from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
+    frozen_sizes,
     predict_forms,
     summarize,
     unreduced_grad_findings,
@@ -147,9 +148,10 @@ def _source_model_type(meta: Mapping[str, Any]) -> Any:
 
 def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     frozen_axes = active_axes(meta)
-    frozen, problems = classify_entries(meta)
     if mesh is None:
-        tp_live = "tp" in frozen_axes
+        live_sizes = frozen_sizes(meta)  # cp 2 x tp 1: the tp axis is live nowhere
+        frozen, problems = classify_entries(meta, sizes=live_sizes)
+        tp_live = "tp" in frozen_axes and (live_sizes is None or live_sizes.get("tp", 1) > 1)
         preds = predict_forms(meta, frozen, tp_live=tp_live)
         sizes = axis_sizes(meta)
         problems += unreduced_grad_findings(meta, preds, tp_live)
@@ -162,6 +164,7 @@ def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
                 hint="pass --mesh (e.g. --mesh tp=2) to see a given live mesh"))
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
+    frozen, problems = classify_entries(meta)  # as generated, what the runtime compares with
     live_axes, live_sizes = parse_mesh(mesh)
     shown = live_plan_axes(meta, live_axes)  # the plan's axes on the live mesh, size 1 too
     axes = active_plan_axes(meta, live_axes, live_sizes)  # what the runtime installs over

@@ -311,10 +311,24 @@ def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str
                                                        -1 if kv[0][2] is None else kv[0][2])))
 
 
+def frozen_sizes(meta: Mapping[str, Any]) -> dict[str, int] | None:
+    """The frozen axis sizes when some plan axis is larger than 1 (a size-1 axis of such a
+    plan is live nowhere: cp 2 x tp 1 runs no tp collective); None when every axis is 1
+    (then the prediction shows what a larger live mesh runs, as inspect-plan says)."""
+    from hpcodegen.plan.entry import axis_sizes
+
+    sizes = axis_sizes(meta)
+    axes = active_axes(meta)
+    return sizes if any(sizes.get(a, 1) > 1 for a in axes) else None
+
+
 def predict_plan(meta: Mapping[str, Any]) -> tuple[list[BoundaryPrediction], list[Finding]]:
-    """Predict a meta as frozen (its own axes). Returns predictions and unreadable entries."""
-    forms, problems = classify_entries(meta)
-    return predict_forms(meta, forms), problems
+    """Predict a meta as frozen (its own axes and sizes, :func:`frozen_sizes`). Returns
+    predictions and unreadable entries."""
+    sizes = frozen_sizes(meta)
+    forms, problems = classify_entries(meta, sizes=sizes)
+    tp_live = sizes is None or sizes.get(TP, 1) > 1
+    return predict_forms(meta, forms, tp_live=tp_live), problems
 
 
 def _ancestors(fqn: str) -> list[str]:
