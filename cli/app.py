@@ -140,17 +140,26 @@ def _usage_error(exc: Any, argv: Sequence[str]) -> int:
     return exc.exit_code
 
 
+def usage_error_type() -> type[Exception]:
+    """The root of the usage errors typer raises, found through typer's own API.
+
+    typer re-exports click's ``BadParameter`` (typer < 0.26, which depends on click) or its
+    vendored copy of click's (0.26 on, which does not): either way it derives from a
+    ``ClickException``, the class every usage error derives from. Importing ``click`` itself
+    would break on a current typer, where click is not installed at all.
+    """
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point; exits with the verb's code."""
-    import click
-
     _register()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         code = app(args=args, prog_name="hpcodegen", standalone_mode=False)
-    except click.ClickException as exc:
+    except usage_error_type() as exc:
         code = _usage_error(exc, args)
-    except click.Abort:
+    except typer.Abort:
         sys.stderr.write("Aborted!\n")
         code = 130
     except BrokenPipeError:

@@ -42,6 +42,10 @@ def generate(
         [], "--allow-target", metavar="PREFIX",
         help="Trust recipe injection targets under this module prefix (repeatable); pass "
              "the same to launch."),
+    strict: bool = typer.Option(
+        False, "--strict",
+        help="Refuse (exit 1, nothing written) what would be a warning: a plan that splits "
+             "no layer over tp."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
@@ -49,10 +53,12 @@ def generate(
 
     The artifact is codegen_meta.json, the generated modeling module, its diff, __init__.py.
 
-    Exit 0: written, or up to date with --check.
+    Exit 0: written, or up to date with --check (warnings allowed: a plan that splits no
+    layer is one).
 
     Exit 1: the plan cannot be frozen (a rule matching nothing, an unsupported style, heads
-    not divisible by N, an invalid recipe), or the artifact drifted (--check).
+    not divisible by N, an invalid recipe), the artifact drifted (--check), or a warning
+    with --strict.
 
     Exit 2: usage error or an unreadable input.
     """
@@ -65,8 +71,8 @@ def generate(
         return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
                                          as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose),
-                                         loss_parallel=loss_parallel, cp=cp,
-                                         cp_layout=cp_layout))
+                                         loss_parallel=loss_parallel, strict=strict,
+                                         cp=cp, cp_layout=cp_layout))
 
     start_progress(quiet, as_json)
     raise typer.Exit(guarded("generate", call, as_json=as_json))

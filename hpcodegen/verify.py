@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, TextIO
@@ -257,7 +258,8 @@ def load_checked_meta(artifact_dir: str | os.PathLike[str],
         allowed_targets: trusted module prefixes for injection targets (the ``targets`` check).
 
     Returns:
-        The loaded meta, when no check reported an error (warnings are ignored).
+        The loaded meta with its typed ``plan``, when no check reported an error (warnings
+        are ignored).
 
     Raises:
         InputError: (exit 2) the meta cannot be read.
@@ -267,19 +269,41 @@ def load_checked_meta(artifact_dir: str | os.PathLike[str],
     Example::
 
         loaded = load_checked_meta("examples/llama_tp2")
-        plan = loaded.data["param_plan"]
+        loaded.plan.entries["lm_head"].params["weight"]["tp"]    # Shard(dim=0)
     """
+    return check_meta(load_meta(artifact_dir), checks, hf_config=hf_config,
+                      allowed_targets=allowed_targets)
+
+
+def check_meta(loaded: LoadedMeta, checks: Sequence[str] = RUNTIME_CHECKS, *,
+               hf_config: Mapping[str, Any] | None = None,
+               allowed_targets: Sequence[str] = ()) -> LoadedMeta:
+    """Run ``checks`` on an already loaded meta (:func:`load_checked_meta`'s second half),
+    then build its typed :class:`~hpcodegen.plan.types.Plan` once (kept when ``loaded``
+    has one): the runtime checks the config against the same bytes it checked first."""
     names = select_checks(checks)
     trusted = trusted_prefixes(allowed_targets)
-    loaded = load_meta(artifact_dir)
     ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None,
                        allowed_targets=trusted)
     results = run_checks(ctx, names)
     errors = [f for r in results.values() for f in r.findings if f.severity is Severity.ERROR]
     if errors:
         raise PlanError(errors)
-    return loaded
+    if loaded.plan is not None:
+        return loaded
+    return replace(loaded, plan=_typed_plan(loaded))
 
 
-__all__ = ["CONFIG_CHECKS", "RUNTIME_CHECKS", "load_checked_meta", "run_verify",
+def _typed_plan(loaded: LoadedMeta) -> Any:
+    """The Plan of a checked meta; a shape the checks let through is still a clean error."""
+    from hpcodegen.plan.codec import PlanFormatError, plan_from_meta
+
+    try:
+        return plan_from_meta(loaded.data)
+    except PlanFormatError as exc:
+        raise PlanError([error("plan.format", exc.where, exc.message,
+                               file=str(loaded.meta_path))]) from None
+
+
+__all__ = ["CONFIG_CHECKS", "RUNTIME_CHECKS", "check_meta", "load_checked_meta", "run_verify",
            "verify_artifact"]

@@ -8,6 +8,15 @@ staged one renamed into place and the old one deleted. The swap is one atomic
 the previous bundle or the new one in place, never a mix (elsewhere a failed swap moves the
 old bundle back). Rendering is separate from writing, so ``--check`` compares the exact bytes
 that would be written with what is on disk.
+
+Nothing of the user's is lost (:func:`check_target`): an existing target may hold only a
+previous bundle's own files (its meta, the files its ``outputs`` record, the generated
+modeling file, its diff, ``__init__.py`` and a ``__pycache__`` of them); a model's config,
+weights or notes beside them make the write refuse, naming them. A target that is a
+symbolic link is followed: the bundle is written where the link points and the link keeps
+pointing to it. Cleanup removes only what a writer made: its own staging dir, and a killed
+writer's staging dir only when its name says it was made by a process of this host that is
+gone.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -26,6 +36,9 @@ from hpcodegen.artifact.load import META_NAME
 
 TMP_PREFIX = ".hpcodegen_tmp_"
 OLD_PREFIX = ".hpcodegen_old_"
+#: Names of the files a bundle is made of, besides the meta and what ``outputs`` records.
+OWN_NAMES = ("__init__.py", "__pycache__")
+OWN_SUFFIXES = ("_gen_npu.py", "_gen_npu.py.diff")
 
 
 def dump_meta(meta: Mapping[str, Any]) -> bytes:
@@ -75,11 +88,12 @@ def write_bundle(target: Path, rendered: Mapping[str, bytes],
     The meta is written last into the staging dir. ``_after_stage`` is a test hook called
     with the staging dir just before the swap (to simulate a failure there).
     """
-    target = Path(target)
-    check_target(target)
+    target = resolve_target(target)
+    check_target(target, rendered)
     target.parent.mkdir(parents=True, exist_ok=True)
     recover_bundle(target)
-    stage = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}_", dir=target.parent))
+    stage = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}_",
+                                  suffix=f".{_writer()}", dir=target.parent))
     try:
         os.chmod(stage, 0o777 & ~current_umask())
         for name in sorted(n for n in rendered if n != META_NAME):
@@ -97,24 +111,102 @@ class BundleTargetError(ValueError):
     """The target exists and is not a bundle: replacing it would destroy the user's files."""
 
 
-def check_target(target: Path) -> None:
-    """Refuse a target that is a file, or a non-empty directory without a meta."""
+def resolve_target(target: Path) -> Path:
+    """``target``, or the directory it links to (followed deliberately: the link stays)."""
     target = Path(target)
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+def check_target(target: Path, rendered: Mapping[str, bytes] | None = None) -> None:
+    """Refuse a target that is a file, or a directory holding anything but a previous
+    bundle's own files (:func:`foreign_entries`); ``rendered``'s names count as its own."""
+    target = resolve_target(target)
     if target.exists() and not target.is_dir():
         raise BundleTargetError(f"{target} exists and is not a directory")
     existing = next((p for p in target.parents if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise BundleTargetError(f"{existing} is a file: it cannot hold {target.name}")
-    if target.is_dir() and any(target.iterdir()) and not (target / META_NAME).is_file():
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    if not (target / META_NAME).is_file():
         raise BundleTargetError(f"{target} is a non-empty directory without {META_NAME}; "
                                 "refusing to replace it (choose an empty or new directory)")
+    foreign = foreign_entries(target, rendered or {})
+    if foreign:
+        more = f" (+{len(foreign) - 3} more)" if len(foreign) > 3 else ""
+        raise BundleTargetError(
+            f"{target} holds files that are not part of its artifact: "
+            f"{', '.join(foreign[:3])}{more}; refusing to replace it, which would delete "
+            "them (generate into a directory of its own and pass --model-dir for the model)")
+
+
+def foreign_entries(target: Path, rendered: Mapping[str, bytes]) -> list[str]:
+    """Entries of bundle dir ``target`` that are not the bundle's own (sorted).
+
+    Its own: the meta, the names ``rendered`` writes, the plain names its current meta's
+    ``outputs`` record, the generated modeling file and its diff, ``__init__.py`` (each a
+    regular file, not a link) and a ``__pycache__`` directory of regular files.
+    """
+    own = {META_NAME, *rendered, *_recorded_names(target / META_NAME)}
+    out = []
+    for entry in sorted(target.iterdir(), key=lambda p: p.name):
+        name = entry.name
+        known = name in own or name in OWN_NAMES or name.endswith(OWN_SUFFIXES)
+        if name == "__pycache__":
+            ok = entry.is_dir() and not entry.is_symlink() and all(
+                p.is_file() and not p.is_symlink() for p in entry.iterdir())
+        else:
+            ok = known and entry.is_file() and not entry.is_symlink()
+        if not ok:
+            out.append(name)
+    return out
+
+
+def _recorded_names(meta_path: Path) -> list[str]:
+    """Plain file names the meta's ``outputs`` records (role keys stand for files above)."""
+    try:
+        if meta_path.stat().st_size > 64 * 2**20:
+            return []
+        outputs = json.loads(meta_path.read_text("utf-8")).get("outputs")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return []
+    if not isinstance(outputs, dict):
+        return []
+    return [k for k in outputs if isinstance(k, str) and k and "/" not in k
+            and "\\" not in k and k not in (".", "..")]
+
+
+def _writer() -> str:
+    """``<host>-<pid>``: who made a staging dir (its name carries it)."""
+    import socket
+
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64]
+    return f"{host}-{os.getpid()}"
+
+
+def _abandoned(stage: Path, target: Path) -> bool:
+    """A staging dir made by a writer of this host that no longer runs (its name says
+    which: ``<prefix><target>_<random>.<host>-<pid>``; the random part has no dot)."""
+    rest = stage.name[len(f"{TMP_PREFIX}{target.name}_"):]
+    host, _, pid = rest.partition(".")[2].rpartition("-")
+    me, _, _ = _writer().rpartition("-")
+    if host != me or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def recover_bundle(target: Path) -> None:
     """Undo what a killed writer left next to ``target``.
 
-    Staging dirs of ``target`` are deleted (the meta in them may be unwritten). A bundle
-    moved aside by the non-atomic fallback swap is moved back when ``target`` is missing.
+    A staging dir of ``target`` is deleted only when its name says a writer of this host
+    that is gone made it (a live writer's, or a foreign dir, is left alone). A bundle moved aside by
+    the non-atomic fallback swap is moved back when ``target`` is missing.
     """
     target = Path(target)
     if not target.parent.is_dir():
@@ -122,8 +214,11 @@ def recover_bundle(target: Path) -> None:
     olds = sorted(target.parent.glob(f"{OLD_PREFIX}{target.name}_*"))
     if olds and not target.exists():
         os.rename(olds.pop(), target)
-    for stale in [*olds, *target.parent.glob(f"{TMP_PREFIX}{target.name}_*")]:
+    for stale in olds:
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in target.parent.glob(f"{TMP_PREFIX}{target.name}_*"):
+        if _abandoned(stale, target):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def current_umask() -> int:

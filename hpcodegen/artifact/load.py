@@ -16,9 +16,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import InputError, error, pointer
+
+if TYPE_CHECKING:
+    from hpcodegen.plan.types import Plan
 
 META_NAME = "codegen_meta.json"
 #: Metas above this size are refused before parsing (a 10,000-entry plan is ~5 MB).
@@ -34,12 +37,15 @@ class LoadedMeta:
         meta_path: the ``codegen_meta.json`` file.
         artifact_dir: its directory (the artifact).
         duplicate_keys: JSON pointers of keys that occur more than once in one object.
+        plan: the typed plan, once the checks passed (:func:`hpcodegen.verify.check_meta`
+            builds it); None for a meta that was only read.
     """
 
     data: dict[str, Any]
     meta_path: Path
     artifact_dir: Path
     duplicate_keys: tuple[str, ...] = ()
+    plan: Plan | None = None
 
 
 def resolve_meta_path(path: str | os.PathLike[str]) -> Path:

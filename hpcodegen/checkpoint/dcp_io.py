@@ -12,7 +12,6 @@ Keys of the flat state dict: ``model.<fqn>``, ``optim.<fqn>.<state>`` (``exp_avg
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -23,10 +22,10 @@ import torch
 from torch import nn
 
 from hpcodegen.checkpoint.layout import ShardLayout
-from hpcodegen.checkpoint.record import check_target, read_record, write_record
-from hpcodegen.errors import PlanError, error
-
-MODEL, OPTIM, GROUPS, STEP = "model.", "optim.", "optim.param_groups", "step"
+from hpcodegen.checkpoint.optim_state import GROUPS, MODEL, STEP
+from hpcodegen.checkpoint.optim_state import entries as optimizer_entries
+from hpcodegen.checkpoint.record import check_target, write_record
+from hpcodegen.errors import InputError, PlanError, error
 
 
 def _dist() -> Any:
@@ -55,42 +54,17 @@ def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
     return out
 
 
-def _fqn_of(model: nn.Module, layout: ShardLayout) -> dict[int, str]:
-    by_id = {id(p): fqn for fqn, p in model.named_parameters(remove_duplicate=False)}
-    return {k: layout.aliases.get(v, v) for k, v in by_id.items()}
-
-
-def _optimizer_entries(model: nn.Module, layout: ShardLayout,
-                       optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    fqns = _fqn_of(model, layout)
-    ordered = [fqns[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    sd = optimizer.state_dict()
-    out: dict[str, Any] = {}
-    for index, state in sd["state"].items():
-        fqn = ordered[index]
-        local = model.get_parameter(fqn)
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.dim() and value.shape == local.shape:
-                value = layout.to_dtensor(fqn, value)
-            out[f"{OPTIM}{fqn}.{key}"] = value
-    groups = []
-    for group in sd["param_groups"]:
-        groups.append({**{k: v.item() if torch.is_tensor(v) else v for k, v in group.items()},
-                       "params": [ordered[i] for i in group["params"]]})
-    out[GROUPS] = json.dumps(groups)
-    return out
-
-
 def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayout, *,
          optimizer: torch.optim.Optimizer | None = None, step: int = 0,
          record: Mapping[str, Any] | None = None) -> Path:
     """Write a DCP checkpoint of ``model`` (and ``optimizer``, ``step``) to ``directory``.
 
-    Collective: every rank calls it. The files go to ``.<name>.partial`` first and the
+    Collective: every rank calls it. The files go to a new hidden sibling
+    (``.<name>.<random>.partial``, created here, so nothing else is ever removed) and the
     directory appears under its name only once every rank wrote its part and rank 0 added
     ``hpcodegen_checkpoint.json`` (``record`` plus the step, dtype, optimizer class, the
-    mesh the placements refer to (``shard_mesh``) and each parameter's global shape and
-    placements).
+    mesh the placements refer to (``shard_mesh``), each parameter's global shape and
+    placements, and the sha256 of every file, each rank hashing the files it wrote).
 
     Raises:
         UsageError: ``directory`` exists and is not empty.
@@ -100,35 +74,72 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
     target = Path(directory)
     check_target(target)
     _refuse_strided(layout)
-    stage = target.parent / f".{target.name}.partial"
-    if _rank() == 0:
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.parent.mkdir(parents=True, exist_ok=True)
-    _barrier()
-    state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(fqn, model.get_parameter(fqn))
-                             for fqn in layout.params}
-    if optimizer is not None:
-        state.update(_optimizer_entries(model, layout, optimizer))
-    state[STEP] = int(step)
-    dcp.save(state, checkpoint_id=str(stage))
-    if _rank() == 0:
-        first = next(iter(layout.params), None)
-        dtype = str(model.get_parameter(first).dtype).removeprefix("torch.") if first else None
-        mesh = layout.mesh
-        write_record(stage, {
-            **(record or {}), "step": int(step), "dtype": dtype,
-            "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-            "shard_mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
-            if mesh is not None else {},
-            "params": {fqn: {"shape": list(spec.global_shape),
-                             "placements": _placement_text(layout, fqn)}
-                       for fqn, spec in layout.params.items()},
-            "aliases": dict(layout.aliases)})
-        if target.exists():
-            target.rmdir()  # empty (checked above)
-        os.replace(stage, target)
+    stage = _new_stage(target)
+    try:
+        state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
+            fqn, model.get_parameter(fqn)) for fqn in layout.params}
+        if optimizer is not None:
+            state.update(optimizer_entries(model, layout, optimizer))
+        state[STEP] = int(step)
+        dcp.save(state, checkpoint_id=str(stage))
+        digests = _gathered_digests(stage)
+        if _rank() == 0:
+            write_record(stage, _record(model, layout, optimizer, step, record), digests)
+            if target.exists():
+                target.rmdir()  # empty (checked above)
+            os.replace(stage, target)
+    except BaseException:
+        if _rank() == 0:
+            shutil.rmtree(stage, ignore_errors=True)  # ours: created by _new_stage
+        raise
     _barrier()
     return target
+
+
+def _new_stage(target: Path) -> Path:
+    """A fresh hidden sibling of ``target`` made by rank 0, its name shared with all ranks."""
+    import tempfile
+
+    name = [None]
+    if _rank() == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        name[0] = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial",
+                                   dir=target.parent)
+    dist = _dist()
+    if dist is not None:
+        dist.broadcast_object_list(name, src=0)
+    return Path(str(name[0]))
+
+
+def _gathered_digests(stage: Path) -> dict[str, str]:
+    """sha256 of the data files this rank wrote (DCP names them ``__<rank>_<n>.distcp``),
+    merged over the ranks (collective)."""
+    from hpcodegen.checkpoint.record import file_sha256
+
+    rank = _rank()
+    mine = {p.name: file_sha256(p) for p in stage.glob(f"__{rank}_*.distcp")}
+    dist = _dist()
+    if dist is None:
+        return mine
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return {k: v for part in parts for k, v in (part or {}).items()}
+
+
+def _record(model: nn.Module, layout: ShardLayout, optimizer: Any, step: int,
+            record: Mapping[str, Any] | None) -> dict[str, Any]:
+    first = next(iter(layout.params), None)
+    dtype = str(model.get_parameter(first).dtype).removeprefix("torch.") if first else None
+    mesh = layout.mesh
+    return {
+        **(record or {}), "step": int(step), "dtype": dtype,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "shard_mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
+        if mesh is not None else {},
+        "params": {fqn: {"shape": list(spec.global_shape),
+                         "placements": _placement_text(layout, fqn)}
+                   for fqn, spec in layout.params.items()},
+        "aliases": dict(layout.aliases)}
 
 
 def _refuse_strided(layout: ShardLayout) -> None:
@@ -143,96 +154,62 @@ def _refuse_strided(layout: ShardLayout) -> None:
 
 
 def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: Path) -> None:
-    """Every model parameter is in the checkpoint with its global shape, and nothing else."""
-    saved = {k[len(MODEL):]: v for k, v in metadata.items() if k.startswith(MODEL)}
-    missing = [f for f in layout.params if f not in saved]
-    extra = [f for f in saved if f not in layout.params and f not in layout.aliases]
-    wrong = [f"{f}: checkpoint {tuple(saved[f].size)}, model {spec.global_shape}"
-             for f, spec in layout.params.items()
-             if f in saved and tuple(saved[f].size) != spec.global_shape]
-    if missing or extra or wrong:
-        raise PlanError([error("checkpoint.params", str(directory),
-                               f"the checkpoint does not fit the model: missing {missing[:3]}, "
-                               f"unexpected {extra[:3]}, other shapes {wrong[:3]}")])
+    """Every model parameter is in the checkpoint as a tensor of its global shape, and
+    nothing else is (dtypes were checked against the record: DCP converts on load)."""
+    from hpcodegen.checkpoint.metadata import tensor_problems
 
-
-def _optimizer_placeholders(model: nn.Module, layout: ShardLayout,
-                            metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Empty tensors (DTensors for parameter-shaped ones) for every saved optimizer state."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    fqns = sorted(layout.params, key=len, reverse=True)
-    out: dict[str, Any] = {}
-    for key, md in metadata.items():
-        if not key.startswith(OPTIM) or key == GROUPS:
-            continue
-        rest = key[len(OPTIM):]
-        fqn = next((f for f in fqns if rest.startswith(f + ".")
-                    and "." not in rest[len(f) + 1:]), None)
-        if fqn is None:
-            raise PlanError([error("checkpoint.optimizer", key,
-                                   "optimizer state of a parameter the model does not have")])
-        if not isinstance(md, TensorStorageMetadata):
-            out[key] = None
-            continue
-        size, dtype = tuple(md.size), md.properties.dtype
-        device = model.get_parameter(fqn).device
-        if size == layout.params[fqn].global_shape and size:
-            out[key] = layout.to_dtensor(fqn, torch.empty(layout.local_shape(fqn),
-                                                          dtype=dtype, device=device))
-        else:
-            out[key] = torch.empty(size, dtype=dtype, device="cpu" if not size else device)
-    return out
-
-
-def _load_optimizer(model: nn.Module, layout: ShardLayout, optimizer: torch.optim.Optimizer,
-                    state: Mapping[str, Any]) -> None:
-    fqns = _fqn_of(model, layout)
-    ordered = [fqns[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = json.loads(state[GROUPS])
-    if [g["params"] for g in groups] != [[fqns[id(p)] for p in g["params"]]
-                                         for g in optimizer.param_groups]:
-        raise PlanError([error("checkpoint.optimizer", GROUPS,
-                               "the optimizer's parameter groups differ from the checkpoint's")])
-    index = {fqn: i for i, fqn in enumerate(ordered)}
-    per_param: dict[int, dict[str, Any]] = {}
-    for key, value in state.items():
-        if not key.startswith(OPTIM) or key == GROUPS:
-            continue
-        rest = key[len(OPTIM):]
-        fqn = next(f for f in sorted(index, key=len, reverse=True) if rest.startswith(f + "."))
-        local = value.to_local() if hasattr(value, "to_local") else value
-        per_param.setdefault(index[fqn], {})[rest[len(fqn) + 1:]] = local
-    optimizer.load_state_dict({
-        "state": per_param,
-        "param_groups": [{**g, "params": [index[f] for f in g["params"]]} for g in groups]})
+    expected = {f"{MODEL}{f}": (spec.global_shape, None) for f, spec in layout.params.items()}
+    problems = tensor_problems(metadata, expected) + [
+        f"{key[len(MODEL):]}: not a parameter of the model" for key in metadata.state_dict_metadata
+        if key.startswith(MODEL) and key not in expected
+        and key[len(MODEL):] not in layout.aliases]
+    if problems:
+        raise InputError([error("checkpoint.params", str(directory),
+                                "the checkpoint does not fit the model: "
+                                + "; ".join(problems[:3])
+                                + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""),
+                                hint="resume with the artifact and config the checkpoint "
+                                     "was saved with (any tp and dp)")])
 
 
 def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayout, *,
            optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load a checkpoint saved by :func:`save` (any tp, any dp) into ``model`` in place.
 
-    Collective. ``optimizer`` gets its saved state (when the checkpoint has one).
+    Collective. The checkpoint is untrusted input: its record and metadata are read as
+    plain data and checked against each other and against ``layout`` (every parameter
+    present with its global shape), the ranks share the sha256 check of its files, and
+    only then are the chunks read, each checked (:mod:`hpcodegen.checkpoint.dcp_safe`).
+    ``optimizer`` gets its saved state (when the checkpoint has one), checked against the
+    optimizer's own groups.
 
     Returns:
         The step the checkpoint was saved at.
+
+    Raises:
+        InputError: (exit 2) the checkpoint is damaged, foreign, or not of this model.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
+    from hpcodegen.checkpoint import optim_state
+    from hpcodegen.checkpoint.dcp_safe import load
+    from hpcodegen.checkpoint.integrity import open_checkpoint
 
     path = Path(directory)
-    read_record(path)
     _refuse_strided(layout)
-    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    checked = open_checkpoint(path, digests="share")
+    metadata = checked.metadata
     _check_params(layout, metadata, path)
     state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
         fqn, model.get_parameter(fqn).detach()) for fqn in layout.params}
-    has_optim = GROUPS in metadata
-    if optimizer is not None and has_optim:
-        state.update(_optimizer_placeholders(model, layout, metadata))
-        state[GROUPS] = ""
-    state[STEP] = 0
-    dcp.load(state, checkpoint_id=str(path))
-    if optimizer is not None and has_optim:
-        _load_optimizer(model, layout, optimizer, state)
-    return int(state[STEP])
+    entries = metadata.state_dict_metadata
+    has_optim = optimizer is not None and GROUPS in entries
+    if has_optim:
+        state.update(optim_state.placeholders(model, layout, entries, path))
+    state.update(optim_state.plain_items(entries, path, with_groups=has_optim))
+    load(state, path, metadata)
+    step = state[STEP]
+    if type(step) is not int or step < 0:
+        raise InputError([error("checkpoint.step", STEP, f"the saved step is {step!r}",
+                                expected="a non-negative integer", file=str(path))])
+    if has_optim:
+        optim_state.load_into(optimizer, model, layout, state, path)
+    return step

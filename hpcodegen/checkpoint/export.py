@@ -7,7 +7,12 @@ model's names and shapes, split into ``model-0000i-of-0000n.safetensors`` with a
 ``model.safetensors.index.json`` when larger than ``max_shard_bytes`` (as transformers'
 ``save_pretrained`` does). Tied aliases are left out like transformers leaves them out.
 At most one output file's tensors are in memory at a time. The directory appears whole or
-not at all (written to a hidden sibling, then renamed).
+not at all (written to a new hidden sibling, then renamed).
+
+The checkpoint is untrusted input: its record, metadata and file digests are checked
+first (:func:`hpcodegen.checkpoint.integrity.open_checkpoint`), and the parameters written
+are the ones the model built from the recorded config has, each of which the checkpoint
+must hold in its shape: the record cannot drop or reshape a parameter.
 """
 
 from __future__ import annotations
@@ -16,24 +21,21 @@ import json
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.checkpoint.record import check_target, read_record
-from hpcodegen.errors import EXIT_OK
+from hpcodegen.checkpoint.record import check_target
+from hpcodegen.errors import EXIT_OK, HpcodegenError, InputError, error
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
 
-def _plan_files(params: dict[str, Any], itemsize: int, limit: int) -> list[list[str]]:
+def _plan_files(params: dict[str, tuple[int, ...]], itemsize: int,
+                limit: int) -> list[list[str]]:
     files: list[list[str]] = [[]]
     size = 0
-    for fqn, spec in params.items():
-        numel = 1
-        for n in spec["shape"]:
-            numel *= n
-        nbytes = numel * itemsize
+    for fqn, shape in params.items():
+        nbytes = _numel(shape) * itemsize
         if files[-1] and size + nbytes > limit:
             files.append([])
             size = 0
@@ -42,15 +44,44 @@ def _plan_files(params: dict[str, Any], itemsize: int, limit: int) -> list[list[
     return files
 
 
-def _load(directory: Path, names: list[str], params: dict[str, Any], dtype: Any) -> dict:
+def _load(checked: Any, names: list[str], params: dict[str, tuple[int, ...]]) -> dict:
     import torch
-    import torch.distributed.checkpoint as dcp
 
-    state = {f"model.{n}": torch.empty(params[n]["shape"], dtype=dtype) for n in names}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+    from hpcodegen.checkpoint.dcp_safe import load
+
+    state = {f"model.{n}": torch.empty(params[n], dtype=checked.dtype) for n in names}
+    load(state, checked.directory, checked.metadata, no_dist=True)
     return {n: state[f"model.{n}"].contiguous() for n in names}
+
+
+def model_params(record: dict[str, Any], directory: Path) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of the model the recorded config builds (tied names once, as
+    transformers saves them), checked against the record's list.
+
+    Raises:
+        InputError: the recorded config builds no model, or the record lists other
+            parameters or shapes than that model has.
+    """
+    from hpcodegen.hf import build_meta_model
+
+    try:
+        model = build_meta_model(record["config"])
+    except HpcodegenError as exc:
+        raise InputError([error("checkpoint.config", str(directory),
+                                "the recorded config builds no model: "
+                                + "; ".join(f.message for f in exc.findings[:2]))]) from None
+    want = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    saved = {name: tuple(spec["shape"]) for name, spec in record["params"].items()}
+    problems = [f"{n}: missing" for n in want if n not in saved]
+    problems += [f"{n}: not a parameter of the model" for n in saved if n not in want]
+    problems += [f"{n}: shape {saved[n]}, the model's {want[n]}" for n in want
+                 if n in saved and saved[n] != want[n]]
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise InputError([error("checkpoint.params", str(directory),
+                                "the record does not list the model's parameters: "
+                                + "; ".join(problems[:3]) + more)])
+    return want
 
 
 def export_hf(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -58,31 +89,36 @@ def export_hf(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *
     """Write ``out`` (config.json + safetensors) from the checkpoint at ``checkpoint``.
 
     Raises:
-        InputError: ``checkpoint`` is not an hpcodegen checkpoint (exit 2).
+        InputError: ``checkpoint`` is not an intact hpcodegen checkpoint of the model its
+            config describes (exit 2).
         UsageError: ``out`` exists and is not an empty directory (exit 2).
     """
-    import torch
+    import tempfile
+
     from safetensors.torch import save_file
 
+    from hpcodegen.checkpoint.integrity import open_checkpoint
+
     source, target = Path(checkpoint), Path(out)
-    record = read_record(source)
+    checked = open_checkpoint(source, digests="all")
     check_target(target)
-    dtype = getattr(torch, record.get("dtype") or "float32")
-    params = record["params"]
-    stage = target.parent / f".{target.name}.partial"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    record = checked.record
+    params = model_params(record, source)
+    dtype = checked.dtype
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial",
+                                  dir=target.parent))
     try:
         groups = _plan_files(params, dtype.itemsize, max_shard_bytes)
         weight_map = {}
         for i, names in enumerate(groups, start=1):
             name = ("model.safetensors" if len(groups) == 1
                     else f"model-{i:05d}-of-{len(groups):05d}.safetensors")
-            save_file(_load(source, names, params, dtype), str(stage / name),
+            save_file(_load(checked, names, params), str(stage / name),
                       metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(names, name))
         if len(groups) > 1:
-            total = sum(dtype.itemsize * _numel(params[n]["shape"]) for n in params)
+            total = sum(dtype.itemsize * _numel(params[n]) for n in params)
             (stage / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
         config = dict(record["config"])
@@ -94,12 +130,12 @@ def export_hf(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *
             target.rmdir()
         os.replace(stage, target)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)  # ours: made by mkdtemp above
         raise
     return target
 
 
-def _numel(shape: list[int]) -> int:
+def _numel(shape: Any) -> int:
     n = 1
     for s in shape:
         n *= s

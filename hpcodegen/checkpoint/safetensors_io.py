@@ -15,15 +15,15 @@ memory map) and copies it into a fresh tensor of the wanted dtype and device.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hpcodegen.checkpoint.weight_files import INDEX_NAME, weight_files
 from hpcodegen.errors import PlanError, error
 
-INDEX_NAME = "model.safetensors.index.json"
+__all__ = ["CHUNK_BYTES", "INDEX_NAME", "SafetensorsCheckpoint", "TensorInfo"]
 #: Largest block of a file one read maps at a time (see :meth:`SafetensorsCheckpoint.read`).
 CHUNK_BYTES = 8 * 2**20
 
@@ -40,28 +40,6 @@ def _unreadable(file: Path, exc: BaseException) -> PlanError:
                             f"file: {type(exc).__name__}: {exc}", file=str(file))])
 
 
-def _index_files(directory: Path) -> list[Path]:
-    """The files ``model.safetensors.index.json`` names (each once, in order)."""
-    index = directory / INDEX_NAME
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        names = list(dict.fromkeys(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PlanError([error("launch.weights_index", "/weight_map",
-                               f"unreadable index: {type(exc).__name__}: {exc}",
-                               expected='{"weight_map": {tensor name: file name}}',
-                               file=str(index))]) from None
-    files = []
-    for name in names:
-        path = directory / str(name)
-        if Path(str(name)).name != str(name) or not path.is_file():
-            raise PlanError([error("launch.weights_index", f"/weight_map ({name})",
-                                   "names a file that is not in the checkpoint directory",
-                                   file=str(index))])
-        files.append(path)
-    return files
-
-
 class SafetensorsCheckpoint:
     """The tensors of one safetensors checkpoint directory, by name (headers only)."""
 
@@ -69,17 +47,18 @@ class SafetensorsCheckpoint:
         from safetensors import safe_open
 
         self.directory = Path(directory)
-        index = self.directory / INDEX_NAME
-        self.files = (_index_files(self.directory) if index.is_file()
-                      else sorted(self.directory.glob("*.safetensors")))
+        self.files = weight_files(self.directory)
         self.tensors: dict[str, TensorInfo] = {}
         for file in self.files:
             try:
                 with safe_open(str(file), framework="pt") as handle:
                     for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                         view = handle.get_slice(name)
+                        if view.get_dtype() not in _DTYPES:
+                            raise ValueError(f"tensor {name!r} has dtype {view.get_dtype()}, "
+                                             f"expected one of {', '.join(_DTYPES)}")
                         info = TensorInfo(file, tuple(view.get_shape()),
-                                          _DTYPES.get(view.get_dtype(), torch.float32))
+                                          _DTYPES[view.get_dtype()])
                         if name in self.tensors:
                             raise PlanError([error(
                                 "launch.weights_duplicate", name,

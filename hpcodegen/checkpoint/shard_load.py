@@ -65,7 +65,10 @@ def _check_names(model: nn.Module, layout: ShardLayout,
         if shape != spec.global_shape:
             wrong.append(f"{name}: file {shape}, model {spec.global_shape}")
         sources[fqn] = name
-    buffers = {n for n, _ in model.named_buffers()}
+    buffers = {n: tuple(b.shape) for n, b in model.named_buffers()}
+    wrong += [f"{n}: file {checkpoint.tensors[n].shape}, model {shape}"
+              for n, shape in buffers.items()
+              if n in checkpoint and checkpoint.tensors[n].shape != shape]  # never broadcast
     unexpected = [n for n in checkpoint.tensors
                   if n not in sources.values() and n not in buffers and n not in layout.aliases]
     where = str(checkpoint.directory)

@@ -175,6 +175,12 @@ def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> It
                     yield error(f"plan.{key}_unplanned", pointer("param_plan", fqn, key, i),
                                 f"{join_fqn(fqn, rel)} is not a planned parameter",
                                 hint="paths are relative to the entry, e.g. o_proj.bias")
+        declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst")))
+        for i, name in enumerate(as_list(entry.get("no_grad_inputs"))):
+            if isinstance(name, str) and name not in declared:
+                yield error("plan.no_grad_inputs_undeclared",
+                            pointer("param_plan", fqn, "no_grad_inputs", i),
+                            f"{name!r} is not an input of {fqn} (in_src / in_dst)")
 
 
 def _overrides(meta: Mapping[str, Any]) -> Iterator[Finding]:

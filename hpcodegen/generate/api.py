@@ -42,6 +42,7 @@ from hpcodegen.errors import (
     Finding,
     HpcodegenError,
     PlanError,
+    Severity,
     UsageError,
     error,
 )
@@ -59,7 +60,9 @@ from hpcodegen.generate.freeze import (
     parallel_dims,
     source_record,
 )
+from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
+from hpcodegen.generate.layer_split import rules_in_use, unsplit_layers
 from hpcodegen.generate.lift import lift_plan, replicate_uncovered
 from hpcodegen.generate.package_rules import (
     PackageRules,
@@ -76,6 +79,7 @@ from hpcodegen.generate.recipe import (
 from hpcodegen.generate.source import ModelingSource, modeling_source
 from hpcodegen.generate.sp_check import check_sp_shapes
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
+from hpcodegen.generate.token_dims import retarget_token_dims
 from hpcodegen.generate.validate import (
     check_class_contracts,
     check_coverage,
@@ -114,6 +118,8 @@ class GenerateArgs:
     cp: int = 1
     #: ``headtail`` / ``contiguous``; None: head-tail for causal models
     cp_layout: str | None = None
+    #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
+    strict: bool = False
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
@@ -178,10 +184,12 @@ def unified_diff(original: str, generated: str, src_label: str, gen_label: str) 
 
 def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
                  rules: PackageRules | None, ep: int = 1, loss_parallel: bool = False,
-                 notes: list[str] | None = None) -> tuple[dict[str, dict[str, Any]], list]:
+                 notes: list[str] | None = None
+                 ) -> tuple[dict[str, dict[str, Any]], list, list[str]]:
     """The lifted plan and injection records: HF plan, package rules, recipe, in that order
     of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
     names is replicated; the aliases of a tied parameter take its one sharded placement.
+    The third value lists the ``experts`` modules (HF ``moe_tp_experts``).
 
     An HF plan rule that matches no module of this config (a hybrid's attention rules on a
     config without attention layers, a rule for another variant) is skipped, as transformers
@@ -203,24 +211,27 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     plan = lift_plan(model, assignments, sp, loss_parallel)
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
+    experts = moe_experts(assignments)
     if ep > 1:
-        injections = shard_experts(model, plan, moe_experts(assignments), ep, injections)
+        injections = shard_experts(model, plan, experts, ep, injections, sp)
     replicate_uncovered(model, plan, sp)
     unify_tied_placements(model, plan, sp)
-    return {fqn: plan[fqn] for fqn in sorted(plan)}, injections
+    return {fqn: plan[fqn] for fqn in sorted(plan)}, injections, experts
 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  recipe: Sequence[Mapping[str, Any]] | None, label: str,
                  advance: Callable[[str], None] = lambda _step: None,
                  ep: int = 1, notes: list[str] | None = None,
-                 loss_parallel: bool = False, cp: int = 1,
+                 loss_parallel: bool = False,
+                 warnings: list[Finding] | None = None, cp: int = 1,
                  cp_layout: str | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
     ``notes`` receives a line naming the package rules used, if any, and one naming the HF
-    plan rules that match no module.
+    plan rules that match no module; ``warnings`` what the plan is legal but likely not
+    meant to be (a plan that splits no layer: :mod:`.layer_split`).
     """
     from hpcodegen.hf import build_meta_model
 
@@ -243,17 +254,25 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     modules = dict(model.named_modules())
     if rules is not None and notes is not None:
         notes.append(rules.describe())
-    plan, injections = plan_sources(model, sp, recipe, rules, ep, loss_parallel, notes)
+    plan, injections, experts = plan_sources(model, sp, recipe, rules, ep, loss_parallel,
+                                             notes)
+    moe_blocks = sorted({parent_of(fqn) for fqn in experts})
+    if sp:
+        retarget_token_dims(model, plan, moe_blocks)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
     check_coverage(model, plan)
     check_divisible(config, tp, rules.unsplit_fields if rules is not None else (), plan)
     check_even_shards(model, plan, tp)
     if sp:
-        check_sequence_parallel(plan, classes)
+        check_sequence_parallel(plan, classes, moe_blocks)
         check_sp_shapes(model, plan, tp, classes)
     if cp > 1:
         injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
+    degenerate = unsplit_layers(model, plan, tp, rules_in_use(
+        model, hf_rules(model), rules.file if rules is not None else None, recipe))
+    if degenerate is not None and warnings is not None:
+        warnings.append(degenerate)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))
@@ -409,11 +428,16 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     if is_hub_id(args.model_dir):  # a snapshot dir is named by its commit: show the id
         label = os.fspath(args.model_dir)
     notes: list[str] = []
+    warned: list[Finding] = []
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep, notes, args.loss_parallel, args.cp,
+                                    args.ep, notes, args.loss_parallel, warned, args.cp,
                                     args.cp_layout)
+            if warned and args.strict:
+                raise PlanError([replace(f, severity=Severity.ERROR,
+                                         hint=f"{f.hint}; --strict refuses warnings")
+                                 for f in warned])
         except HpcodegenError as exc:
             exc.findings = [_locate(f, config_path, args.recipe) for f in exc.findings]
             raise
@@ -426,7 +450,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     if args.as_json:
         findings = [error("generate.drift", line.split(":", 1)[0],
                           f"{os.fspath(args.out)}/{line}", file=os.fspath(args.out))
-                    for line in drifted]
+                    for line in drifted] + warned
         return emit("generate", code, findings, stdout, out=os.fspath(args.out),
                     check=args.check, written=not args.check, signature=meta["signature"],
                     files=[{"name": name, "bytes": len(data),
@@ -438,6 +462,11 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     if args.verbosity >= 0:
         for note in notes:
             stdout.write(f"{note}\n")
+    for finding in warned:  # like verify's: on stderr, even with --quiet
+        from hpcodegen.report.terminal import fold_text
+
+        sys.stderr.write(fold_text(f"hpcodegen generate: {finding.severity}: "
+                                   f"{finding.render()}") + "\n")
     _report_text(args, rendered, meta, drifted, stdout)
     return code
 

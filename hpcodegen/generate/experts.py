@@ -26,9 +26,15 @@ def moe_experts(assignments: Mapping[str, Assignment]) -> list[str]:
 
 
 def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str], ep: int,
-                  injections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                  injections: list[dict[str, Any]], sp: bool = False) -> list[dict[str, Any]]:
     """Add ``ep: S(0)`` to every expert parameter and the dispatch injection (in place);
     returns the injection list, sorted by module.
+
+    With ``sp`` the dispatch works on the rank's slice of the tokens: the region's inputs
+    and output stay sharded (identity transitions), and the dispatch itself gathers, over
+    tp, the rows its tp-split experts compute and reduce-scatters their partial results
+    (:func:`hpcodegen.runtime.moe.ep_dispatch`), as Megatron's all-to-all token dispatcher
+    does with expert tensor parallelism.
 
     Raises:
         PlanError: the model has no experts module, its expert count does not divide ``ep``,
@@ -52,6 +58,9 @@ def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str
                     f"{int(p.shape[0]) if p.dim() else 0} experts do not divide over "
                     f"--ep {ep}", expected=f"an expert count divisible by {ep}")])
             params[name] = {**params.get(name, {"tp": "R"}), "ep": "S(0)"}
+        if sp:
+            entry["in_dst"] = {n: dict(v) for n, v in (entry.get("in_src") or {}).items()}
+            entry["out_src"] = {n: dict(v) for n, v in (entry.get("out_dst") or {}).items()}
         record = by_match.setdefault(fqn, {"match": fqn})
         record["local_compute_fn"] = {"_target_": EP_DISPATCH_TARGET}
         record["ep_size"] = ep

@@ -503,34 +503,65 @@ def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
     if split and once:
         entry["tp_rank0_params"] = sorted(once)
         entry["partial_grad_params"] = sorted(once)
+    elif sp and not split and own:  # whole experts computing this rank's slice of tokens
+        entry["partial_grad_params"] = sorted(own)
     return entry
 
 
 def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]:
-    """An ``experts`` region (HF ``moe_tp_experts``): hidden states and routing weights
-    replicated.
+    """An ``experts`` region (HF ``moe_tp_experts``, ``forward(hidden_states, top_k_index,
+    top_k_weights)``): its transitions.
 
-    With the compute ``split`` over tp both inputs' gradients are partial and all-reduced in
-    the backward (the classifier's rule for a replicated input of a compute-splitting
-    boundary), as HF's ``MoeExpertsParallel`` does, and the partial output is all-reduced;
-    unsplit, the output is whole on every rank (replicated).
+    Without ``sp`` the hidden states and routing weights arrive replicated; with the compute
+    ``split`` over tp both inputs' gradients are partial and all-reduced in the backward
+    (the classifier's rule for a replicated input of a compute-splitting boundary), as HF's
+    ``MoeExpertsParallel`` does, and the partial output is all-reduced; unsplit, the output
+    is whole on every rank (replicated). The integer expert indices carry no gradient and
+    pass through untouched.
+
+    With ``sp`` every rank routes its own slice of the tokens (routing is per token), so the
+    three inputs arrive sharded on the token dim (``S(1)`` here; generate's token-dim pass,
+    :mod:`hpcodegen.generate.token_dims`, makes it the traced dim). A split compute gathers
+    them (the indices too: ``no_grad_inputs``, an all_gather without backward) and
+    reduce-scatters its partial output back onto the slice, the layout of Megatron's
+    all-gather token dispatcher; unsplit, the experts compute the slice whole (identity).
+    ``--ep`` turns this into the dispatch on the slice (:func:`hpcodegen.generate.experts.
+    shard_experts`).
+
+    Raises:
+        PlanError: with ``sp``, the forward takes no (indices, weights) routing: its rows
+            are not tokens (Llama-4's experts take every token stacked once per expert).
     """
-    if sp:
-        raise PlanError([error(
-            "generate.moe_sp", type(module).__name__,
-            "sequence parallelism (--sp) is not supported with mixture-of-experts layers: "
-            "the router would see only its rank's slice of the sequence",
-            hint="generate without --sp")])
     params = list(inspect.signature(type(module).forward).parameters.values())[1:]
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...); the integer
-    # expert indices carry no gradient and pass through untouched
+    if sp:
+        return _moe_sp_transitions(module, names[:3], split)
+    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...)
     names = [names[0], *names[2:3]] if names else names
     in_src = {name: {"tp": "R"} for name in names}
     return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
             "out_src": {"output": {"tp": "P(sum)" if split else "R"}},
             "out_dst": {"output": {"tp": "R"}},
             "out_names": ["output"], "is_boundary": True}
+
+
+def _moe_sp_transitions(module: Any, names: list[str], split: bool) -> dict[str, Any]:
+    if len(names) < 3:
+        raise PlanError([error(
+            "generate.moe_sp_unrouted", type(module).__name__,
+            f"{type(module).__name__}.forward({', '.join(names)}) takes no expert indices and "
+            "routing weights: its rows are not one per token (the tokens come stacked once "
+            "per expert, pre-scaled by the router), so sequence parallelism (--sp) cannot "
+            "hand it one rank's slice of the tokens",
+            expected="forward(hidden_states, expert_indices, routing_weights)",
+            hint="generate without --sp")])
+    inner = "R" if split else SEQ
+    return {"in_src": {n: {"tp": SEQ} for n in names},
+            "in_dst": {n: {"tp": inner} for n in names},
+            "out_src": {"output": {"tp": "P(sum)" if split else SEQ}},
+            "out_dst": {"output": {"tp": SEQ}},
+            "out_names": ["output"], "is_boundary": True,
+            "no_grad_inputs": [names[1]]}
 
 
 def _call(model: Any, name: str) -> Any:

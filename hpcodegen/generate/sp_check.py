@@ -26,7 +26,8 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.plan.entry import is_boundary, out_names
 
-SEQ = "S(1)"
+#: the sequence-sharded placements: ``(batch, seq, ...)`` activations and token rows
+SEQ_DIMS = {"S(1)": 1, "S(0)": 0}
 
 
 def _tp(named: Any) -> str | None:
@@ -39,22 +40,24 @@ def _seq_fns(entry: Mapping[str, Any], side: str, tp: int) -> dict[str, Callable
     dst = entry.get(f"{side}_dst") or {}
     fns: dict[str, Callable[[Any], Any]] = {}
     for name in set(src) | set(dst):
-        s, d = _tp(src.get(name)), _tp(dst.get(name))
-        if s == SEQ and d != SEQ:
-            fns[name] = lambda x: _resize(x, x.shape[1] * tp) if _seq_dim(x) else x
-        elif d == SEQ and s != SEQ:
-            fns[name] = lambda x: _resize(x, x.shape[1] // tp) if _seq_dim(x) else x
+        s, d = SEQ_DIMS.get(_tp(src.get(name))), SEQ_DIMS.get(_tp(dst.get(name)))
+        if s is not None and d != s:
+            fns[name] = lambda x, dim=s: _resize(x, dim, x.shape[dim] * tp) \
+                if _has_dim(x, dim) else x
+        elif d is not None and s != d:
+            fns[name] = lambda x, dim=d: _resize(x, dim, x.shape[dim] // tp) \
+                if _has_dim(x, dim) else x
     return fns
 
 
-def _seq_dim(x: Any) -> bool:
+def _has_dim(x: Any, dim: int) -> bool:
     import torch
 
-    return isinstance(x, torch.Tensor) and x.dim() >= 2
+    return isinstance(x, torch.Tensor) and x.dim() >= max(dim + 1, 2)
 
 
-def _resize(x: Any, length: int) -> Any:
-    return x.new_empty((x.shape[0], length, *x.shape[2:]))
+def _resize(x: Any, dim: int, length: int) -> Any:
+    return x.new_empty((*x.shape[:dim], length, *x.shape[dim + 1:]))
 
 
 def _shapes(out: Any) -> tuple:
@@ -83,8 +86,11 @@ def _run(model: Any, length: int) -> Any:
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # a failing op is logged there before it raises
+    from hpcodegen.inspect.trace import experts_shape_only
+
     try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), \
+                experts_shape_only(model):
             return _logits(model(**_call_args(model, length)))
     finally:
         quiet.setLevel(level)
@@ -190,13 +196,17 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
 
 
 def _matches(got: tuple, ref: tuple, tp: int) -> bool:
-    """An output has the unsharded shape, or it with this rank's slice of dim 1."""
+    """An output has the unsharded shape, or it with this rank's slice of dim 1 (of dim 0
+    for token rows)."""
     if len(got) != len(ref):
         return False
     for g, r in zip(got, ref, strict=True):
         if g is None or r is None or g == r:
             continue
-        if len(g) != len(r) or len(g) < 2 or g[0] != r[0] or g[2:] != r[2:] \
-                or g[1] * tp != r[1]:
+        if len(g) != len(r) or len(g) < 2:
+            return False
+        seq = len(g) >= 2 and g[0] == r[0] and g[2:] == r[2:] and g[1] * tp == r[1]
+        rows = len(g) == 2 and g[1] == r[1] and g[0] * tp == r[0]  # (tokens, features)
+        if not (seq or rows):
             return False
     return True

@@ -36,7 +36,6 @@ from hpcodegen.plan.classify import classify_entries
 from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan, vocab_sharded_heads
 from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
-    frozen_sizes,
     predict_forms,
     summarize,
     unreduced_grad_findings,
@@ -149,37 +148,48 @@ def _source_model_type(meta: Mapping[str, Any]) -> Any:
 def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     frozen_axes = active_axes(meta)
     if mesh is None:
-        live_sizes = frozen_sizes(meta)  # cp 2 x tp 1: the tp axis is live nowhere
-        frozen, problems = classify_entries(meta, sizes=live_sizes)
-        tp_live = "tp" in frozen_axes and (live_sizes is None or live_sizes.get("tp", 1) > 1)
-        preds = predict_forms(meta, frozen, tp_live=tp_live)
         sizes = axis_sizes(meta)
+        # a size-1 axis runs nothing (the runtime drops it): classified as such
+        frozen, problems = classify_entries(meta, sizes=sizes)
+        tp_live = "tp" in frozen_axes and sizes.get("tp", 1) > 1
+        preds = predict_forms(meta, frozen, tp_live=tp_live)
         problems += unreduced_grad_findings(meta, preds, tp_live)
         if frozen_axes and all(sizes.get(a, 1) == 1 for a in frozen_axes):
-            frozen_mesh = ",".join(f"{a}=1" for a in frozen_axes)
-            problems.append(warning(  # the runtime drops size-1 axes: nothing is installed
-                "inspect.size1_mesh", "/parallel_dims",
-                f"the frozen mesh is {frozen_mesh}: there the runtime installs nothing; the "
-                "collectives below are those of a live mesh where the axes are larger",
-                hint="pass --mesh (e.g. --mesh tp=2) to see a given live mesh"))
+            problems.append(_size1_warning(frozen_axes, preds))
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
-    frozen, problems = classify_entries(meta)  # as generated, what the runtime compares with
+    frozen, problems = classify_entries(meta)
     live_axes, live_sizes = parse_mesh(mesh)
     shown = live_plan_axes(meta, live_axes)  # the plan's axes on the live mesh, size 1 too
     axes = active_plan_axes(meta, live_axes, live_sizes)  # what the runtime installs over
-    if frozen_axes and not shown:  # a typo (--mesh pt=4) would silently predict nothing
+    ep_live = live_sizes.get("ep", 1) > 1 and axis_sizes(meta).get("ep", 1) > 1
+    if frozen_axes and not shown and not ep_live:  # a typo (--mesh pt=4) predicts nothing
         problems.append(warning("inspect.no_plan_axis", "--mesh",
                                 f"--mesh {mesh} holds none of the plan's axes: every "
                                 "boundary runs without communication",
                                 expected=f"one of {', '.join(frozen_axes)}"))
     live, _ = classify_entries(meta, axes, live_sizes)
-    effective, changes = revalidate_forms(frozen, live, axes)
+    effective, changes = revalidate_forms(frozen, live, axes, ep_live)
     tp_live = "tp" in axes
-    preds = predict_forms(meta, live, effective, tp_live=tp_live)
+    preds = predict_forms(meta, live, effective, tp_live=tp_live, ep_live=ep_live)
     problems += unreduced_grad_findings(meta, preds, tp_live)
     sizes = {a: live_sizes[a] for a in shown}
     return Inspection("", shown, sizes, preds, [], summarize(preds), changes, findings=problems)
+
+
+def _size1_warning(axes: Sequence[str], preds: Sequence[Any]) -> Finding:
+    """The frozen dense axes all have size 1: the runtime installs nothing on them (an
+    exact no-op), except the expert dispatch of an ``--ep`` plan, which runs on its own
+    ``ep`` axis; either way the table shows what runs on this mesh."""
+    frozen_mesh = ",".join(f"{a}=1" for a in axes)
+    dispatch = sum(1 for p in preds if p.form == "region" and any(
+        op.axis == "ep" for op in p.in_ops + p.out_ops))
+    what = (f"the runtime installs only the expert dispatch of {dispatch} MoE layer(s), "
+            "over ep" if dispatch else "the runtime installs nothing")
+    return warning("inspect.size1_mesh", "/parallel_dims",
+                   f"the frozen mesh is {frozen_mesh}: {what}; the collectives below are "
+                   "those that run there", hint="pass --mesh (e.g. --mesh tp=2) to see a "
+                   "given live mesh")
 
 
 def _is_str_list(value: Any) -> bool:

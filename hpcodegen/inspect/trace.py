@@ -14,7 +14,8 @@ shortcuts read tensor values (``.item()``), which meta tensors do not have.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,8 +114,8 @@ def _use_eager(model: Any) -> None:
     model.config._attn_implementation = "eager"
 
 
-def _stub_experts(model: Any) -> None:
-    """Mixture-of-experts ``experts`` modules run shape-only on the meta device.
+def _stub_experts(model: Any) -> list[Any]:
+    """Mixture-of-experts ``experts`` modules run shape-only on the meta device; returns them.
 
     Their kernels are data-dependent (which experts a token hits: ``nonzero``, grouped
     matmuls with per-expert offsets), which the meta device cannot run; their contract in
@@ -123,9 +124,24 @@ def _stub_experts(model: Any) -> None:
     """
     import torch
 
+    stubbed = []
     for module in model.modules():
         if hasattr(module, "is_concatenated") and hasattr(module, "has_gate"):
             module.forward = lambda hidden_states, *_a, **_k: torch.zeros_like(hidden_states)
+            stubbed.append(module)
+    return stubbed
+
+
+@contextmanager
+def experts_shape_only(model: Any) -> Iterator[None]:
+    """:func:`_stub_experts` for the duration of a block (generate's meta-device runs keep
+    using the model afterwards)."""
+    stubbed = _stub_experts(model)
+    try:
+        yield
+    finally:
+        for module in stubbed:
+            module.__dict__.pop("forward", None)
 
 
 def _run_forward(model: Any, batch: int, seq: int, result: TraceResult | None = None) -> None:

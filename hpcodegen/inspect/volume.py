@@ -6,16 +6,18 @@ Kept apart from :mod:`hpcodegen.inspect.run` because it is the only path that lo
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
+from hpcodegen.placement import is_shard
 from hpcodegen.plan.classify import splits_compute
 from hpcodegen.plan.cp import CP, kv_gather_bytes
-from hpcodegen.plan.entry import output_index, param_plan
-from hpcodegen.plan.moe import EP, dispatch_volume, expert_count
+from hpcodegen.plan.entry import axis_sizes, no_grad_inputs, output_index, param_plan
+from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
 from hpcodegen.plan.predict import takes_token_ids
 from hpcodegen.plan.volume import (
     BoundaryVolume,
@@ -53,29 +55,37 @@ def _check_sizes(result: Inspection) -> None:
                                 hint="pass --mesh, e.g. --mesh tp=2")])
 
 
-def _dispatch_ops(p: Any, trace: TraceResult, config: Any,
-                  float_bytes: int) -> list[OpVolume]:
-    """The all_to_alls of an expert-parallel region (:mod:`hpcodegen.plan.moe`), in bytes
-    per rank from the traced tokens, top-k and hidden size."""
-    if p.form != "region" or not any(op.axis == EP for op in p.in_ops):
+def _dispatch_ops(p: Any, trace: TraceResult, config: Any, float_bytes: int,
+                  sizes: Any, ep: int) -> list[OpVolume]:
+    """The collectives of an expert-parallel region's dispatch (:mod:`hpcodegen.plan.moe`),
+    in bytes per rank from the traced tokens, top-k and hidden size; under sequence
+    parallelism (the hidden states arrive sharded on tp) a rank dispatches its slice."""
+    names = {o.name for o in p.in_ops + p.out_ops + p.grad_ops}
+    if p.form != "region" or ("counts" not in names and "tp_gather" not in names):
         return []
-    names = [t.name for t in p.transitions if t.side == "in"]
-    hidden = trace.tensors.get((p.fqn, "in", names[0])) if names else None
-    index = trace.tensors.get((p.fqn, "in", names[1])) if len(names) > 1 else None
+    inputs = [t for t in p.transitions if t.side == "in"]
+    hidden = trace.tensors.get((p.fqn, "in", inputs[0].name)) if inputs else None
+    index = trace.tensors.get((p.fqn, "in", inputs[1].name)) if len(inputs) > 1 else None
     if hidden is None or index is None or len(hidden[0]) < 1 or len(index[0]) < 1:
         return []
-    tokens = 1
-    for n in hidden[0][:-1]:
-        tokens *= n
-    vol = dispatch_volume(tokens, index[0][-1], hidden[0][-1], expert_count(config),
-                          float_bytes)
+    tokens = math.prod(hidden[0][:-1])
+    tp = sizes.get("tp", 1)
+    if any(is_shard(pl) for pl in inputs[0].src) and tp > 1:
+        tokens //= tp  # this rank's slice of the tokens
+    experts = expert_count(config)
+    vol = dispatch_volume(tokens, index[0][-1], hidden[0][-1], experts, float_bytes,
+                          ep, tp if "tp_gather" in names else 1)
     row = (tokens * index[0][-1], hidden[0][-1])
-    return [OpVolume("forward", "in", "counts", "all_to_all", EP, None,
-                     (expert_count(config),), vol.counts),
-            OpVolume("forward", "in", "dispatch", "all_to_all", EP, None, row, vol.dispatch),
-            OpVolume("forward", "out", "combine", "all_to_all", EP, None, row, vol.combine),
-            OpVolume("backward", "out", "combine", "all_to_all", EP, None, row, vol.combine),
-            OpVolume("backward", "in", "dispatch", "all_to_all", EP, None, row, vol.dispatch)]
+    out = []
+    for direction, ops in (("forward", p.in_ops + p.out_ops), ("backward", p.grad_ops)):
+        for op in ops:
+            if op.name not in DISPATCH_NAMES:
+                continue
+            shape = (experts,) if op.name.endswith("counts") else row
+            side = "out" if op.name in ("combine", "tp_scatter") else "in"
+            out.append(OpVolume(direction, side, op.name, op.kind, op.axis or "", None, shape,
+                                vol.of_name(op.name)))
+    return out
 
 
 def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Any,
@@ -100,7 +110,7 @@ def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Any,
 
 
 def _volumes(result: Inspection, entries: Any, trace: TraceResult,
-             float_bytes: int, config: Any = None, batch: int = 1,
+             float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
              seq: int = 1) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
     for p in result.preds:
@@ -109,10 +119,11 @@ def _volumes(result: Inspection, entries: Any, trace: TraceResult,
             continue
         bv = BoundaryVolume(p.fqn)
         bv.ops.extend(cp_ops)
-        bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes))
+        bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes, result.sizes, ep))
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
-            backward = not (t.side == "in" and takes_token_ids(p.cls))
+            backward = not (t.side == "in" and (takes_token_ids(p.cls)
+                                                or t.name in no_grad_inputs(entries[p.fqn])))
             bv.ops.extend(transition_volume(t, entries[p.fqn], result.axes, result.sizes,
                                             info, float_bytes, backward))
         out[p.fqn] = bv
@@ -161,6 +172,15 @@ def _uneven_findings(volumes: dict[str, BoundaryVolume]) -> list[Any]:
             for (name, detail), fqns in seen.items()]
 
 
+def _ep_size(meta: dict[str, Any], opts: InspectOptions) -> int:
+    """The ep group size the dispatch runs over: ``--mesh``'s ``ep``, else the frozen one."""
+    if opts.mesh is not None:
+        from hpcodegen.inspect.options import parse_mesh
+
+        return parse_mesh(opts.mesh)[1].get(EP, 1)
+    return max(axis_sizes(meta).get(EP, 1), 1)
+
+
 def volume_report(meta: dict[str, Any], result: Inspection,
                   opts: InspectOptions) -> dict[str, Any]:
     """Trace the model, then bytes per rank per collective, per forward and per backward."""
@@ -176,8 +196,8 @@ def volume_report(meta: dict[str, Any], result: Inspection,
         warning("trace.called_repeatedly", fqn,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
-    volumes = _volumes(result, entries, trace, float_bytes, config, opts.batch or 1,
-                       opts.seq or 1)
+    volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(meta, opts),
+                       opts.batch or 1, opts.seq or 1)
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())

@@ -84,7 +84,7 @@ class Setup:
         from hpcodegen.checkpoint.dcp_io import resume
         from hpcodegen.checkpoint.record import check_same_model, read_record
 
-        check_same_model(read_record(directory), self.config, directory)
+        check_same_model(read_record(directory, checked=False), self.config, directory)
         return resume(directory, self.model, self.layout, optimizer=optimizer)
 
 

@@ -2,10 +2,13 @@
 
 torchrun starts each rank in a *new session* (``start_new_session=True`` in torch's
 subprocess handler), so killing torchrun's process group alone would orphan the ranks. The
-launcher therefore starts torchrun in its own session too and ends the job by session:
-every process whose session id is torchrun's or one of its descendants' gets SIGTERM, then
-SIGKILL after a grace period. psutil lists the processes (parents, states) on every OS;
-a zombie counts as gone (it only waits to be reaped).
+launcher therefore starts torchrun in its own session too and ends the job by descent and
+by session: every descendant of the job's root, and every process whose session id is one
+of theirs, gets SIGTERM, then SIGKILL after a grace period. On Linux the root is the
+:mod:`hpcodegen.launch.deathsig` shim, a child subreaper: a process a rank double-forked
+into a session of its own is reparented to it, so it is still a descendant here. psutil
+lists the processes (parents, states) on every OS; a zombie counts as gone (it only waits
+to be reaped).
 """
 
 from __future__ import annotations
@@ -73,4 +76,7 @@ def end_job(root: int, extra: Iterable[int] = (), grace: float = 3.0) -> set[int
         time.sleep(0.05)
     left = job_processes(root, extra) | {p for p in pids if alive(p)}
     _signal_all(left, kill=True)
+    deadline = time.monotonic() + grace  # SIGKILLed processes take a moment to vanish
+    while any(alive(p) for p in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return pids | left

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.artifact.load import load_meta
-from hpcodegen.errors import EXIT_OK, HpcodegenError, UsageError, error, printable
+from hpcodegen.errors import EXIT_OK, HpcodegenError, InputError, UsageError, error, printable
 from hpcodegen.hf import read_hf_config
 from hpcodegen.launch import display
 from hpcodegen.launch.command import job_environment, rank_environments, torchrun_argv
@@ -46,16 +46,25 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = None
     if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
+        from hpcodegen.checkpoint.weight_files import weight_files
+
         config, config_path = read_hf_config(model_dir)
         model_dir = config_path.parent
+        if opts.resume is None:  # a FIFO named *.safetensors: refused before a rank opens it
+            try:
+                weight_files(model_dir)
+            except HpcodegenError as exc:  # unusable input, as an unreadable config
+                raise InputError(exc.findings) from None
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.data, opts.min_world_size())
-    if opts.resume is not None:  # another model's checkpoint: refused before start
+    if opts.resume is not None:  # a damaged or another model's checkpoint: refused here
+        from hpcodegen.checkpoint.integrity import open_checkpoint
         from hpcodegen.checkpoint.record import check_same_model, read_record
 
-        check_same_model(read_record(opts.resume), config or {}, opts.resume)
+        check_same_model(read_record(opts.resume, checked=False), config or {}, opts.resume)
+        open_checkpoint(opts.resume, digests="none")  # the ranks share hashing the files
     device = resolve_device(opts.device, opts.nproc)
     if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)

@@ -59,6 +59,9 @@ class JobOutcome:
     pids: list[int] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     blamed: int | None = None
+    #: processes of the job still alive after it was ended (none, unless one is stuck in
+    #: the kernel): the report says so instead of claiming every process was ended
+    survivors: list[int] = field(default_factory=list)
 
 
 def _start(argv: Sequence[str], environ: Mapping[str, str], log: Path,
@@ -162,9 +165,11 @@ def run_job(argv: Sequence[str], environ: Mapping[str, str], *, run_dir: Path,
         finally:
             rank_pids = [r.pid for r in outcome.records.values() if r.pid != os.getpid()]
             outcome.pids += rank_pids
+            signalled: set[int] = set()
             if proc.poll() is None or any(alive(p) for p in rank_pids):
-                end_job(proc.pid, rank_pids)
+                signalled = end_job(proc.pid, rank_pids)
             outcome.returncode = proc.wait()
+            outcome.survivors = sorted(p for p in signalled | {*rank_pids} if alive(p))
             outcome.elapsed = time.monotonic() - start
     outcome.records = read_records(run_dir)
     outcome.failures = read_failures(run_dir)

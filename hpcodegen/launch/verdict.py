@@ -60,15 +60,29 @@ def _mark_lost(outcome: JobOutcome, expected: int) -> list[int]:
 
 def _root_cause(outcome: JobOutcome) -> tuple[dict[str, Any] | None, RankRecord | None]:
     """``(torchrun's failure row, None)`` when the first rank torchrun saw fail left no
-    error of its own (a signal, ``os._exit``, a crash); else ``(None, the first error
-    record)``: torchrun's order decides which rank was first, our records what it said."""
+    result of its own (a signal, ``os._exit``, a crash before its final record); else
+    ``(None, the first error record)``: torchrun's order decides which rank was first, our
+    records what it said. A rank that wrote its final record (its check failed, or it
+    raised) and then exited non-zero is reported by that record, never as "exited before
+    reporting a result"."""
     if outcome.failures:
         row = outcome.failures[0]
         rec = outcome.records.get(row.get("rank"))
-        if rec is None or rec.status != STATUS_ERROR:
+        if rec is None or not rec.done:
             return row, None
-        return None, rec
+        if rec.status == STATUS_ERROR:
+            return None, rec
     return None, first_error(outcome.records)
+
+
+def _failed_after_ok(outcome: JobOutcome) -> dict[str, Any] | None:
+    """torchrun's first failure row of a rank whose own record says ok (it failed in its
+    teardown: an exit hook, a process group that did not close)."""
+    for row in outcome.failures:
+        rec = outcome.records.get(row.get("rank"))
+        if rec is not None and rec.status == STATUS_OK:
+            return row
+    return None
 
 
 def _how(row: dict[str, Any]) -> str:
@@ -76,6 +90,15 @@ def _how(row: dict[str, Any]) -> str:
     if code < 0:
         return f"was killed by signal {-code} ({row.get('signal') or 'unknown'})"
     return f"exited with code {code}"
+
+
+def _ended(outcome: JobOutcome) -> str:
+    """What the launcher did to the job, as it is: every process ended, or which not."""
+    left = outcome.survivors
+    if not left:
+        return "every process of the job was ended"
+    return (f"{len(left)} process(es) of the job could not be ended (pid "
+            f"{', '.join(map(str, left[:5]))})")
 
 
 def _pending(records: dict[int, RankRecord]) -> str:
@@ -90,7 +113,7 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
     keep = "" if opts.log_dir is not None else f"; run files kept in {run_dir}"
     if outcome.interrupted:
         _mark_lost(outcome, expected)
-        return EXIT_FAILED, f"interrupted; every process of the job was ended{keep}"
+        return EXIT_FAILED, f"interrupted; {_ended(outcome)}{keep}"
     if not outcome.records and not outcome.timed_out:
         console = f"; torchrun output: {console_log}" if console_log else ""
         return EXIT_FAILED, (f"no rank reported (torchrun exit code {outcome.returncode})"
@@ -99,7 +122,7 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         pending = _pending(outcome.records)
         _mark_lost(outcome, expected)
         return EXIT_FAILED, (f"timed out after {opts.timeout:g} s with ranks still running: "
-                             f"{pending}; every process of the job was ended{keep}")
+                             f"{pending}; {_ended(outcome)}{keep}")
     dead, failed = _root_cause(outcome)
     if dead is not None:
         rank = int(dead["rank"])
@@ -123,6 +146,12 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         rec = bad[0]
         outcome.blamed = rec.rank
         return EXIT_FAILED, f"rank {rec.rank} check failed: {printable(rec.error or '')}{keep}"
+    after = _failed_after_ok(outcome)
+    if after is not None:
+        rank = int(after["rank"])
+        outcome.blamed = rank
+        return EXIT_FAILED, (f"rank {rank} reported ok, then {_how(after)}"
+                             f"{_where(logs, None, int(after.get('local_rank', rank)))}{keep}")
     if lost or len(outcome.records) < opts.nproc:
         rank = lost[0] if lost else len(outcome.records)
         return EXIT_FAILED, (f"rank {rank} ended without a result (torchrun exit code "

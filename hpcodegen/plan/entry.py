@@ -125,6 +125,13 @@ def tp_rank0_params(entry: Any) -> tuple[str, ...]:
     return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 
 
+def no_grad_inputs(entry: Any) -> tuple[str, ...]:
+    """The entry's ``no_grad_inputs``: inputs carrying no gradient (integer expert indices
+    gathered under sequence parallelism), whose transitions run no backward collective."""
+    names = entry.get("no_grad_inputs") if isinstance(entry, Mapping) else None
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
 def effective_partial_grad_params(entry: Any) -> tuple[str, ...]:
     """The parameters whose gradient the runtime all-reduces over tp: the declared
     ``partial_grad_params`` then the :func:`partial_deferred_biases` and

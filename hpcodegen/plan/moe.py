@@ -1,17 +1,26 @@
 """What hpcodegen's expert-parallel dispatch communicates, per MoE layer (pure, no torch).
 
 The region form of an ``experts`` module whose ``local_compute_fn`` is the registered
-``ep_dispatch`` (:mod:`hpcodegen.runtime.moe`) runs, on the ep group, per forward:
+``ep_dispatch`` (:mod:`hpcodegen.runtime.moe`) runs, per forward, in this order:
 
-* ``counts``: all_to_all of the per-expert slot counts (``E`` int64 per rank);
-* ``dispatch``: all_to_all of the hidden state of every (token, k) slot to its expert's rank;
-* ``combine``: all_to_all of the expert outputs back;
+* ``counts``: all_to_all (ep) of the per-expert slot counts (``E`` int64 per rank);
+* ``dispatch``: all_to_all (ep) of the hidden state of every (token, k) slot to its
+  expert's rank;
+* with sequence parallelism and experts split over tp (:func:`gathers_over_tp`):
+  ``tp_counts``, an all_gather (tp) of the received counts, ``tp_gather``, the rows every
+  tp peer received (an uneven all_gather, run as an all_to_all), then after the experts
+  ``tp_scatter``, the partial results summed back onto their rank (an uneven
+  reduce-scatter, run as an all_to_all);
+* ``combine``: all_to_all (ep) of the expert outputs back;
 
-and per backward the reverse of ``combine`` and of ``dispatch`` (the counts carry no
-gradient). The exchange is dropless: a rank sends exactly ``tokens x top_k`` rows of
-``hidden`` elements in each payload collective (rows to itself included, as
-``all_to_all_single`` moves its whole input buffer), whatever the routing. Bytes per rank are
-therefore known before any run; :func:`dispatch_volume` is the one formula.
+and per backward the reverse of ``combine``, ``tp_scatter``, ``tp_gather`` and ``dispatch``
+(the counts carry no gradient). Without an ep group (a region run on a mesh without ``ep``)
+only the tp steps run.
+
+Bytes are what leaves a rank, the convention of every collective inspect-plan counts. The
+exchange is dropless: a rank sends its ``tokens x top_k`` rows, and under balanced routing
+``(ep-1)/ep`` of them leave it; a rank receives ``tokens x top_k`` rows on average, which
+the tp gather sends to its ``tp-1`` peers. :func:`dispatch_volume` is the one formula.
 """
 
 from __future__ import annotations
@@ -20,12 +29,49 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpcodegen.placement import is_shard, parse_placement
+
 EP = "ep"
+TP = "tp"
 #: the names (registry name, dotted path) of hpcodegen's dispatch factory
 EP_DISPATCH_TARGETS = frozenset({"ep_dispatch", "hpcodegen.runtime.moe.ep_dispatch"})
-#: forward and backward collectives of one dispatching region, in execution order
-FORWARD_OPS: tuple[str, ...] = ("counts", "dispatch", "combine")
-BACKWARD_OPS: tuple[str, ...] = ("combine", "dispatch")
+
+
+@dataclass(frozen=True)
+class DispatchOp:
+    """One collective of the dispatch: its name (a key of :class:`DispatchVolume`), kind,
+    axis, and whether it runs before the experts (``in``) or after (``out``)."""
+
+    name: str
+    kind: str
+    axis: str
+    side: str
+
+
+_COUNTS = DispatchOp("counts", "all_to_all", EP, "in")
+_DISPATCH = DispatchOp("dispatch", "all_to_all", EP, "in")
+_TP_COUNTS = DispatchOp("tp_counts", "all_gather", TP, "in")
+_TP_GATHER = DispatchOp("tp_gather", "all_to_all", TP, "in")
+_TP_SCATTER = DispatchOp("tp_scatter", "all_to_all", TP, "out")
+_COMBINE = DispatchOp("combine", "all_to_all", EP, "out")
+
+
+#: the names of the dispatch's collectives (the fields of :class:`DispatchVolume`)
+DISPATCH_NAMES = frozenset(op.name for op in (_COUNTS, _DISPATCH, _TP_COUNTS, _TP_GATHER,
+                                              _TP_SCATTER, _COMBINE))
+
+
+def dispatch_ops(ep_live: bool, tp_gather: bool
+                 ) -> tuple[tuple[DispatchOp, ...], tuple[DispatchOp, ...]]:
+    """``(forward, backward)`` collectives of one dispatching region, in execution order."""
+    forward = [op for op in (_COUNTS, _DISPATCH) if ep_live]
+    backward = [op for op in (_COMBINE,) if ep_live]
+    if tp_gather:
+        forward += [_TP_COUNTS, _TP_GATHER, _TP_SCATTER]
+        backward += [_TP_SCATTER, _TP_GATHER]
+    forward += [_COMBINE] if ep_live else []
+    backward += [_DISPATCH] if ep_live else []
+    return tuple(forward), tuple(backward)
 
 
 def target_name(value: Any) -> str | None:
@@ -35,11 +81,15 @@ def target_name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def is_ep_dispatch(injection: Mapping[str, Any] | None) -> bool:
+    """The injection binds hpcodegen's dispatch as the region's local compute."""
+    return isinstance(injection, Mapping) and \
+        target_name(injection.get("local_compute_fn")) in EP_DISPATCH_TARGETS
+
+
 def ep_dispatch_size(injection: Mapping[str, Any] | None) -> int:
     """The ep size of a region whose compute is hpcodegen's dispatch; 0 when it is not one."""
-    if not isinstance(injection, Mapping):
-        return 0
-    if target_name(injection.get("local_compute_fn")) not in EP_DISPATCH_TARGETS:
+    if not is_ep_dispatch(injection):
         return 0
     size = injection.get("ep_size")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 0
@@ -47,27 +97,31 @@ def ep_dispatch_size(injection: Mapping[str, Any] | None) -> int:
 
 @dataclass(frozen=True)
 class DispatchVolume:
-    """Bytes one rank sends per collective of one MoE layer (``all_to_all_single`` input)."""
+    """Bytes one rank sends per collective of one MoE layer (see the module docstring)."""
 
-    counts: int
-    dispatch: int
-    combine: int
+    counts: float
+    dispatch: float
+    combine: float
+    tp_counts: float = 0.0
+    tp_gather: float = 0.0
+    tp_scatter: float = 0.0
 
-    @property
-    def forward(self) -> int:
-        return self.counts + self.dispatch + self.combine
-
-    @property
-    def backward(self) -> int:
-        return self.combine + self.dispatch  # the reverse exchanges of the two payloads
+    def of_name(self, name: str) -> float:
+        return float(getattr(self, name))
 
 
 def dispatch_volume(tokens: int, top_k: int, hidden: int, num_experts: int,
-                    elem_bytes: int) -> DispatchVolume:
-    """Per-rank bytes of one layer: ``tokens`` local tokens (batch x sequence), each routed
-    to ``top_k`` experts, ``hidden`` elements of ``elem_bytes`` each; counts are int64."""
+                    elem_bytes: int, ep: int, tp_gather: int = 1) -> DispatchVolume:
+    """Per-rank bytes of one layer: ``tokens`` local tokens (this rank's slice under
+    sequence parallelism), each routed to ``top_k`` experts, ``hidden`` elements of
+    ``elem_bytes`` each; counts are int64. ``tp_gather``: the tp size the dispatch gathers
+    its rows over (1: no gather)."""
     rows = tokens * top_k * hidden * elem_bytes
-    return DispatchVolume(counts=num_experts * 8, dispatch=rows, combine=rows)
+    leave = (ep - 1) / ep if ep > 1 else 0.0
+    peers = max(tp_gather - 1, 0)
+    return DispatchVolume(counts=num_experts * 8 * leave, dispatch=rows * leave,
+                          combine=rows * leave, tp_counts=peers * num_experts * 8.0,
+                          tp_gather=peers * rows, tp_scatter=peers * rows)
 
 
 #: config fields naming the routed expert count, by family
@@ -82,3 +136,27 @@ def expert_count(config: Mapping[str, Any]) -> int:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return 0
+
+
+def gathers_over_tp(entry: Mapping[str, Any] | None) -> bool:
+    """The dispatch of this ``experts`` region gathers its rows over tp: its inputs stay
+    sharded on tp (sequence parallelism: each tp rank routed its own slice of the tokens)
+    while its experts are split over tp, so the rows a rank receives are gathered from its
+    tp peers before the experts run, and the partial results reduce-scattered back."""
+    if not isinstance(entry, Mapping):
+        return False
+    inputs = entry.get("in_dst") or {}
+    sharded = isinstance(inputs, Mapping) and any(
+        _tp_sharded(named) for named in inputs.values())
+    params = entry.get("params") or {}
+    split = isinstance(params, Mapping) and any(
+        _tp_sharded(named) for named in params.values())
+    return sharded and split
+
+
+def _tp_sharded(named: Any) -> bool:
+    text = named.get("tp") if isinstance(named, Mapping) else None
+    try:
+        return isinstance(text, str) and is_shard(parse_placement(text))
+    except ValueError:
+        return False

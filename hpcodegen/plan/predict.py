@@ -43,10 +43,11 @@ from hpcodegen.plan.entry import (
     INJECTED_CALLABLES,
     active_axes,
     effective_partial_grad_params,
+    no_grad_inputs,
     param_plan,
     takes_token_ids,
 )
-from hpcodegen.plan.moe import BACKWARD_OPS, EP, FORWARD_OPS, ep_dispatch_size
+from hpcodegen.plan.moe import dispatch_ops, ep_dispatch_size, gathers_over_tp, is_ep_dispatch
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -148,7 +149,7 @@ def _opaque(injection: Mapping[str, Any] | None, cp_live: bool = False
     out = []
     for key in INJECTED_CALLABLES:
         value = (injection or {}).get(key)
-        if key == "local_compute_fn" and ep_dispatch_size(injection):
+        if key == "local_compute_fn" and is_ep_dispatch(injection):
             continue  # hpcodegen's own dispatch: its collectives are predicted (plan.moe)
         if key == "inner_wrapper" and wrapper_name(value) in CP_WRAPPER_NAMES and \
                 (cp_live or not kv_transitions(injection)):
@@ -172,25 +173,31 @@ def _cp_ops(injection: Mapping[str, Any] | None
 
 def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                      form: str | None = None,
-                     grad_sync: Sequence[str] = (), cp_live: bool = False
-                     ) -> BoundaryPrediction:
+                     grad_sync: Sequence[str] = (),
+                     no_grad: Sequence[str] = (),
+                     dispatch: tuple[bool, bool] = (True, False),
+                     cp_live: bool = False) -> BoundaryPrediction:
     """Predict one classified boundary; ``form`` overrides the executed form (re-validation).
 
     ``grad_sync`` are the entry's ``effective_partial_grad_params`` when tp is live (size > 1);
-    ``cp_live``: cp is a live axis, so a CP attention's K/V gathers run (in any form: the
-    wrapper runs inside the module's own forward).
+    ``no_grad`` its ``no_grad_inputs`` (integer inputs: no backward op); ``dispatch``, for an
+    expert-parallel region, ``(ep live, gathers over tp)`` (:func:`~hpcodegen.plan.moe.
+    dispatch_ops`); ``cp_live``: cp is a live axis, so a CP attention's K/V gathers run (in
+    any form: the wrapper runs inside the module's own forward).
     """
     form = form or bf.form
     ins, outs = _forward_ops(bf, form)
     executed = executed_transitions(bf, form)
-    # token ids carry no gradient: an embedding's input has no backward op
+    # token ids and expert indices carry no gradient: no backward op for those inputs
     grads = tuple(_step_op(t.name, s) for t in executed for s in t.grad_steps
-                  if not (t.side == "in" and takes_token_ids(cls)))
-    if form == "region" and ep_dispatch_size(bf.injection):
+                  if not (t.side == "in" and (takes_token_ids(cls) or t.name in no_grad)))
+    if form == "region" and is_ep_dispatch(bf.injection):
         # the dispatch runs between the input and output transitions (plan.moe)
-        ins += tuple(PredOp(n, "all_to_all", None, EP) for n in FORWARD_OPS[:2])
-        outs = tuple(PredOp(n, "all_to_all", None, EP) for n in FORWARD_OPS[2:]) + outs
-        grads = tuple(PredOp(n, "all_to_all", None, EP) for n in BACKWARD_OPS) + grads
+        forward, backward = dispatch_ops(*dispatch)
+        ins += tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward if o.side == "in")
+        outs = tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward
+                     if o.side == "out") + outs
+        grads = tuple(PredOp(o.name, o.kind, None, o.axis) for o in backward) + grads
     notes = tuple(t.note for t in bf.transitions if t.note)
     if cp_live:
         kv_fwd, kv_bwd = _cp_ops(bf.injection)
@@ -209,12 +216,15 @@ def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
                   effective: Mapping[str, str] | None = None,
-                  tp_live: bool = True, cp_live: bool | None = None
+                  tp_live: bool = True, ep_live: bool | None = None,
+                  cp_live: bool | None = None
                   ) -> list[BoundaryPrediction]:
     """Predictions for classified entries, in plan order.
 
     ``tp_live``: tp is a mesh axis of size > 1, so the ``effective_partial_grad_params`` (the
     declared ``partial_grad_params`` and the partial deferred biases) are synced.
+    ``ep_live``: an ep axis of size > 1 runs the expert dispatch's all_to_alls (None: the
+    frozen ``ep_size`` of each dispatch injection says).
     ``cp_live``: cp is a mesh axis of size > 1 (default: as frozen), so every CP attention
     gathers K/V and the model's forward gathers the batch's per-token inputs once
     (:func:`cp_batch_prediction`).
@@ -229,12 +239,16 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
     for fqn, bf in forms.items():
         cls, form = _str_or_none(classes.get(fqn)), effective.get(fqn)
         sync = effective_partial_grad_params(plan.get(fqn)) if tp_live else ()
+        no_grad = no_grad_inputs(plan.get(fqn))
+        ep = ep_live if ep_live is not None else ep_dispatch_size(bf.injection) > 1
+        dispatch = (ep, tp_live and gathers_over_tp(plan.get(fqn)))
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
-               sync)
+               sync, no_grad, dispatch)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = predict_boundary(bf, cls, form, sync, cp_live)
+            hit = memo[key] = predict_boundary(bf, cls, form, sync, no_grad, dispatch,
+                                               cp_live)
         out.append(hit if hit.fqn == fqn else _renamed(hit, fqn))
     if cp_live and any(kv_transitions(bf.injection) for bf in forms.values()):
         out.append(cp_batch_prediction(meta))

@@ -111,12 +111,19 @@ def decide(frozen: BoundaryForm, live: BoundaryForm,
 
 
 def revalidate_forms(frozen: Mapping[str, BoundaryForm], live: Mapping[str, BoundaryForm],
-                     axes: Sequence[str]) -> tuple[dict[str, str], list[FormChange]]:
-    """Effective form per FQN and the changes, from two classifications of the same plan."""
+                     axes: Sequence[str], ep_live: bool = False
+                     ) -> tuple[dict[str, str], list[FormChange]]:
+    """Effective form per FQN and the changes, from two classifications of the same plan.
+
+    ``ep_live``: the live mesh has an ``ep`` axis of size > 1 for an ``--ep`` plan; with no
+    dense axis left the runtime then installs the regions only (the expert dispatch)."""
     effective: dict[str, str] = {}
     changes: list[FormChange] = []
     for fqn, bf in frozen.items():
         if fqn not in live:
+            continue
+        if not axes and ep_live and bf.form == "region":
+            effective[fqn] = "region"
             continue
         if not axes:  # the runtime installs nothing: every forward runs as generated
             effective[fqn] = "identity" if bf.form != "params" else "params"

@@ -162,6 +162,27 @@ def _bind_expert_parallel(model: nn.Module, expert: ExpertMesh,
         owner._hp_expert_parallel = ep
 
 
+def _bind_token_gather(model: nn.Module, meta: Mapping[str, Any],
+                       records: Mapping[str, Mapping[str, Any]], active: ActiveMesh) -> None:
+    """Give each dispatching ``experts`` region whose tokens stay sharded on tp while its
+    experts are split over tp (sequence parallelism) the tp group its dispatch gathers the
+    received rows over (read by ``ep_dispatch``; :func:`hpcodegen.plan.moe.gathers_over_tp`)."""
+    from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, gathers_over_tp, target_name
+    from hpcodegen.runtime.moe import TokenGather
+
+    if TP not in active.axes:
+        return
+    group = active.tp_group()
+    import torch.distributed as dist
+
+    gather = TokenGather(group, dist.get_world_size(group), dist.get_rank(group))
+    for fqn, entry in param_plan(meta).items():
+        record = records.get(fqn) or {}
+        if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS \
+                and gathers_over_tp(entry):
+            model.get_submodule(fqn).__dict__["_hp_expert_tp"] = gather
+
+
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],
                      records: Mapping[str, Mapping[str, Any]]) -> None:
     """Call each injection factory as ``factory(module, **kwargs)``.
@@ -316,6 +337,7 @@ def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
+    _bind_token_gather(model, meta, records, active)
     if CP in active.axes:
         _install_cp(model, meta, active)
     _bind_injections(model, injections, records)

@@ -13,9 +13,17 @@ compute it returns is dropless and exact:
 5. ``all_to_all`` #3 returns the results, which are scaled by the routing weight at home
    and summed per token in expert order, as the unsharded forward does.
 
+Under sequence parallelism with experts split over tp (``_hp_expert_tp``), every tp rank
+routed its own slice of the tokens: after step 3 the rows the tp peers received are
+gathered (their counts first), the experts compute their tp shard of every gathered row,
+and the partial results are summed back onto the rank that received them (an uneven
+reduce-scatter) before step 5: Megatron's all-to-all dispatcher with expert tensor
+parallelism.
+
 The payload collectives are differentiable (their backward is the reverse all_to_all), so
-a layer costs 3 all_to_alls forward and 2 backward: :mod:`hpcodegen.plan.moe` states
-this and the bytes, ``hpcodegen.plan.predict`` counts exactly these. With an ep group of 1
+a layer costs 3 all_to_alls forward and 2 backward (plus the tp gather's all_gather and 2
+all_to_alls forward, 2 backward): :mod:`hpcodegen.plan.moe` states this and the bytes,
+``hpcodegen.plan.predict`` counts exactly these. With neither an ep group nor a tp gather
 the module's forward runs unchanged.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,22 +70,64 @@ def _divide_counts(module: nn.Module, total: int, local: int) -> None:
             setattr(module, name, local)
 
 
+def _gather_rows(x: torch.Tensor, sizes: list[int], group: Any) -> torch.Tensor:
+    """Every tp rank's rows, concatenated rank-major (``sizes[j]`` rows from rank ``j``).
+
+    Uneven sizes (gloo has no uneven all_gather), so an ``all_to_all_single`` that sends
+    this rank's rows to every peer; its backward returns each peer's gradient of these rows,
+    summed by ``repeat``'s backward: the reduce-scatter of the partial gradients."""
+    n = x.shape[0]
+    return _a2a(x.repeat(len(sizes), 1), [n] * len(sizes), sizes, group)
+
+
+def _scatter_rows(y: torch.Tensor, sizes: list[int], rank: int, group: Any) -> torch.Tensor:
+    """This rank's rows of ``y`` (rank-major, ``sizes[j]`` rows each) summed over the tp
+    ranks' partial results: a reduce-scatter with uneven sizes, as an ``all_to_all_single``
+    followed by a local sum."""
+    n = sizes[rank]
+    got = _a2a(y, sizes, [n] * len(sizes), group)
+    return got.view(len(sizes), n, *y.shape[1:]).sum(0)
+
+
+def _tp_counts(counts: torch.Tensor, gather: TokenGather) -> torch.Tensor:
+    """Every tp rank's per-(source, expert) row counts, ``[tp, len(counts)]`` (int64)."""
+    import torch.distributed as dist
+
+    out = counts.repeat(gather.size)  # overwritten; a fake process group leaves it as sent
+    dist.all_gather_into_tensor(out, counts, group=gather.group)
+    return out.view(gather.size, -1)
+
+
+@dataclass(frozen=True)
+class TokenGather:
+    """The tp group a dispatch gathers its rows over (sequence parallelism with experts
+    split over tp: each tp rank routed its own slice of the tokens)."""
+
+    group: Any
+    size: int
+    rank: int
+
+
 def ep_dispatch(module: nn.Module, **_options: Any) -> Callable[..., Any]:
     """The local compute of an expert-parallel ``experts`` region (see module docstring).
 
-    The runtime binds ``module._hp_expert_parallel`` (group, size, rank) before calling
-    this; without it (no ep axis live) the module's own forward is returned.
+    The runtime binds ``module._hp_expert_parallel`` (ep group, size, rank) and, when the
+    tokens arrive sharded on tp while the experts are split over tp (sequence parallelism),
+    ``module._hp_expert_tp`` (:class:`TokenGather`) before calling this; with neither, the
+    module's own forward is returned.
     """
     forward = type(module).forward.__get__(module)  # the class's, not the boundary wrapper
     ep = getattr(module, "_hp_expert_parallel", None)
-    if ep is None or ep.size <= 1:
+    gather = getattr(module, "_hp_expert_tp", None)
+    ep = ep if ep is not None and ep.size > 1 else None
+    if ep is None and gather is None:
         return forward
     local = _local_experts(module)
-    total = local * ep.size
+    ep_size = ep.size if ep is not None else 1
+    total = local * ep_size
     _divide_counts(module, total, local)
-    names = [p.name for p in list(inspect.signature(forward).parameters.values())[:3]]
     sig = inspect.signature(forward)
-    group = ep.group
+    names = [p.name for p in list(sig.parameters.values())[:3]]
 
     def ep_compute(*args: Any, **kwargs: Any) -> torch.Tensor:
         bound = sig.bind(*args, **kwargs)
@@ -84,21 +135,29 @@ def ep_dispatch(module: nn.Module, **_options: Any) -> Callable[..., Any]:
         tokens, k = index.shape[0], index.shape[-1]
         flat = index.reshape(-1)
         order = torch.sort(flat, stable=True).indices
-        experts = flat[order]
         token_of = torch.div(order, k, rounding_mode="floor")
-        per_expert = torch.bincount(experts, minlength=total)
-        recv_per_expert = _counts_a2a(per_expert, group)          # [ep * local]
-        send = per_expert.view(ep.size, local).sum(1).tolist()
-        recv_matrix = recv_per_expert.view(ep.size, local)
-        recv = recv_matrix.sum(1).tolist()
-        x = _a2a(hidden[token_of], send, recv, group)
+        per_expert = torch.bincount(flat[order], minlength=total)
+        x, counts, send, recv = hidden[token_of], per_expert, None, None
+        if ep is not None:
+            counts = _counts_a2a(per_expert, ep.group)            # [ep * local]
+            send = per_expert.view(ep_size, local).sum(1).tolist()
+            recv = counts.view(ep_size, local).sum(1).tolist()
+            x = _a2a(x, send, recv, ep.group)
+        sizes = None
+        if gather is not None:
+            every = _tp_counts(counts, gather)                    # [tp, ep * local]
+            sizes = every.sum(1).tolist()
+            x = _gather_rows(x, sizes, gather.group)
+            counts = every.reshape(-1)
         local_ids = torch.repeat_interleave(
-            torch.arange(local, device=flat.device).repeat(ep.size), recv_matrix.reshape(-1))
+            torch.arange(local, device=flat.device).repeat(counts.numel() // local), counts)
         ones = torch.ones((x.shape[0], 1), dtype=weights.dtype, device=weights.device)
         y = forward(x, local_ids[:, None], ones)
         if x.shape[0] == 0:  # no slot arrived: keep the local experts in the graph
             y = y + sum(p.sum() * 0 for p in module.parameters(recurse=False))
-        back = _a2a(y, recv, send, group)
+        if sizes is not None:
+            y = _scatter_rows(y, sizes, gather.rank, gather.group)
+        back = _a2a(y, recv, send, ep.group) if ep is not None else y
         scaled = back * weights.reshape(-1)[order, None].to(back.dtype)
         out = torch.zeros((tokens, hidden.shape[-1]), dtype=hidden.dtype, device=hidden.device)
         return out.index_add(0, token_of, scaled.to(hidden.dtype))

@@ -92,16 +92,45 @@ def test_mesh_without_any_plan_axis_warns() -> None:
 
 
 def test_frozen_size1_mesh_says_nothing_is_installed(tmp_path: Path) -> None:
-    """A tp=1 artifact (``generate --tp 1``): the runtime installs nothing on its own mesh, so
-    the listed collectives must come with a warning saying they need a larger live mesh."""
+    """A tp=1 artifact (``generate --tp 1``): the runtime installs nothing on its own mesh,
+    so nothing is counted (no tp collective runs at tp 1) and a warning says so."""
     meta = json.loads((FIXTURES / "llama_tp2_sp" / "codegen_meta.json").read_text())
     meta["parallel_dims"]["tp_size"] = 1
     (tmp_path / "codegen_meta.json").write_text(json.dumps(meta))
     code, doc = inspect_json(path=str(tmp_path), checks=False)
     assert code == 0
-    assert "inspect.size1_mesh" in {f["code"] for f in doc["findings"]}
+    warned = [f for f in doc["findings"] if f["code"] == "inspect.size1_mesh"]
+    assert warned and "the runtime installs nothing" in warned[0]["message"]
+    assert doc["summary"]["collectives_per_forward"] == []
+    assert doc["summary"]["collectives_per_backward"] == []
+    assert doc["summary"]["grad_sync_per_backward"] == []
     _, doc = inspect_json(path=SP)
     assert "inspect.size1_mesh" not in {f["code"] for f in doc["findings"]}
+
+
+def test_frozen_tp1_ep_plan_counts_the_dispatch_only(tmp_path: Path) -> None:
+    """tp 1 x ep 2: the runtime installs the expert dispatch (and nothing on tp); the
+    warning says so and only the ep all_to_alls are counted."""
+    meta = json.loads((FIXTURES / "llama_tp2_sp" / "codegen_meta.json").read_text())
+    meta["parallel_dims"] |= {"tp_size": 1, "ep_size": 2, "sequence_parallel": False}
+    entry = meta["param_plan"]["model.layers.0.mlp"]
+    entry["params"] = {k: {**v, "ep": "S(0)"} for k, v in entry["params"].items()}
+    meta["injections"] = [{"match": "model.layers.0.mlp", "ep_size": 2, "local_compute_fn":
+                           {"_target_": "hpcodegen.runtime.moe.ep_dispatch"}}]
+    (tmp_path / "codegen_meta.json").write_text(json.dumps(meta))
+    code, doc = inspect_json(path=str(tmp_path), checks=False)
+    assert code == 0
+    warned = [f for f in doc["findings"] if f["code"] == "inspect.size1_mesh"]
+    assert "installs only the expert dispatch of 1 MoE layer(s)" in warned[0]["message"]
+    fwd = doc["summary"]["collectives_per_forward"]
+    assert fwd == [{"kind": "all_to_all", "axis": "ep", "dim": None, "count": 3}]
+    assert doc["summary"]["collectives_per_backward"] == [
+        {"kind": "all_to_all", "axis": "ep", "dim": None, "count": 2}]
+    # a live mesh with ep runs the dispatch although no dense axis is left; without, nothing
+    _, doc = inspect_json(path=str(tmp_path), checks=False, mesh="tp=1,ep=2")
+    assert doc["summary"]["collectives_per_forward"] == fwd and not doc["findings"]
+    _, doc = inspect_json(path=str(tmp_path), checks=False, mesh="tp=1")
+    assert doc["summary"]["collectives_per_forward"] == []
 
 
 def test_parse_mesh() -> None:

@@ -94,6 +94,24 @@ def test_gate_verbs_work_in_the_plain_install(core_venv: Path, tmp_path: Path) -
     assert launch.returncode == 2 and "hpcodegen[runtime]" in launch.stdout
 
 
+def test_wheel_ships_every_package_file(wheel: Path) -> None:
+    """Packages are found, not listed: every source and data file of the package is in the
+    wheel (``cli/`` and ``schemas/`` under ``hpcodegen/``), and nothing at the top level
+    but ``hpcodegen`` and its metadata."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = set()
+    for src, dest in (("hpcodegen", "hpcodegen"), ("cli", "hpcodegen/cli"),
+                      ("schemas", "hpcodegen/schemas")):
+        for path in (ROOT / src).rglob("*"):
+            if path.suffix in {".py", ".json", ".yaml"} and "__pycache__" not in path.parts:
+                expected.add(f"{dest}/{path.relative_to(ROOT / src).as_posix()}")
+    expected.discard("hpcodegen/generate/examples.py")  # dev-only (setup.py)
+    assert "hpcodegen/checkpoint/export.py" in expected
+    assert not expected - names, sorted(expected - names)
+    tops = {n.split("/")[0] for n in names} - {"hpcodegen"}
+    assert len(tops) == 1 and re.fullmatch(r"hpcodegen-[0-9.]+\.dist-info", tops.pop())
+
+
 def test_wheel_has_license_and_no_dev_modules(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     licenses = [n for n in names if n.endswith("/LICENSE")]

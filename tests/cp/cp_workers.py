@@ -11,6 +11,7 @@ and every gradient.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def make_batch(case: str, vocab: int, seq: int) -> dict[str, Any]:
         cuts = [[0, length // 3, length // 2, length], [0, 2 * length // 3, length]]
         pos = torch.zeros(2, length, dtype=torch.long)
         for row, bounds in enumerate(cuts):
-            for a, b in zip(bounds, bounds[1:], strict=False):
+            for a, b in itertools.pairwise(bounds):
                 pos[row, a:b] = torch.arange(b - a)
         out["position_ids"] = pos
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from launch_helpers import LLAMA_CONFIG, REPO, run_cli  # noqa: E402
+from launch_helpers import LLAMA_CONFIG, REPO, run_cli
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 EXAMPLE = REPO / "examples" / "llama_cp2_tp2_sp"

@@ -68,7 +68,7 @@ def test_headtail_balances_causal_work_contiguous_does_not(cp: int) -> None:
 
 def test_kv_transition_declared_and_inferred() -> None:
     meta = _meta()
-    (fqn, record), *_ = cp_injections(meta).items()
+    (_, record), *_ = cp_injections(meta).items()
     declared = kv_transitions(record)
     assert [(t.name, t.src, t.dst, t.declared) for t in declared] == [
         ("key", Shard(2), REPLICATE, True), ("value", Shard(2), REPLICATE, True)]

@@ -97,14 +97,23 @@ def test_recover_moves_aside_bundle_back(tmp_path: Path) -> None:
 
 
 def test_replacing_drops_obsolete_files(tmp_path: Path) -> None:
+    """A file the previous bundle recorded (and its bytecode) goes; one it did not record
+    is not the bundle's to delete: the write is refused and it stays."""
     target = tmp_path / "art"
-    write_bundle(target, _bundle("a = 1\n"))
-    (target / "stale.py").write_text("x")
+    files = {"modeling_x_gen_npu.py": b"a = 1\n", "configuration_x.py": b"c = 1\n"}
+    write_bundle(target, render_bundle(files, {"modeling_x_gen_npu.py": "modeling"}, {}))
+    (target / "__pycache__").mkdir()
+    (target / "__pycache__" / "modeling_x_gen_npu.cpython-311.pyc").write_bytes(b"\0")
     rendered = _bundle("b = 2\n")
-    assert "stale.py: not part of the regenerated bundle" in diff_bundle(target, rendered)
+    assert "configuration_x.py: not part of the regenerated bundle" in diff_bundle(target,
+                                                                                  rendered)
     write_bundle(target, rendered)
     assert _snapshot(target) == rendered
     assert oct(target.stat().st_mode & 0o777) != oct(0o700)
+    (target / "stale.py").write_text("x")
+    with pytest.raises(BundleTargetError, match=r"stale\.py"):
+        write_bundle(target, _bundle("c = 3\n"))
+    assert (target / "stale.py").read_text() == "x"
 
 
 def test_rejects_non_plain_names() -> None:

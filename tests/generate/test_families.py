@@ -28,7 +28,9 @@ def plan_of(family: str, tp: int = 2, sp: bool = False, recipe=None,
     config, _ = read_hf_config(FAMILIES / family)
     if tp == 4:  # heads and kv heads must divide tp: 4 kv heads (as bench/coverage.py)
         config.update({k: 4 for k in ("num_key_value_heads", "num_kv_heads") if k in config})
-    files = build_bundle(config, tp, sp, recipe, family, notes=notes)
+    warned: list = []  # every family here splits its layers: no generate.no_layer_split
+    files = build_bundle(config, tp, sp, recipe, family, notes=notes, warnings=warned)
+    assert not warned, [w.render() for w in warned]
     return json.loads(files["codegen_meta.json"])["param_plan"]
 
 

@@ -27,7 +27,9 @@ def plan_of(family: str, tp: int = 2, sp: bool = False, notes: list[str] | None 
             **overrides: object) -> dict:
     config, _ = read_hf_config(FAMILIES / family)
     config.update(overrides)
-    files = build_bundle(config, tp, sp, None, family, notes=notes)
+    warned: list = []  # every family here splits its layers: no generate.no_layer_split
+    files = build_bundle(config, tp, sp, None, family, notes=notes, warnings=warned)
+    assert not warned, [w.render() for w in warned]
     return json.loads(files["codegen_meta.json"])["param_plan"]
 
 

@@ -39,7 +39,9 @@ def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
     if tp == 4:  # heads and kv heads must divide tp: 4 kv heads (as bench/coverage.py)
         config.update({k: 4 for k in ("num_key_value_heads",) if k in config})
     config.update(overrides)
-    files = build_bundle(config, tp, False, None, family, notes=notes)
+    warned: list = []  # every family here splits its layers: no generate.no_layer_split
+    files = build_bundle(config, tp, False, None, family, notes=notes, warnings=warned)
+    assert not warned, [w.render() for w in warned]
     return json.loads(files["codegen_meta.json"])["param_plan"]
 
 

@@ -36,7 +36,9 @@ def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
         if isinstance(kv, int) and kv > 1 and kv % tp:
             scope["num_key_value_heads"] = tp
     config.update(overrides)
-    files = build_bundle(config, tp, False, None, family, notes=notes)
+    warned: list = []  # every family here splits its layers: no generate.no_layer_split
+    files = build_bundle(config, tp, False, None, family, notes=notes, warnings=warned)
+    assert not warned, [w.render() for w in warned]
     return json.loads(files["codegen_meta.json"])["param_plan"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
@@ -11,13 +12,15 @@ from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 def test_impossible_world_size(tmp_path):
     logs = tmp_path / "logs"
     run = run_cli(EXAMPLE, "--nproc", "3", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--log-dir", logs, "--check-parity")
+                  "--log-dir", logs, "--check-parity", env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert run.code == 2
     assert "world size 3 is not a multiple" in run.stderr
     assert "tp=2" in run.stderr and "--nproc 2" in run.stderr
     assert "Traceback" not in run.stderr
     assert not logs.exists(), "no process may start (torchrun would create the log dir)"
-    assert run.seconds < 10  # nothing imported torch, nothing ran
+    # nothing imported torch (python's own import log, not a clock), nothing ran
+    assert not re.search(r"\|\s+(torch|transformers)(\.|$)", run.stderr, re.M)
+    assert "import time:" in run.stderr  # the log is there to read
 
 
 def test_missing_artifact_and_config(tmp_path):

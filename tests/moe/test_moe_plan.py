@@ -196,7 +196,8 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
 @pytest.mark.parametrize("name", sorted(FULL_SIZE))
 def test_full_size_shapes_generate_and_predict_bytes(tmp_path: Path, name: str) -> None:
     """Meta device only; the dispatch bytes per rank are tokens x top-k x hidden x 2 (bf16)
-    per payload all_to_all, and E x 8 for the counts, per MoE layer."""
+    per payload all_to_all, and E x 8 for the counts, per MoE layer, times (ep-1)/ep: what
+    leaves the rank under balanced routing."""
     import io
 
     from hpcodegen.inspect.options import InspectOptions
@@ -218,9 +219,10 @@ def test_full_size_shapes_generate_and_predict_bytes(tmp_path: Path, name: str) 
                                       seq=tokens), out=buf) == 0
     report = json.loads(buf.getvalue())
     rows = {(c["direction"], c["kind"]): c for c in report["volume"]["by_collective"]}
-    payload = tokens * k * hidden * 2
+    leave = 7 / 8
+    payload = tokens * k * hidden * 2 * leave
     assert rows[("forward", "all_to_all")]["count"] == 3 * moe
-    assert rows[("forward", "all_to_all")]["bytes"] == moe * (2 * payload + experts * 8)
+    assert rows[("forward", "all_to_all")]["bytes"] == moe * (2 * payload + experts * 8 * leave)
     assert rows[("backward", "all_to_all")]["count"] == 2 * moe
     assert rows[("backward", "all_to_all")]["bytes"] == moe * 2 * payload
 

@@ -10,7 +10,7 @@ import pytest
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.hf_plan import expand_rules
 from hpcodegen.generate.styles import Kind, param_shard
-from hpcodegen.plan.moe import dispatch_volume, ep_dispatch_size, expert_count
+from hpcodegen.plan.moe import dispatch_ops, dispatch_volume, ep_dispatch_size, expert_count
 
 
 def test_param_shard_reads_weights_as_out_in() -> None:
@@ -39,9 +39,30 @@ def test_dispatch_prediction_inputs() -> None:
     assert ep_dispatch_size({**inj, "ep_size": 1}) == 0
     assert ep_dispatch_size({"local_compute_fn": {"_target_": "x.ep_compute"}, "ep_size": 4}) == 0
     assert expert_count({"text_config": {"num_local_experts": 16}}) == 16
-    vol = dispatch_volume(tokens=4096, top_k=8, hidden=2048, num_experts=128, elem_bytes=2)
-    assert vol.dispatch == vol.combine == 4096 * 8 * 2048 * 2
-    assert vol.forward == 2 * vol.dispatch + 128 * 8 and vol.backward == 2 * vol.dispatch
+    # what leaves a rank: (ep-1)/ep of its rows under balanced routing
+    vol = dispatch_volume(tokens=4096, top_k=8, hidden=2048, num_experts=128, elem_bytes=2,
+                          ep=4)
+    assert vol.dispatch == vol.combine == 4096 * 8 * 2048 * 2 * 3 / 4
+    assert vol.counts == 128 * 8 * 3 / 4 and vol.tp_gather == vol.tp_counts == 0
+    # sequence parallel at tp 2: the received rows go to the one tp peer and back
+    vol = dispatch_volume(tokens=2048, top_k=8, hidden=2048, num_experts=128, elem_bytes=2,
+                          ep=4, tp_gather=2)
+    assert vol.tp_gather == vol.tp_scatter == 2048 * 8 * 2048 * 2
+    assert vol.tp_counts == 128 * 8
+    assert dispatch_volume(4096, 8, 2048, 128, 2, ep=1).dispatch == 0  # nothing leaves
+
+
+def test_dispatch_ops_run_on_the_live_axes() -> None:
+    fwd, bwd = dispatch_ops(ep_live=True, tp_gather=False)
+    assert [o.name for o in fwd] == ["counts", "dispatch", "combine"]
+    assert [o.name for o in bwd] == ["combine", "dispatch"]
+    fwd, bwd = dispatch_ops(ep_live=True, tp_gather=True)
+    assert [(o.name, o.axis) for o in fwd] == [
+        ("counts", "ep"), ("dispatch", "ep"), ("tp_counts", "tp"), ("tp_gather", "tp"),
+        ("tp_scatter", "tp"), ("combine", "ep")]
+    assert [o.name for o in bwd] == ["combine", "tp_scatter", "tp_gather", "dispatch"]
+    fwd, bwd = dispatch_ops(ep_live=False, tp_gather=True)  # no ep group: the tp steps only
+    assert {o.axis for o in fwd + bwd} == {"tp"}
 
 
 def test_plan_moe_is_pure() -> None:
