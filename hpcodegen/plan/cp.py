@@ -51,7 +51,9 @@ CP_WRAPPER_NAMES = frozenset({
 
 
 def cp_size(meta: Mapping[str, Any]) -> int:
-    """The frozen ``parallel_dims.cp_size`` (1 when absent)."""
+    """The frozen ``parallel_dims.cp_size`` (1 when absent or unreadable)."""
+    if not isinstance(meta.get("parallel_dims", {}), Mapping):
+        return 1  # the schema check reports it
     return max(axis_sizes(meta).get(CP, 1), 1)
 
 
