@@ -88,9 +88,20 @@ def _check_names(model: nn.Module, layout: ShardLayout,
 
 
 def _install(model: nn.Module, fqn: str, local: torch.Tensor) -> None:
-    """Put ``local`` into the parameter object itself (tied aliases see it too)."""
+    """Put ``local`` into the parameter object itself (tied aliases see it too).
+
+    ``swap_tensors`` swaps the tensors' attributes too: the gradient hooks the runtime
+    registered at install (tp-partial gradients' all-reduce, expert gradients' scale) and
+    their flags are put on the new tensor first, so they move with it and keep firing (a
+    hook left on the meta tensor would be inert, its flag gone)."""
     param = model.get_parameter(fqn)
-    torch.utils.swap_tensors(param, nn.Parameter(local, requires_grad=param.requires_grad))
+    new = nn.Parameter(local, requires_grad=param.requires_grad)
+    for hook in (getattr(param, "_backward_hooks", None) or {}).values():
+        new.register_hook(hook)
+    for name, value in vars(param).items():
+        if name.startswith("_hp_"):
+            setattr(new, name, value)
+    torch.utils.swap_tensors(param, new)
 
 
 def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
