@@ -152,3 +152,69 @@ def assert_cp_parity(results: list[dict[str, Any]], names: list[str], tol: float
             assert r["grad"] <= tol, (rank, name, r)
             assert abs(r["loss"] - r["ref_loss"]) <= tol, (rank, name, r)
             assert r["grad_scale"] > 100 * tol, (rank, name, "gradients too small to test")
+
+
+def fsdp_cp_step(artifact: str, config_dir: str) -> dict[str, Any]:
+    """Gradients and one SGD step with ``fully_shard`` over the flattened ``dp x cp`` mesh (FSDP2 on
+    the source info's other axes, torchtitan's composition) against one process on the
+    whole batch: each dp rank takes its rows, each cp rank its positions of them; the loss
+    is each rank's tokens over the global label count, so gradients must be *summed* over
+    ``dp x cp``: FSDP2 averages, so the loss it back-propagates is scaled by the ``dp x cp``
+    size (``set_gradient_divide_factor(1.0)`` does the same where the backend has
+    PREMUL_SUM; gloo has not)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.cp import shard_batch
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
+    config_dict = json.loads(Path(config_dir, "config.json").read_text())
+    config = load_transformers_config(config_dict)
+    meta = load_meta(Path(artifact)).data
+    torch.manual_seed(0)
+    ref = model_class_for(config_dict)(config).float().eval()
+    gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config).eval()
+    gen.load_state_dict(ref.state_dict())
+    info = parallelize_from_generated(gen, MeshContext(device_mesh=mesh), artifact,
+                                      hf_config=config_dict)
+    dp_cp = mesh["dp", "cp"]._flatten("dp_cp")
+    for layer in gen.model.layers:
+        fully_shard(layer, mesh=dp_cp)
+    fully_shard(gen, mesh=dp_cp)
+    ids = torch.randint(0, config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(3))
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (gen, ref)]  # scale-sensitive
+    rows = ids[2 * mesh["dp"].get_local_rank():][:2]
+    batch = shard_batch(gen, rows, labels=rows)
+    loss = batch.loss(gen(**batch.inputs).logits, dp_group=mesh["dp"].get_group())
+    (loss * dp_cp.size()).backward()
+    logits = ref(input_ids=ids).logits
+    ref_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    ref_loss.backward()
+    ref_params = dict(ref.named_parameters())
+    grad = max(float((p.grad.full_tensor() - ref_params[n].grad).abs().max())
+               for n, p in gen.named_parameters())
+    for opt in opts:
+        opt.step()
+    worst = max(float((p.full_tensor() - ref_params[n]).abs().max())
+                for n, p in gen.named_parameters())
+    return {"param": worst, "grad": grad, "loss": float(batch.total(loss, mesh["dp"].get_group())),
+            "ref_loss": float(ref_loss), "source_axes": [len(p) for p, _ in info.values()][:1]}
+
+
+def cp_suite(cases: list[tuple], fsdp: tuple[str, str]) -> dict[str, Any]:
+    """:func:`cp_parity_cases` then :func:`fsdp_cp_step` in one spawn (one process start)."""
+    out = cp_parity_cases(cases)
+    try:
+        out["fsdp"] = fsdp_cp_step(*fsdp)
+    except Exception as exc:
+        import traceback
+
+        out["fsdp"] = {"error": "".join(traceback.format_exception(exc))[-2500:]}
+    return out

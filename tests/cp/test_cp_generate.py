@@ -84,22 +84,26 @@ def test_bad_options_are_usage_errors() -> None:
 
 
 def test_cli_generates_verifies_and_inspects(tmp_path) -> None:
+    import io
+
+    from hpcodegen.inspect.options import InspectOptions
+    from hpcodegen.inspect.run import run_inspect
+    from hpcodegen.verify import run_verify
+
     out = tmp_path / "art"
     run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
                           str(CONFIGS / "mistral_swa"), "--tp", "2", "--cp", "2",
                           "--cp-layout", "contiguous", "-o", str(out)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert run.returncode == 0, run.stderr
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", str(out),
-                          "--hf-config", str(CONFIGS / "mistral_swa")],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "inspect-plan", str(out),
-                          "--hf-config", str(CONFIGS / "mistral_swa"), "--batch", "2",
-                          "--seq", "64", "--dtype", "fp32", "--json"],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert run.returncode == 0, run.stderr
-    volume = json.loads(run.stdout)["volume"]
+    assert _meta(out)["parallel_dims"]["cp_layout"] == "contiguous"
+    assert run_verify([out], hf_config=CONFIGS / "mistral_swa", stdout=io.StringIO()) == 0
+    text = io.StringIO()
+    code = run_inspect(InspectOptions(path=str(out), hf_config=str(CONFIGS / "mistral_swa"),
+                                      batch=2, seq=64, dtype="fp32", as_json=True),
+                       out=text, err=io.StringIO())
+    assert code == 0
+    volume = json.loads(text.getvalue())["volume"]
     kv = [c for c in volume["by_collective"] if c["axis"] == "cp" and c["dim"] == 2]
     # 2 layers x (K, V): [2 batch, 2 kv heads / tp 2, 64 seq, 16 head_dim] fp32, ring 1/2
     per_op = 0.5 * 2 * 1 * 64 * 16 * 4
