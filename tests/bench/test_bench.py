@@ -96,6 +96,8 @@ def test_interleaved_timings_pair_rounds_and_shuffle_the_order() -> None:
 
 
 LAST_LINES = {
+    "cp.py": r"cp: balance_headtail=\d+\.\d{3} balance_contiguous=\d+\.\d{3} "
+             r"kv_bytes_vs_expanded=\d+\.\d{3} activation_bytes_cp2_vs_cp1=\d+\.\d{3}",
     "install_time.py": r"install_time: s_64_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
     "forward_overhead.py": r"forward_overhead: vs_parallelize_module=\d+\.\d\d "
                            r"vs_handwritten=\d+\.\d\d vs_hf_floor=\d+\.\d\d "

@@ -117,7 +117,7 @@ def test_kv_at_their_head_count_and_mask_rows(cp_artifact, fake_world) -> None:
     batch = shard_batch(model, torch.randint(0, 256, (2, 32)))
     model(**batch.inputs)
     assert seen == [((2, 4, 16, 8), (2, 1, 32, 8), (2, 1, 32, 8), (2, 1, 16, 32),
-                     torch.bool)] * 2
+                     torch.float32)] * 2
     # the source info leaves cp to FSDP2: placements over tp, on the tp submesh
     placements, mesh = info["model.layers.0.self_attn.q_proj.weight"]
     assert len(placements) == 1 and mesh.mesh_dim_names == ("tp",)

@@ -16,7 +16,9 @@ config copy carries it, :mod:`.context`), in both of transformers' own extension
   positions against every gathered key's global position, with the batch's padding and,
   where the model asked transformers for it, its packed documents (transformers' own
   padding and packed-sequence functions, fed the gathered global tensors): the rows of
-  the global mask this rank needs, ``[B, 1, S_local, S]`` booleans, never ``S x S``.
+  the global mask this rank needs, ``[B, 1, S_local, S]``, never ``S x S``; returned
+  additive (0 kept, ``-inf`` masked: torch's own reading of a boolean mask), once per
+  forward and mask kind, so every layer shares one tensor.
 """
 
 from __future__ import annotations
@@ -54,9 +56,30 @@ def eager_kernel(module: Any) -> Callable[..., Any]:
 
 
 def sdpa_kernel() -> Callable[..., Any]:
+    """transformers' SDPA function; on CPU with fewer kv heads than query heads, torch's
+    SDPA with ``enable_gqa`` instead (:func:`sdpa_gqa_cpu`)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward
+    def hpcodegen_cp_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
+        if query.device.type == "cpu" and key.shape[1] != query.shape[1] \
+                and kwargs.get("softcap") is None and not kwargs.get("output_attentions"):
+            return sdpa_gqa_cpu(query, key, value, attention_mask, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return hpcodegen_cp_sdpa
+
+
+def sdpa_gqa_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+                 **_: Any) -> tuple[torch.Tensor, None]:
+    """What transformers' SDPA function computes for a masked call, with K/V kept at their
+    kv-head count (``enable_gqa``): transformers expands them first (``repeat_kv``) because a
+    masked GQA call falls back to the math kernel on CUDA; torch's CPU kernel takes it, and
+    its backward then keeps the gathered K/V unexpanded (a quarter of the bytes at 4:1)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        is_causal=False, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
 
 
 class CPAttention:
@@ -81,9 +104,10 @@ class CPAttention:
                                    "the model passes its own position bias to attention; it "
                                    "is built for the local sequence and cannot be offset")])
         key, value = self.gather(key), self.gather(value)
-        if self.eager and attention_mask is not None and attention_mask.dtype == torch.bool:
-            zero = torch.zeros((), dtype=query.dtype, device=query.device)
-            attention_mask = torch.where(attention_mask, zero, torch.finfo(query.dtype).min)
+        if self.eager and attention_mask is not None:
+            # transformers' eager convention: the dtype's minimum, not -inf (a fully masked
+            # row then averages every value, as the unsharded eager model does)
+            attention_mask = attention_mask.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)
         return self.kernel(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -122,7 +146,8 @@ def mask_function(state: CPState) -> Callable[..., Any]:
 
     def hpcodegen_cp_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
                           kv_offset: int = 0, mask_function: Callable[..., Any] | None = None,
-                          use_vmap: bool = False, **_: Any) -> torch.Tensor:
+                          use_vmap: bool = False, dtype: torch.dtype = torch.float32,
+                          **_: Any) -> torch.Tensor:
         view = _view(state)
         local = view.q_index.shape[0]
         if use_vmap:
@@ -145,8 +170,13 @@ def mask_function(state: CPState) -> Callable[..., Any]:
         device = view.q_index.device
         b = torch.arange(batch_size, device=device)[:, None, None, None]
         h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-        mask = fn(b, h, view.q_index[None, None, :, None], view.kv_index[None, None, None, :])
-        return mask.expand(batch_size, 1, local, view.kv_index.shape[0])
+        keep = fn(b, h, view.q_index[None, None, :, None], view.kv_index[None, None, None, :])
+        # torch's own reading of a boolean mask (0 kept, -inf masked), made once per forward
+        # and mask kind: every layer's kernel shares it (SDPA would convert a boolean mask
+        # per call and keep each copy for the backward)
+        zero = torch.zeros((), dtype=dtype, device=device)
+        additive = torch.where(keep, zero, float("-inf"))
+        return additive.expand(batch_size, 1, local, view.kv_index.shape[0])
     return hpcodegen_cp_mask
 
 
