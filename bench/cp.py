@@ -13,8 +13,13 @@ Three measurements of hpcodegen's CP runtime, each against its alternative in on
    system's order: expand, then gather).
 3. **activation bytes**: bytes the autograd graph saves for the backward on one rank during
    a forward (``saved_tensors_hooks``, each storage counted once) at cp 2 over cp 1, same
-   model, same tp (1), same global batch. Both arms run on torch's fake process group (one
-   process; collectives return shaped tensors), so only the sharding differs.
+   model (8 layers, hidden 512, 8 heads, 2 kv heads), same tp (1), same global batch. Both
+   arms run on torch's fake process group (one process; collectives return shaped
+   tensors), so only the sharding differs. Every per-token activation halves; what a cp
+   rank keeps beyond that is its mask rows (one ``S/cp x S`` tensor per forward, shared by
+   the layers) and each layer's gathered K/V (the whole sequence at the kv-head count), so
+   the ratio is ``0.5 + (mask + K/V) / activations``: it falls toward 0.5 as the layers
+   widen or deepen.
 
 Run: ``python bench/cp.py [--quick]``; the last line is
 ``cp: balance_headtail=... balance_contiguous=... kv_bytes_vs_expanded=... activation_bytes_cp2_vs_cp1=...``.
@@ -148,7 +153,7 @@ def saved_bytes(model: Any, ids: Any) -> int:
 def activation_ratio(work: Path, seq: int) -> tuple[float, int, int]:
     import torch
 
-    config = common.tiny_llama_config(4, hidden=256, heads=8, kv_heads=2, vocab=256)
+    config = common.tiny_llama_config(8, hidden=512, heads=8, kv_heads=2, vocab=256)
     config["max_position_embeddings"] = seq
     ids = torch.randint(0, 256, (1, seq), generator=torch.Generator().manual_seed(0))
     one = saved_bytes(_parallel(config, 1, work)[0], ids)
