@@ -21,8 +21,8 @@ Three measurements of hpcodegen's CP runtime, each against its alternative in on
    the ratio is ``0.5 + (mask + K/V) / activations``: it falls toward 0.5 as the layers
    widen or deepen.
 
-Run: ``python bench/cp.py [--quick]``; the last line is
-``cp: balance_headtail=... balance_contiguous=... kv_bytes_vs_expanded=... activation_bytes_cp2_vs_cp1=...``.
+Run: ``python bench/cp.py [--quick]``; the last line is ``cp: balance_headtail=...
+balance_contiguous=... kv_bytes_vs_expanded=... activation_bytes_cp2_vs_cp1=...``.
 """
 
 from __future__ import annotations
