@@ -99,8 +99,9 @@ def _records(meta: Mapping[str, Any]) -> Iterator[tuple[int, str, Mapping[str, A
         if not isinstance(record, Mapping):
             continue
         match = record.get("match")
-        for fqn in [match] if isinstance(match, str) else list(match or ()):
-            if isinstance(fqn, str):
+        fqns = [match] if isinstance(match, str) else match if isinstance(match, list) else []
+        for fqn in fqns:
+            if isinstance(fqn, str):  # other shapes are the schema check's findings
                 yield i, fqn, record
 
 

@@ -132,6 +132,33 @@ def kv_backward_steps(t: KVTransition) -> tuple[Step, ...]:
     return redistribute_steps((grad,), (t.src,), (CP,))
 
 
+def injection_kv(injection: Any) -> tuple[KVTransition, ...]:
+    """:func:`kv_transitions` of a typed :class:`~hpcodegen.plan.types.Injection` (the
+    runtime reads the loader's Plan; verify and inspect-plan read unverified dicts)."""
+    src, dst = injection.inner_in_src, injection.inner_in_dst
+    if src is not None or dst is not None:
+        src, dst = src or {}, dst or {}
+        return tuple(KVTransition(n, (src.get(n) or {}).get(CP, REPLICATE),
+                                  (dst.get(n) or {}).get(CP, REPLICATE), True)
+                     for n in sorted(set(src) | set(dst)))
+    wrapper = injection.inner_wrapper
+    name = getattr(wrapper, "path", wrapper)
+    if name in CP_WRAPPER_NAMES:
+        return tuple(KVTransition(n, Shard(KV_SEQ_DIM), REPLICATE, False) for n in KV_NAMES)
+    return ()
+
+
+def plan_cp_attention(plan: Any) -> list[str]:
+    """The module FQNs of a typed Plan whose injection has a K/V transition over cp."""
+    return sorted(fqn for fqn, record in plan.injections_by_fqn().items()
+                  if injection_kv(record))
+
+
+def plan_cp_layout(plan: Any) -> str:
+    """The typed Plan's ``cp_layout`` (contiguous when absent)."""
+    return plan.dims.cp_layout or CONTIGUOUS
+
+
 def cp_injections(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``{module FQN: injection record}`` of the records with a K/V transition over cp."""
     return {fqn: record for fqn, record in expand_injections(meta).items()
@@ -199,7 +226,7 @@ def causal_work(seq: int, cp: int, layout: str) -> list[int]:
 
 __all__ = ["CONTIGUOUS", "CP", "CP_WRAPPER_NAMES", "HEADTAIL", "KV_NAMES", "KV_SEQ_DIM",
            "LAYOUTS", "KVTransition", "causal_work", "cp_injections", "cp_layout", "cp_size",
-           "gathered_order", "is_cp_wrapper", "kv_backward_steps", "kv_forward_steps",
-           "kv_gather_bytes",
-           "kv_transitions", "layout_chunks", "rank_positions", "rank_ranges",
+           "gathered_order", "injection_kv", "is_cp_wrapper", "kv_backward_steps",
+           "kv_forward_steps", "kv_gather_bytes", "kv_transitions", "layout_chunks",
+           "plan_cp_attention", "plan_cp_layout", "rank_positions", "rank_ranges",
            "wrapper_name"]

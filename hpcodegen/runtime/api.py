@@ -204,24 +204,24 @@ def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]]
                 setattr(module, target, result)
 
 
-def _install_cp(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
-    """Context parallelism on a live cp axis (:mod:`hpcodegen.runtime.cp.context`): before
-    the injections bind, so each attention's ``inner_wrapper`` finds the cp state. A plan
-    without a K/V transition over cp (the sequence moved at its own boundaries) gets none;
-    a frozen cp plan without one never gets here (verify's ``plan.cp_no_attention``)."""
-    from hpcodegen.plan.cp import cp_injections, cp_layout
+def _install_cp(model: nn.Module, plan: Any, active: ActiveMesh) -> None:
+    """Context parallelism on a live cp axis (:mod:`hpcodegen.runtime.cp.context`), read
+    from the loader's typed Plan: before the injections bind, so each attention's
+    ``inner_wrapper`` finds the cp state. A plan without a K/V transition over cp (the
+    sequence moved at its own boundaries) gets none; a frozen cp plan without one never
+    gets here (verify's ``plan.cp_no_attention``)."""
+    from hpcodegen.plan.cp import plan_cp_attention, plan_cp_layout
     from hpcodegen.runtime.cp.context import install_context_parallel
 
-    attention = sorted(cp_injections(meta))
-    if not attention:  # the plan handles cp at its boundaries itself (verify's cp rules)
+    attention = plan_cp_attention(plan)
+    if not attention:
         return
     import torch.distributed as dist
 
     group = active.cp_group()
-    dims = meta.get("parallel_dims") or {}
-    sp = dims.get("sequence_parallel") is True and TP in active.axes
+    sp = plan.dims.sequence_parallel is True and TP in active.axes
     install_context_parallel(model, attention, group, active.cp_size, dist.get_rank(group),
-                             cp_layout(meta), active.tp_size if sp else 1)
+                             plan_cp_layout(plan), active.tp_size if sp else 1)
 
 
 def _partial_grad_fqns(meta: Mapping[str, Any]) -> list[str]:
@@ -313,13 +313,13 @@ def parallelize_from_generated(model: nn.Module, mesh_context: Any,
     if active.degenerate and expert is None:
         _warn_without_plan_axes(meta, context)
         return {}
-    return _execute(model, meta, active, handlers, injections, records, expert)
+    return _execute(model, meta, active, handlers, injections, records, expert, loaded.plan)
 
 
 def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
              handlers: Mapping[str, Any], injections: Mapping[str, Any],
              records: Mapping[str, Mapping[str, Any]],
-             expert: ExpertMesh | None = None) -> SourceInfo:
+             expert: ExpertMesh | None = None, plan: Any = None) -> SourceInfo:
     """Phases A, B, D, C in the reference's order.
 
     D (tying) follows A because sharding replaced each parameter object; C comes last so
@@ -339,7 +339,9 @@ def _execute(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
     _bind_token_gather(model, meta, records, active)
     if CP in active.axes:
-        _install_cp(model, meta, active)
+        from hpcodegen.plan.codec import plan_from_meta
+
+        _install_cp(model, plan if plan is not None else plan_from_meta(meta), active)
     _bind_injections(model, injections, records)
     if TP in active.axes:
         install_grad_allreduce(model, _partial_grad_fqns(meta), active.tp_group())
