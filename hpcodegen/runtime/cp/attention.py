@@ -163,6 +163,12 @@ def mask_function(state: CPState) -> Callable[..., Any]:
                 "without a cache", hint="run training / prefill forwards without a cache")])
         fn = mask_function
         packed, state.packed_requested = state.packed_requested, False
+        if packed and view.unreadable_positions:
+            raise PlanError([error(
+                "runtime.cp_packed_positions", "position_ids",
+                "the model asks for packed-document detection but its position ids are not "
+                "[batch, seq] (multi-section rotary ids): documents cannot be found on the "
+                "whole sequence", hint="pass an attention_mask, or 2-D position ids")])
         if packed and view.documents is not None:
             fn = packed_sequence_compatibility_function(fn, view.positions, view.documents)
         if view.valid is not None:

@@ -92,11 +92,13 @@ def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any) 
     order = state.restore_order(seq, tokens.device)
     if mask is not None:
         view.valid = _gather_rows(mask.to(torch.uint8), state, order).to(torch.bool)
-    elif positions is not None:
+    elif positions is not None and positions.dim() == 2:  # [B or 1, S_local]
         full = _gather_rows(positions.expand(tokens.shape[0], -1), state, order)
         first = full[:, :1] - 1
         view.documents = (torch.diff(full, prepend=first, dim=-1) != 1).cumsum(-1)
         view.positions = full
+    elif positions is not None:
+        view.unreadable_positions = True
     return view
 
 

@@ -32,6 +32,9 @@ class BatchView:
     positions: torch.Tensor | None = None
     documents: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    #: position ids were given but not ``[batch, seq]`` (multi-section rotary ids): packed
+    #: documents cannot be found on the whole sequence
+    unreadable_positions: bool = False
 
 
 @dataclass
