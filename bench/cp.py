@@ -41,7 +41,6 @@ CPS = (2, 4, 8)
 
 def rank_work(seq: int, cp: int, layout: str) -> list[int]:
     """Unmasked causal entries of every cp rank's mask rows, as the runtime builds them."""
-    import torch
     from transformers.masking_utils import causal_mask_function
 
     from hpcodegen.runtime.collectives import Comm
@@ -57,7 +56,6 @@ def rank_work(seq: int, cp: int, layout: str) -> list[int]:
                                     mask_function=causal_mask_function)
         out.append(int((rows == 0).sum()))  # additive: 0 where a score counts
         del rows
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return out
 
 
