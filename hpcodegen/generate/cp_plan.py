@@ -71,6 +71,12 @@ def check_cp_model(model: Any, config: Mapping[str, Any], probe: CPProbe) -> Non
             raise _refuse("generate.cp_cross_attention", fqn,
                           f"its keys ({call.key[2]}) or queries ({call.query[2]}) are not the "
                           f"sequence's own {probe.length} tokens (cross-attention)")
+    if probe.own_mask:
+        raise _refuse("generate.cp_own_mask", probe.own_mask[0],
+                      "the attention hands its kernel another mask than transformers built "
+                      "for the sequence (its own selection of keys folded in, e.g. a "
+                      "sparse-attention indexer): that mask is made from this rank's chunk "
+                      "only")
     if probe.mask_overlay:
         raise _refuse("generate.cp_mask_overlay", "<root>",
                       "the model overlays its own mask function on transformers' masks; it "

@@ -10,8 +10,9 @@ data) on ``(3, L)`` token ids, ``L`` a prime no config field equals, with:
   which modules call it, their K/V shapes and the keyword arguments they pass (a softcap
   needs the eager kernel; a ``position_bias`` is a bias built for the local sequence); the
   model's own kernel still runs;
-* a dispatch mode that flags, *outside* those calls, every op on an activation (a floating
-  tensor that requires grad) that mixes values along a dim of length ``L``: a matmul
+* a dispatch mode that flags, *outside* those calls, every op on a floating tensor (grad or
+  not: a sparse-attention indexer scores keys without one) that mixes values along a dim
+  of length ``L`` (the model gets ``position_ids`` as the cp runtime passes them): a matmul
   contracting it, a convolution sliding over it, a cumulative or reducing op along it, a
   pad/roll/flip shifting it. Those are token mixers CP cannot make exact (recurrent and
   state-space mixers, a time shift, attention computed by the model itself), named with
@@ -56,6 +57,9 @@ class CPProbe:
     mixing: list[tuple[str, str]] = field(default_factory=list)
     #: the model overlays its own mask function (image tokens, ...)
     mask_overlay: bool = False
+    #: attention modules that hand their kernel another mask than transformers built (a
+    #: sparse-attention indexer's selection folded in, ...)
+    own_mask: list[str] = field(default_factory=list)
     #: ``{(fqn, side, name): shape}`` of the boundary values
     shapes: dict[tuple[str, str, str], tuple[int, ...]] = field(default_factory=dict)
     #: the forward failed on fake tensors (data-dependent code): why
@@ -88,7 +92,9 @@ def _mixing_ops() -> Any:
     aten = torch.ops.aten
     contract = {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (1, 2),
                 aten.baddbmm.default: (1, 2)}
-    along = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default}
+    along = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default,
+             aten.topk.default, aten.sort.default, aten.sort.stable, aten.kthvalue.default,
+             aten.argmax.default, aten.argmin.default}
     reduce = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
               aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default,
               aten.logsumexp.default, aten.var.correction, aten.prod.dim_int}
@@ -98,7 +104,7 @@ def _mixing_ops() -> Any:
 def _active(t: Any) -> bool:
     import torch
 
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
 def _dims(value: Any, ndim: int) -> list[int]:
@@ -127,7 +133,8 @@ def mixes(func: Any, args: tuple, kwargs: Mapping[str, Any], length: int,
             return f"{name} slides over the sequence"
     elif func in along or func in reduce:
         x = args[0]
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        at = 2 if func in (aten.topk.default, aten.kthvalue.default) else 1  # (x, k, dim)
+        dim = args[at] if len(args) > at else kwargs.get("dim", -1 if at == 2 else None)
         if _active(x) and any(x.shape[d] == length for d in _dims(dim, x.dim())):
             return f"{name} along the sequence"
     elif func in (aten.constant_pad_nd.default, aten.roll.default, aten.flip.default):
@@ -147,6 +154,8 @@ class _Recorder:
         self.stack: list[str] = []
         self.inside = 0
         self.result = CPProbe(length)
+        #: the masks transformers built in this forward
+        self.masks: list[Any] = []
 
     def where(self) -> str:
         return self.stack[-1] if self.stack else ""
@@ -156,8 +165,12 @@ def _on_call(rec: _Recorder) -> Any:
     from contextlib import contextmanager
 
     @contextmanager
-    def record(module: Any, query: Any, key: Any, value: Any, kwargs: dict[str, Any]) -> Any:
+    def record(module: Any, query: Any, key: Any, value: Any, kwargs: dict[str, Any],
+               mask: Any = None) -> Any:
         fqn = rec.names.get(id(module), type(module).__name__)
+        if mask is not None and not any(mask is m for m in rec.masks) and \
+                fqn not in rec.result.own_mask:
+            rec.result.own_mask.append(fqn)
         rec.result.attention.setdefault(fqn, AttentionCall(
             tuple(key.shape), tuple(value.shape), tuple(query.shape),
             kwargs.get("softcap") is not None, kwargs.get("position_bias") is not None,
@@ -171,9 +184,10 @@ def _on_call(rec: _Recorder) -> Any:
 
 
 def _on_mask(rec: _Recorder) -> Any:
-    def record(kwargs: dict[str, Any]) -> None:
+    def record(kwargs: dict[str, Any], mask: Any) -> None:
         if kwargs.get("use_vmap"):
             rec.result.mask_overlay = True
+        rec.masks.append(mask)
     return record
 
 
@@ -239,6 +253,20 @@ def _stub_experts(model: Any) -> list[Any]:
     return stubbed
 
 
+def _position_kwargs(model: Any, length: int) -> dict[str, Any]:
+    """``position_ids`` as the cp runtime always passes them (a model's own default, OPT's
+    cumulative sum of the mask, never runs under cp)."""
+    import torch
+
+    try:
+        accepts = "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    device = next((p.device for p in model.parameters()), torch.device("meta"))
+    positions = torch.arange(length, device=device).expand(BATCH, -1)
+    return {"position_ids": positions} if accepts else {}
+
+
 def probe_cp(model: Any, config: Mapping[str, Any], boundaries: Iterable[str]) -> CPProbe:
     """Run the probe forward (module docstring); the model is left as it was."""
     import torch
@@ -259,7 +287,8 @@ def probe_cp(model: Any, config: Mapping[str, Any], boundaries: Iterable[str]) -
             rec.result.implementation = implementation
             ids = torch.zeros((BATCH, length), dtype=torch.long)
             with _dispatch_mode(rec):
-                model(input_ids=ids, **no_cache_kwargs(model))
+                model(input_ids=ids, **_position_kwargs(model, length),
+                      **no_cache_kwargs(model))
     except Exception as exc:  # data-dependent model code: reported as the refusal's reason
         rec.result.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     finally:

@@ -41,7 +41,7 @@ def kernel_of(module: Any, implementation: str | None) -> Callable[..., Any]:
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
                **kwargs: Any) -> Any:
     on_call, _, implementation = _WATCHES[-1]
-    with on_call(module, query, key, value, kwargs):
+    with on_call(module, query, key, value, kwargs, attention_mask):
         return kernel_of(module, implementation)(module, query, key, value, attention_mask,
                                                  **kwargs)
 
@@ -50,10 +50,11 @@ def _mask(*args: Any, **kwargs: Any) -> Any:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     _, on_mask, implementation = _WATCHES[-1]
-    if on_mask is not None:
-        on_mask(kwargs)
     inner = implementation if implementation in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"
-    return ALL_MASK_ATTENTION_FUNCTIONS[inner](*args, **kwargs)
+    mask = ALL_MASK_ATTENTION_FUNCTIONS[inner](*args, **kwargs)
+    if on_mask is not None:
+        on_mask(kwargs, mask)
+    return mask
 
 
 def _register() -> None:
@@ -66,11 +67,12 @@ def _register() -> None:
 
 @contextmanager
 def watch_attention(model: Any, on_call: Callable[..., Any],
-                    on_mask: Callable[[dict[str, Any]], None] | None = None
+                    on_mask: Callable[[dict[str, Any], Any], None] | None = None
                     ) -> Iterator[str | None]:
     """Within the block every attention call first enters ``on_call(module, query, key,
-    value, kwargs)`` (a context manager around the kernel call) and every mask creation
-    calls ``on_mask(kwargs)``; yields the model's configured implementation."""
+    value, kwargs, attention_mask)`` (a context manager around the kernel call) and every
+    mask creation calls ``on_mask(kwargs, mask)`` with the mask it made; yields the model's
+    configured implementation."""
     implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     _register()
     held = [(m, m.__dict__["config"]) for m in model.modules()

@@ -157,7 +157,7 @@ def _run_forward(model: Any, batch: int, seq: int, result: TraceResult | None = 
     names = {id(m): fqn for fqn, m in model.named_modules()}
 
     @contextlib.contextmanager
-    def record(module: Any, _q: Any, key: Any, value: Any, _kw: Any) -> Any:
+    def record(module: Any, _q: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
         fqn = names.get(id(module), "")
         if result is not None:
             result.attention.setdefault((fqn, "key"), tuple(key.shape))
