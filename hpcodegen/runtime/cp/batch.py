@@ -111,8 +111,10 @@ class CPBatch:
                                                 vocab_size=vocab_size,
                                                 ignore_index=self.ignore_index).sum()
         else:
-            total = F.cross_entropy(logits.flatten(0, 1).float(), self.labels.flatten(),
-                                    ignore_index=self.ignore_index, reduction="sum")
+            flat = logits.flatten(0, 1)  # at least float32 (a float64 model keeps its own)
+            flat = flat.to(torch.promote_types(flat.dtype, torch.float32))
+            total = F.cross_entropy(flat, self.labels.flatten(), ignore_index=self.ignore_index,
+                                    reduction="sum")
         count = self.valid_labels(dp_group).to(total.dtype)
         return total / count.clamp(min=1)
 
