@@ -917,7 +917,7 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
               for r in rows if cp_reason(r)]
     lines.append("")
     lines.append("cp2 (dense decoders): "
-                 f"ok={sum(cp_cell(r).startswith('ok (') for r in dense)}/{len(dense)} "
+                 f"ok={sum(cp_cell(r).startswith('ok') for r in dense)}/{len(dense)} "
                  f"refused={sum(cp_cell(r) == 'refused' for r in dense)}")
     lines.append("replicated only (exact, layers not split): "
                  f"dense={count(dense, 'replicated')} moe={count(moe, 'replicated')}")

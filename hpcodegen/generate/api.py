@@ -267,7 +267,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         check_sequence_parallel(plan, classes, moe_blocks)
         check_sp_shapes(model, plan, tp, classes)
     if cp > 1:
-        injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout)
+        injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
     degenerate = unsplit_layers(model, plan, tp, rules_in_use(
         model, hf_rules(model), rules.file if rules is not None else None, recipe))
@@ -294,8 +294,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
 
 
 def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, Any]],
-             injections: list[dict[str, Any]], layout: str | None
-             ) -> tuple[list[dict[str, Any]], str]:
+             injections: list[dict[str, Any]], layout: str | None,
+             classes: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
     """The cp axis on the plan (:mod:`hpcodegen.generate.cp_plan`) and the frozen layout,
     after the probe forward found every attention and no other token mixer."""
     from hpcodegen.generate.cp_probe import probe_cp
@@ -303,7 +303,7 @@ def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, An
     boundaries = [fqn for fqn, entry in plan.items() if is_boundary(entry)]
     probe = probe_cp(model, config, boundaries)
     check_cp_model(model, config, probe)
-    return add_cp_axis(plan, injections, probe), layout or default_layout(probe)
+    return add_cp_axis(plan, injections, probe, classes), layout or default_layout(probe)
 
 
 def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,

@@ -123,18 +123,28 @@ def _kernel(probe: CPProbe, fqn: str) -> str:
 
 
 def add_cp_axis(plan: dict[str, dict[str, Any]], injections: list[dict[str, Any]],
-                probe: CPProbe) -> list[dict[str, Any]]:
+                probe: CPProbe, classes: Mapping[str, str] | None = None
+                ) -> list[dict[str, Any]]:
     """The cp placements on every entry (in place) and the injections with one CP
-    attention record per kernel kind (list ``match``, as the existing system groups them)."""
-    for fqn, entry in plan.items():
+    attention record per kernel kind (list ``match``, as the existing system groups them).
+
+    One class has one generated forward, so its instances get one cp placement per value:
+    the first instance's (sorted FQN). A class called on ``[batch, seq, ...]`` in one place
+    and on flattened tokens in another (a dense MLP reused as MoE shared experts) is
+    identity on cp either way; the placement only names the dim.
+    """
+    chosen: dict[tuple[str, str, str], str] = {}
+    for fqn, entry in sorted(plan.items()):
         for named in (entry.get("params") or {}).values():
             named["cp"] = "R"
         if not is_boundary(entry):
             continue
+        cls = (classes or {}).get(fqn, fqn)
         for key in TRANSITION_FIELDS:
             side = key.split("_")[0]
             for name, named in (entry.get(key) or {}).items():
-                named["cp"] = _seq_placement(probe.shapes.get((fqn, side, name)), probe.length)
+                seen = _seq_placement(probe.shapes.get((fqn, side, name)), probe.length)
+                named["cp"] = chosen.setdefault((cls, key, name), seen)
     taken = {fqn for record in injections for fqn in _matches(record)}
     clash = sorted(taken & set(probe.attention))
     if clash:
