@@ -58,16 +58,29 @@ def _own_config(model: nn.Module) -> Any:
                                "context parallelism needs a transformers model (one with a "
                                "config)")])
     new = copy.deepcopy(old)
-    pairs = {id(old): new}
-    for key, value in vars(old).items():
-        twin = getattr(new, key, None)
-        if hasattr(value, "_attn_implementation") and twin is not None:
-            pairs[id(value)] = twin
+    pairs: dict[int, Any] = {}
+    _pair_configs(old, new, pairs)
     for module in model.modules():
         held = module.__dict__.get("config")
         if held is not None and id(held) in pairs:
             module.config = pairs[id(held)]
     return new
+
+
+def _pair_configs(old: Any, new: Any, pairs: dict[int, Any]) -> None:
+    """``{id(config): its deep copy}`` for ``old`` and every config nested in it (sub-configs,
+    per-layer config lists), walked in parallel with the copy (attributes read from
+    ``vars``: a heterogeneous config refuses some attribute reads)."""
+    if hasattr(old, "_attn_implementation") and id(old) not in pairs:
+        pairs[id(old)] = new
+        for key, value in vars(old).items():
+            _pair_configs(value, vars(new).get(key), pairs)
+    elif isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        for a, b in zip(old, new, strict=False):
+            _pair_configs(a, b, pairs)
+    elif isinstance(old, dict) and isinstance(new, dict):
+        for key, value in old.items():
+            _pair_configs(value, new.get(key), pairs)
 
 
 def _positional_names(model: nn.Module) -> list[str]:

@@ -48,6 +48,12 @@ def _wrap(name: str, module: Any, kernel: str, kwargs: dict[str, Any]) -> None:
         own._attn_implementation = kernel
         module.config = own
         return
+    if getattr(module.config, "_attn_implementation", None) != state.name:
+        raise PlanError([error(
+            "runtime.cp_config", type(module).__name__,
+            f"{name}: the module's config does not name the model's CP attention "
+            f"({state.name!r}): it would attend to its rank's keys only",
+            hint="the attention holds a config the model does not; please report this")])
     from hpcodegen.runtime.cp.attention import CPAttention, eager_kernel, sdpa_kernel
 
     fn = sdpa_kernel() if kernel == "sdpa" else eager_kernel(module)
