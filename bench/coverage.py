@@ -916,9 +916,10 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
     lines += [f"| {r['family']} | {cp_reason(r).replace('|', '/').replace(chr(10), ' ')} |"
               for r in rows if cp_reason(r)]
     lines.append("")
-    lines.append("cp2 (dense decoders): "
-                 f"ok={sum(cp_cell(r).startswith('ok') for r in dense)}/{len(dense)} "
-                 f"refused={sum(cp_cell(r) == 'refused' for r in dense)}")
+    lines.append("cp2: " + ", ".join(
+        f"{name} ok={sum(cp_cell(r).startswith('ok') for r in group)}/{len(group)} "
+        f"refused={sum(cp_cell(r) == 'refused' for r in group)}"
+        for name, group in (("dense", dense), ("moe", moe))))
     lines.append("replicated only (exact, layers not split): "
                  f"dense={count(dense, 'replicated')} moe={count(moe, 'replicated')}")
     lines.append(f"encoder and encoder-decoder families: ok={count(other, 'ok')}/{len(other)} "

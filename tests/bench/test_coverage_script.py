@@ -142,5 +142,5 @@ def test_the_cp2_column_says_ok_refused_or_why(cov: ModuleType) -> None:
     assert [cov.cp_cell(r) for r in (ok, refused, wrong)] == ["ok (2e-07)", "refused", "FAIL"]
     assert cov.cp_reason(ok) == "" and "mixes tokens" in cov.cp_reason(refused)
     text = cov.render([ok, refused, wrong], "5", 1.0)
-    assert "cp2 (dense decoders): ok=1/3 refused=1" in text
+    assert "cp2: dense ok=1/3 refused=1, moe ok=0/0 refused=0" in text
     assert text.rstrip().splitlines()[-1].startswith("coverage: dense_ok=")
