@@ -48,7 +48,7 @@ def _launch(artifact: Path, nproc: int) -> dict:
 @pytest.mark.timeout(300)
 def test_moe_dp2_ep2_cp2(tmp_path) -> None:
     doc = _launch(_artifact(tmp_path, tp=1, sp=False, ep=2, cp=2), 4)
-    assert doc["mesh"] == {"dp": 2, "cp": 2}
+    assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 1}
 
 
 @pytest.mark.world8
