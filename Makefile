@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hpcodegen-installed
 EXAMPLE ?= examples/llama_tp2
 
-.PHONY: venv test demo lint examples check-examples bench clean
+.PHONY: venv test demo lint examples check-examples bench gpu clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: venv
 	$(BIN)/python bench/forward_overhead.py
 	$(BIN)/python bench/install_time.py
 	$(BIN)/python bench/load_memory.py
+
+# the GPU lane (needs CUDA; the cuda tests skip and bench/gpu.py exits 2 elsewhere)
+gpu: venv
+	$(BIN)/python -m pytest -q -m cuda tests/gpu
+	$(BIN)/python bench/gpu.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -473,7 +473,9 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
                 reason = _default_build_error(model_type, class_name) or reason
             row[variant] = {"ok": False, "stage": "generate", "reason": reason}
             continue
-        packaged = "package rules" in text  # also a model_type reusing a family's rules
+        # generate's note naming the file (a warning may mention package rules in a hint);
+        # also a model_type reusing a family's rules
+        packaged = "\npackage rules " in f"\n{text}"
         code, text = _cli(["verify", str(out), "--hf-config", str(cfg)])
         if code != 0:
             row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text)}

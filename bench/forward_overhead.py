@@ -330,9 +330,14 @@ def parse_args() -> argparse.Namespace:
                         help="leave out the torch.compile arms (they take minutes to compile)")
     parser.add_argument("--profile", nargs="+", choices=sorted(ARM_LABELS), default=[],
                         metavar="ARM", help="cProfile these arms' fake-PG forwards too")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="timed rounds (default 150, --quick 30; one warm-up call)")
     args = parser.parse_args()
     args.profiles = []
+    rounds = args.rounds
     args.warmup, args.rounds = (3, 30) if args.quick else (10, 150)
+    if rounds:  # a run that checks the script, not a measurement (tests/bench)
+        args.warmup, args.rounds = 1, rounds
     return args
 
 

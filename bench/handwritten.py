@@ -124,12 +124,15 @@ class HandwrittenLlama:
         var = x.pow(2).mean(-1, keepdim=True)
         return w * (x * torch.rsqrt(var + self.eps))
 
-    def _rope(self, seq: int) -> tuple[Any, Any]:
+    def _rope(self, seq: int, dtype: Any) -> tuple[Any, Any]:
+        """cos/sin in float32 on the weights' device, cast to the activations' dtype (as
+        transformers' rotary embedding returns them)."""
         import torch
 
-        freqs = torch.arange(seq, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        positions = torch.arange(seq, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = positions[:, None] * self.inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos()[None, None], emb.sin()[None, None]
+        return emb.cos()[None, None].to(dtype), emb.sin()[None, None].to(dtype)
 
     @staticmethod
     def _rotate(x: Any, cos: Any, sin: Any) -> Any:
@@ -158,7 +161,7 @@ class HandwrittenLlama:
         outside = (ids < self.vocab_lo) | (ids >= self.vocab_hi)
         h = F.embedding((ids - self.vocab_lo).masked_fill(outside, 0), self.embed)
         h = self.leave(h.masked_fill(outside[..., None], 0.0), self.group)
-        cos, sin = self._rope(ids.shape[1])
+        cos, sin = self._rope(ids.shape[1], h.dtype)
         for layer in self.layers:
             x = self.enter(self._rms(h, layer["ln1"]), self.group)
             h = h + self._attention(x, layer, cos, sin)

@@ -48,18 +48,19 @@ out, mode = sys.argv[1], sys.argv[2]
 if mode == "full-then-shard":
     from safetensors.torch import load_file
     from hpcodegen.hf import load_transformers_config, read_hf_config
-    from hpcodegen.launch.model import model_class, parallelize, resolve_model_dir
+    from hpcodegen.launch.model import checked_artifact, parallelize, resolve_model_dir
     from hpcodegen.launch.rank import init_rank
     ctx = init_rank()
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
     config, _ = read_hf_config(directory)
-    model = model_class(ctx.meta.artifact_dir, config)(load_transformers_config(config))
+    art = checked_artifact(ctx.meta.artifact_dir, config)
+    model = art.model_class()(load_transformers_config(config))
     state = {}
     for f in sorted(directory.glob("*.safetensors")):
         state.update(load_file(str(f)))
     model.load_state_dict(state)
     del state
-    parallelize(model, ctx, model.config)
+    parallelize(model, ctx, art)
     vocab = model.config.vocab_size
 else:
     import hpcodegen.launch

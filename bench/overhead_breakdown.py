@@ -84,8 +84,12 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (development)")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="timed rounds (default 200, --quick 30; one warm-up call)")
     args = parser.parse_args()
     warmup, rounds = (3, 30) if args.quick else (10, 200)
+    if args.rounds:  # a run that checks the script, not a measurement (tests/bench)
+        warmup, rounds = 1, args.rounds
     torch.set_num_threads(1)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcg-breakdown-") as tmp:

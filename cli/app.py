@@ -54,8 +54,9 @@ def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
 
     Library code reports bad input as findings with their own exit codes; a refusal before
     the library call (a missing extra) is reported here, as the envelope under ``--json``.
-    An exception that still escapes is a bug, shown as one line (exit 1) instead of a
-    traceback, unless ``HPCODEGEN_DEBUG`` is set. A closed stdout pipe ends it quietly.
+    An OSError or RecursionError that escapes is about the input or the environment (exit
+    2, naming the file); any other exception is a bug, shown as one line (exit 1) instead
+    of a traceback, unless ``HPCODEGEN_DEBUG`` is set. A closed stdout pipe ends it quietly.
     """
     from hpcodegen.errors import HpcodegenError, error
     from hpcodegen.report.envelope import emit
@@ -73,7 +74,13 @@ def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
         if as_json:
             emit(verb, exc.exit_code, exc.findings, sys.stdout)
         return exc.exit_code
-    except Exception as exc:
+    except (OSError, RecursionError) as exc:
+        if os.environ.get("HPCODEGEN_DEBUG"):
+            raise
+        return _input_problem(verb, exc, as_json)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # a library's BaseException (DCP's CheckpointException) too
         if os.environ.get("HPCODEGEN_DEBUG"):
             raise
         message = f"internal error: {type(exc).__name__}: {exc}"
@@ -83,6 +90,29 @@ def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
             emit(verb, 1, [error("internal.error", "", message,
                                  hint="set HPCODEGEN_DEBUG=1 for the traceback")], sys.stdout)
         return 1
+
+
+def _input_problem(verb: str, exc: BaseException, as_json: bool) -> int:
+    """An OSError (a path too long, a file that vanished, a read-only disk) or input nested
+    beyond Python's recursion limit that no library check turned into a finding: it is
+    about the input or the environment, so it is reported as such (exit 2), not as an
+    internal error."""
+    from hpcodegen.errors import EXIT_USAGE, error
+    from hpcodegen.report.envelope import emit
+    from hpcodegen.report.terminal import fold_text
+
+    if isinstance(exc, OSError):
+        name = exc.filename if isinstance(exc.filename, str) else None
+        shown = name if name is None or len(name) <= 200 else name[:200] + "..."
+        finding = error("input.os_error", "", f"{exc.strerror or type(exc).__name__}"
+                        + (f": {shown}" if shown else ""), file=shown)
+    else:
+        finding = error("input.too_deep", "", "the input is nested too deeply to read",
+                        hint="simplify the input")
+    sys.stderr.write(fold_text(f"hpcodegen {verb}: error: {finding.render()}") + "\n")
+    if as_json:
+        emit(verb, EXIT_USAGE, [finding], sys.stdout)
+    return EXIT_USAGE
 
 
 def _version(value: bool) -> None:

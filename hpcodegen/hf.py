@@ -80,10 +80,19 @@ def structure_value(config: Mapping[str, Any], key: str) -> tuple[str, Any] | No
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+#: Longest Hub id (the Hub allows 96 characters per part).
+MAX_HUB_ID = 200
+
+
 def is_hub_id(ref: str | os.PathLike[str]) -> bool:
     """``org/name`` that is not an existing local path."""
     text = os.fspath(ref)
-    return bool(_HUB_ID.match(text)) and not Path(text).exists() and ".." not in text
+    if len(text) > MAX_HUB_ID or not _HUB_ID.match(text) or ".." in text:
+        return False
+    try:
+        return not Path(text).exists()
+    except OSError:
+        return False
 
 
 def hub_snapshot_dir(repo_id: str) -> Path:
@@ -118,8 +127,12 @@ def resolve_config_path(path: str | os.PathLike[str]) -> Path:
     """A model dir, a ``config.json`` or a cached Hub id (``org/name``) -> the config file;
     InputError when absent."""
     p = resolve_model_dir(path)
-    candidate = p / CONFIG_NAME if p.is_dir() else p
-    if not candidate.is_file():
+    try:
+        candidate = p / CONFIG_NAME if p.is_dir() else p
+        found = candidate.is_file()
+    except OSError:  # a name too long, a loop of links
+        candidate, found = p, False
+    if not found:
         raise InputError([error("config.not_found", str(p), "no HF config found",
                                 expected=f"a {CONFIG_NAME}, a directory holding one, or a "
                                          "Hub id (org/name) in the local HF cache",
@@ -149,7 +162,87 @@ def read_hf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
     if not isinstance(value, dict):
         raise InputError([error("config.not_object", "", "HF config is not a JSON object",
                                 file=str(config_path))])
+    check_config(value, str(config_path))
     return value, config_path
+
+
+#: Sanity bounds on a config's counts and sizes, by the key's ending (at any depth): far
+#: above any real model (the deepest have ~200 layers), low enough that a hostile config
+#: is refused at once instead of building 10^5 layers. Layers and blocks are modules, so
+#: theirs is the tightest bound; sizes only guard against absurd values.
+SIZE_LIMITS: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("layers", "n_layer", "blocks"), 1_024), (("experts",), 65_536),
+    (("heads", "n_head"), 65_536), (("_size", "_dim"), 2**31))
+#: Structure fields that are booleans; the others are counts or sizes (integers).
+BOOL_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias"})
+#: Deepest nesting of sub-configs walked here (transformers' own nest 2-3 deep).
+MAX_CONFIG_DEPTH = 32
+
+
+def _count_limit(key: str) -> int | None:
+    low = key.lower()
+    return next((limit for ends, limit in SIZE_LIMITS if low.endswith(ends)), None)
+
+
+def config_problems(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(JSON pointer, what is wrong)`` for a config no model should be built from: a
+    structure field of the wrong type (``"num_hidden_layers": "2"``, a boolean head count),
+    a count or size beyond :data:`SIZE_LIMITS`, a ``model_type`` that is not a string or
+    ``architectures`` that are not strings. Pure; empty for every real config."""
+    from hpcodegen.errors import pointer
+
+    out: list[tuple[str, str]] = []
+    if "model_type" in config and not isinstance(config["model_type"], str):
+        out.append(("/model_type", "expected a string"))
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        out.append(("/architectures", "expected a list of class names"))
+    stack: list[tuple[tuple[str, ...], Mapping[str, Any]]] = [((), config)]
+    while stack:
+        path, scope = stack.pop()
+        if len(path) > MAX_CONFIG_DEPTH:
+            out.append((pointer(*path), f"sub-configs nested deeper than {MAX_CONFIG_DEPTH}"))
+            continue
+        for key, value in scope.items():
+            where = pointer(*path, key)
+            if isinstance(value, Mapping):
+                stack.append(((*path, str(key)), value))
+            elif key in BOOL_FIELDS:
+                if value is not None and not isinstance(value, bool):
+                    out.append((where, f"{key} is {str(value)[:40]!r}, expected true or false"))
+            elif key in STRUCTURE_FIELDS and not _counts(value):
+                out.append((where, f"{key} is {str(value)[:40]!r}, expected a non-negative "
+                                   "integer"))
+            else:
+                out += _limit_problems(where, str(key), value)
+    return out
+
+
+def _counts(value: Any) -> bool:
+    """None, a non-negative integer, or a list of them (per-layer sizes)."""
+    items = value if isinstance(value, list) else [value]
+    return all(v is None or (type(v) is int and v >= 0) for v in items)
+
+
+def _limit_problems(where: str, key: str, value: Any) -> list[tuple[str, str]]:
+    limit = _count_limit(key)
+    items = value if isinstance(value, list) else [value]
+    big = [v for v in items if type(v) is int and limit is not None and v > limit]
+    if big:
+        return [(where, f"{key} is {big[0]}, more than the sanity limit {limit} for a count "
+                        "or size of this kind")]
+    return []
+
+
+def check_config(config: Mapping[str, Any], file: str | None = None) -> None:
+    """Refuse (InputError, exit 2) a config :func:`config_problems` objects to, before
+    anything is built from it."""
+    problems = config_problems(config)
+    if problems:
+        raise InputError([error("config.bad_value", where, message, file=file,
+                                hint="fix the config; real models stay far below these "
+                                     "limits") for where, message in problems[:5]])
 
 
 def architecture_of(config: Mapping[str, Any]) -> str | None:
@@ -243,6 +336,7 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
     if not model_type:
         raise PlanError([error("config.no_model_type", "/model_type",
                                "HF config has no model_type")])
+    check_config(config)
     try:
         hf_config = AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as exc:
@@ -253,6 +347,13 @@ def load_transformers_config(config: Mapping[str, Any]) -> Any:
         raise PlanError([error("config.unknown_model_type", "/model_type", message,
                                hint="check the config's model_type, or the installed "
                                     "transformers version")]) from None
+    except Exception as exc:  # the config class's own validation (strict dataclass fields)
+        reason = " ".join(str(exc).split())
+        reason = reason if len(reason) <= 240 else reason[:240] + "..."
+        raise PlanError([error("config.model_unbuildable", "",
+                               f"transformers refuses this config ({model_type}): "
+                               f"{type(exc).__name__}: {reason}",
+                               hint="fix the field it names")]) from None
     arch = architecture_of(config)
     import transformers
 

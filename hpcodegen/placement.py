@@ -165,7 +165,8 @@ def resolve_placements(
 ) -> tuple[Placement, ...]:
     """Resolve a named placement over ordered mesh axes (decisions.md, item 4).
 
-    A missing axis is ``R``; keys for axes not in ``axes`` are dropped.
+    A missing axis is ``R``; keys for axes not in ``axes`` are dropped. The leaves are
+    placement strings (a meta's) or placements already parsed (a typed plan's).
 
     Example::
 
@@ -173,9 +174,13 @@ def resolve_placements(
         (Replicate(), Shard(dim=0))
     """
     named = named or {}
-    return tuple(
-        parse_placement(named[axis]) if axis in named else REPLICATE for axis in axes
-    )
+    return tuple(_placement_of(named[axis]) if axis in named else REPLICATE for axis in axes)
+
+
+def _placement_of(value: object) -> Placement:
+    if isinstance(value, (Replicate, Shard, StridedShard, Partial)):
+        return value
+    return parse_placement(value)
 
 
 def format_placements(placements: Sequence[Placement]) -> str:

@@ -55,6 +55,7 @@ BUILTIN_TARGETS: dict[str, str] = {
     "eager_hf": "hpcodegen.runtime.cp.wrappers:eager_hf",
     "hyper_parallel.codegen.inner.sdpa_hf": "hpcodegen.runtime.cp.wrappers:sdpa_hf",
     "hyper_parallel.codegen.inner.sdpa_qkv": "hpcodegen.runtime.cp.wrappers:sdpa_qkv",
+    "sharded_rms_norm": "hpcodegen.runtime.norms:sharded_rms_norm",
 }
 
 #: Top-level packages of the generator that wrote foreign metas: their targets are that

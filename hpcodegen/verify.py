@@ -88,7 +88,7 @@ def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.Pat
     seen: set[str] = set()
     for path in paths:
         p = Path(path)
-        if p.is_file() and (p.name == INIT_NAME or fnmatch(p.name, MODELING_GLOB)
+        if _is_file(p) and (p.name == INIT_NAME or fnmatch(p.name, MODELING_GLOB)
                             or fnmatch(p.name, MODELING_GLOB + ".diff")):
             path = p.parent
         key = os.path.abspath(Path(path).parent if Path(path).name == META_NAME else path)
@@ -96,6 +96,15 @@ def artifact_paths(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.Pat
             seen.add(key)
             out.append(path)
     return out
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a path the OS refuses (a name too long): loading it
+    then reports why."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -108,8 +117,12 @@ def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
     out: list[str] = []
     for path in files:
         p = Path(path)
-        folder = p if p.is_dir() else p.parent
-        if (folder / META_NAME).is_file() and str(folder) not in out:
+        try:
+            folder = p if p.is_dir() else p.parent
+            is_artifact = (folder / META_NAME).is_file()
+        except OSError:  # a name too long: not an artifact's file
+            continue
+        if is_artifact and str(folder) not in out:
             out.append(str(folder))
     return out
 

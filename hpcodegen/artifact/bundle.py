@@ -112,9 +112,10 @@ class BundleTargetError(ValueError):
 
 
 def resolve_target(target: Path) -> Path:
-    """``target``, or the directory it links to (followed deliberately: the link stays)."""
+    """``target`` as an absolute path (``-o .`` has a parent to stage in), or the directory
+    it links to (followed deliberately: the link stays)."""
     target = Path(target)
-    return Path(os.path.realpath(target)) if target.is_symlink() else target
+    return Path(os.path.realpath(target) if target.is_symlink() else os.path.abspath(target))
 
 
 def check_target(target: Path, rendered: Mapping[str, bytes] | None = None) -> None:

@@ -55,7 +55,12 @@ def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
                                 f"not a path: got {type(path).__name__}",
                                 expected=f"a directory holding {META_NAME} (str or PathLike)")])
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except OSError as exc:  # a name too long, a loop of links
+        raise InputError([error("load.bad_path", "", f"unusable path: {exc.strerror or exc}",
+                                file=str(p)[:200])]) from None
+    if is_dir:
         meta = p / META_NAME
         if not meta.is_file():
             raise InputError([error("load.no_meta", str(p),
@@ -63,7 +68,7 @@ def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
                                     hint="run `hpcodegen generate` to create the artifact",
                                     file=str(meta))])
         return meta
-    if p.is_file():
+    if is_file:
         return p
     raise InputError([error("load.not_found", str(p),
                             "no such artifact directory or meta file",

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ShardLayout", "clip_grad_norm_", "export_hf", "materialize", "parameters_on_meta",
-           "resume", "save", "total_grad_norm"]
+__all__ = ["ShardLayout", "clip_grad_norm_", "export_hf", "load_untrusted", "materialize",
+           "parameters_on_meta", "resume", "save", "total_grad_norm"]
 
 _HOMES = {"ShardLayout": "layout", "clip_grad_norm_": "clip", "total_grad_norm": "clip",
           "export_hf": "export", "materialize": "shard_load",
-          "parameters_on_meta": "shard_load", "resume": "dcp_io", "save": "dcp_io"}
+          "parameters_on_meta": "shard_load", "resume": "dcp_io", "save": "dcp_io",
+          "load_untrusted": "dcp_safe"}
 
 
 def __getattr__(name: str) -> Any:

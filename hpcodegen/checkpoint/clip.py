@@ -8,6 +8,9 @@ replicated one contributes once (every rank holds the same values, partial gradi
 reduced by the runtime), and tied parameters count once. The result equals the unsharded
 model's total norm, and the clip coefficient is torch's: ``min(1, max_norm / (total +
 1e-6))``.
+
+``torch.nn.utils.clip_grad_norm_`` itself refuses a parallelized model's sharded
+gradients (:class:`hpcodegen.runtime.shards.ShardGrad`) rather than clip by a wrong norm.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.checkpoint.layout import ShardLayout, splits
+from hpcodegen.checkpoint.layout import ShardLayout
+from hpcodegen.runtime.shards import local_grad, splits
 
 
 def _reduced(value: torch.Tensor, mesh: Any, sharded: tuple[bool, ...],
@@ -32,8 +36,12 @@ def _reduced(value: torch.Tensor, mesh: Any, sharded: tuple[bool, ...],
     return DTensor.from_local(value, mesh, spec, run_check=False).full_tensor()
 
 
-def total_grad_norm(model: nn.Module, layout: ShardLayout, norm_type: float = 2.0) -> torch.Tensor:
+def total_grad_norm(model: nn.Module, norm_type: float = 2.0, *,
+                    layout: ShardLayout | None = None) -> torch.Tensor:
     """The unsharded model's gradient norm, computed from the local shards (collective).
+
+    ``layout`` defaults to the one the runtime recorded on ``model``
+    (:meth:`ShardLayout.of`).
 
     Parameters are grouped by (mesh, axes that split them): one reduction per group, over
     exactly those axes. Every parameter of the layout joins its group whether or not it has
@@ -45,12 +53,13 @@ def total_grad_norm(model: nn.Module, layout: ShardLayout, norm_type: float = 2.
         raise ValueError(f"clip_grad_norm_: norm_type {norm_type} is not supported "
                          "(expected a p > 0, or inf for the max norm)")
     inf = math.isinf(norm_type)
+    layout = layout if layout is not None else ShardLayout.of(model)
     groups: dict[tuple[int, tuple[bool, ...]], tuple[Any, list[torch.Tensor]]] = {}
     for fqn, spec in layout.params.items():
         param = model.get_parameter(fqn)
         key = (id(spec.mesh), tuple(splits(p) for p in spec.placements))
         mesh, norms = groups.setdefault(key, (spec.mesh, []))
-        grad = param.grad
+        grad = local_grad(param)
         if grad is None or not grad.numel():
             norms.append(torch.zeros((), dtype=torch.float32, device=param.device))
         else:  # torch's own per-tensor norm, as torch.nn.utils.get_total_norm takes it
@@ -68,20 +77,23 @@ def total_grad_norm(model: nn.Module, layout: ShardLayout, norm_type: float = 2.
     return torch.stack(parts).sum().pow(1.0 / norm_type)
 
 
-def clip_grad_norm_(model: nn.Module, layout: ShardLayout, max_norm: float,
-                    norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0, *,
+                    layout: ShardLayout | None = None) -> torch.Tensor:
     """Scale every gradient by ``min(1, max_norm / (global norm + 1e-6))``; returns the norm.
+
+    Collective: every rank of the model's mesh calls it.
 
     Example::
 
         loss.backward()
-        clip_grad_norm_(model, layout, 1.0)   # the same as on the unsharded model
+        clip_grad_norm_(model, 1.0)   # the same as torch's on the unsharded model
         optimizer.step()
     """
-    total = total_grad_norm(model, layout, norm_type)
+    layout = layout if layout is not None else ShardLayout.of(model)
+    total = total_grad_norm(model, norm_type, layout=layout)
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
     for fqn in layout.params:
-        grad = model.get_parameter(fqn).grad
+        grad = local_grad(model.get_parameter(fqn))
         if grad is not None:
             grad.detach().mul_(coef.to(grad.device, grad.dtype))
     return total

@@ -54,7 +54,8 @@ def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
     return out
 
 
-def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayout, *,
+def save(directory: str | os.PathLike[str], model: nn.Module,
+         layout: ShardLayout | None = None, *,
          optimizer: torch.optim.Optimizer | None = None, step: int = 0,
          record: Mapping[str, Any] | None = None) -> Path:
     """Write a DCP checkpoint of ``model`` (and ``optimizer``, ``step``) to ``directory``.
@@ -71,8 +72,9 @@ def save(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayou
     """
     import torch.distributed.checkpoint as dcp
 
-    target = Path(directory)
+    target = Path(os.path.abspath(directory))
     check_target(target)
+    layout = layout if layout is not None else ShardLayout.of(model)
     _refuse_strided(layout)
     stage = _new_stage(target)
     try:
@@ -172,7 +174,8 @@ def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: P
                                      "was saved with (any tp and dp)")])
 
 
-def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLayout, *,
+def resume(directory: str | os.PathLike[str], model: nn.Module,
+           layout: ShardLayout | None = None, *,
            optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load a checkpoint saved by :func:`save` (any tp, any dp) into ``model`` in place.
 
@@ -194,6 +197,7 @@ def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLay
     from hpcodegen.checkpoint.integrity import open_checkpoint
 
     path = Path(directory)
+    layout = layout if layout is not None else ShardLayout.of(model)
     _refuse_strided(layout)
     checked = open_checkpoint(path, digests="share")
     metadata = checked.metadata
@@ -211,5 +215,8 @@ def resume(directory: str | os.PathLike[str], model: nn.Module, layout: ShardLay
         raise InputError([error("checkpoint.step", STEP, f"the saved step is {step!r}",
                                 expected="a non-negative integer", file=str(path))])
     if has_optim:
+        from hpcodegen.runtime.state_dict import attach_optimizer
+
+        attach_optimizer(optimizer)  # its state_dict() shows DTensors, as after a step
         optim_state.load_into(optimizer, model, layout, state, path)
     return step

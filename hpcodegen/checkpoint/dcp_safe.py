@@ -227,3 +227,40 @@ def load(state: dict[str, Any], directory: str | Path, metadata: Metadata, *,
                      planner=SafeLoadPlanner(), no_dist=no_dist)
 
     guarded_load(directory, "read", call)
+
+
+def load_untrusted(state_dict: dict[str, Any], checkpoint_id: str | Path) -> None:
+    """``dcp.load(state_dict, checkpoint_id=...)`` for a DCP checkpoint you do not trust
+    (any DCP checkpoint, with or without an hpcodegen record), in place and collective.
+
+    Its metadata is read as plain data (:func:`~hpcodegen.checkpoint.metadata.read_metadata`),
+    every tensor of ``state_dict`` (nested dicts flattened as DCP flattens them) must be in
+    it with its global shape (a floating tensor may convert between floating dtypes, any
+    other needs its own dtype), and the chunks and plain items load through the checking
+    reader and planner.
+
+    Example::
+
+        state = {"model": model.state_dict()}
+        hpcodegen.checkpoint.load_untrusted(state, "downloaded/ckpt")
+        model.load_state_dict(state["model"])
+
+    Raises:
+        InputError: (exit 2) the checkpoint is not plain DCP data or does not fit.
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    from hpcodegen.checkpoint.metadata import read_metadata, tensor_problems
+
+    directory = Path(checkpoint_id)
+    metadata = read_metadata(directory)
+    flat, _ = flatten_state_dict(state_dict)
+    expected = {key: (tuple(value.shape), None if value.is_floating_point() else value.dtype)
+                for key, value in flat.items() if isinstance(value, torch.Tensor)}
+    problems = tensor_problems(metadata, expected)
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise InputError([error("checkpoint.params", str(directory),
+                                "the checkpoint does not hold what is loaded: "
+                                + "; ".join(problems[:3]) + more)])
+    load(state_dict, directory, metadata)

@@ -99,7 +99,7 @@ def export_hf(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *
 
     from hpcodegen.checkpoint.integrity import open_checkpoint
 
-    source, target = Path(checkpoint), Path(out)
+    source, target = Path(checkpoint), Path(os.path.abspath(out))
     checked = open_checkpoint(source, digests="all")
     check_target(target)
     record = checked.record

@@ -35,7 +35,11 @@ def fqn_of(model: nn.Module, layout: ShardLayout) -> dict[int, str]:
 
 def entries(model: nn.Module, layout: ShardLayout,
             optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state as flat DCP items (see the module docstring)."""
+    """The optimizer's state as flat DCP items (see the module docstring); a state the
+    optimizer's own ``state_dict`` already gives as a DTensor (the runtime's hooks,
+    :mod:`hpcodegen.runtime.state_dict`) goes in as it is."""
+    from torch.distributed.tensor import DTensor
+
     fqns = fqn_of(model, layout)
     ordered = [fqns[id(p)] for group in optimizer.param_groups for p in group["params"]]
     sd = optimizer.state_dict()
@@ -44,7 +48,8 @@ def entries(model: nn.Module, layout: ShardLayout,
         fqn = ordered[index]
         local = model.get_parameter(fqn)
         for key, value in state.items():
-            if torch.is_tensor(value) and value.dim() and value.shape == local.shape:
+            if torch.is_tensor(value) and not isinstance(value, DTensor) and value.dim() \
+                    and value.shape == local.shape:
                 value = layout.to_dtensor(fqn, value)
             out[f"{OPTIM}{fqn}.{key}"] = value
     groups = []

@@ -86,8 +86,12 @@ def read_record(directory: str | os.PathLike[str], *, checked: bool = True) -> d
     from hpcodegen.artifact.load import parse_json_text
 
     path = Path(directory) / RECORD_NAME
-    if not Path(directory).is_dir() or not path.exists():
-        raise InputError([error("checkpoint.not_found", str(directory),
+    try:
+        found = Path(directory).is_dir() and path.exists()
+    except OSError:  # a name too long, a loop of links
+        found = False
+    if not found:
+        raise InputError([error("checkpoint.not_found", str(directory)[:200],
                                 f"not an hpcodegen checkpoint (no {RECORD_NAME})",
                                 hint="save one with `hpcodegen launch ... --save DIR`")])
     try:

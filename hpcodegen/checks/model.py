@@ -38,9 +38,11 @@ from hpcodegen.checks.context import (
     SkipCheck,
     as_dict,
     as_list,
+    plan_entries,
     planned_params,
     pointer,
 )
+from hpcodegen.checks.model_derived import input_name_findings, leaf_form_findings
 from hpcodegen.checks.schema import subtree_valid
 from hpcodegen.checks.source import read_modeling_tree
 from hpcodegen.checks.source_scan import kept_attributes, scan_module
@@ -421,7 +423,9 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_divide_attrs(ctx.meta, model, tp, scope),
                     *_coverage(ctx.meta, model, scope),
                     *_divisibility(ctx.meta, model, scope),
-                    *_vocab_parallel(ctx.meta, modules)]
+                    *_vocab_parallel(ctx.meta, modules),
+                    *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
+                    *input_name_findings(plan_entries(ctx.meta), modules, set(replaced))]
         if declared(ctx.meta):
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts

@@ -5,7 +5,9 @@ Placements parse and name known axes; ``mesh_dim_names`` agrees with ``parallel_
 not empty; ``loss_parallel`` is set only where the plan keeps an output vocab-sharded
 (:func:`hpcodegen.plan.loss_parallel.plan_findings`); the cross references
 (``boundary_classes``, injections, handlers, tied pairs, ``frozen_sharded_params``) are
-checked in :mod:`hpcodegen.checks.plan_refs`. Informational findings note a negative
+checked in :mod:`hpcodegen.checks.plan_refs`; what the placements decide (partial
+gradients and outputs, ``tp_rank0_params``, ``ep_size``, executable transitions) in
+:mod:`hpcodegen.checks.plan_derived`. Informational findings note a negative
 ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys the schema does not know
 (allowed, as the reference system ignores them). Injection targets are the ``targets``
 check's (:mod:`hpcodegen.checks.targets`); the context-parallel rules are
@@ -19,6 +21,8 @@ from typing import Any
 
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
 from hpcodegen.checks.cp import check_cp
+from hpcodegen.checks.forms import classified
+from hpcodegen.checks.plan_derived import derived_findings
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
@@ -192,6 +196,9 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     yield from _check_mesh(meta)
     yield from _check_outputs_names(meta)
     yield from check_references(ctx)
+    forms = classified(ctx)
+    if forms is not None:  # None: the fields it reads break the schema (reported there)
+        yield from derived_findings(meta, forms)
     yield from plan_findings(meta, "plan")
     yield from check_cp(meta)
     yield from _check_entrypoint(meta)

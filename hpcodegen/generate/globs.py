@@ -13,12 +13,20 @@ from fnmatch import fnmatchcase
 
 
 def _match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
-    if not pattern:
-        return not parts
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_match(rest, parts[i:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], head) and _match(rest, parts[1:])
+    """Segment-wise match by dynamic programming: ``len(pattern) x len(parts)`` steps
+    whatever the pattern (a recursion over ``**`` would be exponential in their count)."""
+    # reach[j]: the pattern read so far matches parts[:j]
+    reach = [True] + [False] * len(parts)
+    for head in pattern:
+        if head == "**":  # any number of whole segments, zero included
+            for j in range(1, len(parts) + 1):
+                reach[j] = reach[j] or reach[j - 1]
+        else:
+            reach = [False] + [reach[j] and fnmatchcase(parts[j], head)
+                               for j in range(len(parts))]
+        if not any(reach):
+            return False
+    return reach[-1]
 
 
 def fqn_matches(glob: str, fqn: str) -> bool:

@@ -20,7 +20,6 @@ from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.styles import Kind, param_shard, shard
-from hpcodegen.plan.classify import splits_compute
 from hpcodegen.plan.entry import fqn_depth, is_boundary, join_fqn, partial_deferred_biases
 
 SEQ = "S(1)"
@@ -256,8 +255,9 @@ class Lifter:
                     params[name] = {"tp": "R"}
                     if a.kind is not Kind.REPLICATE:
                         partial.append(name)
-            elif a.kind is Kind.LOCAL_PARAMS:
-                continue  # a region's forward already runs on local shards
+            elif a.kind in (Kind.LOCAL_PARAMS, Kind.SHARDED_NORM):
+                continue  # a region's forward already runs on local shards; a split norm
+                # is a boundary of its own (sharded_norm_entry)
             else:
                 raise PlanError([error(
                     "generate.nested_boundary", a.fqn,
@@ -273,6 +273,8 @@ class Lifter:
         self._absorb(fqn, params, deferred, partial, divide)
         module = self.modules[fqn]
         if fqn in self.moe_experts:
+            from hpcodegen.generate.moe_entry import moe_entry
+
             return moe_entry(fqn, module, params, self.sp, once=deferred)
         entry = {"params": params, **transitions(
             first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
@@ -406,6 +408,9 @@ class Lifter:
                     if a.kind in (Kind.REDUCE_OUTPUT, Kind.MOE_EXPERTS) and a.fqn not in regions]
         for fqn in regions:
             self.plan[fqn] = self.region_entry(fqn)
+        for a in self.assign.values():
+            if a.kind is Kind.SHARDED_NORM:
+                self.plan[a.fqn] = sharded_norm_entry(self.modules[a.fqn])
 
         def inside(fqn: str) -> bool:
             return any(relative_to(fqn, r) not in (None, "") for r in regions)
@@ -433,6 +438,15 @@ class Lifter:
                 first_arg(self.modules[fqn]), SEQ, "R", "R", SEQ)}
         return parents
 
+
+
+def sharded_norm_entry(module: Any) -> dict[str, Any]:
+    """A norm over a colwise projection's features, run on this rank's features (weight
+    ``S(0)``, input and output ``S(-1)``); its injected compute sums the squares over tp
+    (:mod:`hpcodegen.runtime.norms`)."""
+    seq = "S(-1)"
+    return {"params": {p: {"tp": "S(0)"} for p in direct_params(module)},
+            **transitions(first_arg(module), seq, seq, seq, seq)}
 
 
 def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
@@ -463,105 +477,6 @@ def not_lookup_only(module: Any) -> str:
     return (f"{type(module).__name__} runs its submodules ({', '.join(children)}) inside its "
             "forward after the lookup; a vocab-parallel split would reduce the partial "
             "lookups only after them, so the output would not be the unsharded one")
-
-
-def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
-              once: list[str] = ()) -> dict[str, Any]:
-    """An ``experts`` region (HF ``moe_tp_experts``): every expert parameter placed (those
-    no rule names replicated) and the transitions of :func:`moe_transitions`.
-
-    When a rule splits the experts over tp, each rank computes a partial output of every
-    expert. A per-expert bias of the row-split projection (``once``: a rowwise rule on an
-    ``[E, n]`` parameter, GPT-OSS's ``down_proj_bias``) is added inside each expert before
-    the routing weight, so it stays whole and only tp rank 0 applies it
-    (``tp_rank0_params``): the reduction counts it once, and its gradient, rank 0's, is
-    all-reduced like any partial one. Any other parameter left whole there would be applied
-    once per rank: refused. With no parameter split the experts compute whole on every tp
-    rank and the output is already replicated (the region then only dispatches over ep).
-
-    Raises:
-        PlanError: a tp-split experts module holds a replicated parameter no rule declares
-            a row-split bias.
-    """
-    own = direct_params(module)
-    for name in own:
-        params.setdefault(name, {"tp": "R"})
-    split = splits_compute({"params": params})
-    whole = sorted(n for n in own if split and params[n].get("tp") == "R" and n not in once)
-    if whole:
-        raise PlanError([error(
-            "generate.moe_replicated_expert_param", f"{fqn}.{whole[0]}",
-            f"{type(module).__name__} is split over tp but {', '.join(whole)} "
-            f"{'is' if len(whole) == 1 else 'are'} left whole: each rank would apply "
-            f"{'it' if len(whole) == 1 else 'them'} to its partial expert output, so the tp "
-            "reduction would count it once per rank; not exact",
-            expected="every expert parameter sharded with the experts, or none",
-            hint="shard it with the experts (colwise on a per-expert vector), declare "
-                 "the row-split projection's bias with a rowwise rule (tp rank 0 adds it), "
-                 "or keep the experts whole over tp (no rule on their parameters)")])
-    entry = {"params": params, **moe_transitions(module, sp, split)}
-    if split and once:
-        entry["tp_rank0_params"] = sorted(once)
-        entry["partial_grad_params"] = sorted(once)
-    elif sp and not split and own:  # whole experts computing this rank's slice of tokens
-        entry["partial_grad_params"] = sorted(own)
-    return entry
-
-
-def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]:
-    """An ``experts`` region (HF ``moe_tp_experts``, ``forward(hidden_states, top_k_index,
-    top_k_weights)``): its transitions.
-
-    Without ``sp`` the hidden states and routing weights arrive replicated; with the compute
-    ``split`` over tp both inputs' gradients are partial and all-reduced in the backward
-    (the classifier's rule for a replicated input of a compute-splitting boundary), as HF's
-    ``MoeExpertsParallel`` does, and the partial output is all-reduced; unsplit, the output
-    is whole on every rank (replicated). The integer expert indices carry no gradient and
-    pass through untouched.
-
-    With ``sp`` every rank routes its own slice of the tokens (routing is per token), so the
-    three inputs arrive sharded on the token dim (``S(1)`` here; generate's token-dim pass,
-    :mod:`hpcodegen.generate.token_dims`, makes it the traced dim). A split compute gathers
-    them (the indices too: ``no_grad_inputs``, an all_gather without backward) and
-    reduce-scatters its partial output back onto the slice, the layout of Megatron's
-    all-gather token dispatcher; unsplit, the experts compute the slice whole (identity).
-    ``--ep`` turns this into the dispatch on the slice (:func:`hpcodegen.generate.experts.
-    shard_experts`).
-
-    Raises:
-        PlanError: with ``sp``, the forward takes no (indices, weights) routing: its rows
-            are not tokens (Llama-4's experts take every token stacked once per expert).
-    """
-    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if sp:
-        return _moe_sp_transitions(module, names[:3], split)
-    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...)
-    names = [names[0], *names[2:3]] if names else names
-    in_src = {name: {"tp": "R"} for name in names}
-    return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
-            "out_src": {"output": {"tp": "P(sum)" if split else "R"}},
-            "out_dst": {"output": {"tp": "R"}},
-            "out_names": ["output"], "is_boundary": True}
-
-
-def _moe_sp_transitions(module: Any, names: list[str], split: bool) -> dict[str, Any]:
-    if len(names) < 3:
-        raise PlanError([error(
-            "generate.moe_sp_unrouted", type(module).__name__,
-            f"{type(module).__name__}.forward({', '.join(names)}) takes no expert indices and "
-            "routing weights: its rows are not one per token (the tokens come stacked once "
-            "per expert, pre-scaled by the router), so sequence parallelism (--sp) cannot "
-            "hand it one rank's slice of the tokens",
-            expected="forward(hidden_states, expert_indices, routing_weights)",
-            hint="generate without --sp")])
-    inner = "R" if split else SEQ
-    return {"in_src": {n: {"tp": SEQ} for n in names},
-            "in_dst": {n: {"tp": inner} for n in names},
-            "out_src": {"output": {"tp": "P(sum)" if split else SEQ}},
-            "out_dst": {"output": {"tp": SEQ}},
-            "out_names": ["output"], "is_boundary": True,
-            "no_grad_inputs": [names[1]]}
 
 
 def _call(model: Any, name: str) -> Any:
@@ -608,20 +523,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
     """Plan every trainable parameter no rule names as replicated (``R``); returns them.
 
     The parameter joins the deepest entry enclosing its module, else a parameter-only entry
-    of its own module. Its gradient is partial over tp, so it is listed in
-    ``partial_grad_params``, where its compute is split: inside an entry that splits compute
-    over tp (:func:`hpcodegen.plan.classify.splits_compute`: every path to its output runs
-    through sharded weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj``
-    and ``down_proj``), or, with ``sp``, anywhere outside a region (each rank only sees its
-    slice of the sequence).
+    of its own module. It is listed in ``partial_grad_params`` where its gradient is partial
+    by :func:`hpcodegen.plan.partial_grads.verdict`, the rule verify checks metas by: inside
+    an entry that splits compute over tp (every path to its output runs through sharded
+    weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj`` and
+    ``down_proj``), or, with ``sp``, on sequence slices (outside a region, or in one whose
+    input is the rank's slice).
 
     Every name of a tied parameter counts (Zamba2's shared blocks tie each weight across
     the hybrid layers' distinct modules): the meta's ``tied_pairs`` name every alias, so
     each must be planned (:func:`hpcodegen.generate.tied.unify_tied_placements` then gives
     them one placement).
     """
-    from hpcodegen.plan.classify import splits_compute
     from hpcodegen.plan.coverage import uncovered
+    from hpcodegen.plan.partial_grads import verdict
 
     planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
                for rel in entry.get("params") or {}}
@@ -636,21 +551,20 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
         else:
             fqn = owner
             entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
-        region = enclosing_boundary(plan, fqn)
-        partial = sp if region is None else splits_compute(plan[region]) or (
-            sp and _sequence_sharded_input(plan[region]))
         rel = relative_to(name, fqn) or name
         entry.setdefault("params", {})[rel] = {"tp": "R"}
-        if partial:
+        if verdict(plan, fqn, rel, sp) != "full":  # the rule verify checks the meta by
             entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
         added.append(name)
     return added
 
 
 def enclosing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
-    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none)."""
-    above = [f for f, e in plan.items() if relative_to(fqn, f) is not None and is_boundary(e)]
-    return max(above, key=fqn_depth) if above else None
+    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none):
+    :func:`hpcodegen.plan.partial_grads.governing_boundary`."""
+    from hpcodegen.plan.partial_grads import governing_boundary
+
+    return governing_boundary(plan, fqn)
 
 
 def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -61,13 +61,13 @@ def load_recipe(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     import yaml
 
     p = Path(path)
+    text = _read_text(p)
     try:
-        text = p.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError([error("recipe.unreadable", "", f"cannot read recipe: {exc}",
-                                file=str(p))]) from None
-    try:
-        data = yaml.load(text, Loader=_unique_key_loader())
+        data = _bounded_load(text, _unique_key_loader())
+    except _TooLarge as exc:
+        raise InputError([error("recipe.too_large", exc.where, str(exc), file=str(p),
+                                hint="a recipe is a short list of rules: split or simplify "
+                                     "it (YAML aliases count once per use)")]) from None
     except _DuplicateKey as exc:
         raise InputError([error("recipe.duplicate_key", exc.where,
                                 f"key {exc.key!r} occurs twice in one mapping (line "
@@ -76,7 +76,113 @@ def load_recipe(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except yaml.YAMLError as exc:
         raise InputError([error("recipe.invalid_yaml", "", f"not valid YAML: {exc}",
                                 file=str(p))]) from None
-    return validate_recipe(data, str(p))
+    rules = validate_recipe(data, str(p))
+    _check_size(rules, str(p))
+    return rules
+
+
+#: Most rules and globs a recipe may hold, and the longest glob: matching costs rules x
+#: globs x modules, so these keep a hostile recipe's work bounded (real ones hold tens).
+MAX_RULES = 2_000
+MAX_GLOBS = 10_000
+MAX_GLOB_CHARS = 1_024
+
+
+def _check_size(rules: Sequence[Mapping[str, Any]], file: str) -> None:
+    globs = [g for rule in rules
+             for g in ([rule["match"]] if isinstance(rule["match"], str) else rule["match"])]
+    long = next((i for i, g in enumerate(globs) if len(g) > MAX_GLOB_CHARS), None)
+    if len(rules) > MAX_RULES or len(globs) > MAX_GLOBS or long is not None:
+        raise InputError([error(
+            "recipe.too_large", "", f"{len(rules)} rules, {len(globs)} globs"
+            + (f", a glob of {len(globs[long])} characters" if long is not None else ""),
+            expected=f"at most {MAX_RULES} rules, {MAX_GLOBS} globs of at most "
+                     f"{MAX_GLOB_CHARS} characters", file=file)])
+
+
+#: Bounds on a recipe, so a hostile file is refused at once instead of hanging ``generate``
+#: (a 342-byte file of nested aliases expands to 10^9 nodes).
+MAX_RECIPE_BYTES = 4 * 2**20
+MAX_DEPTH = 64
+MAX_NODES = 1_000_000
+
+
+class _TooLarge(Exception):
+    def __init__(self, message: str, where: str = "") -> None:
+        super().__init__(message)
+        self.where = where
+
+
+def _read_text(path: Path) -> str:
+    """The recipe's text; InputError for anything but a readable regular file (a FIFO
+    would block), over :data:`MAX_RECIPE_BYTES`, or not UTF-8."""
+    import stat
+
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            raise OSError(f"larger than {MAX_RECIPE_BYTES // 2**20} MiB")
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError([error("recipe.unreadable", "", f"cannot read recipe: {exc}",
+                                file=str(path))]) from None
+
+
+def _bounded_load(text: str, loader_cls: Any) -> Any:
+    """Parse YAML with bounded work: nesting depth at most :data:`MAX_DEPTH` (checked on the
+    event stream, before any recursive step) and at most :data:`MAX_NODES` nodes once every
+    alias is expanded (counted on the composed graph, shared nodes memoized), so an alias
+    bomb is refused without being expanded."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _TooLarge(f"nested deeper than {MAX_DEPTH} levels",
+                                f"line {event.start_mark.line + 1}")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    loader = loader_cls(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_NODES:
+            raise _TooLarge(f"expands to more than {MAX_NODES} values (aliases included)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: Any) -> int:
+    """Nodes of the document with every alias expanded, without expanding it: a node's
+    size is computed once (post-order, iteratively) and shared by its aliases."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            sizes[id(node)] = 1
+            continue
+        if done:
+            sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(c)] for c in children))
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
 
 
 class _DuplicateKey(Exception):

@@ -52,6 +52,10 @@ class Kind(str, Enum):
     #: gradient is partial over tp (HF all-reduces the rope part's gradient instead: the
     #: same sum); outside a region it is refused
     MLA_KV_A = "mla_kv_a"
+    #: an RMS norm over the whole width of a colwise projection, run on the rank's features
+    #: with the sum of squares all-reduced (:mod:`hpcodegen.runtime.norms`); a boundary of
+    #: its own inside the region (never an HF style: the Megatron layouts pass sets it)
+    SHARDED_NORM = "sharded_norm"
 
 
 #: style name -> (kind, shard factor for packed weights, 1 otherwise)

@@ -51,6 +51,7 @@ def summary_json(result: Inspection) -> dict[str, Any]:
         "opaque": [{"kind": k, "target": t, "count": len(fqns), "fqns": fqns}
                    for (k, t), fqns in s.opaque.items()],
         "grad_sync_per_backward": _counts_json(s.grad_sync),
+        "grad_sync_params": s.grad_sync_params,
     }
 
 
@@ -159,8 +160,9 @@ def _summary_lines(result: Inspection) -> list[str]:
     forms = ", ".join(f"{k} {v}" for k, v in sorted(s.forms.items()))
     lines = [f"boundaries per form: {forms}"]
     for (kind, axis, _), n in s.grad_sync.items():
-        lines.append(f"parameter gradient sync (partial_grad_params): {n} {kind}({axis}) "
-                     "per backward, besides the boundary collectives below")
+        lines.append(f"parameter gradient sync (partial_grad_params): {s.grad_sync_params} "
+                     f"parameter(s) summed in {n} flattened {kind}({axis}) per backward (one "
+                     "per parameter dtype), besides the boundary collectives below")
     if s.opaque:
         lines.append("injected callables (their communication is opaque, not predicted):")
         lines.extend(f"  {k}: {t} on {len(fqns)} module(s), e.g. {fqns[0]}"

@@ -145,7 +145,7 @@ def _source_model_type(meta: Mapping[str, Any]) -> Any:
     return source.get("model_type") if isinstance(source, Mapping) else None
 
 
-def _classify(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
+def classify_meta(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
     frozen_axes = active_axes(meta)
     if mesh is None:
         sizes = axis_sizes(meta)
@@ -234,7 +234,7 @@ def readable_view(meta: Mapping[str, Any]) -> tuple[dict[str, Any], list[Finding
 def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     """Steps 2-4 on a loaded meta (no rendering)."""
     meta, ignored = readable_view(loaded.data)
-    result = _classify(meta, opts.mesh)
+    result = classify_meta(meta, opts.mesh)
     result.findings[:0] = ignored
     result.meta_path = str(loaded.meta_path)
     result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]

@@ -18,6 +18,7 @@ from hpcodegen.plan.classify import splits_compute
 from hpcodegen.plan.cp import CP, kv_gather_bytes
 from hpcodegen.plan.entry import axis_sizes, no_grad_inputs, output_index, param_plan
 from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
+from hpcodegen.plan.norms import norm_bytes
 from hpcodegen.plan.predict import takes_token_ids
 from hpcodegen.plan.volume import (
     BoundaryVolume,
@@ -109,6 +110,20 @@ def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Any,
     return out
 
 
+def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
+    """The per-token sum-of-squares all_reduces of a norm split over tp (plan.norms)."""
+    ops = [(d, o) for d, group in (("forward", p.in_ops), ("backward", p.grad_ops))
+           for o in group if o.name == "sum_of_squares"]
+    inputs = [t for t in p.transitions if t.side == "in"]
+    info = trace.tensors.get((p.fqn, "in", inputs[0].name)) if ops and inputs else None
+    if info is None:
+        return []
+    tokens = math.prod(info[0][:-1])
+    nbytes = norm_bytes(tokens, sizes.get("tp", 1))
+    return [OpVolume(d, "in", o.name, o.kind, o.axis or "", None, (*info[0][:-1], 1), nbytes)
+            for d, o in ops]
+
+
 def _volumes(result: Inspection, entries: Any, trace: TraceResult,
              float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
              seq: int = 1) -> dict[str, BoundaryVolume]:
@@ -120,6 +135,7 @@ def _volumes(result: Inspection, entries: Any, trace: TraceResult,
         bv = BoundaryVolume(p.fqn)
         bv.ops.extend(cp_ops)
         bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes, result.sizes, ep))
+        bv.ops.extend(_norm_ops(p, trace, result.sizes))
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
             backward = not (t.side == "in" and (takes_token_ids(p.cls)
@@ -229,3 +245,4 @@ def loss_parallel_saving(result: Inspection, config: Any, opts: InspectOptions,
     added = 3 * ring_factor("all_reduce", n) * batch * seq * 4.0
     return {"heads": result.loss_parallel_heads, "logits_shape": [batch, seq, vocab],
             "gather_bytes_saved": saved, "loss_allreduce_bytes": added}
+

@@ -17,15 +17,17 @@ from hpcodegen.launch.results import (
     STATUS_ENDED,
     STATUS_ERROR,
     STATUS_FAIL,
+    STATUS_KILLED,
     STATUS_LOST,
     STATUS_OK,
+    STATUS_REFUSED,
     RankRecord,
 )
 from hpcodegen.report.terminal import human_bytes
 
 _STYLE = {STATUS_OK: "green", STATUS_FAIL: "red", STATUS_ERROR: "red", STATUS_LOST: "red",
-          STATUS_ENDED: "yellow"}
-_FINAL_LOOKING = (STATUS_LOST, STATUS_ENDED)
+          STATUS_KILLED: "red", STATUS_REFUSED: "red", STATUS_ENDED: "yellow"}
+_FINAL_LOOKING = (STATUS_LOST, STATUS_ENDED, STATUS_KILLED)
 
 
 def _bytes(n: int | None) -> str:

@@ -62,7 +62,7 @@ class Setup:
         """Clip gradients by the unsharded model's global norm; returns that norm."""
         from hpcodegen.checkpoint.clip import clip_grad_norm_
 
-        return clip_grad_norm_(self.model, self.layout, max_norm, norm_type)
+        return clip_grad_norm_(self.model, max_norm, norm_type)
 
     def save(self, directory: str | os.PathLike[str], optimizer: Any = None, *,
              step: int = 0) -> Path:
@@ -76,8 +76,7 @@ class Setup:
                   "artifact": {"name": Path(self.rank.meta.artifact_dir).name,
                                "signature": meta.get("signature"),
                                "parallel_dims": meta.get("parallel_dims")}}
-        return save(directory, self.model, self.layout, optimizer=optimizer, step=step,
-                    record=record)
+        return save(directory, self.model, optimizer=optimizer, step=step, record=record)
 
     def resume(self, directory: str | os.PathLike[str], optimizer: Any = None) -> int:
         """Load a checkpoint saved at any tp and dp in place; returns its step."""
@@ -85,7 +84,7 @@ class Setup:
         from hpcodegen.checkpoint.record import check_same_model, read_record
 
         check_same_model(read_record(directory, checked=False), self.config, directory)
-        return resume(directory, self.model, self.layout, optimizer=optimizer)
+        return resume(directory, self.model, optimizer=optimizer)
 
 
 def setup(*, artifact: str | os.PathLike[str] | None = None,

@@ -29,20 +29,28 @@ def resolve_model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -
     return Path(explicit or env.get(env.MODEL_DIR) or artifact)
 
 
+_ARTIFACTS: dict[tuple[str, str], Any] = {}
+
+
+def checked_artifact(artifact: Path, config: dict[str, Any]) -> Any:
+    """The rank's :class:`hpcodegen.Artifact`, loaded and checked once per artifact and
+    config (the runtime's checks: output hashes included, architecture and signature
+    against ``config``); building and parallelizing reuse it."""
+    import json
+
+    from hpcodegen.runtime.artifact import Artifact
+
+    key = (str(Path(artifact).resolve()), json.dumps(config, sort_keys=True, default=str))
+    if key not in _ARTIFACTS:
+        _ARTIFACTS[key] = Artifact.load(artifact, config,
+                                        allowed_target_prefixes=env.allowed_targets())
+    return _ARTIFACTS[key]
+
+
 def model_class(artifact: Path, config: dict[str, Any]) -> type:
-    """The generated module's model class (``meta.model_class``).
-
-    The module is imported only after the artifact passed the runtime's own checks (output
-    hashes included, architecture against ``config``), through the runtime's loader, so
-    :func:`~hpcodegen.runtime.parallelize_from_generated` later finds the same module.
-    """
-    from hpcodegen.runtime.api import load_verified_meta
-    from hpcodegen.runtime.loader import generated_model_class, import_verified_module
-
-    trusted = env.allowed_targets()
-    loaded = load_verified_meta(artifact, config, allowed_target_prefixes=trusted)
-    module = import_verified_module(loaded, allowed_target_prefixes=trusted)
-    return generated_model_class(loaded.data, module)
+    """The generated module's model class (``meta.model_class``), imported from the checked
+    bytes (:func:`checked_artifact`)."""
+    return checked_artifact(artifact, config).model_class()
 
 
 #: ``--dtype`` names -> torch dtype attribute names.
@@ -54,6 +62,11 @@ def torch_dtype(name: str) -> Any:
     import torch
 
     return getattr(torch, DTYPES.get(name, name))
+
+
+def model_dtype_bytes(name: str) -> int:
+    """Bytes per element of ``--dtype`` (4 for fp32, 2 for bf16 and fp16)."""
+    return int(torch_dtype(name).itemsize)
 
 
 @dataclass
@@ -102,6 +115,12 @@ def _construct(directory: Path, artifact: Path, *, on_meta: bool,
     torch.manual_seed(seed)
     with torch.device("cpu"):
         return cls(hf_config), hf_config, config
+
+
+def build_on_meta(directory: Path, artifact: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The generated class built from ``directory``'s config, every parameter on the
+    meta device: ``(model, transformers config, config dict)``."""
+    return _construct(directory, artifact, on_meta=True, seed=0)
 
 
 def _weights_text(checkpoint: Any, seed: int) -> str:
@@ -157,7 +176,8 @@ def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp3
     shapes = global_shapes(model)
     # the config as written: the artifact's signature hashes its fields, not the defaults
     # and attribute aliases ``PretrainedConfig.to_dict`` adds
-    info, active = parallelize(model, ctx, config)
+    art = checked_artifact(artifact, config)
+    info, active = parallelize(model, ctx, art)
     layout = ShardLayout.from_model(model, shapes, info)
     if on_meta:
         materialize(model, layout, dtype=torch_dtype(dtype), device=ctx.device,
@@ -168,19 +188,18 @@ def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp3
     from hpcodegen.runtime.experts import resolve_expert_mesh
 
     return BuiltModel(model, hf_config, config, weights, layout, active,
-                      resolve_expert_mesh(ctx.meta.data, ctx.mesh))
+                      resolve_expert_mesh(art.plan, ctx.mesh))
 
 
-def parallelize(model: Any, ctx: Any, hf_config: Any) -> tuple[dict[str, Any], Any]:
-    """Install the artifact's plan on ``model``; returns the source info and active mesh."""
-    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+def parallelize(model: Any, ctx: Any, art: Any) -> tuple[dict[str, Any], Any]:
+    """Install the checked artifact's plan on ``model``; returns the source info and the
+    active mesh."""
+    from hpcodegen.runtime import MeshContext
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     context = MeshContext(device_mesh=ctx.mesh)
-    info = parallelize_from_generated(model, context, ctx.meta.artifact_dir,
-                                      hf_config=hf_config,
-                                      allowed_target_prefixes=env.allowed_targets())
-    return info, resolve_active_mesh(ctx.meta.data, context)
+    info = art.install(model, context)
+    return info, resolve_active_mesh(art.plan, context)
 
 
 def sliding_window_of(hf_config: Any) -> int | None:

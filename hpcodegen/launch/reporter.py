@@ -16,6 +16,7 @@ from hpcodegen.launch.results import (
     STATUS_ERROR,
     STATUS_FAIL,
     STATUS_OK,
+    STATUS_REFUSED,
     RankRecord,
     write_record,
 )
@@ -57,6 +58,10 @@ class RankReporter:
         """Final state: ``ok``, or ``fail`` with the failed check's message."""
         self.update(status=STATUS_FAIL if failure else STATUS_OK, phase="done",
                     error=failure)
+
+    def refuse(self, reason: str) -> None:
+        """Final state ``refused``: the job cannot run as asked (its memory check)."""
+        self.update(status=STATUS_REFUSED, phase="refused", error=reason)
 
     def fail_with(self, exc: BaseException, script: str | None = None) -> None:
         """Final state ``error`` with ``Type: first line of the message`` (and, for a user

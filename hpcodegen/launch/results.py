@@ -25,7 +25,11 @@ STATUS_FAIL = "fail"
 STATUS_ERROR = "error"
 STATUS_LOST = "lost"
 STATUS_ENDED = "ended"
-TERMINAL = frozenset({STATUS_OK, STATUS_FAIL, STATUS_ERROR})
+#: set by the launcher: the rank died of a signal it did not send (the kernel's OOM killer)
+STATUS_KILLED = "killed"
+#: the rank's memory check found the job cannot fit; nothing was built (exit 2)
+STATUS_REFUSED = "refused"
+TERMINAL = frozenset({STATUS_OK, STATUS_FAIL, STATUS_ERROR, STATUS_REFUSED})
 
 
 @dataclass(kw_only=True)
@@ -36,9 +40,10 @@ class RankRecord:
         rank / local_rank / world_size: torchrun's numbering.
         host / pid: where the rank runs (the launcher uses ``pid`` to clean up).
         device: e.g. ``cpu`` or ``cuda:1``.
-        status: running, ok, fail, error; set by the launcher: ``lost`` (the rank ended
-            without a final state) or ``ended`` (the launcher ended it: another rank failed,
-            or the timeout passed).
+        status: running, ok, fail, error, refused (its memory check); set by the launcher:
+            ``lost`` (the rank ended without a final state), ``killed`` (a signal the
+            launcher did not send ended it) or ``ended`` (the launcher ended it: another
+            rank failed, or the timeout passed).
         phase: what the rank is doing (``init``, ``build``, ``parallelize``, ``step 2/3``...).
         error: ``Type: message`` of the exception that ended the rank.
         traceback: for a user script, the tail of the script's own traceback.

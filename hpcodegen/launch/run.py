@@ -163,15 +163,20 @@ def run_launch(opts: LaunchOptions) -> int:
 
 def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
              job_env: dict[str, str], run_dir: Path, logs: Path) -> int:
+    from hpcodegen.launch.memory import oom_kills
+
     live = _Progress(opts, layout)
     console_log = logs / "torchrun.log"  # torchrun's banners and tracebacks: never the console
     console_log.parent.mkdir(parents=True, exist_ok=True)
+    oom_before = oom_kills()
     with live:
         outcome = run_job(argv, {**os.environ, **job_env}, run_dir=run_dir,
                           expected=opts.nproc, timeout=opts.timeout, console_log=console_log,
                           script_stdout=bool(opts.script), keep_stdout=not opts.json,
                           on_update=live.update)
-    code, message = verdict(outcome, opts, logs, run_dir, console_log)
+    oom_after = oom_kills()
+    oom = oom_after - oom_before if oom_before is not None and oom_after is not None else None
+    code, message = verdict(outcome, opts, logs, run_dir, console_log, oom)
     # a passing job's scratch dir is removed (unless --log-dir): never report a deleted path
     keep = code != EXIT_OK or opts.log_dir is not None
     if not keep:

@@ -3,17 +3,20 @@
 Steps, in order (each is a ``phase`` the launcher shows):
 
 1. ``init``: device, process group, mesh (:func:`rank.init_rank`).
-2. ``build``: the model, parallelized, each rank reading only its shards of the
+2. ``memory check``: the model built and installed on the meta device, each rank's peak
+   estimated and compared with its node's and device's free memory; if any rank cannot
+   fit, every rank stops here, status ``refused`` (:mod:`hpcodegen.launch.preflight`).
+3. ``build``: the model, parallelized, each rank reading only its shards of the
    safetensors weights (or a seeded init, or empty shards for ``--resume``); with parity,
    the unsharded reference is built from the same weights. With ``--compile``,
    :func:`hpcodegen.runtime.compile.compile_parallelized` after the install.
-3. ``resume``: with ``--resume DIR``, model, optimizer and step from the DCP checkpoint
+4. ``resume``: with ``--resume DIR``, model, optimizer and step from the DCP checkpoint
    (saved at any tp and dp); the reference loads it too.
-4. ``forward``: one timed forward of the synthetic batch.
-5. ``parity``: logits and every parameter's gradient against the reference.
-6. ``step k/K``: AdamW steps (``--max-grad-norm``: clipped by the global norm); with parity
+5. ``forward``: one timed forward of the synthetic batch.
+6. ``parity``: logits and every parameter's gradient against the reference.
+7. ``step k/K``: AdamW steps (``--max-grad-norm``: clipped by the global norm); with parity
    the reference steps identically (clipped by torch) and losses and norms are compared.
-7. ``save``: with ``--save DIR``, a DCP checkpoint of model, optimizer and step.
+8. ``save``: with ``--save DIR``, a DCP checkpoint of model, optimizer and step.
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ def _clip(built: BuiltModel, max_norm: float | None) -> float | None:
 
     if built.active is None:
         return float(torch.nn.utils.clip_grad_norm_(built.model.parameters(), max_norm))
-    return float(clip_grad_norm_(built.model, built.layout, max_norm))
+    return float(clip_grad_norm_(built.model, max_norm))
 
 
 def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: int,
@@ -184,8 +187,25 @@ def _resume(directory: str, runs: list[tuple[BuiltModel, Any]], reporter: RankRe
     from hpcodegen.checkpoint.dcp_io import resume
 
     reporter.update(phase="resume")
-    steps = {resume(directory, built.model, built.layout, optimizer=opt) for built, opt in runs}
+    steps = {resume(directory, built.model, optimizer=opt) for built, opt in runs}
     return steps.pop()
+
+
+def _fits(reporter: RankReporter, directory: Path, ctx: RankContext, **job: Any) -> bool:
+    """The memory check; False (and this rank's final state written) when the job is
+    refused: ``refused`` with the figures on a rank that cannot fit, ``ended`` elsewhere."""
+    from hpcodegen.launch.preflight import check_memory
+    from hpcodegen.launch.results import STATUS_ENDED
+
+    reporter.update(phase="memory check")
+    verdict = check_memory(directory, ctx, **job)
+    if verdict.first_refused is None:
+        return True
+    if verdict.refusal is not None:
+        reporter.refuse(verdict.refusal)
+    else:
+        reporter.update(status=STATUS_ENDED, phase=f"rank {verdict.first_refused} cannot fit")
+    return False
 
 
 def run(reporter: RankReporter) -> None:
@@ -197,8 +217,15 @@ def run(reporter: RankReporter) -> None:
     save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
     max_norm = float(env.get(env.MAX_GRAD_NORM)) if env.get(env.MAX_GRAD_NORM) else None
     ctx = init_rank()
-    reporter.update(device=str(ctx.device), phase="build", world_size=ctx.world_size)
+    reporter.update(device=str(ctx.device), world_size=ctx.world_size)
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
+    from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+
+    seeded = not resume_dir and not SafetensorsCheckpoint(directory)
+    if not _fits(reporter, directory, ctx, dtype=dtype, parity=parity_on, steps=steps,
+                 seeded=seeded):
+        return
+    reporter.update(phase="build")
     built = build_parallel_model(directory, ctx, seed, dtype, empty=bool(resume_dir))
     scope = env.get(env.COMPILE)
     if scope:
@@ -242,7 +269,7 @@ def run(reporter: RankReporter) -> None:
         from hpcodegen.checkpoint.dcp_io import save
 
         reporter.update(phase="save")
-        save(save_dir, built.model, built.layout, optimizer=runs[0][1], step=first + steps,
+        save(save_dir, built.model, optimizer=runs[0][1], step=first + steps,
              record=_checkpoint_record(ctx, built))
     reporter.update(parity=parity)
     failure = _failure(parity, tol) if parity is not None else None

@@ -1,10 +1,12 @@
 """From what the ranks reported to one exit code and one line saying why.
 
-Exit 0 only when every expected rank reported ``ok``. Otherwise exit 1 and the line names
-the root cause: the first rank that raised (with its error and log file), or the first rank
-torchrun saw end without a record of its own (its exit code or signal, from torchrun's
-per-rank failure records), a rank whose check failed, ranks that never reported, or the
-timeout. Text from the ranks is shown escaped (one line stays one line).
+Exit 0 only when every expected rank reported ``ok``; exit 2 when a rank's memory check
+refused the job (nothing was built: the request cannot run as asked). Otherwise exit 1 and
+the line names the root cause: the first rank that raised (with its error and log file), or
+the first rank torchrun saw end without a record of its own (its exit code or signal, from
+torchrun's per-rank failure records; a signal makes its row ``killed`` and the line says
+the likely cause), a rank whose check failed, ranks that never reported, or the timeout.
+Text from the ranks is shown escaped (one line stays one line).
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.errors import EXIT_FAILED, EXIT_OK, printable
+from hpcodegen.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, printable
 from hpcodegen.launch.options import LaunchOptions
 from hpcodegen.launch.results import (
     STATUS_ENDED,
     STATUS_ERROR,
     STATUS_FAIL,
+    STATUS_KILLED,
     STATUS_LOST,
     STATUS_OK,
+    STATUS_REFUSED,
     RankRecord,
     first_error,
 )
@@ -75,6 +79,32 @@ def _root_cause(outcome: JobOutcome) -> tuple[dict[str, Any] | None, RankRecord 
     return None, first_error(outcome.records)
 
 
+#: what most often sends a signal that ends a rank, when the launcher did not send it
+LIKELY_CAUSE = {
+    "SIGSEGV": "a crash in native code (an extension, a kernel, the driver)",
+    "SIGBUS": "a bus error, often /dev/shm too small for the ranks' shared memory",
+    "SIGABRT": "an abort in native code (a failed C++ check, NCCL/gloo giving up)",
+    "SIGTERM": "something outside the job ended it (a scheduler, a kill)",
+    "SIGINT": "an interrupt from outside the job",
+    "SIGHUP": "its terminal or session went away",
+}
+
+
+def likely_cause(signal_name: str, oom_kills: int | None) -> str:
+    """Why a signal the launcher did not send most likely ended a rank. For SIGKILL (what
+    the kernel's OOM killer sends) ``oom_kills`` is how many OOM kills the kernel counted
+    during the job (None: its counter is not readable here)."""
+    if signal_name != "SIGKILL":
+        return LIKELY_CAUSE.get(signal_name, "a signal from outside the job")
+    if oom_kills:
+        return (f"out of memory: the kernel's OOM killer killed {oom_kills} process(es) "
+                "during the job (/proc/vmstat oom_kill); see dmesg, and lower the memory "
+                "the job needs (docs/launch.md: memory)")
+    seen = "" if oom_kills is None else " (the kernel counted no OOM kill during the job, " \
+        "so perhaps a kill -9 from outside)"
+    return f"out of memory, the kernel's OOM killer sends SIGKILL{seen}; see dmesg"
+
+
 def _failed_after_ok(outcome: JobOutcome) -> dict[str, Any] | None:
     """torchrun's first failure row of a rank whose own record says ok (it failed in its
     teardown: an exit hook, a process group that did not close)."""
@@ -85,11 +115,29 @@ def _failed_after_ok(outcome: JobOutcome) -> dict[str, Any] | None:
     return None
 
 
-def _how(row: dict[str, Any]) -> str:
+def _how(row: dict[str, Any], oom_kills: int | None = None) -> tuple[str, str]:
+    """``("was killed by signal 9 (SIGKILL)", "; likely cause: ...")`` or
+    ``("exited with code 3", "")``: what torchrun saw, and for a signal why, most likely."""
     code = int(row.get("exitcode", 0))
     if code < 0:
-        return f"was killed by signal {-code} ({row.get('signal') or 'unknown'})"
-    return f"exited with code {code}"
+        name = row.get("signal") or "unknown"
+        return (f"was killed by signal {-code} ({name})",
+                f"; likely cause: {likely_cause(str(name), oom_kills)}")
+    return f"exited with code {code}", ""
+
+
+def _refused(outcome: JobOutcome, expected: int) -> tuple[int, str] | None:
+    """Exit 2 and the line when a rank's memory check refused the job."""
+    refused = [r for _, r in sorted(outcome.records.items()) if r.status == STATUS_REFUSED]
+    if not refused:
+        return None
+    from hpcodegen.launch.memory import HINT
+
+    _mark_lost(outcome, expected)
+    rec = refused[0]
+    outcome.blamed = rec.rank
+    return EXIT_USAGE, (f"refused before building the model: rank {rec.rank} cannot fit: "
+                        f"{printable(rec.error or '')}; hint: {HINT}")
 
 
 def _ended(outcome: JobOutcome) -> str:
@@ -107,8 +155,10 @@ def _pending(records: dict[int, RankRecord]) -> str:
 
 
 def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
-            run_dir: Path, console_log: Path | None = None) -> tuple[int, str]:
-    """``(exit code, one-line message)`` for the finished job."""
+            run_dir: Path, console_log: Path | None = None,
+            oom_kills: int | None = None) -> tuple[int, str]:
+    """``(exit code, one-line message)`` for the finished job; ``oom_kills``: the kernel's
+    OOM kills counted while it ran (None: unknown)."""
     expected = 0 if opts.multi_node else opts.nproc
     keep = "" if opts.log_dir is not None else f"; run files kept in {run_dir}"
     if outcome.interrupted:
@@ -118,6 +168,9 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         console = f"; torchrun output: {console_log}" if console_log else ""
         return EXIT_FAILED, (f"no rank reported (torchrun exit code {outcome.returncode})"
                              f"{console}{keep}")
+    refused = _refused(outcome, expected)
+    if refused is not None:
+        return refused
     if outcome.timed_out:
         pending = _pending(outcome.records)
         _mark_lost(outcome, expected)
@@ -130,11 +183,14 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
         for other, rec in outcome.records.items():
             if other != rank and rec.status == STATUS_LOST:
                 rec.status = STATUS_ENDED  # torchrun ended the others after this rank
+        if rank in outcome.records:  # its own row says what ended it, not "ended"
+            outcome.records[rank].status = STATUS_KILLED \
+                if int(dead.get("exitcode", 0)) < 0 else STATUS_LOST
         outcome.blamed = rank
         log = rank_log(logs, int(dead.get("local_rank", rank)))
         where = f" (log: {log})" if log else ""
-        return EXIT_FAILED, (f"rank {rank} {_how(dead)} before reporting a result{where}"
-                             f"{keep}")
+        how, cause = _how(dead, oom_kills)
+        return EXIT_FAILED, f"rank {rank} {how} before reporting a result{cause}{where}{keep}"
     if failed is not None:
         _mark_lost(outcome, expected)
         outcome.blamed = failed.rank
@@ -150,7 +206,8 @@ def verdict(outcome: JobOutcome, opts: LaunchOptions, logs: Path | None,
     if after is not None:
         rank = int(after["rank"])
         outcome.blamed = rank
-        return EXIT_FAILED, (f"rank {rank} reported ok, then {_how(after)}"
+        how, cause = _how(after, oom_kills)
+        return EXIT_FAILED, (f"rank {rank} reported ok, then {how}{cause}"
                              f"{_where(logs, None, int(after.get('local_rank', rank)))}{keep}")
     if lost or len(outcome.records) < opts.nproc:
         rank = lost[0] if lost else len(outcome.records)

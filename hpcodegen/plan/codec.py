@@ -25,7 +25,7 @@ from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
 from hpcodegen.plan.provenance import OutputDigest, Provenance, Source
 from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Target
 
-__all__ = ["PlanFormatError", "entry_from_json", "plan_from_meta", "plan_to_meta",
+__all__ = ["PlanFormatError", "as_plan", "entry_from_json", "plan_from_meta", "plan_to_meta",
            "render_meta"]
 
 
@@ -189,6 +189,7 @@ _ENTRY: Table = {
     "deferred_bias_params": ("deferred_bias_params", _strs, _list),
     "tp_rank0_params": ("tp_rank0_params", _strs, _list),
     "partial_grad_params": ("partial_grad_params", _strs, _list),
+    "no_grad_inputs": ("no_grad_inputs", _strs, _list),
 }
 _INJECTION: Table = {
     "match": ("match", _match, _write_match),
@@ -346,6 +347,12 @@ def plan_from_meta(meta: Mapping[str, Any]) -> Plan:
 def plan_to_meta(plan: Plan) -> dict[str, Any]:
     """The meta dict of ``plan``; equal to the dict it was parsed from."""
     return {**_write(_PLAN, plan), **_write(_PROVENANCE, plan.provenance)}
+
+
+def as_plan(value: Plan | Mapping[str, Any]) -> Plan:
+    """``value`` when it is a :class:`Plan`, else the Plan of a (checked) meta dict: for
+    callers that still hold the dict while the consumers move to the typed plan."""
+    return value if isinstance(value, Plan) else plan_from_meta(value)
 
 
 def render_meta(meta: Mapping[str, Any], *, final_newline: bool = True) -> bytes:

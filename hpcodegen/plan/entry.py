@@ -182,7 +182,8 @@ def is_vocab_sharded_head(entry: Mapping[str, Any]) -> bool:
         return False
     names = out_names(entry)
     outs = entry.get("out_dst") or entry.get("out_src") or {}
-    out = outs.get(names[0]) if names and isinstance(outs, Mapping) else None
+    out = outs.get(names[0]) if names and isinstance(names[0], str) \
+        and isinstance(outs, Mapping) else None
     params = entry.get("params")
     weight = params.get("weight") if isinstance(params, Mapping) else None
     return _tp_placement(out) == Shard(-1) and _tp_placement(weight) == Shard(0)

@@ -48,6 +48,7 @@ from hpcodegen.plan.entry import (
     takes_token_ids,
 )
 from hpcodegen.plan.moe import dispatch_ops, ep_dispatch_size, gathers_over_tp, is_ep_dispatch
+from hpcodegen.plan.norms import is_sharded_norm
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -149,7 +150,8 @@ def _opaque(injection: Mapping[str, Any] | None, cp_live: bool = False
     out = []
     for key in INJECTED_CALLABLES:
         value = (injection or {}).get(key)
-        if key == "local_compute_fn" and is_ep_dispatch(injection):
+        if key == "local_compute_fn" and (is_ep_dispatch(injection)
+                                          or is_sharded_norm(injection)):
             continue  # hpcodegen's own dispatch: its collectives are predicted (plan.moe)
         if key == "inner_wrapper" and wrapper_name(value) in CP_WRAPPER_NAMES and \
                 (cp_live or not kv_transitions(injection)):
@@ -175,15 +177,16 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                      form: str | None = None,
                      grad_sync: Sequence[str] = (),
                      no_grad: Sequence[str] = (),
-                     dispatch: tuple[bool, bool] = (True, False),
+                     dispatch: tuple[bool, bool, bool] = (True, False, True),
                      cp_live: bool = False) -> BoundaryPrediction:
     """Predict one classified boundary; ``form`` overrides the executed form (re-validation).
 
     ``grad_sync`` are the entry's ``effective_partial_grad_params`` when tp is live (size > 1);
     ``no_grad`` its ``no_grad_inputs`` (integer inputs: no backward op); ``dispatch``, for an
     expert-parallel region, ``(ep live, gathers over tp)`` (:func:`~hpcodegen.plan.moe.
-    dispatch_ops`); ``cp_live``: cp is a live axis, so a CP attention's K/V gathers run (in
-    any form: the wrapper runs inside the module's own forward).
+    dispatch_ops`), then whether tp is live (a split norm's all_reduces); ``cp_live``: cp
+    is a live axis, so a CP attention's K/V gathers run (in any form: the wrapper runs
+    inside the module's own forward).
     """
     form = form or bf.form
     ins, outs = _forward_ops(bf, form)
@@ -193,11 +196,15 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                   if not (t.side == "in" and (takes_token_ids(cls) or t.name in no_grad)))
     if form == "region" and is_ep_dispatch(bf.injection):
         # the dispatch runs between the input and output transitions (plan.moe)
-        forward, backward = dispatch_ops(*dispatch)
+        forward, backward = dispatch_ops(*dispatch[:2])
         ins += tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward if o.side == "in")
         outs = tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward
                      if o.side == "out") + outs
         grads = tuple(PredOp(o.name, o.kind, None, o.axis) for o in backward) + grads
+    if form == "region" and is_sharded_norm(bf.injection) and dispatch[2]:
+        # the split norm sums each token's squares over tp, forward and backward (plan.norms)
+        ins += (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"),)
+        grads = (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"), *grads)
     notes = tuple(t.note for t in bf.transitions if t.note)
     if cp_live:
         kv_fwd, kv_bwd = _cp_ops(bf.injection)
@@ -241,7 +248,7 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
         sync = effective_partial_grad_params(plan.get(fqn)) if tp_live else ()
         no_grad = no_grad_inputs(plan.get(fqn))
         ep = ep_live if ep_live is not None else ep_dispatch_size(bf.injection) > 1
-        dispatch = (ep, tp_live and gathers_over_tp(plan.get(fqn)))
+        dispatch = (ep, tp_live and gathers_over_tp(plan.get(fqn)), tp_live)
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
                sync, no_grad, dispatch)
@@ -285,8 +292,12 @@ class Summary:
     per_backward: dict[tuple[str, str, int | None], int]
     #: ``(kind, target) -> [fqn]``
     opaque: dict[tuple[str, str], list[str]]
-    #: gradient all-reduces of ``partial_grad_params`` per backward (not boundary transitions)
+    #: gradient all-reduces of ``partial_grad_params`` per backward (not boundary
+    #: transitions): one flattened all_reduce on tp for all of them (one per parameter dtype
+    #: at run time; a model in one dtype has one), :mod:`hpcodegen.runtime.grad_buckets`
     grad_sync: dict[tuple[str, str, int | None], int] = field(default_factory=dict)
+    #: how many parameter instances that all_reduce sums
+    grad_sync_params: int = 0
     #: ops torch would refuse (redistribute to Partial), as warnings
     problems: tuple[Finding, ...] = ()
 
@@ -317,7 +328,8 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
             for op in p.in_ops + p.out_ops if op.kind == "invalid")
     return Summary(forms=dict(forms), per_forward=_sorted(fwd), per_backward=_sorted(bwd),
                    opaque=opaque, problems=tuple(problems),
-                   grad_sync={("all_reduce", TP, None): sync} if sync else {})
+                   grad_sync={("all_reduce", TP, None): 1} if sync else {},
+                   grad_sync_params=sync)
 
 
 def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str, int | None], int]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.plan.classify import TP, BoundaryForm, classify_entries
+from hpcodegen.plan.types import Plan
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,15 @@ class FormChange:
                 "effective_form": self.effective_form, "reason": self.reason}
 
 
-def live_plan_axes(meta: Mapping[str, Any], live_axes: Sequence[str]) -> tuple[str, ...]:
+def live_plan_axes(meta: Mapping[str, Any] | Plan, live_axes: Sequence[str]
+                   ) -> tuple[str, ...]:
     """The live axes the plan resolves over: the plan's axes in the live order.
 
-    A meta without ``mesh_dim_names`` (legacy: "use the full mesh") takes every live axis.
+    A meta (or typed plan) without ``mesh_dim_names`` (legacy: "use the full mesh") takes
+    every live axis.
     """
-    frozen = meta.get("mesh_dim_names")
-    if not isinstance(frozen, list):
+    frozen = meta.mesh_dim_names if isinstance(meta, Plan) else meta.get("mesh_dim_names")
+    if not isinstance(frozen, (list, tuple)):
         return tuple(live_axes)
     return tuple(axis for axis in live_axes if axis in frozen)
 
@@ -64,7 +67,7 @@ FSDP_AXES = frozenset({"dp", "dp_replicate", "dp_shard", "pp", "fsdp_replicate",
                        "edp", "edp_replicate", "edp_shard"})
 
 
-def active_plan_axes(meta: Mapping[str, Any], live_axes: Sequence[str],
+def active_plan_axes(meta: Mapping[str, Any] | Plan, live_axes: Sequence[str],
                      live_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The axes the runtime installs the plan over: plan axes, live order, size > 1.
 

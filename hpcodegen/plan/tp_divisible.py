@@ -27,6 +27,7 @@ from typing import Any
 
 from hpcodegen.errors import Finding, Severity, error, warning
 from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.types import PlanEntry
 
 #: config field -> why it must divide tp; a miss is an error
 HEAD_FIELDS: tuple[tuple[str, str], ...] = (
@@ -75,7 +76,8 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
             configs it divides are checked too (:func:`divided_config_findings`).
     """
     found: list[Finding] = []
-    fields = [(k, why, Severity.ERROR) for k, why in HEAD_FIELDS]
+    heads = plan is None or splits_heads(plan)
+    fields = [(k, why, Severity.ERROR) for k, why in HEAD_FIELDS if heads]
     fields += [(k, why, Severity.WARNING) for k, why in SHARDED_FIELDS]
     for key, why, severity in fields:
         if key in unsplit:
@@ -96,6 +98,45 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
     if plan is not None:
         found += divided_config_findings(config, plan, tp, check, where, unsplit)
     return found
+
+
+#: the input projections of an attention, in transformers' names: a plan that shards one
+#: in a boundary that does not gather it back splits heads over tp
+ATTENTION_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value",
+                                   "c_attn", "Wqkv", "q_b_proj", "kv_b_proj", "query", "key",
+                                   "value", "qkv", "W_pack"})
+
+
+def splits_heads(plan: Mapping[str, Any]) -> bool:
+    """Whether the plan splits attention heads over tp, so that the head counts must divide.
+
+    It does when a boundary shards an attention input projection (by transformers' names)
+    and keeps its output split; a projection whose output the same boundary all-gathers
+    (``colwise_gather_output``: Phi-3-medium's fused q|k|v, kept whole because its query
+    and key/value parts cannot be split alike) splits no head. A plan where no such
+    projection is recognised is taken to split heads (the rule as it always was)."""
+    seen = False
+    for fqn, entry in plan.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("params"), Mapping):
+            continue
+        gathers = _gathers_output(entry)
+        for rel, named in entry["params"].items():
+            path = f"{fqn}.{rel}" if fqn else str(rel)
+            parts = path.split(".")
+            if not (set(parts[-2:-1]) & ATTENTION_PROJECTIONS) or not isinstance(named, Mapping):
+                continue
+            seen = True
+            if named.get("tp", "R") != "R" and not gathers:
+                return True
+    return not seen
+
+
+def _gathers_output(entry: Mapping[str, Any]) -> bool:
+    src, dst = entry.get("out_src") or {}, entry.get("out_dst") or {}
+    return isinstance(src, Mapping) and isinstance(dst, Mapping) and any(
+        isinstance(named, Mapping) and named.get("tp") == "S(-1)"
+        and isinstance(dst.get(name), Mapping) and dst[name].get("tp") == "R"
+        for name, named in src.items())
 
 
 #: sub-config stem -> module-name words of the stack it configures (others: the stem itself)
@@ -122,9 +163,13 @@ def _sub_configs(config: Mapping[str, Any], at: str = "", depth: int = 0
 
 
 def _dividing_modules(plan: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
-    """``(module FQN, tp_divide_attrs)`` of every entry that lists some."""
+    """``(module FQN, tp_divide_attrs)`` of every entry that lists some (meta entries, or a
+    typed plan's :class:`~hpcodegen.plan.types.PlanEntry`)."""
     for fqn, entry in plan.items():
-        attrs = entry.get("tp_divide_attrs") if isinstance(entry, Mapping) else None
+        if isinstance(entry, PlanEntry):
+            attrs = list(entry.tp_divide_attrs or ())
+        else:
+            attrs = entry.get("tp_divide_attrs") if isinstance(entry, Mapping) else None
         if isinstance(fqn, str) and isinstance(attrs, list) and attrs:
             yield fqn, [a for a in attrs if isinstance(a, str)]
 

@@ -113,6 +113,9 @@ class PlanEntry:
     partial_grad_params: tuple[str, ...] | None = None
     """``partial_grad_params`` (hpcodegen): replicated parameters whose gradient is partial
     over tp (SP norms, Qwen3 ``q_norm``), all-reduced by the runtime."""
+    no_grad_inputs: tuple[str, ...] | None = None
+    """``no_grad_inputs`` (hpcodegen): inputs carrying no gradient (integer expert indices),
+    whose transitions run no backward collective, e.g. ``("top_k_index",)``."""
     extra: FrozenMap[str, Any] = EMPTY
     """Keys no field models, verbatim (frozen JSON)."""
 

@@ -1,7 +1,7 @@
 """Execute a frozen plan on a torch DTensor mesh.
 
-Importing this package is cheap: torch loads only when :func:`parallelize_from_generated`
-(or another runtime helper) is first used. Generated modeling modules import
+Importing this package is cheap: torch loads only when :class:`Artifact` builds or
+parallelizes a model (or another runtime helper is first used). Generated modeling modules import
 ``hpcodegen.runtime.identity`` for their class-level defaults.
 """
 
@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MeshContext", "generated_model_class", "import_generated_module",
-           "import_verified_module", "load_verified_meta", "parallelize_from_generated"]
+__all__ = ["Artifact", "MeshContext", "attach_optimizer", "generated_model_class",
+           "import_generated_module",
+           "import_verified_module", "load_verified_meta", "parallel_state",
+           "parallelize_from_generated"]
 
-_HOMES = {"MeshContext": "api", "parallelize_from_generated": "api", "load_verified_meta": "api",
+_HOMES = {"Artifact": "artifact", "MeshContext": "mesh", "parallel_state": "shards",
+          "attach_optimizer": "state_dict",
+          "parallelize_from_generated": "api", "load_verified_meta": "api",
           "generated_model_class": "loader", "import_generated_module": "loader",
           "import_verified_module": "loader"}
 

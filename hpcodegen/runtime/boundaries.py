@@ -37,12 +37,10 @@ from hpcodegen.plan.entry import (
     TOGGLE_FORM_MARKER,
     TP_FORM_MARKER,
     fqn_depth,
-    output_sequence_sharded,
-    param_plan,
     takes_token_ids,
-    tp_rank0_params,
 )
 from hpcodegen.plan.revalidate import decide
+from hpcodegen.plan.types import Plan, PlanEntry
 from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_outputs
 from hpcodegen.runtime.collectives import TPOps
 from hpcodegen.runtime.embedding import (
@@ -94,7 +92,7 @@ def _bias_free(owner: nn.Module, fn: Callable[..., Any], name: str) -> Callable[
     return bias_free_forward
 
 
-def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any]
+def install_deferred_bias(module: nn.Module, fqn: str, entry: PlanEntry
                           ) -> Callable[[Any], Any] | None:
     """Hide each deferred bias inside and return the exit hook that adds it once.
 
@@ -102,9 +100,9 @@ def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any]
     the boundary's own bias, its compute (a generated class's ``_forward_impl``) or, on a
     wrapped class, its instance ``forward``, which the boundary wrapper then calls. A
     bias added to a tp shard has a partial gradient: the api's gradient sync covers it
-    (:func:`~hpcodegen.plan.entry.effective_partial_grad_params`).
+    (:meth:`~hpcodegen.plan.types.PlanEntry.effective_partial_grad_params`).
     """
-    paths = list(entry.get("deferred_bias_params") or ())
+    paths = list(entry.deferred_bias_params or ())
     if not paths:
         return None
     for path in paths:
@@ -120,14 +118,14 @@ def install_deferred_bias(module: nn.Module, fqn: str, entry: Mapping[str, Any]
     return add_deferred_biases
 
 
-def tp_rank0_only(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+def tp_rank0_only(module: nn.Module, fqn: str, entry: PlanEntry,
                   active: ActiveMesh, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` run with each ``tp_rank0_params`` parameter seen as ``p * m``, ``m`` 1 on tp
     rank 0 and 0 elsewhere: a bias added inside a tp-split compute to every rank's partial
     output (GPT-OSS's per-expert ``down_proj_bias``) is then counted once by the reduction.
     Every rank keeps the parameter in its graph (``1 * p`` is exact), so the gradient
     hooks fire alike and the all-reduce of this partial gradient (rank 0's) matches."""
-    paths = tp_rank0_params(entry)
+    paths = entry.tp_rank0_params or ()
     if not paths or active.tp_size <= 1:
         return fn
     import torch.distributed as dist
@@ -154,11 +152,11 @@ def _add_all(x: Any, biases: list[Any]) -> Any:
     return x
 
 
-def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+def _install_generated(module: nn.Module, fqn: str, entry: PlanEntry,
                        live: BoundaryForm, effective: str, active: ActiveMesh) -> str:
     marker = _marker(module)
     deferred = install_deferred_bias(module, fqn, entry)
-    if tp_rank0_params(entry):
+    if entry.tp_rank0_params:
         module._forward_impl = tp_rank0_only(module, fqn, entry, active, module._forward_impl)
     if marker in (TP_FORM_MARKER, TOGGLE_FORM_MARKER) and effective == "tp_collective":
         _bind(module, "tp", TPOps(fqn, live.transitions, active.tp_group()))
@@ -178,7 +176,7 @@ def _install_generated(module: nn.Module, fqn: str, entry: Mapping[str, Any],
     return "generic"
 
 
-def _install_wrapped(module: nn.Module, fqn: str, entry: Mapping[str, Any],
+def _install_wrapped(module: nn.Module, fqn: str, entry: PlanEntry,
                      live: BoundaryForm, effective: str, active: ActiveMesh,
                      sharded: Mapping[str, ShardedParam]) -> str:
     deferred = install_deferred_bias(module, fqn, entry)
@@ -231,11 +229,11 @@ def _traced_boundary_forward(original: Callable[..., Any], call: Callable[..., A
                              [(index, traced(fn)) for index, fn in out_fns], deferred, fqn)
 
 
-def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
+def install_boundaries(model: nn.Module, plan: Plan, active: ActiveMesh,
                        frozen: Mapping[str, BoundaryForm], live: Mapping[str, BoundaryForm],
                        sharded: Mapping[str, ShardedParam]) -> dict[str, str]:
     """Phase C over the plan; returns ``{fqn: installed form}``."""
-    entries = param_plan(meta)
+    entries = plan.entries
     installed: dict[str, str] = {}
     install_vocab_lookups(model, sharded, active)
     for fqn in sorted(entries, key=fqn_depth, reverse=True):
@@ -250,7 +248,7 @@ def install_boundaries(model: nn.Module, meta: Mapping[str, Any], active: Active
             raise PlanError([error("runtime.reinstall", fqn, "boundary already installed")])
         entry = entries[fqn]
         effective, _ = decide(frozen[fqn], live[fqn], active.axes)
-        if takes_token_ids(type(module).__name__) and output_sequence_sharded(entry) \
+        if takes_token_ids(type(module).__name__) and entry.output_sequence_sharded() \
                 and "." in fqn:
             install_default_position_ids(model.get_submodule(fqn.rpartition(".")[0]))
         if hasattr(module, "_forward_impl"):

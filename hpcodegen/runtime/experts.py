@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.plan.entry import axis_sizes
+from hpcodegen.plan.codec import as_plan
+from hpcodegen.plan.types import Plan
 
 EP = "ep"
 TP = "tp"
@@ -59,15 +60,16 @@ class ExpertParallel:
 
 
 def is_expert_placement(named: Any) -> bool:
-    """An expert parameter: its named placement has an ``ep`` axis."""
+    """An expert parameter: its named placement has an ``ep`` axis
+    (:attr:`hpcodegen.plan.types.PlannedParam.is_expert` on a typed plan)."""
     return isinstance(named, Mapping) and EP in named
 
 
-def frozen_ep_size(meta: Mapping[str, Any]) -> int:
-    return max(axis_sizes(meta).get(EP, 1), 1)
+def frozen_ep_size(plan: Plan) -> int:
+    return max(plan.dims.size(EP), 1)
 
 
-def resolve_expert_mesh(meta: Mapping[str, Any], device_mesh: Any,
+def resolve_expert_mesh(plan: Plan | Mapping[str, Any], device_mesh: Any,
                         expert_mesh: Any = None) -> ExpertMesh | None:
     """The live expert mesh, None when the plan or the live mesh has no ``ep`` axis > 1.
 
@@ -76,12 +78,13 @@ def resolve_expert_mesh(meta: Mapping[str, Any], device_mesh: Any,
     A plan frozen with ``ep_size > 1`` on a mesh without ``ep`` keeps every expert on every
     rank (still exact) and says so.
     """
-    if frozen_ep_size(meta) <= 1:
+    plan = as_plan(plan)
+    if frozen_ep_size(plan) <= 1:
         return None
     mesh = expert_mesh if expert_mesh is not None else device_mesh
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     if EP not in names:
-        warnings.warn(f"the artifact shards experts over ep={frozen_ep_size(meta)} but the mesh "
+        warnings.warn(f"the artifact shards experts over ep={frozen_ep_size(plan)} but the mesh "
                       f"{names} has no 'ep' axis: every rank keeps every expert", UserWarning,
                       stacklevel=3)
         return None

@@ -11,14 +11,14 @@ lowered ops follow too: an input replicated on tp inside a compute-splitting bou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.plan.classify import BoundaryForm, Transition, grad_placements, splits_compute
-from hpcodegen.plan.entry import output_index
+from hpcodegen.plan.classify import BoundaryForm, Transition, grad_placements
+from hpcodegen.plan.types import PlanEntry
 from hpcodegen.runtime.binding import InputBinder, apply_outputs
 from hpcodegen.runtime.collectives import lowered_fn, map_local_tensors
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
@@ -53,16 +53,16 @@ def transition_fn(t: Transition, active: ActiveMesh, split: bool, where: str) ->
     return dtensor_fn(t, active, split, where)
 
 
-def compile_transitions(form: BoundaryForm, entry: Mapping[str, Any], active: ActiveMesh
+def compile_transitions(form: BoundaryForm, entry: PlanEntry, active: ActiveMesh
                         ) -> tuple[dict[str, Callable], list[tuple[int, Callable]]]:
     """``({input name: fn}, [(output index, fn)])`` for a boundary's live transitions.
 
     Every input is compiled (identity ones unwrap); identity outputs are left out. Outputs
-    are addressed by their position in ``out_names`` (:func:`~hpcodegen.plan.entry.output_index`).
+    are addressed by their position in ``out_names`` (:meth:`PlanEntry.output_index`).
     """
-    split = splits_compute(entry)
+    split = entry.splits_compute()
     in_fns = {t.name: transition_fn(t, active, split, form.fqn) for t in form.inputs}
-    out_fns = [(output_index(entry, t.name), transition_fn(t, active, split, form.fqn))
+    out_fns = [(entry.output_index(t.name), transition_fn(t, active, split, form.fqn))
                for t in form.outputs if not t.is_identity]
     return in_fns, out_fns
 
@@ -72,12 +72,12 @@ class GenericBoundary:
 
     Args:
         form: the live classification of the module's entry.
-        entry: the ``param_plan`` entry (for ``out_names`` and ``splits_compute``).
+        entry: the typed plan entry (for its output order and ``splits_compute``).
         active: the live active mesh.
         forward: the compute forward whose signature input names bind to.
     """
 
-    def __init__(self, form: BoundaryForm, entry: Mapping[str, Any], active: ActiveMesh,
+    def __init__(self, form: BoundaryForm, entry: PlanEntry, active: ActiveMesh,
                  forward: Callable[..., Any]) -> None:
         self.fqn = form.fqn
         self.in_fns, self.out_fns = compile_transitions(form, entry, active)

@@ -1,9 +1,10 @@
-"""Partial gradients of replicated parameters, summed over tp (decisions.md item 6).
+"""Per-parameter gradient hooks: a special handler's tp all_reduce, the experts' 1/ep scale.
 
-A parameter replicated on tp but used on a tp-split activation (an SP norm on a sequence
-shard, a Qwen3 per-head ``q_norm`` on the local heads, a bias added after a reduce_scatter)
-gets only its rank's share of the gradient. We all-reduce that gradient over tp before it
-is accumulated, so ``.grad`` equals the unsharded model's.
+The plan's partial gradients (``partial_grad_params``) are summed in one flattened
+all_reduce per backward by :mod:`hpcodegen.runtime.grad_buckets`; this module keeps the
+per-parameter form for what a meta names one parameter at a time: another generator's
+``special_handlers`` (HF's ``replicated_with_grad_allreduce``) and the expert gradients'
+divide factor.
 
 How: a forward pre-hook on the owning module registers, once per parameter *object*, a
 tensor hook on the parameter the forward is about to use. That is the plain parameter

@@ -14,7 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from hpcodegen.errors import PlanError, error
+from hpcodegen.errors import PlanError, error, pointer
+from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
 from hpcodegen.runtime.params import split_owner
 
@@ -41,13 +42,13 @@ def handler_registry() -> dict[str, Handler]:
     return registry
 
 
-def check_handlers(meta: Mapping[str, Any]) -> dict[str, Handler]:
+def check_handlers(plan: Plan) -> dict[str, Handler]:
     """Resolve every handler name up front (before anything is mutated)."""
     registry = handler_registry()
     found: dict[str, Handler] = {}
-    for key, name in (meta.get("special_handlers") or {}).items():
+    for key, name in (plan.special_handlers or {}).items():
         if name not in registry:
-            raise PlanError([error("runtime.unknown_handler", f"/special_handlers/{key}",
+            raise PlanError([error("runtime.unknown_handler", pointer("special_handlers", key),
                                    f"unknown special handler {name!r}",
                                    expected=", ".join(sorted(registry)),
                                    hint=f"register it under entry point group {ENTRY_POINT_GROUP}",

@@ -39,6 +39,7 @@ from hpcodegen.checks.files import (
     role_file_name,
 )
 from hpcodegen.errors import PlanError, error, pointer
+from hpcodegen.plan.types import Plan
 from hpcodegen.targets import check_targets
 
 ROOT_PACKAGE = "hpcodegen_generated"
@@ -240,8 +241,9 @@ def import_generated_module(artifact_dir: str | os.PathLike[str], *,
     return import_verified_module(loaded, allowed_target_prefixes=allowed_target_prefixes)
 
 
-def generated_model_class(meta: Mapping[str, Any], module: types.ModuleType) -> type:
-    """The class named by ``meta.model_class`` (else ``source.architecture``) in the module.
+def generated_model_class(meta: Plan | Mapping[str, Any], module: types.ModuleType) -> type:
+    """The class named by ``model_class`` (else ``source.architecture``) in the module, read
+    from the typed plan's provenance (or a meta dict, for older callers).
 
     ``module`` must come from :func:`import_verified_module` (or
     :func:`import_generated_module`): a module imported any other way is refused.
@@ -251,7 +253,7 @@ def generated_model_class(meta: Mapping[str, Any], module: types.ModuleType) -> 
         raise PlanError([error("runtime.unverified_module", getattr(module, "__name__", "?"),
                                "the module was not imported by hpcodegen's verified loader",
                                hint="use import_verified_module(load_verified_meta(dir))")])
-    name = meta.get("model_class") or (meta.get("source") or {}).get("architecture")
+    name = _model_class_name(meta)
     cls = getattr(module, name, None) if isinstance(name, str) else None
     if not isinstance(cls, type):
         classes = sorted(n for n, v in vars(module).items()
@@ -260,3 +262,10 @@ def generated_model_class(meta: Mapping[str, Any], module: types.ModuleType) -> 
                                f"the generated module has no class {name!r}",
                                expected=", ".join(classes) or "a model class")])
     return cls
+
+
+def _model_class_name(meta: Plan | Mapping[str, Any]) -> Any:
+    if isinstance(meta, Plan):
+        source = meta.provenance.source
+        return meta.provenance.model_class or (source.architecture if source else None)
+    return meta.get("model_class") or (meta.get("source") or {}).get("architecture")

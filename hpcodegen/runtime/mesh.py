@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.placement import Partial, Placement, Replicate, Shard, StridedShard
+from hpcodegen.plan.codec import as_plan
 from hpcodegen.plan.revalidate import active_plan_axes
+from hpcodegen.plan.types import Plan
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -26,6 +28,7 @@ CP = "cp"
 #: plan axes whose parameters are replicated and whose gradients FSDP2 reduces (with dp):
 #: they are left out of the source info, as the existing system leaves them out
 FSDP_AXES: tuple[str, ...] = (CP,)
+
 
 @dataclass
 class MeshContext:
@@ -112,8 +115,10 @@ def _submesh(mesh: Any, axes: tuple[str, ...]) -> Any:
     return mesh if names == axes else mesh[axes if len(axes) > 1 else axes[0]]
 
 
-def resolve_active_mesh(meta: Mapping[str, Any], context: MeshContext) -> ActiveMesh:
+def resolve_active_mesh(plan: Plan | Mapping[str, Any], context: MeshContext) -> ActiveMesh:
     """The plan axes the live mesh holds (live order, size > 1) and their submesh.
+
+    ``plan``: the typed plan (a checked meta dict is read as one).
 
     Raises:
         PlanError: the mesh has no axis names (placements could not be matched to axes).
@@ -125,7 +130,7 @@ def resolve_active_mesh(meta: Mapping[str, Any], context: MeshContext) -> Active
                                "the device mesh has no mesh_dim_names",
                                hint="init_device_mesh(..., mesh_dim_names=('tp',))")])
     shape = dict(zip(names, mesh.mesh.shape, strict=True))
-    axes = active_plan_axes(meta, names, shape)
+    axes = active_plan_axes(as_plan(plan), names, shape)
     if not axes:
         return ActiveMesh((), {}, None, None)
     sub = _submesh(mesh, axes)

@@ -1,9 +1,10 @@
 """Phase A: shard every planned parameter, then keep only its local shard.
 
 Each parameter named in ``param_plan`` is distributed with ``distribute_tensor`` on the
-active submesh (placements resolved over the live axis order) and replaced by an
-``nn.Parameter`` of the local shard: after install every parameter is a plain local tensor
-and the forwards run bare collectives on local tensors. A parameter that already is a
+active submesh (placements resolved over the live axis order) and replaced by a parameter
+of the local shard (:func:`hpcodegen.runtime.shards.as_local_param`, which records what
+it is a shard of): after install every parameter is a plain local tensor and the forwards
+run bare collectives on local tensors. A parameter that already is a
 DTensor is accepted only with the planned placements (else ``PlacementMismatchError``).
 Meta-device parameters stay on meta, shrunk to the local shape.
 """
@@ -20,9 +21,11 @@ from torch import nn
 
 from hpcodegen.errors import PlacementMismatchError, PlanError, error
 from hpcodegen.placement import format_placements, resolve_placements
-from hpcodegen.plan.entry import iter_params, join_fqn, param_plan
-from hpcodegen.runtime.experts import ExpertMesh, expert_count_check, is_expert_placement
+from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.types import Plan
+from hpcodegen.runtime.experts import ExpertMesh, expert_count_check
 from hpcodegen.runtime.mesh import ActiveMesh, to_torch_placements
+from hpcodegen.runtime.shards import ShardSpec, as_local_param
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,12 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
         raise PlanError([error("runtime.local_shape", fqn,
                                f"local shard {tuple(local.shape)} for {format_placements(ours)}",
                                expected=str(tuple(local_shape)))])
-    owner._parameters[name] = nn.Parameter(local.contiguous(), requires_grad=param.requires_grad)
+    spec = ShardSpec(shape, placements, active.mesh)
+    owner._parameters[name] = as_local_param(local.contiguous(), spec, param.requires_grad)
     return ShardedParam(fqn, placements, shape, tuple(offset))
 
 
-def shard_parameters(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh,
+def shard_parameters(model: nn.Module, plan: Plan, active: ActiveMesh,
                      expert: ExpertMesh | None = None) -> dict[str, ShardedParam]:
     """Phase A over the whole plan; returns ``{param_fqn: ShardedParam}``.
 
@@ -115,11 +119,11 @@ def shard_parameters(model: nn.Module, meta: Mapping[str, Any], active: ActiveMe
     to the dense active mesh, skipped when it has no axis (an ep-only install).
     """
     done: dict[str, ShardedParam] = {}
-    for fqn, _entry_fqn, named in iter_params(meta):
-        if expert is not None and is_expert_placement(named):
-            done[fqn] = shard_parameter(model, fqn, named or {}, expert)
+    for param in plan.parameters():
+        if expert is not None and param.is_expert:
+            done[param.fqn] = shard_parameter(model, param.fqn, param.placements, expert)
         elif not active.degenerate:
-            done[fqn] = shard_parameter(model, fqn, named or {}, active)
+            done[param.fqn] = shard_parameter(model, param.fqn, param.placements, active)
     return done
 
 
@@ -147,7 +151,7 @@ def _attr_owner(model: nn.Module, where: str, own: set[int]) -> tuple[Any, str]:
     return owner, parts[-1]
 
 
-def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+def divide_attrs(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
     """Divide each entry's ``tp_divide_attrs`` (TP-local head counts) by the tp size; a
     count held by a shared non-module object (a config) is divided on the module's own
     copy of it (:func:`_attr_owner`). Every count is checked first, by the rule generate
@@ -167,7 +171,7 @@ def divide_attrs(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) 
             return MISSING
         return getattr(*owners[where])
 
-    problems = divide_attr_findings(param_plan(meta), n, resolve, "runtime")
+    problems = divide_attr_findings(plan.entries, n, resolve, "runtime")
     if problems:
         raise PlanError(problems)
     for owner, name in owners.values():

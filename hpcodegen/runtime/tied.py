@@ -13,20 +13,19 @@ BigBird-Pegasus' causal LM, would then compute its logits with the embedding as 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from torch import nn
 
 from hpcodegen.errors import PlanError, error
+from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.params import param_owner
 
 
-def tied_pairs(model: nn.Module, meta: Mapping[str, Any]) -> list[tuple[str, str]]:
+def tied_pairs(model: nn.Module, plan: Plan) -> list[tuple[str, str]]:
     """Explicit ``tied_pairs``, else ``(first name, alias)`` for every parameter the live
     model holds under several names; call it before Phase A replaces the parameters."""
-    pairs = [tuple(p) for p in meta.get("tied_pairs") or () if len(p) == 2]
-    if pairs:
-        return pairs  # type: ignore[return-value]
+    if plan.tied_pairs:
+        return list(plan.tied_pairs)
     by_id: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(param), []).append(name)

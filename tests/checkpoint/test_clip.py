@@ -35,7 +35,7 @@ def test_matches_torch(norm_type, max_norm) -> None:
     ours, ref = _pair()
     layout = ShardLayout.from_model(ours, global_shapes(ours), None)
     assert layout.aliases == {"1.weight": "0.weight"}
-    got = clip_grad_norm_(ours, layout, max_norm, norm_type)
+    got = clip_grad_norm_(ours, max_norm, norm_type, layout=layout)
     want = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm, norm_type)
     assert torch.allclose(got, want, rtol=1e-6)
     for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
@@ -65,9 +65,9 @@ def test_missing_gradient_counts_zero_and_bad_norm_type_is_refused() -> None:
     for model in (ours, ref):
         model.add_module("unused", torch.nn.Linear(2, 2))  # no gradient, as an idle expert
     layout = ShardLayout.from_model(ours, global_shapes(ours), None)
-    got = clip_grad_norm_(ours, layout, 0.1)
+    got = clip_grad_norm_(ours, 0.1)
     want = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
     assert torch.allclose(got, want, rtol=1e-6) and ours.unused.weight.grad is None
     for bad in (0.0, -1.0, -math.inf):
         with pytest.raises(ValueError, match="norm_type"):
-            total_grad_norm(ours, layout, bad)
+            total_grad_norm(ours, bad, layout=layout)

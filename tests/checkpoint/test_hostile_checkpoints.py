@@ -230,3 +230,29 @@ def test_export_cli_reports_a_damaged_checkpoint_as_json_and_keeps_others_files(
     assert [f["code"] for f in doc["findings"]] == ["checkpoint.corrupted"]
     assert "Traceback" not in run.stderr
     assert (partial / "keep").read_text() == "mine"
+
+
+def test_load_untrusted_reads_any_dcp_checkpoint_as_data(tmp_path) -> None:
+    """torch DCP's own layout (nested state, no hpcodegen record): the genuine one loads
+    exactly; a planted item or a tensor of another shape is refused, nothing runs."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from hpcodegen.checkpoint import load_untrusted
+
+    weights = {"w": torch.randn(4, 3), "b": torch.arange(5)}
+    dcp.save({"model": weights, "extra": {"note": "plain"}},
+             checkpoint_id=str(tmp_path / "ok"), no_dist=True)
+    state = {"model": {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.int64)},
+             "extra": {"note": ""}}
+    load_untrusted(state, tmp_path / "ok")
+    assert torch.equal(state["model"]["w"], weights["w"]) and state["extra"]["note"] == "plain"
+    assert torch.equal(state["model"]["b"], weights["b"])
+    marker = tmp_path / "ran"
+    dcp.save({"model": weights, "extra": {"note": _Planted(marker)}},
+             checkpoint_id=str(tmp_path / "evil"), no_dist=True)
+    with pytest.raises(InputError):
+        load_untrusted(state, tmp_path / "evil")
+    with pytest.raises(InputError, match="shape"):
+        load_untrusted({"model": {"w": torch.zeros(8, 3)}}, tmp_path / "ok")
+    assert not marker.exists()

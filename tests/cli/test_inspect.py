@@ -236,7 +236,8 @@ def test_text_tables() -> None:
 def test_grad_sync_follows_the_live_tp() -> None:
     _, doc = inspect_json(path=SP)
     assert doc["summary"]["grad_sync_per_backward"] == [
-        {"kind": "all_reduce", "axis": "tp", "dim": None, "count": 5}]
+        {"kind": "all_reduce", "axis": "tp", "dim": None, "count": 1}]
+    assert doc["summary"]["grad_sync_params"] == 5
     _, live = inspect_json(path=SP, mesh="tp=1")
     assert live["summary"]["grad_sync_per_backward"] == []
 

@@ -102,8 +102,9 @@ def test_config_problems_are_findings(tmp_path: Path) -> None:
                                       hf_config=str(tmp_path), batch=1, seq=4),
                        out, io.StringIO())
     codes = [f["code"] for f in json.loads(out.getvalue())["findings"]]
-    # the mesh-fit finding (3 heads on tp 2) is reported beside the failed trace
-    assert code == 1 and codes == ["inspect.heads_not_divisible", "trace.build_failed"], codes
+    # the mesh-fit finding (3 heads on tp 2) is reported beside transformers' own refusal
+    assert code == 1 and codes == ["inspect.heads_not_divisible",
+                                   "config.model_unbuildable"], codes
 
 
 def test_config_of_another_shape_is_refused_before_tracing(tmp_path: Path) -> None:

@@ -1,8 +1,12 @@
-"""The wheel as a user installs it: core only (no torch), the typer floor, LICENSE, hooks.
+"""The wheel as users get it: a fresh venv, every verb run from it outside the checkout.
 
-One wheel build and one fresh venv (``--without-pip``; the dev venv's pip installs into it)
-serve every test here, ~25 s in all. The venv gets the *lowest* typer pyproject allows, so
-the floor is exercised against today's click.
+One wheel build for the module; one venv per lane (``newest``: no constraints, the registry's
+newest releases; ``floor``: every lower bound exactly; see install_lane.py), filled as a user
+would: the core alone (``verify``, ``inspect-plan``, ``schema``; no torch), then ``[hub]``
+(Hub ids from the local cache), then torch 2.13.0 first and ``[runtime]`` (``generate``,
+``launch --nproc 2 --check-parity``, ``export``). The tests of one lane run in file order, the
+core's before the runtime is installed. Every verb runs from a temp dir with the venv's own
+console script, so nothing of the checkout is importable.
 """
 
 from __future__ import annotations
@@ -10,88 +14,53 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from install_lane import HEAVY, ROOT, Lane, build_wheel
+from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama_tp2"
 CONFIG = ROOT / "examples" / "configs" / "llama"
-PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+LANES = ("newest", "floor")
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
-
-def _typer_floor() -> str:
-    text = (ROOT / "pyproject.toml").read_text()
-    match = re.search(r'"typer>=([0-9.]+)"', text)
-    assert match, "pyproject.toml pins no typer floor"
-    return match[1]
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    # build from a copy: no build/ left in the checkout, no stale build/lib in the wheel
-    src = tmp_path_factory.mktemp("src") / "hpcodegen"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "out"))
-    subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(out), str(src)], check=True,
-                   timeout=300, capture_output=True)
-    (path,) = out.glob("hpcodegen-*.whl")
-    return path
+    return build_wheel(tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src"))
+
+
+@pytest.fixture(scope="module", params=LANES)
+def lane(request: pytest.FixtureRequest, wheel: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Lane:
+    lane = Lane.create(request.param, tmp_path_factory.mktemp(f"lane-{request.param}"), wheel)
+    lane.install()
+    return lane  # left to pytest's temp-dir rotation: torch's files are hard links, no space
 
 
 @pytest.fixture(scope="module")
-def core_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("core") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    floor = _typer_floor()
-    pins = [ln for ln in (ROOT / "constraints.txt").read_text().splitlines()
-            if not ln.startswith("typer==")]
-    constraints = venv.parent / "constraints.txt"
-    constraints.write_text("\n".join([*pins, f"typer=={floor}"]) + "\n")
-    subprocess.run([*PIP, "--python", str(venv / "bin" / "python"), "install",
-                    "-c", str(constraints), str(wheel)], check=True, timeout=300,
-                   capture_output=True)
-    return venv
+def work(lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's directory: the cwd of every verb, outside the checkout."""
+    return tmp_path_factory.mktemp(f"work-{lane.name}")
 
 
-def _installed(venv: Path) -> dict[str, str]:
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
-                           "list", "--format", "json"], check=True, capture_output=True,
-                          text=True, timeout=120)
-    return {p["name"].lower(): p["version"] for p in json.loads(proc.stdout)}
+def _assert_floors(lane: Lane, extra: str = "") -> None:
+    if lane.name != "floor":
+        return
+    installed = lane.installed()
+    wrong = {d: installed.get(re.sub(r"[-_.]+", "-", d)) for d, v in lane.floors(extra).items()
+             if Version(installed.get(re.sub(r"[-_.]+", "-", d), "0").split("+")[0])
+             != Version(v)}
+    assert not wrong, f"not at their floors: {wrong}"
 
 
-def test_plain_install_resolves_no_torch(core_venv: Path) -> None:
-    installed = _installed(core_venv)
-    heavy = {"torch", "transformers", "libcst", "safetensors", "nvidia-cublas-cu12"}
-    assert not heavy & set(installed), installed
-    assert installed["typer"] == _typer_floor()
-
-
-def test_gate_verbs_work_in_the_plain_install(core_venv: Path, tmp_path: Path) -> None:
-    exe = str(core_venv / "bin" / "hpcodegen")
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60,
-                              cwd=tmp_path)
-
-    for args in (["verify", str(EXAMPLE)], ["inspect-plan", str(EXAMPLE)], ["--help"],
-                 ["verify", "--help"], ["verify", str(EXAMPLE), "--hf-config", str(CONFIG),
-                                        "--skip", "model"]):
-        proc = run(*args)
-        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
-        assert "Traceback" not in proc.stderr
-    schema = run("schema")
-    assert schema.returncode == 0 and json.loads(schema.stdout)["type"] == "object"
-    missing = run("generate", "--model", str(CONFIG), "--tp", "2", "-o", str(tmp_path / "o"))
-    assert missing.returncode == 2 and "hpcodegen[runtime]" in missing.stderr
-    launch = run("launch", str(EXAMPLE), "--nproc", "2", "--json")
-    assert launch.returncode == 2 and "hpcodegen[runtime]" in launch.stdout
+def _ok(proc, *what) -> None:
+    assert proc.returncode == 0, (what, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_wheel_ships_every_package_file(wheel: Path) -> None:
@@ -126,3 +95,101 @@ def test_wheel_has_license_and_no_dev_modules(wheel: Path) -> None:
     core = [ln for ln in metadata.splitlines()
             if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
     assert not [ln for ln in core if re.search(r"\b(torch|transformers)\b", ln)], core
+
+
+def test_core_install_pulls_no_torch(lane: Lane) -> None:
+    assert not HEAVY & set(lane.installed())
+    _assert_floors(lane)
+
+
+def test_core_verbs_run_from_the_core_install(lane: Lane, work: Path) -> None:
+    for args in (["verify", EXAMPLE], ["inspect-plan", EXAMPLE], ["--help"], ["verify", "--help"],
+                 ["verify", EXAMPLE, "--hf-config", CONFIG, "--skip", "model"],
+                 ["inspect-plan", EXAMPLE, "--mesh", "tp=4"], ["--version"]):
+        _ok(lane.run(*args, cwd=work), args)
+    schema = lane.run("schema", cwd=work)
+    _ok(schema)
+    assert json.loads(schema.stdout)["type"] == "object"
+    usage = lane.run("verify", EXAMPLE, "--bogus", "--json", cwd=work)  # typer's usage error
+    assert usage.returncode == 2 and json.loads(usage.stdout)["findings"][0]["code"] == "cli.usage"
+    missing = lane.run("generate", "--model", CONFIG, "--tp", "2", "-o", work / "o", cwd=work)
+    assert missing.returncode == 2 and "hpcodegen[runtime]" in missing.stderr
+    launch = lane.run("launch", EXAMPLE, "--nproc", "2", "--json", cwd=work)
+    assert launch.returncode == 2 and "hpcodegen[runtime]" in launch.stdout
+
+
+def test_hub_extra_reads_a_hub_id_from_the_local_cache(lane: Lane, work: Path) -> None:
+    """[hub] on a core install: ``--hf-config org/name`` from a hand-laid HF cache, offline."""
+    lane.install("hub")
+    _assert_floors(lane, "hub")
+    assert not HEAVY & set(lane.installed())
+    repo = work / "hf_home" / "hub" / "models--tiny-org--tiny-llama"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(HUB_COMMIT)
+    snap = repo / "snapshots" / HUB_COMMIT
+    snap.mkdir(parents=True)
+    shutil.copy(CONFIG / "config.json", snap / "config.json")
+    proc = lane.run("verify", EXAMPLE, "--hf-config", "tiny-org/tiny-llama", "--skip", "model",
+                    "--json", cwd=work, env={"HF_HOME": str(work / "hf_home")})
+    _ok(proc)
+    checks = json.loads(proc.stdout)["artifacts"][0]["checks"]
+    assert checks["signature"]["status"] == "pass"
+
+
+@pytest.fixture(scope="module")
+def runtime(lane: Lane) -> Lane:
+    """torch==2.13.0 installed first, then the wheel's ``[runtime]`` extra."""
+    lane.install_torch_first()
+    lane.install("runtime")
+    _assert_floors(lane, "runtime")
+    return lane
+
+
+@pytest.fixture(scope="module")
+def generated(runtime: Lane, work: Path) -> Path:
+    out = work / "llama_tp2"
+    _ok(runtime.run("generate", "--model", CONFIG, "--tp", "2", "-o", out, cwd=work), "generate")
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched(runtime: Lane, generated: Path, work: Path) -> tuple[dict, Path]:
+    """One launch: parity with the unsharded model, one AdamW step, a DCP checkpoint."""
+    ckpt = work / "ckpt"
+    proc = runtime.run("launch", generated, "--nproc", "2", "--model-dir", CONFIG,
+                       "--check-parity", "--steps", "1", "--save", ckpt, "--json",
+                       "--timeout", "400", cwd=work, timeout=500)
+    _ok(proc, "launch")
+    return json.loads(proc.stdout), ckpt
+
+
+def test_generate_writes_an_artifact_for_the_installed_transformers(
+        runtime: Lane, generated: Path, work: Path) -> None:
+    meta = json.loads((generated / "codegen_meta.json").read_text())
+    version = runtime.installed()["transformers"]
+    assert meta["source"]["transformers_version"] == version
+    assert any("S(" in json.dumps(entry) for fqn, entry in meta["param_plan"].items()
+               if ".layers.0." in fqn)  # a decoder layer is split
+    proc = runtime.run("verify", generated, "--hf-config", CONFIG, "--json", cwd=work)
+    _ok(proc, "verify --hf-config")
+    checks = json.loads(proc.stdout)["artifacts"][0]["checks"]
+    assert checks["model"]["status"] == "pass" and checks["signature"]["status"] == "pass"
+
+
+def test_launch_two_ranks_checks_parity(launched: tuple[dict, Path]) -> None:
+    doc, _ = launched
+    assert doc["status"] == "ok" and [r["rank"] for r in doc["ranks"]] == [0, 1]
+    for rank in doc["ranks"]:
+        assert rank["status"] == "ok" and rank["parity"]["mismatched_params"] == []
+        assert 0 <= rank["parity"]["logits_max_diff"] <= 1e-5
+        assert 0 <= rank["parity"]["grad_max_diff"] <= 1e-5
+        assert len(rank["losses"]) == 1
+
+
+def test_export_writes_an_hf_dir(runtime: Lane, launched: tuple[dict, Path],
+                                 work: Path) -> None:
+    _, ckpt = launched
+    out = work / "hf"
+    _ok(runtime.run("export", ckpt, "-o", out, cwd=work), "export")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and (out / "model.safetensors").stat().st_size > 0

@@ -35,7 +35,9 @@ def plan_of(family: str, tp: int = 2, sp: bool = False, recipe=None,
 
 
 def test_gathered_colwise_and_split_rowwise_are_their_own_boundaries() -> None:
-    """Phi-3's fused qkv / gate_up: gathered output, then a rowwise taking R -> S(-1)."""
+    """Phi-3's fused qkv with 4 query and 2 key/value heads (no strided shard keeps each
+    rank's query heads with their key/value heads): gathered output, then a rowwise taking
+    R -> S(-1). Its fused gate_up is split per block (tests/generate/test_layouts.py)."""
     plan = plan_of("phi3")
     qkv = plan["model.layers.0.self_attn.qkv_proj"]
     assert qkv["params"] == {"weight": {"tp": "S(0)"}}
@@ -50,10 +52,12 @@ def test_gathered_colwise_and_split_rowwise_are_their_own_boundaries() -> None:
 
 
 def test_mixed_regions_and_gathered_pairs() -> None:
-    """GLM-4: a colwise/rowwise attention region next to a gathered gate_up MLP."""
+    """GLM-4: a colwise/rowwise attention region next to its fused gate_up MLP, which the
+    HF plan gathers and the Megatron layout splits per block (a region too)."""
     plan = plan_of("glm4")
     assert plan["model.layers.0.self_attn"]["params"]["o_proj.weight"] == {"tp": "S(1)"}
-    assert plan["model.layers.0.mlp.down_proj"]["in_dst"] == {"input": {"tp": "S(-1)"}}
+    assert plan["model.layers.0.mlp"]["params"] == {
+        "gate_up_proj.weight": {"tp": "SS(0,2)"}, "down_proj.weight": {"tp": "S(1)"}}
 
 
 def test_package_rules_fill_a_missing_hf_plan_and_say_so() -> None:

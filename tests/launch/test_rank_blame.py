@@ -59,6 +59,9 @@ def test_rank_ending_without_a_record_is_named_from_torchrun(tmp_path, how, said
     assert run.code == 1
     report = _report(run)
     assert report.startswith(said), report
+    killed = how != "exit"  # a signal: the row says killed, the line the likely cause
+    assert ("likely cause: " in report) is killed, report
+    assert ("killed" in run.stdout) is killed and ("lost" in run.stdout) is not killed
     log = Path(report.split("(log: ")[1].split(")")[0])
     assert log.name == "stderr.log" and log.parent.name == "1" and log.exists()
     assert not TORCHRUN_NOISE.search(run.stdout + run.stderr), run.stderr

@@ -126,10 +126,10 @@ def clip_result(gen: Any, ref: Any, layout: Any, meta: Any, active: Any,
     out: dict[str, Any] = {}
     for name, p in (("2", 2.0), ("inf", math.inf), ("3", 3.0)):
         want = float(torch.nn.utils.get_total_norm(grads, p))
-        out[f"norm_rel_{name}"] = abs(float(total_grad_norm(gen, layout, p)) - want) / want
+        out[f"norm_rel_{name}"] = abs(float(total_grad_norm(gen, p, layout=layout)) - want) / want
     want = float(torch.nn.utils.get_total_norm(grads, 2.0))
     max_norm = 0.25 * want  # clipping is active: every gradient is scaled by ~0.25
-    got = float(clip_grad_norm_(gen, layout, max_norm))
+    got = float(clip_grad_norm_(gen, max_norm, layout=layout))
     ref_got = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm))
     out["clip_norm_rel"] = abs(got - ref_got) / ref_got
     out["clip_coef"] = max_norm / (ref_got + 1e-6)

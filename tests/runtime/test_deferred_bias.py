@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.errors import PlanError
+from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.plan.types import PlanEntry
 
 
 class _Block:
@@ -25,10 +27,11 @@ class _Block:
         return Block()
 
 
-def _entry(paths: list[str]) -> dict:
-    return {"params": {}, "in_src": {"hidden_states": {"tp": "R"}},
-            "in_dst": {"hidden_states": {"tp": "R"}}, "out_src": {"output": {"tp": "R"}},
-            "out_dst": {"output": {"tp": "R"}}, "deferred_bias_params": paths}
+def _entry(paths: list[str]) -> PlanEntry:
+    return entry_from_json("m", {
+        "params": {}, "in_src": {"hidden_states": {"tp": "R"}},
+        "in_dst": {"hidden_states": {"tp": "R"}}, "out_src": {"output": {"tp": "R"}},
+        "out_dst": {"output": {"tp": "R"}}, "deferred_bias_params": paths})
 
 
 @pytest.mark.parametrize("path", ["nope.bias", "o_proj.nope"])
@@ -93,8 +96,9 @@ def test_effective_partial_grads_add_a_deferred_bias_on_a_sharded_output(
 def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
     """Regression: a meta without ``partial_grad_params`` for its SP deferred bias was
     synced by the runtime but predicted without that backward all_reduce."""
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
-    from hpcodegen.runtime.api import _partial_grad_fqns
+    from hpcodegen.runtime.install import _partial_grad_fqns
 
     meta = {"mesh_dim_names": ["tp"], "parallel_dims": {"tp_size": 2},
             "param_plan": {"model.layers.0.self_attn": _region("S(1)", None),
@@ -102,4 +106,4 @@ def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
     preds, problems = predict_plan(meta)
     assert problems == []
     assert summarize(preds).grad_sync == {("all_reduce", "tp", None): 1}
-    assert _partial_grad_fqns(meta) == ["model.layers.0.self_attn.o_proj.bias"]
+    assert _partial_grad_fqns(plan_from_meta(meta)) == ["model.layers.0.self_attn.o_proj.bias"]

@@ -14,6 +14,8 @@ import pytest
 from torch import nn
 
 from hpcodegen.errors import PlanError
+from hpcodegen.plan.codec import plan_from_meta
+from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.params import divide_attrs
 
 
@@ -32,8 +34,9 @@ class Model(nn.Module):
         self.layers = nn.ModuleList([Layer(self.config) for _ in range(2)])
 
 
-def _meta(*attrs: str) -> dict:
-    return {"param_plan": {f"layers.{i}": {"tp_divide_attrs": list(attrs)} for i in range(2)}}
+def _meta(*attrs: str) -> Plan:
+    return plan_from_meta(
+        {"param_plan": {f"layers.{i}": {"tp_divide_attrs": list(attrs)} for i in range(2)}})
 
 
 def test_a_count_in_a_shared_config_is_divided_on_each_layers_own_copy() -> None:
@@ -49,8 +52,8 @@ def test_a_count_in_a_shared_config_is_divided_on_each_layers_own_copy() -> None
 
 def test_two_counts_of_one_config_share_the_layers_one_copy() -> None:
     model = Model()
-    meta = {"param_plan": {"layers.0": {"tp_divide_attrs": ["config.num_heads",
-                                                            "config.hidden"]}}}
+    meta = plan_from_meta({"param_plan": {"layers.0": {"tp_divide_attrs": [
+        "config.num_heads", "config.hidden"]}}})
     divide_attrs(model, meta, SimpleNamespace(tp_size=2))
     assert (model.layers[0].config.num_heads, model.layers[0].config.hidden) == (2, 8)
     assert (model.config.num_heads, model.layers[1].config.num_heads) == (4, 4)

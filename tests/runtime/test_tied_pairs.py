@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 from torch import nn
 
+from hpcodegen.plan.codec import plan_from_meta
+from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.tied import tied_pairs
 
 
@@ -21,13 +23,14 @@ class _Decoder(nn.Module):
 
 def test_untied_model_with_tie_word_embeddings_is_not_tied() -> None:
     # BigBird-Pegasus' causal LM: the flag is set, the class never ties the two
-    assert tied_pairs(_Decoder(tie=False), {"tied_pairs": []}) == []
+    assert tied_pairs(_Decoder(tie=False), plan_from_meta({"tied_pairs": []})) == []
 
 
 def test_tied_model_without_explicit_pairs_keeps_its_tie() -> None:
-    assert tied_pairs(_Decoder(tie=True), {}) == [("embed_tokens.weight", "lm_head.weight")]
+    assert tied_pairs(_Decoder(tie=True), Plan()) == [("embed_tokens.weight", "lm_head.weight")]
 
 
 def test_explicit_pairs_win() -> None:
     meta = {"tied_pairs": [["lm_head.weight", "embed_tokens.weight"]]}
-    assert tied_pairs(_Decoder(tie=False), meta) == [("lm_head.weight", "embed_tokens.weight")]
+    assert tied_pairs(_Decoder(tie=False), plan_from_meta(meta)) == [
+        ("lm_head.weight", "embed_tokens.weight")]

@@ -221,3 +221,17 @@ def test_the_checked_loader_builds_the_plan() -> None:
     assert isinstance(loaded.plan, Plan)
     assert plan_to_meta(loaded.plan) == loaded.data
     assert check_meta(loaded, ("schema",)).plan is loaded.plan  # built once, then kept
+
+
+def test_every_key_the_schema_publishes_has_a_typed_field() -> None:
+    """A key added to the schema must be added to the Plan too (else it would only ride
+    along in ``extra``): the codec's tables cover the schema's properties exactly."""
+    from hpcodegen.plan import codec
+
+    schema = meta_schema()
+    defs = schema["$defs"]
+    assert set(codec._ENTRY) == set(defs["entry"]["properties"])
+    assert set(codec._INJECTION) == set(defs["injection"]["properties"])
+    assert set(codec._PLAN) | set(codec._PROVENANCE) == set(schema["properties"])
+    assert not set(codec._PLAN) & set(codec._PROVENANCE)
+    assert set(codec._OUTPUT) == set(defs["output"]["required"])

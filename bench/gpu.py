@@ -1,0 +1,320 @@
+"""The GPU lane: hpcodegen on one CUDA device, checked and timed against what users would
+pick instead.
+
+1. **The shipped examples at tp 1**: each example's generated model installed on a 1-rank
+   mesh (the install is a no-op there) in bf16, forward and backward against transformers'
+   own model with the same weights: logits and every gradient must be equal (max abs diff).
+2. **A 2-rank fake-process-group step in bf16**: rank 0 of a fake group of the artifact's tp
+   size; one forward, backward and AdamW step of the sharded model, checked against the
+   unsharded model's structure: every local parameter and gradient has the shape the plan
+   gives it (the unsharded shape split per placement), in bf16, and the collectives counted
+   by ``CommDebugMode`` equal what ``inspect-plan`` predicts. (The fake group moves no
+   data: the numbers need real ranks, ``launch --device cuda --nproc 2 --check-parity``.)
+3. **One Llama-3-8B-shaped decoder layer at its tp 8 local shapes** (hidden 4096, 32 heads, 8
+   kv heads, MLP 14336; a 8192-token vocabulary so that the layer dominates), rank 0 of a
+   fake group of 8: forward and forward+backward of hpcodegen, the hand-written Megatron
+   model (``bench/handwritten.py``) and ``parallelize_module``, eager and under
+   ``torch.compile``, interleaved; the ratios are over the hand-written model.
+
+Run: ``python bench/gpu.py [--quick] [--json OUT]`` on a machine with a CUDA device. Without
+one it exits 2 saying so. ``--device cpu --smoke`` runs the same code on the CPU at tiny
+shapes (eager only unless ``--compile``): a check of the script, not a measurement
+(tests/bench runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+from forward_overhead import step_fns
+from handwritten import HandwrittenLlama
+
+EXAMPLES = common.REPO / "examples"
+#: Llama-3-8B's decoder layer (config.json of meta-llama/Meta-Llama-3-8B)
+LLAMA3_8B_LAYER = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336,
+                   "vocab": 8192, "layers": 1}
+#: --smoke: two examples (plain and loss parallel) and a small layer
+SMOKE_EXAMPLES = ["llama_tp2", "llama_tp2_sp_lp"]
+SMOKE_LAYER = {"hidden": 256, "heads": 8, "kv_heads": 8, "intermediate": 512, "vocab": 512,
+               "layers": 1}
+LAYER_TP = 8
+ARMS = ("hpcodegen", "handwritten", "parallelize_module")
+
+
+def require_device(kind: str) -> None:
+    """Exit 2 with the reason when ``kind`` cannot run here (the lane needs CUDA)."""
+    import torch
+
+    if kind == "cuda" and not torch.cuda.is_available():
+        print(f"bench/gpu.py needs a CUDA device: torch {torch.__version__} sees none "
+              f"(torch.cuda.is_available() is False; CUDA build: {torch.version.cuda}). "
+              "Run it on a GPU machine, or `--device cpu --smoke` to check the script.",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+def fake_group(world: int, device: str) -> Any:
+    """Rank 0 of a fake process group of ``world`` ranks and its 1-D ``tp`` mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    common.destroy_pg()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    return init_device_mesh(device, (world,), mesh_dim_names=("tp",))
+
+
+def example_pair(artifact: Path, device: str, dtype: Any) -> tuple[Any, Any, dict]:
+    """(transformers' model, the generated model) with the same seeded weights, on device."""
+    import torch
+
+    from hpcodegen.hf import load_transformers_config, model_class_for
+
+    config = json.loads((EXAMPLES / "configs" / artifact.name.rsplit("_tp", 1)[0]
+                         / "config.json").read_text())
+    hf = load_transformers_config(config)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    ref = model_class_for(config)(hf)
+    gen = common.generated_model_class(artifact)(hf)
+    gen.load_state_dict(ref.state_dict())
+    return ref.to(device, dtype), gen.to(device, dtype), config
+
+
+def _ids(vocab: int, device: str, rows: int = 2, seq: int = 32) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, vocab, (rows, seq), generator=gen).to(device)
+
+
+def _fwd_bwd(model: Any, ids: Any) -> Any:
+    logits = model(input_ids=ids, use_cache=False).logits
+    logits.float().pow(2).mean().backward()
+    return logits.detach()
+
+
+def examples(names: list[str] | None) -> list[Path]:
+    """The shipped example artifacts (``names``: only those)."""
+    found = sorted(EXAMPLES.glob("*_tp*"))
+    return [p for p in found if names is None or p.name in names]
+
+
+def examples_at_tp1(device: str, dtype: Any, names: list[str] | None) -> list[list[Any]]:
+    """Part 1: each example installed on a 1-rank mesh equals transformers' model."""
+    from hpcodegen.errors import HpcodegenError
+    from hpcodegen.runtime import parallelize_from_generated
+
+    rows = []
+    for artifact in examples(names):
+        mesh = fake_group(1, device)
+        ref, gen, config = example_pair(artifact, device, dtype)
+        try:
+            parallelize_from_generated(gen, mesh, artifact, hf_config=config)
+        except HpcodegenError as exc:  # loss parallel has no meaning at tp 1: refused
+            rows.append([artifact.name, "refused", exc.findings[0].code, "-"])
+            continue
+        ids = _ids(config["vocab_size"], device)
+        logits = (_fwd_bwd(ref, ids) - _fwd_bwd(gen, ids)).abs().max()
+        grads = max(float((a.grad - b.grad).abs().max())
+                    for (_, a), (_, b) in zip(ref.named_parameters(), gen.named_parameters(),
+                                              strict=True))
+        ok = float(logits) == 0.0 and grads == 0.0
+        rows.append([artifact.name, "equal" if ok else "DIFFERS", f"{float(logits):.2e}",
+                     f"{grads:.2e}"])
+    common.destroy_pg()
+    return rows
+
+
+def _counts(mode: Any) -> Counter:
+    kinds = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+             "all_reduce": "all_reduce", "allreduce_": "all_reduce",
+             "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+    out: Counter = Counter()
+    for op, n in mode.get_comm_counts().items():
+        name = str(op).split(".")[-1].split("'")[0]
+        out[kinds.get(name, name)] += n
+    return +out
+
+
+def _predicted(meta: dict) -> tuple[Counter, Counter]:
+    from hpcodegen.plan.predict import predict_plan, summarize
+
+    summary = summarize(predict_plan(meta)[0])
+    fwd, bwd = Counter(), Counter()
+    for (kind, _axis, _dim), n in summary.per_forward.items():
+        fwd[kind] += n
+    for table in (summary.per_backward, summary.grad_sync):
+        for (kind, _axis, _dim), n in table.items():
+            bwd[kind] += n
+    return +fwd, +bwd
+
+
+def _local_shape(shape: tuple[int, ...], placements: tuple, world: int) -> tuple[int, ...]:
+    from hpcodegen.checkpoint.layout import splits
+
+    out = list(shape)
+    for p in placements:
+        if splits(p):
+            out[p.dim] //= world
+    return tuple(out)
+
+
+def fake_step(device: str, dtype: Any, names: list[str] | None) -> list[list[Any]]:
+    """Part 2: one bf16 step of each example on rank 0 of a fake group of its tp size."""
+    import torch
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.runtime import parallelize_from_generated
+
+    rows = []
+    for artifact in examples(names):
+        meta = load_meta(artifact).data
+        world = int(meta["parallel_dims"]["tp_size"])
+        mesh = fake_group(world, device)
+        ref, gen, config = example_pair(artifact, device, dtype)
+        shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+        info = parallelize_from_generated(gen, mesh, artifact, hf_config=config)
+        ids = _ids(config["vocab_size"], device)
+        with CommDebugMode() as fwd_mode:
+            logits = gen(input_ids=ids, use_cache=False).logits
+        with CommDebugMode() as bwd_mode:
+            logits.float().pow(2).mean().backward()
+        torch.optim.AdamW(gen.parameters(), lr=1e-3).step()
+        wrong = [n for n, p in gen.named_parameters()
+                 if p.dtype != dtype or p.grad is None or p.grad.shape != p.shape
+                 or tuple(p.shape) != _local_shape(shapes[n], info[n][0], world)]
+        want_fwd, want_bwd = _predicted(meta)
+        counts_ok = _counts(fwd_mode) == want_fwd and _counts(bwd_mode) == want_bwd
+        vocab = config["vocab_size"] // (world if meta["parallel_dims"].get("loss_parallel")
+                                         else 1)  # loss parallel: the logits stay sharded
+        status = "ok" if not wrong and counts_ok and logits.shape[-1] == vocab else "DIFFERS"
+        rows.append([artifact.name, world, status, dict(_counts(fwd_mode)),
+                     dict(_counts(bwd_mode)), ", ".join(wrong[:3]) or "-"])
+    common.destroy_pg()
+    return rows
+
+
+def layer_arms(dims: dict, device: str, dtype: Any, compiled: bool) -> tuple[dict, Any]:
+    """The three arms at tp 8 on rank 0 of a fake group of 8 (and, compiled, three more)."""
+    import torch
+
+    config = common.tiny_llama_config(dims["layers"], hidden=dims["hidden"], heads=dims["heads"],
+                                      kv_heads=dims["kv_heads"],
+                                      intermediate=dims["intermediate"], vocab=dims["vocab"])
+    config["max_position_embeddings"] = 8192
+    work = Path(tempfile.mkdtemp(prefix="hpcodegen-gpu-bench-"))
+    artifact = common.generate_artifact(common.write_config_dir(config, work / "cfg"),
+                                        LAYER_TP, work / "art")
+    mesh = fake_group(LAYER_TP, device)
+
+    def build(name: str) -> Any:
+        if name == "hpcodegen":
+            model = common.build_model(config, model_cls=common.generated_model_class(artifact))
+            from hpcodegen.runtime import parallelize_from_generated
+
+            parallelize_from_generated(model.to(device, dtype), mesh, artifact)
+            return model
+        if name == "handwritten":
+            return HandwrittenLlama(common.build_model(config).to(device, dtype), mesh)
+        return common.apply_torch_tp(common.build_model(config).to(device, dtype), mesh,
+                                     dims["layers"])
+
+    arms = {name: build(name) for name in ARMS}
+    if compiled:
+        for name in ARMS:
+            arm = build(name)
+            if isinstance(arm, HandwrittenLlama):
+                arm.forward = torch.compile(arm.forward)
+            elif name == "hpcodegen":
+                from hpcodegen.runtime.compile import compile_parallelized
+
+                arm = compile_parallelized(arm, "model")
+            else:
+                arm.compile()
+            arms[f"{name} compiled"] = arm
+    return arms, config
+
+
+def time_layer(dims: dict, device: str, dtype: Any, compiled: bool, rounds: int,
+               warmup: int, seq: int) -> tuple[list[list[Any]], list[str]]:
+    """Part 3: median per call of every arm, and its ratio over the hand-written one."""
+    import torch
+
+    arms, config = layer_arms(dims, device, dtype, compiled)
+    ids = _ids(config["vocab_size"], device, rows=1, seq=seq)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows, notes = [], []
+    for mode, idx in (("fwd", 0), ("fwd+bwd", 1)):
+        fns = {}
+        for name, arm in arms.items():
+            fn = step_fns(arm, ids)[idx]
+            fns[name] = (lambda f=fn: (f(), sync()))
+        try:
+            timings = common.interleaved_timings(fns, warmup=warmup, rounds=rounds)
+        except Exception as exc:  # a compile failure is reported, the eager arms still time
+            notes.append(f"{mode}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        for name in arms:
+            base = "handwritten compiled" if name.endswith("compiled") else "handwritten"
+            rows.append([mode, name, timings[name]["median"] * 1e3, timings[name]["min"] * 1e3,
+                         common.paired_ratio(timings[name], timings[base])])
+    common.destroy_pg()
+    return rows, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (a script check)")
+    parser.add_argument("--compile", action="store_true", help="with --smoke: compiled arms too")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    require_device(args.device)
+    import warnings
+
+    import torch
+
+    # module hooks on HF output objects: torch's notice, not a finding of this script
+    warnings.filterwarnings("ignore", message=".*backward hook", category=UserWarning)
+    names = SMOKE_EXAMPLES if args.smoke else None
+    dtype = torch.bfloat16
+    device = args.device
+    where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    print(f"# bench/gpu.py on {where}; {common.machine_note()}")
+    tp1 = examples_at_tp1(device, dtype, names)
+    print("\n## 1. the shipped examples at tp 1 (bf16) against transformers' model")
+    print(common.format_table(["artifact", "result", "logits max diff", "grads max diff"], tp1))
+    step = fake_step(device, dtype, names)
+    print("\n## 2. one bf16 step on rank 0 of a fake group of the artifact's tp size")
+    print(common.format_table(["artifact", "tp", "shapes+counts", "forward collectives",
+                               "backward collectives", "wrong params"], step))
+    dims = SMOKE_LAYER if args.smoke else LLAMA3_8B_LAYER
+    compiled = args.compile or not args.smoke
+    rounds, warmup = (3, 1) if args.smoke else ((10, 3) if args.quick else (30, 5))
+    rows, notes = time_layer(dims, device, dtype, compiled, rounds, warmup,
+                             seq=32 if args.smoke else 4096)
+    print(f"\n## 3. one Llama-3-8B-shaped layer at tp {LAYER_TP} local shapes "
+          f"({dims}), bf16, fake group; ms per call; ratio over hand-written")
+    print(common.format_table(["mode", "arm", "median ms", "min ms", "ratio"], rows))
+    for note in notes:
+        print(f"note: {note}")
+    if args.json:
+        args.json.write_text(json.dumps({"device": where, "tp1": tp1, "fake_step": step,
+                                         "layer": rows, "notes": notes}, indent=2))
+    bad = [r for r in tp1 if r[1] == "DIFFERS"] + [r for r in step if r[2] != "ok"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""What verify derives from a plan's placements and refuses to take on trust (pure).
+
+A meta declares things the placements already decide. Declared otherwise, the plan
+installs and runs, and only a parity check shows it wrong; so the ``plan`` check (which
+``generate`` runs on what it freezes and the runtime runs before install) derives them by
+the same rules the generator and the runtime use and refuses a disagreement:
+
+* ``partial_grad_params``: :mod:`hpcodegen.plan.partial_grads` (a full gradient summed
+  over tp is multiplied by tp; a partial one left alone is one rank's share; a shard's
+  gradient is never summed);
+* partial outputs: an output is ``P(...)`` on tp only where the boundary's compute is
+  split over tp (a sharded parameter in it, a sharded input, or an opaque injected
+  compute); from replicated weights every rank holds the whole value and the reduction
+  would multiply it;
+* ``tp_rank0_params``: replicated parameters of a boundary that splits its compute into a
+  partial output, or whose injected compute reduces it (the expert dispatch under ``--sp``),
+  else the other ranks would drop them; in such an entry every
+  replicated parameter of the module itself is one of them (the generator's rule:
+  applied to a partial output once per rank, it would be counted tp times);
+* ``ep_size``: expert placements (``ep: S(..)``) exactly when ``parallel_dims.ep_size`` > 1,
+  each on a module whose dispatch injection names the same ``ep_size``;
+* transitions the runtime cannot execute (a redistribution *to* ``Partial``), refused
+  here instead of at install (the runtime's ``runtime.invalid_redistribute``).
+
+In a meta of another generator (no hpcodegen stamp) what that system legitimately leaves
+out is not an error: ``partial_grad_params`` (a key of ours) is noted (info), expert
+placements at ep 1 (its runtime keeps them whole) are a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hpcodegen.checks.context import as_dict, as_list, plan_entries
+from hpcodegen.errors import Finding, error, info, pointer, warning
+from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
+from hpcodegen.plan.entry import (
+    effective_partial_grad_params,
+    is_boundary,
+    partial_grad_params,
+    tp_rank0_params,
+)
+from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, target_name
+from hpcodegen.plan.partial_grads import (
+    governing_boundary,
+    sequence_parallel,
+    sharded_input,
+    tp_sharded,
+    verdict,
+)
+
+EP = "ep"
+
+
+def _ours(meta: Mapping[str, Any]) -> bool:
+    from hpcodegen.artifact.digest import is_hpcodegen_meta
+
+    return is_hpcodegen_meta(meta)
+
+
+def _parsed(text: Any) -> Any:
+    try:
+        return parse_placement(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _partial_tp(named: Any) -> bool:
+    return isinstance(named, Mapping) and isinstance(_parsed(named.get("tp")), Partial)
+
+
+def grad_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    """``partial_grad_params`` against :func:`hpcodegen.plan.partial_grads.verdict`."""
+    plan = plan_entries(meta)
+    ours, sp = _ours(meta), sequence_parallel(meta)
+    for fqn, entry in plan.items():
+        declared = set(partial_grad_params(entry))
+        synced = set(effective_partial_grad_params(entry))
+        listed = "partial_grad_params" in entry
+        for rel in as_dict(entry.get("params")):
+            kind = verdict(plan, fqn, rel, sp)
+            where = pointer("param_plan", fqn, "partial_grad_params")
+            name = f"{fqn}.{rel}" if fqn else rel
+            if kind == "sharded" and rel in declared:
+                yield error("plan.partial_grad_sharded", where,
+                            f"{name} is sharded over tp, yet listed as a partial gradient: "
+                            "summing the ranks' gradients of different shards is garbage",
+                            hint="drop it from partial_grad_params")
+            elif kind == "full" and rel in declared:
+                yield error("plan.partial_grad_full", where,
+                            f"{name} is replicated and every rank computes with it on the "
+                            "whole data, so its gradient is whole on every rank; listed as "
+                            "partial it would be summed over tp (multiplied by tp_size)",
+                            hint="drop it from partial_grad_params")
+            elif kind == "partial" and rel not in synced:
+                make = error if ours or listed else info  # the key is ours, not theirs
+                yield make("plan.partial_grad_missing", where,
+                           f"{name} is replicated but computed on each rank's share of the "
+                           "work (a split compute or a sharded input), so each rank holds a "
+                           "partial gradient; unlisted it is never summed over tp",
+                           expected=f"{rel!r} in partial_grad_params")
+
+
+def _split_below(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> bool:
+    """A tp-sharded parameter in ``fqn``'s entry or any entry inside it."""
+    return any(any(tp_sharded(n) for n in as_dict(entry.get("params")).values())
+               for other, entry in plan.items()
+               if other == fqn or not fqn or other.startswith(fqn + "."))
+
+
+def output_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    """A ``P(...)`` output needs split compute; ``tp_rank0_params`` need a partial one."""
+    plan = plan_entries(meta)
+    opaque_fqns = _computed_elsewhere(meta)
+    for fqn, entry in plan.items():
+        if not is_boundary(entry):
+            continue
+        outs = as_dict(entry.get("out_src"))
+        partial = [n for n, v in outs.items() if _partial_tp(v)]
+        opaque = fqn in opaque_fqns
+        split = _split_below(plan, fqn) or sharded_input(entry) or opaque
+        if partial and not split:
+            yield error("plan.partial_output_unsplit",
+                        pointer("param_plan", fqn, "out_src", partial[0], "tp"),
+                        f"{fqn}: output {partial[0]!r} is declared partial over tp, but "
+                        "nothing in the boundary is split over tp (no sharded parameter, no "
+                        "sharded input): every rank computes the whole value, and the "
+                        "reduction would multiply it by tp_size",
+                        expected="R, or a boundary whose parameters or inputs are sharded")
+    yield from _rank0_findings(plan, opaque_fqns)
+
+
+def _computed_elsewhere(meta: Mapping[str, Any]) -> set[str]:
+    """Modules whose compute an injected ``local_compute_fn`` replaces (opaque here)."""
+    out: set[str] = set()
+    for record in as_list(meta.get("injections")):
+        if isinstance(record, Mapping) and record.get("local_compute_fn"):
+            match = record.get("match")
+            out.update(m for m in ([match] if isinstance(match, str) else as_list(match))
+                       if isinstance(m, str))
+    return out
+
+
+def _rank0_findings(plan: Mapping[str, Mapping[str, Any]],
+                    opaque: set[str]) -> Iterator[Finding]:
+    """``opaque``: boundaries whose compute an injection replaces (the expert dispatch
+    reduces its tp-split compute itself, so its output need not be declared partial)."""
+    for fqn, entry in plan.items():
+        names = tp_rank0_params(entry)
+        if not names:
+            continue
+        params = as_dict(entry.get("params"))
+        where = pointer("param_plan", fqn, "tp_rank0_params")
+        sharded = [n for n in names if tp_sharded(params.get(n))]
+        if sharded:
+            yield error("plan.rank0_sharded", where,
+                        f"{fqn}.{sharded[0]} is sharded over tp: each rank holds its own "
+                        "slice, so it cannot be applied by tp rank 0 only",
+                        hint="drop it from tp_rank0_params")
+        partial_out = any(_partial_tp(v) for v in as_dict(entry.get("out_src")).values())
+        reduced = partial_out or fqn in opaque
+        if not (is_boundary(entry) and reduced and _split_below(plan, fqn)):
+            yield error("plan.rank0_unsplit", where,
+                        f"{fqn} lists tp_rank0_params but does not split its compute into a "
+                        "partial output: every rank computes the whole output, and the "
+                        "ranks other than 0 would drop these parameters",
+                        hint="drop tp_rank0_params, or split the boundary over tp")
+            continue
+        whole = sorted(n for n, v in params.items() if "." not in n and not tp_sharded(v)
+                       and n not in names)
+        if whole:
+            yield error("plan.rank0_incomplete", where,
+                        f"{fqn} splits its compute into a partial output and lists "
+                        f"tp_rank0_params, but its own replicated {', '.join(whole)} "
+                        f"{'is' if len(whole) == 1 else 'are'} not among them: applied to "
+                        "each rank's partial result, it would be counted tp_size times",
+                        expected=f"{whole[0]!r} in tp_rank0_params")
+
+
+def _ep_sharded(named: Any) -> bool:
+    return isinstance(named, Mapping) and isinstance(_parsed(named.get(EP)),
+                                                     (Shard, StridedShard))
+
+
+def ep_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
+    """Expert placements, dispatch injections and ``parallel_dims.ep_size`` agree."""
+    plan = plan_entries(meta)
+    ours = _ours(meta)
+    raw = as_dict(meta.get("parallel_dims")).get("ep_size", 1)
+    ep = raw if isinstance(raw, int) and not isinstance(raw, bool) else 1
+    experts = {fqn for fqn, e in plan.items()
+               if any(_ep_sharded(n) for n in as_dict(e.get("params")).values())}
+    dispatch = {}
+    for i, record in enumerate(as_list(meta.get("injections"))):
+        if not isinstance(record, Mapping):
+            continue
+        size = record.get("ep_size")
+        matches = record.get("match")
+        for fqn in [matches] if isinstance(matches, str) else as_list(matches):
+            if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS:
+                dispatch[fqn] = i
+            if isinstance(size, int) and size > 1 and size != ep:
+                yield error("plan.ep_size_mismatch", pointer("injections", i, "ep_size"),
+                            f"{fqn}: the injection dispatches over ep_size {size}, but "
+                            f"parallel_dims.ep_size is {ep}: the mesh the runtime builds "
+                            "has no such expert group", expected=f"ep_size {ep}")
+    if experts and ep <= 1:
+        first = sorted(experts)[0]
+        make = error if ours else warning
+        yield make("plan.ep_placement_without_ep", pointer("param_plan", first, "params"),
+                   f"{first} (and {len(experts) - 1} more) place experts over ep, but "
+                   f"parallel_dims.ep_size is {ep}: no expert group exists, the placement "
+                   "is not what runs", expected="ep_size > 1, or no ep placement")
+    if not ours:
+        return
+    if ep > 1 and not experts:
+        yield error("plan.ep_without_experts", pointer("parallel_dims", "ep_size"),
+                    f"parallel_dims.ep_size is {ep} but no parameter is placed over ep",
+                    expected="ep_size 1")
+    for fqn in sorted(experts ^ set(dispatch)):
+        yield error("plan.ep_dispatch_mismatch", pointer("param_plan", fqn),
+                    f"{fqn}: expert placements and the ep dispatch injection must come "
+                    "together (one without the other splits the experts without routing "
+                    "tokens to them, or routes to experts every rank holds whole)")
+
+
+def transition_findings(forms: Mapping[str, Any] | None) -> Iterator[Finding]:
+    """Transitions the runtime cannot execute: a redistribution to ``Partial``."""
+    for fqn, form in (forms or {}).items():
+        for t in form.transitions:
+            bad = [s for s in t.steps if s.kind == "invalid"]
+            if bad:
+                yield error("plan.invalid_redistribute",
+                            pointer("param_plan", fqn, f"{t.side}_dst", t.name),
+                            f"{fqn}: {t.side}put {t.name!r}: {bad[0].detail}; the runtime "
+                            "cannot execute this transition",
+                            expected="a destination that is not Partial")
+
+
+def derived_findings(meta: Mapping[str, Any], forms: Mapping[str, Any] | None
+                     ) -> Iterator[Finding]:
+    """Every rule of the module docstring."""
+    yield from grad_findings(meta)
+    yield from output_findings(meta)
+    yield from ep_findings(meta)
+    yield from transition_findings(forms)
+
+
+__all__ = ["derived_findings", "governing_boundary"]

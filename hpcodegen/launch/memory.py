@@ -1,0 +1,193 @@
+"""A rank's peak memory in the smoke job, estimated before anything is allocated.
+
+What a rank of ``launch``'s built-in job holds, by option (``b`` = bytes per element of
+``--dtype``; ``S`` = this rank's parameters after sharding, ``F`` = the whole model's):
+
+* the sharded model, ``S*b``; with ``--check-parity`` also the unsharded reference, ``F*b``,
+  for the whole job;
+* a gradient per parameter once a backward ran (``--check-parity`` or ``--steps``): x2;
+  AdamW's two moments with ``--steps``: x4 in all;
+* without safetensors weights (a seeded init, no ``--resume``) each model is first built
+  whole in float32 (``F*4``) and sharded after: a transient full copy per rank, on the host,
+  and on the device too for cuda/npu (the model moves there before its plan is installed);
+* the logits of the synthetic batch, gathered whole, in float32 for the loss, with their
+  gradient (``3*4`` bytes per logit, per model); other activations of the 2 x 32-token
+  batch are left out: next to the parameters they are small.
+
+The peak is the largest of: building the sharded model, building the reference beside it,
+and the steady state of parity and steps. On cpu the peak is host memory and every rank of
+the node needs it; on an accelerator the device peak is compared with that device's free
+memory and the float32 init with the host's. :func:`check` returns the refusal message, or
+None when the job fits. The counts come from the real model built on the meta device and
+installed with the real plan (``smoke.preflight``): no second rule for what a rank holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: bytes per logit: the logits, their float32 copy for the loss and its gradient
+LOGIT_BYTES = 3 * 4
+#: AdamW keeps two moments per parameter, in the parameter's dtype
+ADAM_STATES = 2
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the estimate needs, from the model and the launch options.
+
+    Attributes:
+        full_numel: parameters of the whole model (a tied pair counted once).
+        local_numel: parameters this rank holds after the plan is installed.
+        dtype_bytes: bytes per element of ``--dtype``.
+        seeded: no weights and no resume: each model is built whole in float32 first.
+        parity: ``--check-parity`` (the unsharded reference).
+        steps: ``--steps`` (gradients and AdamW state).
+        logits_numel: elements of one forward's full logits (batch x sequence x vocab).
+        accelerator: the rank's device is not the host (cuda, npu).
+    """
+
+    full_numel: int
+    local_numel: int
+    dtype_bytes: int
+    seeded: bool
+    parity: bool
+    steps: int
+    logits_numel: int
+    accelerator: bool
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """A rank's estimated peak: on its device (the host for cpu) and on the host besides.
+
+    ``parts`` names what makes up the device peak, for the message.
+    """
+
+    device: int
+    host: int
+    parts: tuple[tuple[str, int], ...]
+
+
+def estimate(job: JobShape) -> MemoryNeed:
+    """The peak bytes of one rank (module docstring)."""
+    sharded, full = job.local_numel * job.dtype_bytes, job.full_numel * job.dtype_bytes
+    init = job.full_numel * 4 if job.seeded else 0  # the float32 build of a whole model
+    copies = 1 + (1 if job.parity or job.steps else 0) + (ADAM_STATES if job.steps else 0)
+    models = 2 if job.parity else 1
+    logits = job.logits_numel * LOGIT_BYTES * models
+    steady: list[tuple[str, int]] = [("sharded parameters", sharded)]
+    if job.parity:
+        steady.append(("unsharded reference", full))
+    if copies > 1:
+        steady.append(("gradients", sharded + (full if job.parity else 0)))
+    if job.steps:
+        steady.append(("AdamW state", ADAM_STATES * (sharded + (full if job.parity else 0))))
+    steady.append(("logits", logits))
+    # building: the whole model lands on the device before its plan is installed (seeded)
+    whole = full if job.accelerator else init
+    phases = {"steady": sum(n for _, n in steady),
+              "building the sharded model": whole if job.seeded else sharded,
+              "building the reference": sharded + (max(full, whole) if job.parity else 0)}
+    peak_phase = max(phases, key=lambda k: phases[k])
+    parts = tuple(steady) if peak_phase == "steady" \
+        else ((peak_phase + (" (float32, whole)" if job.seeded else ""), phases[peak_phase]),)
+    host = init if job.accelerator else 0
+    return MemoryNeed(device=phases[peak_phase], host=host, parts=parts)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _parts(need: MemoryNeed) -> str:
+    return " + ".join(f"{label} {gib(n)}" for label, n in need.parts if n)
+
+
+def check(need: MemoryNeed, ranks_here: int, host_free: tuple[int, str],
+          device_free: tuple[int, str] | None) -> str | None:
+    """The refusal, naming the figures, when the need cannot fit; None when it fits.
+
+    ``host_free`` and ``device_free`` are ``(bytes, where the figure comes from)``;
+    ``device_free`` is None on cpu (the device is the host, shared by ``ranks_here``).
+    """
+    free, source = host_free
+    if device_free is None:
+        total = need.device * ranks_here
+        if total > free:
+            return (f"each rank needs about {gib(need.device)} of host memory at its peak "
+                    f"({_parts(need)}); {ranks_here} rank(s) on this node need "
+                    f"{gib(total)}, but {gib(free)} is available ({source})")
+        return None
+    dev, dev_source = device_free
+    if need.device > dev:
+        return (f"this rank needs about {gib(need.device)} of device memory at its peak "
+                f"({_parts(need)}), but {gib(dev)} is free on its device ({dev_source})")
+    if need.host * ranks_here > free:
+        return (f"each rank builds the whole model in float32 on the host first "
+                f"({gib(need.host)}); {ranks_here} rank(s) on this node need "
+                f"{gib(need.host * ranks_here)}, but {gib(free)} is available ({source})")
+    return None
+
+
+HINT = ("drop --check-parity (the unsharded reference and its state are the largest part), "
+        "use --dtype bf16, give safetensors weights in --model-dir (no whole float32 build "
+        "per rank), --steps 0 (no gradients, no AdamW state), more tp, or fewer ranks per node")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_headroom(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup may still allocate (v2, else v1); None when it
+    has no limit or none is readable."""
+    for limit, usage in (("memory.max", "memory.current"),
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        cap, used = _read_int(root / limit), _read_int(root / usage)
+        if cap is not None and used is not None and cap < 2**60:
+            return max(cap - used, 0)
+    return None
+
+
+def host_free() -> tuple[int, str]:
+    """Host memory this node's ranks can still take, and where the figure comes from:
+    the kernel's MemAvailable, or the memory cgroup's headroom when that is smaller."""
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    headroom = cgroup_headroom()
+    if headroom is not None and headroom < available:
+        return headroom, "the memory cgroup's limit less its usage"
+    return available, "MemAvailable"
+
+
+def device_free(device: object) -> tuple[int, str] | None:
+    """Free bytes of a cuda or npu ``torch.device`` (its own allocator's view of the
+    driver's figure); None for cpu."""
+    import torch
+
+    kind = getattr(device, "type", "cpu")
+    if kind == "cpu":
+        return None
+    module = getattr(torch, kind)
+    free, total = module.mem_get_info(device)
+    return int(free), f"{kind} mem_get_info: {gib(int(free))} of {gib(int(total))} free"
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of out-of-memory kills since boot (``/proc/vmstat oom_kill``,
+    Linux 4.13+; memory cgroups' kills included); None where it is not readable."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None

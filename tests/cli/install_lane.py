@@ -1,0 +1,153 @@
+"""A fresh venv with the built wheel, as a user gets it: the helpers of tests/cli/test_install.py.
+
+Two lanes, each one venv for the whole module:
+
+* ``newest``: no constraints at all, so pip resolves the newest releases the registry serves
+  for the core and for ``[runtime]`` (transformers included): the smoke lane that notices a
+  new typer, transformers or jsonschema breaking us before a user does.
+* ``floor``: every lower bound of ``pyproject.toml`` (core, ``[hub]``, ``[runtime]``) pinned
+  exactly, so each declared range is true at both ends.
+
+torch is the user's own build, installed first (the README's rule). The lane does it by
+hard-linking the files pip installed for ``torch==2.13.0`` in the dev venv (its ``RECORD``)
+into the lane's site-packages, the same bytes pip would unpack from the same wheel, in ~1 s
+instead of ~25 s; pip then sees torch installed and resolves its dependencies like any
+other. The venvs are made ``--without-pip`` and filled by the dev venv's pip
+(``--python``), with ``--no-compile``: the verbs compile only what they import.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+#: the torch the whole project runs on (Makefile, constraints.txt)
+TORCH = "2.13.0"
+#: what the core install must never pull in
+HEAVY = {"torch", "transformers", "libcst", "safetensors", "nvidia-cublas-cu12"}
+
+
+def build_wheel(out: Path, scratch: Path) -> Path:
+    """``pip wheel`` of a copy of the checkout (no build/ left behind, no stale build/lib)."""
+    src = scratch / "hpcodegen"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "out"))
+    subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(out), str(src)], check=True,
+                   timeout=300, capture_output=True)
+    (path,) = out.glob("hpcodegen-*.whl")
+    return path
+
+
+def requirements(wheel: Path) -> dict[str, list[str]]:
+    """The wheel's ``Requires-Dist`` lines by extra (``""``: the core), as pip reads them."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA")))
+    found: dict[str, list[str]] = {}
+    for line in meta.decode().splitlines():
+        if line.startswith("Requires-Dist:"):
+            req, _, marker = line.removeprefix("Requires-Dist:").partition(";")
+            extra = re.search(r"extra\s*==\s*[\"']([^\"']+)", marker)
+            found.setdefault(extra[1] if extra else "", []).append(req.strip())
+    return found
+
+
+def floors(wheel: Path) -> dict[str, dict[str, str]]:
+    """Extra (``""``: the core) -> distribution -> its lower bound, for the core, ``[hub]`` and
+    ``[runtime]`` (each must be a plain ``name>=X``: a range with no floor is not testable)."""
+    found: dict[str, dict[str, str]] = {}
+    for extra, reqs in requirements(wheel).items():
+        if extra not in {"", "hub", "runtime"}:
+            continue
+        for req in reqs:
+            match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)", req)
+            assert match, f"the wheel requires {req!r}: no plain '>=' lower bound"
+            found.setdefault(extra, {})[match[1].lower()] = match[2]
+    return found
+
+
+@dataclass
+class Lane:
+    """One fresh venv, filled step by step as a user would: the core, then an extra."""
+
+    name: str
+    venv: Path
+    wheel: Path
+
+    @classmethod
+    def create(cls, name: str, base: Path, wheel: Path) -> Lane:
+        venv = base / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                       timeout=120)
+        return cls(name, venv, wheel)
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def floors(self, extra: str = "") -> dict[str, str]:
+        """What the floor lane pins when installing ``extra``: the core's floors and its own."""
+        table = floors(self.wheel)
+        return {**table[""], **table.get(extra, {})}
+
+    def install(self, extra: str = "") -> None:
+        """``pip install`` of the wheel (with ``[extra]``); the floor lane pins every floor
+        of the core and of that extra exactly (each extra's floors hold together with the
+        core's; [hub]'s need not with [runtime]'s: transformers brings its own hub)."""
+        target = f"{self.wheel}[{extra}]" if extra else str(self.wheel)
+        pins: list[str] = []
+        if self.name == "floor":
+            constraints = self.venv.parent / f"floors-{extra or 'core'}.txt"
+            constraints.write_text("".join(f"{d}=={v}\n" for d, v in self.floors(extra).items()))
+            pins = ["-c", str(constraints)]
+        proc = subprocess.run([*PIP, "--python", str(self.python), "install", "--no-compile",
+                               "--only-binary", ":all:", *pins, target], capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, f"{self.name} lane: pip install {target}:\n{proc.stderr}"
+
+    def installed(self) -> dict[str, str]:
+        proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                               "--python", str(self.python), "list", "--format", "json"],
+                              check=True, capture_output=True, text=True, timeout=120)
+        return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"]
+                for p in json.loads(proc.stdout)}
+
+    def install_torch_first(self) -> None:
+        """torch==2.13.0 before the ``[runtime]`` extra, linked from the dev venv (see above)."""
+        dist = importlib.metadata.distribution("torch")
+        assert dist.version.split("+")[0] == TORCH, dist.version
+        src_root = Path(dist.locate_file(""))
+        (site,) = self.venv.glob("lib/python*/site-packages")
+        for rel in dist.files or ():
+            src = src_root / rel
+            if rel.parts[0] == ".." or not src.is_file():  # console scripts: not used here
+                continue
+            dst = site / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system
+                shutil.copy2(src, dst)
+
+    def run(self, *args: str | Path, cwd: Path, timeout: float = 300,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """The installed ``hpcodegen`` console script, from ``cwd`` (outside the checkout).
+
+        Bytecode is written (the venv was installed without it), nothing from the dev venv
+        leaks in through PYTHONPATH, and no hub is reachable.
+        """
+        base = {k: v for k, v in os.environ.items()
+                if k not in {"PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "VIRTUAL_ENV"}}
+        full = {**base, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+        return subprocess.run([str(self.venv / "bin" / "hpcodegen"), *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env=full)
