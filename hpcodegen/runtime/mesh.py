@@ -57,12 +57,17 @@ class ActiveMesh:
         mesh: the submesh over ``axes`` (None when ``axes`` is empty: a no-op install).
         source_mesh: the submesh named in the FSDP2 source info: over :attr:`source_axes`
             (None when there are none, e.g. a cp-only plan).
+        param_mesh: the dense submesh over :attr:`source_axes` (``mesh`` without cp), the
+            one a parameter's :class:`~hpcodegen.runtime.shards.ShardSpec` names: a
+            parameter is replicated over cp, so its spec, ``state_dict()`` and a checkpoint
+            have no cp in them (None when no axis is left).
     """
 
     axes: tuple[str, ...]
     sizes: dict[str, int]
     mesh: Any
     source_mesh: Any
+    param_mesh: Any = None
 
     @property
     def source_axes(self) -> tuple[str, ...]:
@@ -135,11 +140,12 @@ def resolve_active_mesh(plan: Plan | Mapping[str, Any], context: MeshContext) ->
         return ActiveMesh((), {}, None, None)
     sub = _submesh(mesh, axes)
     kept = tuple(a for a in axes if a not in FSDP_AXES)
-    source = _submesh(mesh, kept) if kept else None
+    dense = (sub if kept == axes else _submesh(mesh, kept)) if kept else None
+    source = dense
     fsdp = context.fsdp_mesh
     if kept and fsdp is not None and set(kept) <= set(fsdp.mesh_dim_names or ()):
         source = _submesh(fsdp, kept)
-    return ActiveMesh(axes, {a: shape[a] for a in axes}, sub, source)
+    return ActiveMesh(axes, {a: shape[a] for a in axes}, sub, source, dense)
 
 
 def to_torch_placements(placements: Sequence[Placement], ndim: int | None = None) -> tuple:
