@@ -41,6 +41,12 @@ from hpcodegen.errors import (
     error,
 )
 from hpcodegen.generate.cost import cost_note
+from hpcodegen.generate.cp_plan import (
+    add_cp_axis,
+    check_cp_model,
+    check_layout,
+    default_layout,
+)
 from hpcodegen.generate.emit import emit_modeling
 from hpcodegen.generate.freeze import (
     build_meta,
@@ -74,6 +80,7 @@ from hpcodegen.generate.validate import (
     check_sequence_parallel,
 )
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
+from hpcodegen.plan.entry import is_boundary
 from hpcodegen.plan.tp_divisible import HEAD_FIELDS
 from hpcodegen.report.envelope import emit
 
@@ -97,6 +104,10 @@ class GenerateArgs:
     verbosity: int = 0
     #: module prefixes trusted for injection targets (as ``launch --allow-target``)
     allow_target: tuple[str, ...] = ()
+    #: context-parallel degree (the sequence cut over cp ranks; docs/cp.md)
+    cp: int = 1
+    #: ``headtail`` / ``contiguous``; None: head-tail for causal models
+    cp_layout: str | None = None
     #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
     strict: bool = False
 
@@ -106,7 +117,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  advance: Callable[[str], None] = lambda _step: None,
                  ep: int = 1, notes: list[str] | None = None,
                  loss_parallel: bool = False,
-                 warnings: list[Finding] | None = None) -> dict[str, bytes]:
+                 warnings: list[Finding] | None = None, cp: int = 1,
+                 cp_layout: str | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -120,6 +132,9 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
     if ep < 1:
         raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
+    if cp < 1:
+        raise UsageError([error("generate.cp", "--cp", f"--cp must be >= 1, got {cp}")])
+    check_layout(cp_layout)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)
@@ -146,6 +161,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if sp:
         check_sequence_parallel(plan, classes, moe_blocks)
         check_sp_shapes(model, plan, tp, classes)
+    if cp > 1:
+        injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
     degenerate = unsplit_layers(model, plan, tp, rules_in_use(
         model, hf_rules(model), rules.file if rules is not None else None, recipe))
@@ -158,7 +175,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
-                      loss_parallel=loss_parallel)
+                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout)
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
@@ -175,6 +192,19 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     rendered = render_bundle(files, roles, meta)
     verify_frozen(rendered[META_NAME], defined_classes(text), modules)
     return rendered
+
+
+def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, Any]],
+             injections: list[dict[str, Any]], layout: str | None,
+             classes: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+    """The cp axis on the plan (:mod:`hpcodegen.generate.cp_plan`) and the frozen layout,
+    after the probe forward found every attention and no other token mixer."""
+    from hpcodegen.generate.cp_probe import probe_cp
+
+    boundaries = [fqn for fqn, entry in plan.items() if is_boundary(entry)]
+    probe = probe_cp(model, config, boundaries)
+    check_cp_model(model, config, probe)
+    return add_cp_axis(plan, injections, probe, classes), layout or default_layout(probe)
 
 
 def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
@@ -230,7 +260,8 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep, notes, args.loss_parallel, warned)
+                                    args.ep, notes, args.loss_parallel, warned, args.cp,
+                                    args.cp_layout)
             if warned and args.strict:
                 raise PlanError([replace(f, severity=Severity.ERROR,
                                          hint=f"{f.hint}; --strict refuses warnings")

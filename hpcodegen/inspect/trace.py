@@ -42,6 +42,9 @@ class TraceResult:
     tensors: dict[tuple[str, str, str], TensorInfo] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    #: ``{(attention module fqn, "key" | "value"): shape}`` as handed to the attention
+    #: kernel (``[batch, kv_heads, seq, head_dim]``, before any GQA expansion)
+    attention: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
 def _info(value: Any) -> TensorInfo | None:
@@ -141,13 +144,26 @@ def experts_shape_only(model: Any) -> Iterator[None]:
             module.__dict__.pop("forward", None)
 
 
-def _run_forward(model: Any, batch: int, seq: int) -> None:
+def _run_forward(model: Any, batch: int, seq: int, result: TraceResult | None = None) -> None:
+    import contextlib
+
     import torch
+
+    from hpcodegen.inspect.attention import watch_attention
 
     _stub_experts(model)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     mask = torch.ones(batch, seq, dtype=torch.long, device="meta")
-    with torch.no_grad():
+    names = {id(m): fqn for fqn, m in model.named_modules()}
+
+    @contextlib.contextmanager
+    def record(module: Any, _q: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
+        fqn = names.get(id(module), "")
+        if result is not None:
+            result.attention.setdefault((fqn, "key"), tuple(key.shape))
+            result.attention.setdefault((fqn, "value"), tuple(value.shape))
+        yield
+    with torch.no_grad(), watch_attention(model, record):
         model(input_ids=ids, attention_mask=mask, **no_cache_kwargs(model))
 
 
@@ -195,7 +211,7 @@ def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
             continue
         handles.extend(_hooks(module, target, result))
     try:
-        _run_forward(model, batch, seq)
+        _run_forward(model, batch, seq, result)
     except Exception as exc:  # any model code may fail on meta; report, never a traceback
         raise PlanError([error("trace.forward_failed", "",
                                f"meta-device forward failed: {type(exc).__name__}: {exc}",
