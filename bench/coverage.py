@@ -49,6 +49,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coverage_cp import cp_cell, cp_reason  # noqa: E402
+
 TOL = 1e-5
 SHRINK: dict[str, Any] = {
     "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -460,7 +463,7 @@ def check_family(model_type: str, class_name: str, work: Path) -> dict[str, Any]
             config4[name] = {**sub, **kv4(sub)}
     (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
-                           ("sp", ["--tp", "2", "--sp"])):
+                           ("sp", ["--tp", "2", "--sp"]), ("cp2", ["--tp", "1", "--cp", "2"])):
         out = work / model_type / variant
         cfg = cfg4_dir if variant == "tp4" else cfg_dir
         code, text = _cli(["generate", "--model", str(cfg), *extra, "-o", str(out)])
@@ -635,11 +638,17 @@ def _parity_rank(rank: int, world: int, init: str, jobs: list[tuple[str, str, st
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    cp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     results: dict[str, Any] = {}
     try:
         for key, artifact, config_dir in jobs:
             try:
-                results[key] = parity_one(artifact, config_dir, mesh)
+                if key.endswith("/cp2"):
+                    from coverage_cp import cp_parity_one
+
+                    results[key] = cp_parity_one(artifact, config_dir, cp_mesh)
+                else:
+                    results[key] = parity_one(artifact, config_dir, mesh)
             except Exception as exc:
                 results[key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
             dist.barrier()
@@ -761,7 +770,7 @@ def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
     died spawn did not reach run again, one per spawn, so one crash blames one family."""
     jobs = []
     for row in rows:
-        for variant in ("tp2", "sp"):
+        for variant in ("tp2", "sp", "cp2"):
             v = row.get(variant) or {}
             if v.get("ok"):
                 jobs.append([f"{row['family']}/{variant}", v["dir"],
@@ -867,6 +876,10 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         "at the model's magnitudes (the unsharded float32 model is as far from the float64",
         "answer; both distances are in the reason), not a sharding error.",
         "`replicated`: the plan verified but splits no decoder layer (no rule names it).",
+        "`cp2`: `generate --tp 1 --cp 2` + `verify`, then parity at cp 2 on 2 gloo ranks on a",
+        "plain and a padded batch of 32 tokens (`bench/coverage_cp.py`); `refused`: generate",
+        "names what context parallelism cannot make exact (the reasons are listed below",
+        "the tables).",
         "`rules`: hf (transformers' plan), pkg (hpcodegen/generate/rules/<model_type>.yaml),",
         "none. Regenerate: `python bench/coverage.py`.",
         "",
@@ -881,8 +894,8 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
                       "encoder run with", "`is_decoder=True` (it has a masked-LM head) or the "
                       "decoder half of a seq2seq model.", "They are listed, not counted in "
                       "`dense_ok`.", ""]
-        lines += ["| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | cp2 | status "
+                  "| reason |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in group:
             status, reason = classify_row(row)
             tp2 = row.get("tp2") or {}
@@ -891,7 +904,7 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
             par = row.get("parity") or {}
             cells = [row["family"], rules, _cell(row.get("tp2")), _cell(row.get("tp4")),
                      _cell(row.get("sp")), _parity_cell(par.get("tp2")),
-                     _parity_cell(par.get("sp")), status,
+                     _parity_cell(par.get("sp")), cp_cell(row), status,
                      reason.replace("|", "\\|").replace("\n", " ")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -900,6 +913,15 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         return sum(classify_row(r)[0] == status for r in group)
 
     dense, moe, other = groups["dense"], groups["moe"], groups["other"]
+    lines += ["## Context parallelism (cp2) not ok", "",
+              "| family | why |", "|---|---|"]
+    lines += [f"| {r['family']} | {cp_reason(r).replace('|', '/').replace(chr(10), ' ')} |"
+              for r in rows if cp_reason(r)]
+    lines.append("")
+    lines.append("cp2: " + ", ".join(
+        f"{name} ok={sum(cp_cell(r).startswith('ok') for r in group)}/{len(group)} "
+        f"refused={sum(cp_cell(r) == 'refused' for r in group)}"
+        for name, group in (("dense", dense), ("moe", moe))))
     lines.append("replicated only (exact, layers not split): "
                  f"dense={count(dense, 'replicated')} moe={count(moe, 'replicated')}")
     lines.append(f"encoder and encoder-decoder families: ok={count(other, 'ok')}/{len(other)} "

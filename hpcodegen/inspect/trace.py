@@ -41,10 +41,29 @@ class TraceResult:
     tensors: dict[tuple[str, str, str], TensorInfo] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    #: ``{(attention module fqn, "key" | "value"): shape}`` as handed to the attention
+    #: kernel (``[batch, kv_heads, seq, head_dim]``, before any GQA expansion)
+    attention: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
-def _run_forward(model: Any, batch: int, seq: int) -> None:
-    forward(model, batch, seq, mask=True)
+def _run_forward(model: Any, batch: int, seq: int, result: TraceResult | None = None) -> None:
+    """The tracer's forward, recording the K/V shapes each attention module hands its
+    kernel (:func:`hpcodegen.tracer.attention.watch_attention`) into ``result``."""
+    import contextlib
+
+    from hpcodegen.tracer.attention import watch_attention
+
+    names = {id(m): fqn for fqn, m in model.named_modules()}
+
+    @contextlib.contextmanager
+    def record(module: Any, _q: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
+        fqn = names.get(id(module), "")
+        if result is not None:
+            result.attention.setdefault((fqn, "key"), tuple(key.shape))
+            result.attention.setdefault((fqn, "value"), tuple(value.shape))
+        yield
+    with watch_attention(model, record):
+        forward(model, batch, seq, mask=True)
 
 
 def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
@@ -80,7 +99,7 @@ def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
     lone = {t.fqn: t.inputs[0] for t in targets if t.inputs}
     try:
         with removed(record_tensors(watched, recording, lone)):
-            _run_forward(model, batch, seq)
+            _run_forward(model, batch, seq, result)
     except Exception as exc:  # any model code may fail on meta; report, never a traceback
         raise PlanError([error("trace.forward_failed", "",
                                f"meta-device forward failed: {type(exc).__name__}: {exc}",

@@ -68,6 +68,17 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gro
     Returns:
         The scalar mean loss (fp32), equal on every rank.
     """
+    losses = vocab_parallel_token_losses(logits, labels, group, vocab_size=vocab_size,
+                                         ignore_index=ignore_index)
+    return losses.sum() / (labels.flatten() != ignore_index).sum()
+
+
+def vocab_parallel_token_losses(logits: torch.Tensor, labels: torch.Tensor, group: Any = None,
+                                *, vocab_size: int | None = None,
+                                ignore_index: int = -100) -> torch.Tensor:
+    """Per-token cross entropy (flattened, 0 where the label is ``ignore_index``) of the
+    full logits from this rank's vocabulary slice; arguments as
+    :func:`vocab_parallel_cross_entropy`, which is their mean over the kept labels."""
     if hasattr(logits, "to_local") and hasattr(logits, "placements"):
         logits = logits.to_local()
     comm = Comm(group)
@@ -89,5 +100,4 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gro
     mine = z.gather(-1, index).squeeze(-1) * in_slice
     target_z = reduce(mine, comm)
     losses = sum_exp.log() - target_z
-    keep = target != ignore_index
-    return (losses * keep).sum() / keep.sum()
+    return losses * (target != ignore_index)

@@ -17,9 +17,12 @@ imports this package.
   every aten op and asks a judge about each op that reads one; aten's op tags;
 * :mod:`.loss_parallel`: the loss-parallel rule on a built model (the head's logits are
   only ever touched entry by entry; :mod:`hpcodegen.plan.loss_parallel` is its pure half).
+* :mod:`.attention`: transformers' attention interface watched (which modules call it,
+  their K/V shapes and keyword arguments; the model's own kernel still runs).
 
 Its other users: ``inspect-plan --hf-config`` (:mod:`hpcodegen.inspect.trace`, bytes per
 collective), ``generate --sp`` (:mod:`hpcodegen.generate.sp_check`, the sharded-sequence
-run; :mod:`hpcodegen.generate.token_dims`, which dim holds the tokens) and generate's plan
-cost (:mod:`hpcodegen.generate.cost`).
+run; :mod:`hpcodegen.generate.token_dims`, which dim holds the tokens), ``generate --cp``
+(:mod:`hpcodegen.generate.cp_probe`: attention calls, token mixing outside them, each
+boundary's sequence dim) and generate's plan cost (:mod:`hpcodegen.generate.cost`).
 """
