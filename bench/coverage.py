@@ -162,7 +162,7 @@ def run_phase2(rows: list[dict[str, Any]], work: Path, per_spawn: int) -> None:
     died spawn did not reach run again, one per spawn, so one crash blames one family."""
     jobs = []
     for row in rows:
-        for variant in ("tp2", "sp"):
+        for variant in ("tp2", "sp", "cp2"):
             v = row.get(variant) or {}
             if v.get("ok"):
                 jobs.append([f"{row['family']}/{variant}", v["dir"],

@@ -18,6 +18,13 @@ def generate(
     ep: int = typer.Option(1, "--ep", metavar="E",
                            help="Expert-parallel degree (MoE): experts sharded over E ranks "
                                 "carved from the data-parallel ones (E divides dp)."),
+    cp: int = typer.Option(1, "--cp", metavar="N",
+                           help="Context-parallel degree: the sequence cut over N ranks, "
+                                "attention K/V all-gathered (docs/cp.md)."),
+    cp_layout: Optional[str] = typer.Option(
+        None, "--cp-layout", metavar="LAYOUT",
+        help="Which positions a cp rank holds: headtail (default for causal models: "
+             "balanced) or contiguous."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
     loss_parallel: bool = typer.Option(
@@ -64,7 +71,8 @@ def generate(
         return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
                                          as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose),
-                                         loss_parallel=loss_parallel, strict=strict))
+                                         loss_parallel=loss_parallel, strict=strict,
+                                         cp=cp, cp_layout=cp_layout))
 
     start_progress(quiet, as_json)
     raise typer.Exit(guarded("generate", call, as_json=as_json))

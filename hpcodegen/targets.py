@@ -25,7 +25,7 @@ before any artifact code is imported, then :func:`resolve_injections`.
 
 To ship a factory, add one line to :data:`BUILTIN_TARGETS`, e.g.::
 
-    "sdpa_hf": "hpcodegen.runtime.wrappers:sdpa_hf",
+    "sdpa_hf": "hpcodegen.runtime.cp.wrappers:sdpa_hf",
 
 The factory is called ``factory(module, **kwargs)`` with the target's other keys as kwargs.
 """
@@ -48,7 +48,13 @@ TARGET_FIELDS: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
 #: The factories hpcodegen ships: target name -> ``"module:attribute"``. One line each.
 BUILTIN_TARGETS: dict[str, str] = {
     "ep_dispatch": "hpcodegen.runtime.moe:ep_dispatch",
-    "sdpa_hf": "hpcodegen.runtime.wrappers:sdpa_hf",
+    # context-parallel attention (all-gather K/V over cp): hpcodegen's, under the existing
+    # system's registry names for the same algorithm, and its dotted targets
+    "sdpa_hf": "hpcodegen.runtime.cp.wrappers:sdpa_hf",
+    "sdpa_qkv": "hpcodegen.runtime.cp.wrappers:sdpa_qkv",
+    "eager_hf": "hpcodegen.runtime.cp.wrappers:eager_hf",
+    "hyper_parallel.codegen.inner.sdpa_hf": "hpcodegen.runtime.cp.wrappers:sdpa_hf",
+    "hyper_parallel.codegen.inner.sdpa_qkv": "hpcodegen.runtime.cp.wrappers:sdpa_qkv",
     "sharded_rms_norm": "hpcodegen.runtime.norms:sharded_rms_norm",
 }
 

@@ -89,16 +89,26 @@ def _check_names(model: nn.Module, layout: ShardLayout,
 
 def _install(model: nn.Module, fqn: str, local: torch.Tensor) -> None:
     """Put ``local`` into the parameter object itself (tied aliases see it too); it keeps
-    its kind (a runtime ``LocalShard`` stays one) and its recorded spec.
+    its kind (a runtime ``LocalShard`` stays one), its recorded spec, and the gradient
+    hooks the runtime registered at install (tp-partial gradients' sync, expert gradients'
+    scale) with their ``_hp_*`` flags.
 
-    ``swap_tensors`` swaps the objects' attributes too: the new one carries the spec only
-    (not the grad hooks' flags: the hooks stay with the old tensor, and the forward
-    pre-hooks hook the new one).
+    ``swap_tensors`` swaps the tensors' implementations and attributes: hooks and flags are
+    put on the new tensor first, so they move with it and keep firing (a hook left on the
+    meta tensor would be inert, and a forward pre-hook re-hooking the new one inside a
+    compiled region would break the graph).
     """
     from hpcodegen.runtime.shards import remember, spec_of
 
     param = model.get_parameter(fqn)
     new = type(param)(local, requires_grad=param.requires_grad)
+    for hook in (getattr(param, "_backward_hooks", None) or {}).values():
+        new.register_hook(hook)
+    for hook in (getattr(param, "_post_accumulate_grad_hooks", None) or {}).values():
+        new.register_post_accumulate_grad_hook(hook)
+    for name, value in vars(param).items():
+        if name.startswith("_hp_"):
+            setattr(new, name, value)
     spec = spec_of(param)
     if spec is not None:
         remember(new, spec)

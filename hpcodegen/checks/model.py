@@ -12,7 +12,7 @@ refuses by; an MLP width or vocab that does not divide is a warning there) and e
 its axis size is a warning (torch shards it unevenly). With ``parallel_dims.loss_parallel``
 the output head must be vocab-sharded and the forward may only apply elementwise steps to
 its logits; without it, the plan must not leave the head's logits vocab-sharded
-(:func:`hpcodegen.plan.loss_parallel.model_findings`, the rule of ``generate
+(:func:`hpcodegen.tracer.loss_parallel.model_findings`, the rule of ``generate
 --loss-parallel`` and of the runtime's install).
 
 An injection's ``ep_stack`` is honoured: the stacked parameter is made from its per-expert
@@ -51,7 +51,7 @@ from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
 from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
-from hpcodegen.plan.loss_parallel import declared, model_findings
+from hpcodegen.plan.loss_parallel import declared
 from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
 from hpcodegen.plan.overrides import replaced_modules as select_replaced
 from hpcodegen.plan.tp_divisible import (
@@ -61,6 +61,7 @@ from hpcodegen.plan.tp_divisible import (
     tp_divisibility,
 )
 from hpcodegen.plan.vocab import vocab_parallel_findings
+from hpcodegen.tracer.loss_parallel import model_findings
 
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20

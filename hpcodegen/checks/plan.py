@@ -10,7 +10,8 @@ gradients and outputs, ``tp_rank0_params``, ``ep_size``, executable transitions)
 :mod:`hpcodegen.checks.plan_derived`. Informational findings note a negative
 ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys the schema does not know
 (allowed, as the reference system ignores them). Injection targets are the ``targets``
-check's (:mod:`hpcodegen.checks.targets`).
+check's (:mod:`hpcodegen.checks.targets`); the context-parallel rules are
+:mod:`hpcodegen.checks.cp`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
+from hpcodegen.checks.cp import check_cp
 from hpcodegen.checks.forms import classified
 from hpcodegen.checks.plan_derived import derived_findings
 from hpcodegen.checks.plan_refs import check_references
@@ -198,5 +200,6 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     if forms is not None:  # None: the fields it reads break the schema (reported there)
         yield from derived_findings(meta, forms)
     yield from plan_findings(meta, "plan")
+    yield from check_cp(meta)
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

@@ -93,7 +93,8 @@ def _float64_distances(pair: Any, installed: Any, r: Any, inputs: Mapping[str, A
 
 
 def parity_jobs(jobs: list[tuple[str, str, str]], out_dir: str) -> dict[str, Any]:
-    """Rank work: every ``(key, artifact, config dir)`` on one tp mesh over the world; the
+    """Rank work: every ``(key, artifact, config dir)`` on one tp mesh over the world (a
+    ``.../cp2`` key on a cp mesh: :func:`hpcodegen.families.cp.cp_parity_one`); the
     results so far written after each job (a spawn that dies keeps them)."""
     import warnings
 
@@ -106,10 +107,16 @@ def parity_jobs(jobs: list[tuple[str, str, str]], out_dir: str) -> dict[str, Any
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    cp_mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))
     results: dict[str, Any] = {}
     for key, artifact, config_dir in jobs:
         try:
-            results[key] = parity_one(artifact, config_dir, mesh)
+            if key.endswith("/cp2"):
+                from hpcodegen.families.cp import cp_parity_one
+
+                results[key] = cp_parity_one(artifact, config_dir, cp_mesh)
+            else:
+                results[key] = parity_one(artifact, config_dir, mesh)
         except Exception as exc:
             results[key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
         dist.barrier()

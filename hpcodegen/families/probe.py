@@ -97,7 +97,7 @@ def check_family(model_type: str, class_name: str, work: Path,
             config4[name] = {**sub, **kv4(sub)}
     (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
-                           ("sp", ["--tp", "2", "--sp"])):
+                           ("sp", ["--tp", "2", "--sp"]), ("cp2", ["--tp", "1", "--cp", "2"])):
         out = work / model_type / variant
         cfg = cfg4_dir if variant == "tp4" else cfg_dir
         code, text = _cli(["generate", "--model", str(cfg), *extra, "-o", str(out)])

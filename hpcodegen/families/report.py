@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcodegen.families.catalog import family_kind
+from hpcodegen.families.cp import cp_cell, cp_reason
 from hpcodegen.families.parity import TOL
 from hpcodegen.families.probe import uses_package_rules
 
@@ -98,6 +99,10 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         "at the model's magnitudes (the unsharded float32 model is as far from the float64",
         "answer; both distances are in the reason), not a sharding error.",
         "`replicated`: the plan verified but splits no decoder layer (no rule names it).",
+        "`cp2`: `generate --tp 1 --cp 2` + `verify`, then parity at cp 2 on 2 gloo ranks on a",
+        "plain and a padded batch of 32 tokens (`hpcodegen/families/cp.py`); `refused`: generate",
+        "names what context parallelism cannot make exact (the reasons are listed below",
+        "the tables).",
         "`rules`: hf (transformers' plan), pkg (hpcodegen/generate/rules/<model_type>.yaml),",
         "none. Regenerate: `python bench/coverage.py`.",
         "",
@@ -112,8 +117,8 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
                       "encoder run with", "`is_decoder=True` (it has a masked-LM head) or the "
                       "decoder half of a seq2seq model.", "They are listed, not counted in "
                       "`dense_ok`.", ""]
-        lines += ["| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | status | reason |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| family | rules | tp2 | tp4 | sp | parity tp2 | parity sp | cp2 | status "
+                  "| reason |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in group:
             status, reason = classify_row(row)
             tp2 = row.get("tp2") or {}
@@ -122,7 +127,7 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
             par = row.get("parity") or {}
             cells = [row["family"], rules, _cell(row.get("tp2")), _cell(row.get("tp4")),
                      _cell(row.get("sp")), _parity_cell(par.get("tp2")),
-                     _parity_cell(par.get("sp")), status,
+                     _parity_cell(par.get("sp")), cp_cell(row), status,
                      reason.replace("|", "\\|").replace("\n", " ")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -131,6 +136,15 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         return sum(classify_row(r)[0] == status for r in group)
 
     dense, moe, other = groups["dense"], groups["moe"], groups["other"]
+    lines += ["## Context parallelism (cp2) not ok", "",
+              "| family | why |", "|---|---|"]
+    lines += [f"| {r['family']} | {cp_reason(r).replace('|', '/').replace(chr(10), ' ')} |"
+              for r in rows if cp_reason(r)]
+    lines.append("")
+    lines.append("cp2: " + ", ".join(
+        f"{name} ok={sum(cp_cell(r).startswith('ok') for r in group)}/{len(group)} "
+        f"refused={sum(cp_cell(r) == 'refused' for r in group)}"
+        for name, group in (("dense", dense), ("moe", moe))))
     lines.append("replicated only (exact, layers not split): "
                  f"dense={count(dense, 'replicated')} moe={count(moe, 'replicated')}")
     lines.append(f"encoder and encoder-decoder families: ok={count(other, 'ok')}/{len(other)} "

@@ -5,8 +5,8 @@ Usage::
     python -m hpcodegen.generate.examples           # rewrite every bundle
     python -m hpcodegen.generate.examples --check   # exit 1 naming each drifted file
 
-Each example is ``(config dir, tp, sp, artifact dir, loss parallel)``, paths relative to the
-repository root.
+Each example is ``(config dir, tp, sp, artifact dir, loss parallel, cp)``, paths relative
+to the repository root.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class Example:
     out: str
     #: the output head's logits stay vocab-sharded (``generate --loss-parallel``)
     loss_parallel: bool = False
+    #: context-parallel degree (``generate --cp``; the layout is the default, head-tail)
+    cp: int = 1
 
 
 EXAMPLES: tuple[Example, ...] = (
@@ -41,6 +43,7 @@ EXAMPLES: tuple[Example, ...] = (
     Example("examples/configs/qwen3", 2, False, "examples/qwen3_tp2"),
     Example("examples/configs/qwen3", 2, True, "examples/qwen3_tp2_sp"),
     Example("examples/configs/llama_bias", 2, False, "examples/llama_bias_tp2"),
+    Example("examples/configs/llama", 2, True, "examples/llama_cp2_tp2_sp", cp=2),
 )
 
 
@@ -61,7 +64,7 @@ def run_examples(check: bool, root: Path = REPO_ROOT, only: tuple[str, ...] = ()
         if only and ex.out not in only and Path(ex.out).name not in only:
             continue
         args = GenerateArgs(root / ex.config, ex.tp, root / ex.out, sp=ex.sp, check=check,
-                            loss_parallel=ex.loss_parallel)
+                            loss_parallel=ex.loss_parallel, cp=ex.cp)
         code = run_generate(args, stdout=_Relative(root))
         worst = max(worst, code)
     return worst

@@ -32,20 +32,27 @@ def modeling_file_name(model_name: str) -> str:
     return f"modeling_{re.sub(r'[^0-9A-Za-z_]', '_', model_name.lower())}_gen_npu.py"
 
 
-def parallel_dims(tp: int, sp: bool, ep: int = 1, loss_parallel: bool = False
-                  ) -> dict[str, Any]:
-    """All seven keys; dp is decided at launch, so it is frozen as 1."""
-    return {"dp_size": 1, "tp_size": tp, "cp_size": 1, "ep_size": ep, "pp_size": 1,
+def parallel_dims(tp: int, sp: bool, ep: int = 1, loss_parallel: bool = False,
+                  cp: int = 1, cp_layout: str | None = None) -> dict[str, Any]:
+    """All seven keys; dp is decided at launch, so it is frozen as 1. With ``cp > 1`` also
+    ``cp_layout`` (which positions a cp rank holds, :mod:`hpcodegen.plan.cp`)."""
+    dims = {"dp_size": 1, "tp_size": tp, "cp_size": cp, "ep_size": ep, "pp_size": 1,
             "sequence_parallel": sp, "loss_parallel": loss_parallel}
+    if cp > 1 and cp_layout is not None:
+        dims["cp_layout"] = cp_layout
+    return dims
 
 
 def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any,
-                  ep: int = 1, loss_parallel: bool = False) -> str:
-    """``yaml_sha256``: sha256 of the canonical JSON of every generation input (``ep`` and
-    ``loss_parallel`` only when set, so artifacts without them keep their digest)."""
+                  ep: int = 1, loss_parallel: bool = False, cp: int = 1,
+                  cp_layout: str | None = None) -> str:
+    """``yaml_sha256``: sha256 of the canonical JSON of every generation input (``ep``,
+    ``loss_parallel`` and ``cp`` only when set, so artifacts without them keep their
+    digest)."""
     payload = {"config": config, "tp": tp, "sp": sp, "recipe": recipe,
                **({"ep": ep} if ep > 1 else {}),
-               **({"loss_parallel": True} if loss_parallel else {})}
+               **({"loss_parallel": True} if loss_parallel else {}),
+               **({"cp": cp, "cp_layout": cp_layout} if cp > 1 else {})}
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
@@ -70,16 +77,17 @@ def source_record(config: Mapping[str, Any], src: ModelingSource,
 def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, Any],
                classes: Mapping[str, str], injections: list[dict[str, Any]],
                tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
-               ep: int = 1, loss_parallel: bool = False) -> dict[str, Any]:
+               ep: int = 1, loss_parallel: bool = False, cp: int = 1,
+               cp_layout: str | None = None) -> dict[str, Any]:
     """The whole meta except ``outputs`` (the bundle writer adds them)."""
     model_name = model_name_of(str(config.get("model_type") or "model"))
     meta: dict[str, Any] = {
         "codegen_version": CODEGEN_VERSION,
         "generator": {"name": GENERATOR_NAME, "version": __version__},
         "yaml_path": "",
-        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel),
+        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel, cp, cp_layout),
         "source": source,
-        "parallel_dims": parallel_dims(tp, sp, ep, loss_parallel),
+        "parallel_dims": parallel_dims(tp, sp, ep, loss_parallel, cp, cp_layout),
         "model_name": model_name,
         "model_class": source.get("architecture"),
         "param_plan": plan,
@@ -93,7 +101,7 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
         "skipped_overrides": [],
         "covered": {"sharding_plan": True, "module_overrides": False, "axes": []},
         "not_covered": list(NOT_COVERED),
-        "mesh_dim_names": ["tp"],
+        "mesh_dim_names": ["cp", "tp"] if cp > 1 else ["tp"],
     }
     meta["signature"] = meta_signature(meta)
     return meta

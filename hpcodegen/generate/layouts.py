@@ -31,7 +31,15 @@ from typing import Any
 
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import Assignment
-from hpcodegen.generate.lift import fused_blocks
+from hpcodegen.generate.module_facts import fused_blocks
+from hpcodegen.generate.seeds import (
+    SEED_RULE,
+    block_assignments,
+    children,
+    config_value,
+    head_counts,
+    is_linear,
+)
 from hpcodegen.generate.styles import Kind
 
 #: MLA attention children: required, and the styles DeepSeek-V2's plan gives them
@@ -73,15 +81,8 @@ class LayoutReport:
         return out
 
 
-def _is_linear(module: Any) -> bool:
-    return any(c.__name__ == "Linear" and c.__module__.startswith("torch.nn")
-               for c in type(module).__mro__)
 
 
-def _children(modules: Mapping[str, Any], fqn: str) -> dict[str, Any]:
-    prefix = f"{fqn}." if fqn else ""
-    return {name[len(prefix):]: m for name, m in modules.items()
-            if name.startswith(prefix) and "." not in name[len(prefix):]}
 
 
 def mla_assignments(modules: Mapping[str, Any], assignments: Mapping[str, Assignment],
@@ -89,10 +90,10 @@ def mla_assignments(modules: Mapping[str, Any], assignments: Mapping[str, Assign
     """DeepSeek-V2's attention rules for every MLA attention no rule covers."""
     out: dict[str, Assignment] = {}
     for fqn in modules:
-        kids = _children(modules, fqn)
-        if not all(_is_linear(kids.get(name)) for name in MLA_REQUIRED):
+        kids = children(modules, fqn)
+        if not all(is_linear(kids.get(name)) for name in MLA_REQUIRED):
             continue
-        names = [n for n in MLA_STYLES if _is_linear(kids.get(n))]
+        names = [n for n in MLA_STYLES if is_linear(kids.get(n))]
         full = [f"{fqn}.{n}" if fqn else n for n in names]
         if not any(n in ("q_proj", "q_b_proj") for n in names):
             continue
@@ -107,24 +108,8 @@ def mla_assignments(modules: Mapping[str, Any], assignments: Mapping[str, Assign
     return out
 
 
-def _get(obj: Any, name: str) -> Any:
-    """``getattr`` that reads an attribute a config refuses to give (a per-layer head count
-    read globally raises its own error) as absent."""
-    try:
-        return getattr(obj, name, None)
-    except Exception:  # transformers' configs raise their own errors for ambiguous fields
-        return None
 
 
-def _heads(module: Any) -> tuple[int, int, int] | None:
-    """``(query heads, key/value heads, head dim)`` an attention module reads."""
-    config = _get(module, "config")
-    nh = _get(module, "num_heads") or _get(config, "num_attention_heads")
-    nkv = _get(module, "num_key_value_heads") or _get(config, "num_key_value_heads") or nh
-    hd = _get(module, "head_dim")
-    if all(isinstance(v, int) and v > 0 for v in (nh, nkv, hd)):
-        return nh, nkv, hd
-    return None
 
 
 def _fused_factor(parent: Any, child: Any) -> tuple[int, str]:
@@ -132,7 +117,7 @@ def _fused_factor(parent: Any, child: Any) -> tuple[int, str]:
     blocks = fused_blocks(parent)
     if blocks > 1:
         return blocks, ""
-    heads = _heads(parent)
+    heads = head_counts(parent)
     out = getattr(child, "out_features", None)
     if heads is None or not isinstance(out, int):
         return 1, "its output is gathered for code the plan cannot split"
@@ -151,11 +136,11 @@ def config_head_attrs(module: Any) -> list[str]:
     fused q|k|v at ``self.config.num_attention_heads * self.head_dim``)."""
     import re
 
-    from hpcodegen.generate.lift import forward_source
+    from hpcodegen.generate.module_facts import forward_source
 
-    config = _get(module, "config")
+    config = config_value(module, "config")
     names = set(re.findall(r"self\.config\.(\w*heads\w*)", forward_source(module)))
-    return sorted(f"config.{n}" for n in names if isinstance(_get(config, n), int))
+    return sorted(f"config.{n}" for n in names if isinstance(config_value(config, n), int))
 
 
 def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignment]
@@ -166,17 +151,17 @@ def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignmen
     arithmetic :func:`hpcodegen.runtime.norms.rms_norm` reproduces."""
     import re
 
-    from hpcodegen.generate.lift import forward_source, is_norm
+    from hpcodegen.generate.module_facts import forward_source, is_norm
 
     module = modules[parent]
-    heads = _heads(module)
+    heads = head_counts(module)
     names = ", ".join(g.fqn.rsplit(".", 1)[-1] for g in gathers)
     gathered = f"{len(gathers)} projections ({names}) are all-gathered"
     if heads is None:
         return {}, f"{gathered}: the module names no head counts to split them by"
     nh, nkv, hd = heads
     source = forward_source(module)
-    kids = _children(modules, parent)
+    kids = children(modules, parent)
     norms: dict[str, bool] = {}
     for g in gathers:
         proj = g.fqn.rsplit(".", 1)[-1]
@@ -240,6 +225,10 @@ def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment
         rows = [a for a in members if a.kind is Kind.ROWWISE_SPLIT]
         if not gathers or not rows:
             continue
+        if any(a.rule == SEED_RULE for a in members) and (
+                len(gathers) > 1 or fused_blocks(modules[parent]) == 1):
+            continue  # seeds gather where a head split is not exact; only a projection the
+            # forward cuts into equal blocks (ModernBERT's Wi) is packed
         if len(gathers) > 1:
             norms, why = split_norms(modules, parent, gathers)
             if why:
@@ -269,61 +258,17 @@ def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment
             report.config_heads[parent] = config_head_attrs(modules[parent])
 
 
-#: an attention's input projections and its output projection, in transformers' names
-ATTN_INPUTS = ("q_proj", "k_proj", "v_proj")
-ATTN_OUTPUTS = ("o_proj", "out_proj", "dense")
-#: an MLP's (column-parallel inputs, row-parallel output), in transformers' names
-MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("up_proj",), "down_proj"),
-              (("fc1",), "fc2"), (("w1", "w3"), "w2"))
-
-
-def _block_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
-    """Megatron's styles for an attention or MLP no rule names, or None: every child with
-    parameters must be one of its projections (an attention may hold per-head norms), and
-    the forward must not size heads by the config (which the plan would not divide)."""
-    from hpcodegen.generate.lift import forward_source, is_norm
-
-    held = {n for n, m in kids.items() if any(True for _ in m.parameters())}
-    own = dict(module.named_parameters(recurse=False))
-    if "config.num_" in forward_source(module) or fused_blocks(module) > 1:
-        return None  # heads sized by the config, or fused blocks
-    out = [n for n in ATTN_OUTPUTS if _is_linear(kids.get(n))]
-    heads = _heads(module)
-    if all(_is_linear(kids.get(n)) for n in ATTN_INPUTS) and len(out) == 1 and heads:
-        norms = {n for n in held - {*ATTN_INPUTS, out[0]} if is_norm(kids[n])
-                 and kids[n].weight.numel() == heads[2]}
-        # per-head parameters of its own (attention sinks, [heads]) split with the heads
-        if held == {*ATTN_INPUTS, out[0], *norms} and all(
-                p.dim() == 1 and p.shape[0] == heads[0] for p in own.values()):
-            return {**{n: Kind.COLWISE for n in (*ATTN_INPUTS, *own)},
-                    out[0]: Kind.ROWWISE}
-    if own:
-        return None
-    for cols, row in MLP_SHAPES:
-        if held == {*cols, row} and all(_is_linear(kids[n]) for n in held):
-            return {**{n: Kind.COLWISE for n in cols}, row: Kind.ROWWISE}
-    return None
-
-
 def unplanned_blocks(modules: Mapping[str, Any], assignments: Mapping[str, Assignment],
                      taken: Collection[str]) -> dict[str, Assignment]:
     """Megatron's split for every attention and MLP no rule names (Phi-3.5-MoE's attention,
     Qwen2-MoE's shared expert, a composite model's vision tower), in a model some rule
-    already splits (a model with no rule at all is left replicated, as planned)."""
+    already splits: :func:`hpcodegen.generate.seeds.block_assignments` with MLPs matched
+    by transformers' names. A model transformers plans nothing for is seeded from its
+    structure instead (:func:`hpcodegen.generate.seeds.structural_seeds`)."""
     if not assignments:
         return {}
-    named = set(assignments) | set(taken)
-    out: dict[str, Assignment] = {}
-    for fqn, module in modules.items():
-        if not fqn or any(f == fqn or f.startswith(f"{fqn}.") or fqn.startswith(f"{f}.")
-                          for f in named | set(out)):
-            continue
-        styles = _block_styles(module, _children(modules, fqn))
-        own = {n for n, _ in module.named_parameters(recurse=False)}
-        for name, kind in (styles or {}).items():
-            child = f"{fqn}.{name}"
-            out[child] = Assignment(child, kind, 1, kind.value, RULE, param=name in own)
-    return out
+    found = block_assignments(modules, set(assignments) | set(taken), by_shape=False)
+    return {fqn: replace(a, rule=RULE) for fqn, a in found.items()}
 
 
 def unrouted_experts(modules: Mapping[str, Any], assignments: dict[str, Assignment],

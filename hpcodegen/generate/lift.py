@@ -6,6 +6,10 @@ becomes ONE entry whose input is gathered once and whose partial output is reduc
 The vocab-parallel embedding, ``lm_head`` and the norms get their own entries. With
 sequence parallelism (``sp``) activations between boundaries are sharded on the sequence
 dim (``S(1)``): region inputs are all-gathered and region outputs reduce-scattered.
+
+What a module's class says is read from :mod:`.module_facts`, the transitions and the
+lifter-free entries come from :mod:`.entries`, and the parameters no rule names are
+planned afterwards by :mod:`.unplanned`.
 """
 
 from __future__ import annotations
@@ -17,114 +21,37 @@ from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.entries import (
+    PER_TOKEN_EMBEDDING,
+    SEQ,
+    embedding_transitions,
+    not_lookup_only,
+    sharded_norm_entry,
+    transitions,
+)
 from hpcodegen.generate.globs import parent_of, relative_to
 from hpcodegen.generate.hf_plan import Assignment
+from hpcodegen.generate.module_facts import (
+    call_model,
+    direct_params,
+    first_arg,
+    fused_blocks,
+    head_count_attrs,
+    holds_weight,
+    is_lookup_embedding,
+    is_norm,
+    linear_dims,
+)
 from hpcodegen.generate.styles import Kind, param_shard, shard
-from hpcodegen.plan.entry import fqn_depth, is_boundary, join_fqn, partial_deferred_biases
+from hpcodegen.plan.entry import partial_deferred_biases
 
-SEQ = "S(1)"
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
 ABSORBED = (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE)
-
-
-def _named(name: str, src: str, dst: str) -> tuple[dict, dict]:
-    return {name: {"tp": src}}, {name: {"tp": dst}}
-
-
-def transitions(in_name: str, in_src: str, in_dst: str, out_src: str, out_dst: str) -> dict:
-    """The in/out fields of one boundary with a single input and the output ``output``."""
-    in_s, in_d = _named(in_name, in_src, in_dst)
-    out_s, out_d = _named("output", out_src, out_dst)
-    return {"in_src": in_s, "in_dst": in_d, "out_src": out_s, "out_dst": out_d,
-            "out_names": ["output"], "is_boundary": True}
-
-
-def first_arg(module: Any) -> str:
-    """The name of the first parameter of ``type(module).forward`` after ``self``."""
-    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
-    for p in params:
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            return p.name
-    raise PlanError([error("generate.no_input", type(module).__name__,
-                           f"{type(module).__name__}.forward has no positional input to place")])
-
-
-def linear_dims(module: Any) -> tuple[int, int]:
-    """``(output-feature dim, input-feature dim)`` of a Linear-like module's weight.
-
-    ``nn.Linear`` stores ``(out, in)``; transformers' ``Conv1D`` (GPT-2 family) stores the
-    transpose ``(in, out)`` and names its output width ``nf``.
-    """
-    weight = getattr(module, "weight", None)
-    nf = getattr(module, "nf", None)
-    shape = tuple(getattr(weight, "shape", ()))
-    if isinstance(nf, int) and len(shape) == 2 and shape[1] == nf and shape[0] != nf:
-        return 1, 0
-    if isinstance(nf, int) and len(shape) == 2 and type(module).__name__ == "Conv1D":
-        return 1, 0
-    return 0, 1
-
-
-def direct_params(module: Any) -> list[str]:
-    """Names of the parameters a module holds itself (not its children's)."""
-    return [name for name, p in module.named_parameters(recurse=False) if p is not None]
-
-
-def head_count_attrs(module: Any) -> list[str]:
-    """Integer attributes naming head counts that the class's forward reads.
-
-    The runtime divides them by tp (each rank holds heads/tp heads). transformers 5.x
-    attention reshapes with ``-1`` and keeps none, so this is usually ``[]``. Methods of
-    the class that the forward calls (``self._split_heads(...)``: Persimmon, GPT-NeoX
-    Japanese) read them on its behalf, so their source counts too.
-    """
-    source = forward_source(module)
-    return sorted(
-        name for name, value in vars(module).items()
-        if "heads" in name and isinstance(value, int) and not isinstance(value, bool)
-        and f"self.{name}" in source
-    )
-
-
-def forward_source(module: Any) -> str:
-    """The source of ``type(module).forward`` and of the methods it calls on ``self``
-    (transitively), "" when unavailable."""
-    cls = type(module)
-    seen: set[str] = set()
-    texts: list[str] = []
-    todo = ["forward"]
-    while todo:
-        name = todo.pop()
-        if name in seen or name == "__init__":
-            continue
-        seen.add(name)
-        fn = getattr(cls, name, None)
-        try:
-            text = inspect.getsource(fn) if callable(fn) else ""
-        except (OSError, TypeError):
-            text = ""
-        texts.append(text)
-        # methods only: submodules (``self.q_proj(x)``) are instance attributes
-        todo.extend(m for m in re.findall(r"self\.(\w+)\(", text)
-                    if callable(getattr(cls, m, None)))
-    return "\n".join(texts)
-
-
-#: a projection's output cut into equal blocks on the last dim (a fused gate|up)
-_CHUNK_LAST = re.compile(r"\bchunk\(\s*(?:[\w.]+\s*,\s*)?(\d+)\s*,\s*(?:dim\s*=\s*)?-1\s*\)")
 
 
 #: transformers' name of a fused gate|up expert weight (Llama-4's ``down_proj`` is colwise
 #: too, [E, in, out] under bmm, and is not what its forward chunks)
 _FUSED_NAME = re.compile(r"gate_?up|up_?gate")
-
-
-def fused_blocks(module: Any) -> int:
-    """How many blocks the forward (and the methods it calls) cuts a projection's output into
-    on the last dim (``gate, up = x.chunk(2, dim=-1)``: 2); 1 when it cuts none, or cuts
-    into differing counts (ambiguous: nothing is assumed)."""
-    counts = {int(n) for n in _CHUNK_LAST.findall(forward_source(module))}
-    return counts.pop() if len(counts) == 1 else 1
 
 
 class Lifter:
@@ -136,7 +63,7 @@ class Lifter:
         self.modules: dict[str, Any] = dict(model.named_modules())
         self.assign = dict(assignments)
         self.sp = sp
-        head = _call(model, "get_output_embeddings")
+        head = call_model(model, "get_output_embeddings")
         #: with loss parallelism the output head's logits stay vocab-sharded (no gather)
         self.sharded_head = next((f for f, m in self.modules.items() if m is head), None) \
             if loss_parallel and head is not None else None
@@ -381,13 +308,13 @@ class Lifter:
         extra: list[Assignment] = []
         # only a module holding the weight itself: a ModuleList of per-codebook heads
         # (MusicGen) has no forward of its own to place
-        emb = _call(self.model, "get_input_embeddings")
-        if emb is not None and by_id.get(id(emb)) not in self.assign and _holds_weight(emb):
+        emb = call_model(self.model, "get_input_embeddings")
+        if emb is not None and by_id.get(id(emb)) not in self.assign and holds_weight(emb):
             extra.append(Assignment(by_id[id(emb)], Kind.EMBED_VOCAB, 1,
                                     "embedding_rowwise", "<input embeddings>"))
-        head = _call(self.model, "get_output_embeddings")
+        head = call_model(self.model, "get_output_embeddings")
         if head is not None and by_id.get(id(head)) not in self.assign \
-                and _holds_weight(head):
+                and holds_weight(head):
             extra.append(Assignment(by_id[id(head)], Kind.COLWISE_GATHER, 1,
                                     "colwise_gather_output", "<output embeddings>"))
         for fqn, module in self.modules.items():
@@ -439,79 +366,6 @@ class Lifter:
         return parents
 
 
-
-def sharded_norm_entry(module: Any) -> dict[str, Any]:
-    """A norm over a colwise projection's features, run on this rank's features (weight
-    ``S(0)``, input and output ``S(-1)``); its injected compute sums the squares over tp
-    (:mod:`hpcodegen.runtime.norms`)."""
-    seq = "S(-1)"
-    return {"params": {p: {"tp": "S(0)"} for p in direct_params(module)},
-            **transitions(first_arg(module), seq, seq, seq, seq)}
-
-
-def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
-    """A vocab-parallel embedding boundary: token ids in replicated, the partial lookup
-    reduced (with ``sp``: reduce-scattered onto the sequence).
-
-    Raises:
-        PlanError: the embedding's forward runs submodules after the lookup
-            (:func:`not_lookup_only`): the reduction would come after them.
-    """
-    reason = not_lookup_only(module)
-    if reason:
-        raise PlanError([error("generate.embedding_not_lookup", type(module).__name__, reason,
-                               hint="replicate the embedding with a recipe rule")])
-    return transitions(first_arg(module), "R", "R", "P(sum)", SEQ if sp else "R")
-
-
-def not_lookup_only(module: Any) -> str:
-    """Why a vocab-parallel split of this embedding is not exact, or "".
-
-    The split makes each rank's output a partial sum (its vocabulary rows, zeros elsewhere)
-    reduced after the module's forward; that is the unsharded output only when the forward
-    is linear in the lookup. An embedding holding submodules runs them on the partial
-    lookup (Inkling's ``embed_norm``: norm(a) + norm(b) is not norm(a + b))."""
-    children = [name for name, _ in module.named_children()]
-    if not children:
-        return ""
-    return (f"{type(module).__name__} runs its submodules ({', '.join(children)}) inside its "
-            "forward after the lookup; a vocab-parallel split would reduce the partial "
-            "lookups only after them, so the output would not be the unsharded one")
-
-
-def _call(model: Any, name: str) -> Any:
-    fn = getattr(model, name, None)
-    try:
-        return fn() if callable(fn) else None
-    except (NotImplementedError, AttributeError):
-        return None
-
-
-def _holds_weight(module: Any) -> bool:
-    return "weight" in direct_params(module)
-
-
-def is_norm(module: Any) -> bool:
-    """RMSNorm/LayerNorm-like modules holding a weight: the class name ends in ``RMSNorm`` or
-    ``LayerNorm``, or the class derives from torch's ``LayerNorm``/``RMSNorm`` (Nemotron's
-    ``LayerNorm1P``)."""
-    names = [c.__name__ for c in type(module).__mro__]
-    return (names[0].endswith(("RMSNorm", "LayerNorm")) or "LayerNorm" in names[1:]
-            or "RMSNorm" in names[1:]) and "weight" in direct_params(module)
-
-
-#: the rule name of a per-token embedding planned by :meth:`Lifter._defaults` under ``sp``
-PER_TOKEN_EMBEDDING = "<per-token embedding>"
-
-
-def is_lookup_embedding(module: Any) -> bool:
-    """An ``nn.Embedding`` (or subclass): a per-token lookup whose output is its ids' shape
-    plus the embedding width, so ``(batch, seq)`` ids give a sequence on dim 1 (GPT-2's
-    ``wpe`` position embedding, token-type or per-layer embeddings)."""
-    return any(c.__name__ == "Embedding" and c.__module__.startswith("torch.nn")
-               for c in type(module).__mro__)
-
-
 def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool,
               loss_parallel: bool = False) -> dict[str, dict]:
     """``param_plan`` entries for a meta-device model from its expanded HF assignments;
@@ -519,72 +373,3 @@ def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool,
     return Lifter(model, assignments, sp, loss_parallel).run()
 
 
-def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -> list[str]:
-    """Plan every trainable parameter no rule names as replicated (``R``); returns them.
-
-    The parameter joins the deepest entry enclosing its module, else a parameter-only entry
-    of its own module. It is listed in ``partial_grad_params`` where its gradient is partial
-    by :func:`hpcodegen.plan.partial_grads.verdict`, the rule verify checks metas by: inside
-    an entry that splits compute over tp (every path to its output runs through sharded
-    weights, as Apertus' xIELU ``alpha_p``/``alpha_n`` between ``up_proj`` and
-    ``down_proj``), or, with ``sp``, on sequence slices (outside a region, or in one whose
-    input is the rank's slice).
-
-    Every name of a tied parameter counts (Zamba2's shared blocks tie each weight across
-    the hybrid layers' distinct modules): the meta's ``tied_pairs`` name every alias, so
-    each must be planned (:func:`hpcodegen.generate.tied.unify_tied_placements` then gives
-    them one placement).
-    """
-    from hpcodegen.plan.coverage import uncovered
-    from hpcodegen.plan.partial_grads import verdict
-
-    planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
-               for rel in entry.get("params") or {}}
-    added: list[str] = []
-    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
-    for name in uncovered(names, planned):
-        owner = parent_of(name)
-        enclosing = [fqn for fqn in plan if relative_to(owner, fqn) is not None]
-        if enclosing:
-            fqn = max(enclosing, key=fqn_depth)
-            entry = plan[fqn]
-        else:
-            fqn = owner
-            entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
-        rel = relative_to(name, fqn) or name
-        entry.setdefault("params", {})[rel] = {"tp": "R"}
-        if verdict(plan, fqn, rel, sp) != "full":  # the rule verify checks the meta by
-            entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
-        added.append(name)
-    return added
-
-
-def enclosing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
-    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none):
-    :func:`hpcodegen.plan.partial_grads.governing_boundary`."""
-    from hpcodegen.plan.partial_grads import governing_boundary
-
-    return governing_boundary(plan, fqn)
-
-
-def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """With ``sp``: the parameter-only entries whose module runs on sequence-sharded
-    activations (no enclosing boundary gathers the sequence first).
-
-    Such a module's compute is replicated (no rule splits it) but sees only its rank's slice
-    of the sequence; an attention, a convolution or a recurrence there mixes tokens and would
-    be wrong, and nothing tells which modules are per-token. Norms and per-token embeddings
-    are planned as boundaries of their own, so they are not listed.
-    """
-    out = []
-    for fqn, entry in plan.items():
-        if is_boundary(entry) or not entry.get("params"):
-            continue
-        region = enclosing_boundary(plan, fqn)
-        if region is None or _sequence_sharded_input(plan[region]):
-            out.append(fqn)
-    return sorted(out)
-
-
-def _sequence_sharded_input(entry: Mapping[str, Any]) -> bool:
-    return any((named or {}).get("tp") == SEQ for named in (entry.get("in_dst") or {}).values())

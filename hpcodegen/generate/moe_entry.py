@@ -11,7 +11,8 @@ import inspect
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.generate.lift import SEQ, direct_params
+from hpcodegen.generate.entries import SEQ
+from hpcodegen.generate.module_facts import direct_params
 from hpcodegen.plan.classify import splits_compute
 
 

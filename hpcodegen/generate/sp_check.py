@@ -13,18 +13,28 @@ that went wrong.
 
 Weights are whole on the meta model, so a split compute gives the shapes its gathered
 result would: only the sequence dim needs emulating. A model whose plain meta run already
-fails (data-dependent code) is not checked.
+fails (data-dependent code) is not checked. The runs are the tracer's
+(:func:`hpcodegen.tracer.model.forward`, fake tensors); the transitions bind to each
+forward as the runtime binds them (:mod:`hpcodegen.binding`), and the parent of a
+sequence-sharded embedding gets the runtime's default position ids
+(:mod:`hpcodegen.sp_positions`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpcodegen.binding import InputBinder, apply_outputs
 from hpcodegen.errors import PlanError, error
-from hpcodegen.hf import no_cache_kwargs
-from hpcodegen.plan.entry import is_boundary, out_names
+from hpcodegen.plan.entry import (
+    is_boundary,
+    out_names,
+    output_sequence_sharded,
+    takes_token_ids,
+)
+from hpcodegen.tracer.hooks import outputs_of, removed
+from hpcodegen.tracer.model import forward
 
 #: the sequence-sharded placements: ``(batch, seq, ...)`` activations and token rows
 SEQ_DIMS = {"S(1)": 1, "S(0)": 0}
@@ -63,13 +73,8 @@ def _resize(x: Any, dim: int, length: int) -> Any:
 def _shapes(out: Any) -> tuple:
     import torch
 
-    if isinstance(out, torch.Tensor):
-        return (tuple(out.shape),)
-    if isinstance(out, (tuple, list)):
-        return tuple(tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in out)
-    if hasattr(out, "to_tuple"):
-        return _shapes(out.to_tuple())
-    return ()
+    return tuple(tuple(o.shape) if isinstance(o, torch.Tensor) else None
+                 for o in outputs_of(out))
 
 
 def _logits(out: Any) -> Any:
@@ -80,60 +85,31 @@ def _run(model: Any, length: int) -> Any:
     """The model's logits on ``(2, length)`` token ids, shapes only: under torch's fake
     tensor mode, where transformers skips its data-dependent checks (packed sequences,
     all-ones masks) that a plain meta tensor cannot answer."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # a failing op is logged there before it raises
-    from hpcodegen.inspect.trace import experts_shape_only
-
-    try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), \
-                experts_shape_only(model):
-            return _logits(model(**_call_args(model, length)))
-    finally:
-        quiet.setLevel(level)
-
-
-def _call_args(model: Any, length: int) -> dict[str, Any]:
-    import torch
-
-    kwargs: dict[str, Any] = {"input_ids": torch.zeros((2, length), dtype=torch.long,
-                                                       device="meta")}
-    return {**kwargs, **no_cache_kwargs(model)}
+    return _logits(forward(model, 2, length, fake=True))
 
 
 def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
                     classes: Mapping[str, str]) -> None:
     """Refuse ``plan`` (PlanError ``generate.sp_shapes``) when the model's forward does not
     run on sequence-sharded activations; see the module docstring."""
-
-    from hpcodegen.plan.entry import output_sequence_sharded, takes_token_ids
-    from hpcodegen.runtime.binding import InputBinder, apply_outputs
-    from hpcodegen.runtime.embedding import install_default_position_ids
-
     modules = dict(model.named_modules())
     names = {id(m): fqn for fqn, m in modules.items()}
     length = 4 * tp
     reference: dict[str, tuple] = {}
+
     def record(mod: Any, _args: Any, out: Any) -> None:
         reference.setdefault(names[id(mod)], _shapes(out))
 
-    handles = [m.register_forward_hook(record) for m in modules.values()]
     try:
-        ref_logits = _run(model, length)
+        with removed([m.register_forward_hook(record) for m in modules.values()]):
+            ref_logits = _run(model, length)
     except Exception:  # data-dependent code cannot run on meta: nothing to check
         return
-    finally:
-        for h in handles:
-            h.remove()
     if ref_logits is None:
         return
 
     stack: list[str] = []
     first_wrong: list[str] = []
-    wrapped: list[Any] = []
 
     def enter(mod: Any, args: tuple, kw: dict) -> None:
         stack.append(names[id(mod)])
@@ -146,7 +122,36 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
         if not _matches(_shapes(out), ref, tp):
             first_wrong.append(fqn)
 
-    handles = []
+    handles, wrapped = _shard_sequence(modules, plan, tp, classes)
+    for m in modules.values():  # after the plan's hooks: they see the resized shapes
+        handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
+        handles.append(m.register_forward_hook(leave))
+    try:
+        with removed(handles):
+            logits = _run(model, length)
+        failure = None
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        logits = None
+    finally:
+        for parent in wrapped:
+            parent.__dict__.pop("forward", None)
+            parent.__dict__.pop("_hp_position_ids_wrapped", None)
+    if failure is None and logits is not None and tuple(logits.shape) == tuple(ref_logits.shape):
+        return
+    where = stack[-1] if failure is not None and stack else (first_wrong or [""])[0]
+    _refuse(where, modules.get(where, model), failure, logits, ref_logits)
+
+
+def _shard_sequence(modules: Mapping[str, Any], plan: Mapping[str, Mapping[str, Any]],
+                    tp: int, classes: Mapping[str, str]) -> tuple[list[Any], list[Any]]:
+    """Hooks applying each boundary's sequence transitions to the shapes, bound as the
+    runtime binds them, and the parents given the runtime's default position ids; returns
+    ``(hook handles, wrapped parents)``."""
+    from hpcodegen.sp_positions import install_default_position_ids
+
+    handles: list[Any] = []
+    wrapped: list[Any] = []
     for fqn, entry in plan.items():
         if not is_boundary(entry) or fqn not in modules:
             continue
@@ -165,33 +170,19 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
             parent = modules[fqn.rpartition(".")[0]]
             if "forward" not in parent.__dict__ and install_default_position_ids(parent):
                 wrapped.append(parent)
-    for m in modules.values():  # after the plan's hooks: they see the resized shapes
-        handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
-        handles.append(m.register_forward_hook(leave))
-    try:
-        logits = _run(model, length)
-        failure = None
-    except Exception as exc:
-        failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-        logits = None
-    finally:
-        for h in handles:
-            h.remove()
-        for parent in wrapped:
-            parent.__dict__.pop("forward", None)
-            parent.__dict__.pop("_hp_position_ids_wrapped", None)
-    if failure is None and logits is not None and tuple(logits.shape) == tuple(ref_logits.shape):
-        return
-    where = stack[-1] if failure is not None and stack else (first_wrong or [""])[0]
-    cls = type(modules.get(where, model)).__name__
+    return handles, wrapped
+
+
+def _refuse(where: str, module: Any, failure: str | None, logits: Any,
+            ref_logits: Any) -> None:
     what = failure or (f"its logits come back with shape {tuple(logits.shape)} instead of "
                        f"{tuple(ref_logits.shape)}" if logits is not None else "no logits")
     raise PlanError([error(
         "generate.sp_shapes", where or "<root>",
-        f"with sequence parallelism (--sp) {where or 'the model'} ({cls}) does not run on "
-        f"its rank's slice of the sequence: {what}; code outside the plan's boundaries "
-        "sizes a tensor by the full sequence length (a reshape, a position bias or mask "
-        "built by the model itself)",
+        f"with sequence parallelism (--sp) {where or 'the model'} ({type(module).__name__}) "
+        f"does not run on its rank's slice of the sequence: {what}; code outside the plan's "
+        "boundaries sizes a tensor by the full sequence length (a reshape, a position bias "
+        "or mask built by the model itself)",
         hint="generate without --sp")])
 
 

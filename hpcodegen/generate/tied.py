@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.generate.lift import embedding_transitions
+from hpcodegen.generate.entries import embedding_transitions
 from hpcodegen.plan.entry import is_boundary, join_fqn
 
 

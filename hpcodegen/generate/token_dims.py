@@ -18,15 +18,14 @@ layout, the plan is refused (``generate.sp_token_dim``).
 
 from __future__ import annotations
 
-import inspect
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.globs import relative_to
-from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.plan.entry import is_boundary, output_index
+from hpcodegen.tracer.hooks import Recording, record_tensors, removed
+from hpcodegen.tracer.model import forward
 
 SEQ = "S(1)"
 ROWS = "S(0)"
@@ -35,53 +34,16 @@ BATCH, LENGTH = 3, 7
 
 
 def _record(model: Any, fqns: Iterable[str]) -> dict[tuple[str, str, Any], tuple[int, ...]]:
-    """``{(fqn, "in", name) or (fqn, "out", index): shape}`` of one fake-tensor forward."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    shapes: dict[tuple[str, str, Any], tuple[int, ...]] = {}
-    handles = []
-    for fqn in fqns:
-        module = model.get_submodule(fqn) if fqn else model
-        try:
-            sig = inspect.signature(module.forward)
-        except (TypeError, ValueError):
-            continue
-
-        def pre(_m: Any, args: tuple, kwargs: dict, f: str = fqn, s: Any = sig) -> None:
-            try:
-                bound = s.bind_partial(*args, **kwargs).arguments
-            except TypeError:
-                bound = {}
-            for name, value in bound.items():
-                if isinstance(value, torch.Tensor):
-                    shapes.setdefault((f, "in", name), tuple(value.shape))
-
-        def post(_m: Any, _a: Any, out: Any, f: str = fqn) -> None:
-            outs = out.to_tuple() if hasattr(out, "to_tuple") else out
-            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-            for i, value in enumerate(outs):
-                if isinstance(value, torch.Tensor):
-                    shapes.setdefault((f, "out", i), tuple(value.shape))
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(post))
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
-    from hpcodegen.inspect.trace import experts_shape_only
-
+    """``{(fqn, "in", name) or (fqn, "out", index): shape}`` of one fake-tensor forward
+    (the tracer's); empty when the model cannot run on meta (data-dependent code)."""
+    modules = {fqn: model.get_submodule(fqn) if fqn else model for fqn in fqns}
+    recording = Recording()
     try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), \
-                experts_shape_only(model):
-            ids = torch.zeros((BATCH, LENGTH), dtype=torch.long, device="meta")
-            model(input_ids=ids, **no_cache_kwargs(model))
+        with removed(record_tensors(modules, recording)):
+            forward(model, BATCH, LENGTH, fake=True)
     except Exception:  # data-dependent code cannot run on meta: nothing is retargeted
         return {}
-    finally:
-        quiet.setLevel(level)
-        for h in handles:
-            h.remove()
-    return shapes
+    return {key: shape for key, (shape, _) in recording.tensors.items()}
 
 
 def token_dim(shape: tuple[int, ...] | None) -> int | None:

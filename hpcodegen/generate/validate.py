@@ -157,7 +157,7 @@ def check_sequence_parallel(plan: Mapping[str, Mapping[str, Any]],
                             classes: Mapping[str, str], per_token: Collection[str] = ()
                             ) -> None:
     """With ``--sp``: refuse a module whose replicated compute would see only its rank's
-    slice of the sequence (:func:`hpcodegen.generate.lift.sequence_sharded_compute`), one
+    slice of the sequence (:func:`hpcodegen.generate.unplanned.sequence_sharded_compute`), one
     finding per class, so that no plan the runtime cannot execute exactly is frozen.
 
     Modules inside a ``per_token`` module are accepted: a mixture-of-experts block (the
@@ -165,7 +165,7 @@ def check_sequence_parallel(plan: Mapping[str, Mapping[str, Any]],
     take one row, expert indices and weights per token), so its router and gates compute
     the rank's tokens exactly; their gradient is partial, which the plan declares."""
     from hpcodegen.generate.globs import relative_to
-    from hpcodegen.generate.lift import sequence_sharded_compute
+    from hpcodegen.generate.unplanned import sequence_sharded_compute
 
     seen: dict[str, list[str]] = {}
     for fqn in sequence_sharded_compute(plan):

@@ -14,6 +14,8 @@ from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.placement import is_shard
+from hpcodegen.plan.classify import splits_compute
+from hpcodegen.plan.cp import CP, kv_gather_bytes
 from hpcodegen.plan.entry import axis_sizes, no_grad_inputs, output_index, param_plan
 from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
 from hpcodegen.plan.norms import norm_bytes
@@ -87,6 +89,27 @@ def _dispatch_ops(p: Any, trace: TraceResult, config: Any, float_bytes: int,
     return out
 
 
+def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Any,
+            float_bytes: int, batch: int, seq: int) -> list[OpVolume]:
+    """The cp all_gathers of a CP attention's K and V (forward) and the reduce_scatters of
+    their gradients (backward), from the traced kernel inputs (kv heads, not expanded);
+    the root's gather of the batch's position ids (int64)."""
+    cp = result.sizes.get(CP, 1)
+    if p.form == "cp_batch":
+        return [OpVolume("forward", "in", op.name, op.kind, CP, op.dim, (batch, seq),
+                         ring_factor("all_gather", cp) * batch * seq * 8) for op in p.in_ops]
+    out: list[OpVolume] = []
+    split = result.sizes.get("tp", 1) if splits_compute(entries.get(p.fqn) or {}) else 1
+    for direction, ops in (("forward", p.in_ops), ("backward", p.grad_ops)):
+        for op in ops:
+            shape = trace.attention.get((p.fqn, op.name)) if op.axis == CP else None
+            if op.axis != CP or shape is None:
+                continue
+            out.append(OpVolume(direction, "in", op.name, op.kind, CP, op.dim, shape,
+                                kv_gather_bytes(shape, float_bytes, cp, split)))
+    return out
+
+
 def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
     """The per-token sum-of-squares all_reduces of a norm split over tp (plan.norms)."""
     ops = [(d, o) for d, group in (("forward", p.in_ops), ("backward", p.grad_ops))
@@ -102,12 +125,15 @@ def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
 
 
 def _volumes(result: Inspection, entries: Any, trace: TraceResult,
-             float_bytes: int, config: Any = None, ep: int = 1) -> dict[str, BoundaryVolume]:
+             float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
+             seq: int = 1) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
     for p in result.preds:
-        if not p.transitions:
+        cp_ops = _cp_ops(p, trace, result, entries, float_bytes, batch, seq)
+        if not p.transitions and not cp_ops:
             continue
         bv = BoundaryVolume(p.fqn)
+        bv.ops.extend(cp_ops)
         bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes, result.sizes, ep))
         bv.ops.extend(_norm_ops(p, trace, result.sizes))
         for t in p.transitions:
@@ -186,7 +212,8 @@ def volume_report(meta: dict[str, Any], result: Inspection,
         warning("trace.called_repeatedly", fqn,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
-    volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(meta, opts))
+    volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(meta, opts),
+                       opts.batch or 1, opts.seq or 1)
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())

@@ -62,7 +62,9 @@ def full_logits(logits: Any, model: Any, meta: Mapping[str, Any], active: Any) -
     """Gather the model's logits per the plan's output placement of the LM head.
 
     The output placement is the head entry's ``out_dst`` (else ``out_src``) for its first
-    output; a head outside the plan produces replicated logits.
+    output; a head outside the plan produces replicated logits. The cp axis is left alone:
+    a cp rank's logits are its positions of the sequence in the layout's order, which
+    :meth:`hpcodegen.runtime.cp.CPBatch.gather` puts back.
     """
     fqn = output_module_fqn(model)
     entry = param_plan(meta).get(fqn) if fqn is not None else None
@@ -71,6 +73,8 @@ def full_logits(logits: Any, model: Any, meta: Mapping[str, Any], active: Any) -
         outs = entry.get("out_dst") or entry.get("out_src") or {}
         names = out_names(entry)
         named = outs.get(names[0]) if names else None
+    if isinstance(named, Mapping):
+        named = {axis: p for axis, p in named.items() if axis != "cp"}
     return _full(logits, active, named, None)
 
 

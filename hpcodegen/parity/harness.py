@@ -148,10 +148,16 @@ def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Ma
     on the vocab-sharded logits themselves (no gather; ``vocab`` is the head's full
     width), returned as they are. Logits of a half-precision model are taken in float32.
     """
+    return loss_of_logits(model(**inputs).logits, labels, model, meta, active, vocab)
+
+
+def loss_of_logits(logits: Any, labels: Any, model: Any, meta: Mapping[str, Any],
+                   active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
+    """:func:`loss_and_logits` on logits already computed (launch's step under cp feeds
+    the model its own way)."""
     import torch
     import torch.nn.functional as F
 
-    logits = model(**inputs).logits
     if _loss_parallel_head(model, meta, active):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 

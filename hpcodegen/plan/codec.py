@@ -196,6 +196,8 @@ _INJECTION: Table = {
     "inner_wrapper": ("inner_wrapper", _wrapper, _write_target),
     "inner_target": ("inner_target", _str, str),
     "inner_out_src": ("inner_out_src", _json, None),
+    "inner_in_src": ("inner_in_src", _named_map, _write_named_map),
+    "inner_in_dst": ("inner_in_dst", _named_map, _write_named_map),
     "local_compute_fn": ("local_compute_fn", _target, _write_target),
     "ep_stack": ("ep_stack", _ep_stack, lambda v: {k: list(s) for k, s in v.items()}),
     "ep_size": ("ep_size", _int, int),
@@ -261,13 +263,15 @@ def _injections(value: Any, where: JsonPath) -> tuple[Injection, ...]:
 
 def _dims(value: Any, where: JsonPath) -> ParallelDims:
     sizes: dict[str, int] = {}
-    flags: dict[str, bool] = {}
+    flags: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, item in _object(value, where).items():
         if key.endswith("_size") and isinstance(item, int) and not isinstance(item, bool):
             sizes[key[: -len("_size")]] = item
         elif key in ("sequence_parallel", "loss_parallel") and item is not None:
             flags[key] = _bool(item, (*where, key))
+        elif key == "cp_layout" and item is not None:
+            flags[key] = _str(item, (*where, key))
         else:
             extra[key] = freeze_json(item)
     return ParallelDims(sizes=FrozenMap(sizes), extra=FrozenMap.adopt(extra), **flags)
@@ -275,7 +279,7 @@ def _dims(value: Any, where: JsonPath) -> ParallelDims:
 
 def _write_dims(dims: ParallelDims) -> dict[str, Any]:
     out: dict[str, Any] = {f"{axis}_size": n for axis, n in dims.sizes.items()}
-    for key in ("sequence_parallel", "loss_parallel"):
+    for key in ("sequence_parallel", "loss_parallel", "cp_layout"):
         if getattr(dims, key) is not None:
             out[key] = getattr(dims, key)
     out.update(thaw_json(dims.extra))

@@ -36,9 +36,10 @@ def is_boundary(entry: Mapping[str, Any]) -> bool:
 def out_names(entry: Mapping[str, Any]) -> tuple[str, ...]:
     """Tuple-position order of the outputs: ``out_names``, else the ``out_src`` key order."""
     names = entry.get("out_names")
-    if names:
-        return tuple(names)
-    return tuple(entry.get("out_src") or ())
+    if isinstance(names, list) and names:  # another shape is the schema check's finding
+        return tuple(n if isinstance(n, str) else "" for n in names)
+    src = entry.get("out_src")
+    return tuple(src) if isinstance(src, Mapping) else ()
 
 
 def contract_differences(entry: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:

@@ -30,8 +30,18 @@ from hpcodegen.plan.classify import (
     classify_entries,
     splits_compute,
 )
+from hpcodegen.plan.cp import (
+    CP,
+    CP_WRAPPER_NAMES,
+    cp_size,
+    kv_backward_steps,
+    kv_forward_steps,
+    kv_transitions,
+    wrapper_name,
+)
 from hpcodegen.plan.entry import (
     INJECTED_CALLABLES,
+    active_axes,
     effective_partial_grad_params,
     no_grad_inputs,
     param_plan,
@@ -135,31 +145,48 @@ def executed_transitions(bf: BoundaryForm, form: str) -> tuple[Transition, ...]:
                  if t.side == "in" or (t.steps if t.op is None else not t.is_identity))
 
 
-def _opaque(injection: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
+def _opaque(injection: Mapping[str, Any] | None, cp_live: bool = False
+            ) -> tuple[tuple[str, str], ...]:
     out = []
     for key in INJECTED_CALLABLES:
         value = (injection or {}).get(key)
         if key == "local_compute_fn" and (is_ep_dispatch(injection)
                                           or is_sharded_norm(injection)):
             continue  # hpcodegen's own dispatch: its collectives are predicted (plan.moe)
+        if key == "inner_wrapper" and wrapper_name(value) in CP_WRAPPER_NAMES and \
+                (cp_live or not kv_transitions(injection)):
+            continue  # hpcodegen's CP attention: its K/V gathers are predicted (plan.cp)
         if value:
             target = value.get("_target_", "?") if isinstance(value, Mapping) else str(value)
             out.append((key, str(target)))
     return tuple(out)
 
 
+def _cp_ops(injection: Mapping[str, Any] | None
+            ) -> tuple[tuple[PredOp, ...], tuple[PredOp, ...]]:
+    """The K/V transitions over cp inside a CP attention (:mod:`hpcodegen.plan.cp`):
+    forward all_gathers, backward reduce_scatters, one per tensor."""
+    fwd, bwd = [], []
+    for t in kv_transitions(injection):
+        fwd.extend(_step_op(t.name, s) for s in kv_forward_steps(t))
+        bwd.extend(_step_op(t.name, s) for s in kv_backward_steps(t))
+    return tuple(fwd), tuple(bwd)
+
+
 def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                      form: str | None = None,
                      grad_sync: Sequence[str] = (),
                      no_grad: Sequence[str] = (),
-                     dispatch: tuple[bool, bool, bool] = (True, False, True)
-                     ) -> BoundaryPrediction:
+                     dispatch: tuple[bool, bool, bool] = (True, False, True),
+                     cp_live: bool = False) -> BoundaryPrediction:
     """Predict one classified boundary; ``form`` overrides the executed form (re-validation).
 
     ``grad_sync`` are the entry's ``effective_partial_grad_params`` when tp is live (size > 1);
     ``no_grad`` its ``no_grad_inputs`` (integer inputs: no backward op); ``dispatch``, for an
     expert-parallel region, ``(ep live, gathers over tp)`` (:func:`~hpcodegen.plan.moe.
-    dispatch_ops`), then whether tp is live (a split norm's all_reduces).
+    dispatch_ops`), then whether tp is live (a split norm's all_reduces); ``cp_live``: cp
+    is a live axis, so a CP attention's K/V gathers run (in any form: the wrapper runs
+    inside the module's own forward).
     """
     form = form or bf.form
     ins, outs = _forward_ops(bf, form)
@@ -179,8 +206,14 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
         ins += (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"),)
         grads = (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"), *grads)
     notes = tuple(t.note for t in bf.transitions if t.note)
+    if cp_live:
+        kv_fwd, kv_bwd = _cp_ops(bf.injection)
+        ins, grads = ins + kv_fwd, kv_bwd + grads
+        notes += tuple(f"{t.name}: cp {t.src} -> {t.dst} inside the attention ==> "
+                       + ", ".join(str(s) for s in kv_forward_steps(t))
+                       for t in kv_transitions(bf.injection))
     return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes, bf.reasons,
-                              _opaque(bf.injection), tuple(grad_sync), executed)
+                              _opaque(bf.injection, cp_live), tuple(grad_sync), executed)
 
 
 def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -190,7 +223,8 @@ def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
                   effective: Mapping[str, str] | None = None,
-                  tp_live: bool = True, ep_live: bool | None = None
+                  tp_live: bool = True, ep_live: bool | None = None,
+                  cp_live: bool | None = None
                   ) -> list[BoundaryPrediction]:
     """Predictions for classified entries, in plan order.
 
@@ -198,7 +232,12 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
     declared ``partial_grad_params`` and the partial deferred biases) are synced.
     ``ep_live``: an ep axis of size > 1 runs the expert dispatch's all_to_alls (None: the
     frozen ``ep_size`` of each dispatch injection says).
+    ``cp_live``: cp is a mesh axis of size > 1 (default: as frozen), so every CP attention
+    gathers K/V and the model's forward gathers the batch's per-token inputs once
+    (:func:`cp_batch_prediction`).
     """
+    if cp_live is None:
+        cp_live = cp_size(meta) > 1 and CP in active_axes(meta)
     classes = _classes(meta)
     effective = effective or {}
     plan = param_plan(meta)
@@ -215,9 +254,24 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
                sync, no_grad, dispatch)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = predict_boundary(bf, cls, form, sync, no_grad, dispatch)
+            hit = memo[key] = predict_boundary(bf, cls, form, sync, no_grad, dispatch,
+                                               cp_live)
         out.append(hit if hit.fqn == fqn else _renamed(hit, fqn))
+    if cp_live and any(kv_transitions(bf.injection) for bf in forms.values()):
+        out.append(cp_batch_prediction(meta))
     return out
+
+
+def cp_batch_prediction(meta: Mapping[str, Any]) -> BoundaryPrediction:
+    """The model's root forward under cp: the batch's position ids (or its padding mask,
+    when one is passed) all-gathered once per forward over cp, for the masks
+    (:mod:`hpcodegen.runtime.cp.context`); no backward (integers)."""
+    cls = meta.get("model_class") if isinstance(meta.get("model_class"), str) else None
+    return BoundaryPrediction(
+        "", cls, "cp_batch",
+        (PredOp("position_ids|attention_mask", "all_gather", 1, CP),),
+        notes=("the batch's position ids, or its padding mask when one is passed, gathered "
+               "over cp once per forward to build the mask rows at global positions",))
 
 
 def _renamed(p: BoundaryPrediction, fqn: str) -> BoundaryPrediction:
@@ -283,10 +337,24 @@ def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str
                                                        -1 if kv[0][2] is None else kv[0][2])))
 
 
+def frozen_sizes(meta: Mapping[str, Any]) -> dict[str, int] | None:
+    """The frozen axis sizes when some plan axis is larger than 1 (a size-1 axis of such a
+    plan is live nowhere: cp 2 x tp 1 runs no tp collective); None when every axis is 1
+    (then the prediction shows what a larger live mesh runs, as inspect-plan says)."""
+    from hpcodegen.plan.entry import axis_sizes
+
+    sizes = axis_sizes(meta)
+    axes = active_axes(meta)
+    return sizes if any(sizes.get(a, 1) > 1 for a in axes) else None
+
+
 def predict_plan(meta: Mapping[str, Any]) -> tuple[list[BoundaryPrediction], list[Finding]]:
-    """Predict a meta as frozen (its own axes). Returns predictions and unreadable entries."""
-    forms, problems = classify_entries(meta)
-    return predict_forms(meta, forms), problems
+    """Predict a meta as frozen (its own axes and sizes, :func:`frozen_sizes`). Returns
+    predictions and unreadable entries."""
+    sizes = frozen_sizes(meta)
+    forms, problems = classify_entries(meta, sizes=sizes)
+    tp_live = sizes is None or sizes.get(TP, 1) > 1
+    return predict_forms(meta, forms, tp_live=tp_live), problems
 
 
 def _ancestors(fqn: str) -> list[str]:

@@ -86,6 +86,10 @@ def decide(frozen: BoundaryForm, live: BoundaryForm,
     """The effective form of one boundary on the live mesh, and the change if any."""
     fqn = frozen.fqn
     if frozen.form == "tp_collective":
+        if live.form == "identity":  # e.g. a tp-1 plan on a live cp mesh: no-op collectives
+            return "identity", FormChange(fqn, frozen.form, live.form, "identity",
+                                          "every transition is identity on the live mesh: "
+                                          "the generated forward's collectives stay no-ops")
         if TP not in axes:
             return "generic", FormChange(fqn, frozen.form, live.form, "generic",
                                          "tp is not a live axis: no lowerer, generic engine")

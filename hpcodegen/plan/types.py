@@ -254,6 +254,12 @@ class Injection:
     inner_out_src: Any = None
     """``inner_out_src``: placements of the wrapped computation's outputs (frozen JSON:
     ``"first_input"``, a named placement or one per output; informational here)."""
+    inner_in_src: NamedPlacements | None = None
+    """``inner_in_src``: the wrapped attention's K/V as its kernel gets them (context
+    parallelism, :mod:`hpcodegen.plan.cp`), e.g. ``{"key": {"cp": Shard(2)}, ...}``."""
+    inner_in_dst: NamedPlacements | None = None
+    """``inner_in_dst``: the K/V placements the kernel needs, e.g. ``{"key": {"cp": R}}``
+    (all-gathered over cp forward, the gradient reduce-scattered back)."""
     local_compute_fn: Target | None = None
     """``local_compute_fn``: a factory whose result the region form calls as the compute."""
     ep_stack: FrozenMap[str, tuple[str, ...]] | None = None
@@ -289,6 +295,9 @@ class ParallelDims:
     """``sequence_parallel``: activations between boundaries are sequence-sharded over tp."""
     loss_parallel: bool | None = None
     """``loss_parallel``: the logits stay vocab-sharded for a loss-parallel cross entropy."""
+    cp_layout: str | None = None
+    """``cp_layout``: which sequence positions a cp rank holds, ``"headtail"`` or
+    ``"contiguous"`` (None: absent, read as contiguous; :mod:`hpcodegen.plan.cp`)."""
     extra: FrozenMap[str, Any] = EMPTY
     """Keys no field models, verbatim."""
 

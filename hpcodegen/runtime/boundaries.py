@@ -4,8 +4,9 @@ Per module (the effective form comes from :func:`hpcodegen.plan.revalidate.decid
 decision ``inspect-plan --mesh`` shows):
 
 * a generated class (it has ``_forward_impl``) marked ``tp_collective`` gets a per-instance
-  :class:`~hpcodegen.runtime.collectives.TPOps` as ``_hp_tp``; when the live mesh contradicts
-  the frozen form, the generic engine replaces ``forward`` and a warning names the module;
+  :class:`~hpcodegen.runtime.collectives.matching.TPOps` as ``_hp_tp``; when the live mesh
+  contradicts the frozen form, the generic engine replaces ``forward`` and a warning names
+  the module;
 * another generated class gets the generic engine as ``_hp_boundary``;
 * a class not defined in the generated file (``nn.Linear``, ``nn.Embedding``, or an
   unmodified transformers class) has its *instance* forward wrapped: inputs -> original ->
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpcodegen.binding import InputBinder, apply_outputs, compile_outputs
 from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import BoundaryForm
 from hpcodegen.plan.entry import (
@@ -41,15 +43,12 @@ from hpcodegen.plan.entry import (
 )
 from hpcodegen.plan.revalidate import decide
 from hpcodegen.plan.types import Plan, PlanEntry
-from hpcodegen.runtime.binding import InputBinder, apply_outputs, compile_outputs
-from hpcodegen.runtime.collectives import TPOps
-from hpcodegen.runtime.embedding import (
-    install_default_position_ids,
-    install_vocab_lookups,
-)
+from hpcodegen.runtime.collectives.matching import TPOps
+from hpcodegen.runtime.embedding import install_vocab_lookups
 from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
 from hpcodegen.runtime.mesh import ActiveMesh
 from hpcodegen.runtime.params import ShardedParam, param_owner
+from hpcodegen.sp_positions import install_default_position_ids
 
 
 class RuntimeFallbackWarning(UserWarning):

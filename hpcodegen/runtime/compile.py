@@ -78,11 +78,12 @@ def compile_parallelized(model: nn.Module, scope: str = "layers", **options: Any
 def bind_traced(root: nn.Module) -> int:
     """Give every boundary under ``root`` its compiled-model collectives; how many.
 
-    A generated boundary's ``_hp_tp`` (:meth:`~hpcodegen.runtime.collectives.TPOps.bind_traced`)
-    and a wrapped module's forward (its ``_hp_traced_forward``, bound once): the ops dynamo
+    A generated boundary's ``_hp_tp``
+    (:meth:`~hpcodegen.runtime.collectives.matching.TPOps.bind_traced`) and a wrapped
+    module's forward (its ``_hp_traced_forward``, bound once): the ops dynamo
     puts in the graph are the same, the guards checked on every call fewer.
     """
-    from hpcodegen.runtime.collectives import TPOps
+    from hpcodegen.runtime.collectives.matching import TPOps
 
     bound = 0
     for module in root.modules():

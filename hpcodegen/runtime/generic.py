@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from hpcodegen.binding import InputBinder, apply_outputs
 from hpcodegen.errors import PlanError, error
 from hpcodegen.plan.classify import BoundaryForm, Transition, grad_placements
 from hpcodegen.plan.types import PlanEntry
-from hpcodegen.runtime.binding import InputBinder, apply_outputs
-from hpcodegen.runtime.collectives import lowered_fn, map_local_tensors
+from hpcodegen.runtime.collectives.local import map_local_tensors
+from hpcodegen.runtime.collectives.transition import lowered_fn
 from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
 
 

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcodegen.runtime.collectives import Comm, reduce
+from hpcodegen.runtime.collectives.comm import Comm
+from hpcodegen.runtime.collectives.ops import reduce
 from hpcodegen.runtime.params import param_owner
 
 _FLAG = "_hp_grad_allreduce"

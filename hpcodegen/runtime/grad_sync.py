@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.runtime.collectives import Comm, reduce
+from hpcodegen.runtime.collectives.comm import Comm
+from hpcodegen.runtime.collectives.ops import reduce
 from hpcodegen.runtime.params import param_owner
 
 _FLAG = "_hp_grad_allreduce"

@@ -19,7 +19,7 @@ def unwrap_local(value: Any) -> Any:
 
 
 class IdentityTP:
-    """The no-op stand-in for :class:`hpcodegen.runtime.collectives.TPOps`."""
+    """The no-op stand-in for :class:`hpcodegen.runtime.collectives.matching.TPOps`."""
 
     def to_local(self, tensor: Any) -> Any:
         return unwrap_local(tensor)

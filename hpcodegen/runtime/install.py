@@ -7,8 +7,10 @@ A. shard parameters (each a local shard, its :class:`~hpcodegen.runtime.shards.S
    recorded); ``tp_divide_attrs``;
 B. special handlers;
 D. tied weights (after A, which replaced the parameter objects);
-C. boundaries, deepest FQN first (last, so they see the final local parameters); injection
-   factories bound; expert and partial gradients synchronised;
+C. boundaries, deepest FQN first (last, so they see the final local parameters); on a live
+   cp axis the context-parallel state (before the injections, so each attention's
+   ``inner_wrapper`` finds it); injection factories bound; expert and partial gradients
+   synchronised;
 
 then the model's :class:`~hpcodegen.runtime.shards.ParallelState` and its state-dict hooks.
 """
@@ -30,7 +32,7 @@ from hpcodegen.runtime.experts import ExpertMesh, ExpertParallel
 from hpcodegen.runtime.grad_buckets import install_partial_grad_sync
 from hpcodegen.runtime.grad_sync import install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers
-from hpcodegen.runtime.mesh import TP, ActiveMesh, to_torch_placements
+from hpcodegen.runtime.mesh import CP, TP, ActiveMesh, to_torch_placements
 from hpcodegen.runtime.params import ShardedParam, divide_attrs, shard_parameters
 from hpcodegen.runtime.shards import ParallelState, set_parallel_state, spec_of
 from hpcodegen.runtime.state_dict import install_state_dict_hooks
@@ -64,6 +66,8 @@ def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: Activ
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
     _bind_tp_groups(model, meta, active)
+    if CP in active.axes:
+        _install_cp(model, plan, active)
     _bind_injections(model, resolved.injections, plan)
     if TP in active.axes:
         install_partial_grad_sync(model, _partial_grad_fqns(plan), active.tp_group())
@@ -88,16 +92,20 @@ def record_state(model: nn.Module, info: SourceInfo, plan: Any) -> None:
 
 def _source_info(model: nn.Module, active: ActiveMesh, sharded: Mapping[str, ShardedParam],
                  expert: ExpertMesh | None, expert_fqns: set[str]) -> SourceInfo:
-    """``{param_fqn: (placements over the active axes, source submesh)}``, always tuples;
-    expert parameters name the expert mesh."""
-    replicated = to_torch_placements((REPLICATE,) * len(active.axes))
+    """``{param_fqn: (placements over the source axes, source submesh)}``, always tuples;
+    expert parameters name the expert mesh. The source axes are the active ones but cp
+    (:attr:`~hpcodegen.runtime.mesh.ActiveMesh.source_axes`: every parameter is replicated
+    on cp, whose gradients FSDP2 reduces with dp's)."""
+    keep = [i for i, a in enumerate(active.axes) if a in active.source_axes]
+    replicated = to_torch_placements((REPLICATE,) * len(keep))
     info: SourceInfo = {}
     for fqn, _ in model.named_parameters(remove_duplicate=False):
         if expert is not None and fqn in expert_fqns:
             info[fqn] = (tuple(sharded[fqn].placements), expert.source_mesh)
         else:
-            info[fqn] = (tuple(sharded[fqn].placements) if fqn in sharded else replicated,
-                         active.source_mesh)
+            placements = sharded[fqn].placements if fqn in sharded else None
+            info[fqn] = (tuple(placements[i] for i in keep) if placements is not None
+                         else replicated, active.source_mesh)
     return info
 
 
@@ -136,6 +144,24 @@ def _bind_tp_groups(model: nn.Module, meta: Mapping[str, Any], active: ActiveMes
             module.__dict__["_hp_expert_tp"] = TokenGather(group, size, rank)
         elif is_sharded_norm(record):
             module.__dict__["_hp_tp_norm"] = NormGroup(group, size)
+
+
+def _install_cp(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
+    """Context parallelism on a live cp axis (:mod:`hpcodegen.runtime.cp.context`). A plan
+    without a K/V transition over cp (the sequence moved at its own boundaries) gets none;
+    a frozen cp plan without one never gets here (verify's ``plan.cp_no_attention``)."""
+    from hpcodegen.plan.cp import plan_cp_attention, plan_cp_layout
+    from hpcodegen.runtime.cp.context import install_context_parallel
+
+    attention = plan_cp_attention(plan)
+    if not attention:
+        return
+    import torch.distributed as dist
+
+    group = active.cp_group()
+    sp = plan.dims.sequence_parallel is True and TP in active.axes
+    install_context_parallel(model, attention, group, active.cp_size, dist.get_rank(group),
+                             plan_cp_layout(plan), active.tp_size if sp else 1)
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],

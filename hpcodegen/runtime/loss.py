@@ -11,7 +11,7 @@ with three all_reduces of ``(tokens,)`` fp32 values instead of an all_gather of
 3. the target's shifted logit, which only the rank holding the target row contributes.
 
 ``loss = log(sum) - target`` per token, then the mean over tokens whose label is not
-``ignore_index``. The two sums use :func:`hpcodegen.runtime.collectives.reduce`, whose
+``ignore_index``. The two sums use :func:`hpcodegen.runtime.collectives.ops.reduce`, whose
 backward is the identity (DTensor's ``Partial -> Replicate``), so autograd gives each rank
 ``softmax - one_hot`` on its own slice: the gradient of the unsharded loss, sharded. The
 loss is a plain replicated tensor: call ``loss.backward()`` anywhere (torch's
@@ -35,7 +35,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcodegen.runtime.collectives import Comm, compiling, reduce
+from hpcodegen.runtime.collectives.comm import Comm
+from hpcodegen.runtime.collectives.local import compiling
+from hpcodegen.runtime.collectives.ops import reduce
 
 
 def _all_reduce_max(x: torch.Tensor, comm: Comm) -> torch.Tensor:
@@ -66,6 +68,17 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gro
     Returns:
         The scalar mean loss (fp32), equal on every rank.
     """
+    losses = vocab_parallel_token_losses(logits, labels, group, vocab_size=vocab_size,
+                                         ignore_index=ignore_index)
+    return losses.sum() / (labels.flatten() != ignore_index).sum()
+
+
+def vocab_parallel_token_losses(logits: torch.Tensor, labels: torch.Tensor, group: Any = None,
+                                *, vocab_size: int | None = None,
+                                ignore_index: int = -100) -> torch.Tensor:
+    """Per-token cross entropy (flattened, 0 where the label is ``ignore_index``) of the
+    full logits from this rank's vocabulary slice; arguments as
+    :func:`vocab_parallel_cross_entropy`, which is their mean over the kept labels."""
     if hasattr(logits, "to_local") and hasattr(logits, "placements"):
         logits = logits.to_local()
     comm = Comm(group)
@@ -87,5 +100,4 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gro
     mine = z.gather(-1, index).squeeze(-1) * in_slice
     target_z = reduce(mine, comm)
     losses = sum_exp.log() - target_z
-    keep = target != ignore_index
-    return (losses * keep).sum() / keep.sum()
+    return losses * (target != ignore_index)

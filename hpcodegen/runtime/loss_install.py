@@ -4,7 +4,7 @@ the runtime refuses too, before anything is sharded or any collective runs.
 A hand-edited or foreign meta may set ``parallel_dims.loss_parallel`` (and leave the head's
 logits ``S(-1)``) on a model whose forward reads the vocabulary as a whole after the head;
 the runtime would run it and return other logits than the unsharded model. So
-:func:`check_loss_parallel_install` applies :func:`hpcodegen.plan.loss_parallel.model_findings`
+:func:`check_loss_parallel_install` applies :func:`hpcodegen.tracer.loss_parallel.model_findings`
 (the one rule) to the live model's structure: errors become a :class:`PlanError` with
 verify's reasons (codes ``runtime.loss_parallel_*``), a forward the meta device cannot run is
 a warning, as it is a note at generate.
@@ -46,7 +46,8 @@ def meta_twin(model: nn.Module) -> nn.Module:
 
 def check_loss_parallel_install(model: nn.Module, meta: Mapping[str, Any]) -> None:
     """Raise a PlanError where loss parallelism (or its absence) would run inexactly."""
-    from hpcodegen.plan.loss_parallel import forward_needed, model_findings
+    from hpcodegen.plan.loss_parallel import forward_needed
+    from hpcodegen.tracer.loss_parallel import model_findings
 
     target = model
     if forward_needed(meta):

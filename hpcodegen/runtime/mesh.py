@@ -24,8 +24,11 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 TP = "tp"
-#: axes owned by data parallelism / pipelining: never plan axes (legacy metas without
-#: ``mesh_dim_names`` take every other live axis)
+CP = "cp"
+#: plan axes whose parameters are replicated and whose gradients FSDP2 reduces (with dp):
+#: they are left out of the source info, as the existing system leaves them out
+FSDP_AXES: tuple[str, ...] = (CP,)
+
 
 @dataclass
 class MeshContext:
@@ -52,13 +55,32 @@ class ActiveMesh:
         axes: the plan axes present in the live mesh with size > 1, in the live order.
         sizes: their sizes.
         mesh: the submesh over ``axes`` (None when ``axes`` is empty: a no-op install).
-        source_mesh: the submesh named in the FSDP2 source info.
+        source_mesh: the submesh named in the FSDP2 source info: over :attr:`source_axes`
+            (None when there are none, e.g. a cp-only plan).
+        param_mesh: the dense submesh over :attr:`source_axes` (``mesh`` without cp), the
+            one a parameter's :class:`~hpcodegen.runtime.shards.ShardSpec` names: a
+            parameter is replicated over cp, so its spec, ``state_dict()`` and a checkpoint
+            have no cp in them (None when no axis is left).
     """
 
     axes: tuple[str, ...]
     sizes: dict[str, int]
     mesh: Any
     source_mesh: Any
+    param_mesh: Any = None
+
+    @property
+    def source_axes(self) -> tuple[str, ...]:
+        """The active axes the source info names: all but cp (FSDP2 composes over dp x cp,
+        every parameter is replicated on cp)."""
+        return tuple(a for a in self.axes if a not in FSDP_AXES)
+
+    @property
+    def cp_size(self) -> int:
+        return self.sizes.get(CP, 1)
+
+    def cp_group(self) -> Any:
+        return self.mesh.get_group(CP)
 
     @property
     def degenerate(self) -> bool:
@@ -117,11 +139,13 @@ def resolve_active_mesh(plan: Plan | Mapping[str, Any], context: MeshContext) ->
     if not axes:
         return ActiveMesh((), {}, None, None)
     sub = _submesh(mesh, axes)
-    source = sub
+    kept = tuple(a for a in axes if a not in FSDP_AXES)
+    dense = (sub if kept == axes else _submesh(mesh, kept)) if kept else None
+    source = dense
     fsdp = context.fsdp_mesh
-    if fsdp is not None and set(axes) <= set(fsdp.mesh_dim_names or ()):
-        source = _submesh(fsdp, axes)
-    return ActiveMesh(axes, {a: shape[a] for a in axes}, sub, source)
+    if kept and fsdp is not None and set(kept) <= set(fsdp.mesh_dim_names or ()):
+        source = _submesh(fsdp, kept)
+    return ActiveMesh(axes, {a: shape[a] for a in axes}, sub, source, dense)
 
 
 def to_torch_placements(placements: Sequence[Placement], ndim: int | None = None) -> tuple:

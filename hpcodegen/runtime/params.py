@@ -106,9 +106,21 @@ def shard_parameter(model: nn.Module, fqn: str, named: Mapping[str, Any],
         raise PlanError([error("runtime.local_shape", fqn,
                                f"local shard {tuple(local.shape)} for {format_placements(ours)}",
                                expected=str(tuple(local_shape)))])
-    spec = ShardSpec(shape, placements, active.mesh)
+    spec = _param_spec(shape, placements, active)
     owner._parameters[name] = as_local_param(local.contiguous(), spec, param.requires_grad)
     return ShardedParam(fqn, placements, shape, tuple(offset))
+
+
+def _param_spec(shape: tuple[int, ...], placements: tuple,
+                active: ActiveMesh | ExpertMesh) -> ShardSpec:
+    """The spec over the axes that may split a parameter: cp only replicates it (verify's
+    ``plan.cp_param``), so cp is left out, as the FSDP2 source info leaves it out."""
+    if isinstance(active, ExpertMesh) or active.source_axes == active.axes:
+        return ShardSpec(shape, placements, active.mesh)
+    keep = [i for i, axis in enumerate(active.axes) if axis in active.source_axes]
+    if not keep:
+        return ShardSpec(shape)
+    return ShardSpec(shape, tuple(placements[i] for i in keep), active.param_mesh)
 
 
 def shard_parameters(model: nn.Module, plan: Plan, active: ActiveMesh,

@@ -96,6 +96,8 @@ def test_interleaved_timings_pair_rounds_and_shuffle_the_order() -> None:
 
 
 LAST_LINES = {
+    "cp.py": r"cp: balance_headtail=\d+\.\d{3} balance_contiguous=\d+\.\d{3} "
+             r"kv_bytes_vs_expanded=\d+\.\d{3} activation_bytes_cp2_vs_cp1=\d+\.\d{3}",
     "install_time.py": r"install_time: s_64_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
     "forward_overhead.py": r"forward_overhead: vs_parallelize_module=\d+\.\d\d "
                            r"vs_handwritten=\d+\.\d\d vs_hf_floor=\d+\.\d\d "
@@ -115,7 +117,8 @@ def test_benchmark_runs_and_ends_with_its_ratio_line(script: str) -> None:
     Three timed rounds (``--rounds 3``): the test checks the script, not the figures, and
     the 30 rounds of --quick were most of its time."""
     extra = ["--no-gloo"] if script == "forward_overhead.py" else []
-    if script != "install_time.py":  # its --quick is one install per cell already
+    # install_time's --quick is one install per cell already; cp.py counts, it times nothing
+    if script not in ("install_time.py", "cp.py"):
         extra.append("--rounds=3")
     proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", *extra],
                           capture_output=True, text=True, timeout=230)

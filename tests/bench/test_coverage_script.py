@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.families.catalog import family_kind
+from hpcodegen.families.cp import cp_cell, cp_reason
 from hpcodegen.families.probe import default_build_error
 from hpcodegen.families.report import classify_row, render
 from hpcodegen.families.tiny import tiny_config
@@ -120,3 +121,17 @@ def test_a_row_without_a_parity_run_says_so() -> None:
     row = _row("llama", parity=False)
     row["parity"] = {}
     assert classify_row(row) == ("unsupported", "tp2 parity: not run (--no-parity)")
+
+
+def test_the_cp2_column_says_ok_refused_or_why() -> None:
+    ok = {"family": "llama", "kind": "decoder", "cp2": {"ok": True},
+          "parity": {"cp2": {"ok": True, "logits": 2e-7, "grad": 3e-8}}}
+    refused = {"family": "mamba", "kind": "decoder",
+               "cp2": {"ok": False, "stage": "generate", "reason": "x: --cp: mixes tokens"}}
+    wrong = {"family": "opt", "kind": "decoder", "cp2": {"ok": True},
+             "parity": {"cp2": {"ok": False, "logits": 0.4, "grad": 0.1, "worst": "w"}}}
+    assert [cp_cell(r) for r in (ok, refused, wrong)] == ["ok (2e-07)", "refused", "FAIL"]
+    assert cp_reason(ok) == "" and "mixes tokens" in cp_reason(refused)
+    text = render([ok, refused, wrong], "5", 1.0)
+    assert "cp2: dense ok=1/3 refused=1, moe ok=0/0 refused=0" in text
+    assert text.rstrip().splitlines()[-1].startswith("coverage: dense_ok=")

@@ -180,12 +180,12 @@ def test_unusable_out_is_refused_before_the_build(tmp_path: Path, llama_dir: Pat
 
 def test_write_failure_is_a_usage_error_naming_out(tmp_path: Path, monkeypatch) -> None:
     """An OSError while publishing (read-only fs, permissions) is exit 2, not 'internal error'."""
-    import hpcodegen.generate.api as gen_api
+    import hpcodegen.generate.publish as gen_publish
     from hpcodegen.errors import UsageError
 
     def refuse(target, rendered):
         raise PermissionError(13, "Permission denied", str(target.parent))
 
-    monkeypatch.setattr(gen_api, "write_bundle", refuse)
+    monkeypatch.setattr(gen_publish, "write_bundle", refuse)
     with pytest.raises(UsageError, match=r"-o: cannot write .*: Permission denied"):
-        gen_api._publish(tmp_path / "out", {"codegen_meta.json": b"{}"})
+        gen_publish.publish(tmp_path / "out", {"codegen_meta.json": b"{}"})

@@ -73,7 +73,10 @@ def test_generated_module_gives_transformers_logits(repo: Path, ex) -> None:
     generated = getattr(module, meta["model_class"])(hf_config).eval()
     assert type(generated).__module__ == module.__name__
     attn = next(m for m in generated.modules() if type(m).__name__.endswith("Attention"))
-    assert hasattr(attn, "_forward_impl") and attn._hp_boundary_form == "tp_collective"
+    # tp_collective; generic under cp, where the CP attention's inner_wrapper makes it so
+    assert hasattr(attn, "_forward_impl")
+    assert getattr(type(attn), "_hp_boundary_form", None) == (
+        None if ex.cp > 1 else "tp_collective")
     generated.load_state_dict(reference.state_dict())
     ids = torch.randint(0, config["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

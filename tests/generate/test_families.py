@@ -80,11 +80,15 @@ def test_package_rules_fill_a_missing_hf_plan_and_say_so() -> None:
 
 def test_generate_cli_prints_the_package_rules(tmp_path: Path) -> None:
     out, err = io.StringIO(), io.StringIO()
-    code = run_generate(GenerateArgs(FAMILIES / "hunyuan_v1_dense", 2, tmp_path / "a"),
+    code = run_generate(GenerateArgs(FAMILIES / "persimmon", 2, tmp_path / "a"), out, err)
+    assert code == 0, err.getvalue()
+    assert "package rules hpcodegen/generate/rules/persimmon.yaml (replace the HF " \
+           "plan" in out.getvalue()
+    out = io.StringIO()  # no rule file: the structural seeds say what they split
+    code = run_generate(GenerateArgs(FAMILIES / "hunyuan_v1_dense", 2, tmp_path / "b"),
                         out, err)
     assert code == 0, err.getvalue()
-    assert "package rules hpcodegen/generate/rules/hunyuan_v1_dense.yaml (replace the HF " \
-           "plan" in out.getvalue()
+    assert "structural seeds: transformers ships no TP plan for this model" in out.getvalue()
 
 
 def test_package_rule_variants_follow_the_config() -> None:

@@ -143,7 +143,8 @@ def test_structural_rules_split_only_what_they_know() -> None:
     sinks split with the heads."""
     from torch import nn
 
-    from hpcodegen.generate.layouts import Kind, _block_styles, _children, mla_assignments
+    from hpcodegen.generate.layouts import Kind, mla_assignments
+    from hpcodegen.generate.seeds import block_styles, children
 
     class Mla(nn.Module):
         def __init__(self, gate: bool) -> None:
@@ -172,7 +173,7 @@ def test_structural_rules_split_only_what_they_know() -> None:
     for extra, split in ((2, True), (3, False)):  # [heads] sinks split, anything else not
         root = nn.Module()
         root.attn = Attention(extra)
-        styles = _block_styles(root.attn, _children(dict(root.named_modules()), "attn"))
+        styles = block_styles(root.attn, children(dict(root.named_modules()), "attn"), False)
         assert (styles is not None) is split
         if split:
             assert styles["sinks"] is Kind.COLWISE and styles["o_proj"] is Kind.ROWWISE

@@ -58,7 +58,7 @@ def _tiny_lm(post):
 
 
 def _check(post, plan=None):
-    from hpcodegen.plan.loss_parallel import check_loss_parallel
+    from hpcodegen.tracer.loss_parallel import check_loss_parallel
 
     notes: list[str] = []
     fqn = check_loss_parallel(_tiny_lm(post), {"lm_head": HEAD} if plan is None else plan,
@@ -131,7 +131,7 @@ def test_head_not_vocab_sharded_or_missing_refused() -> None:
         _check(lambda self, x: x, {})
     model = _tiny_lm(lambda self, x: x)
     model.get_output_embeddings = lambda: None
-    from hpcodegen.plan.loss_parallel import check_loss_parallel
+    from hpcodegen.tracer.loss_parallel import check_loss_parallel
 
     with pytest.raises(PlanError) as info:
         check_loss_parallel(model, {"lm_head": HEAD})
@@ -188,7 +188,7 @@ def test_tp_1_refused_and_undeclared_sharded_head_refused() -> None:
     """The flag's plan rules (verify's, :func:`plan_findings`) hold at generate: --tp 1 keeps
     nothing sharded; a plan that leaves the head's logits sharded needs the flag."""
     from hpcodegen.generate.api import build_bundle
-    from hpcodegen.plan.loss_parallel import check_declared
+    from hpcodegen.tracer.loss_parallel import check_declared
 
     config = json.loads((Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama"
                          / "config.json").read_text())

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from hpcodegen.artifact.bundle import render_bundle
 from hpcodegen.artifact.load import META_NAME
-from hpcodegen.generate.api import _class_plans
 from hpcodegen.generate.emit import emit_modeling
+from hpcodegen.generate.modeling_text import class_plans
 from hpcodegen.plan.classify import classify_boundary
 from hpcodegen.plan.lowering import class_forwards, forward_signature, lowering_gates
 from hpcodegen.verify import run_verify
@@ -41,7 +41,7 @@ def _regenerate(example: Path, out: Path, edit) -> tuple[str, dict[str, str]]:
     source = edit(_transformers_source(meta))
     name = next(example.glob("modeling_*_gen_npu.py")).name
     text, forms = emit_modeling(source, meta["source"]["module_name"],
-                                _class_plans(meta, meta["boundary_classes"]), ["test"])
+                                class_plans(meta, meta["boundary_classes"]), ["test"])
     files = {p.name: p.read_bytes() for p in example.iterdir() if p.name != META_NAME}
     files[name] = text.encode("utf-8")
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}

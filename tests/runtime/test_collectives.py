@@ -35,7 +35,7 @@ def test_same_kind_calls_bind_in_call_order(fake_world) -> None:
     import torch
     import torch.distributed as dist
 
-    from hpcodegen.runtime.collectives import TPOps
+    from hpcodegen.runtime.collectives.matching import TPOps
 
     fake_world(2)
     form = classify_boundary("block", ENTRY, ("tp",))
@@ -56,7 +56,7 @@ def test_unknown_call_and_negative_dims(fake_world) -> None:
     import torch
     import torch.distributed as dist
 
-    from hpcodegen.runtime.collectives import TPOps
+    from hpcodegen.runtime.collectives.matching import TPOps
 
     fake_world(2)
     entry = {"params": {"w": {"tp": "S(0)"}},
@@ -79,7 +79,7 @@ def test_no_grad_skips_autograd_but_not_the_collective(fake_world) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from hpcodegen.runtime.collectives import TPOps
+    from hpcodegen.runtime.collectives.matching import TPOps
 
     fake_world(2)
     entry = {"params": {"proj.weight": {"tp": "S(1)"}},
@@ -106,7 +106,7 @@ def test_identity_forward_backward_step_runs_once_on_the_summed_gradient() -> No
     import torch
     from torch.utils.checkpoint import checkpoint
 
-    from hpcodegen.runtime.collectives import apply_lowered
+    from hpcodegen.runtime.collectives.autograd import apply_lowered
 
     calls: list[int] = []
 
@@ -141,7 +141,7 @@ def _gloo_collectives() -> dict:
     import torch
     import torch.distributed as dist
 
-    from hpcodegen.runtime.collectives import gather, reduce, scatter
+    from hpcodegen.runtime.collectives.ops import gather, reduce, scatter
 
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD
@@ -182,7 +182,7 @@ def test_traced_binding_runs_the_same_ops_and_checks(fake_world) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from hpcodegen.runtime.collectives import TPOps
+    from hpcodegen.runtime.collectives.matching import TPOps
 
     fake_world(2)
     assert not TPOps("block", classify_boundary("block", ENTRY, ("tp",)).transitions,

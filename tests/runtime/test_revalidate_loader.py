@@ -34,7 +34,7 @@ def test_tp_collective_contradicted_by_live_mesh_falls_back(tmp_path, fake_world
 
     from hpcodegen.runtime import parallelize_from_generated
     from hpcodegen.runtime.boundaries import RuntimeFallbackWarning
-    from hpcodegen.runtime.collectives import TPOps
+    from hpcodegen.runtime.collectives.matching import TPOps
 
     art = copy_artifact("llama_tp2", tmp_path / "legacy", _legacy_cp_meta)
     fake_world(4)

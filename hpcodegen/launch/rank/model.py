@@ -202,17 +202,38 @@ def parallelize(model: Any, ctx: Any, art: Any) -> tuple[dict[str, Any], Any]:
     return info, resolve_active_mesh(art.plan, context)
 
 
-def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any) -> tuple[Any, Any]:
-    """``(input_ids, labels)`` of shape ``(2, SEQ_LEN)``, token ids < ``vocab_size``.
+def sliding_window_of(hf_config: Any) -> int | None:
+    """The config's sliding window (its text part's for a composite), None without one."""
+    for scope in (hf_config, getattr(hf_config, "get_text_config", lambda: None)()):
+        window = getattr(scope, "sliding_window", None) if scope is not None else None
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            return window
+    return None
 
-    The sequence length is ``SEQ_LEN`` whenever the world size divides it (1, 2, 4, 8...),
-    so a run resumed at another tp trains on the same batch; else ``8 * world``. Either way
-    sequence-parallel plans split it evenly; the same seed gives every rank the same batch.
+
+def synthetic_length(world_size: int, window: int | None = None) -> int:
+    """The smoke batch's sequence length: ``SEQ_LEN`` whenever the world size divides it
+    (1, 2, 4, 8...), so a run resumed on another mesh trains on the same batch, else
+    ``8 * world``; doubled until it exceeds 8 times the sliding window, so the window is
+    shorter than a cp rank's chunk even at cp 4 head-tail (8 chunks) and the masks matter."""
+    length = SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
+    while window is not None and length <= 8 * window:
+        length *= 2
+    return length
+
+
+def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any,
+                    window: int | None = None) -> tuple[Any, Any]:
+    """``(input_ids, labels)`` of shape ``(2, synthetic_length(...))``, ids < ``vocab_size``.
+
+    Sequence-parallel plans split it evenly; the same seed gives every rank the same batch
+    (a context-parallel rank keeps its positions of it, :mod:`hpcodegen.runtime.cp.batch`).
+    The labels are per position (already shifted).
     """
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
-    length = SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
+    length = synthetic_length(world_size, window)
     shape = (BATCH_SIZE, length)
     ids = torch.randint(0, vocab_size, shape, generator=gen)
     labels = torch.randint(0, vocab_size, shape, generator=gen)

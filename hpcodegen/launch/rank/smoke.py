@@ -26,20 +26,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.launch import env
 from hpcodegen.launch.rank.context import RankContext, init_rank
+from hpcodegen.launch.rank.loss_step import forward_loss, model_inputs, sync_gradients, whole_logits
 from hpcodegen.launch.rank.model import (
     BuiltModel,
     build_model,
     build_parallel_model,
     local_param_bytes,
     resolve_model_dir,
+    sliding_window_of,
     synthetic_batch,
 )
 from hpcodegen.launch.rank.reporter import RankReporter
 from hpcodegen.parity.gather import max_param_diff, output_module_fqn
-from hpcodegen.parity.harness import Installed, compare, loss_and_logits
 
 LEARNING_RATE = 1e-3
 
@@ -51,16 +51,6 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "npu":
         torch.npu.synchronize(device)  # type: ignore[attr-defined]
-
-
-def _loss(model: Any, ids: Any, labels: Any, ctx: RankContext, active: Any | None,
-          vocab: int | None = None) -> Any:
-    """Cross entropy and the logits it was taken on (the parity harness's rule,
-    :func:`hpcodegen.parity.harness.loss_and_logits`: on the vocab-sharded logits of a
-    loss-parallel head, else on the full logits). ``vocab`` is the head's full output
-    width (:func:`head_vocab`)."""
-    inputs = {"input_ids": ids, **no_cache_kwargs(model)}
-    return loss_and_logits(model, inputs, labels, ctx.meta.data, active, vocab)
 
 
 def head_vocab(built: BuiltModel) -> int | None:
@@ -85,26 +75,39 @@ def vocab_size_of(hf_config: Any) -> int | None:
     return vocab
 
 
-def _timed_forward(model: Any, ids: Any, device: Any) -> float:
+def _timed_forward(model: Any, ids: Any, device: Any, active: Any) -> float:
     import torch
 
+    kwargs, _ = model_inputs(model, ids, active)
     with torch.no_grad():
         _sync(device)
         start = time.perf_counter()
-        model(input_ids=ids, **no_cache_kwargs(model))
+        model(**kwargs)
         _sync(device)
     return (time.perf_counter() - start) * 1000.0
 
 
 def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
             active: Any, expert: Any = None, vocab: int | None = None) -> dict[str, Any]:
-    """One forward/backward on both models (the parity harness,
-    :func:`hpcodegen.parity.harness.compare`); max diffs of logits and gradients."""
+    """One forward/backward on both models; max diffs of logits and gradients (the parity
+    harness's loss and comparison rules, :mod:`hpcodegen.parity`; under cp each rank's
+    share, the gradients summed over cp, the logits put back in order)."""
     ids, labels = batch
-    r = compare(model, ref, ctx.meta.data, Installed({}, active, expert),
-                {"input_ids": ids, **no_cache_kwargs(model)}, labels, vocab, zero_grad=True)
-    return {"logits_max_diff": r.logits, "grad_max_diff": r.grad, "worst_grad": r.worst,
-            "mismatched_params": r.odd, "loss": r.loss, "ref_loss": r.ref_loss}
+    meta = ctx.meta.data
+    fwd = forward_loss(model, ids, labels, meta, active, vocab)
+    fwd.loss.backward()
+    sync_gradients(model, active)
+    # vocab-sharded logits (loss parallel) are gathered here for the comparison only,
+    # cp-sharded ones put back in the batch's order
+    logits = whole_logits(fwd, model, meta, active)
+    ref_fwd = forward_loss(ref, ids, labels, meta, None)
+    ref_fwd.loss.backward()
+    grad_diff, worst, odd = max_param_diff(model, ref, meta, active, lambda p: p.grad, expert)
+    model.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    return {"logits_max_diff": float((logits - ref_fwd.logits.detach()).abs().max()),
+            "grad_max_diff": grad_diff, "worst_grad": worst, "mismatched_params": odd,
+            "loss": float(fwd.value), "ref_loss": float(ref_fwd.value)}
 
 
 def _optimizer(model: Any) -> Any:
@@ -141,11 +144,13 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
         losses = []
         for i, (built, opt) in enumerate(runs):
             opt.zero_grad(set_to_none=True)
-            loss, _ = _loss(built.model, *batch, ctx, built.active, head_vocab(built))
-            loss.backward()
+            fwd = forward_loss(built.model, *batch, ctx.meta.data, built.active,
+                               head_vocab(built))
+            fwd.loss.backward()
+            sync_gradients(built.model, built.active)
             norms[i].append(_clip(built, max_norm))
             opt.step()
-            losses.append(float(loss.detach()))
+            losses.append(float(fwd.value))
         reporter.record.losses.append(losses[0])
         if len(runs) > 1:
             reporter.record.ref_losses.append(losses[1])
@@ -237,8 +242,10 @@ def run(reporter: RankReporter) -> None:
     weights = f"checkpoint {resume_dir} (step {first})" if resume_dir else built.weights
     reporter.update(phase="forward", weights=weights,
                     local_param_bytes=local_param_bytes(built.model))
-    batch = synthetic_batch(vocab_size_of(built.hf_config), ctx.world_size, seed, ctx.device)
-    reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device))
+    batch = synthetic_batch(vocab_size_of(built.hf_config), ctx.world_size, seed, ctx.device,
+                            sliding_window_of(built.hf_config))
+    reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device,
+                                              built.active))
     parity: dict[str, Any] | None = None
     if ref is not None:
         reporter.update(phase="parity")

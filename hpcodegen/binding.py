@@ -5,6 +5,11 @@ generic engine see ``(args, kwargs)``, not names. Input names bind to the forwar
 signature: a keyword wins, else the positional index; a lone input whose name is not in the
 signature binds to position 0 (``nn.Linear.forward(input)`` declared as ``hidden_states``).
 Outputs bind by their index in ``out_names`` (unknown names are index 0).
+
+One binding for whoever runs a plan's transitions on a forward: the runtime's boundaries
+and generic engine, and ``generate --sp``'s shape run (:mod:`hpcodegen.generate.sp_check`),
+which must bind exactly as the runtime will. Imports no torch (``compile_outputs`` does,
+when called).
 """
 
 from __future__ import annotations

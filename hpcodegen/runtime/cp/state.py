@@ -1,0 +1,91 @@
+"""The per-model context-parallel state: the cp group, the layout, this forward's batch view.
+
+One :class:`CPState` per parallelized model (``model._hp_cp_state``). The model's root
+forward fills :attr:`CPState.batch` (:mod:`.context`) before transformers builds its masks;
+the mask interface (:mod:`.attention`) reads it. Everything a rank needs to put its queries
+and the gathered keys at their global positions is here:
+
+* ``q_index``: the global position of each local token (``[S_local]``);
+* ``kv_index``: the global position of each row of a cp all_gather (``[S]``, rank 0's
+  tokens first), so K and V stay in gathered order and the mask columns follow them;
+* ``positions`` / ``documents`` / ``valid``: the batch's global position ids, packed
+  document ids and padding flags, in original order ``[B, S]`` (None when not needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hpcodegen.plan.cp import gathered_order, layout_chunks, rank_positions
+from hpcodegen.runtime.collectives.comm import Comm
+
+
+@dataclass
+class BatchView:
+    """What one forward's masks need, at global positions (see the module docstring)."""
+
+    q_index: torch.Tensor
+    kv_index: torch.Tensor
+    positions: torch.Tensor | None = None
+    documents: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    #: position ids were given but not ``[batch, seq]`` (multi-section rotary ids): packed
+    #: documents cannot be found on the whole sequence
+    unreadable_positions: bool = False
+
+
+@dataclass
+class CPState:
+    """The context-parallel execution state of one model.
+
+    Attributes:
+        comm: the cp group (:class:`~hpcodegen.runtime.collectives.comm.Comm`).
+        size / rank: cp size and this rank's index on it.
+        layout: ``contiguous`` or ``headtail`` (``parallel_dims.cp_layout``).
+        seq_multiple: the local sequence must divide by this (tp under sequence parallelism).
+        name: the attention-implementation name registered for this model.
+    """
+
+    comm: Comm
+    size: int
+    rank: int
+    layout: str
+    seq_multiple: int = 1
+    name: str = ""
+    batch: BatchView | None = None
+    #: the K/V gather over cp (:func:`hpcodegen.runtime.cp.attention.kv_gather`)
+    kv: Any = None
+    #: transformers asked for packed-document detection in the mask being built
+    packed_requested: bool = False
+    #: every cp attention of the model is causal (a query never sees later keys)
+    causal: bool = True
+    _index: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False)
+
+    @property
+    def multiple(self) -> int:
+        """The global sequence length must divide by this (chunks x sequence parallel)."""
+        return layout_chunks(self.layout, self.size) * self.seq_multiple
+
+    def indices(self, seq: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q_index [S_local], kv_index [S])`` for a global length ``seq`` (cached)."""
+        key = (seq, str(device))
+        hit = self._index.get(key)
+        if hit is None:
+            q = torch.tensor(rank_positions(seq, self.size, self.rank, self.layout),
+                             dtype=torch.long, device=device)
+            kv = torch.tensor(gathered_order(seq, self.size, self.layout), dtype=torch.long,
+                              device=device)
+            hit = self._index[key] = (q, kv)
+        return hit
+
+    def restore_order(self, seq: int, device: Any) -> torch.Tensor:
+        """Index that puts gathered rows back in original order: ``gathered[:, order]``."""
+        _, kv = self.indices(seq, device)
+        return torch.argsort(kv)
+
+
+__all__ = ["BatchView", "CPState"]

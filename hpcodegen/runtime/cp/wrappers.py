@@ -1,0 +1,78 @@
+"""The ``inner_wrapper`` factories of attention modules (registered in ``hpcodegen.targets``).
+
+``sdpa_hf`` and ``sdpa_qkv`` are the existing system's registry names for its all-gather
+K/V context-parallel attention on the SDPA kernel; the algorithm is the same, so its
+artifacts that name them (also as ``hyper_parallel.codegen.inner.<name>``) run with these.
+``eager_hf`` is the same on the modeling file's own eager attention (what a model with
+attention softcapping needs: SDPA refuses it). Each is called as
+``factory(module, **kwargs)`` on the attention module after the plan is installed:
+
+* with a live cp axis (the runtime gave the module its cp state, :mod:`.context`): the
+  module's CP kernel (:class:`.attention.CPAttention`: K/V all-gathered over cp, the
+  model's kernel on the local queries) is bound as ``module._hp_cp_attention``;
+* without one (cp 1): the module only switches to that kernel (its own copy of the config
+  with ``_attn_implementation`` set), exactly as the unsharded model with that kernel.
+
+``causal`` (the existing system's kwarg) must agree with the module's own ``is_causal``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+
+
+def _check_kwargs(name: str, module: Any, kwargs: dict[str, Any]) -> None:
+    causal = kwargs.pop("causal", None)
+    if kwargs:
+        raise PlanError([error("runtime.bad_target_args", "inner_wrapper",
+                               f"{name} takes only 'causal', got {sorted(kwargs)}")])
+    if causal is not None and bool(getattr(module, "is_causal", True)) != bool(causal):
+        raise PlanError([error("runtime.bad_target_args", "inner_wrapper",
+                               f"{name}: causal={causal!r} but {type(module).__name__}."
+                               f"is_causal is {getattr(module, 'is_causal', True)!r}")])
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        raise PlanError([error("runtime.bad_target_module", "inner_wrapper",
+                               f"{name} needs a transformers attention module (one with a "
+                               f"config); got {type(module).__name__}")])
+
+
+def _wrap(name: str, module: Any, kernel: str, kwargs: dict[str, Any]) -> None:
+    _check_kwargs(name, module, dict(kwargs))
+    state = module.__dict__.get("_hp_cp")
+    if state is None:
+        own = copy.copy(module.config)
+        own._attn_implementation = kernel
+        module.config = own
+        return
+    if getattr(module.config, "_attn_implementation", None) != state.name:
+        raise PlanError([error(
+            "runtime.cp_config", type(module).__name__,
+            f"{name}: the module's config does not name the model's CP attention "
+            f"({state.name!r}): it would attend to its rank's keys only",
+            hint="the attention holds a config the model does not; please report this")])
+    from hpcodegen.runtime.cp.attention import CPAttention, eager_kernel, sdpa_kernel
+
+    fn = sdpa_kernel() if kernel == "sdpa" else eager_kernel(module)
+    module.__dict__["_hp_cp_attention"] = CPAttention(state.kv, fn, kernel == "eager")
+
+
+def sdpa_hf(module: Any, **kwargs: Any) -> None:
+    """All-gather K/V context-parallel attention on transformers' SDPA kernel."""
+    _wrap("sdpa_hf", module, "sdpa", kwargs)
+
+
+def sdpa_qkv(module: Any, **kwargs: Any) -> None:
+    """The existing system's name for :func:`sdpa_hf` (its q/k/v-level variant)."""
+    _wrap("sdpa_qkv", module, "sdpa", kwargs)
+
+
+def eager_hf(module: Any, **kwargs: Any) -> None:
+    """All-gather K/V context-parallel attention on the modeling file's eager kernel."""
+    _wrap("eager_hf", module, "eager", kwargs)
+
+
+__all__ = ["eager_hf", "sdpa_hf", "sdpa_qkv"]

@@ -1,0 +1,44 @@
+"""Fixtures of the context-parallel tests: the cp configs, artifacts generated once per
+session (``cp_artifact(config, tp=, cp=, sp=, layout=)``); ``fake_world`` and ``gloo`` are
+suite-wide (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "runtime"))
+CONFIGS = HERE.parent / "fixtures" / "cp"
+REPO = HERE.parents[1]
+
+
+@pytest.fixture(scope="session")
+def cp_artifact(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``cp_artifact(config, tp=2, cp=2, sp=False, layout=None, loss_parallel=False)``: the
+    artifact generated from ``tests/fixtures/cp/<config>`` (or a path), cached per session."""
+    from hpcodegen.artifact.bundle import write_bundle
+    from hpcodegen.generate.api import build_bundle
+    from hpcodegen.hf import read_hf_config
+
+    root = tmp_path_factory.mktemp("cp_artifacts")
+    made: dict[tuple, Path] = {}
+
+    def make(config: str | Path, *, tp: int = 2, cp: int = 2, sp: bool = False,
+             layout: str | None = None, loss_parallel: bool = False, ep: int = 1) -> Path:
+        key = (str(config), tp, cp, sp, layout, loss_parallel, ep)
+        if key not in made:
+            source = Path(config) if Path(config).is_dir() else CONFIGS / str(config)
+            data, _ = read_hf_config(source)
+            name = f"{source.name}_tp{tp}_cp{cp}{'_sp' if sp else ''}_{layout or 'default'}" \
+                   f"{'_lp' if loss_parallel else ''}_ep{ep}"
+            write_bundle(root / name, build_bundle(data, tp, sp, None, source.name, ep=ep,
+                                                   loss_parallel=loss_parallel, cp=cp,
+                                                   cp_layout=layout))
+            made[key] = root / name
+        return made[key]
+    return make

@@ -1,0 +1,208 @@
+"""Rank workers for the context-parallel tests (spawned gloo ranks).
+
+Per case: the unsharded transformers model and the model from the artifact's generated
+classes with the same weights; the plan installed on a ``(cp, tp)`` mesh; the full batch
+sharded by :func:`hpcodegen.runtime.cp.shard_batch` (this rank's positions, the layout's);
+one forward/backward of both with the same loss (the unsharded mean over valid labels; the
+sharded one is each rank's sum over the global count, gradients then summed over cp);
+logits put back in order and compared with the unsharded ones at every valid position,
+and every gradient.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+#: batch shapes of the cases: "plain" (no mask, default positions), "padding" (left- and
+#: right-padded rows: attention_mask zeros), "packed" (position ids restarting: 3 documents
+#: in row 0, 2 in row 1), "odd" (a length the layout does not divide: padded by the helper)
+CASES = ("plain", "padding", "packed", "odd")
+
+
+def make_batch(case: str, vocab: int, seq: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    length = seq - 3 if case == "odd" else seq
+    ids = torch.randint(0, vocab, (2, length), generator=g)
+    out: dict[str, Any] = {"input_ids": ids}
+    if case == "padding":
+        mask = torch.ones(2, length, dtype=torch.long)
+        mask[0, : length // 4] = 0          # left padding
+        mask[1, length - length // 3:] = 0  # right padding
+        out["attention_mask"] = mask
+    if case == "packed":
+        cuts = [[0, length // 3, length // 2, length], [0, 2 * length // 3, length]]
+        pos = torch.zeros(2, length, dtype=torch.long)
+        for row, bounds in enumerate(cuts):
+            for a, b in itertools.pairwise(bounds):
+                pos[row, a:b] = torch.arange(b - a)
+        out["position_ids"] = pos
+    return out
+
+
+def _reference_loss(ref: Any, batch: dict[str, Any], labels: Any) -> tuple[Any, Any]:
+    """transformers' convention: ``labels`` like the ids (-100 at padding), shifted."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = ref(**batch, use_cache=False).logits
+    target = torch.full_like(labels, -100)
+    target[:, :-1] = labels[:, 1:]
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100)
+    return loss, logits
+
+
+_MESHES: dict[tuple[int, int], Any] = {}
+
+
+def mesh_of(cp: int, tp: int) -> Any:
+    """One ``(cp, tp)`` mesh per shape per process (its groups are made once)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if (cp, tp) not in _MESHES:
+        _MESHES[(cp, tp)] = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
+    return _MESHES[(cp, tp)]
+
+
+def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
+              seq: int = 32) -> dict[str, Any]:
+    import torch
+
+    from hpcodegen.parity.gather import full_logits, max_param_diff
+    from hpcodegen.parity.harness import build_pair, install, read_config
+    from hpcodegen.runtime.cp import all_reduce_gradients, shard_batch
+
+    torch.set_num_threads(1)
+    mesh = mesh_of(cp, tp)
+    pair = build_pair(artifact, read_config(config_dir))
+    ref, gen, meta, config = pair.reference, pair.sharded, pair.meta, pair.reference.config
+    active = install(pair, mesh).active
+
+    full = make_batch(case, config.vocab_size, seq)
+    # the helper passes position ids (the batch's, else 0..S-1): so does the reference (a
+    # model deriving its own from the padding mask, OPT, would otherwise differ)
+    full.setdefault("position_ids", torch.arange(full["input_ids"].shape[1]).expand(2, -1))
+    target = full["input_ids"]
+    if "attention_mask" in full:
+        target = target.masked_fill(full["attention_mask"] == 0, -100)
+    ref_loss, ref_logits = _reference_loss(ref, full, target)
+    ref_loss.backward()
+    batch = shard_batch(gen, full["input_ids"], labels=target,
+                        attention_mask=full.get("attention_mask"),
+                        position_ids=full.get("position_ids"))
+    logits = gen(**batch.inputs).logits
+    lp = meta["parallel_dims"].get("loss_parallel") is True
+    vocab_group = mesh["tp"].get_group() if lp else None
+    loss = batch.loss(logits, vocab_group=vocab_group, vocab_size=config.vocab_size)
+    loss.backward()
+    all_reduce_gradients(gen, [mesh["cp"].get_group()])
+    logits = batch.gather(full_logits(logits.detach(), gen, meta, active))
+    keep = full["attention_mask"].bool() if "attention_mask" in full else \
+        torch.ones(logits.shape[:2], dtype=torch.bool)
+    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+    scale = max(float(p.grad.abs().max()) for p in ref.parameters() if p.grad is not None)
+    return {"logits": float((logits - ref_logits.detach())[keep].abs().max()),
+            "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),
+            "grad": grad, "worst": worst, "odd": odd, "grad_scale": scale,
+            "loss": float(batch.total(loss)), "ref_loss": float(ref_loss.detach())}
+
+
+def cp_parity_cases(cases: list[tuple[str, str, str, int, int, str, int]]
+                    ) -> dict[str, Any]:
+    """``{name: cp_parity(...)}`` for ``(name, artifact, config, cp, tp, case, seq)``; one
+    process start for all (errors are reported per case)."""
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    for name, *args in cases:
+        try:
+            out[name] = cp_parity(*args)
+        except Exception as exc:
+            import traceback
+
+            out[name] = {"error": "".join(traceback.format_exception(exc))[-2500:]}
+        dist.barrier()
+    return out
+
+
+def assert_cp_parity(results: list[dict[str, Any]], names: list[str], tol: float) -> None:
+    for rank, per_case in enumerate(results):
+        assert set(per_case) == set(names)
+        for name, r in per_case.items():
+            assert "error" not in r, (rank, name, r.get("error"))
+            assert r["odd"] == [], (rank, name, r)
+            assert r["shape"] == r["ref_shape"], (rank, name, r)
+            assert r["logits"] <= tol, (rank, name, r)
+            assert r["grad"] <= tol, (rank, name, r)
+            assert abs(r["loss"] - r["ref_loss"]) <= tol, (rank, name, r)
+            assert r["grad_scale"] > 100 * tol, (rank, name, "gradients too small to test")
+
+
+def fsdp_cp_step(artifact: str, config_dir: str) -> dict[str, Any]:
+    """Gradients and one SGD step with ``fully_shard`` over the flattened ``dp x cp`` mesh (FSDP2 on
+    the source info's other axes, torchtitan's composition) against one process on the
+    whole batch: each dp rank takes its rows, each cp rank its positions of them; the loss
+    is each rank's tokens over the global label count, so gradients must be *summed* over
+    ``dp x cp``: FSDP2 averages, so the loss it back-propagates is scaled by the ``dp x cp``
+    size (``set_gradient_divide_factor(1.0)`` does the same where the backend has
+    PREMUL_SUM; gloo has not)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hpcodegen.artifact.load import load_meta
+    from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime.cp import shard_batch
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
+    config_dict = json.loads(Path(config_dir, "config.json").read_text())
+    config = load_transformers_config(config_dict)
+    meta = load_meta(Path(artifact)).data
+    torch.manual_seed(0)
+    ref = model_class_for(config_dict)(config).float().eval()
+    gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config).eval()
+    gen.load_state_dict(ref.state_dict())
+    info = parallelize_from_generated(gen, MeshContext(device_mesh=mesh), artifact,
+                                      hf_config=config_dict)
+    dp_cp = mesh["dp", "cp"]._flatten("dp_cp")
+    for layer in gen.model.layers:
+        fully_shard(layer, mesh=dp_cp)
+    fully_shard(gen, mesh=dp_cp)
+    ids = torch.randint(0, config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(3))
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (gen, ref)]  # scale-sensitive
+    rows = ids[2 * mesh["dp"].get_local_rank():][:2]
+    batch = shard_batch(gen, rows, labels=rows)
+    loss = batch.loss(gen(**batch.inputs).logits, dp_group=mesh["dp"].get_group())
+    (loss * dp_cp.size()).backward()
+    logits = ref(input_ids=ids).logits
+    ref_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    ref_loss.backward()
+    ref_params = dict(ref.named_parameters())
+    grad = max(float((p.grad.full_tensor() - ref_params[n].grad).abs().max())
+               for n, p in gen.named_parameters())
+    for opt in opts:
+        opt.step()
+    worst = max(float((p.full_tensor() - ref_params[n]).abs().max())
+                for n, p in gen.named_parameters())
+    return {"param": worst, "grad": grad, "loss": float(batch.total(loss, mesh["dp"].get_group())),
+            "ref_loss": float(ref_loss), "source_axes": [len(p) for p, _ in info.values()][:1]}
+
+
+def cp_suite(cases: list[tuple], fsdp: tuple[str, str]) -> dict[str, Any]:
+    """:func:`cp_parity_cases` then :func:`fsdp_cp_step` in one spawn (one process start)."""
+    out = cp_parity_cases(cases)
+    try:
+        out["fsdp"] = fsdp_cp_step(*fsdp)
+    except Exception as exc:
+        import traceback
+
+        out["fsdp"] = {"error": "".join(traceback.format_exception(exc))[-2500:]}
+    return out
