@@ -6,6 +6,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hpcodegen-installed
 EXAMPLE ?= examples/llama_tp2
+# pytest-xdist workers of `make test`: two fit the 2-core, 24 GiB CI machine (each worker
+# keeps at most one gloo world and runs one torchrun job at a time)
+TEST_WORKERS ?= 2
 
 .PHONY: venv test demo lint examples check-examples bench gpu clean
 
@@ -19,7 +22,7 @@ venv: $(STAMP)
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 demo: venv
 	$(BIN)/hpcodegen verify $(EXAMPLE) --hf-config examples/configs/llama
