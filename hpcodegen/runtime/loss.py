@@ -82,11 +82,7 @@ def vocab_parallel_token_losses(logits: torch.Tensor, labels: torch.Tensor, grou
     if hasattr(logits, "to_local") and hasattr(logits, "placements"):
         logits = logits.to_local()
     comm = Comm(group)
-    if compiling():
-        _, n, rank = comm.traced()
-    else:
-        comm.resolve()
-        n, rank = comm.size, comm.rank
+    n, rank = comm.size_rank()
     local = logits.float().flatten(0, -2)
     target = labels.flatten()
     rows = local.shape[-1]

@@ -40,6 +40,16 @@ class Comm:
         group = self.group if self.group is not None else dist.group.WORLD
         return group, dist.get_world_size(group), dist.get_rank(group)
 
+    def size_rank(self) -> tuple[int, int]:
+        """``(size, rank)``: compile-time constants under ``torch.compile``, else from the
+        group resolved once."""
+        from hpcodegen.runtime.collectives.local import compiling
+
+        if compiling():
+            return self.traced()[1:]
+        self.resolve()
+        return self.size, self.rank
+
 
 def as_comm(group: Any) -> Comm:
     """``group`` itself when it is a :class:`Comm`, else a new one over it."""

@@ -94,11 +94,7 @@ def reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
 def local_chunk(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     """This rank's chunk of ``x`` on ``dim`` (torch.chunk's split, as DTensor's Shard)."""
     comm = as_comm(group)
-    if compiling():
-        _, n, rank = comm.traced()
-    else:
-        comm.resolve()
-        n, rank = comm.size, comm.rank
+    n, rank = comm.size_rank()
     return chunk_of(x, dim % x.dim(), n, rank)
 
 
