@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcodegen.generate.experts import moe_experts, shard_experts
+from hpcodegen.generate.fused_seeds import FusedSeeds, fused_seeds
 from hpcodegen.generate.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.layouts import LayoutReport, after_package_rules, megatron_layouts
 from hpcodegen.generate.lift import lift_plan
@@ -23,7 +24,7 @@ from hpcodegen.generate.package_rules import (
     rerooted,
 )
 from hpcodegen.generate.recipe import apply_recipe, recipe_modules
-from hpcodegen.generate.seeds import seeds_note, structural_seeds
+from hpcodegen.generate.seeds import plans_layers, seeds_note, structural_seeds
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
 from hpcodegen.generate.unplanned import replicate_uncovered
 
@@ -72,12 +73,17 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     if unmatched and notes is not None:
         notes.append(f"HF plan: {len(unmatched)} rule(s) match no module of this config and "
                      f"are skipped (as transformers skips them): {', '.join(unmatched)}")
-    seeds = structural_seeds(model, hf, rules is not None and rules.replace_hf_plan,
-                             overridden | shipped_modules)
+    replaced = rules is not None and rules.replace_hf_plan
+    fused = FusedSeeds() if replaced or plans_layers(model, hf) else \
+        fused_seeds(model, overridden | shipped_modules, sp)
+    assignments.update(fused.assignments)
+    seeds = structural_seeds(model, hf, replaced, overridden | shipped_modules
+                             | set(fused.assignments) | set(fused.kept))
     assignments.update(seeds)
     if notes is not None:
-        notes.extend(seeds_note(model, seeds))
+        notes.extend(seeds_note(model, seeds) + fused.notes())
     layouts = megatron_layouts(model, assignments, overridden | shipped_modules)
+    layouts.config_heads.update(fused.divide)
     if notes is not None:
         notes.extend(layouts.notes())
     assignments.update(expand_rules(shipped, fqns, params, overridden,

@@ -51,9 +51,18 @@ SEED_RULE = "<structure>"
 
 
 def is_linear(module: Any) -> bool:
-    """``torch.nn.Linear`` or a subclass (by class, without importing torch)."""
-    return any(c.__name__ == "Linear" and c.__module__.startswith("torch.nn")
+    """``torch.nn.Linear`` or a subclass, or transformers' ``Conv1D`` (GPT-2's transposed
+    Linear: the lifter shards it on its output columns), by class, without importing torch."""
+    return any((c.__name__ == "Linear" and c.__module__.startswith("torch.nn"))
+               or (c.__name__ == "Conv1D" and c.__module__.startswith("transformers."))
                for c in type(module).__mro__)
+
+
+def io_features(module: Any) -> tuple[int, int]:
+    """``(input width, output width)`` of a Linear or a ``Conv1D`` (weight ``(in, out)``)."""
+    if hasattr(module, "in_features"):
+        return module.in_features, module.out_features
+    return module.weight.shape[0], module.nf
 
 
 def children(modules: Mapping[str, Any], fqn: str) -> dict[str, Any]:
@@ -158,9 +167,9 @@ def attention_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
     out = [n for n in ATTN_OUTPUTS if is_linear(kids.get(n))]
     if not out and by_shape and is_linear(kids.get(ATTN_INPUTS[0])):
         readers = input_readers(forward_source(module))
-        width = kids[ATTN_INPUTS[0]].in_features
+        width = io_features(kids[ATTN_INPUTS[0]])[0]
         out = [n for n, m in kids.items() if n not in ATTN_INPUTS and n not in readers
-               and is_linear(m) and m.out_features == width]
+               and is_linear(m) and io_features(m)[1] == width]
     heads = head_counts(module)
     if not (all(is_linear(kids.get(n)) for n in ATTN_INPUTS) and len(out) == 1 and heads):
         return None
@@ -195,7 +204,7 @@ def mlp_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
     held = _held(kids)
     if len(held) not in (2, 3) or not all(is_linear(kids[n]) for n in held):
         return None
-    dims = {n: (kids[n].in_features, kids[n].out_features) for n in held}
+    dims = {n: io_features(kids[n]) for n in held}
     order = call_order(forward_source(module))
     first = {n: order.index(n) if n in order else -1 for n in held}
     for row, (inner, width) in sorted(dims.items()):
@@ -224,8 +233,7 @@ def gathered_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | N
     from hpcodegen.generate.module_facts import forward_source
 
     held = _held(kids)
-    linears = {n: (kids[n].in_features, kids[n].out_features) for n in held
-               if is_linear(kids[n])}
+    linears = {n: io_features(kids[n]) for n in held if is_linear(kids[n])}
     if len(linears) < 2:
         return None
     source = forward_source(module)

@@ -90,7 +90,7 @@ def token_ids(batch: int, seq: int) -> Any:
 
 
 def forward(model: Any, batch: int, seq: int, *, mask: bool = False,
-            fake: bool = False) -> Any:
+            fake: bool = False, watch: Any = None) -> Any:
     """One forward of ``model`` on ``(batch, seq)`` meta token ids, without a KV cache,
     under ``no_grad`` and with the experts shape-only; returns what the model returns.
 
@@ -98,6 +98,8 @@ def forward(model: Any, batch: int, seq: int, *, mask: bool = False,
         mask: pass an all-ones ``attention_mask``.
         fake: run under torch's fake tensor mode (shapes only, and transformers skips its
             data-dependent checks); its failures are not logged.
+        watch: a ``TorchDispatchMode`` entered around the model call, inside the fake
+            mode (so it sees every aten op of the forward on fake tensors).
 
     Raises:
         whatever the model code raises: callers decide what a failed trace means.
@@ -116,4 +118,5 @@ def forward(model: Any, batch: int, seq: int, *, mask: bool = False,
         kwargs: dict[str, Any] = {"input_ids": ids}
         if mask:
             kwargs["attention_mask"] = torch.ones_like(ids)
-        return model(**kwargs, **no_cache_kwargs(model))
+        with watch if watch is not None else nullcontext():
+            return model(**kwargs, **no_cache_kwargs(model))
