@@ -28,14 +28,14 @@ to one rank's slice of the sequence.
 
 from __future__ import annotations
 
-import itertools
-import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.fused_rank import rank_reads_alike
+from hpcodegen.generate.fused_rows import Block, Watch, settle_slices
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.module_facts import forward_source, is_norm
 from hpcodegen.generate.seeds import (
@@ -51,27 +51,6 @@ from hpcodegen.generate.styles import Kind
 RULE = "<fused rows>"
 #: the traced forward's batch and sequence (1 and a prime: no dim mistaken for heads)
 BATCH, SEQ = 1, 11
-#: ops that cut a tensor on one dim: ``name -> how its dim is read`` (see :func:`_cut_dim`)
-CUTS = frozenset({"split", "split_with_sizes", "unbind", "select", "slice", "narrow",
-                  "index", "chunk"})
-#: ops that move values without touching the last dims' layout
-KEEPS = frozenset({"clone", "_to_copy", "detach", "alias", "contiguous", "native_dropout",
-                   "dropout", "lift_fresh"})
-
-
-@dataclass
-class Block:
-    """A candidate: the block, its fused input projection and output projection."""
-
-    fqn: str
-    proj: str
-    out: str
-    norms: list[str]
-    #: the verdict: ("blocks", k) | ("groups", G) | ("whole", why) | ("plain", "")
-    verdict: tuple[str, Any] = ("plain", "")
-    inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    returned: list[str] = field(default_factory=list)
-    slices: list[tuple[int, int]] = field(default_factory=list)
 
 
 def candidates(modules: Mapping[str, Any], taken: Collection[str]) -> dict[str, Block]:
@@ -98,125 +77,6 @@ def candidates(modules: Mapping[str, Any], taken: Collection[str]) -> dict[str, 
     return out
 
 
-def _cut_dim(name: str, args: tuple, kwargs: Mapping[str, Any], ndim: int) -> int:
-    """The dim an op of :data:`CUTS` cuts, normalised (``index``: its first indexed dim)."""
-    if name == "index":
-        indices = args[1] if len(args) > 1 else kwargs.get("indices", [])
-        dim = next((i for i, x in enumerate(indices) if x is not None), 0)
-    elif name in ("split", "split_with_sizes", "chunk"):  # (x, size(s), dim)
-        dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
-    else:  # select, slice, narrow, unbind: (x, dim, ...)
-        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    return dim % ndim
-
-
-def _cut_sizes(name: str, args: tuple, x: Any, dim: int) -> list[int] | None:
-    """The lengths an op cuts ``x`` into along ``dim`` (a slice: its one piece)."""
-    n = x.shape[dim]
-    if name == "split":
-        size = args[1]
-        return [min(size, n - i) for i in range(0, n, size)]
-    if name == "split_with_sizes":
-        return list(args[1])
-    if name == "chunk":
-        size = math.ceil(n / args[1])
-        return [min(size, n - i) for i in range(0, n, size)]
-    return None
-
-
-class Watch:
-    """The state of one block's fused output through the forward: which derived tensors
-    are still flat (``(..., O)``) or viewed into groups (``gdim``: the group dim)."""
-
-    def __init__(self, block: Block) -> None:
-        self.block = block
-        self.state: dict[int, tuple[Any, int | None]] = {}  # id -> (tensor, gdim)
-
-    def seed(self, out: Any) -> None:
-        self.state[id(out)] = (out, None)
-
-    def observe(self, name: str, pointwise: bool, args: tuple, kwargs: Mapping[str, Any],
-                out: Any) -> None:
-        """Judge one op reading a followed tensor (the first such operand)."""
-        if self.block.verdict[0] != "plain":
-            return
-        x = next((a for a in args if id(a) in self.state), None)
-        if x is None:
-            return
-        gdim = self.state[id(x)][1]
-        outs = out if isinstance(out, (tuple, list)) else [out]
-        if not any(hasattr(o, "shape") for o in outs):
-            return  # metadata (``prim.device``, a size): the rows untouched
-        if pointwise or name in KEEPS:
-            for o in outs:
-                if getattr(o, "shape", None) == x.shape:
-                    self.state[id(o)] = (o, gdim)
-            return
-        if name in ("view", "_unsafe_view", "reshape"):
-            self._viewed(x, gdim, outs[0])
-        elif name in CUTS:
-            self._cut(name, args, kwargs, x, gdim)
-        else:
-            self.block.verdict = ("plain", "") if gdim is None else (
-                "whole", f"its fused output, viewed per group, goes to {name}")
-            self.state.clear()
-
-    def _viewed(self, x: Any, gdim: int | None, o: Any) -> None:
-        lead = x.dim() - 1 if gdim is None else gdim
-        if tuple(o.shape[:lead]) == tuple(x.shape[:lead]):
-            if gdim is None and o.dim() > x.dim():  # (..., O) -> (..., G, r...)
-                self.state[id(o)] = (o, lead)
-                return
-            if gdim is not None and tuple(o.shape[lead:lead + 1]) == (x.shape[gdim],):
-                self.state[id(o)] = (o, gdim)  # the groups kept
-                return
-        if gdim is None and o.shape[-1] == x.shape[-1]:
-            self.state[id(o)] = (o, None)  # leading dims merged (Conv1D's 2-D matmul)
-            return
-        self._stop(f"its fused output is reshaped to {tuple(o.shape)} across its rows")
-
-    def _cut(self, name: str, args: tuple, kwargs: Mapping[str, Any], x: Any,
-             gdim: int | None) -> None:
-        dim = _cut_dim(name, args, kwargs, x.dim())
-        if gdim is not None:
-            if dim > gdim:
-                self.block.verdict = ("groups", x.shape[gdim])
-            elif dim == gdim:
-                self._stop(f"its forward cuts the {x.shape[gdim]} groups of its fused "
-                           "output apart (they are not one kind each)")
-            return
-        if dim != x.dim() - 1:
-            return  # a cut of the batch or the sequence: the rows untouched
-        sizes = _cut_sizes(name, args, x, dim)
-        if sizes is None and name == "slice":
-            start, end = [*args[2:4], None, None][:2]  # (x, dim, start, end)
-            n = x.shape[dim]
-            self.block.slices.append((max(0, min(start or 0, n)), min(end or n, n)))
-            return
-        if sizes and len(sizes) > 1 and len(set(sizes)) == 1:
-            self.block.verdict = ("blocks", len(sizes))
-        else:
-            self._stop(f"its forward cuts its fused output into blocks {sizes or name}")
-
-    def _stop(self, why: str) -> None:
-        self.block.verdict = ("whole", why)
-        self.state.clear()
-
-
-def settle_slices(block: Block, width: int) -> None:
-    """Slices of the last dim decide at the end: equal pieces tiling the width are blocks."""
-    if block.verdict[0] != "plain" or not block.slices:
-        return
-    pieces = sorted(set(block.slices))
-    lengths = {e - s for s, e in pieces}
-    tiled = pieces[0][0] == 0 and pieces[-1][1] == width and all(
-        a[1] == b[0] for a, b in itertools.pairwise(pieces))
-    if tiled and len(lengths) == 1 and len(pieces) > 1:
-        block.verdict = ("blocks", len(pieces))
-    else:
-        block.verdict = ("whole", f"its forward slices its fused output into {pieces}")
-
-
 def _hooks(modules: Mapping[str, Any], watches: list[Watch]) -> list[Any]:
     """Seed each block's fused output; record its inputs' shapes and the parameters of its
     own it returns (first call only)."""
@@ -237,18 +97,26 @@ def _hooks(modules: Mapping[str, Any], watches: list[Watch]) -> list[Any]:
                 b.inputs = {k: tuple(v.shape) for k, v in name_of(args, kwargs).items()
                             if len(tensors(v)) == 1 and tensors(v)[0] is v}
 
-        def post(_m: Any, _a: Any, out: Any, b: Block = block,
+        def post(m: Any, args: tuple, kwargs: dict, out: Any, w: Watch = w,
                  params: dict[str, Any] = own, n: list[int] = calls) -> None:
-            if n[0] == 1:
-                got = {id(t) for t in tensors(out)}
-                b.returned = sorted(k for k, p in params.items() if id(p) in got)
+            if n[0] != 1:
+                return
+            got = {id(t) for t in tensors(out)}
+            w.block.returned = sorted(k for k, p in params.items() if id(p) in got)
+            proj = getattr(m, w.block.proj)
+            settle_slices(w.block, io_features(proj)[1])
+            if w.block.verdict[0] in ("blocks", "groups"):
+                width = io_features(proj)[1] // w.block.verdict[1]
+                w.block.rank_ok = rank_reads_alike(
+                    m, w.block, divide_attrs(w.block, m, width), args, kwargs, out,
+                    watches, io_features(proj)[1])
 
         def seed(_m: Any, _a: Any, out: Any, w: Watch = w, n: list[int] = calls) -> None:
             if n[0] == 1 and not w.state:
                 w.seed(out)
 
         handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
-                    module.register_forward_hook(post),
+                    module.register_forward_hook(post, with_kwargs=True),
                     modules[f"{block.fqn}.{block.proj}"].register_forward_hook(seed)]
     return handles
 
@@ -276,7 +144,8 @@ def trace(model: Any, blocks: Mapping[str, Block]) -> str | None:
                     w.observe(name, pointwise, args, kwargs, out)
             return out
 
-    use_eager(model)
+    if getattr(model, "config", None) is not None:
+        use_eager(model)  # transformers' mask shortcuts read values meta tensors lack
     try:
         with removed(_hooks(modules, watches)):
             forward(model, BATCH, SEQ, fake=True, watch=Rows())
@@ -350,21 +219,27 @@ def why_whole(block: Block, module: Any, kids: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _styles(block: Block, module: Any, width: int) -> tuple[dict[str, tuple], list[str]]:
-    """``child -> (kind, factor, style)`` and the attributes to divide per rank."""
-    kind, count = block.verdict
+def divide_attrs(block: Block, module: Any, width: int) -> list[str]:
+    """The attributes divided per rank: the head counts the forward reads (the lifter
+    divides them too), and for blocks every head count and the ints sizing one block."""
     attrs = set(head_attrs(module))
-    if kind == "blocks":  # the module's head counts and the ints sizing one block
+    if block.verdict[0] == "blocks":
         source = forward_source(module)
-        attrs |= set(head_attrs(module, read=False)) | {n for n, v in vars(module).items() if v == width and
-                  isinstance(v, int) and not isinstance(v, bool) and f"self.{n}" in source}
-        col = (Kind.COLWISE, count, f"packed_colwise:{count}")
-    else:
-        col = (Kind.COLWISE, 1, "colwise")
+        attrs |= set(head_attrs(module, read=False)) | {
+            n for n, v in vars(module).items() if v == width and isinstance(v, int)
+            and not isinstance(v, bool) and f"self.{n}" in source}
+    return sorted(attrs)
+
+
+def _styles(block: Block) -> dict[str, tuple]:
+    """``child -> (kind, factor, style)``."""
+    kind, count = block.verdict
+    col = (Kind.COLWISE, count, f"packed_colwise:{count}") if kind == "blocks" else \
+        (Kind.COLWISE, 1, "colwise")
     styles = {block.proj: col, block.out: (Kind.ROWWISE, 1, "rowwise")}
     styles.update({n: (Kind.REPLICATE_GRAD, 1, "replicated_with_grad_allreduce")
                    for n in block.norms})
-    return styles, sorted(attrs)
+    return styles
 
 
 def fused_seeds(model: Any, taken: Collection[str], sp: bool) -> FusedSeeds:
@@ -381,15 +256,14 @@ def fused_seeds(model: Any, taken: Collection[str], sp: bool) -> FusedSeeds:
     if not blocks or trace(model, blocks) is not None:
         return found
     for fqn, block in blocks.items():
-        if block.verdict[0] == "plain":
-            continue
+        if block.verdict[0] == "plain" or (block.verdict[0] != "whole" and not block.rank_ok):
+            continue  # not cut, or a rank's copy reads its rows otherwise: the seeds' turn
         module, kids = modules[fqn], children(modules, fqn)
         why = why_whole(block, module, kids)
         if why is not None:
             found.kept[fqn] = why
             continue
-        styles, attrs = _styles(block, module, _width(block, kids[block.proj]))
-        for name, (kind, factor, style) in styles.items():
+        for name, (kind, factor, style) in _styles(block).items():
             child = f"{fqn}.{name}"
             found.assignments[child] = Assignment(child, kind, factor, style, RULE)
         for name in block.returned:
@@ -397,7 +271,7 @@ def fused_seeds(model: Any, taken: Collection[str], sp: bool) -> FusedSeeds:
             found.assignments[child] = Assignment(child, Kind.REPLICATE, 1, "replicate",
                                                   RULE, param=True)
             found.returned.append(child)
-        found.divide[fqn] = attrs
+        found.divide[fqn] = divide_attrs(block, module, _width(block, kids[block.proj]))
     if sp and found.returned:
         raise PlanError([error(
             "generate.sp_returned_param", found.returned[0],
