@@ -256,10 +256,12 @@ def fused_seeds(model: Any, taken: Collection[str], sp: bool) -> FusedSeeds:
     if not blocks or trace(model, blocks) is not None:
         return found
     for fqn, block in blocks.items():
-        if block.verdict[0] == "plain" or (block.verdict[0] != "whole" and not block.rank_ok):
-            continue  # not cut, or a rank's copy reads its rows otherwise: the seeds' turn
+        if block.verdict[0] == "plain":
+            continue  # its output is not cut: not a fused projection
         module, kids = modules[fqn], children(modules, fqn)
         why = why_whole(block, module, kids)
+        if why is None and not block.rank_ok:
+            continue  # a rank's copy reads its rows otherwise: the structural seeds' turn
         if why is not None:
             found.kept[fqn] = why
             continue

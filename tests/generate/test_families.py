@@ -60,12 +60,13 @@ def test_mixed_regions_and_gathered_pairs() -> None:
         "gate_up_proj.weight": {"tp": "SS(0,2)"}, "down_proj.weight": {"tp": "S(1)"}}
 
 
-def test_package_rules_fill_a_missing_hf_plan_and_say_so() -> None:
-    """GPT-2: no HF plan; Conv1D sharded on its columns, q|k|v packed in three blocks."""
+def test_a_fused_qkv_cut_into_three_blocks_is_packed_and_says_so() -> None:
+    """GPT-2: no HF plan, no rule file; Conv1D sharded on its columns, q|k|v packed in three
+    blocks (its forward splits c_attn's output by split_size: fused_seeds.py)."""
     notes: list[str] = []
     plan = plan_of("gpt2", notes=notes)
-    assert len(notes) == 1 and "hpcodegen/generate/rules/gpt2.yaml" in notes[0]
-    assert "no base_model_tp_plan" in notes[0]
+    assert notes[0].startswith("structural seeds:") and len(notes) == 2
+    assert notes[1].startswith("fused projections: 2 block(s) split by the row order")
     attn = plan["transformer.h.0.attn"]
     assert attn["params"]["c_attn.weight"] == {"tp": "SS(1,3)"}  # Conv1D: (in, out)
     assert attn["params"]["c_attn.bias"] == {"tp": "SS(0,3)"}
@@ -80,9 +81,9 @@ def test_package_rules_fill_a_missing_hf_plan_and_say_so() -> None:
 
 def test_generate_cli_prints_the_package_rules(tmp_path: Path) -> None:
     out, err = io.StringIO(), io.StringIO()
-    code = run_generate(GenerateArgs(FAMILIES / "persimmon", 2, tmp_path / "a"), out, err)
+    code = run_generate(GenerateArgs(FAMILIES / "mamba", 2, tmp_path / "a"), out, err)
     assert code == 0, err.getvalue()
-    assert "package rules hpcodegen/generate/rules/persimmon.yaml (replace the HF " \
+    assert "package rules hpcodegen/generate/rules/mamba.yaml (replace the HF " \
            "plan" in out.getvalue()
     out = io.StringIO()  # no rule file: the structural seeds say what they split
     code = run_generate(GenerateArgs(FAMILIES / "hunyuan_v1_dense", 2, tmp_path / "b"),
@@ -91,8 +92,9 @@ def test_generate_cli_prints_the_package_rules(tmp_path: Path) -> None:
     assert "structural seeds: transformers ships no TP plan for this model" in out.getvalue()
 
 
-def test_package_rule_variants_follow_the_config() -> None:
-    """Falcon: multi-query keeps the attention replicated, grouped kv heads split it."""
+def test_fused_qkv_row_order_follows_the_config() -> None:
+    """Falcon (no rule file): multi-query's fused rows (q heads, then one k and one v) keep
+    the attention replicated; grouped kv heads ([q.., k, v] per group) split it colwise."""
     mq = plan_of("falcon")
     assert "transformer.h.0.self_attention" not in mq or not any(
         p.get("tp") != "R" for p in mq["transformer.h.0.self_attention"]["params"].values())
@@ -106,16 +108,15 @@ def test_package_rule_variants_follow_the_config() -> None:
 def test_when_compares_config_fields() -> None:
     assert _holds({"a": True, "b": [False, None]}, {"a": True})
     assert not _holds({"a": True}, {"a": False})
-    rules = package_rules({"model_type": "falcon", "multi_query": False,
-                           "new_decoder_architecture": True})
+    rules = package_rules({"model_type": "xlstm", "weight_mode": "single", "use_bias": True})
     assert isinstance(rules, PackageRules) and rules.replace_hf_plan
-    assert "transformer.h.*.self_attention.query_key_value" in dict(rules.tp_plan)
+    assert "backbone.blocks.*.mlstm_layer.q" in dict(rules.tp_plan)
     assert package_rules({"model_type": "llama"}) is None
     assert package_rules({"model_type": "../schemas/x"}) is None
 
 
-def test_user_recipe_wins_over_package_rules() -> None:
-    """A recipe rule on the modules of a package rule replaces it (here: MLP replicated)."""
+def test_user_recipe_wins_over_the_structural_seeds() -> None:
+    """A recipe rule on the modules the seeds split replaces them (here: MLP replicated)."""
     recipe = [{"match": ["transformer.h.*.mlp.c_fc", "transformer.h.*.mlp.c_proj"],
                "params": {"weight": {"tp": "R"}, "bias": {"tp": "R"}}}]
     plan = plan_of("gpt2", recipe=recipe)

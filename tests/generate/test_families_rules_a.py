@@ -31,8 +31,10 @@ LAYER0 = {
     "musicgen": "model.decoder.layers.0", "musicgen_melody": "model.decoder.layers.0",
     "moshi": "model.layers.0", "xlstm": "backbone.blocks.0",
 }
-#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py)
-SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder"})
+#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py), and
+#: the row order of a fused projection the traced forward reads (fused_seeds.py)
+SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder", "persimmon",
+                    "gpt_neox_japanese"})
 
 
 def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
@@ -59,9 +61,10 @@ def test_decoder_layers_are_split_by_the_package_rules(family: str, tp: int) -> 
     notes: list[str] = []
     plan = plan_of(family, tp, notes)
     if family in SEEDED:  # found from the model's structure: no rule file; a fused block
-        # (ModernBERT's Wi) is then packed by the Megatron layouts, which say so
+        # (ModernBERT's Wi, Persimmon's query_key_value) is packed or split by its rows
         assert notes[0].startswith("structural seeds:"), notes
-        assert all(n.startswith("Megatron layout:") for n in notes[1:]), notes
+        assert all(n.startswith(("Megatron layout:", "fused projections:"))
+                   for n in notes[1:]), notes
     else:
         assert len(notes) == 1
         assert f"hpcodegen/generate/rules/{family}.yaml" in notes[0]
@@ -147,14 +150,20 @@ def test_diffllama_head_pairs_need_kv_heads_a_multiple_of_2_tp() -> None:
         assert sharded_in(plan, "model.layers.0.mlp") and "multiple of 2 * tp" in notes[0]
 
 
-def test_a_parameter_named_replicate_inside_a_region_keeps_a_full_gradient() -> None:
+def test_a_parameter_returned_untouched_keeps_a_full_gradient() -> None:
     """GPT-NeoX Japanese's last attention returns dense_bias for the layer to add after the
-    reduction: replicated, NOT in partial_grad_params (its gradient is already whole)."""
+    reduction (the trace sees it returned): replicated, NOT in partial_grad_params (its
+    gradient is already whole); with --sp it is refused (added to a sequence slice)."""
     plan = plan_of("gpt_neox_japanese")
     last = plan["gpt_neox_japanese.layers.1.attention"]
     assert last["params"]["dense_bias"] == {"tp": "R"}
     assert "dense_bias" not in last.get("partial_grad_params", [])
     assert "dense_bias" not in plan["gpt_neox_japanese.layers.0.attention"]["params"]
+    config, _ = read_hf_config(FAMILIES / "gpt_neox_japanese")
+    with pytest.raises(PlanError, match=r"layers\.1\.attention\.dense_bias: with sequence "
+                                        r"parallelism") as info:
+        build_bundle(config, 2, True, None, "gpt_neox_japanese")
+    assert {f.code for f in info.value.findings} == {"generate.sp_returned_param"}
 
 
 def test_lfm_short_conv_channels_split_with_in_proj() -> None:
@@ -221,7 +230,7 @@ def test_cpmant_position_bias_is_sharded_on_its_heads() -> None:
     assert ffn["params"]["w_out.weight"] == {"tp": "S(1)"}
 
 
-@pytest.mark.parametrize("family", ["opt", "biogpt", "xglm", "gpt_neox_japanese"])
+@pytest.mark.parametrize("family", ["opt", "biogpt", "xglm"])
 def test_sp_is_refused_where_the_rules_say_it_cannot_be_exact(family: str) -> None:
     """Positions added by the model's own forward to sequence-sharded embeddings (OPT,
     BioGPT, XGLM), a bias added to a sequence slice (GPT-NeoX Japanese): generate --sp
