@@ -127,7 +127,7 @@ def trace(model: Any, blocks: Mapping[str, Block]) -> str | None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from hpcodegen.tracer.hooks import removed
-    from hpcodegen.tracer.model import forward, use_eager
+    from hpcodegen.tracer.model import eager_attention, forward
     from hpcodegen.tracer.ops import is_pointwise, op_name
 
     modules = dict(model.named_modules())
@@ -144,10 +144,8 @@ def trace(model: Any, blocks: Mapping[str, Block]) -> str | None:
                     w.observe(name, pointwise, args, kwargs, out)
             return out
 
-    if getattr(model, "config", None) is not None:
-        use_eager(model)  # transformers' mask shortcuts read values meta tensors lack
-    try:
-        with removed(_hooks(modules, watches)):
+    try:  # eager: transformers' mask shortcuts read values meta tensors lack
+        with eager_attention(model), removed(_hooks(modules, watches)):
             forward(model, BATCH, SEQ, fake=True, watch=Rows())
     except Exception as exc:  # model code that cannot run on meta: nothing is decided
         return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
