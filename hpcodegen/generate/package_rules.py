@@ -24,9 +24,9 @@ A ``tp_plan`` rule wins over an HF rule for the same modules (an HF rule whose m
 match package rules is dropped, whatever its style); the user's ``--recipe`` wins over both.
 ``when`` compares config fields (a missing field reads as null; a list means any of).
 
-A model_type without a file of its own that reuses another family's modeling classes (GPT-SW3
-is built from GPT-2's ``GPT2LMHeadModel``) gets the rules of the family whose transformers
-package defines its model class (``transformers.models.gpt2`` -> ``gpt2.yaml``): the rules
+A model_type without a file of its own that reuses another family's modeling classes (a
+model_type built from ``transformers.models.X`` classes) gets the rules of the family whose
+transformers package defines its model class (``X.yaml``): the rules
 name modules of those classes, so they hold for every model_type built from them.
 
 ``when_indivisible`` holds when some config field is not a multiple of its factor times

@@ -107,9 +107,9 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
 
 def model_rules(config: Mapping[str, Any], model: Any, tp: int) -> PackageRules | None:
     """The package rules of ``model``: those of its model_type (or of its modeling package),
-    else those of the sub-models a composite builds from another family's classes (Fuyu's
-    language model is a ``PersimmonModel``: persimmon.yaml, moved under
-    ``model.language_model``), so a family is described once, wherever it is embedded."""
+    else those of the sub-models a composite builds from another family's classes (a
+    language model at ``model.language_model`` built from family X's classes: X.yaml, its
+    rules moved under it), so a family is described once, wherever it is embedded."""
     family = modeling_family(type(model))
     rules = package_rules(rules_scope(config, model), family, tp)
     if rules is not None:

@@ -10,9 +10,9 @@ blocked qkv: gathered), MPT (ALiBi sliced per rank from the replicated bias), CT
 XLNet / GIT / TrOCR (residual inside the sublayer modules: gathered colwise, split-input
 rowwise), and three families split by rules they share with others or by parts: BLT
 (four Llama-style stacks split by heads, cross-attention with a second input gathered /
-split-input), Fuyu (its Persimmon language model: persimmon.yaml moved under
-model.language_model), Mllama (self-attention layers split by heads, a cross-attention
-layer, given vision states, gathered / split-input).
+split-input), Fuyu (its Persimmon language model under model.language_model,
+split by the fused projections' traced row order), Mllama (self-attention layers split
+by heads, a cross-attention layer, given vision states, gathered / split-input).
 With --sp: GPTBigCode multi-query, CodeGen (gathered qkv under a sequence-gathering
 parent), GPT-Neo. One spawn runs every model; logits and every gradient within 1e-5 of
 the unsharded model.
