@@ -22,6 +22,7 @@ from hpcodegen.generate.package_rules import (
     package_rules,
     rerooted,
 )
+from hpcodegen.generate.pair_seeds import keep_shard_flowing, refined_seeds
 from hpcodegen.generate.recipe import apply_recipe, recipe_modules
 from hpcodegen.generate.seeds import seeds_note, structural_seeds
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
@@ -72,11 +73,13 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     if unmatched and notes is not None:
         notes.append(f"HF plan: {len(unmatched)} rule(s) match no module of this config and "
                      f"are skipped (as transformers skips them): {', '.join(unmatched)}")
-    seeds = structural_seeds(model, hf, rules is not None and rules.replace_hf_plan,
-                             overridden | shipped_modules)
+    replaced = rules is not None and rules.replace_hf_plan
+    seeds, paired = refined_seeds(model, hf, replaced, overridden | shipped_modules,
+                                  structural_seeds(model, hf, replaced,
+                                                   overridden | shipped_modules))
     assignments.update(seeds)
     if notes is not None:
-        notes.extend(seeds_note(model, seeds))
+        notes.extend(seeds_note(model, seeds, paired.notes()))
     layouts = megatron_layouts(model, assignments, overridden | shipped_modules)
     if notes is not None:
         notes.extend(layouts.notes())
@@ -84,6 +87,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
                                     origin="package", strict=False))
     after_package_rules(model, assignments, layouts, sp, ep)
     plan = lift_plan(model, assignments, sp, loss_parallel)
+    keep_shard_flowing(plan, paired.flows)
     for fqn, attrs in layouts.config_heads.items():
         if fqn in plan and attrs:
             entry = plan[fqn]

@@ -322,8 +322,10 @@ def kept_reason(module: Any, kids: Mapping[str, Any]) -> str:
     return "its output projection or its own parameters are not one per head"
 
 
-def seeds_note(model: Any, seeds: Mapping[str, Assignment]) -> list[str]:
-    """generate's line naming what the seeds split, and why an attention stayed whole."""
+def seeds_note(model: Any, seeds: Mapping[str, Assignment], more: Sequence[str] = ()
+               ) -> list[str]:
+    """generate's line naming what the seeds split, and why an attention stayed whole;
+    ``more``: what the dataflow changed (:mod:`hpcodegen.generate.pair_seeds`)."""
     from hpcodegen.generate.globs import parent_of
 
     blocks = sorted({parent_of(f) for f in seeds})
@@ -338,4 +340,4 @@ def seeds_note(model: Any, seeds: Mapping[str, Assignment]) -> list[str]:
             f"seeds.py), e.g. {blocks[0]}")
     if kept:
         note += f"; {len(kept)} attention(s) kept whole, e.g. {kept[0][0]}: {kept[0][1]}"
-    return [note]
+    return ["; ".join([note, *more])]
