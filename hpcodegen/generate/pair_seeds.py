@@ -49,6 +49,8 @@ class PairSeeds:
     add: dict[str, Assignment] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)  # block -> why
     flows: list[tuple[str, str]] = field(default_factory=list)
+    #: attention -> width attributes its forward reads that the runtime must divide too
+    divide: dict[str, list[str]] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
         if not self.add and not self.dropped:
@@ -112,11 +114,7 @@ def pair_assignments(modules: Mapping[str, Any], flow: Flow, taken: Collection[s
                      ) -> tuple[dict[str, Assignment], list[tuple[str, str]]]:
     """Megatron's pairs among the Linears no module of ``taken`` is at, inside or above:
     their assignments, and the ``(A, B)`` pairs whose shard flows between boundaries."""
-    def free_of(fqn: str) -> bool:
-        return not any(t == fqn or fqn.startswith(f"{t}.") or t.startswith(f"{fqn}.")
-                       for t in taken)
-
-    free = {f for f in flow.feeds if free_of(f)}
+    free = {f for f in flow.feeds if _outside(f, taken)}
     feeders: dict[str, list[str]] = {}
     for b, sources in flow.feeds.items():
         for a in sources:
@@ -136,6 +134,56 @@ def pair_assignments(modules: Mapping[str, Any], flow: Flow, taken: Collection[s
     return out, flows
 
 
+def _outside(fqn: str, taken: Collection[str]) -> bool:
+    return not any(t == fqn or fqn.startswith(f"{t}.") or t.startswith(f"{fqn}.")
+                   for t in taken)
+
+
+def attention_by_use(modules: Mapping[str, Any], flow: Flow, taken: Collection[str]
+                     ) -> tuple[dict[str, Assignment], dict[str, list[str]]]:
+    """Attentions split by heads that :mod:`~hpcodegen.generate.seeds` leaves whole only
+    because their class *can* take keys and values from a second input (BART-style
+    attention classes serve self- and cross-attention): where the traced forward hands
+    this module no such input it is a self-attention. Each must also run on one rank's
+    heads (:func:`~hpcodegen.generate.head_check.runs_on_heads`), dividing the width
+    attributes its forward sizes the heads' output by where the head counts alone do not
+    suffice; one whose forward needs every head (TrOCR's reshape to its input's width) gets
+    each projection as its own boundary instead (gathered / split input, the core whole,
+    exact whatever it computes). Returns the assignments and, per attention, the width
+    attributes to divide."""
+    from hpcodegen.generate.head_check import runs_on_heads, smallest_split, width_attrs
+    from hpcodegen.generate.module_facts import forward_source, fused_blocks, head_count_attrs
+    from hpcodegen.generate.seeds import CROSS_INPUTS, attention_styles, children, head_counts
+
+    out: dict[str, Assignment] = {}
+    divide: dict[str, list[str]] = {}
+    for fqn, call in flow.calls.items():
+        module, source = modules[fqn], forward_source(modules[fqn])
+        if (not _outside(fqn, taken) or set(CROSS_INPUTS) & flow.tensor_args.get(fqn, set())
+                or "config.num_" in source or fused_blocks(module) != 1):
+            continue
+        styles, heads = attention_styles(module, children(modules, fqn)), head_counts(module)
+        t = smallest_split(heads[0], heads[1]) if heads else None
+        if styles is None or heads is None or t is None:
+            continue
+        attrs, extra = head_count_attrs(module), []
+        verdict = runs_on_heads(module, styles, attrs, call, t)
+        if verdict is False:
+            extra = [w for w in width_attrs(module, heads[0] * heads[2], source)
+                     if w not in attrs]
+            verdict = bool(extra) and runs_on_heads(module, styles, [*attrs, *extra], call, t)
+        if verdict is None:
+            continue
+        if not verdict:  # the core needs every head: each projection its own boundary
+            styles = {n: Kind.COLWISE_GATHER if k is Kind.COLWISE else Kind.ROWWISE_SPLIT
+                      for n, k in styles.items()}
+            extra = []
+        out.update({f"{fqn}.{n}": Assignment(f"{fqn}.{n}", k, 1, k.value, SEED_RULE)
+                    for n, k in styles.items()})
+        divide[fqn] = extra
+    return out, divide
+
+
 def dataflow_seeds(model: Any, seeds: Mapping[str, Assignment], taken: Collection[str],
                    flow: Flow | None) -> PairSeeds:
     """What the dataflow changes in the structural ``seeds`` (module docstring): blocks to
@@ -149,15 +197,21 @@ def dataflow_seeds(model: Any, seeds: Mapping[str, Assignment], taken: Collectio
         if why is not None:
             result.dropped[block] = why
     kept = [f for f in seeds if parent_of(f) not in result.dropped]
-    result.add, result.flows = pair_assignments(modules, flow, [*taken, *kept])
+    heads, result.divide = attention_by_use(modules, flow, [*taken, *kept])
+    result.add, result.flows = pair_assignments(modules, flow, [*taken, *kept, *heads])
+    result.add.update(heads)
     return result
 
 
-def keep_shard_flowing(plan: dict[str, dict[str, Any]], flows: Collection[tuple[str, str]]
-                       ) -> None:
-    """Each pair's first Linear keeps its output sharded on the last dim, and its second
-    takes that shard: the entries the lifter wrote gather and split it again."""
-    for a, b in flows:
+def finish_plan(plan: dict[str, dict[str, Any]], changes: PairSeeds) -> None:
+    """After the lift: each pair's first Linear keeps its output sharded on the last dim,
+    and its second takes that shard (the entries the lifter wrote gather and split it
+    again); an attention's width attributes are divided with its head counts."""
+    for fqn, attrs in changes.divide.items():
+        if fqn in plan and attrs:
+            plan[fqn]["tp_divide_attrs"] = sorted({*plan[fqn].get("tp_divide_attrs", ()),
+                                                   *attrs})
+    for a, b in changes.flows:
         if a in plan and b in plan:
             for name in plan[a].get("out_dst") or {}:
                 plan[a]["out_dst"][name] = dict(LAST_DIM)
@@ -170,11 +224,12 @@ def refined_seeds(model: Any, hf: Any, replaced: bool, taken: Collection[str],
     """The structural ``seeds`` with the dataflow's changes applied, and those changes;
     nothing changes where the structural seeds do not run (transformers plans the layers,
     or a package rule file replaces its plan)."""
-    from hpcodegen.generate.seeds import plans_layers
+    from hpcodegen.generate.seeds import _takes_second_stream, plans_layers
     from hpcodegen.tracer.dataflow import linear_flow
 
     if replaced or plans_layers(model, hf):
         return dict(seeds), PairSeeds()
-    changes = dataflow_seeds(model, seeds, taken, linear_flow(model, is_linear))
+    flow = linear_flow(model, is_linear, lambda _f, m: _takes_second_stream(m))
+    changes = dataflow_seeds(model, seeds, taken, flow)
     kept = {f: a for f, a in seeds.items() if parent_of(f) not in changes.dropped}
     return {**kept, **changes.add}, changes

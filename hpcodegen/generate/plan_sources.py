@@ -22,7 +22,7 @@ from hpcodegen.generate.package_rules import (
     package_rules,
     rerooted,
 )
-from hpcodegen.generate.pair_seeds import keep_shard_flowing, refined_seeds
+from hpcodegen.generate.pair_seeds import finish_plan, refined_seeds
 from hpcodegen.generate.recipe import apply_recipe, recipe_modules
 from hpcodegen.generate.seeds import seeds_note, structural_seeds
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
@@ -87,7 +87,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
                                     origin="package", strict=False))
     after_package_rules(model, assignments, layouts, sp, ep)
     plan = lift_plan(model, assignments, sp, loss_parallel)
-    keep_shard_flowing(plan, paired.flows)
+    finish_plan(plan, paired)
     for fqn, attrs in layouts.config_heads.items():
         if fqn in plan and attrs:
             entry = plan[fqn]

@@ -44,6 +44,40 @@ class Flow:
     returns: dict[str, str] = field(default_factory=dict)
     #: module -> the names of the arguments it was handed a tensor for
     tensor_args: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: watched module -> its first call: ``(args, kwargs)`` as :func:`spec_of` records
+    #: them, and the shape of its first output
+    calls: dict[str, tuple[Any, Any, tuple[int, ...]]] = field(default_factory=dict)
+
+
+#: a recorded tensor argument: rebuilt as an empty meta tensor of this shape and dtype
+TENSOR = "tensor"
+
+
+def spec_of(value: Any) -> Any:
+    """What of an argument a replay needs: a tensor's shape and dtype (also inside a tuple
+    or list, as rotary ``(cos, sin)``); anything else as it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return (TENSOR, tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return {k: spec_of(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(spec_of(v) for v in value)
+    return value
+
+
+def rebuilt(spec: Any) -> Any:
+    """The arguments a :func:`spec_of` describes, with empty meta tensors."""
+    import torch
+
+    if isinstance(spec, tuple) and len(spec) == 3 and spec[0] == TENSOR:
+        return torch.zeros(spec[1], dtype=spec[2], device="meta")
+    if isinstance(spec, dict):
+        return {k: rebuilt(v) for k, v in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(rebuilt(s) for s in spec)
+    return spec
 
 
 class _Labels:
@@ -112,8 +146,8 @@ def _mode(labels: _Labels) -> Any:
     return Mode()
 
 
-def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any], bool]
-           ) -> list[Any]:
+def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any], bool],
+           watch: Callable[[str, Any], bool]) -> list[Any]:
     flow = labels.flow
     handles: list[Any] = []
     for fqn, module in modules.items():
@@ -125,6 +159,8 @@ def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any
             flow.called.add(f)
             given = {n for n, v in name_of(args, kwargs).items() if tensors(v)}
             flow.tensor_args[f] = flow.tensor_args.get(f, frozenset()) | given
+            if f not in flow.calls and watch(f, _m):
+                flow.calls[f] = (spec_of(args), spec_of(kwargs), ())
             if lin:
                 flow.feeds[f] = flow.feeds.get(f, frozenset()) | labels.of(args)
                 labels.inside += 1
@@ -135,6 +171,8 @@ def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any
                 labels.inside -= 1
                 labels.set(output, frozenset({f}))
                 labels.made.update({id(t): f for t in first})
+            if f in flow.calls and not flow.calls[f][2] and first:
+                flow.calls[f] = (*flow.calls[f][:2], tuple(getattr(first[0], "shape", ())))
             source = labels.made.get(id(first[0])) if first else None
             if source is not None:
                 flow.returns.setdefault(f, source)
@@ -166,10 +204,12 @@ def all_on_meta(model: Any) -> Iterator[None]:
             getattr(module, kind)[name] = value
 
 
-def linear_flow(model: Any, is_linear: Callable[[Any], bool]) -> Flow | None:
+def linear_flow(model: Any, is_linear: Callable[[Any], bool],
+                watch: Callable[[str, Any], bool] = lambda _f, _m: False) -> Flow | None:
     """The :class:`Flow` of one eval-mode forward of the meta ``model`` on ``(2, 8)`` token
     ids under torch's fake tensor mode (shapes only; dropout off: it runs no op); None when
-    the forward does not run there."""
+    the forward does not run there. ``watch(fqn, module)``: record that module's first
+    call (``Flow.calls``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -193,7 +233,7 @@ def linear_flow(model: Any, is_linear: Callable[[Any], bool]) -> Flow | None:
             try:
                 where = FakeTensorMode(allow_non_fake_inputs=True) if fake else \
                     torch.device("meta")
-                with removed(_hooks(dict(model.named_modules()), labels, is_linear)), \
+                with removed(_hooks(dict(model.named_modules()), labels, is_linear, watch)), \
                         experts_shape_only(model), all_on_meta(model), quiet_fake_tensors(), \
                         torch.no_grad(), where:
                     ids = token_ids(2, 8)  # meta, as the weights: made inside the fake mode
