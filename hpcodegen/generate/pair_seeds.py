@@ -30,6 +30,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcodegen.generate.attention_seeds import attention_by_use, outside
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.seeds import SEED_RULE, is_linear
@@ -51,6 +52,8 @@ class PairSeeds:
     flows: list[tuple[str, str]] = field(default_factory=list)
     #: attention -> width attributes its forward reads that the runtime must divide too
     divide: dict[str, list[str]] = field(default_factory=dict)
+    #: attention -> its other inputs its projections read (boundary inputs like the first)
+    inputs: dict[str, list[str]] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
         if not self.add and not self.dropped:
@@ -114,7 +117,7 @@ def pair_assignments(modules: Mapping[str, Any], flow: Flow, taken: Collection[s
                      ) -> tuple[dict[str, Assignment], list[tuple[str, str]]]:
     """Megatron's pairs among the Linears no module of ``taken`` is at, inside or above:
     their assignments, and the ``(A, B)`` pairs whose shard flows between boundaries."""
-    free = {f for f in flow.feeds if _outside(f, taken)}
+    free = {f for f in flow.feeds if outside(f, taken)}
     feeders: dict[str, list[str]] = {}
     for b, sources in flow.feeds.items():
         for a in sources:
@@ -134,56 +137,6 @@ def pair_assignments(modules: Mapping[str, Any], flow: Flow, taken: Collection[s
     return out, flows
 
 
-def _outside(fqn: str, taken: Collection[str]) -> bool:
-    return not any(t == fqn or fqn.startswith(f"{t}.") or t.startswith(f"{fqn}.")
-                   for t in taken)
-
-
-def attention_by_use(modules: Mapping[str, Any], flow: Flow, taken: Collection[str]
-                     ) -> tuple[dict[str, Assignment], dict[str, list[str]]]:
-    """Attentions split by heads that :mod:`~hpcodegen.generate.seeds` leaves whole only
-    because their class *can* take keys and values from a second input (BART-style
-    attention classes serve self- and cross-attention): where the traced forward hands
-    this module no such input it is a self-attention. Each must also run on one rank's
-    heads (:func:`~hpcodegen.generate.head_check.runs_on_heads`), dividing the width
-    attributes its forward sizes the heads' output by where the head counts alone do not
-    suffice; one whose forward needs every head (TrOCR's reshape to its input's width) gets
-    each projection as its own boundary instead (gathered / split input, the core whole,
-    exact whatever it computes). Returns the assignments and, per attention, the width
-    attributes to divide."""
-    from hpcodegen.generate.head_check import runs_on_heads, smallest_split, width_attrs
-    from hpcodegen.generate.module_facts import forward_source, fused_blocks, head_count_attrs
-    from hpcodegen.generate.seeds import CROSS_INPUTS, attention_styles, children, head_counts
-
-    out: dict[str, Assignment] = {}
-    divide: dict[str, list[str]] = {}
-    for fqn, call in flow.calls.items():
-        module, source = modules[fqn], forward_source(modules[fqn])
-        if (not _outside(fqn, taken) or set(CROSS_INPUTS) & flow.tensor_args.get(fqn, set())
-                or "config.num_" in source or fused_blocks(module) != 1):
-            continue
-        styles, heads = attention_styles(module, children(modules, fqn)), head_counts(module)
-        t = smallest_split(heads[0], heads[1]) if heads else None
-        if styles is None or heads is None or t is None:
-            continue
-        attrs, extra = head_count_attrs(module), []
-        verdict = runs_on_heads(module, styles, attrs, call, t)
-        if verdict is False:
-            extra = [w for w in width_attrs(module, heads[0] * heads[2], source)
-                     if w not in attrs]
-            verdict = bool(extra) and runs_on_heads(module, styles, [*attrs, *extra], call, t)
-        if verdict is None:
-            continue
-        if not verdict:  # the core needs every head: each projection its own boundary
-            styles = {n: Kind.COLWISE_GATHER if k is Kind.COLWISE else Kind.ROWWISE_SPLIT
-                      for n, k in styles.items()}
-            extra = []
-        out.update({f"{fqn}.{n}": Assignment(f"{fqn}.{n}", k, 1, k.value, SEED_RULE)
-                    for n, k in styles.items()})
-        divide[fqn] = extra
-    return out, divide
-
-
 def dataflow_seeds(model: Any, seeds: Mapping[str, Assignment], taken: Collection[str],
                    flow: Flow | None) -> PairSeeds:
     """What the dataflow changes in the structural ``seeds`` (module docstring): blocks to
@@ -197,7 +150,7 @@ def dataflow_seeds(model: Any, seeds: Mapping[str, Assignment], taken: Collectio
         if why is not None:
             result.dropped[block] = why
     kept = [f for f in seeds if parent_of(f) not in result.dropped]
-    heads, result.divide = attention_by_use(modules, flow, [*taken, *kept])
+    heads, result.divide, result.inputs = attention_by_use(modules, flow, [*taken, *kept])
     result.add, result.flows = pair_assignments(modules, flow, [*taken, *kept, *heads])
     result.add.update(heads)
     return result
@@ -211,6 +164,12 @@ def finish_plan(plan: dict[str, dict[str, Any]], changes: PairSeeds) -> None:
         if fqn in plan and attrs:
             plan[fqn]["tp_divide_attrs"] = sorted({*plan[fqn].get("tp_divide_attrs", ()),
                                                    *attrs})
+    for fqn, names in changes.inputs.items():
+        entry = plan.get(fqn, {})
+        for side in ("in_src", "in_dst"):
+            first = next(iter((entry.get(side) or {}).values()), None)
+            if first is not None:
+                entry[side].update({n: dict(first) for n in names})
     for a, b in changes.flows:
         if a in plan and b in plan:
             for name in plan[a].get("out_dst") or {}:
@@ -224,12 +183,13 @@ def refined_seeds(model: Any, hf: Any, replaced: bool, taken: Collection[str],
     """The structural ``seeds`` with the dataflow's changes applied, and those changes;
     nothing changes where the structural seeds do not run (transformers plans the layers,
     or a package rule file replaces its plan)."""
-    from hpcodegen.generate.seeds import _takes_second_stream, plans_layers
+    from hpcodegen.generate.attention_seeds import may_be_attention
+    from hpcodegen.generate.seeds import plans_layers
     from hpcodegen.tracer.dataflow import linear_flow
 
     if replaced or plans_layers(model, hf):
         return dict(seeds), PairSeeds()
-    flow = linear_flow(model, is_linear, lambda _f, m: _takes_second_stream(m))
+    flow = linear_flow(model, is_linear, lambda _f, m: may_be_attention(m))
     changes = dataflow_seeds(model, seeds, taken, flow)
     kept = {f: a for f, a in seeds.items() if parent_of(f) not in changes.dropped}
     return {**kept, **changes.add}, changes
