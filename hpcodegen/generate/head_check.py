@@ -22,7 +22,7 @@ from typing import Any
 
 from hpcodegen.generate.seeds import is_linear
 from hpcodegen.generate.styles import Kind
-from hpcodegen.tracer.dataflow import rebuilt
+from hpcodegen.tracer.dataflow import all_on_meta, rebuilt
 
 
 def _cut(linear: Any, kind: Kind, t: int) -> None:
@@ -53,7 +53,7 @@ def runs_on_heads(module: Any, styles: Mapping[str, Kind], attrs: Sequence[str],
     args, kwargs, shape = call
 
     def replay(m: Any) -> bool:
-        with torch.no_grad(), torch.device("meta"):
+        with torch.no_grad(), torch.device("meta"), all_on_meta(m):
             out = m(*rebuilt(args), **rebuilt(kwargs))
         first = out[0] if isinstance(out, (tuple, list)) else out
         return tuple(getattr(first, "shape", ())) == shape

@@ -31,8 +31,9 @@ LAYER0 = {
     "musicgen": "model.decoder.layers.0", "musicgen_melody": "model.decoder.layers.0",
     "moshi": "model.layers.0", "xlstm": "backbone.blocks.0",
 }
-#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py)
-SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder"})
+#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py; OPT,
+#: BioGPT and XGLM with the dataflow's, pair_seeds.py and attention_seeds.py)
+SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder", "opt", "biogpt", "xglm"})
 
 
 def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
@@ -221,16 +222,30 @@ def test_cpmant_position_bias_is_sharded_on_its_heads() -> None:
     assert ffn["params"]["w_out.weight"] == {"tp": "S(1)"}
 
 
-@pytest.mark.parametrize("family", ["opt", "biogpt", "xglm", "gpt_neox_japanese"])
+@pytest.mark.parametrize("family", ["gpt_neox_japanese"])
 def test_sp_is_refused_where_the_rules_say_it_cannot_be_exact(family: str) -> None:
-    """Positions added by the model's own forward to sequence-sharded embeddings (OPT,
-    BioGPT, XGLM), a bias added to a sequence slice (GPT-NeoX Japanese): generate --sp
-    refuses with the rule's reason instead of freezing a plan that runs inexactly."""
+    """A bias added to a sequence slice (GPT-NeoX Japanese): generate --sp refuses with the
+    rule's reason instead of freezing a plan that runs inexactly."""
     config, _ = read_hf_config(FAMILIES / family)
     with pytest.raises(PlanError, match=rf"rules/{family}.yaml::--sp: --sp cannot run with "
                                         r"these rules: \w+"):
         build_bundle(config, 2, True, None, family)
     assert plan_of(family)  # without --sp it generates
+
+
+@pytest.mark.parametrize(("family", "module"), [
+    ("opt", "model.decoder.layers.0.self_attn"), ("biogpt", "biogpt.layers.0.self_attn"),
+    ("xglm", "model")])
+def test_sp_is_refused_by_the_shape_run_where_no_rule_file_says_why(family: str, module: str
+                                                                    ) -> None:
+    """Positions added by the model's own forward to sequence-sharded embeddings (OPT,
+    BioGPT, XGLM; no rule file holds a reason since the dataflow seeds split them): the
+    --sp shape run on the meta model refuses, naming the first module that goes wrong."""
+    config, _ = read_hf_config(FAMILIES / family)
+    with pytest.raises(PlanError) as info:
+        build_bundle(config, 2, True, None, family)
+    (found,) = info.value.findings
+    assert found.code == "generate.sp_shapes" and found.where == module, found
 
 
 @pytest.mark.parametrize("family", ["musicgen", "musicgen_melody"])
