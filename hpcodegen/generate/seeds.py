@@ -21,8 +21,10 @@ module finds those blocks in the built module tree, so such a family needs no ru
 * **the output head** (``get_output_embeddings``) and the embedding and norms are the
   lifter's defaults (:mod:`hpcodegen.generate.lift`), with or without seeds.
 
-Anything else (a fused projection whose row order the shapes cannot tell, a residual added
-inside the module, a recurrent mixer, a numeric detail of one family) keeps its rule file
+What only the forward shows (a residual added inside the module, Linear pairs outside any
+block, Linears never called) is :mod:`hpcodegen.generate.pair_seeds`'. Anything else (a
+fused projection whose row order the shapes cannot tell, a recurrent mixer, a numeric
+detail of one family) keeps its rule file
 (``hpcodegen/generate/rules/``): docs/generate.md lists why each one remains.
 
 The names this module reads are all here; :mod:`hpcodegen.generate.layouts` applies the same
