@@ -12,7 +12,14 @@ forward (:class:`hpcodegen.tracer.dataflow.Flow`):
   mapping back to their width; each input read is a boundary input (CTRL passes the same
   states as ``v``, ``k`` and ``q``: each one's gradient is reduced over tp).
 
-Either is split by heads only when it runs on one rank's heads
+* the projections in two sibling modules (BERT-style: ``self.query``/``key``/``value`` in
+  one, ``output.dense`` with the residual and norm after it in the other, GIT's): three
+  Linears under one module applied to the very tensor that module was handed, one more
+  called after them mapping back to that width, nothing else but norms. The output
+  projection's module adds the residual, so no region can hold them: each projection is
+  its own boundary (gathered / split input), the core replicated.
+
+The first two are split by heads only when it runs on one rank's heads
 (:func:`~hpcodegen.generate.head_check.runs_on_heads`), dividing the width attributes its
 forward sizes the heads' output by where the head counts alone do not suffice; one whose
 forward needs every head (TrOCR's reshape to its input's width) gets each projection as its
@@ -84,6 +91,47 @@ def reader_styles(module: Any, kids: Mapping[str, Any], source: str
         return None
     return ({**{n: Kind.COLWISE for n in cols}, rows[0]: Kind.ROWWISE},
             sorted({reads[n] for n in cols}))
+
+
+def split_attention_styles(fqn: str, modules: Mapping[str, Any], flow: Flow
+                           ) -> dict[str, Kind] | None:
+    """Each projection its own boundary for an attention whose projections live in two
+    sibling modules (module docstring), keyed by their path under ``fqn``; else None."""
+    from hpcodegen.generate.module_facts import is_norm
+
+    prefix = f"{fqn}."
+    inner = {n[len(prefix):]: m for n, m in modules.items()
+             if n.startswith(prefix) and any(True for _ in m.parameters(recurse=False))}
+    linears = {n for n, m in inner.items() if is_linear(m)}
+    given = flow.first_input.get(fqn)
+    readers = sorted(n for n in linears if given is not None
+                     and flow.first_input.get(prefix + n) is given)
+    rest = sorted(linears - set(readers))
+    if (len(readers) != 3 or len(rest) != 1 or "." not in rest[0]
+            or any(not is_norm(m) for n, m in inner.items() if n not in linears)
+            or {r.split(".")[0] for r in readers} == {rest[0].split(".")[0]}):
+        return None
+    order = {n: i for i, n in enumerate(flow.order)}
+    out, width = inner[rest[0]], inner[readers[0]].in_features
+    if not all(prefix + n in order for n in linears) or any(
+            order[prefix + r] > order[prefix + rest[0]] or inner[r].in_features != width
+            or inner[r].out_features != out.in_features for r in readers) \
+            or out.out_features != width:
+        return None
+    return {**{r: Kind.COLWISE_GATHER for r in readers}, rest[0]: Kind.ROWWISE_SPLIT}
+
+
+def split_attentions(modules: Mapping[str, Any], flow: Flow, taken: Collection[str]
+                     ) -> dict[str, Assignment]:
+    """Assignments for every attention split over two sibling modules, outermost first,
+    none at, inside or above ``taken``."""
+    out: dict[str, Assignment] = {}
+    for fqn in flow.order:
+        if not outside(fqn, [*taken, *(f.rsplit(".", 1)[0] for f in out)]):
+            continue
+        for name, kind in (split_attention_styles(fqn, modules, flow) or {}).items():
+            out[f"{fqn}.{name}"] = Assignment(f"{fqn}.{name}", kind, 1, kind.value, SEED_RULE)
+    return out
 
 
 def attention_by_use(modules: Mapping[str, Any], flow: Flow, taken: Collection[str]

@@ -30,7 +30,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcodegen.generate.attention_seeds import attention_by_use, outside
+from hpcodegen.generate.attention_seeds import attention_by_use, outside, split_attentions
 from hpcodegen.generate.globs import parent_of
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.seeds import SEED_RULE, is_linear
@@ -54,6 +54,8 @@ class PairSeeds:
     divide: dict[str, list[str]] = field(default_factory=dict)
     #: attention -> its other inputs its projections read (boundary inputs like the first)
     inputs: dict[str, list[str]] = field(default_factory=dict)
+    #: the Linears the forward never calls: no later layout splits their blocks either
+    uncalled: frozenset[str] = frozenset()
 
     def notes(self) -> list[str]:
         if not self.add and not self.dropped:
@@ -149,8 +151,11 @@ def dataflow_seeds(model: Any, seeds: Mapping[str, Assignment], taken: Collectio
         why = unfit_block(block, members, seeds, flow)
         if why is not None:
             result.dropped[block] = why
+    result.uncalled = frozenset(f for f, m in modules.items()
+                                if is_linear(m) and f not in flow.called)
     kept = [f for f in seeds if parent_of(f) not in result.dropped]
     heads, result.divide, result.inputs = attention_by_use(modules, flow, [*taken, *kept])
+    heads.update(split_attentions(modules, flow, [*taken, *kept, *heads]))
     result.add, result.flows = pair_assignments(modules, flow, [*taken, *kept, *heads])
     result.add.update(heads)
     return result

@@ -80,7 +80,8 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     assignments.update(seeds)
     if notes is not None:
         notes.extend(seeds_note(model, seeds, paired.notes()))
-    layouts = megatron_layouts(model, assignments, overridden | shipped_modules)
+    layouts = megatron_layouts(model, assignments,
+                               overridden | shipped_modules | paired.uncalled)
     if notes is not None:
         notes.extend(layouts.notes())
     assignments.update(expand_rules(shipped, fqns, params, overridden,

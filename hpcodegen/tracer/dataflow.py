@@ -47,6 +47,10 @@ class Flow:
     #: watched module -> its first call: ``(args, kwargs)`` as :func:`spec_of` records
     #: them, and the shape of its first output
     calls: dict[str, tuple[Any, Any, tuple[int, ...]]] = field(default_factory=dict)
+    #: module -> the first tensor it was handed (held: compared by identity)
+    first_input: dict[str, Any] = field(default_factory=dict)
+    #: the modules in the order their forwards were entered, each once
+    order: list[str] = field(default_factory=list)
 
 
 #: a recorded tensor argument: rebuilt as an empty meta tensor of this shape and dtype
@@ -156,6 +160,11 @@ def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any
 
         def pre(_m: Any, args: tuple, kwargs: dict, f: str = fqn, lin: bool = linear,
                 name_of: Callable[..., dict[str, Any]] = named) -> None:
+            if f not in flow.called:
+                flow.order.append(f)
+                given_tensors = tensors((args, kwargs))
+                if given_tensors:
+                    flow.first_input[f] = given_tensors[0]
             flow.called.add(f)
             given = {n for n, v in name_of(args, kwargs).items() if tensors(v)}
             flow.tensor_args[f] = flow.tensor_args.get(f, frozenset()) | given
