@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 RULES_B = ["bloom", "gpt_bigcode", "gpt_bigcode_mha", "gpt-sw3", "openai-gpt", "gptj",
            "codegen", "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr", "blt", "fuyu", "mllama"]
-#: the families the structural seeds split (no rule file; BLOOM, CTRL, XLNet and TrOCR with
-#: the dataflow's: pair_seeds.py, attention_seeds.py)
-SEEDED = frozenset({"gptj", "codegen", "gpt_neo", "bloom", "ctrl", "xlnet", "trocr"})
+#: the families the structural seeds split (no rule file; BLOOM, CTRL, XLNet, TrOCR and GIT
+#: with the dataflow's: pair_seeds.py, attention_seeds.py)
+SEEDED = frozenset({"gptj", "codegen", "gpt_neo", "bloom", "ctrl", "xlnet", "trocr", "git"})
 
 
 def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,

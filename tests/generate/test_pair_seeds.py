@@ -208,3 +208,76 @@ def test_an_attention_found_by_the_inputs_its_projections_read() -> None:
     assert inputs == {"body.attn": ["k", "q"]}  # v, the first, is the lifter's
     model, flow = _flow(Caller(extra=True))
     assert attention_by_use(dict(model.named_modules()), flow, [])[0] == {}
+
+
+class BertSelf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = 2
+        self.query, self.key, self.value = (nn.Linear(W, W) for _ in range(3))
+
+    def forward(self, hidden_states: Any) -> Any:
+        shape = (*hidden_states.shape[:-1], self.heads, -1)
+        q, k, v = (p(hidden_states).view(shape).transpose(1, 2)
+                   for p in (self.query, self.key, self.value))
+        out = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        return out.transpose(1, 2).reshape(hidden_states.shape)
+
+
+class BertOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense, self.norm = nn.Linear(W, W), nn.LayerNorm(W)
+
+    def forward(self, states: Any, residual: Any) -> Any:
+        return self.norm(self.dense(states) + residual)
+
+
+class BertAttention(nn.Module):
+    """q/k/v in one child, the output dense with the residual and norm in another (GIT's,
+    BERT's); ``first_norm``: the input normed before the projections read it (then they
+    read another tensor than the module's own input: not this rule)."""
+
+    def __init__(self, first_norm: bool = False) -> None:
+        super().__init__()
+        self.self, self.output = BertSelf(), BertOutput()
+        self.first_norm = nn.LayerNorm(W) if first_norm else None
+
+    def forward(self, x: Any) -> Any:
+        h = self.first_norm(x) if self.first_norm is not None else x
+        return self.output(self.self(h), x)
+
+
+def test_an_attention_over_two_sibling_modules_gets_a_boundary_per_projection() -> None:
+    from hpcodegen.generate.attention_seeds import split_attentions
+
+    model, flow = _flow(BertAttention())
+    found = split_attentions(dict(model.named_modules()), flow, [])
+    assert {f: a.kind for f, a in found.items()} == {
+        "body.self.query": Kind.COLWISE_GATHER, "body.self.key": Kind.COLWISE_GATHER,
+        "body.self.value": Kind.COLWISE_GATHER, "body.output.dense": Kind.ROWWISE_SPLIT}
+    model, flow = _flow(BertAttention(first_norm=True))
+    assert split_attentions(dict(model.named_modules()), flow, []) == {}
+
+
+def test_the_linears_a_forward_never_calls_are_kept_from_the_layouts() -> None:
+    """A vision tower a text forward never runs: the dataflow names its Linears, and
+    plan_sources hands them to the Megatron layouts as taken (not split by name)."""
+    from hpcodegen.generate.layouts import unplanned_blocks
+
+    class Tower(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.text, self.vision = Layer(), nn.Module()
+            self.vision.mlp = nn.Module()
+            self.vision.mlp.fc1, self.vision.mlp.fc2 = nn.Linear(W, INNER), nn.Linear(INNER, W)
+
+        def forward(self, x: Any) -> Any:
+            return self.text(x)
+
+    model, flow = _flow(Tower())
+    changes = dataflow_seeds(model, {}, [], flow)
+    assert changes.uncalled == {"body.vision.mlp.fc1", "body.vision.mlp.fc2"}
+    modules = dict(model.named_modules())
+    assert "body.vision.mlp.fc1" in unplanned_blocks(modules, changes.add, [])
+    assert unplanned_blocks(modules, changes.add, changes.uncalled) == {}
