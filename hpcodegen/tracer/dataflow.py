@@ -213,45 +213,67 @@ def all_on_meta(model: Any) -> Iterator[None]:
             getattr(module, kind)[name] = value
 
 
+@contextmanager
+def attention_kept(model: Any) -> Iterator[None]:
+    """The attention implementation every config of ``model`` names, given back after a
+    block that switches it (:func:`~hpcodegen.tracer.model.use_eager`): generate reads it
+    later (``--cp`` picks its kernel by it)."""
+    configs = {id(c): c for m in model.modules()
+               if (c := getattr(m, "config", None)) is not None
+               and hasattr(c, "_attn_implementation_internal")}
+    kept = {k: c.__dict__.get("_attn_implementation_internal") for k, c in configs.items()}
+    try:
+        yield
+    finally:
+        for key, config in configs.items():
+            config.__dict__["_attn_implementation_internal"] = kept[key]
+
+
 def linear_flow(model: Any, is_linear: Callable[[Any], bool],
                 watch: Callable[[str, Any], bool] = lambda _f, _m: False) -> Flow | None:
     """The :class:`Flow` of one eval-mode forward of the meta ``model`` on ``(2, 8)`` token
-    ids under torch's fake tensor mode (shapes only; dropout off: it runs no op); None when
-    the forward does not run there. ``watch(fqn, module)``: record that module's first
-    call (``Flow.calls``)."""
+    ids (dropout off: it runs no op; eager attention), under torch's fake tensor mode,
+    else on plain meta tensors; None when neither runs. ``watch(fqn, module)``: record
+    that module's first call (``Flow.calls``). The model is given back as it was: its
+    training flags and attention implementation."""
+    from hpcodegen.tracer.model import use_eager
+
+    training = {m: m.training for m in model.modules()}
+    with attention_kept(model):
+        if getattr(model, "config", None) is not None:
+            use_eager(model)
+        model.eval()
+        try:
+            for fake in (True, False):  # fake: transformers skips its value checks; meta
+                flow = _traced(model, is_linear, watch, fake)  # by default: a model
+                if flow is not None:                            # making tensors itself
+                    return flow
+            return None
+        finally:
+            for module, mode in training.items():
+                module.training = mode
+
+
+def _traced(model: Any, is_linear: Callable[[Any], bool], watch: Callable[[str, Any], bool],
+            fake: bool) -> Flow | None:
+    """One forward of :func:`linear_flow`, on fake tensors or on meta; None if it fails."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hpcodegen.hf import no_cache_kwargs
     from hpcodegen.tracer.hooks import removed
-    from hpcodegen.tracer.model import (
-        experts_shape_only,
-        quiet_fake_tensors,
-        token_ids,
-        use_eager,
-    )
+    from hpcodegen.tracer.model import experts_shape_only, quiet_fake_tensors, token_ids
 
-    training = {m: m.training for m in model.modules()}
-    if getattr(model, "config", None) is not None:
-        use_eager(model)
-    model.eval()
+    flow = Flow()
+    labels = _Labels(flow)
+    where = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.device("meta")
     try:
-        for fake in (True, False):  # fake: transformers skips its value checks; meta
-            flow = Flow()           # by default: a model making tensors of its own (XLNet)
-            labels = _Labels(flow)
-            try:
-                where = FakeTensorMode(allow_non_fake_inputs=True) if fake else \
-                    torch.device("meta")
-                with removed(_hooks(dict(model.named_modules()), labels, is_linear, watch)), \
-                        experts_shape_only(model), all_on_meta(model), quiet_fake_tensors(), \
-                        torch.no_grad(), where:
-                    ids = token_ids(2, 8)  # meta, as the weights: made inside the fake mode
-                    with _mode(labels):
-                        model(input_ids=ids, **no_cache_kwargs(model))
-                return flow
-            except Exception:  # model code may not run on fake or meta tensors
-                continue
-        return None
-    finally:
-        for module, mode in training.items():
-            module.training = mode
+        with removed(_hooks(dict(model.named_modules()), labels, is_linear, watch)), \
+                experts_shape_only(model), all_on_meta(model), quiet_fake_tensors(), \
+                torch.no_grad(), where:
+            ids = token_ids(2, 8)  # meta, as the weights: made inside the fake mode
+            with _mode(labels):
+                model(input_ids=ids, **no_cache_kwargs(model))
+    except Exception:  # model code may not run on fake or meta tensors (XLNet's own CPU
+        return None    # positions fail under fake)
+    return flow

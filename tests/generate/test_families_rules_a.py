@@ -233,19 +233,18 @@ def test_sp_is_refused_where_the_rules_say_it_cannot_be_exact(family: str) -> No
     assert plan_of(family)  # without --sp it generates
 
 
-@pytest.mark.parametrize(("family", "module"), [
-    ("opt", "model.decoder.layers.0.self_attn"), ("biogpt", "biogpt.layers.0.self_attn"),
-    ("xglm", "model")])
-def test_sp_is_refused_by_the_shape_run_where_no_rule_file_says_why(family: str, module: str
-                                                                    ) -> None:
-    """Positions added by the model's own forward to sequence-sharded embeddings (OPT,
-    BioGPT, XGLM; no rule file holds a reason since the dataflow seeds split them): the
-    --sp shape run on the meta model refuses, naming the first module that goes wrong."""
+@pytest.mark.parametrize("family", ["opt", "biogpt", "xglm"])
+def test_sp_is_refused_from_the_plan_where_no_rule_file_says_why(family: str) -> None:
+    """OPT, BioGPT and XGLM (no rule file since the dataflow seeds split them): their
+    decoder layer holds fc1/fc2 and is the boundary that gathers the sequence under --sp,
+    while the attention region inside it is lifted sequence-sharded: refused, naming it
+    (tests/generate/test_pair_seeds.py has the rule's own test)."""
     config, _ = read_hf_config(FAMILIES / family)
     with pytest.raises(PlanError) as info:
         build_bundle(config, 2, True, None, family)
-    (found,) = info.value.findings
-    assert found.code == "generate.sp_shapes" and found.where == module, found
+    (found, *_) = info.value.findings
+    assert found.code == "generate.sp_nested_gather", found
+    assert found.where == f"{LAYER0[family]}.self_attn", found
 
 
 @pytest.mark.parametrize("family", ["musicgen", "musicgen_melody"])

@@ -8,11 +8,14 @@ in test_families_rules_a/b, their numerics in tests/runtime/test_family_parity_r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
+from hpcodegen.errors import PlanError
 from hpcodegen.generate.attention_seeds import attention_by_use, may_be_attention
 from hpcodegen.generate.hf_plan import Assignment
 from hpcodegen.generate.pair_seeds import dataflow_seeds
@@ -281,3 +284,38 @@ def test_the_linears_a_forward_never_calls_are_kept_from_the_layouts() -> None:
     modules = dict(model.named_modules())
     assert "body.vision.mlp.fc1" in unplanned_blocks(modules, changes.add, [])
     assert unplanned_blocks(modules, changes.add, changes.uncalled) == {}
+
+
+def test_a_sequence_gathering_parent_refuses_sequence_sharded_boundaries_inside() -> None:
+    """OPT's decoder layer gathers the sequence for fc1/fc2 (its forward flattens batch and
+    sequence); the attention region inside it must not gather it again (--sp)."""
+    from hpcodegen.generate.sp_nesting import check_nested_gathers
+
+    def entry(src: str, dst: str) -> dict:
+        return {"in_src": {"x": {"tp": src}}, "in_dst": {"x": {"tp": dst}},
+                "out_src": {"output": {"tp": "R"}}, "out_dst": {"output": {"tp": src}}}
+
+    plan = {"layer": entry("S(1)", "R"), "layer.attn": entry("S(1)", "R"),
+            "layer.fc1": entry("R", "R")}
+    with pytest.raises(PlanError) as info:
+        check_nested_gathers(plan)
+    assert info.value.findings[0].code == "generate.sp_nested_gather"
+    assert info.value.findings[0].where == "layer.attn"
+    del plan["layer.attn"]  # the children take the whole sequence: accepted
+    check_nested_gathers(plan)
+    check_nested_gathers({"attn": entry("S(1)", "R"), "norm": entry("S(1)", "S(1)")})
+
+
+def test_the_trace_gives_the_model_back_as_it_was() -> None:
+    """Eager attention and eval mode only for the trace: generate reads the attention
+    implementation afterwards (--cp picks its kernel by it)."""
+    from hpcodegen.hf import build_meta_model, read_hf_config
+
+    config, _ = read_hf_config(Path(__file__).resolve().parents[1] / "fixtures" / "families"
+                               / "opt")
+    model = build_meta_model(config)
+    before = model.config._attn_implementation
+    training = [m.training for m in model.modules()]
+    assert linear_flow(model, is_linear) is not None
+    assert model.config._attn_implementation == before != "eager"
+    assert [m.training for m in model.modules()] == training
