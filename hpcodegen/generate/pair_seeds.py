@@ -7,7 +7,7 @@ forward (:func:`hpcodegen.tracer.dataflow.linear_flow`, on the meta model), read
 * **a pair of Linears outside any clean block**: ``A`` (``h -> i``) whose output reaches
   ``B`` (``i -> h``) through ops torch tags pointwise only, and nothing else reads it whole
   (OPT's ``fc1``/``fc2``, children of a decoder layer that also adds the residuals; GIT's
-  two dense layers in two modules; an MLP adding its residual itself, BLOOM's and MPT's;
+  two dense layers in two modules; an MLP adding its residual itself, BLOOM's;
   XLNet's feed-forward). Each rank computes its own slice of ``B``'s input, so ``A`` is
   ``colwise_gather_output`` with its output kept sharded (``out_dst S(-1)``) and ``B``
   ``rowwise_split_input`` taking that shard (``in_src S(-1)``): one all-reduce, as a region
@@ -21,7 +21,9 @@ forward (:func:`hpcodegen.tracer.dataflow.linear_flow`, on the meta model), read
   ``dense.weight`` itself; a vision tower a text forward never runs): nothing seeded
   around it is split, as no boundary of it would ever run.
 
-A model whose forward does not run on the meta device keeps the seeds as they are.
+Attentions the tree leaves whole but the forward shows are self-attentions are
+:mod:`hpcodegen.generate.attention_seeds`'. A model whose forward does not run on the meta
+device keeps the seeds as they are.
 """
 
 from __future__ import annotations
