@@ -135,3 +135,20 @@ def test_the_cp2_column_says_ok_refused_or_why() -> None:
     text = render([ok, refused, wrong], "5", 1.0)
     assert "cp2: dense ok=1/3 refused=1, moe ok=0/0 refused=0" in text
     assert text.rstrip().splitlines()[-1].startswith("coverage: dense_ok=")
+
+
+def test_reasons_name_paths_from_the_work_dir_not_the_temporary_one(tmp_path) -> None:
+    """A refusal naming the family's config reads the same whatever directory the run had:
+    the path from the work dir, on one line (no folding at a terminal width)."""
+    from hpcodegen.families.probe import _cli, _reason
+
+    config = tmp_path / "some_family_with_a_long_name" / "config"
+    config.mkdir(parents=True)
+    (config / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    code, text = _cli(["generate", "--model", str(config), "--tp", "2",
+                       "-o", str(tmp_path / "out")])
+    assert code == 2
+    reason = _reason(text, tmp_path)
+    assert str(tmp_path) not in reason
+    assert "some_family_with_a_long_name/config/config.json" in reason
+    assert str(tmp_path) in _reason(text)  # without a work dir nothing is rewritten
