@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcodegen.families.catalog import family_kind
@@ -162,3 +162,15 @@ def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         kind = row.get("kind") or family_kind(row["family"])
         out["moe" if row.get("moe") else "dense" if kind == "decoder" else "other"].append(row)
     return out
+
+
+def merged_rows(kept: Sequence[Mapping[str, Any]], fresh: Sequence[Mapping[str, Any]]
+                ) -> list[Mapping[str, Any]]:
+    """``kept`` (an earlier run's rows) with each family measured again replaced by its
+    ``fresh`` row, new families last: a change that touches a few families re-measures
+    those, not all (``bench/coverage.py --keep``)."""
+    by_family = {row["family"]: row for row in kept}
+    by_family.update({row["family"]: row for row in fresh})
+    order = [row["family"] for row in kept]
+    order += [row["family"] for row in fresh if row["family"] not in order]
+    return [by_family[name] for name in order]

@@ -152,3 +152,14 @@ def test_reasons_name_paths_from_the_work_dir_not_the_temporary_one(tmp_path) ->
     assert str(tmp_path) not in reason
     assert "some_family_with_a_long_name/config/config.json" in reason
     assert str(tmp_path) in _reason(text)  # without a work dir nothing is rewritten
+
+
+def test_a_partial_run_replaces_only_the_families_it_measured() -> None:
+    from hpcodegen.families.report import merged_rows
+
+    kept = [_row("llama"), _row("opt", split=False), _row("gpt2")]
+    fresh = [_row("opt"), _row("newfam")]
+    rows = merged_rows(kept, fresh)
+    assert [r["family"] for r in rows] == ["llama", "opt", "gpt2", "newfam"]
+    assert rows[1] is fresh[0] and rows[0] is kept[0]
+    assert classify_row(rows[1])[0] == "ok" and classify_row(kept[1])[0] != "ok"
