@@ -115,13 +115,15 @@ def check_family(model_type: str, class_name: str, work: Path,
         # generate's note naming the file (a warning may mention package rules in a hint);
         # also a model_type reusing a family's rules
         packaged = "\npackage rules " in f"\n{text}"
+        seeded = "\nstructural seeds" in f"\n{text}"
         code, text = _cli(["verify", str(out), "--hf-config", str(cfg)])
         if code != 0:
             row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text, work)}
             continue
         meta = json.loads((out / "codegen_meta.json").read_text())
         row[variant] = {"ok": True, "dir": str(out), "split": layers_split(meta),
-                        "package": packaged or uses_package_rules(model_type)}
+                        "package": packaged or uses_package_rules(model_type),
+                        "seeded": seeded}
         if variant == "tp2":
             code, text = _cli(["inspect-plan", str(out)])
             if code != 0:

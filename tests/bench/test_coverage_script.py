@@ -163,3 +163,17 @@ def test_a_partial_run_replaces_only_the_families_it_measured() -> None:
     assert [r["family"] for r in rows] == ["llama", "opt", "gpt2", "newfam"]
     assert rows[1] is fresh[0] and rows[0] is kept[0]
     assert classify_row(rows[1])[0] == "ok" and classify_row(kept[1])[0] != "ok"
+
+
+def test_the_rules_column_says_where_the_plan_came_from() -> None:
+    from hpcodegen.families.report import rules_cell
+
+    seeded = _row("stablelm")
+    seeded.update(hf_plan=False)
+    seeded["tp2"]["seeded"] = True
+    bare = _row("stablelm")
+    bare.update(hf_plan=False)
+    packaged = _row("stablelm")
+    packaged["tp2"]["package"] = True
+    assert [rules_cell(r) for r in (seeded, bare, packaged, _row("llama"))] == \
+        ["seeds", "none", "pkg", "hf"]
