@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcodegen.tracer.hooks import argument_namer, outputs_of
-from hpcodegen.tracer.ops import is_pointwise, op_name, tensors
+from hpcodegen.tracer.ops import is_pointwise, op_name, tensors, watch_ops
 
 #: aten ops linear in one tensor operand: a partial sum through them is still one
 LINEAR_OPS = ("aten.mul", "aten.div", "aten.neg", "aten.clone", "aten._to_copy",
@@ -134,20 +134,6 @@ class _Labels:
                 name == "aten.div" and made[0] is None):
             return
         self.made.update({id(t): sources.pop() for t in tensors(out)})
-
-
-def _mode(labels: _Labels) -> Any:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            labels.observe(func, args, kwargs, out)
-            return out
-
-    return Mode()
 
 
 def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any], bool],
@@ -272,7 +258,7 @@ def _traced(model: Any, is_linear: Callable[[Any], bool], watch: Callable[[str, 
                 experts_shape_only(model), all_on_meta(model), quiet_fake_tensors(), \
                 torch.no_grad(), where:
             ids = token_ids(2, 8)  # meta, as the weights: made inside the fake mode
-            with _mode(labels):
+            with watch_ops(labels.observe):
                 model(input_ids=ids, **no_cache_kwargs(model))
     except Exception:  # model code may not run on fake or meta tensors (XLNet's own CPU
         return None    # positions fail under fake)
