@@ -53,7 +53,7 @@ from typing import Any
 from hpcodegen.families.catalog import causal_lm_families
 from hpcodegen.families.parity import parity_worker
 from hpcodegen.families.probe import phase1_worker
-from hpcodegen.families.report import render
+from hpcodegen.families.report import merged_rows, render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "docs" / "models.md"))
     parser.add_argument("--work", default="", help="keep artifacts here (default a temp dir)")
     parser.add_argument("--json", default="", help="also write the raw rows here")
+    parser.add_argument("--keep", default="", help="the --json rows of an earlier run: the "
+                        "families measured now replace theirs, the report shows all")
     parser.add_argument("--phase1-worker", nargs=1, help=argparse.SUPPRESS)
     parser.add_argument("--parity-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -234,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_parity:
             with _locked(args.lock):
                 run_phase2(rows, work, args.per_spawn)
+        if args.keep:
+            rows = merged_rows(json.loads(Path(args.keep).read_text()), rows)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     text = render(rows, transformers.__version__, time.perf_counter() - start)

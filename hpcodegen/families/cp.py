@@ -43,17 +43,15 @@ def cp_parity_one(artifact: str, config_dir: str, mesh: Any,
 
 
 def _cp_parity(artifact: str, config_dir: str, mesh: Any, dtype: str) -> dict[str, Any]:
+    """The parity harness's :func:`~hpcodegen.parity.harness.compare` on the plain and the
+    padded batch; the worse of the two."""
     import torch
-    import torch.nn.functional as F
 
-    from hpcodegen.parity.gather import max_param_diff
-    from hpcodegen.parity.harness import build_pair, install, read_config
-    from hpcodegen.runtime.cp import all_reduce_gradients, shard_batch
+    from hpcodegen.parity.harness import build_pair, compare, install, read_config
 
     pair = build_pair(artifact, read_config(config_dir), dtype=getattr(torch, dtype))
-    ref, gen, meta = pair.reference, pair.sharded, pair.meta
-    active = install(pair, mesh).active
-    config = ref.config
+    installed = install(pair, mesh)
+    config = pair.reference.config
     vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
     worst = {"logits": 0.0, "grad": 0.0, "worst": None, "odd": []}
     for padded in (False, True):
@@ -63,23 +61,12 @@ def _cp_parity(artifact: str, config_dir: str, mesh: Any, dtype: str) -> dict[st
             target = target.masked_fill(full["attention_mask"] == 0, -100)
         shifted = torch.full_like(target, -100)
         shifted[:, :-1] = target[:, 1:]
-        ref_logits = ref(**full, use_cache=False).logits
-        F.cross_entropy(ref_logits.flatten(0, 1), shifted.flatten()).backward()
-        batch = shard_batch(gen, full["input_ids"], shift_labels=shifted,
-                            attention_mask=full.get("attention_mask"),
-                            position_ids=full["position_ids"])
-        logits = gen(**batch.inputs).logits
-        batch.loss(logits).backward()
-        all_reduce_gradients(gen, [mesh.get_group("cp")])
-        keep = full["attention_mask"].bool() if padded else torch.ones(2, SEQ, dtype=torch.bool)
-        diff = float((batch.gather(logits.detach()) - ref_logits.detach())[keep].abs().max())
-        grad, where, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
-        worst["logits"] = max(worst["logits"], diff)
-        if grad >= worst["grad"]:
-            worst["grad"], worst["worst"] = grad, where
-        worst["odd"] = worst["odd"] or odd
-        gen.zero_grad(set_to_none=True)
-        ref.zero_grad(set_to_none=True)
+        r = compare(pair.sharded, pair.reference, pair.meta, installed,
+                    {**full, "use_cache": False}, shifted, zero_grad=True)
+        worst["logits"] = max(worst["logits"], r.logits)
+        if r.grad >= worst["grad"]:
+            worst["grad"], worst["worst"] = r.grad, r.worst
+        worst["odd"] = worst["odd"] or r.odd
     worst["ok"] = worst["logits"] <= TOL and worst["grad"] <= TOL and not worst["odd"]
     return worst
 

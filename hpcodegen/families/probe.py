@@ -26,15 +26,20 @@ def _cli(args: Sequence[str]) -> tuple[int, str]:
     from hpcodegen.cli.app import _register, app
 
     _register()  # the verbs, as the console script registers them
-    result = CliRunner().invoke(app, list(args))
+    # one line per finding (no folding at a terminal width): reasons are read from it
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "4000"})
     text = (result.stdout or "") + (getattr(result, "stderr", "") or "")
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         text += f"\n{type(result.exception).__name__}: {result.exception}"
     return result.exit_code, text
 
 
-def _reason(text: str) -> str:
-    """The first finding of a CLI failure, on one line, without the verb prefix."""
+def _reason(text: str, work: Path | None = None) -> str:
+    """The first finding of a CLI failure, on one line, without the verb prefix; paths
+    under ``work`` (a temporary directory) named from it (``llama4/config/config.json``), so
+    a report does not change with the run's directory."""
+    if work is not None:
+        text = text.replace(f"{work}/", "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for i, ln in enumerate(lines):
         if ln.startswith("hpcodegen ") or re.search(r"\berror\b", ln):
@@ -102,7 +107,7 @@ def check_family(model_type: str, class_name: str, work: Path,
         cfg = cfg4_dir if variant == "tp4" else cfg_dir
         code, text = _cli(["generate", "--model", str(cfg), *extra, "-o", str(out)])
         if code != 0:
-            reason = _reason(text)
+            reason = _reason(text, work)
             if "transformers cannot build" in reason:
                 reason = default_build_error(model_type, class_name) or reason
             row[variant] = {"ok": False, "stage": "generate", "reason": reason}
@@ -110,17 +115,19 @@ def check_family(model_type: str, class_name: str, work: Path,
         # generate's note naming the file (a warning may mention package rules in a hint);
         # also a model_type reusing a family's rules
         packaged = "\npackage rules " in f"\n{text}"
+        seeded = "\nstructural seeds" in f"\n{text}"
         code, text = _cli(["verify", str(out), "--hf-config", str(cfg)])
         if code != 0:
-            row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text)}
+            row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text, work)}
             continue
         meta = json.loads((out / "codegen_meta.json").read_text())
         row[variant] = {"ok": True, "dir": str(out), "split": layers_split(meta),
-                        "package": packaged or uses_package_rules(model_type)}
+                        "package": packaged or uses_package_rules(model_type),
+                        "seeded": seeded}
         if variant == "tp2":
             code, text = _cli(["inspect-plan", str(out)])
             if code != 0:
-                row[variant] = {"ok": False, "stage": "inspect-plan", "reason": _reason(text)}
+                row[variant] = {"ok": False, "stage": "inspect-plan", "reason": _reason(text, work)}
     return row
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcodegen.families.catalog import family_kind
@@ -104,6 +104,7 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         "names what context parallelism cannot make exact (the reasons are listed below",
         "the tables).",
         "`rules`: hf (transformers' plan), pkg (hpcodegen/generate/rules/<model_type>.yaml),",
+        "seeds (found from the model's structure, `hpcodegen/generate/seeds.py`: no rule file),",
         "none. Regenerate: `python bench/coverage.py`.",
         "",
     ]
@@ -121,9 +122,7 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
                   "| reason |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in group:
             status, reason = classify_row(row)
-            tp2 = row.get("tp2") or {}
-            rules = "pkg" if tp2.get("package") or uses_package_rules(row["family"]) else \
-                ("hf" if row.get("hf_plan") else "none")
+            rules = rules_cell(row)
             par = row.get("parity") or {}
             cells = [row["family"], rules, _cell(row.get("tp2")), _cell(row.get("tp4")),
                      _cell(row.get("sp")), _parity_cell(par.get("tp2")),
@@ -162,3 +161,26 @@ def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         kind = row.get("kind") or family_kind(row["family"])
         out["moe" if row.get("moe") else "dense" if kind == "decoder" else "other"].append(row)
     return out
+
+
+def merged_rows(kept: Sequence[Mapping[str, Any]], fresh: Sequence[Mapping[str, Any]]
+                ) -> list[Mapping[str, Any]]:
+    """``kept`` (an earlier run's rows) with each family measured again replaced by its
+    ``fresh`` row, new families last: a change that touches a few families re-measures
+    those, not all (``bench/coverage.py --keep``)."""
+    by_family = {row["family"]: row for row in kept}
+    by_family.update({row["family"]: row for row in fresh})
+    order = [row["family"] for row in kept]
+    order += [row["family"] for row in fresh if row["family"] not in order]
+    return [by_family[name] for name in order]
+
+
+def rules_cell(row: Mapping[str, Any]) -> str:
+    """Where the tp2 plan's rules came from: ``pkg`` (a package rule file), ``hf``
+    (transformers' plan), ``seeds`` (the model's structure) or ``none``."""
+    tp2 = row.get("tp2") or {}
+    if tp2.get("package") or uses_package_rules(row["family"]):
+        return "pkg"
+    if row.get("hf_plan"):
+        return "hf"
+    return "seeds" if tp2.get("seeded") else "none"

@@ -71,6 +71,7 @@ from hpcodegen.generate.publish import locate, publish, report_text
 from hpcodegen.generate.recipe import load_recipe, recipe_target_findings
 from hpcodegen.generate.source import modeling_source
 from hpcodegen.generate.sp_check import check_sp_shapes
+from hpcodegen.generate.sp_nesting import check_nested_gathers
 from hpcodegen.generate.token_dims import retarget_token_dims
 from hpcodegen.generate.validate import (
     check_class_contracts,
@@ -160,6 +161,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     check_even_shards(model, plan, tp)
     if sp:
         check_sequence_parallel(plan, classes, moe_blocks)
+        check_nested_gathers(plan)
         check_sp_shapes(model, plan, tp, classes)
     if cp > 1:
         injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes)

@@ -195,20 +195,19 @@ def _on_mask(rec: _Recorder) -> Any:
 
 
 def _dispatch_mode(rec: _Recorder) -> Any:
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """The tracer's op watcher (:func:`hpcodegen.tracer.ops.watch_ops`) flagging token
+    mixing outside the attention interface's calls."""
+    from hpcodegen.tracer.ops import watch_ops
 
     rules = _mixing_ops()
 
-    class MixingDetector(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                               kwargs: dict | None = None) -> Any:
-            kwargs = kwargs or {}
-            if not rec.inside:
-                why = mixes(func, args, kwargs, rec.result.length, rules)
-                if why and len(rec.result.mixing) < 50:
-                    rec.result.mixing.append((rec.where(), why))
-            return func(*args, **kwargs)
-    return MixingDetector()
+    def observe(func: Any, args: tuple, kwargs: Mapping[str, Any], _out: Any) -> None:
+        if not rec.inside:
+            why = mixes(func, args, kwargs, rec.result.length, rules)
+            if why and len(rec.result.mixing) < 50:
+                rec.result.mixing.append((rec.where(), why))
+
+    return watch_ops(observe)
 
 
 def _shape_hooks(model: Any, boundaries: Iterable[str], rec: _Recorder) -> list[Any]:

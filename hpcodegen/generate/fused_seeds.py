@@ -124,29 +124,25 @@ def _hooks(modules: Mapping[str, Any], watches: list[Watch]) -> list[Any]:
 def trace(model: Any, blocks: Mapping[str, Block]) -> str | None:
     """One forward of ``model`` on fake tensors deciding every block's verdict; the failure
     (the model cannot run on meta) or None."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    from hpcodegen.tracer.dataflow import attention_kept
     from hpcodegen.tracer.hooks import removed
-    from hpcodegen.tracer.model import eager_attention, forward
-    from hpcodegen.tracer.ops import is_pointwise, op_name
+    from hpcodegen.tracer.model import forward, use_eager
+    from hpcodegen.tracer.ops import is_pointwise, op_name, watch_ops
 
     modules = dict(model.named_modules())
     watches = [Watch(b) for b in blocks.values()]
 
-    class Rows(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                               kwargs: dict | None = None) -> Any:
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            name, pointwise = op_name(func)[len("aten."):], is_pointwise(func)
-            for w in watches:
-                if w.state:
-                    w.observe(name, pointwise, args, kwargs, out)
-            return out
+    def observe(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> None:
+        name, pointwise = op_name(func)[len("aten."):], is_pointwise(func)
+        for w in watches:
+            if w.state:
+                w.observe(name, pointwise, args, kwargs, out)
 
     try:  # eager: transformers' mask shortcuts read values meta tensors lack
-        with eager_attention(model), removed(_hooks(modules, watches)):
-            forward(model, BATCH, SEQ, fake=True, watch=Rows())
+        with attention_kept(model), removed(_hooks(modules, watches)):
+            if getattr(model, "config", None) is not None:
+                use_eager(model)
+            forward(model, BATCH, SEQ, fake=True, watch=watch_ops(observe))
     except Exception as exc:  # model code that cannot run on meta: nothing is decided
         return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     for w in watches:

@@ -40,14 +40,27 @@ def hf_rules(model: Any) -> list[tuple[str, str]]:
     if isinstance(merged, Mapping) and merged:
         return [(str(k), str(v)) for k, v in merged.items()]
     rules: list[tuple[str, str]] = []
-    prefix = getattr(model, "base_model_prefix", "") or ""
+    prefix = base_model_fqn(model)
     base = getattr(getattr(model, "config", None), "base_model_tp_plan", None) or {}
-    has_base = bool(prefix) and hasattr(model, prefix)
     for key, style in base.items():
-        rules.append((f"{prefix}.{key}" if has_base else str(key), str(style)))
+        rules.append((f"{prefix}.{key}" if prefix else str(key), str(style)))
     for key, style in (getattr(type(model), "_tp_plan", None) or {}).items():
         rules.append((str(key), str(style)))
     return rules
+
+
+def base_model_fqn(model: Any) -> str:
+    """Where the base model (the one ``base_model_tp_plan`` names modules of) sits in
+    ``model``: its ``base_model_prefix`` attribute; else, when that attribute is absent
+    (Llama-4's causal LM names its prefix ``language_model`` and holds the decoder as
+    ``model``), the one direct child that is a transformers model itself; else the root
+    (the model is the base model)."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    if prefix and hasattr(model, prefix):
+        return prefix
+    inner = [name for name, child in model.named_children()
+             if hasattr(child, "base_model_prefix") and hasattr(child, "config")]
+    return inner[0] if len(inner) == 1 else ""
 
 
 def expand_rules(rules: Sequence[tuple[str, str]], fqns: Sequence[str],

@@ -23,6 +23,7 @@ from hpcodegen.generate.package_rules import (
     package_rules,
     rerooted,
 )
+from hpcodegen.generate.pair_seeds import finish_plan, refined_seeds
 from hpcodegen.generate.recipe import apply_recipe, recipe_modules
 from hpcodegen.generate.seeds import plans_layers, seeds_note, structural_seeds
 from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
@@ -77,12 +78,14 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     fused = FusedSeeds() if replaced or plans_layers(model, hf) else \
         fused_seeds(model, overridden | shipped_modules, sp)
     assignments.update(fused.assignments)
-    seeds = structural_seeds(model, hf, replaced, overridden | shipped_modules
-                             | set(fused.assignments) | set(fused.kept))
+    taken = overridden | shipped_modules | set(fused.assignments) | set(fused.kept)
+    seeds, paired = refined_seeds(model, hf, replaced, taken,
+                                  structural_seeds(model, hf, replaced, taken))
     assignments.update(seeds)
     if notes is not None:
-        notes.extend(seeds_note(model, seeds) + fused.notes())
-    layouts = megatron_layouts(model, assignments, overridden | shipped_modules)
+        notes.extend(seeds_note(model, seeds, paired.notes()) + fused.notes())
+    layouts = megatron_layouts(model, assignments,
+                               overridden | shipped_modules | paired.uncalled)
     layouts.config_heads.update(fused.divide)
     if notes is not None:
         notes.extend(layouts.notes())
@@ -90,6 +93,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
                                     origin="package", strict=False))
     after_package_rules(model, assignments, layouts, sp, ep)
     plan = lift_plan(model, assignments, sp, loss_parallel)
+    finish_plan(plan, paired)
     for fqn, attrs in layouts.config_heads.items():
         if fqn in plan and attrs:
             entry = plan[fqn]

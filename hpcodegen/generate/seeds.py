@@ -22,8 +22,10 @@ module finds those blocks in the built module tree, so such a family needs no ru
   lifter's defaults (:mod:`hpcodegen.generate.lift`), with or without seeds.
 
 A fused projection whose row order the shapes cannot tell is read from the traced forward
-first (:mod:`hpcodegen.generate.fused_seeds`). Anything else (a residual added inside the
-module, a recurrent mixer, a numeric detail of one family) keeps its rule file
+first (:mod:`hpcodegen.generate.fused_seeds`). What only the forward shows (a residual added
+inside the module, Linear pairs outside any block, Linears never called) is
+:mod:`hpcodegen.generate.pair_seeds`'. Anything else (a recurrent mixer, a numeric detail of
+one family) keeps its rule file
 (``hpcodegen/generate/rules/``): docs/generate.md lists why each one remains.
 
 The names this module reads are all here; :mod:`hpcodegen.generate.layouts` applies the same
@@ -331,8 +333,10 @@ def kept_reason(module: Any, kids: Mapping[str, Any]) -> str:
     return "its output projection or its own parameters are not one per head"
 
 
-def seeds_note(model: Any, seeds: Mapping[str, Assignment]) -> list[str]:
-    """generate's line naming what the seeds split, and why an attention stayed whole."""
+def seeds_note(model: Any, seeds: Mapping[str, Assignment], more: Sequence[str] = ()
+               ) -> list[str]:
+    """generate's line naming what the seeds split, and why an attention stayed whole;
+    ``more``: what the dataflow changed (:mod:`hpcodegen.generate.pair_seeds`)."""
     from hpcodegen.generate.globs import parent_of
 
     blocks = sorted({parent_of(f) for f in seeds})
@@ -347,4 +351,4 @@ def seeds_note(model: Any, seeds: Mapping[str, Assignment]) -> list[str]:
             f"seeds.py), e.g. {blocks[0]}")
     if kept:
         note += f"; {len(kept)} attention(s) kept whole, e.g. {kept[0][0]}: {kept[0][1]}"
-    return [note]
+    return ["; ".join([note, *more])]

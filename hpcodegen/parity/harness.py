@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.parity.gather import full_logits, max_param_diff, output_module_fqn
-from hpcodegen.plan.entry import vocab_sharded_heads
+from hpcodegen.parity.gather import max_param_diff
+from hpcodegen.parity.step import forward_loss, loss_of_logits, sync_gradients, whole_logits
 
 
 @dataclass
@@ -141,68 +141,51 @@ def token_batch(vocab: int, rows: int, length: int, seed: int = 1,
 
 def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Mapping[str, Any],
                     active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
-    """Cross entropy of ``model(**inputs)`` and the logits it was taken on.
-
-    The sharded model (``active`` given): on the full logits, gathered per plan, or, when
-    the output head is loss parallel (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`),
-    on the vocab-sharded logits themselves (no gather; ``vocab`` is the head's full
-    width), returned as they are. Logits of a half-precision model are taken in float32.
-    """
+    """Cross entropy of ``model(**inputs)`` and the logits it was taken on (the loss rule,
+    :mod:`hpcodegen.parity.step`, without cp)."""
     return loss_of_logits(model(**inputs).logits, labels, model, meta, active, vocab)
-
-
-def loss_of_logits(logits: Any, labels: Any, model: Any, meta: Mapping[str, Any],
-                   active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
-    """:func:`loss_and_logits` on logits already computed (launch's step under cp feeds
-    the model its own way)."""
-    import torch
-    import torch.nn.functional as F
-
-    if _loss_parallel_head(model, meta, active):
-        from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
-
-        return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
-                                            vocab_size=vocab), logits
-    if active is not None:
-        logits = full_logits(logits, model, meta, active)
-    flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
-    flat = flat if flat.dtype == torch.float64 else flat.float()
-    return F.cross_entropy(flat, labels.flatten()), logits
-
-
-def _loss_parallel_head(model: Any, meta: Mapping[str, Any], active: Any | None) -> bool:
-    """The sharded model's output head leaves its logits vocab-sharded for the loss."""
-    return active is not None and output_module_fqn(model) in vocab_sharded_heads(meta)
 
 
 def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: Installed,
             inputs: Mapping[str, Any], labels: Any, vocab: int | None = None,
             zero_grad: bool = False) -> ParityResult:
-    """One forward/backward of both models on ``inputs``; logits and every gradient.
+    """One forward/backward of both models on the full batch ``inputs``; logits and every
+    gradient.
 
-    The gradients stay on the parameters (a caller may compare more, e.g. clipping) unless
-    ``zero_grad``.
+    ``labels`` are aligned per position (``-100``: no loss). Under context parallelism the
+    sharded model takes this rank's positions and its gradients are summed over cp
+    (:mod:`hpcodegen.parity.step`); its logits are compared in the batch's order. Where
+    ``inputs`` has an ``attention_mask``, logits are compared at its tokens only (a padded
+    position's logits mean nothing). The gradients stay on the parameters (a caller may
+    compare more, e.g. clipping) unless ``zero_grad``.
     """
     active, expert = installed.active, installed.expert
-    loss, logits = loss_and_logits(sharded, inputs, labels, meta, active, vocab)
-    loss.backward()
-    if _loss_parallel_head(sharded, meta, active):
-        # vocab-sharded logits (the loss took them as they are): gathered for the
-        # comparison only; any other logits were gathered for the loss already
-        logits = full_logits(logits.detach(), sharded, meta, active)
-    ref_loss, ref_logits = loss_and_logits(reference, inputs, labels, meta, None)
-    ref_loss.backward()
+    fwd = forward_loss(sharded, inputs, labels, meta, active, vocab)
+    fwd.loss.backward()
+    sync_gradients(sharded, active)
+    logits = whole_logits(fwd, sharded, meta, active)
+    ref = forward_loss(reference, inputs, labels, meta, None)
+    ref.loss.backward()
+    ref_logits = ref.logits.detach()
     grad, worst, odd = max_param_diff(sharded, reference, meta, active, lambda p: p.grad,
                                       expert)
-    scale = _grad_scale(reference)
-    logits, ref_logits = logits.detach(), ref_logits.detach()
-    result = ParityResult(float((logits - ref_logits).abs().max()), grad, worst, odd,
-                          float(loss.detach()), float(ref_loss.detach()), scale, logits,
-                          ref_logits)
+    result = ParityResult(_logits_diff(logits, ref_logits, inputs.get("attention_mask")),
+                          grad, worst, odd, float(fwd.value), float(ref.value),
+                          _grad_scale(reference), logits, ref_logits)
     if zero_grad:
         sharded.zero_grad(set_to_none=True)
         reference.zero_grad(set_to_none=True)
     return result
+
+
+def _logits_diff(logits: Any, ref_logits: Any, mask: Any) -> float:
+    """Max abs difference (NaN if the shapes differ), at the mask's tokens when given."""
+    if logits.shape != ref_logits.shape:
+        return float("nan")
+    diff = (logits - ref_logits).abs()
+    if mask is not None:
+        diff = diff[mask.bool()]
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def _grad_scale(model: Any) -> float:

@@ -47,26 +47,6 @@ def use_eager(model: Any) -> None:
 
 
 @contextmanager
-def eager_attention(model: Any) -> Iterator[None]:
-    """:func:`use_eager` for the duration of a block, every config's attention
-    implementation restored afterwards: a trace made while planning must not change what
-    the rest of generate reads (the cp plan picks its kernel from it)."""
-    configs: dict[int, tuple[Any, Any]] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        for c in [config, *vars(config).values()] if hasattr(config, "__dict__") else []:
-            if hasattr(c, "_attn_implementation_internal"):
-                configs.setdefault(id(c), (c, c._attn_implementation_internal))
-    if getattr(model, "config", None) is not None:
-        use_eager(model)
-    try:
-        yield
-    finally:
-        for c, value in configs.values():
-            c._attn_implementation_internal = value
-
-
-@contextmanager
 def experts_shape_only(model: Any) -> Iterator[None]:
     """Mixture-of-experts ``experts`` modules run shape-only for the duration of a block.
 

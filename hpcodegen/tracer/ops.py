@@ -66,6 +66,34 @@ def source_line() -> str:
     return f"{short}:{frame.f_lineno}"
 
 
+#: ``observe(op, args, kwargs, out)``: one aten op that ran, and what it returned
+Observer = Callable[[Any, tuple, Mapping[str, Any], Any], None]
+
+
+def watch_ops(observe: Observer,
+              failed: Callable[[Any, tuple, Mapping[str, Any]], None] | None = None) -> Any:
+    """THE tracer's dispatch mode: a ``TorchDispatchMode`` that runs every aten op of the
+    forward it wraps unchanged and hands it, with its result, to ``observe``; an op that
+    raises goes to ``failed`` first and its error propagates. Every op-level watcher of
+    hpcodegen (the derived-tensor judge below, generate's cp probe) is one ``observe``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            try:
+                out = func(*args, **kwargs)
+            except Exception:
+                if failed is not None:
+                    failed(func, args, kwargs)
+                raise
+            observe(func, args, kwargs, out)
+            return out
+
+    return Watch()
+
+
 class DerivedTensors:
     """The tensors derived from the marked ones through one forward, and the first op on
     them its judge refused (``violation``: the judge's text and the source line)."""
@@ -90,27 +118,14 @@ class DerivedTensors:
         self.violation = f"{text} (at {source_line()})"
 
     def mode(self) -> Any:
-        """A ``TorchDispatchMode`` applying the judge to every op of the forward it wraps.
-        An op that raises on a derived tensor (``.item()`` on meta) is refused as reading
-        values, and the error propagates."""
-        from torch.utils._python_dispatch import TorchDispatchMode
+        """A dispatch mode (:func:`watch_ops`) applying the judge to every op of the forward
+        it wraps. An op that raises on a derived tensor (``.item()`` on meta) is refused as
+        reading values, and the error propagates."""
+        return watch_ops(self.observe, self._failed)
 
-        tracker = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                                   kwargs: Any = None) -> Any:
-                kwargs = kwargs or {}
-                try:
-                    out = func(*args, **kwargs)
-                except Exception:
-                    if tracker.violation is None and tracker.is_derived((args, kwargs)):
-                        tracker.refuse(f"{op_name(func)} reads values")
-                    raise
-                tracker.observe(func, args, kwargs, out)
-                return out
-
-        return Mode()
+    def _failed(self, op: Any, args: tuple, kwargs: Mapping[str, Any]) -> None:
+        if self.violation is None and self.is_derived((args, dict(kwargs))):
+            self.refuse(f"{op_name(op)} reads values")
 
     def observe(self, op: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> None:
         """Judge one op that ran; mark its outputs when the judge follows them."""

@@ -135,3 +135,45 @@ def test_the_cp2_column_says_ok_refused_or_why() -> None:
     text = render([ok, refused, wrong], "5", 1.0)
     assert "cp2: dense ok=1/3 refused=1, moe ok=0/0 refused=0" in text
     assert text.rstrip().splitlines()[-1].startswith("coverage: dense_ok=")
+
+
+def test_reasons_name_paths_from_the_work_dir_not_the_temporary_one(tmp_path) -> None:
+    """A refusal naming the family's config reads the same whatever directory the run had:
+    the path from the work dir, on one line (no folding at a terminal width)."""
+    from hpcodegen.families.probe import _cli, _reason
+
+    config = tmp_path / "some_family_with_a_long_name" / "config"
+    config.mkdir(parents=True)
+    (config / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    code, text = _cli(["generate", "--model", str(config), "--tp", "2",
+                       "-o", str(tmp_path / "out")])
+    assert code == 2
+    reason = _reason(text, tmp_path)
+    assert str(tmp_path) not in reason
+    assert "some_family_with_a_long_name/config/config.json" in reason
+    assert str(tmp_path) in _reason(text)  # without a work dir nothing is rewritten
+
+
+def test_a_partial_run_replaces_only_the_families_it_measured() -> None:
+    from hpcodegen.families.report import merged_rows
+
+    kept = [_row("llama"), _row("opt", split=False), _row("gpt2")]
+    fresh = [_row("opt"), _row("newfam")]
+    rows = merged_rows(kept, fresh)
+    assert [r["family"] for r in rows] == ["llama", "opt", "gpt2", "newfam"]
+    assert rows[1] is fresh[0] and rows[0] is kept[0]
+    assert classify_row(rows[1])[0] == "ok" and classify_row(kept[1])[0] != "ok"
+
+
+def test_the_rules_column_says_where_the_plan_came_from() -> None:
+    from hpcodegen.families.report import rules_cell
+
+    seeded = _row("stablelm")
+    seeded.update(hf_plan=False)
+    seeded["tp2"]["seeded"] = True
+    bare = _row("stablelm")
+    bare.update(hf_plan=False)
+    packaged = _row("stablelm")
+    packaged["tp2"]["package"] = True
+    assert [rules_cell(r) for r in (seeded, bare, packaged, _row("llama"))] == \
+        ["seeds", "none", "pkg", "hf"]

@@ -1,12 +1,11 @@
 """Rank workers for the context-parallel tests (spawned gloo ranks).
 
-Per case: the unsharded transformers model and the model from the artifact's generated
-classes with the same weights; the plan installed on a ``(cp, tp)`` mesh; the full batch
-sharded by :func:`hpcodegen.runtime.cp.shard_batch` (this rank's positions, the layout's);
-one forward/backward of both with the same loss (the unsharded mean over valid labels; the
-sharded one is each rank's sum over the global count, gradients then summed over cp);
-logits put back in order and compared with the unsharded ones at every valid position,
-and every gradient.
+Per case the library's parity harness (:mod:`hpcodegen.parity`): the unsharded model and
+the artifact's with the same weights, the plan installed on a ``(cp, tp)`` mesh, then
+:func:`~hpcodegen.parity.harness.compare` on the full batch, which cuts it per rank
+(:func:`hpcodegen.runtime.cp.shard_batch`, the layout's positions), takes each rank's loss
+over the global label count, sums the gradients over cp and compares the logits, put back
+in order, at every valid position, and every gradient.
 """
 
 from __future__ import annotations
@@ -44,16 +43,16 @@ def make_batch(case: str, vocab: int, seq: int) -> dict[str, Any]:
     return out
 
 
-def _reference_loss(ref: Any, batch: dict[str, Any], labels: Any) -> tuple[Any, Any]:
-    """transformers' convention: ``labels`` like the ids (-100 at padding), shifted."""
+def shifted_labels(batch: dict[str, Any]) -> Any:
+    """transformers' convention (the ids, -100 at padding) aligned per position."""
     import torch
-    import torch.nn.functional as F
 
-    logits = ref(**batch, use_cache=False).logits
-    target = torch.full_like(labels, -100)
-    target[:, :-1] = labels[:, 1:]
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100)
-    return loss, logits
+    target = batch["input_ids"]
+    if "attention_mask" in batch:
+        target = target.masked_fill(batch["attention_mask"] == 0, -100)
+    shifted = torch.full_like(target, -100)
+    shifted[:, :-1] = target[:, 1:]
+    return shifted
 
 
 _MESHES: dict[tuple[int, int], Any] = {}
@@ -70,45 +69,25 @@ def mesh_of(cp: int, tp: int) -> Any:
 
 def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
               seq: int = 32) -> dict[str, Any]:
+    """The parity harness's :func:`~hpcodegen.parity.harness.compare` on a ``(cp, tp)``
+    mesh for one batch case."""
     import torch
 
-    from hpcodegen.parity.gather import full_logits, max_param_diff
-    from hpcodegen.parity.harness import build_pair, install, read_config
-    from hpcodegen.runtime.cp import all_reduce_gradients, shard_batch
+    from hpcodegen.parity.harness import build_pair, compare, install, read_config
 
     torch.set_num_threads(1)
     mesh = mesh_of(cp, tp)
     pair = build_pair(artifact, read_config(config_dir))
-    ref, gen, meta, config = pair.reference, pair.sharded, pair.meta, pair.reference.config
-    active = install(pair, mesh).active
-
-    full = make_batch(case, config.vocab_size, seq)
+    vocab = pair.reference.config.vocab_size
+    full = make_batch(case, vocab, seq)
     # the helper passes position ids (the batch's, else 0..S-1): so does the reference (a
     # model deriving its own from the padding mask, OPT, would otherwise differ)
     full.setdefault("position_ids", torch.arange(full["input_ids"].shape[1]).expand(2, -1))
-    target = full["input_ids"]
-    if "attention_mask" in full:
-        target = target.masked_fill(full["attention_mask"] == 0, -100)
-    ref_loss, ref_logits = _reference_loss(ref, full, target)
-    ref_loss.backward()
-    batch = shard_batch(gen, full["input_ids"], labels=target,
-                        attention_mask=full.get("attention_mask"),
-                        position_ids=full.get("position_ids"))
-    logits = gen(**batch.inputs).logits
-    lp = meta["parallel_dims"].get("loss_parallel") is True
-    vocab_group = mesh["tp"].get_group() if lp else None
-    loss = batch.loss(logits, vocab_group=vocab_group, vocab_size=config.vocab_size)
-    loss.backward()
-    all_reduce_gradients(gen, [mesh["cp"].get_group()])
-    logits = batch.gather(full_logits(logits.detach(), gen, meta, active))
-    keep = full["attention_mask"].bool() if "attention_mask" in full else \
-        torch.ones(logits.shape[:2], dtype=torch.bool)
-    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
-    scale = max(float(p.grad.abs().max()) for p in ref.parameters() if p.grad is not None)
-    return {"logits": float((logits - ref_logits.detach())[keep].abs().max()),
-            "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),
-            "grad": grad, "worst": worst, "odd": odd, "grad_scale": scale,
-            "loss": float(batch.total(loss)), "ref_loss": float(ref_loss.detach())}
+    r = compare(pair.sharded, pair.reference, pair.meta, install(pair, mesh),
+                {**full, "use_cache": False}, shifted_labels(full), vocab)
+    return {"logits": r.logits, "shape": list(r.sharded_logits.shape),
+            "ref_shape": list(r.ref_logits.shape), "grad": r.grad, "worst": r.worst,
+            "odd": r.odd, "grad_scale": r.grad_scale, "loss": r.loss, "ref_loss": r.ref_loss}
 
 
 def cp_parity_cases(cases: list[tuple[str, str, str, int, int, str, int]]

@@ -251,16 +251,33 @@ def test_output_heads_in_a_module_list_are_replicated_not_refused(
     assert heads and all(named == {"tp": "R"} for named in heads.values())
 
 
-def test_package_rules_follow_the_text_sub_config_the_model_is_built_from() -> None:
+def test_a_composite_config_is_planned_by_the_hf_plan_of_the_part_it_builds() -> None:
     """Llama 4's composite config (model_type llama4) builds Llama4ForCausalLM from its
-    text part: the rules for llama4_text apply, conditioned on that part."""
+    text part, whose decoder sits under ``model.`` while the class names its prefix
+    ``language_model``: the text part's HF plan applies under ``model.``, no rule file."""
     config = family("llama4")
     assert config["model_type"] == "llama4" and config["text_config"]["model_type"] == \
         "llama4_text"
     notes: list[str] = []
     plan = meta_of(config, notes=notes)["param_plan"]
-    assert any("rules/llama4_text.yaml" in n for n in notes)
+    assert not any("package rules" in n for n in notes), notes
     assert plan["model.layers.0.self_attn"]["params"]["o_proj.weight"] == {"tp": "S(1)"}
+    experts = plan["model.layers.0.feed_forward"]["params"]
+    assert experts["experts.gate_up_proj"] == {"tp": "SS(2,2)"}
+    assert experts["experts.down_proj"] == {"tp": "S(1)"}
+
+
+def test_rules_are_chosen_by_the_sub_config_the_model_is_built_from() -> None:
+    from types import SimpleNamespace
+
+    from hpcodegen.generate.plan_sources import rules_scope
+
+    text = {"model_type": "llama4_text", "hidden_size": 8}
+    composite = {"model_type": "llama4", "text_config": text}
+    built_from_text = SimpleNamespace(config=SimpleNamespace(model_type="llama4_text"))
+    built_whole = SimpleNamespace(config=SimpleNamespace(model_type="llama4"))
+    assert rules_scope(composite, built_from_text) is text
+    assert rules_scope(composite, built_whole) is composite
 
 
 def test_gemma3n_mlp_with_activation_sparsity_stays_replicated() -> None:

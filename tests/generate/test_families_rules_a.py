@@ -31,10 +31,11 @@ LAYER0 = {
     "musicgen": "model.decoder.layers.0", "musicgen_melody": "model.decoder.layers.0",
     "moshi": "model.layers.0", "xlstm": "backbone.blocks.0",
 }
-#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py), and
-#: the row order of a fused projection the traced forward reads (fused_seeds.py)
-SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder", "persimmon",
-                    "gpt_neox_japanese"})
+#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py; OPT,
+#: BioGPT and XGLM with the dataflow's, pair_seeds.py and attention_seeds.py), and the row
+#: order of a fused projection the traced forward reads (fused_seeds.py)
+SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder", "opt", "biogpt", "xglm",
+                    "persimmon", "gpt_neox_japanese"})
 
 
 def plan_of(family: str, tp: int = 2, notes: list[str] | None = None,
@@ -231,15 +232,17 @@ def test_cpmant_position_bias_is_sharded_on_its_heads() -> None:
 
 
 @pytest.mark.parametrize("family", ["opt", "biogpt", "xglm"])
-def test_sp_is_refused_where_the_rules_say_it_cannot_be_exact(family: str) -> None:
-    """Positions added by the model's own forward to sequence-sharded embeddings (OPT,
-    BioGPT, XGLM), a bias added to a sequence slice (GPT-NeoX Japanese): generate --sp
-    refuses with the rule's reason instead of freezing a plan that runs inexactly."""
+def test_sp_is_refused_from_the_plan_where_no_rule_file_says_why(family: str) -> None:
+    """OPT, BioGPT and XGLM (no rule file since the dataflow seeds split them): their
+    decoder layer holds fc1/fc2 and is the boundary that gathers the sequence under --sp,
+    while the attention region inside it is lifted sequence-sharded: refused, naming it
+    (tests/generate/test_pair_seeds.py has the rule's own test)."""
     config, _ = read_hf_config(FAMILIES / family)
-    with pytest.raises(PlanError, match=rf"rules/{family}.yaml::--sp: --sp cannot run with "
-                                        r"these rules: \w+"):
+    with pytest.raises(PlanError) as info:
         build_bundle(config, 2, True, None, family)
-    assert plan_of(family)  # without --sp it generates
+    (found, *_) = info.value.findings
+    assert found.code == "generate.sp_nested_gather", found
+    assert found.where == f"{LAYER0[family]}.self_attn", found
 
 
 @pytest.mark.parametrize("family", ["musicgen", "musicgen_melody"])

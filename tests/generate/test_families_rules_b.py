@@ -26,9 +26,11 @@ pytestmark = pytest.mark.slow
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 RULES_B = ["bloom", "gpt_bigcode", "gpt_bigcode_mha", "gpt-sw3", "openai-gpt", "gptj",
            "codegen", "mpt", "ctrl", "gpt_neo", "xlnet", "git", "trocr", "blt", "fuyu", "mllama"]
-#: the families the structural seeds split (no rule file); a fused projection's row order
+#: the families the structural seeds split (no rule file; BLOOM, CTRL, XLNet, TrOCR and GIT
+#: with the dataflow's: pair_seeds.py, attention_seeds.py); a fused projection's row order
 #: read from the traced forward (fused_seeds.py) adds its own note
-SEEDED = frozenset({"gptj", "codegen", "gpt_neo", "gpt-sw3", "openai-gpt", "fuyu"})
+SEEDED = frozenset({"gptj", "codegen", "gpt_neo", "bloom", "ctrl", "xlnet", "trocr", "git",
+                    "gpt-sw3", "openai-gpt", "fuyu"})
 FUSED = frozenset({"gpt-sw3", "openai-gpt", "fuyu"})
 
 
@@ -122,10 +124,31 @@ def test_alibi_slices_per_rank_where_the_bias_is_heads_first() -> None:
     assert bloom["transformer.h.0.mlp.dense_4h_to_h"]["out_src"] == {"output": {"tp": "P(sum)"}}
 
 
-def test_bloom_slow_but_exact_keeps_the_attention_replicated() -> None:
-    plan = plan_of("bloom", slow_but_exact=True, pretraining_tp=2)
-    assert not any("self_attention" in n for n in _layer_split(plan))
-    assert any("dense_h_to_4h" in n for n in _layer_split(plan))
+def test_bloom_slow_but_exact_splits_no_projection_it_reads_by_weight() -> None:
+    """slow_but_exact with pretraining_tp > 1 reads dense.weight and dense_4h_to_h.weight
+    itself (F.linear on slices sized by the weight it holds), never calling them: no
+    boundary of theirs would run, so neither they nor their partners are split (the rule
+    file this replaced split the MLP there, and its logits were 0.03 off on gloo), and
+    generate warns that no layer is split."""
+    config, _ = read_hf_config(FAMILIES / "bloom")
+    config.update(slow_but_exact=True, pretraining_tp=2)
+    warned: list = []
+    meta = json.loads(build_bundle(config, 2, False, None, "bloom", warnings=warned)[
+        "codegen_meta.json"])
+    assert not _layer_split(meta["param_plan"])
+    assert [w.code for w in warned] == ["generate.no_layer_split"]
+    split = _layer_split(plan_of("bloom"))
+    assert any("self_attention" in n for n in split) and any("mlp" in n for n in split)
+
+
+def test_residual_inside_the_mlp_keeps_the_shard_flowing_between_its_projections() -> None:
+    """BLOOM's MLP adds its residual itself: no region; dense_h_to_4h's output stays
+    sharded on its last dim into dense_4h_to_h, whose partial output is all-reduced."""
+    mlp = "transformer.h.0.mlp"
+    plan = plan_of("bloom")
+    assert mlp not in plan or not plan[mlp].get("is_boundary")
+    assert plan[f"{mlp}.dense_h_to_4h"]["out_dst"] == {"output": {"tp": "S(-1)"}}
+    assert plan[f"{mlp}.dense_4h_to_h"]["in_src"] == {"input": {"tp": "S(-1)"}}
 
 
 def test_every_attention_input_is_a_boundary_input() -> None:
@@ -135,7 +158,7 @@ def test_every_attention_input_is_a_boundary_input() -> None:
     assert set(attn["in_src"]) == set(attn["in_dst"]) == {"v", "k", "q"}
 
 
-@pytest.mark.parametrize("family", ["bloom", "mpt", "ctrl", "trocr", "xlnet", "mllama"])
+@pytest.mark.parametrize("family", ["mpt", "mllama"])
 def test_sp_is_refused_where_the_rules_cannot_run_it(family: str) -> None:
     """--sp crashed at run time for these (masks or ALiBi built from the sharded sequence, a
     residual input left sequence-sharded, ...); generate refuses it (the rules' no_sp),
@@ -144,6 +167,24 @@ def test_sp_is_refused_where_the_rules_cannot_run_it(family: str) -> None:
     with pytest.raises(PlanError, match=r"--sp cannot run with these rules: \w") as info:
         build_bundle(config, 2, True, None, family)
     assert info.value.findings[0].file.startswith("hpcodegen/generate/rules/")
+
+
+@pytest.mark.parametrize(("family", "module"), [
+    ("bloom", "transformer.h.0.self_attention"), ("ctrl", "transformer"),
+    ("trocr", "model.decoder.layers.0.self_attn"), ("xlnet", "transformer")])
+def test_sp_is_refused_by_structure_where_no_rule_file_says_why(family: str, module: str
+                                                                  ) -> None:
+    """Seeded families have no no_sp text: the --sp checks refuse them from the plan and
+    the model (a shape run on the sharded sequence: ALiBi built from it; XLNet's own
+    parameters computing on a slice; TrOCR's attention region inside the layer that
+    gathers the sequence for fc1/fc2), naming the first module that goes wrong."""
+    config, _ = read_hf_config(FAMILIES / family)
+    with pytest.raises(PlanError) as info:
+        build_bundle(config, 2, True, None, family)
+    (found, *_) = info.value.findings
+    assert found.code in ("generate.sp_shapes", "generate.sp_replicated_compute",
+                          "generate.sp_nested_gather"), found
+    assert found.where == module, found
 
 
 @pytest.mark.parametrize("family", ["gpt_bigcode", "gpt_bigcode_mha", "gptj", "codegen",

@@ -89,3 +89,34 @@ def test_second_rowwise_child_in_a_region_is_refused(llama) -> None:
     with pytest.raises(PlanError, match=r"model\.layers\.0\.mlp has 2 rowwise children "
                                         r"\(down_proj, up_proj\).*not exact"):
         _lift(llama, rules, False)
+
+
+def _pretrained(name: str, children: dict | None = None, prefix: str = "model"):
+    """A module that looks like a transformers model: ``base_model_prefix`` and a config."""
+    from torch import nn
+
+    cls = type(name, (nn.Module,), {"base_model_prefix": prefix})
+    module = cls()
+    module.config = type("Cfg", (), {"base_model_tp_plan": {"layers.*.proj": "colwise"}})()
+    for child_name, child in (children or {}).items():
+        module.add_module(child_name, child)
+    return module
+
+
+def test_the_base_plan_is_prefixed_where_the_base_model_actually_sits() -> None:
+    """``base_model_prefix`` when the model holds it; else the one inner transformers
+    model (Llama-4's causal LM: prefix ``language_model``, decoder held as ``model``)."""
+    from torch import nn
+
+    from hpcodegen.generate.hf_plan import base_model_fqn
+
+    by_prefix = _pretrained("ForCausalLM", {"model": _pretrained("Base"),
+                                            "lm_head": nn.Linear(2, 2)})
+    elsewhere = _pretrained("ForCausalLM", {"model": _pretrained("Base")}, "language_model")
+    assert base_model_fqn(by_prefix) == "model" and base_model_fqn(elsewhere) == "model"
+    assert hf_rules(elsewhere) == [("model.layers.*.proj", "colwise")]
+    # the model is its own base model (no inner model), or the inner one is ambiguous
+    alone = _pretrained("Base", {"layers": nn.ModuleList([nn.Linear(2, 2)])}, "language_model")
+    two = _pretrained("Composite", {"a": _pretrained("A"), "b": _pretrained("B")}, "x")
+    assert base_model_fqn(alone) == "" and base_model_fqn(two) == ""
+    assert hf_rules(alone) == [("layers.*.proj", "colwise")]

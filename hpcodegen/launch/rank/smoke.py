@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.launch import env
 from hpcodegen.launch.rank.context import RankContext, init_rank
-from hpcodegen.launch.rank.loss_step import forward_loss, model_inputs, sync_gradients, whole_logits
 from hpcodegen.launch.rank.model import (
     BuiltModel,
     build_model,
@@ -40,6 +40,8 @@ from hpcodegen.launch.rank.model import (
 )
 from hpcodegen.launch.rank.reporter import RankReporter
 from hpcodegen.parity.gather import max_param_diff, output_module_fqn
+from hpcodegen.parity.harness import Installed, compare
+from hpcodegen.parity.step import forward_loss, model_inputs, sync_gradients
 
 LEARNING_RATE = 1e-3
 
@@ -78,7 +80,7 @@ def vocab_size_of(hf_config: Any) -> int | None:
 def _timed_forward(model: Any, ids: Any, device: Any, active: Any) -> float:
     import torch
 
-    kwargs, _ = model_inputs(model, ids, active)
+    kwargs, _ = model_inputs(model, _inputs(model, ids), active)
     with torch.no_grad():
         _sync(device)
         start = time.perf_counter()
@@ -87,27 +89,21 @@ def _timed_forward(model: Any, ids: Any, device: Any, active: Any) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
+def _inputs(model: Any, ids: Any) -> dict[str, Any]:
+    """The synthetic batch as the model's keyword arguments (no KV cache)."""
+    return {"input_ids": ids, **no_cache_kwargs(model)}
+
+
 def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
             active: Any, expert: Any = None, vocab: int | None = None) -> dict[str, Any]:
-    """One forward/backward on both models; max diffs of logits and gradients (the parity
-    harness's loss and comparison rules, :mod:`hpcodegen.parity`; under cp each rank's
-    share, the gradients summed over cp, the logits put back in order)."""
+    """One forward/backward on both models: the parity harness's
+    :func:`~hpcodegen.parity.harness.compare` (under cp each rank's share, the gradients
+    summed over cp, the logits put back in order)."""
     ids, labels = batch
-    meta = ctx.meta.data
-    fwd = forward_loss(model, ids, labels, meta, active, vocab)
-    fwd.loss.backward()
-    sync_gradients(model, active)
-    # vocab-sharded logits (loss parallel) are gathered here for the comparison only,
-    # cp-sharded ones put back in the batch's order
-    logits = whole_logits(fwd, model, meta, active)
-    ref_fwd = forward_loss(ref, ids, labels, meta, None)
-    ref_fwd.loss.backward()
-    grad_diff, worst, odd = max_param_diff(model, ref, meta, active, lambda p: p.grad, expert)
-    model.zero_grad(set_to_none=True)
-    ref.zero_grad(set_to_none=True)
-    return {"logits_max_diff": float((logits - ref_fwd.logits.detach()).abs().max()),
-            "grad_max_diff": grad_diff, "worst_grad": worst, "mismatched_params": odd,
-            "loss": float(fwd.value), "ref_loss": float(ref_fwd.value)}
+    r = compare(model, ref, ctx.meta.data, Installed({}, active, expert), _inputs(model, ids),
+                labels, vocab, zero_grad=True)
+    return {"logits_max_diff": r.logits, "grad_max_diff": r.grad, "worst_grad": r.worst,
+            "mismatched_params": r.odd, "loss": r.loss, "ref_loss": r.ref_loss}
 
 
 def _optimizer(model: Any) -> Any:
@@ -144,8 +140,9 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
         losses = []
         for i, (built, opt) in enumerate(runs):
             opt.zero_grad(set_to_none=True)
-            fwd = forward_loss(built.model, *batch, ctx.meta.data, built.active,
-                               head_vocab(built))
+            ids, labels = batch
+            fwd = forward_loss(built.model, _inputs(built.model, ids), labels, ctx.meta.data,
+                               built.active, head_vocab(built))
             fwd.loss.backward()
             sync_gradients(built.model, built.active)
             norms[i].append(_clip(built, max_norm))
