@@ -160,6 +160,29 @@ class FusedSeeds:
     kept: dict[str, str] = field(default_factory=dict)
     returned: list[str] = field(default_factory=list)
 
+    def settle(self, model: Any, planned: Mapping[str, Assignment],
+               seeds: Mapping[str, Assignment]) -> dict[str, Assignment]:
+        """``seeds`` less those of a block this pass keeps whole where the other seeds
+        would gather its projections while a region splits the same modeling class
+        elsewhere (Falcon's ``FalconLinear`` in its MLP): one class has one generated
+        forward, so that block stays whole (replicated). Blocks the other seeds do split
+        are dropped from :attr:`kept`."""
+        modules = dict(model.named_modules())
+        every = {**planned, **seeds}
+        own = lambda a: type(modules[a.fqn])  # noqa: E731
+        region = {own(a) for a in every.values() if not a.param and a.fqn in modules
+                  and a.kind in (Kind.COLWISE, Kind.ROWWISE)
+                  and own(a).__module__.startswith("transformers.models.")}
+        drop: set[str] = set()
+        for fqn in list(self.kept):
+            mine = [a for f, a in seeds.items() if f.startswith(f"{fqn}.") and not a.param]
+            if any(own(a) in region for a in mine
+                   if a.kind in (Kind.COLWISE_GATHER, Kind.ROWWISE_SPLIT)):
+                drop |= {a.fqn for a in mine}
+            elif mine:
+                del self.kept[fqn]
+        return {f: a for f, a in seeds.items() if f not in drop}
+
     def notes(self) -> list[str]:
         blocks = sorted(self.divide)
         out = []

@@ -78,9 +78,10 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     fused = FusedSeeds() if replaced or plans_layers(model, hf) else \
         fused_seeds(model, overridden | shipped_modules, sp)
     assignments.update(fused.assignments)
-    taken = overridden | shipped_modules | set(fused.assignments) | set(fused.kept)
+    taken = overridden | shipped_modules | set(fused.assignments)
     seeds, paired = refined_seeds(model, hf, replaced, taken,
                                   structural_seeds(model, hf, replaced, taken))
+    seeds = fused.settle(model, assignments, seeds)
     assignments.update(seeds)
     if notes is not None:
         notes.extend(seeds_note(model, seeds, paired.notes()) + fused.notes())
