@@ -140,3 +140,32 @@ def test_a_rank_reading_its_rows_otherwise_leaves_the_block_to_the_structural_se
     found = _seeds(lambda: Fused("constant"))
     assert not found.assignments and not found.kept
     assert _seeds(lambda: Fused("per_head")).assignments  # the same rows per head: split
+
+
+class ModelLinear(nn.Linear):
+    """A Linear class the modeling file defines (its forward is generated once)."""
+
+
+ModelLinear.__module__ = "transformers.models.tiny.modeling_tiny"
+
+
+def test_a_block_kept_whole_is_left_to_the_other_seeds_unless_its_class_is_split_elsewhere(
+        ) -> None:
+    from hpcodegen.generate.hf_plan import Assignment
+
+    def plan(cls: type) -> tuple[Any, dict, dict]:
+        root = nn.Module()
+        root.attn, root.mlp = nn.Module(), nn.Module()
+        root.attn.qkv, root.attn.out = cls(8, 16), cls(8, 8)
+        root.mlp.fc = cls(8, 32)
+        region = {"mlp.fc": Assignment("mlp.fc", Kind.COLWISE, 1, "colwise", "x")}
+        gathered = {"attn.qkv": Assignment("attn.qkv", Kind.COLWISE_GATHER, 1, "g", "x"),
+                    "attn.out": Assignment("attn.out", Kind.ROWWISE_SPLIT, 1, "r", "x")}
+        return root, region, gathered
+
+    found = fused_seeds(nn.Module(), (), False)
+    found.kept["attn"] = "why"
+    root, region, gathered = plan(ModelLinear)  # one class in a region and gathered
+    assert found.settle(root, region, gathered) == {} and "attn" in found.kept
+    root, region, gathered = plan(nn.Linear)  # torch's Linear: wrapped per instance
+    assert found.settle(root, region, gathered) == gathered and "attn" not in found.kept
