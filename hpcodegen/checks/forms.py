@@ -1,8 +1,8 @@
 """The classifier's verdict on a meta, computed once per artifact and only when it can be.
 
-:func:`hpcodegen.plan.classify.classify_plan` expects a schema-valid plan; this wrapper
-returns None (with the reason) when the parts it reads are not, so the ``plan`` and
-``source`` checks never crash on bad input.
+:func:`hpcodegen.plan.classify.classify_plan` reads a typed Plan; this wrapper builds one
+from the meta's classifier inputs when they are schema-valid, and returns None (with the
+reason) when they are not, so the ``plan`` and ``source`` checks never crash on bad input.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from hpcodegen.checks.context import CheckContext
 from hpcodegen.checks.schema import subtree_valid
 from hpcodegen.plan.classify import BoundaryForm, classify_plan
+from hpcodegen.plan.codec import PlanFormatError, plan_from_meta
 
 #: The meta fields the classifier reads.
 CLASSIFIER_INPUTS: tuple[str, ...] = ("param_plan", "injections", "mesh_dim_names",
@@ -21,9 +22,10 @@ def classified(ctx: CheckContext) -> dict[str, BoundaryForm] | None:
     if "forms" not in ctx.cache:
         forms = None
         if subtree_valid(ctx, *CLASSIFIER_INPUTS):
+            inputs = {k: ctx.meta[k] for k in CLASSIFIER_INPUTS if k in ctx.meta}
             try:
-                forms = classify_plan(ctx.meta)
-            except ValueError:  # a placement outside the grammar (only with a stale schema)
+                forms = classify_plan(plan_from_meta(inputs))
+            except PlanFormatError:  # a placement outside the grammar (a stale schema)
                 forms = None
         ctx.cache["forms"] = forms
     return ctx.cache["forms"]

@@ -49,6 +49,7 @@ from hpcodegen.checks.source_scan import kept_attributes, scan_module
 from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
 from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.plan.codec import entries_from_json
 from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
 from hpcodegen.plan.loss_parallel import declared
@@ -60,6 +61,7 @@ from hpcodegen.plan.tp_divisible import (
     divide_attr_findings,
     tp_divisibility,
 )
+from hpcodegen.plan.types import PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 from hpcodegen.tracer.loss_parallel import model_findings
 
@@ -201,7 +203,7 @@ def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Findin
                         expected=str(cls))
 
 
-def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
+def _divide_attrs(entries: Mapping[str, PlanEntry], model: Any, tp: int,
                   scope: _Scope) -> list[Finding]:
     """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size
     (:func:`hpcodegen.plan.tp_divisible.divide_attr_findings`, its own rule); those under a
@@ -214,7 +216,7 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
         value = _resolve(module, attr)
         return MISSING if value is None else value
 
-    return divide_attr_findings(param_plan(meta), tp, resolve, "model",
+    return divide_attr_findings(entries, tp, resolve, "model",
                                 lambda fqn, i, _: pointer("param_plan", fqn, "tp_divide_attrs",
                                                           i))
 
@@ -381,11 +383,13 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
         raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
                         "violate the schema")
     tp = axis_sizes(ctx.meta).get("tp", 1)
+    # the schema-valid param_plan, typed (what the rules shared with generate read)
+    entries = entries_from_json(param_plan(ctx.meta))
     from hpcodegen.generate.package_rules import unsplit_fields
 
     # pure (config JSON + plan): holds for foreign modeling code too, which is never built
     sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
-                            unsplit_fields(config, tp), plan=param_plan(ctx.meta))
+                            unsplit_fields(config, tp), plan=entries)
     foreign = _foreign_source(ctx.meta)
     if foreign is not None:
         why = (f"the modeling source {foreign} is not a transformers module; its structure "
@@ -421,7 +425,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_experts_divide_ep(config, ctx.meta),
                     *_fqns(ctx.meta, model, scope),
                     *_stack_sources(model, scope),
-                    *_divide_attrs(ctx.meta, model, tp, scope),
+                    *_divide_attrs(entries, model, tp, scope),
                     *_coverage(ctx.meta, model, scope),
                     *_divisibility(ctx.meta, model, scope),
                     *_vocab_parallel(ctx.meta, modules),

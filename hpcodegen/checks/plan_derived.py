@@ -41,7 +41,7 @@ from hpcodegen.plan.entry import (
     partial_grad_params,
     tp_rank0_params,
 )
-from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, target_name
+from hpcodegen.plan.moe import EP_DISPATCH_TARGETS
 from hpcodegen.plan.partial_grads import (
     governing_boundary,
     sequence_parallel,
@@ -198,7 +198,8 @@ def ep_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
         size = record.get("ep_size")
         matches = record.get("match")
         for fqn in [matches] if isinstance(matches, str) else as_list(matches):
-            if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS:
+            compute = as_dict(record.get("local_compute_fn")).get("_target_")
+            if compute in EP_DISPATCH_TARGETS:
                 dispatch[fqn] = i
             if isinstance(size, int) and size > 1 and size != ep:
                 yield error("plan.ep_size_mismatch", pointer("injections", i, "ep_size"),

@@ -31,6 +31,7 @@ from typing import Any
 
 from hpcodegen.parity.gather import full_logits, max_param_diff, output_module_fqn
 from hpcodegen.plan.entry import vocab_sharded_heads
+from hpcodegen.plan.types import Plan
 
 
 @dataclass
@@ -234,12 +235,13 @@ def count_collectives() -> Iterator[Counter]:
         seen[OP_KIND.get(name, name)] += n
 
 
-def predicted_collectives(meta: Mapping[str, Any]) -> tuple[Counter, Counter]:
+def predicted_collectives(meta: Mapping[str, Any] | Plan) -> tuple[Counter, Counter]:
     """inspect-plan's collectives per forward and per backward (the partial gradients'
     all-reduces, ``Summary.grad_sync``, included in the backward), by kind."""
+    from hpcodegen.plan.codec import as_plan
     from hpcodegen.plan.predict import predict_plan, summarize
 
-    summary = summarize(predict_plan(meta)[0])
+    summary = summarize(predict_plan(as_plan(meta)))
     fwd, bwd = Counter(), Counter()
     for (kind, _axis, _dim), n in summary.per_forward.items():
         fwd[kind] += n

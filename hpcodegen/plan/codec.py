@@ -25,14 +25,16 @@ from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
 from hpcodegen.plan.provenance import OutputDigest, Provenance, Source
 from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Target
 
-__all__ = ["PlanFormatError", "as_plan", "entry_from_json", "plan_from_meta", "plan_to_meta",
-           "render_meta"]
+__all__ = ["PlanFormatError", "as_plan", "entries_from_json", "entry_from_json",
+           "injection_from_json",
+           "plan_from_meta", "plan_to_meta", "render_meta"]
 
 
 class PlanFormatError(ValueError):
     """A known meta key holds a value of the wrong shape; ``where`` is its JSON pointer."""
 
     def __init__(self, path: JsonPath, message: str) -> None:
+        self.path = tuple(path)
         self.where = pointer(*path)
         self.message = message
         super().__init__(f"{self.where or '/'}: {message}")
@@ -251,14 +253,27 @@ def entry_to_json(entry: PlanEntry) -> dict[str, Any]:
     return _write(_ENTRY, entry)
 
 
+def entries_from_json(value: Any) -> FrozenMap[str, PlanEntry]:
+    """A ``param_plan`` object's typed entries (generate hands its plan to the rules so)."""
+    return _entries(value, ("param_plan",))
+
+
 def _entries(value: Any, where: JsonPath) -> FrozenMap[str, PlanEntry]:
     return FrozenMap.adopt({fqn: entry_from_json(fqn, e, (*where, fqn))
                       for fqn, e in _object(value, where).items()})
 
 
+def injection_from_json(value: Any, where: JsonPath = ("injections",)) -> Injection:
+    """One ``injections`` record (``where``: its JSON path, for the error)."""
+    fields = _read(_INJECTION, value, where)
+    if "match" not in fields:  # absent or null: the record binds nothing
+        raise PlanFormatError((*where, "match"), "expected a module FQN or an array of them")
+    return Injection(**fields)
+
+
 def _injections(value: Any, where: JsonPath) -> tuple[Injection, ...]:
     records = _expect(value, list, where, "an array of injection records")
-    return tuple(Injection(**_read(_INJECTION, r, (*where, i))) for i, r in enumerate(records))
+    return tuple(injection_from_json(r, (*where, i)) for i, r in enumerate(records))
 
 
 def _dims(value: Any, where: JsonPath) -> ParallelDims:

@@ -12,7 +12,7 @@ tp. Which parameters those are follows from the plan's placements:
 
   - a boundary whose input arrives sharded on tp (a sequence-parallel norm): partial, each
     rank sees its slice;
-  - a boundary whose compute is split over tp (:func:`~hpcodegen.plan.classify.splits_compute`):
+  - a boundary whose compute is split over tp (:meth:`PlanEntry.splits_compute`):
     partial for a parameter of a module *inside* it (a Qwen3 ``q_norm`` on this rank's
     heads, an activation's ``alpha``); for a parameter of the boundary module itself it
     depends on where the forward uses it (GPT-NeoX Japanese returns its ``dense_bias`` to
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from hpcodegen.placement import Shard, StridedShard, parse_placement
-from hpcodegen.plan.classify import splits_compute
+from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.entry import (
     fqn_depth,
     is_boundary,
@@ -96,7 +96,7 @@ def verdict(plan: Mapping[str, Mapping[str, Any]], fqn: str, rel: str,
     governing = plan[boundary]
     if sharded_input(governing):
         return "partial"
-    if splits_compute(governing):
+    if entry_from_json(boundary, governing).splits_compute():
         owner = join_fqn(fqn, rel).rpartition(".")[0]
         return "either" if owner == boundary else "partial"
     return "full"

@@ -180,7 +180,6 @@ class Artifact:
         from hpcodegen.runtime.install import install
         from hpcodegen.runtime.mesh import as_context, resolve_active_mesh
 
-        meta = self.loaded.data
         resolved = self._refusals(model)
         self.module()
         context = as_context(context)
@@ -190,7 +189,7 @@ class Artifact:
         if active.degenerate and expert is None:
             _warn_without_plan_axes(self.plan, context)
             return {}
-        return install(model, meta, self.plan, active, resolved, expert)
+        return install(model, self.plan, active, resolved, expert)
 
     def _refusals(self, model: Any) -> Any:
         from torch import nn

@@ -71,8 +71,9 @@ def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
          "local_compute_fn": {"_target_": "hpcodegen.runtime.moe.ep_dispatch"}}
         for i in range(2)]
     from hpcodegen.plan.classify import classify_plan
+    from hpcodegen.plan.codec import plan_from_meta
 
-    assert classify_plan(meta)["model.layers.0.mlp.experts"].form == "region"
+    assert classify_plan(plan_from_meta(meta))["model.layers.0.mlp.experts"].form == "region"
 
 
 @pytest.mark.timeout(120)
@@ -160,6 +161,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
 
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
@@ -179,7 +181,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
             logits = model(input_ids=ids, use_cache=False).logits
         with CommDebugMode() as bwd:
             logits.float().sum().backward()
-        summary = summarize(predict_plan(meta)[0])
+        summary = summarize(predict_plan(plan_from_meta(meta)))
         want_f, want_b = Counter(), Counter()
         for (kind, _axis, _dim), n in summary.per_forward.items():
             want_f[kind] += n

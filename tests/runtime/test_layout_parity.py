@@ -74,6 +74,7 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.hf import load_transformers_config
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime import parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
@@ -91,7 +92,7 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
             logits = model(input_ids=torch.randint(0, config["vocab_size"], (2, 8))).logits
         with CommDebugMode() as bwd:
             logits.float().pow(2).mean().backward()
-        summary = summarize(predict_plan(meta)[0])
+        summary = summarize(predict_plan(plan_from_meta(meta)))
         for mode, tables in ((fwd, (summary.per_forward,)),
                              (bwd, (summary.per_backward, summary.grad_sync))):
             want = sum(n for t in tables for n in t.values())
