@@ -1,8 +1,9 @@
 """The classifier's verdict on a meta, computed once per artifact and only when it can be.
 
-:func:`hpcodegen.plan.classify.classify_plan` reads a typed Plan; this wrapper builds one
-from the meta's classifier inputs when they are schema-valid, and returns None (with the
-reason) when they are not, so the ``plan`` and ``source`` checks never crash on bad input.
+:func:`hpcodegen.plan.classify.classify_plan` reads the typed Plan (``ctx.plan``); this
+wrapper returns None (with the reason) when the meta fields it reads are not schema-valid
+(the Plan then lacks what the codec refused), so the ``plan`` and ``source`` checks never
+crash on bad input nor classify half a plan.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from hpcodegen.checks.context import CheckContext
 from hpcodegen.checks.schema import subtree_valid
 from hpcodegen.plan.classify import BoundaryForm, classify_plan
-from hpcodegen.plan.codec import PlanFormatError, plan_from_meta
 
 #: The meta fields the classifier reads.
 CLASSIFIER_INPUTS: tuple[str, ...] = ("param_plan", "injections", "mesh_dim_names",
@@ -22,11 +22,7 @@ def classified(ctx: CheckContext) -> dict[str, BoundaryForm] | None:
     if "forms" not in ctx.cache:
         forms = None
         if subtree_valid(ctx, *CLASSIFIER_INPUTS):
-            inputs = {k: ctx.meta[k] for k in CLASSIFIER_INPUTS if k in ctx.meta}
-            try:
-                forms = classify_plan(plan_from_meta(inputs))
-            except PlanFormatError:  # a placement outside the grammar (a stale schema)
-                forms = None
+            forms = classify_plan(ctx.plan)
         ctx.cache["forms"] = forms
     return ctx.cache["forms"]
 

@@ -34,7 +34,7 @@ from hpcodegen.errors import (
 )
 from hpcodegen.inspect.options import Inspection, InspectOptions, parse_mesh
 from hpcodegen.plan.classify import classify_plan
-from hpcodegen.plan.codec import PlanFormatError, plan_from_meta
+from hpcodegen.plan.codec import readable_plan as codec_readable_plan
 from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
     predict_forms,
@@ -198,37 +198,26 @@ def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[Finding]]:
     """The typed plan inspect-plan reads, and what had to be left out to build it.
 
     A meta verify's gate let through builds at once. With ``--no-checks`` a part the codec
-    refuses is left out rather than crashing a reader: a ``param_plan`` entry as an error
-    (``inspect.bad_entry``: it is not predicted), an injection record or another top-level
-    field as a warning (``inspect.ignored_field``).
+    refuses is left out (:func:`hpcodegen.plan.codec.readable_plan`) rather than crashing a
+    reader: a ``param_plan`` entry as an error (``inspect.bad_entry``: it is not
+    predicted), an injection record or another top-level field as a warning
+    (``inspect.ignored_field``, once per field).
     """
-    view = dict(meta)
+    plan, left_out = codec_readable_plan(meta)
     findings: list[Finding] = []
     ignored: set[str] = set()
-    while True:
-        try:
-            return plan_from_meta(view), findings
-        except PlanFormatError as exc:
-            key, *rest = exc.path or ("",)
-            part = view.get(key)
-            if key == "param_plan" and rest and isinstance(part, Mapping):
-                fqn = rest[0]
-                view[key] = {f: e for f, e in part.items() if f != fqn}
-                findings.append(error("inspect.bad_entry", pointer("param_plan", fqn),
-                                      f"cannot classify {fqn!r}: {exc.message}",
-                                      hint="run `hpcodegen verify` for the full diagnosis"))
-                continue
-            if key == "injections" and rest and isinstance(part, list):
-                view[key] = [r for i, r in enumerate(part) if i != rest[0]]
-            elif key in view:
-                del view[key]
-            else:  # the top level itself (the loader only returns objects)
-                raise
-            if key not in ignored:
-                ignored.add(key)
-                findings.append(warning("inspect.ignored_field", f"/{key}",
-                                        f"{key} has an unexpected shape and was ignored",
-                                        hint="run `hpcodegen verify` for the schema errors"))
+    for exc in left_out:
+        key, *rest = exc.path
+        if key == "param_plan" and rest:
+            findings.append(error("inspect.bad_entry", pointer("param_plan", rest[0]),
+                                  f"cannot classify {rest[0]!r}: {exc.message}",
+                                  hint="run `hpcodegen verify` for the full diagnosis"))
+        elif key not in ignored:
+            ignored.add(key)
+            findings.append(warning("inspect.ignored_field", f"/{key}",
+                                    f"{key} has an unexpected shape and was ignored",
+                                    hint="run `hpcodegen verify` for the schema errors"))
+    return plan, findings
 
 
 def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions) -> Inspection:
