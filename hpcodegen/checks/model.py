@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hpcodegen.artifact.digest import is_hpcodegen_meta
 from hpcodegen.checks.context import (
     CheckContext,
     SkipCheck,
@@ -404,7 +405,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 
-    with steps("verify model check", 3 if declared(ctx.meta) else 2) as advance:
+    with steps("verify model check", 3 if declared(ctx.plan) else 2) as advance:
         advance(f"building {architecture_of(config) or 'the model'} on the meta device")
         try:
             model = build_meta_model(config)
@@ -431,8 +432,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_vocab_parallel(ctx.meta, modules),
                     *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
                     *input_name_findings(plan_entries(ctx.meta), modules, set(replaced))]
-        if declared(ctx.meta):
+        if declared(ctx.plan):
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts
-        findings += model_findings(model, ctx.meta, "model")
+        findings += model_findings(model, ctx.plan, "model", is_hpcodegen_meta(ctx.meta))
     yield from findings

@@ -81,25 +81,14 @@ def output_index(entry: Mapping[str, Any], name: str) -> int:
     return names.index(name) if name in names else 0
 
 
-def partial_grad_params(entry: Any) -> tuple[str, ...]:
-    """The entry's ``partial_grad_params`` (relative names): replicated parameters whose
-    gradient is partial over tp, all-reduced after the backward (decisions.md item 6).
-
-    Read here once so inspect-plan predicts exactly the syncs the runtime installs; a field
-    of the wrong shape reads as empty (the schema check reports it).
-    """
-    names = entry.get("partial_grad_params") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-
-
 def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
     """The entry's ``deferred_bias_params`` whose gradient is partial over tp.
 
     A deferred bias is added once to the boundary's first output after its output
     transition; when that output leaves sharded on tp (an SP reduce_scatter), each rank adds
     the bias to its shard only, so its gradient is the rank's share (decisions.md item 6).
-    The one statement of that rule: the generator derives the ``partial_grad_params`` it
-    writes from it, and :func:`effective_partial_grad_params` adds it for metas that do not.
+    The generator derives the ``partial_grad_params`` it writes from it (on the dicts it
+    builds); the typed twin for a frozen plan is :meth:`PlanEntry.partial_deferred_biases`.
     """
     if not isinstance(entry, Mapping):
         return ()
@@ -116,34 +105,6 @@ def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
     except ValueError:  # the schema / plan checks report a bad placement
         sharded = False
     return biases if sharded else ()
-
-
-def tp_rank0_params(entry: Any) -> tuple[str, ...]:
-    """The entry's ``tp_rank0_params``: replicated parameters only tp rank 0 applies inside
-    a tp-split compute (every other rank sees them times 0), so the output's reduction
-    counts them once; the gradient is rank 0's alone, hence partial over tp."""
-    names = entry.get("tp_rank0_params") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-
-
-def no_grad_inputs(entry: Any) -> tuple[str, ...]:
-    """The entry's ``no_grad_inputs``: inputs carrying no gradient (integer expert indices
-    gathered under sequence parallelism), whose transitions run no backward collective."""
-    names = entry.get("no_grad_inputs") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-
-
-def effective_partial_grad_params(entry: Any) -> tuple[str, ...]:
-    """The parameters whose gradient the runtime all-reduces over tp: the declared
-    ``partial_grad_params`` then the :func:`partial_deferred_biases` and
-    :func:`tp_rank0_params` not declared.
-
-    The runtime's gradient sync and inspect-plan's prediction both read this, so a meta
-    written without the derived names (another generator) is synced and counted alike.
-    """
-    declared = partial_grad_params(entry)
-    derived = partial_deferred_biases(entry) + tp_rank0_params(entry)
-    return declared + tuple(dict.fromkeys(n for n in derived if n not in declared))
 
 
 def takes_token_ids(cls: str | None) -> bool:

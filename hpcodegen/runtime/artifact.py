@@ -194,6 +194,7 @@ class Artifact:
     def _refusals(self, model: Any) -> Any:
         from torch import nn
 
+        from hpcodegen.artifact.digest import is_hpcodegen_meta
         from hpcodegen.runtime.handlers import check_handlers
         from hpcodegen.runtime.install import Resolved
         from hpcodegen.runtime.loss_install import check_loss_parallel_install
@@ -209,7 +210,7 @@ class Artifact:
         meta = self.loaded.data
         handlers = check_handlers(self.plan)
         injections = resolve_injections(meta, self.allowed_target_prefixes)
-        check_loss_parallel_install(model, meta)
+        check_loss_parallel_install(model, self.plan, is_hpcodegen_meta(meta))
         return Resolved(handlers, injections)
 
 

@@ -261,14 +261,14 @@ def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
     """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
     from hpcodegen.checks.context import planned_params
     from hpcodegen.checks.plan_refs import _entry_param_lists
-    from hpcodegen.plan.entry import effective_partial_grad_params
+    from hpcodegen.plan.codec import entry_from_json
 
     _, _, meta = _generate(tmp_path, "gpt_oss", 2)
     entry = meta["param_plan"]["model.layers.0.mlp.experts"]
     assert not list(_entry_param_lists(meta, planned_params(meta)))
     # another generator may omit the derived partial list: the gradient is still synced
-    assert effective_partial_grad_params({**entry, "partial_grad_params": []}) == \
-        ("down_proj_bias",)
+    without = entry_from_json("experts", {**entry, "partial_grad_params": []})
+    assert without.effective_partial_grad_params() == ("down_proj_bias",)
     entry["tp_rank0_params"] = ["down_proj_bias", "no_such_bias"]
     codes = [f.code for f in _entry_param_lists(meta, planned_params(meta))]
     assert codes == ["plan.tp_rank0_params_unplanned"]

@@ -193,8 +193,6 @@ def test_derived_views_read_like_the_dict_helpers(path: Path) -> None:
         assert entry.boundary == dict_rules.is_boundary(raw)
         assert entry.output_names == dict_rules.out_names(raw)
         assert entry.passes_through() == dict_rules.passes_through(raw)
-        assert entry.effective_partial_grad_params() == \
-            dict_rules.effective_partial_grad_params(raw)
         assert entry.output_sequence_sharded() == dict_rules.output_sequence_sharded(raw)
         assert entry.is_vocab_sharded_head() == dict_rules.is_vocab_sharded_head(raw)
 
