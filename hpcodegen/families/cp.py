@@ -51,7 +51,7 @@ def _cp_parity(artifact: str, config_dir: str, mesh: Any, dtype: str) -> dict[st
     from hpcodegen.runtime.cp import all_reduce_gradients, shard_batch
 
     pair = build_pair(artifact, read_config(config_dir), dtype=getattr(torch, dtype))
-    ref, gen, meta = pair.reference, pair.sharded, pair.meta
+    ref, gen, plan = pair.reference, pair.sharded, pair.plan
     active = install(pair, mesh).active
     config = ref.config
     vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
@@ -73,7 +73,7 @@ def _cp_parity(artifact: str, config_dir: str, mesh: Any, dtype: str) -> dict[st
         all_reduce_gradients(gen, [mesh.get_group("cp")])
         keep = full["attention_mask"].bool() if padded else torch.ones(2, SEQ, dtype=torch.bool)
         diff = float((batch.gather(logits.detach()) - ref_logits.detach())[keep].abs().max())
-        grad, where, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+        grad, where, odd = max_param_diff(gen, ref, plan, active, lambda p: p.grad)
         worst["logits"] = max(worst["logits"], diff)
         if grad >= worst["grad"]:
             worst["grad"], worst["worst"] = grad, where

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from hpcodegen.parity.gather import full_logits, max_param_diff, output_module_fqn
-from hpcodegen.plan.entry import vocab_sharded_heads
 from hpcodegen.plan.types import Plan
 
 
@@ -40,7 +39,7 @@ class Pair:
 
     reference: Any
     sharded: Any
-    meta: dict[str, Any]
+    plan: Plan
     artifact: Path
     config_dict: dict[str, Any]
 
@@ -93,6 +92,7 @@ def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: A
 
     from hpcodegen.artifact.load import load_meta
     from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
     artifact = Path(artifact)
@@ -105,14 +105,14 @@ def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: A
     if prepare is not None:
         with torch.no_grad():
             prepare(ref)
-    meta = load_meta(artifact).data
-    cls = type(ref) if plain else generated_model_class(meta, import_generated_module(artifact))
+    plan = plan_from_meta(load_meta(artifact).data)
+    cls = type(ref) if plain else generated_model_class(plan, import_generated_module(artifact))
     gen = cls(config).to(dtype)
     gen.load_state_dict(ref.state_dict())
     if eval_mode:
         ref.eval()
         gen.eval()
-    return Pair(ref, gen, meta, artifact, dict(config_dict))
+    return Pair(ref, gen, plan, artifact, dict(config_dict))
 
 
 def install(pair: Pair, mesh: Any) -> Installed:
@@ -125,8 +125,8 @@ def install(pair: Pair, mesh: Any) -> Installed:
     context = mesh if isinstance(mesh, MeshContext) else MeshContext(device_mesh=mesh)
     info = parallelize_from_generated(pair.sharded, context, pair.artifact,
                                       hf_config=pair.config_dict)
-    return Installed(info, resolve_active_mesh(pair.meta, context),
-                     resolve_expert_mesh(pair.meta, context.device_mesh))
+    return Installed(info, resolve_active_mesh(pair.plan, context),
+                     resolve_expert_mesh(pair.plan, context.device_mesh))
 
 
 def token_batch(vocab: int, rows: int, length: int, seed: int = 1,
@@ -140,43 +140,43 @@ def token_batch(vocab: int, rows: int, length: int, seed: int = 1,
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Mapping[str, Any],
+def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, plan: Plan,
                     active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
     """Cross entropy of ``model(**inputs)`` and the logits it was taken on.
 
     The sharded model (``active`` given): on the full logits, gathered per plan, or, when
-    the output head is loss parallel (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`),
+    the output head is loss parallel (:meth:`~hpcodegen.plan.types.Plan.vocab_sharded_heads`),
     on the vocab-sharded logits themselves (no gather; ``vocab`` is the head's full
     width), returned as they are. Logits of a half-precision model are taken in float32.
     """
-    return loss_of_logits(model(**inputs).logits, labels, model, meta, active, vocab)
+    return loss_of_logits(model(**inputs).logits, labels, model, plan, active, vocab)
 
 
-def loss_of_logits(logits: Any, labels: Any, model: Any, meta: Mapping[str, Any],
+def loss_of_logits(logits: Any, labels: Any, model: Any, plan: Plan,
                    active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
     """:func:`loss_and_logits` on logits already computed (launch's step under cp feeds
     the model its own way)."""
     import torch
     import torch.nn.functional as F
 
-    if _loss_parallel_head(model, meta, active):
+    if _loss_parallel_head(model, plan, active):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
         return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
                                             vocab_size=vocab), logits
     if active is not None:
-        logits = full_logits(logits, model, meta, active)
+        logits = full_logits(logits, model, plan, active)
     flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
     flat = flat if flat.dtype == torch.float64 else flat.float()
     return F.cross_entropy(flat, labels.flatten()), logits
 
 
-def _loss_parallel_head(model: Any, meta: Mapping[str, Any], active: Any | None) -> bool:
+def _loss_parallel_head(model: Any, plan: Plan, active: Any | None) -> bool:
     """The sharded model's output head leaves its logits vocab-sharded for the loss."""
-    return active is not None and output_module_fqn(model) in vocab_sharded_heads(meta)
+    return active is not None and output_module_fqn(model) in plan.vocab_sharded_heads()
 
 
-def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: Installed,
+def compare(sharded: Any, reference: Any, plan: Plan, installed: Installed,
             inputs: Mapping[str, Any], labels: Any, vocab: int | None = None,
             zero_grad: bool = False) -> ParityResult:
     """One forward/backward of both models on ``inputs``; logits and every gradient.
@@ -185,15 +185,15 @@ def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: In
     ``zero_grad``.
     """
     active, expert = installed.active, installed.expert
-    loss, logits = loss_and_logits(sharded, inputs, labels, meta, active, vocab)
+    loss, logits = loss_and_logits(sharded, inputs, labels, plan, active, vocab)
     loss.backward()
-    if _loss_parallel_head(sharded, meta, active):
+    if _loss_parallel_head(sharded, plan, active):
         # vocab-sharded logits (the loss took them as they are): gathered for the
         # comparison only; any other logits were gathered for the loss already
-        logits = full_logits(logits.detach(), sharded, meta, active)
-    ref_loss, ref_logits = loss_and_logits(reference, inputs, labels, meta, None)
+        logits = full_logits(logits.detach(), sharded, plan, active)
+    ref_loss, ref_logits = loss_and_logits(reference, inputs, labels, plan, None)
     ref_loss.backward()
-    grad, worst, odd = max_param_diff(sharded, reference, meta, active, lambda p: p.grad,
+    grad, worst, odd = max_param_diff(sharded, reference, plan, active, lambda p: p.grad,
                                       expert)
     scale = _grad_scale(reference)
     logits, ref_logits = logits.detach(), ref_logits.detach()
@@ -235,13 +235,12 @@ def count_collectives() -> Iterator[Counter]:
         seen[OP_KIND.get(name, name)] += n
 
 
-def predicted_collectives(meta: Mapping[str, Any] | Plan) -> tuple[Counter, Counter]:
+def predicted_collectives(plan: Plan) -> tuple[Counter, Counter]:
     """inspect-plan's collectives per forward and per backward (the partial gradients'
     all-reduces, ``Summary.grad_sync``, included in the backward), by kind."""
-    from hpcodegen.plan.codec import as_plan
     from hpcodegen.plan.predict import predict_plan, summarize
 
-    summary = summarize(predict_plan(as_plan(meta)))
+    summary = summarize(predict_plan(plan))
     fwd, bwd = Counter(), Counter()
     for (kind, _axis, _dim), n in summary.per_forward.items():
         fwd[kind] += n

@@ -128,55 +128,6 @@ def output_sequence_sharded(entry: Any) -> bool:
     return False
 
 
-def _tp_placement(named: Any) -> Any:
-    text = named.get("tp") if isinstance(named, Mapping) else None
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:  # the schema / plan checks report a bad placement
-        return None
-
-
-def is_vocab_sharded_head(entry: Mapping[str, Any]) -> bool:
-    """A boundary whose weight is ``S(0)`` on tp (output features: the vocabulary of an LM
-    head) and whose first output leaves as ``S(-1)`` on tp (``out_dst``, else ``out_src``)."""
-    if not (isinstance(entry, Mapping) and is_boundary(entry)):
-        return False
-    names = out_names(entry)
-    outs = entry.get("out_dst") or entry.get("out_src") or {}
-    out = outs.get(names[0]) if names and isinstance(names[0], str) \
-        and isinstance(outs, Mapping) else None
-    params = entry.get("params")
-    weight = params.get("weight") if isinstance(params, Mapping) else None
-    return _tp_placement(out) == Shard(-1) and _tp_placement(weight) == Shard(0)
-
-
-def _takes_sharded_input(entry: Any) -> bool:
-    ins = entry.get("in_src") if isinstance(entry, Mapping) and is_boundary(entry) else None
-    return isinstance(ins, Mapping) and any(_tp_placement(v) == Shard(-1) for v in ins.values())
-
-
-def vocab_sharded_heads(meta: Mapping[str, Any]) -> list[str]:
-    """Boundaries leaving the logits vocab-sharded for a loss-parallel cross entropy.
-
-    With ``parallel_dims.loss_parallel``: the :func:`is_vocab_sharded_head` boundaries, less
-    those a sibling boundary (same parent module) takes a ``S(-1)`` input from: that is the
-    first half of a split MLP (OPT's ``fc1`` feeding ``fc2``), not a head whose output
-    leaves the model. Empty without the flag.
-    """
-    dims = meta.get("parallel_dims")
-    if not (isinstance(dims, Mapping) and dims.get("loss_parallel") is True):
-        return []
-    plan = param_plan(meta)
-    consumers = {_parent(fqn) for fqn, entry in plan.items() if _takes_sharded_input(entry)}
-    return sorted(fqn for fqn, entry in plan.items()
-                  if is_vocab_sharded_head(entry) and _parent(fqn) not in consumers)
-
-
-def _parent(fqn: str) -> str:
-    """``a.b.c`` -> ``a.b``; a top-level name's parent is the root ``""``."""
-    return fqn.rpartition(".")[0]
-
-
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     """``meta['param_plan']`` or an empty mapping."""
     plan = meta.get("param_plan")
@@ -215,21 +166,6 @@ def expand_injections(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         for fqn in fqns:
             out[fqn] = payload
     return out
-
-
-def active_axes(meta: Mapping[str, Any]) -> tuple[str, ...]:
-    """The plan's active mesh axes: ``mesh_dim_names``, else derived from ``parallel_dims``.
-
-    Derived axes keep the order cp, tp (dp and size-1 axes are not plan axes).
-    """
-    names = meta.get("mesh_dim_names")
-    if isinstance(names, list):
-        return tuple(names)
-    dims = meta.get("parallel_dims") or {}
-    return tuple(
-        axis for axis in ("cp", "tp") if isinstance(dims.get(f"{axis}_size"), int)
-        and dims[f"{axis}_size"] > 1
-    )
 
 
 def axis_sizes(meta: Mapping[str, Any]) -> dict[str, int]:

@@ -79,7 +79,7 @@ def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
     torch.set_num_threads(1)
     mesh = mesh_of(cp, tp)
     pair = build_pair(artifact, read_config(config_dir))
-    ref, gen, meta, config = pair.reference, pair.sharded, pair.meta, pair.reference.config
+    ref, gen, plan, config = pair.reference, pair.sharded, pair.plan, pair.reference.config
     active = install(pair, mesh).active
 
     full = make_batch(case, config.vocab_size, seq)
@@ -95,15 +95,15 @@ def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
                         attention_mask=full.get("attention_mask"),
                         position_ids=full.get("position_ids"))
     logits = gen(**batch.inputs).logits
-    lp = meta["parallel_dims"].get("loss_parallel") is True
+    lp = plan.dims.loss_parallel is True
     vocab_group = mesh["tp"].get_group() if lp else None
     loss = batch.loss(logits, vocab_group=vocab_group, vocab_size=config.vocab_size)
     loss.backward()
     all_reduce_gradients(gen, [mesh["cp"].get_group()])
-    logits = batch.gather(full_logits(logits.detach(), gen, meta, active))
+    logits = batch.gather(full_logits(logits.detach(), gen, plan, active))
     keep = full["attention_mask"].bool() if "attention_mask" in full else \
         torch.ones(logits.shape[:2], dtype=torch.bool)
-    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+    grad, worst, odd = max_param_diff(gen, ref, plan, active, lambda p: p.grad)
     scale = max(float(p.grad.abs().max()) for p in ref.parameters() if p.grad is not None)
     return {"logits": float((logits - ref_logits.detach())[keep].abs().max()),
             "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),

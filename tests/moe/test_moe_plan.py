@@ -131,11 +131,12 @@ def test_ep_refusals(tmp_path: Path, llama_model_dir: Path) -> None:
     with pytest.raises(PlanError, match=r"Llama4TextExperts.forward\(hidden_states\) takes no"):
         generate_artifact(GenerateArgs(model, 2, tmp_path / "c", ep=2))
     from hpcodegen.launch.rank.mesh import resolve_mesh_layout
+    from hpcodegen.plan.codec import plan_from_meta
 
     meta = {"parallel_dims": {"tp_size": 2, "ep_size": 2}, "mesh_dim_names": ["tp"]}
-    assert resolve_mesh_layout(meta, 4).describe() == "dp=2 (ep=2) x tp=2"
+    assert resolve_mesh_layout(plan_from_meta(meta), 4).describe() == "dp=2 (ep=2) x tp=2"
     with pytest.raises(UsageError, match="does not divide the data-parallel size dp=1"):
-        resolve_mesh_layout(meta, 2)
+        resolve_mesh_layout(plan_from_meta(meta), 2)
 
 
 OP_KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
@@ -170,7 +171,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     fake_world(4)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
-        mesh = build_device_mesh(resolve_mesh_layout(meta, 4), "cpu")
+        mesh = build_device_mesh(resolve_mesh_layout(plan_from_meta(meta), 4), "cpu")
         torch.manual_seed(0)
         cls = generated_model_class(meta, import_generated_module(out))
         model = cls(load_transformers_config(config)).float()

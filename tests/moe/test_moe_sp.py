@@ -111,6 +111,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
 
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
@@ -118,7 +119,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
     fake_world(world)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
-        mesh = build_device_mesh(resolve_mesh_layout(meta, world), "cpu")
+        mesh = build_device_mesh(resolve_mesh_layout(plan_from_meta(meta), world), "cpu")
         torch.manual_seed(0)
         cls = generated_model_class(meta, import_generated_module(out))
         model = cls(load_transformers_config(config)).float()

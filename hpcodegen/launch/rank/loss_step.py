@@ -2,7 +2,7 @@
 
 The sharded model takes the loss its plan calls for: on the full logits (gathered per the
 LM head's planned placement) or, for a loss-parallel head
-(:func:`~hpcodegen.plan.entry.vocab_sharded_heads`), on the vocab-sharded logits themselves
+(:meth:`~hpcodegen.plan.types.Plan.vocab_sharded_heads`), on the vocab-sharded logits themselves
 (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`, no gather). Under context
 parallelism each rank feeds its positions of the batch (:func:`hpcodegen.runtime.cp.shard_batch`,
 the artifact's layout), takes its tokens' loss over the global label count and, after the
@@ -17,7 +17,7 @@ from typing import Any
 
 from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.parity.gather import full_logits, output_module_fqn
-from hpcodegen.plan.entry import vocab_sharded_heads
+from hpcodegen.plan.types import Plan
 
 
 @dataclass
@@ -51,36 +51,36 @@ def model_inputs(model: Any, ids: Any, active: Any) -> tuple[dict[str, Any], Any
     return batch.inputs, batch
 
 
-def forward_loss(model: Any, ids: Any, labels: Any, meta: Any, active: Any,
+def forward_loss(model: Any, ids: Any, labels: Any, plan: Plan, active: Any,
                  vocab: int | None = None) -> Forward:
     """Cross entropy of ``labels`` (aligned per position) on ``model``'s logits of ``ids``;
     ``active`` None for the unsharded reference; ``vocab`` the head's full width."""
     if not _cp_active(active):
         logits = model(input_ids=ids, **no_cache_kwargs(model)).logits
-        loss = _plain_loss(logits, labels, model, meta, active, vocab)
+        loss = _plain_loss(logits, labels, model, plan, active, vocab)
         return Forward(loss, loss.detach(), logits)
     from hpcodegen.runtime.cp import shard_batch
 
     batch = shard_batch(model, ids, shift_labels=labels)
     logits = model(**batch.inputs).logits
-    if output_module_fqn(model) in vocab_sharded_heads(meta):
+    if output_module_fqn(model) in plan.vocab_sharded_heads():
         loss = batch.loss(logits, vocab_group=active.tp_group(), vocab_size=vocab)
     else:
-        loss = batch.loss(full_logits(logits, model, meta, active))
+        loss = batch.loss(full_logits(logits, model, plan, active))
     return Forward(loss, batch.total(loss), logits, batch)
 
 
-def _plain_loss(logits: Any, labels: Any, model: Any, meta: Any, active: Any,
+def _plain_loss(logits: Any, labels: Any, model: Any, plan: Plan, active: Any,
                 vocab: int | None) -> Any:
     """The parity harness's loss rule (:func:`hpcodegen.parity.harness.loss_of_logits`)."""
     from hpcodegen.parity.harness import loss_of_logits
 
-    return loss_of_logits(logits, labels, model, meta, active, vocab)[0]
+    return loss_of_logits(logits, labels, model, plan, active, vocab)[0]
 
 
-def whole_logits(fwd: Forward, model: Any, meta: Any, active: Any) -> Any:
+def whole_logits(fwd: Forward, model: Any, plan: Plan, active: Any) -> Any:
     """The full ``[B, S, V]`` logits of a forward, in the batch's order (for comparing)."""
-    logits = full_logits(fwd.logits.detach(), model, meta, active)
+    logits = full_logits(fwd.logits.detach(), model, plan, active)
     return fwd.batch.gather(logits) if fwd.batch is not None else logits
 
 

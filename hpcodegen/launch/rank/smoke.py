@@ -93,16 +93,16 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     harness's loss and comparison rules, :mod:`hpcodegen.parity`; under cp each rank's
     share, the gradients summed over cp, the logits put back in order)."""
     ids, labels = batch
-    meta = ctx.meta.data
-    fwd = forward_loss(model, ids, labels, meta, active, vocab)
+    plan = ctx.meta.plan
+    fwd = forward_loss(model, ids, labels, plan, active, vocab)
     fwd.loss.backward()
     sync_gradients(model, active)
     # vocab-sharded logits (loss parallel) are gathered here for the comparison only,
     # cp-sharded ones put back in the batch's order
-    logits = whole_logits(fwd, model, meta, active)
-    ref_fwd = forward_loss(ref, ids, labels, meta, None)
+    logits = whole_logits(fwd, model, plan, active)
+    ref_fwd = forward_loss(ref, ids, labels, plan, None)
     ref_fwd.loss.backward()
-    grad_diff, worst, odd = max_param_diff(model, ref, meta, active, lambda p: p.grad, expert)
+    grad_diff, worst, odd = max_param_diff(model, ref, plan, active, lambda p: p.grad, expert)
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
     return {"logits_max_diff": float((logits - ref_fwd.logits.detach()).abs().max()),
@@ -144,7 +144,7 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
         losses = []
         for i, (built, opt) in enumerate(runs):
             opt.zero_grad(set_to_none=True)
-            fwd = forward_loss(built.model, *batch, ctx.meta.data, built.active,
+            fwd = forward_loss(built.model, *batch, ctx.meta.plan, built.active,
                                head_vocab(built))
             fwd.loss.backward()
             sync_gradients(built.model, built.active)
@@ -260,7 +260,7 @@ def run(reporter: RankReporter) -> None:
             diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
             finite = all(math.isfinite(x) for x in rec.losses)  # a NaN loss must fail
             parity["loss_max_diff"] = _nan_max(diffs) if finite else math.nan
-            parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.data,
+            parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.plan,
                                                       built.active, lambda p: p.data,
                                                       built.expert)[0]
             if max_norm is not None:
