@@ -173,7 +173,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
         config = json.loads((model_dir / "config.json").read_text())
         mesh = build_device_mesh(resolve_mesh_layout(plan_from_meta(meta), 4), "cpu")
         torch.manual_seed(0)
-        cls = generated_model_class(meta, import_generated_module(out))
+        cls = generated_model_class(plan_from_meta(meta), import_generated_module(out))
         model = cls(load_transformers_config(config)).float()
         parallelize_from_generated(model, MeshContext(device_mesh=mesh), out,
                                    hf_config=config)

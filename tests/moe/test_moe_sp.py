@@ -121,7 +121,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
         config = json.loads((model_dir / "config.json").read_text())
         mesh = build_device_mesh(resolve_mesh_layout(plan_from_meta(meta), world), "cpu")
         torch.manual_seed(0)
-        cls = generated_model_class(meta, import_generated_module(out))
+        cls = generated_model_class(plan_from_meta(meta), import_generated_module(out))
         model = cls(load_transformers_config(config)).float()
         parallelize_from_generated(model, MeshContext(device_mesh=mesh), out,
                                    hf_config=config)

@@ -47,7 +47,7 @@ def _backward_all_reduces(out: Path, model_dir: Path) -> tuple[int, int, int]:
 
     meta = json.loads((out / "codegen_meta.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())
-    model = generated_model_class(meta, import_generated_module(out))(
+    model = generated_model_class(plan_from_meta(meta), import_generated_module(out))(
         load_transformers_config(config)).float()
     parallelize_from_generated(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)),
                                out, hf_config=config)

@@ -85,7 +85,7 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     for out, model_dir in arts:
         meta = json.loads(Path(out, "codegen_meta.json").read_text())
         config = json.loads(Path(model_dir, "config.json").read_text())
-        model = generated_model_class(meta, import_generated_module(Path(out)))(
+        model = generated_model_class(plan_from_meta(meta), import_generated_module(Path(out)))(
             load_transformers_config(config)).float()
         parallelize_from_generated(model, mesh, out, hf_config=config)
         with CommDebugMode() as fwd:
