@@ -75,23 +75,28 @@ def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
                            expected=f"{rel!r} in partial_grad_params")
 
 
-def _split_below(entries: Entries, fqn: str) -> bool:
-    """A tp-sharded parameter in ``fqn``'s entry or any entry inside it."""
-    return any(any(tp_sharded(n) for n in (entry.params or EMPTY).values())
-               for other, entry in entries.items()
-               if other == fqn or not fqn or other.startswith(fqn + "."))
+def _split_modules(entries: Entries) -> set[str]:
+    """The modules holding a tp-sharded parameter in their entry or in any entry inside them
+    (each such entry and all its enclosing modules, the root ``""`` included)."""
+    out: set[str] = set()
+    for fqn, entry in entries.items():
+        if any(tp_sharded(n) for n in (entry.params or EMPTY).values()):
+            parts = fqn.split(".") if fqn else []
+            out.update(".".join(parts[:depth]) for depth in range(len(parts) + 1))
+    return out
 
 
 def output_findings(plan: Plan) -> Iterator[Finding]:
     """A ``P(...)`` output needs split compute; ``tp_rank0_params`` need a partial one."""
     entries = plan.entries
     opaque_fqns = _computed_elsewhere(plan)
+    split_below = _split_modules(entries)
     for fqn, entry in entries.items():
         if not entry.boundary:
             continue
         partial = [n for n, v in (entry.out_src or EMPTY).items() if _partial_tp(v)]
         opaque = fqn in opaque_fqns
-        split = _split_below(entries, fqn) or sharded_input(entry) or opaque
+        split = fqn in split_below or sharded_input(entry) or opaque
         if partial and not split:
             yield error("plan.partial_output_unsplit",
                         pointer("param_plan", fqn, "out_src", partial[0], "tp"),
@@ -100,7 +105,7 @@ def output_findings(plan: Plan) -> Iterator[Finding]:
                         "sharded input): every rank computes the whole value, and the "
                         "reduction would multiply it by tp_size",
                         expected="R, or a boundary whose parameters or inputs are sharded")
-    yield from _rank0_findings(entries, opaque_fqns)
+    yield from _rank0_findings(entries, opaque_fqns, split_below)
 
 
 def _computed_elsewhere(plan: Plan) -> set[str]:
@@ -109,7 +114,8 @@ def _computed_elsewhere(plan: Plan) -> set[str]:
             for fqn in record.fqns}
 
 
-def _rank0_findings(entries: Entries, opaque: set[str]) -> Iterator[Finding]:
+def _rank0_findings(entries: Entries, opaque: set[str], split_below: set[str]
+                    ) -> Iterator[Finding]:
     """``opaque``: boundaries whose compute an injection replaces (the expert dispatch
     reduces its tp-split compute itself, so its output need not be declared partial)."""
     for fqn, entry in entries.items():
@@ -125,7 +131,7 @@ def _rank0_findings(entries: Entries, opaque: set[str]) -> Iterator[Finding]:
                         "slice, so it cannot be applied by tp rank 0 only",
                         hint="drop it from tp_rank0_params")
         reduced = entry.partial_output() or fqn in opaque
-        if not (entry.boundary and reduced and _split_below(entries, fqn)):
+        if not (entry.boundary and reduced and fqn in split_below):
             yield error("plan.rank0_unsplit", where,
                         f"{fqn} lists tp_rank0_params but does not split its compute into a "
                         "partial output: every rank computes the whole output, and the "

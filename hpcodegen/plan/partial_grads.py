@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from hpcodegen.placement import is_shard
-from hpcodegen.plan.entry import fqn_depth, join_fqn
+from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.types import TP, NamedPlacement, PlanEntry
 
@@ -46,14 +46,16 @@ def tp_sharded(named: NamedPlacement | None) -> bool:
     return named is not None and TP in named and is_shard(named[TP])
 
 
-def _inside(fqn: str, ancestor: str) -> bool:
-    return not ancestor or fqn == ancestor or fqn.startswith(ancestor + ".")
-
-
 def governing_boundary(entries: Entries, fqn: str) -> str | None:
-    """The deepest boundary entry at or above module ``fqn`` (None: none)."""
-    above = [f for f, e in entries.items() if e.boundary and _inside(fqn, f)]
-    return max(above, key=fqn_depth) if above else None
+    """The deepest boundary entry at or above module ``fqn`` (None: none): ``fqn`` itself,
+    then each enclosing module up to the root ``""``."""
+    parts = fqn.split(".") if fqn else []
+    for depth in range(len(parts), -1, -1):
+        at = ".".join(parts[:depth])
+        entry = entries.get(at)
+        if entry is not None and entry.boundary:
+            return at
+    return None
 
 
 def sharded_input(entry: PlanEntry) -> bool:
