@@ -50,7 +50,6 @@ from hpcodegen.checks.source_scan import kept_attributes, scan_module
 from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
 from hpcodegen.hf import EXPERT_COUNT_FIELDS
 from hpcodegen.placement import Shard, StridedShard, parse_placement
-from hpcodegen.plan.codec import entries_from_json
 from hpcodegen.plan.coverage import trainable_names, uncovered
 from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
 from hpcodegen.plan.loss_parallel import declared
@@ -383,9 +382,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                          "module_overrides"):
         raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
                         "violate the schema")
-    tp = axis_sizes(ctx.meta).get("tp", 1)
-    # the schema-valid param_plan, typed (what the rules shared with generate read)
-    entries = entries_from_json(param_plan(ctx.meta))
+    # param_plan and parallel_dims are schema-valid: the Plan holds them whole
+    tp, entries = ctx.plan.dims.size("tp"), ctx.plan.entries
     from hpcodegen.generate.package_rules import unsplit_fields
 
     # pure (config JSON + plan): holds for foreign modeling code too, which is never built
