@@ -161,7 +161,7 @@ def generated_model_class(artifact_dir: Path) -> type:
     from hpcodegen.runtime.api import load_verified_meta
 
     loaded = load_verified_meta(artifact_dir)
-    return model_class(loaded.data, import_verified_module(loaded))
+    return model_class(loaded.plan, import_verified_module(loaded))
 
 
 def generate_artifact(config_dir: Path, tp: int, out_dir: Path, *, sp: bool = False) -> Path:

@@ -146,9 +146,10 @@ def _counts(mode: Any) -> Counter:
 
 
 def _predicted(meta: dict) -> tuple[Counter, Counter]:
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
 
-    summary = summarize(predict_plan(meta)[0])
+    summary = summarize(predict_plan(plan_from_meta(meta)))
     fwd, bwd = Counter(), Counter()
     for (kind, _axis, _dim), n in summary.per_forward.items():
         fwd[kind] += n

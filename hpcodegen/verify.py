@@ -304,18 +304,17 @@ def check_meta(loaded: LoadedMeta, checks: Sequence[str] = RUNTIME_CHECKS, *,
         raise PlanError(errors)
     if loaded.plan is not None:
         return loaded
-    return replace(loaded, plan=_typed_plan(loaded))
+    return replace(loaded, plan=_typed_plan(ctx))
 
 
-def _typed_plan(loaded: LoadedMeta) -> Any:
-    """The Plan of a checked meta; a shape the checks let through is still a clean error."""
-    from hpcodegen.plan.codec import PlanFormatError, plan_from_meta
-
-    try:
-        return plan_from_meta(loaded.data)
-    except PlanFormatError as exc:
-        raise PlanError([error("plan.format", exc.where, exc.message,
-                               file=str(loaded.meta_path))]) from None
+def _typed_plan(ctx: CheckContext) -> Any:
+    """The Plan of a checked meta, the one the checks read (built once); a shape the
+    checks let through is still a clean error."""
+    left_out = ctx.plan_left_out()
+    if left_out:
+        raise PlanError([error("plan.format", exc.where, exc.message, file=ctx.meta_file)
+                         for exc in left_out])
+    return ctx.plan
 
 
 __all__ = ["CONFIG_CHECKS", "RUNTIME_CHECKS", "check_meta", "load_checked_meta", "run_verify",

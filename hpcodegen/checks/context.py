@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.artifact.load import LoadedMeta
 from hpcodegen.errors import pointer
+
+if TYPE_CHECKING:
+    from hpcodegen.plan.types import Plan
 
 __all__ = ["CheckContext", "SkipCheck", "as_dict", "as_list", "plan_entries", "planned_params",
            "pointer"]
@@ -45,6 +48,23 @@ class CheckContext:
     @property
     def meta(self) -> dict[str, Any]:
         return self.loaded.data
+
+    @property
+    def plan(self) -> Plan:
+        """The typed plan of the meta's parts that parse (:func:`hpcodegen.plan.codec.
+        readable_plan`: what the codec refuses is left out, the schema check reports it);
+        built once per artifact. The semantic checks read it."""
+        if "plan" not in self.cache:
+            from hpcodegen.plan.codec import readable_plan
+
+            self.cache["plan"], self.cache["plan_left_out"] = readable_plan(self.meta)
+        return self.cache["plan"]
+
+    def plan_left_out(self) -> list[Any]:
+        """The codec's refusals :attr:`plan` left out (``PlanFormatError``; empty for a
+        meta the schema accepts)."""
+        _ = self.plan
+        return self.cache["plan_left_out"]
 
     @property
     def artifact_dir(self) -> Path:

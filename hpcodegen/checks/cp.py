@@ -24,6 +24,7 @@ from typing import Any
 from hpcodegen.checks.context import as_dict, plan_entries, pointer
 from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import REPLICATE, Shard, parse_placement
+from hpcodegen.plan.codec import PlanFormatError, injection_from_json
 from hpcodegen.plan.cp import CP, KV_SEQ_DIM, cp_size, kv_transitions
 
 _LAYER = re.compile(r"\.\d+(?=\.|$)")
@@ -85,7 +86,11 @@ def _kv(meta: Mapping[str, Any], fqn: str, index: int, record: Mapping[str, Any]
                 yield error("plan.cp_kv", pointer("injections", index, side, name),
                             f"{fqn}: the inner {name} transition names axes {extra}; it "
                             "runs over cp only", expected="cp")
-    for t in kv_transitions(record):
+    try:
+        typed = injection_from_json(record, ("injections", index))
+    except PlanFormatError:  # a shape the schema check reports
+        return
+    for t in kv_transitions(typed):
         if not (t.src == Shard(KV_SEQ_DIM) and t.dst == REPLICATE):
             yield error("plan.cp_kv", pointer("injections", index, "inner_in_src", t.name),
                         f"{fqn}: {t.name} cp {t.src} -> {t.dst}: the CP attention "

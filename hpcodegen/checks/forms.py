@@ -1,8 +1,9 @@
 """The classifier's verdict on a meta, computed once per artifact and only when it can be.
 
-:func:`hpcodegen.plan.classify.classify_plan` expects a schema-valid plan; this wrapper
-returns None (with the reason) when the parts it reads are not, so the ``plan`` and
-``source`` checks never crash on bad input.
+:func:`hpcodegen.plan.classify.classify_plan` reads the typed Plan (``ctx.plan``); this
+wrapper returns None (with the reason) when the meta fields it reads are not schema-valid
+(the Plan then lacks what the codec refused), so the ``plan`` and ``source`` checks never
+crash on bad input nor classify half a plan.
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ def classified(ctx: CheckContext) -> dict[str, BoundaryForm] | None:
     if "forms" not in ctx.cache:
         forms = None
         if subtree_valid(ctx, *CLASSIFIER_INPUTS):
-            try:
-                forms = classify_plan(ctx.meta)
-            except ValueError:  # a placement outside the grammar (only with a stale schema)
-                forms = None
+            forms = classify_plan(ctx.plan)
         ctx.cache["forms"] = forms
     return ctx.cache["forms"]
 

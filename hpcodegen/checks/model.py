@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hpcodegen.artifact.digest import is_hpcodegen_meta
 from hpcodegen.checks.context import (
     CheckContext,
     SkipCheck,
@@ -60,6 +61,7 @@ from hpcodegen.plan.tp_divisible import (
     divide_attr_findings,
     tp_divisibility,
 )
+from hpcodegen.plan.types import PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 from hpcodegen.tracer.loss_parallel import model_findings
 
@@ -201,7 +203,7 @@ def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Findin
                         expected=str(cls))
 
 
-def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
+def _divide_attrs(entries: Mapping[str, PlanEntry], model: Any, tp: int,
                   scope: _Scope) -> list[Finding]:
     """``tp_divide_attrs`` name integer attributes the runtime divides by the tp size
     (:func:`hpcodegen.plan.tp_divisible.divide_attr_findings`, its own rule); those under a
@@ -214,7 +216,7 @@ def _divide_attrs(meta: Mapping[str, Any], model: Any, tp: int,
         value = _resolve(module, attr)
         return MISSING if value is None else value
 
-    return divide_attr_findings(param_plan(meta), tp, resolve, "model",
+    return divide_attr_findings(entries, tp, resolve, "model",
                                 lambda fqn, i, _: pointer("param_plan", fqn, "tp_divide_attrs",
                                                           i))
 
@@ -380,12 +382,13 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                          "module_overrides"):
         raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
                         "violate the schema")
-    tp = axis_sizes(ctx.meta).get("tp", 1)
+    # param_plan and parallel_dims are schema-valid: the Plan holds them whole
+    tp, entries = ctx.plan.dims.size("tp"), ctx.plan.entries
     from hpcodegen.generate.package_rules import unsplit_fields
 
     # pure (config JSON + plan): holds for foreign modeling code too, which is never built
     sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
-                            unsplit_fields(config, tp), plan=param_plan(ctx.meta))
+                            unsplit_fields(config, tp), plan=entries)
     foreign = _foreign_source(ctx.meta)
     if foreign is not None:
         why = (f"the modeling source {foreign} is not a transformers module; its structure "
@@ -400,7 +403,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 
-    with steps("verify model check", 3 if declared(ctx.meta) else 2) as advance:
+    with steps("verify model check", 3 if declared(ctx.plan) else 2) as advance:
         advance(f"building {architecture_of(config) or 'the model'} on the meta device")
         try:
             model = build_meta_model(config)
@@ -421,14 +424,14 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_experts_divide_ep(config, ctx.meta),
                     *_fqns(ctx.meta, model, scope),
                     *_stack_sources(model, scope),
-                    *_divide_attrs(ctx.meta, model, tp, scope),
+                    *_divide_attrs(entries, model, tp, scope),
                     *_coverage(ctx.meta, model, scope),
                     *_divisibility(ctx.meta, model, scope),
                     *_vocab_parallel(ctx.meta, modules),
                     *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
                     *input_name_findings(plan_entries(ctx.meta), modules, set(replaced))]
-        if declared(ctx.meta):
+        if declared(ctx.plan):
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts
-        findings += model_findings(model, ctx.meta, "model")
+        findings += model_findings(model, ctx.plan, "model", is_hpcodegen_meta(ctx.meta))
     yield from findings

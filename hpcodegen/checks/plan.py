@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hpcodegen.artifact.digest import is_hpcodegen_meta
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.checks.forms import classified
@@ -198,8 +199,8 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     yield from check_references(ctx)
     forms = classified(ctx)
     if forms is not None:  # None: the fields it reads break the schema (reported there)
-        yield from derived_findings(meta, forms)
-    yield from plan_findings(meta, "plan")
+        yield from derived_findings(ctx.plan, forms, is_hpcodegen_meta(meta))
+    yield from plan_findings(ctx.plan, "plan", is_hpcodegen_meta(meta))
     yield from check_cp(meta)
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

@@ -32,54 +32,27 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hpcodegen.checks.context import as_dict, as_list, plan_entries
 from hpcodegen.errors import Finding, error, info, pointer, warning
-from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
-from hpcodegen.plan.entry import (
-    effective_partial_grad_params,
-    is_boundary,
-    partial_grad_params,
-    tp_rank0_params,
-)
-from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, target_name
-from hpcodegen.plan.partial_grads import (
-    governing_boundary,
-    sequence_parallel,
-    sharded_input,
-    tp_sharded,
-    verdict,
-)
-
-EP = "ep"
+from hpcodegen.placement import Partial, is_shard
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.moe import is_ep_dispatch
+from hpcodegen.plan.partial_grads import Entries, sharded_input, tp_sharded, verdict
+from hpcodegen.plan.types import EP, TP, NamedPlacement, Plan
 
 
-def _ours(meta: Mapping[str, Any]) -> bool:
-    from hpcodegen.artifact.digest import is_hpcodegen_meta
-
-    return is_hpcodegen_meta(meta)
+def _partial_tp(named: NamedPlacement) -> bool:
+    return isinstance(named.get(TP), Partial)
 
 
-def _parsed(text: Any) -> Any:
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def _partial_tp(named: Any) -> bool:
-    return isinstance(named, Mapping) and isinstance(_parsed(named.get("tp")), Partial)
-
-
-def grad_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
     """``partial_grad_params`` against :func:`hpcodegen.plan.partial_grads.verdict`."""
-    plan = plan_entries(meta)
-    ours, sp = _ours(meta), sequence_parallel(meta)
-    for fqn, entry in plan.items():
-        declared = set(partial_grad_params(entry))
-        synced = set(effective_partial_grad_params(entry))
-        listed = "partial_grad_params" in entry
-        for rel in as_dict(entry.get("params")):
-            kind = verdict(plan, fqn, rel, sp)
+    entries, sp = plan.entries, plan.dims.sequence_parallel is True
+    for fqn, entry in entries.items():
+        declared = set(entry.partial_grad_params or ())
+        synced = set(entry.effective_partial_grad_params())
+        listed = entry.partial_grad_params is not None
+        for rel in entry.params or EMPTY:
+            kind = verdict(entries, fqn, rel, sp)
             where = pointer("param_plan", fqn, "partial_grad_params")
             name = f"{fqn}.{rel}" if fqn else rel
             if kind == "sharded" and rel in declared:
@@ -102,24 +75,28 @@ def grad_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
                            expected=f"{rel!r} in partial_grad_params")
 
 
-def _split_below(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> bool:
-    """A tp-sharded parameter in ``fqn``'s entry or any entry inside it."""
-    return any(any(tp_sharded(n) for n in as_dict(entry.get("params")).values())
-               for other, entry in plan.items()
-               if other == fqn or not fqn or other.startswith(fqn + "."))
+def _split_modules(entries: Entries) -> set[str]:
+    """The modules holding a tp-sharded parameter in their entry or in any entry inside them
+    (each such entry and all its enclosing modules, the root ``""`` included)."""
+    out: set[str] = set()
+    for fqn, entry in entries.items():
+        if any(tp_sharded(n) for n in (entry.params or EMPTY).values()):
+            parts = fqn.split(".") if fqn else []
+            out.update(".".join(parts[:depth]) for depth in range(len(parts) + 1))
+    return out
 
 
-def output_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def output_findings(plan: Plan) -> Iterator[Finding]:
     """A ``P(...)`` output needs split compute; ``tp_rank0_params`` need a partial one."""
-    plan = plan_entries(meta)
-    opaque_fqns = _computed_elsewhere(meta)
-    for fqn, entry in plan.items():
-        if not is_boundary(entry):
+    entries = plan.entries
+    opaque_fqns = _computed_elsewhere(plan)
+    split_below = _split_modules(entries)
+    for fqn, entry in entries.items():
+        if not entry.boundary:
             continue
-        outs = as_dict(entry.get("out_src"))
-        partial = [n for n, v in outs.items() if _partial_tp(v)]
+        partial = [n for n, v in (entry.out_src or EMPTY).items() if _partial_tp(v)]
         opaque = fqn in opaque_fqns
-        split = _split_below(plan, fqn) or sharded_input(entry) or opaque
+        split = fqn in split_below or sharded_input(entry) or opaque
         if partial and not split:
             yield error("plan.partial_output_unsplit",
                         pointer("param_plan", fqn, "out_src", partial[0], "tp"),
@@ -128,29 +105,24 @@ def output_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         "sharded input): every rank computes the whole value, and the "
                         "reduction would multiply it by tp_size",
                         expected="R, or a boundary whose parameters or inputs are sharded")
-    yield from _rank0_findings(plan, opaque_fqns)
+    yield from _rank0_findings(entries, opaque_fqns, split_below)
 
 
-def _computed_elsewhere(meta: Mapping[str, Any]) -> set[str]:
+def _computed_elsewhere(plan: Plan) -> set[str]:
     """Modules whose compute an injected ``local_compute_fn`` replaces (opaque here)."""
-    out: set[str] = set()
-    for record in as_list(meta.get("injections")):
-        if isinstance(record, Mapping) and record.get("local_compute_fn"):
-            match = record.get("match")
-            out.update(m for m in ([match] if isinstance(match, str) else as_list(match))
-                       if isinstance(m, str))
-    return out
+    return {fqn for record in plan.injections or () if record.local_compute_fn is not None
+            for fqn in record.fqns}
 
 
-def _rank0_findings(plan: Mapping[str, Mapping[str, Any]],
-                    opaque: set[str]) -> Iterator[Finding]:
+def _rank0_findings(entries: Entries, opaque: set[str], split_below: set[str]
+                    ) -> Iterator[Finding]:
     """``opaque``: boundaries whose compute an injection replaces (the expert dispatch
     reduces its tp-split compute itself, so its output need not be declared partial)."""
-    for fqn, entry in plan.items():
-        names = tp_rank0_params(entry)
+    for fqn, entry in entries.items():
+        names = entry.tp_rank0_params or ()
         if not names:
             continue
-        params = as_dict(entry.get("params"))
+        params = entry.params or EMPTY
         where = pointer("param_plan", fqn, "tp_rank0_params")
         sharded = [n for n in names if tp_sharded(params.get(n))]
         if sharded:
@@ -158,9 +130,8 @@ def _rank0_findings(plan: Mapping[str, Mapping[str, Any]],
                         f"{fqn}.{sharded[0]} is sharded over tp: each rank holds its own "
                         "slice, so it cannot be applied by tp rank 0 only",
                         hint="drop it from tp_rank0_params")
-        partial_out = any(_partial_tp(v) for v in as_dict(entry.get("out_src")).values())
-        reduced = partial_out or fqn in opaque
-        if not (is_boundary(entry) and reduced and _split_below(plan, fqn)):
+        reduced = entry.partial_output() or fqn in opaque
+        if not (entry.boundary and reduced and fqn in split_below):
             yield error("plan.rank0_unsplit", where,
                         f"{fqn} lists tp_rank0_params but does not split its compute into a "
                         "partial output: every rank computes the whole output, and the "
@@ -178,29 +149,22 @@ def _rank0_findings(plan: Mapping[str, Mapping[str, Any]],
                         expected=f"{whole[0]!r} in tp_rank0_params")
 
 
-def _ep_sharded(named: Any) -> bool:
-    return isinstance(named, Mapping) and isinstance(_parsed(named.get(EP)),
-                                                     (Shard, StridedShard))
+def _ep_sharded(named: NamedPlacement) -> bool:
+    return EP in named and is_shard(named[EP])
 
 
-def ep_findings(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def ep_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
     """Expert placements, dispatch injections and ``parallel_dims.ep_size`` agree."""
-    plan = plan_entries(meta)
-    ours = _ours(meta)
-    raw = as_dict(meta.get("parallel_dims")).get("ep_size", 1)
-    ep = raw if isinstance(raw, int) and not isinstance(raw, bool) else 1
-    experts = {fqn for fqn, e in plan.items()
-               if any(_ep_sharded(n) for n in as_dict(e.get("params")).values())}
+    ep = plan.dims.sizes.get(EP, 1)
+    experts = {fqn for fqn, e in plan.entries.items()
+               if any(_ep_sharded(n) for n in (e.params or EMPTY).values())}
     dispatch = {}
-    for i, record in enumerate(as_list(meta.get("injections"))):
-        if not isinstance(record, Mapping):
-            continue
-        size = record.get("ep_size")
-        matches = record.get("match")
-        for fqn in [matches] if isinstance(matches, str) else as_list(matches):
-            if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS:
+    for i, record in enumerate(plan.injections or ()):
+        size = record.ep_size
+        for fqn in record.fqns:
+            if is_ep_dispatch(record):
                 dispatch[fqn] = i
-            if isinstance(size, int) and size > 1 and size != ep:
+            if size is not None and size > 1 and size != ep:
                 yield error("plan.ep_size_mismatch", pointer("injections", i, "ep_size"),
                             f"{fqn}: the injection dispatches over ep_size {size}, but "
                             f"parallel_dims.ep_size is {ep}: the mesh the runtime builds "
@@ -238,13 +202,13 @@ def transition_findings(forms: Mapping[str, Any] | None) -> Iterator[Finding]:
                             expected="a destination that is not Partial")
 
 
-def derived_findings(meta: Mapping[str, Any], forms: Mapping[str, Any] | None
+def derived_findings(plan: Plan, forms: Mapping[str, Any] | None, ours: bool
                      ) -> Iterator[Finding]:
-    """Every rule of the module docstring."""
-    yield from grad_findings(meta)
-    yield from output_findings(meta)
-    yield from ep_findings(meta)
+    """Every rule of the module docstring; ``ours``: hpcodegen wrote the meta."""
+    yield from grad_findings(plan, ours)
+    yield from output_findings(plan)
+    yield from ep_findings(plan, ours)
     yield from transition_findings(forms)
 
 
-__all__ = ["derived_findings", "governing_boundary"]
+__all__ = ["derived_findings"]

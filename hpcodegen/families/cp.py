@@ -61,7 +61,7 @@ def _cp_parity(artifact: str, config_dir: str, mesh: Any, dtype: str) -> dict[st
             target = target.masked_fill(full["attention_mask"] == 0, -100)
         shifted = torch.full_like(target, -100)
         shifted[:, :-1] = target[:, 1:]
-        r = compare(pair.sharded, pair.reference, pair.meta, installed,
+        r = compare(pair.sharded, pair.reference, pair.plan, installed,
                     {**full, "use_cache": False}, shifted, zero_grad=True)
         worst["logits"] = max(worst["logits"], r.logits)
         if r.grad >= worst["grad"]:

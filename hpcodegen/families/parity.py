@@ -56,7 +56,7 @@ def _parity_at(artifact: str, config_dict: Mapping[str, Any], batch: tuple[Any, 
     installed = install(pair, mesh)
     ids, labels = batch
     inputs = {"input_ids": ids, "use_cache": False}
-    r = compare(pair.sharded, pair.reference, pair.meta, installed, inputs, labels)
+    r = compare(pair.sharded, pair.reference, pair.plan, installed, inputs, labels)
     result = {"logits": r.logits, "grad": r.grad, "worst": r.worst, "odd": r.odd,
               "ok": r.logits <= TOL and r.grad <= TOL and not r.odd}
     if exact and not result["ok"] and not r.odd:  # how far is float32 from the exact answer?
@@ -79,13 +79,13 @@ def _float64_distances(pair: Any, installed: Any, r: Any, inputs: Mapping[str, A
     ref = pair.reference
     exact_ref = model_class_for(pair.config_dict)(ref.config).double().eval()
     exact_ref.load_state_dict(ref.state_dict())
-    exact_loss, exact_logits = loss_and_logits(exact_ref, inputs, labels, pair.meta, None)
+    exact_loss, exact_logits = loss_and_logits(exact_ref, inputs, labels, pair.plan, None)
     exact_loss.backward()
     exact_logits = exact_logits.detach()
     return {
         "sharded_logits": float((r.sharded_logits.double() - exact_logits).abs().max()),
         "unsharded_logits": float((r.ref_logits.double() - exact_logits).abs().max()),
-        "sharded_grad": max_param_diff(pair.sharded, exact_ref, pair.meta, installed.active,
+        "sharded_grad": max_param_diff(pair.sharded, exact_ref, pair.plan, installed.active,
                                        lambda p: p.grad)[0],
         "unsharded_grad": max(float((a.grad.double() - b.grad).abs().max())
                               for a, b in zip(ref.parameters(), exact_ref.parameters(),

@@ -213,17 +213,17 @@ def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: 
                          ep: int, loss_parallel: bool, notes: list[str] | None) -> None:
     """verify's loss-parallel rules (:mod:`hpcodegen.plan.loss_parallel`) on the plan to be
     frozen. Last: the meta forward switches the model to eager attention."""
-    from hpcodegen import GENERATOR_NAME
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.loss_parallel import plan_findings
     from hpcodegen.tracer.loss_parallel import check_declared, check_loss_parallel
 
+    typed = plan_from_meta({"param_plan": plan, "parallel_dims": parallel_dims(tp, sp, ep, True)})
     if not loss_parallel:
         if tp > 1:  # with one rank the logits are whole
-            check_declared(model, plan)
+            check_declared(model, typed.entries)
         return
-    check_loss_parallel(model, plan, notes)  # first: it names the head it refuses
-    problems = plan_findings({"generator": {"name": GENERATOR_NAME}, "param_plan": plan,
-                              "parallel_dims": parallel_dims(tp, sp, ep, True)}, "generate")
+    check_loss_parallel(model, typed.entries, notes)  # first: it names the head it refuses
+    problems = plan_findings(typed, "generate", ours=True)
     if problems:
         raise PlanError(problems)
 

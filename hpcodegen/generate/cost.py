@@ -52,14 +52,15 @@ def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: in
     from hpcodegen.inspect.run import classify_meta
     from hpcodegen.inspect.trace import trace_boundaries
     from hpcodegen.inspect.volume import _targets, _volumes
-    from hpcodegen.plan.entry import axis_sizes, param_plan
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.moe import EP
     from hpcodegen.plan.volume import dtype_bytes
 
-    result = classify_meta(meta, None)
-    entries = param_plan(meta)
+    plan = plan_from_meta(meta)
+    result = classify_meta(plan, None)
+    entries = plan.entries
     trace = trace_boundaries(config, _targets(result, entries), batch, seq)
     volumes = _volumes(result, entries, trace, dtype_bytes(dtype), config,
-                       max(axis_sizes(meta).get(EP, 1), 1))
+                       max(plan.dims.size(EP), 1))
     return (sum(v.total("forward") for v in volumes.values()),
             sum(v.total("backward") for v in volumes.values()))

@@ -13,7 +13,7 @@ from typing import Any
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.entries import SEQ
 from hpcodegen.generate.module_facts import direct_params
-from hpcodegen.plan.classify import splits_compute
+from hpcodegen.plan.codec import entry_from_json
 
 
 def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
@@ -37,7 +37,7 @@ def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
     own = direct_params(module)
     for name in own:
         params.setdefault(name, {"tp": "R"})
-    split = splits_compute({"params": params})
+    split = entry_from_json(fqn, {"params": params}).splits_compute()
     whole = sorted(n for n in own if split and params[n].get("tp") == "R" and n not in once)
     if whole:
         raise PlanError([error(

@@ -14,7 +14,13 @@ from typing import Any
 
 from hpcodegen.generate.entries import SEQ
 from hpcodegen.generate.globs import parent_of, relative_to
-from hpcodegen.plan.entry import fqn_depth, is_boundary, join_fqn
+from hpcodegen.placement import parse_placement
+from hpcodegen.plan.entry import fqn_depth, join_fqn
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import PlanEntry
+
+#: the sequence-sharded placement on tp (``SEQ``, parsed)
+SEQ_SHARD = parse_placement(SEQ)
 
 
 def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -> list[str]:
@@ -33,9 +39,13 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
     each must be planned (:func:`hpcodegen.generate.tied.unify_tied_placements` then gives
     them one placement).
     """
+    from hpcodegen.plan.codec import entries_from_json
     from hpcodegen.plan.coverage import uncovered
     from hpcodegen.plan.partial_grads import verdict
 
+    # the rule reads the typed entries; the ones added below are parameter-only and
+    # replicated, which changes no verdict (boundaries and their placements stay as typed)
+    typed = entries_from_json(plan)
     planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
                for rel in entry.get("params") or {}}
     added: list[str] = []
@@ -51,18 +61,10 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
             entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
         rel = relative_to(name, fqn) or name
         entry.setdefault("params", {})[rel] = {"tp": "R"}
-        if verdict(plan, fqn, rel, sp) != "full":  # the rule verify checks the meta by
+        if verdict(typed, fqn, rel, sp) != "full":  # the rule verify checks the meta by
             entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
         added.append(name)
     return added
-
-
-def enclosing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
-    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none):
-    :func:`hpcodegen.plan.partial_grads.governing_boundary`."""
-    from hpcodegen.plan.partial_grads import governing_boundary
-
-    return governing_boundary(plan, fqn)
 
 
 def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -74,15 +76,19 @@ def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]
     be wrong, and nothing tells which modules are per-token. Norms and per-token embeddings
     are planned as boundaries of their own, so they are not listed.
     """
+    from hpcodegen.plan.codec import entries_from_json
+    from hpcodegen.plan.partial_grads import governing_boundary
+
+    typed = entries_from_json(plan)
     out = []
-    for fqn, entry in plan.items():
-        if is_boundary(entry) or not entry.get("params"):
+    for fqn, entry in typed.items():
+        if entry.boundary or not entry.params:
             continue
-        region = enclosing_boundary(plan, fqn)
-        if region is None or _sequence_sharded_input(plan[region]):
+        region = governing_boundary(typed, fqn)
+        if region is None or _sequence_sharded_input(typed[region]):
             out.append(fqn)
     return sorted(out)
 
 
-def _sequence_sharded_input(entry: Mapping[str, Any]) -> bool:
-    return any((named or {}).get("tp") == SEQ for named in (entry.get("in_dst") or {}).values())
+def _sequence_sharded_input(entry: PlanEntry) -> bool:
+    return any(named.get("tp") == SEQ_SHARD for named in (entry.in_dst or EMPTY).values())

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, Severity, error
+from hpcodegen.plan.codec import entries_from_json
 from hpcodegen.plan.coverage import params_planned_twice, trainable_names, uncovered
 from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
 from hpcodegen.plan.tp_divisible import MISSING, divide_attr_findings, tp_divisibility
@@ -26,7 +27,8 @@ def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str]
     torch would shard unevenly) are refused here: the generator only emits even shards.
     """
     problems = [replace(f, severity=Severity.ERROR)
-                for f in tp_divisibility(config, tp, "generate", unsplit=unsplit, plan=plan)]
+                for f in tp_divisibility(config, tp, "generate", unsplit=unsplit,
+                                         plan=None if plan is None else entries_from_json(plan))]
     if problems:
         raise PlanError(problems)
 
@@ -92,7 +94,9 @@ def indivisible_attrs(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
             return MISSING
         return value
 
-    return divide_attr_findings(plan, tp, resolve, "generate") if tp > 1 else []
+    if tp <= 1:
+        return []
+    return divide_attr_findings(entries_from_json(plan), tp, resolve, "generate")
 
 
 def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:

@@ -29,11 +29,12 @@ from hpcodegen.errors import (
     Severity,
     UsageError,
     error,
+    pointer,
     warning,
 )
 from hpcodegen.inspect.options import Inspection, InspectOptions, parse_mesh
-from hpcodegen.plan.classify import classify_entries
-from hpcodegen.plan.entry import active_axes, axis_sizes, param_plan, vocab_sharded_heads
+from hpcodegen.plan.classify import classify_plan
+from hpcodegen.plan.codec import readable_plan as codec_readable_plan
 from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
     predict_forms,
@@ -45,6 +46,7 @@ from hpcodegen.plan.revalidate import (
     live_plan_axes,
     revalidate_forms,
 )
+from hpcodegen.plan.types import Plan
 from hpcodegen.plan.volume import dtype_bytes
 
 #: the verify checks run before predicting (pure, milliseconds)
@@ -102,7 +104,7 @@ def gate_findings(loaded: LoadedMeta, hf_config: str | None = None) -> list[Find
     return [f for f in findings if f.severity is not Severity.INFO]
 
 
-def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Finding]:
+def mesh_fit_findings(plan: Plan, opts: InspectOptions) -> list[Finding]:
     """Heads, kv heads and sharded widths against the tp size inspect-plan shows.
 
     The rule is generate's (:func:`hpcodegen.plan.tp_divisible.tp_divisibility`): heads that
@@ -111,70 +113,70 @@ def mesh_fit_findings(meta: Mapping[str, Any], opts: InspectOptions) -> list[Fin
     records them); the tp size from ``--mesh`` when given, else the frozen one.
     """
     from hpcodegen.generate.package_rules import unsplit_fields
+    from hpcodegen.plan.frozen import thaw_json
     from hpcodegen.plan.tp_divisible import tp_divisibility
 
     if opts.mesh is not None:
         _, live = parse_mesh(opts.mesh)
         tp, where = live.get("tp"), "--mesh"
     else:
-        tp, where = axis_sizes(meta).get("tp"), "/parallel_dims/tp_size"
+        tp, where = plan.dims.sizes.get("tp"), "/parallel_dims/tp_size"
     if not tp or tp <= 1:
         return []
+    source = plan.provenance.source
     if opts.hf_config is not None:
         from hpcodegen.hf import read_hf_config
 
         config, path = read_hf_config(opts.hf_config)
-        source = str(path)
+        origin = str(path)
     else:
-        structure = (meta.get("source") or {}).get("structure") \
-            if isinstance(meta.get("source"), Mapping) else None
-        if not isinstance(structure, Mapping):
+        if source is None or source.structure is None:
             return []
         from hpcodegen.hf import structure_config
 
-        config, source = structure_config(structure), "source.structure of the meta"
-    return [replace(f, file=f.file or (source if opts.hf_config else None),
-                    message=f"{f.message}, from {source}" if not opts.hf_config else f.message)
+        config = structure_config(thaw_json(source.structure))
+        origin = "source.structure of the meta"
+    model_type = source.model_type if source is not None else None
+    return [replace(f, file=f.file or (origin if opts.hf_config else None),
+                    message=f"{f.message}, from {origin}" if not opts.hf_config else f.message)
             for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(
-                {"model_type": _source_model_type(meta), **config}, tp),
-                plan=param_plan(meta))]
+                {"model_type": model_type, **config}, tp), plan=plan.entries)]
 
 
-def _source_model_type(meta: Mapping[str, Any]) -> Any:
-    source = meta.get("source")
-    return source.get("model_type") if isinstance(source, Mapping) else None
-
-
-def classify_meta(meta: Mapping[str, Any], mesh: str | None) -> Inspection:
-    frozen_axes = active_axes(meta)
+def classify_meta(plan: Plan, mesh: str | None) -> Inspection:
+    """Classify and predict every entry, over the frozen mesh or over ``--mesh`` (then
+    re-validated: which boundaries change form there, as the runtime decides)."""
+    frozen_axes = plan.axes
+    sizes = dict(plan.dims.sizes)
     if mesh is None:
-        sizes = axis_sizes(meta)
         # a size-1 axis runs nothing (the runtime drops it): classified as such
-        frozen, problems = classify_entries(meta, sizes=sizes)
+        frozen = classify_plan(plan, sizes=sizes)
         tp_live = "tp" in frozen_axes and sizes.get("tp", 1) > 1
-        preds = predict_forms(meta, frozen, tp_live=tp_live)
-        problems += unreduced_grad_findings(meta, preds, tp_live)
+        preds = predict_forms(plan, frozen, tp_live=tp_live)
+        problems = unreduced_grad_findings(plan, preds, tp_live)
         if frozen_axes and all(sizes.get(a, 1) == 1 for a in frozen_axes):
             problems.append(_size1_warning(frozen_axes, preds))
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
-    frozen, problems = classify_entries(meta)
+    frozen = classify_plan(plan)
+    problems = []
     live_axes, live_sizes = parse_mesh(mesh)
-    shown = live_plan_axes(meta, live_axes)  # the plan's axes on the live mesh, size 1 too
-    axes = active_plan_axes(meta, live_axes, live_sizes)  # what the runtime installs over
-    ep_live = live_sizes.get("ep", 1) > 1 and axis_sizes(meta).get("ep", 1) > 1
+    shown = live_plan_axes(plan, live_axes)  # the plan's axes on the live mesh, size 1 too
+    axes = active_plan_axes(plan, live_axes, live_sizes)  # what the runtime installs over
+    ep_live = live_sizes.get("ep", 1) > 1 and sizes.get("ep", 1) > 1
     if frozen_axes and not shown and not ep_live:  # a typo (--mesh pt=4) predicts nothing
         problems.append(warning("inspect.no_plan_axis", "--mesh",
                                 f"--mesh {mesh} holds none of the plan's axes: every "
                                 "boundary runs without communication",
                                 expected=f"one of {', '.join(frozen_axes)}"))
-    live, _ = classify_entries(meta, axes, live_sizes)
+    live = classify_plan(plan, axes, live_sizes)
     effective, changes = revalidate_forms(frozen, live, axes, ep_live)
     tp_live = "tp" in axes
-    preds = predict_forms(meta, live, effective, tp_live=tp_live, ep_live=ep_live)
-    problems += unreduced_grad_findings(meta, preds, tp_live)
-    sizes = {a: live_sizes[a] for a in shown}
-    return Inspection("", shown, sizes, preds, [], summarize(preds), changes, findings=problems)
+    preds = predict_forms(plan, live, effective, tp_live=tp_live, ep_live=ep_live)
+    problems += unreduced_grad_findings(plan, preds, tp_live)
+    shown_sizes = {a: live_sizes[a] for a in shown}
+    return Inspection("", shown, shown_sizes, preds, [], summarize(preds), changes,
+                      findings=problems)
 
 
 def _size1_warning(axes: Sequence[str], preds: Sequence[Any]) -> Finding:
@@ -192,58 +194,51 @@ def _size1_warning(axes: Sequence[str], preds: Sequence[Any]) -> Finding:
                    "given live mesh")
 
 
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[Finding]]:
+    """The typed plan inspect-plan reads, and what had to be left out to build it.
 
-
-def _sane_injection(record: Any) -> bool:
-    if not isinstance(record, Mapping):
-        return False
-    match = record.get("match")
-    return isinstance(match, str) or _is_str_list(match)
-
-
-def readable_view(meta: Mapping[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    """A shallow copy whose top-level plan fields have the shapes the plan readers expect.
-
-    verify's schema check rejects such metas first; with ``--no-checks`` a field of the wrong
-    type is ignored with a warning instead of crashing a reader.
+    A meta verify's gate let through builds at once. With ``--no-checks`` a part the codec
+    refuses is left out (:func:`hpcodegen.plan.codec.readable_plan`) rather than crashing a
+    reader: a ``param_plan`` entry as an error (``inspect.bad_entry``: it is not
+    predicted), an injection record or another top-level field as a warning
+    (``inspect.ignored_field``, once per field).
     """
-    view = dict(meta)
-    dropped: list[str] = []
-    if "mesh_dim_names" in view and view["mesh_dim_names"] is not None \
-            and not _is_str_list(view["mesh_dim_names"]):
-        dropped.append("mesh_dim_names")
-        view["mesh_dim_names"] = None
-    if not isinstance(view.get("parallel_dims", {}), Mapping):
-        dropped.append("parallel_dims")
-        view["parallel_dims"] = {}
-    injections = view.get("injections")
-    if injections is not None:
-        records = injections if isinstance(injections, list) else []
-        sane = [r for r in records if _sane_injection(r)]
-        if len(sane) != len(records) or not isinstance(injections, list):
-            dropped.append("injections")
-        view["injections"] = sane
-    return view, [warning("inspect.ignored_field", f"/{name}",
-                          f"{name} has an unexpected shape and was ignored",
-                          hint="run `hpcodegen verify` for the schema errors")
-                  for name in dropped]
+    plan, left_out = codec_readable_plan(meta)
+    findings: list[Finding] = []
+    ignored: set[str] = set()
+    for exc in left_out:
+        key, *rest = exc.path
+        if key == "param_plan" and rest:
+            findings.append(error("inspect.bad_entry", pointer("param_plan", rest[0]),
+                                  f"cannot classify {rest[0]!r}: {exc.message}",
+                                  hint="run `hpcodegen verify` for the full diagnosis"))
+        elif key not in ignored:
+            ignored.add(key)
+            findings.append(warning("inspect.ignored_field", f"/{key}",
+                                    f"{key} has an unexpected shape and was ignored",
+                                    hint="run `hpcodegen verify` for the schema errors"))
+    return plan, findings
 
 
-def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
-    """Steps 2-4 on a loaded meta (no rendering)."""
-    meta, ignored = readable_view(loaded.data)
-    result = classify_meta(meta, opts.mesh)
-    result.findings[:0] = ignored
-    result.meta_path = str(loaded.meta_path)
+def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions) -> Inspection:
+    """Steps 2-4 on a typed plan (no rendering)."""
+    result = classify_meta(plan, opts.mesh)
+    result.meta_path = meta_path
     result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
     result.findings.extend(result.summary.problems)
-    result.loss_parallel_heads = vocab_sharded_heads(meta)
+    result.loss_parallel_heads = plan.vocab_sharded_heads()
     if opts.hf_config is not None:
         from hpcodegen.inspect.volume import volume_report
 
-        result.volume = volume_report(meta, result, opts)
+        result.volume = volume_report(plan, result, opts)
+    return result
+
+
+def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
+    """:func:`inspect_plan` on a loaded meta (its :func:`readable_plan`)."""
+    plan, ignored = readable_plan(loaded.data)
+    result = inspect_plan(plan, str(loaded.meta_path), opts)
+    result.findings[:0] = ignored
     return result
 
 
@@ -274,19 +269,21 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
         gate = gate_findings(loaded, opts.hf_config) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
             return _emit_failure(gate, opts.as_json, out, err, EXIT_FAILED)
-        if not param_plan(loaded.data):
+        entries = loaded.data.get("param_plan")
+        if not isinstance(entries, Mapping) or not entries:
             empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
                           file=str(loaded.meta_path))
             return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
+        plan, ignored = readable_plan(loaded.data)  # built once, read by every step below
         # heads vs the shown tp: errors fail the run (exit 1) but the prediction is still
         # shown; they are reported too when the meta-device trace itself fails
-        fit = mesh_fit_findings(readable_view(loaded.data)[0], opts)
+        fit = mesh_fit_findings(plan, opts)
         try:
-            result = inspect_meta(loaded, opts)
+            result = inspect_plan(plan, str(loaded.meta_path), opts)
         except HpcodegenError as exc:
-            return _emit_failure([*fit, *exc.findings], opts.as_json, out, err,
+            return _emit_failure([*fit, *ignored, *exc.findings], opts.as_json, out, err,
                                  exc.exit_code)
-        result.findings[:0] = gate + fit
+        result.findings[:0] = gate + fit + ignored
     except HpcodegenError as exc:
         return _emit_failure(exc.findings, opts.as_json, out, err, exc.exit_code)
     failed = any(f.severity is Severity.ERROR for f in result.findings)

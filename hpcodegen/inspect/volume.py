@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.placement import is_shard
-from hpcodegen.plan.classify import splits_compute
 from hpcodegen.plan.cp import CP, kv_gather_bytes
-from hpcodegen.plan.entry import axis_sizes, no_grad_inputs, output_index, param_plan
 from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
 from hpcodegen.plan.norms import norm_bytes
 from hpcodegen.plan.predict import takes_token_ids
@@ -31,9 +30,13 @@ from hpcodegen.plan.volume import (
 
 if TYPE_CHECKING:
     from hpcodegen.inspect.trace import TraceResult, TraceTarget
+    from hpcodegen.plan.types import Plan, PlanEntry
+
+#: the plan's entries by module FQN
+Entries = Mapping[str, "PlanEntry"]
 
 
-def _targets(result: Inspection, entries: Any) -> list[TraceTarget]:
+def _targets(result: Inspection, entries: Entries) -> list[TraceTarget]:
     from hpcodegen.inspect.trace import TraceTarget
 
     targets = []
@@ -42,7 +45,7 @@ def _targets(result: Inspection, entries: Any) -> list[TraceTarget]:
             continue
         entry = entries[p.fqn]
         ins = tuple(t.name for t in p.transitions if t.side == "in")
-        outs = tuple((t.name, output_index(entry, t.name))
+        outs = tuple((t.name, entry.output_index(t.name))
                      for t in p.transitions if t.side == "out")
         targets.append(TraceTarget(p.fqn, ins, outs))
     return targets
@@ -89,7 +92,7 @@ def _dispatch_ops(p: Any, trace: TraceResult, config: Any, float_bytes: int,
     return out
 
 
-def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Any,
+def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Entries,
             float_bytes: int, batch: int, seq: int) -> list[OpVolume]:
     """The cp all_gathers of a CP attention's K and V (forward) and the reduce_scatters of
     their gradients (backward), from the traced kernel inputs (kv heads, not expanded);
@@ -99,7 +102,8 @@ def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Any,
         return [OpVolume("forward", "in", op.name, op.kind, CP, op.dim, (batch, seq),
                          ring_factor("all_gather", cp) * batch * seq * 8) for op in p.in_ops]
     out: list[OpVolume] = []
-    split = result.sizes.get("tp", 1) if splits_compute(entries.get(p.fqn) or {}) else 1
+    entry = entries.get(p.fqn)
+    split = result.sizes.get("tp", 1) if entry is not None and entry.splits_compute() else 1
     for direction, ops in (("forward", p.in_ops), ("backward", p.grad_ops)):
         for op in ops:
             shape = trace.attention.get((p.fqn, op.name)) if op.axis == CP else None
@@ -124,7 +128,7 @@ def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
             for d, o in ops]
 
 
-def _volumes(result: Inspection, entries: Any, trace: TraceResult,
+def _volumes(result: Inspection, entries: Entries, trace: TraceResult,
              float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
              seq: int = 1) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
@@ -136,11 +140,12 @@ def _volumes(result: Inspection, entries: Any, trace: TraceResult,
         bv.ops.extend(cp_ops)
         bv.ops.extend(_dispatch_ops(p, trace, config or {}, float_bytes, result.sizes, ep))
         bv.ops.extend(_norm_ops(p, trace, result.sizes))
+        entry = entries.get(p.fqn)
         for t in p.transitions:
             info = trace.tensors.get((p.fqn, t.side, t.name))
             backward = not (t.side == "in" and (takes_token_ids(p.cls)
-                                                or t.name in no_grad_inputs(entries[p.fqn])))
-            bv.ops.extend(transition_volume(t, entries[p.fqn], result.axes, result.sizes,
+                                                or t.name in (entry.no_grad_inputs or ())))
+            bv.ops.extend(transition_volume(t, entry, result.axes, result.sizes,
                                             info, float_bytes, backward))
         out[p.fqn] = bv
     return out
@@ -188,16 +193,16 @@ def _uneven_findings(volumes: dict[str, BoundaryVolume]) -> list[Any]:
             for (name, detail), fqns in seen.items()]
 
 
-def _ep_size(meta: dict[str, Any], opts: InspectOptions) -> int:
+def _ep_size(plan: Plan, opts: InspectOptions) -> int:
     """The ep group size the dispatch runs over: ``--mesh``'s ``ep``, else the frozen one."""
     if opts.mesh is not None:
         from hpcodegen.inspect.options import parse_mesh
 
         return parse_mesh(opts.mesh)[1].get(EP, 1)
-    return max(axis_sizes(meta).get(EP, 1), 1)
+    return max(plan.dims.size(EP), 1)
 
 
-def volume_report(meta: dict[str, Any], result: Inspection,
+def volume_report(plan: Plan, result: Inspection,
                   opts: InspectOptions) -> dict[str, Any]:
     """Trace the model, then bytes per rank per collective, per forward and per backward."""
     from hpcodegen.inspect.trace import trace_boundaries
@@ -205,14 +210,14 @@ def volume_report(meta: dict[str, Any], result: Inspection,
     float_bytes = dtype_bytes(opts.dtype)
     _check_sizes(result)
     config, _ = read_hf_config(opts.hf_config or "")
-    entries = param_plan(meta)
+    entries = plan.entries
     trace = trace_boundaries(config, _targets(result, entries), opts.batch or 1, opts.seq or 1)
     result.findings.extend(trace.findings)
     result.findings.extend(
         warning("trace.called_repeatedly", fqn,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
-    volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(meta, opts),
+    volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(plan, opts),
                        opts.batch or 1, opts.seq or 1)
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())

@@ -12,8 +12,8 @@ Two directions, both used by the harness (:mod:`hpcodegen.parity.harness`):
 Local shards are turned back into full tensors with DTensor (``from_local`` with the plan's
 placements, then ``full_tensor``), so uneven and strided shards are handled by torch, and
 the logits gather stays differentiable (the loss is taken on the full logits, the same
-function on both models). A parameter's placement is the plan's (``iter_params`` resolved
-over the live active axes); replicated parameters are compared as they are, which also
+function on both models). A parameter's placement is the plan's (``Plan.parameters()``
+resolved over the live active axes); replicated parameters are compared as they are, which also
 checks that partial gradients (SP norms) were reduced by the runtime.
 """
 
@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcodegen.placement import Replicate, resolve_placements
-from hpcodegen.plan.entry import is_boundary, iter_params, out_names, param_plan
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import NamedPlacement, Plan
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -58,7 +59,7 @@ def output_module_fqn(model: Any) -> str | None:
     return None
 
 
-def full_logits(logits: Any, model: Any, meta: Mapping[str, Any], active: Any) -> Any:
+def full_logits(logits: Any, model: Any, plan: Plan, active: Any) -> Any:
     """Gather the model's logits per the plan's output placement of the LM head.
 
     The output placement is the head entry's ``out_dst`` (else ``out_src``) for its first
@@ -67,23 +68,23 @@ def full_logits(logits: Any, model: Any, meta: Mapping[str, Any], active: Any) -
     :meth:`hpcodegen.runtime.cp.CPBatch.gather` puts back.
     """
     fqn = output_module_fqn(model)
-    entry = param_plan(meta).get(fqn) if fqn is not None else None
+    entry = plan.entries.get(fqn) if fqn is not None else None
     named = None
-    if entry is not None and is_boundary(entry):
-        outs = entry.get("out_dst") or entry.get("out_src") or {}
-        names = out_names(entry)
+    if entry is not None and entry.boundary:
+        outs = entry.out_dst or entry.out_src or EMPTY
+        names = entry.output_names
         named = outs.get(names[0]) if names else None
-    if isinstance(named, Mapping):
+    if named is not None:
         named = {axis: p for axis, p in named.items() if axis != "cp"}
     return _full(logits, active, named, None)
 
 
-def plan_placements(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def plan_placements(plan: Plan) -> dict[str, NamedPlacement]:
     """``{param_fqn: named placement}`` for every planned parameter."""
-    return {fqn: named for fqn, _, named in iter_params(meta)}
+    return {p.fqn: p.placements for p in plan.parameters()}
 
 
-def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active: Any,
+def max_param_diff(sharded: Any, reference: Any, plan: Plan, active: Any,
                    pick: Callable[[Any], Any], expert: Any = None
                    ) -> tuple[float, str | None, list[str]]:
     """Largest ``|pick(sharded p) - pick(reference p)|`` over all parameters.
@@ -96,7 +97,7 @@ def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active
     Returns:
         ``(max abs diff, FQN where it occurs, FQNs present on one side only)``.
     """
-    placements = plan_placements(meta)
+    placements = plan_placements(plan)
     ref_params = dict(reference.named_parameters())
     worst, where, odd = 0.0, None, []
     for fqn, param in sharded.named_parameters():
@@ -107,8 +108,7 @@ def max_param_diff(sharded: Any, reference: Any, meta: Mapping[str, Any], active
                 odd.append(fqn)
             continue
         named = placements.get(fqn)
-        on = expert if expert is not None and isinstance(named, Mapping) and "ep" in named \
-            else active
+        on = expert if expert is not None and named is not None and "ep" in named else active
         full = _full(mine.detach(), on, named, theirs)
         if tuple(full.shape) != tuple(theirs.shape):
             odd.append(fqn)

@@ -31,6 +31,7 @@ from typing import Any
 
 from hpcodegen.parity.gather import max_param_diff
 from hpcodegen.parity.step import forward_loss, loss_of_logits, sync_gradients, whole_logits
+from hpcodegen.plan.types import Plan
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Pair:
 
     reference: Any
     sharded: Any
-    meta: dict[str, Any]
+    plan: Plan
     artifact: Path
     config_dict: dict[str, Any]
 
@@ -92,6 +93,7 @@ def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: A
 
     from hpcodegen.artifact.load import load_meta
     from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
     artifact = Path(artifact)
@@ -104,14 +106,14 @@ def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: A
     if prepare is not None:
         with torch.no_grad():
             prepare(ref)
-    meta = load_meta(artifact).data
-    cls = type(ref) if plain else generated_model_class(meta, import_generated_module(artifact))
+    plan = plan_from_meta(load_meta(artifact).data)
+    cls = type(ref) if plain else generated_model_class(plan, import_generated_module(artifact))
     gen = cls(config).to(dtype)
     gen.load_state_dict(ref.state_dict())
     if eval_mode:
         ref.eval()
         gen.eval()
-    return Pair(ref, gen, meta, artifact, dict(config_dict))
+    return Pair(ref, gen, plan, artifact, dict(config_dict))
 
 
 def install(pair: Pair, mesh: Any) -> Installed:
@@ -124,8 +126,8 @@ def install(pair: Pair, mesh: Any) -> Installed:
     context = mesh if isinstance(mesh, MeshContext) else MeshContext(device_mesh=mesh)
     info = parallelize_from_generated(pair.sharded, context, pair.artifact,
                                       hf_config=pair.config_dict)
-    return Installed(info, resolve_active_mesh(pair.meta, context),
-                     resolve_expert_mesh(pair.meta, context.device_mesh))
+    return Installed(info, resolve_active_mesh(pair.plan, context),
+                     resolve_expert_mesh(pair.plan, context.device_mesh))
 
 
 def token_batch(vocab: int, rows: int, length: int, seed: int = 1,
@@ -139,14 +141,14 @@ def token_batch(vocab: int, rows: int, length: int, seed: int = 1,
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Mapping[str, Any],
+def loss_and_logits(model: Any, inputs: Mapping[str, Any], labels: Any, plan: Plan,
                     active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
     """Cross entropy of ``model(**inputs)`` and the logits it was taken on (the loss rule,
     :mod:`hpcodegen.parity.step`, without cp)."""
-    return loss_of_logits(model(**inputs).logits, labels, model, meta, active, vocab)
+    return loss_of_logits(model(**inputs).logits, labels, model, plan, active, vocab)
 
 
-def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: Installed,
+def compare(sharded: Any, reference: Any, plan: Plan, installed: Installed,
             inputs: Mapping[str, Any], labels: Any, vocab: int | None = None,
             zero_grad: bool = False) -> ParityResult:
     """One forward/backward of both models on the full batch ``inputs``; logits and every
@@ -160,14 +162,14 @@ def compare(sharded: Any, reference: Any, meta: Mapping[str, Any], installed: In
     compare more, e.g. clipping) unless ``zero_grad``.
     """
     active, expert = installed.active, installed.expert
-    fwd = forward_loss(sharded, inputs, labels, meta, active, vocab)
+    fwd = forward_loss(sharded, inputs, labels, plan, active, vocab)
     fwd.loss.backward()
     sync_gradients(sharded, active)
-    logits = whole_logits(fwd, sharded, meta, active)
-    ref = forward_loss(reference, inputs, labels, meta, None)
+    logits = whole_logits(fwd, sharded, plan, active)
+    ref = forward_loss(reference, inputs, labels, plan, None)
     ref.loss.backward()
     ref_logits = ref.logits.detach()
-    grad, worst, odd = max_param_diff(sharded, reference, meta, active, lambda p: p.grad,
+    grad, worst, odd = max_param_diff(sharded, reference, plan, active, lambda p: p.grad,
                                       expert)
     result = ParityResult(_logits_diff(logits, ref_logits, inputs.get("attention_mask")),
                           grad, worst, odd, float(fwd.value), float(ref.value),
@@ -217,12 +219,12 @@ def count_collectives() -> Iterator[Counter]:
         seen[OP_KIND.get(name, name)] += n
 
 
-def predicted_collectives(meta: Mapping[str, Any]) -> tuple[Counter, Counter]:
+def predicted_collectives(plan: Plan) -> tuple[Counter, Counter]:
     """inspect-plan's collectives per forward and per backward (the partial gradients'
     all-reduces, ``Summary.grad_sync``, included in the backward), by kind."""
     from hpcodegen.plan.predict import predict_plan, summarize
 
-    summary = summarize(predict_plan(meta)[0])
+    summary = summarize(predict_plan(plan))
     fwd, bwd = Counter(), Counter()
     for (kind, _axis, _dim), n in summary.per_forward.items():
         fwd[kind] += n

@@ -5,7 +5,7 @@ take the same loss, so a step that trains is a step that was compared:
 
 * the reference (``active`` None): cross entropy on its logits;
 * the sharded model: on the full logits (gathered per the LM head's planned placement) or,
-  for a loss-parallel head (:func:`~hpcodegen.plan.entry.vocab_sharded_heads`), on the
+  for a loss-parallel head (:meth:`~hpcodegen.plan.types.Plan.vocab_sharded_heads`), on the
   vocab-sharded logits themselves (:func:`~hpcodegen.runtime.loss.vocab_parallel_cross_entropy`,
   no gather; ``vocab`` is the head's full width);
 * under context parallelism each rank feeds its positions of the batch
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.parity.gather import full_logits, output_module_fqn
-from hpcodegen.plan.entry import vocab_sharded_heads
+from hpcodegen.plan.types import Plan
 
 #: the batch fields :func:`hpcodegen.runtime.cp.shard_batch` cuts per rank
 CP_FIELDS = ("input_ids", "attention_mask", "position_ids")
@@ -67,49 +67,49 @@ def model_inputs(model: Any, inputs: Mapping[str, Any], active: Any,
     return {**batch.inputs, **rest}, batch
 
 
-def forward_loss(model: Any, inputs: Mapping[str, Any], labels: Any, meta: Mapping[str, Any],
+def forward_loss(model: Any, inputs: Mapping[str, Any], labels: Any, plan: Plan,
                  active: Any | None, vocab: int | None = None) -> Forward:
     """The loss of ``model(**inputs)`` against ``labels`` by the rule above."""
     kwargs, batch = model_inputs(model, inputs, active, labels)
     logits = model(**kwargs).logits
     if batch is not None:
-        if _loss_parallel_head(model, meta, active):
+        if _loss_parallel_head(model, plan, active):
             loss = batch.loss(logits, vocab_group=active.tp_group(), vocab_size=vocab)
         else:
-            loss = batch.loss(full_logits(logits, model, meta, active))
+            loss = batch.loss(full_logits(logits, model, plan, active))
         return Forward(loss, batch.total(loss).detach(), logits, batch)
-    loss = loss_of_logits(logits, labels, model, meta, active, vocab)[0]
+    loss = loss_of_logits(logits, labels, model, plan, active, vocab)[0]
     return Forward(loss, loss.detach(), logits)
 
 
-def loss_of_logits(logits: Any, labels: Any, model: Any, meta: Mapping[str, Any],
+def loss_of_logits(logits: Any, labels: Any, model: Any, plan: Plan,
                    active: Any | None, vocab: int | None = None) -> tuple[Any, Any]:
     """``(loss, logits it was taken on)`` for logits already computed, without cp."""
     import torch
     import torch.nn.functional as F
 
-    if _loss_parallel_head(model, meta, active):
+    if _loss_parallel_head(model, plan, active):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
         return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
                                             vocab_size=vocab), logits
     if active is not None:
-        logits = full_logits(logits, model, meta, active)
+        logits = full_logits(logits, model, plan, active)
     flat = logits.reshape(-1, logits.shape[-1])  # (batch, [codebooks,] seq) rows
     flat = flat if flat.dtype == torch.float64 else flat.float()
     return F.cross_entropy(flat, labels.flatten()), logits
 
 
-def _loss_parallel_head(model: Any, meta: Mapping[str, Any], active: Any | None) -> bool:
+def _loss_parallel_head(model: Any, plan: Plan, active: Any | None) -> bool:
     """The sharded model's output head leaves its logits vocab-sharded for the loss."""
-    return active is not None and output_module_fqn(model) in vocab_sharded_heads(meta)
+    return active is not None and output_module_fqn(model) in plan.vocab_sharded_heads()
 
 
-def whole_logits(fwd: Forward, model: Any, meta: Mapping[str, Any], active: Any) -> Any:
+def whole_logits(fwd: Forward, model: Any, plan: Plan, active: Any) -> Any:
     """The full ``[B, S, V]`` logits of a forward, in the batch's order (for comparing)."""
     logits = fwd.logits.detach()
     if active is not None:
-        logits = full_logits(logits, model, meta, active)
+        logits = full_logits(logits, model, plan, active)
     return fwd.batch.gather(logits) if fwd.batch is not None else logits
 
 

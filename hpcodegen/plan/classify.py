@@ -27,24 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from hpcodegen.errors import Finding, error, pointer
-from hpcodegen.placement import (
-    REPLICATE,
-    Partial,
-    Placement,
-    is_shard,
-    parse_placement,
-    resolve_placements,
-)
-from hpcodegen.plan.entry import (
-    active_axes,
-    expand_injections,
-    is_boundary,
-    out_names,
-    param_plan,
-)
+from hpcodegen.placement import REPLICATE, Placement, resolve_placements
 from hpcodegen.plan.steps import (
     TP,
     OpKind,
@@ -56,13 +41,14 @@ from hpcodegen.plan.steps import (
     grad_steps,
     redistribute_steps,
 )
+from hpcodegen.plan.types import EP, Injection, NamedPlacement, Plan, PlanEntry, Side
 
 __all__ = [  # the step algebra lives in plan/steps.py; re-exported for existing importers
     "TP", "BoundaryForm", "Form", "OpKind", "Step", "StepKind", "TPOp", "Transition",
-    "classify_boundary", "classify_entries", "classify_memo", "classify_plan",
+    "classify_boundary", "classify_memo", "classify_plan",
     "classify_transition", "enclosed_in_partial", "grad_placements", "grad_steps",
     "outputs_not_first",
-    "redistribute_steps", "splits_compute",
+    "redistribute_steps",
 ]
 
 Form = Literal["region", "generic", "identity", "tp_collective", "params"]
@@ -105,7 +91,7 @@ class BoundaryForm:
     #: why the form is generic/region (empty otherwise)
     reasons: tuple[str, ...] = ()
     #: the injection record that applies, if any (communication inside it is opaque)
-    injection: Mapping[str, Any] | None = field(default=None, compare=False)
+    injection: Injection | None = field(default=None, compare=False)
 
     @property
     def transitions(self) -> tuple[Transition, ...]:
@@ -135,14 +121,11 @@ def outputs_not_first(form: BoundaryForm) -> tuple[str, ...]:
     return tuple(name for name, _ in form.out_ops if name in names and names.index(name) != 0)
 
 
-def _note(name: str, src: Mapping[str, Any], dst: Mapping[str, Any], what: str) -> str:
-    """Render the axes whose raw strings differ (a missing axis reads ``R``)."""
-    axes = sorted(set(src) | set(dst))
-    parts = [
-        f"{axis} {src.get(axis, 'R')} -> {dst.get(axis, 'R')}"
-        for axis in axes
-        if src.get(axis, "R") != dst.get(axis, "R")
-    ]
+def _note(name: str, src: NamedPlacement, dst: NamedPlacement, what: str) -> str:
+    """Render the axes whose placements differ (a missing axis reads ``R``)."""
+    parts = [f"{axis} {src.get(axis, REPLICATE)} -> {dst.get(axis, REPLICATE)}"
+             for axis in sorted(set(src) | set(dst))
+             if src.get(axis, REPLICATE) != dst.get(axis, REPLICATE)]
     return f"{name}: {', '.join(parts)} ==> {what}" if parts else ""
 
 
@@ -155,86 +138,50 @@ def _degenerate(placements: tuple[Placement, ...], axes: Sequence[str],
                  for a, p in zip(axes, placements, strict=False))
 
 
-def splits_compute(entry: Mapping[str, Any]) -> bool:
-    """True when the boundary's compute is split over ``tp``.
-
-    That is the case when it holds a tp-sharded parameter or produces a tp-Partial output.
-    Then the gradient of every replicated input is *partial* over tp inside the region
-    (each rank only sees its share of heads or of the vocab), as DTensor would track it.
-    """
-    for named in (entry.get("params") or {}).values():
-        if isinstance(named, Mapping) and _parses_as(named.get(TP), is_shard):
-            return True
-    for named in (entry.get("out_src") or {}).values():
-        if isinstance(named, Mapping) and _parses_as(named.get(TP),
-                                                     lambda p: isinstance(p, Partial)):
-            return True
-    return False
-
-
-def _parses_as(text: object, pred: Any) -> bool:
-    try:
-        return text is not None and bool(pred(parse_placement(text)))
-    except ValueError:
-        return False
-
-
-def partial_output(entry: Any) -> bool:
-    """True when ``entry`` is a boundary with an output partial over ``tp`` (a region)."""
-    if not isinstance(entry, Mapping) or not is_boundary(entry):
-        return False
-    return any(isinstance(named, Mapping)
-               and _parses_as(named.get(TP), lambda p: isinstance(p, Partial))
-               for named in (entry.get("out_src") or {}).values())
-
-
-def enclosed_in_partial(fqn: str, plan: Mapping[str, Any]) -> bool:
+def enclosed_in_partial(fqn: str, entries: Mapping[str, PlanEntry]) -> bool:
     """True when a module enclosing ``fqn`` (not ``fqn`` itself) is a boundary whose output
     is partial over tp: every replicated value inside it then has a partial gradient."""
     if not fqn:
         return False
     parts = fqn.split(".")
-    return any(partial_output(plan.get(".".join(parts[:i]))) for i in range(len(parts)))
+    for i in range(len(parts)):
+        outer = entries.get(".".join(parts[:i]))
+        if outer is not None and outer.boundary and outer.partial_output():
+            return True
+    return False
 
 
-def _transitions(entry: Mapping[str, Any], side: Literal["in", "out"], axes: Sequence[str],
+def _transitions(entry: PlanEntry, side: Side, axes: Sequence[str],
                  sizes: Mapping[str, int] | None, enclosed: bool = False
                  ) -> tuple[Transition, ...]:
-    split = splits_compute(entry)
+    split = entry.splits_compute()
     enclosed = enclosed and side == "out"
-    src_map = entry.get(f"{side}_src") or {}
-    dst_map = entry.get(f"{side}_dst") or {}
     out: list[Transition] = []
-    for name in sorted(set(src_map) | set(dst_map)):
-        raw_src, raw_dst = src_map.get(name) or {}, dst_map.get(name) or {}
-        src = _degenerate(resolve_placements(raw_src, axes), axes, sizes)
-        dst = _degenerate(resolve_placements(raw_dst, axes), axes, sizes)
+    for planned in entry.transitions(side):
+        src = _degenerate(resolve_placements(planned.src, axes), axes, sizes)
+        dst = _degenerate(resolve_placements(planned.dst, axes), axes, sizes)
         op = classify_transition(src, dst, axes)
         identity = op is not None and op.kind == "identity"
         steps = () if identity else redistribute_steps(src, dst, axes)
         what = str(op) if op is not None else "dtensor redistribute"
-        note = "" if identity else _note(name, raw_src, raw_dst, what)
+        note = "" if identity else _note(planned.name, planned.src, planned.dst, what)
         grad, target = grad_placements(side, src, dst, axes, split, enclosed)
         back = redistribute_steps(_degenerate(grad, axes, sizes), target, axes)
-        out.append(Transition(side, name, src, dst, op, steps, note, back, enclosed))
+        out.append(Transition(side, planned.name, src, dst, op, steps, note, back, enclosed))
     return tuple(out)
 
 
-def _ep_changes(entry: Mapping[str, Any]) -> bool:
+def _ep_changes(entry: PlanEntry) -> bool:
     """True when an ``ep`` placement changes between src and dst on either side."""
-    for side in ("in", "out"):
-        src, dst = entry.get(f"{side}_src") or {}, entry.get(f"{side}_dst") or {}
-        for name in set(src) | set(dst):
-            if (src.get(name) or {}).get("ep", "R") != (dst.get(name) or {}).get("ep", "R"):
-                return True
-    return False
+    return any(t.src.get(EP, REPLICATE) != t.dst.get(EP, REPLICATE)
+               for side in ("in", "out") for t in entry.transitions(side))
 
 
 def classify_boundary(
     fqn: str,
-    entry: Mapping[str, Any],
+    entry: PlanEntry,
     axes: Sequence[str] | None,
-    injection: Mapping[str, Any] | None = None,
+    injection: Injection | None = None,
     sizes: Mapping[str, int] | None = None,
     enclosed: bool = False,
 ) -> BoundaryForm:
@@ -242,37 +189,33 @@ def classify_boundary(
 
     Args:
         fqn: the entry's module FQN (for the result only).
-        entry: the ``param_plan`` entry, as in the meta.
+        entry: the typed ``param_plan`` entry.
         axes: the ordered active mesh axes (the plan's ``mesh_dim_names`` or a live mesh).
-        injection: the entry's injection record (``expand_injections``), if any.
+        injection: the entry's injection record (:meth:`Plan.injections_by_fqn`), if any.
         sizes: axis sizes; an axis of size 1 makes every transition on it identity.
         enclosed: the entry is nested in a boundary whose output is partial over tp
             (:func:`enclosed_in_partial`): its replicated outputs get partial gradients.
 
     Returns:
         The form, each transition with its lowered op (or None) and its DTensor steps.
-
-    Raises:
-        PlacementSyntaxError: a placement string is outside the grammar.
     """
-    names = out_names(entry)
-    if not is_boundary(entry):
+    names = entry.output_names
+    if not entry.boundary:
         return BoundaryForm(fqn, "params", out_names=names, injection=injection)
-    injection = injection or {}
     axes = tuple(axes or ())
-    if injection.get("local_compute_fn"):
+    if injection is not None and injection.local_compute_fn is not None:
         inputs = _transitions(entry, "in", axes, sizes)
         outputs = _transitions(entry, "out", axes, sizes, enclosed)
         return BoundaryForm(fqn, "region", inputs, outputs, names,
                             ("local_compute_fn injection",), injection)
     reasons: list[str] = []
-    if injection.get("inner_wrapper"):
+    if injection is not None and injection.inner_wrapper:
         reasons.append("inner_wrapper injection")
     if not axes:
         if _ep_changes(entry):
             reasons.append("ep placement changes")
         form: Form = "generic" if reasons else "identity"
-        return BoundaryForm(fqn, form, (), (), names, tuple(reasons), injection or None)
+        return BoundaryForm(fqn, form, (), (), names, tuple(reasons), injection)
     inputs = _transitions(entry, "in", axes, sizes)
     outputs = _transitions(entry, "out", axes, sizes, enclosed)
     for t in inputs + outputs:
@@ -284,23 +227,30 @@ def classify_boundary(
         form = "identity"
     else:
         form = "tp_collective"
-    return BoundaryForm(fqn, form, inputs, outputs, names, tuple(reasons), injection or None)
+    return BoundaryForm(fqn, form, inputs, outputs, names, tuple(reasons), injection)
 
 
 def classify_plan(
-    meta: Mapping[str, Any],
+    plan: Plan,
     axes: Sequence[str] | None = None,
     sizes: Mapping[str, int] | None = None,
 ) -> dict[str, BoundaryForm]:
-    """Classify every ``param_plan`` entry of a meta (frozen axes unless ``axes`` is given)."""
-    use_axes = tuple(axes) if axes is not None else active_axes(meta)
-    injections = expand_injections(meta)
-    memo: dict[str, BoundaryForm] = {}
+    """Classify every ``param_plan`` entry of a plan (its own axes unless ``axes`` is given).
+
+    Example::
+
+        forms = classify_plan(load_checked_meta("examples/llama_tp2").plan)
+        forms["model.layers.0.self_attn"].form          # "tp_collective"
+    """
+    use_axes = tuple(axes) if axes is not None else plan.axes
+    injections = plan.injections_by_fqn()
+    entries = plan.entries
+    memo: dict[tuple[object, ...], BoundaryForm] = {}
     return promote_reducing_identities({
         fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes,
-                           enclosed_in_partial(fqn, param_plan(meta)))
-        for fqn, entry in param_plan(meta).items()
-    }, param_plan(meta))
+                           enclosed_in_partial(fqn, entries))
+        for fqn, entry in entries.items()
+    }, entries)
 
 
 def _reduces_input_grad(form: BoundaryForm) -> bool:
@@ -308,7 +258,7 @@ def _reduces_input_grad(form: BoundaryForm) -> bool:
 
 
 def promote_reducing_identities(forms: dict[str, BoundaryForm],
-                                plan: Mapping[str, Any]) -> dict[str, BoundaryForm]:
+                                entries: Mapping[str, PlanEntry]) -> dict[str, BoundaryForm]:
     """An ``identity`` boundary whose input gradient must still be all-reduced becomes a
     ``tp_collective`` (in place; returns ``forms``).
 
@@ -321,7 +271,7 @@ def promote_reducing_identities(forms: dict[str, BoundaryForm],
     def runs_and_splits(fqn: str) -> bool:
         f = forms.get(fqn)
         return f is not None and f.form in ("tp_collective", "generic", "region") \
-            and isinstance(plan.get(fqn), Mapping) and splits_compute(plan[fqn])
+            and fqn in entries and entries[fqn].splits_compute()
 
     for fqn in sorted(forms, key=lambda f: (f.count(".") + bool(f), f)):
         f = forms[fqn]
@@ -336,37 +286,24 @@ def promote_reducing_identities(forms: dict[str, BoundaryForm],
     return forms
 
 
-def classify_entries(meta: Mapping[str, Any], axes: Sequence[str] | None = None,
-                     sizes: Mapping[str, int] | None = None
-                     ) -> tuple[dict[str, BoundaryForm], list[Finding]]:
-    """:func:`classify_plan` for readers of unverified metas (inspect-plan, re-validation).
-
-    An entry that cannot be classified becomes an error finding, not a traceback.
-    """
-    use_axes = tuple(axes) if axes is not None else active_axes(meta)
-    injections = expand_injections(meta)
-    forms: dict[str, BoundaryForm] = {}
-    problems: list[Finding] = []
-    memo: dict[str, BoundaryForm] = {}
-    for fqn, entry in param_plan(meta).items():
-        try:
-            if not isinstance(entry, Mapping):
-                raise TypeError(f"entry is a {type(entry).__name__}, expected an object")
-            forms[fqn] = classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes,
-                                       enclosed_in_partial(fqn, param_plan(meta)))
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            problems.append(error("inspect.bad_entry", pointer("param_plan", fqn),
-                                  f"cannot classify {fqn!r}: {exc}",
-                                  hint="run `hpcodegen verify` for the full diagnosis"))
-    return promote_reducing_identities(forms, param_plan(meta)), problems
+def _memo_key(entry: PlanEntry, injection: Injection | None,
+              enclosed: bool) -> tuple[object, ...]:
+    """Everything the form depends on, the entry's FQN and the record's ``match`` aside:
+    repeated layers share one key."""
+    record = None if injection is None else (
+        injection.inner_wrapper, injection.inner_target, injection.inner_out_src,
+        injection.inner_in_src, injection.inner_in_dst, injection.local_compute_fn,
+        injection.ep_stack, injection.ep_size, injection.extra)
+    return (entry.params, entry.in_src, entry.in_dst, entry.out_src, entry.out_dst,
+            entry.out_names, entry.is_boundary, record, enclosed)
 
 
 def classify_memo(
-    memo: dict[str, BoundaryForm],
+    memo: dict[tuple[object, ...], BoundaryForm],
     fqn: str,
-    entry: Mapping[str, Any],
+    entry: PlanEntry,
     axes: Sequence[str],
-    injection: Mapping[str, Any] | None = None,
+    injection: Injection | None = None,
     sizes: Mapping[str, int] | None = None,
     enclosed: bool = False,
 ) -> BoundaryForm:
@@ -376,7 +313,7 @@ def classify_memo(
     same content (every layer of a model) share one classification. ``memo`` must only be
     reused for the same ``axes`` and ``sizes``.
     """
-    key = repr((entry, injection, enclosed))
+    key = _memo_key(entry, injection, enclosed)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = classify_boundary(fqn, entry, axes, injection, sizes, enclosed)

@@ -15,6 +15,7 @@ its JSON pointer (the schema check reports those first, so the loader never sees
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,14 +26,24 @@ from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
 from hpcodegen.plan.provenance import OutputDigest, Provenance, Source
 from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Target
 
-__all__ = ["PlanFormatError", "as_plan", "entry_from_json", "plan_from_meta", "plan_to_meta",
-           "render_meta"]
+__all__ = [
+    "PlanFormatError",
+    "as_plan",
+    "entries_from_json",
+    "entry_from_json",
+    "injection_from_json",
+    "plan_from_meta",
+    "plan_to_meta",
+    "readable_plan",
+    "render_meta",
+]
 
 
 class PlanFormatError(ValueError):
     """A known meta key holds a value of the wrong shape; ``where`` is its JSON pointer."""
 
     def __init__(self, path: JsonPath, message: str) -> None:
+        self.path = tuple(path)
         self.where = pointer(*path)
         self.message = message
         super().__init__(f"{self.where or '/'}: {message}")
@@ -240,6 +251,16 @@ def _write(table: Table, obj: Any) -> dict[str, Any]:
     return out
 
 
+def _build(cls: type, fields: dict[str, Any], where: JsonPath) -> Any:
+    """``cls(**fields)``; a required field absent (or null) from the JSON is a
+    :class:`PlanFormatError` at its key, not a ``TypeError``."""
+    for f in dataclasses.fields(cls):
+        if f.name not in fields and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING:
+            raise PlanFormatError((*where, f.name), f"{f.name} is required")
+    return cls(**fields)
+
+
 def entry_from_json(fqn: str, value: Any, where: JsonPath | None = None) -> PlanEntry:
     """One ``param_plan`` entry (``where`` defaults to ``("param_plan", fqn)``)."""
     where = ("param_plan", fqn) if where is None else where
@@ -251,14 +272,24 @@ def entry_to_json(entry: PlanEntry) -> dict[str, Any]:
     return _write(_ENTRY, entry)
 
 
+def entries_from_json(value: Any) -> FrozenMap[str, PlanEntry]:
+    """A ``param_plan`` object's typed entries (generate hands its plan to the rules so)."""
+    return _entries(value, ("param_plan",))
+
+
 def _entries(value: Any, where: JsonPath) -> FrozenMap[str, PlanEntry]:
     return FrozenMap.adopt({fqn: entry_from_json(fqn, e, (*where, fqn))
                       for fqn, e in _object(value, where).items()})
 
 
+def injection_from_json(value: Any, where: JsonPath = ("injections",)) -> Injection:
+    """One ``injections`` record (``where``: its JSON path, for the error)."""
+    return _build(Injection, _read(_INJECTION, value, where), where)
+
+
 def _injections(value: Any, where: JsonPath) -> tuple[Injection, ...]:
     records = _expect(value, list, where, "an array of injection records")
-    return tuple(Injection(**_read(_INJECTION, r, (*where, i))) for i, r in enumerate(records))
+    return tuple(injection_from_json(r, (*where, i)) for i, r in enumerate(records))
 
 
 def _dims(value: Any, where: JsonPath) -> ParallelDims:
@@ -287,8 +318,9 @@ def _write_dims(dims: ParallelDims) -> dict[str, Any]:
 
 
 def _outputs(value: Any, where: JsonPath) -> FrozenMap[str, OutputDigest]:
-    return FrozenMap.adopt({role: OutputDigest(**_read(_OUTPUT, rec, (*where, role)))
-                      for role, rec in _object(value, where).items()})
+    return FrozenMap.adopt({
+        role: _build(OutputDigest, _read(_OUTPUT, rec, (*where, role)), (*where, role))
+        for role, rec in _object(value, where).items()})
 
 
 _PLAN: Table = {
@@ -342,6 +374,34 @@ def plan_from_meta(meta: Mapping[str, Any]) -> Plan:
     own = {k: v for k, v in meta.items() if k not in kept}
     provenance = Provenance(**_fields(_PROVENANCE, kept, ())[0])
     return Plan(provenance=provenance, **_read(_PLAN, own, ()))
+
+
+def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[PlanFormatError]]:
+    """The Plan of what parses in a meta the schema may reject, and what was left out.
+
+    For readers that report a broken meta instead of refusing it (verify's semantic
+    checks beside the schema check, ``inspect-plan --no-checks``): a ``param_plan`` entry
+    or an ``injections`` record the codec refuses is left out alone, any other top-level
+    key whole; each refusal is returned (its ``path`` says what was left out). A meta the
+    schema accepts gives ``(plan_from_meta(meta), [])``.
+    """
+    view = dict(_object(meta, ()))
+    left_out: list[PlanFormatError] = []
+    while True:
+        try:
+            return plan_from_meta(view), left_out
+        except PlanFormatError as exc:
+            key, *rest = exc.path or (None,)
+            part = view.get(key)
+            if key == "param_plan" and rest and isinstance(part, Mapping):
+                view[key] = {f: e for f, e in part.items() if f != rest[0]}
+            elif key == "injections" and rest and isinstance(part, list):
+                view[key] = [r for i, r in enumerate(part) if i != rest[0]]
+            elif key in view:
+                del view[key]
+            else:  # cannot happen: every refusal lies under a top-level key
+                raise
+            left_out.append(exc)
 
 
 def plan_to_meta(plan: Plan) -> dict[str, Any]:

@@ -29,9 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.placement import REPLICATE, Partial, Placement, Shard, parse_placement
-from hpcodegen.plan.entry import axis_sizes, expand_injections
+from hpcodegen.placement import REPLICATE, Partial, Placement, Shard
+from hpcodegen.plan.entry import axis_sizes
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.moe import target_name
 from hpcodegen.plan.steps import Step, redistribute_steps
+from hpcodegen.plan.types import Injection, Plan
 
 CP = "cp"
 CONTIGUOUS = "contiguous"
@@ -57,25 +60,15 @@ def cp_size(meta: Mapping[str, Any]) -> int:
     return max(axis_sizes(meta).get(CP, 1), 1)
 
 
-def cp_layout(meta: Mapping[str, Any]) -> str:
+def cp_layout(plan: Plan) -> str:
     """``parallel_dims.cp_layout``; ``contiguous`` when absent (the existing system's)."""
-    dims = meta.get("parallel_dims")
-    value = dims.get("cp_layout") if isinstance(dims, Mapping) else None
-    return value if isinstance(value, str) else CONTIGUOUS
+    return plan.dims.cp_layout or CONTIGUOUS
 
 
-def wrapper_name(value: Any) -> str | None:
-    """The ``_target_`` of an ``inner_wrapper`` value (Target dict or bare name)."""
-    if isinstance(value, Mapping):
-        value = value.get("_target_")
-    return value if isinstance(value, str) else None
-
-
-def is_cp_wrapper(record: Mapping[str, Any] | None) -> bool:
+def is_cp_wrapper(injection: Injection | None) -> bool:
     """The injection's ``inner_wrapper`` is an all-gather-K/V attention (ours or the
     existing system's name for it)."""
-    return isinstance(record, Mapping) and \
-        wrapper_name(record.get("inner_wrapper")) in CP_WRAPPER_NAMES
+    return injection is not None and target_name(injection.inner_wrapper) in CP_WRAPPER_NAMES
 
 
 @dataclass(frozen=True)
@@ -89,33 +82,22 @@ class KVTransition:
     declared: bool
 
 
-def _cp_placement(named: Any) -> Placement | None:
-    text = named.get(CP, "R") if isinstance(named, Mapping) else None
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:  # the schema check reports it
-        return None
-
-
-def kv_transitions(record: Mapping[str, Any] | None) -> tuple[KVTransition, ...]:
+def kv_transitions(injection: Injection | None) -> tuple[KVTransition, ...]:
     """The K/V transitions over cp of one injection record (empty: none).
 
-    Declared ``inner_in_src``/``inner_in_dst`` win; else a known all-gather wrapper
-    (:func:`is_cp_wrapper`) implies ``key``/``value`` ``S(2) -> R``.
+    Declared ``inner_in_src``/``inner_in_dst`` win (a missing axis or name reads ``R``);
+    else a known all-gather wrapper (:func:`is_cp_wrapper`) implies ``key``/``value``
+    ``S(2) -> R``.
     """
-    if not isinstance(record, Mapping):
+    if injection is None:
         return ()
-    src, dst = record.get("inner_in_src"), record.get("inner_in_dst")
-    if isinstance(src, Mapping) or isinstance(dst, Mapping):
-        src = src if isinstance(src, Mapping) else {}
-        dst = dst if isinstance(dst, Mapping) else {}
-        out = []
-        for name in sorted(set(src) | set(dst)):
-            s, d = _cp_placement(src.get(name, {})), _cp_placement(dst.get(name, {}))
-            if s is not None and d is not None:
-                out.append(KVTransition(name, s, d, True))
-        return tuple(out)
-    if is_cp_wrapper(record):
+    src, dst = injection.inner_in_src, injection.inner_in_dst
+    if src is not None or dst is not None:
+        src, dst = src or EMPTY, dst or EMPTY
+        return tuple(KVTransition(n, src.get(n, EMPTY).get(CP, REPLICATE),
+                                  dst.get(n, EMPTY).get(CP, REPLICATE), True)
+                     for n in sorted(set(src) | set(dst)))
+    if is_cp_wrapper(injection):
         return tuple(KVTransition(n, Shard(KV_SEQ_DIM), REPLICATE, False) for n in KV_NAMES)
     return ()
 
@@ -132,37 +114,10 @@ def kv_backward_steps(t: KVTransition) -> tuple[Step, ...]:
     return redistribute_steps((grad,), (t.src,), (CP,))
 
 
-def injection_kv(injection: Any) -> tuple[KVTransition, ...]:
-    """:func:`kv_transitions` of a typed :class:`~hpcodegen.plan.types.Injection` (the
-    runtime reads the loader's Plan; verify and inspect-plan read unverified dicts)."""
-    src, dst = injection.inner_in_src, injection.inner_in_dst
-    if src is not None or dst is not None:
-        src, dst = src or {}, dst or {}
-        return tuple(KVTransition(n, (src.get(n) or {}).get(CP, REPLICATE),
-                                  (dst.get(n) or {}).get(CP, REPLICATE), True)
-                     for n in sorted(set(src) | set(dst)))
-    wrapper = injection.inner_wrapper
-    name = getattr(wrapper, "path", wrapper)
-    if name in CP_WRAPPER_NAMES:
-        return tuple(KVTransition(n, Shard(KV_SEQ_DIM), REPLICATE, False) for n in KV_NAMES)
-    return ()
-
-
-def plan_cp_attention(plan: Any) -> list[str]:
-    """The module FQNs of a typed Plan whose injection has a K/V transition over cp."""
+def plan_cp_attention(plan: Plan) -> list[str]:
+    """The module FQNs whose injection has a K/V transition over cp (sorted)."""
     return sorted(fqn for fqn, record in plan.injections_by_fqn().items()
-                  if injection_kv(record))
-
-
-def plan_cp_layout(plan: Any) -> str:
-    """The typed Plan's ``cp_layout`` (contiguous when absent)."""
-    return plan.dims.cp_layout or CONTIGUOUS
-
-
-def cp_injections(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{module FQN: injection record}`` of the records with a K/V transition over cp."""
-    return {fqn: record for fqn, record in expand_injections(meta).items()
-            if kv_transitions(record)}
+                  if kv_transitions(record))
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,8 +180,7 @@ def causal_work(seq: int, cp: int, layout: str) -> list[int]:
 
 
 __all__ = ["CONTIGUOUS", "CP", "CP_WRAPPER_NAMES", "HEADTAIL", "KV_NAMES", "KV_SEQ_DIM",
-           "LAYOUTS", "KVTransition", "causal_work", "cp_injections", "cp_layout", "cp_size",
-           "gathered_order", "injection_kv", "is_cp_wrapper", "kv_backward_steps",
+           "LAYOUTS", "KVTransition", "causal_work", "cp_layout", "cp_size",
+           "gathered_order", "is_cp_wrapper", "kv_backward_steps",
            "kv_forward_steps", "kv_gather_bytes", "kv_transitions", "layout_chunks",
-           "plan_cp_attention", "plan_cp_layout", "rank_positions", "rank_ranges",
-           "wrapper_name"]
+           "plan_cp_attention", "rank_positions", "rank_ranges"]

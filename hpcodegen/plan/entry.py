@@ -81,25 +81,14 @@ def output_index(entry: Mapping[str, Any], name: str) -> int:
     return names.index(name) if name in names else 0
 
 
-def partial_grad_params(entry: Any) -> tuple[str, ...]:
-    """The entry's ``partial_grad_params`` (relative names): replicated parameters whose
-    gradient is partial over tp, all-reduced after the backward (decisions.md item 6).
-
-    Read here once so inspect-plan predicts exactly the syncs the runtime installs; a field
-    of the wrong shape reads as empty (the schema check reports it).
-    """
-    names = entry.get("partial_grad_params") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-
-
 def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
     """The entry's ``deferred_bias_params`` whose gradient is partial over tp.
 
     A deferred bias is added once to the boundary's first output after its output
     transition; when that output leaves sharded on tp (an SP reduce_scatter), each rank adds
     the bias to its shard only, so its gradient is the rank's share (decisions.md item 6).
-    The one statement of that rule: the generator derives the ``partial_grad_params`` it
-    writes from it, and :func:`effective_partial_grad_params` adds it for metas that do not.
+    The generator derives the ``partial_grad_params`` it writes from it (on the dicts it
+    builds); the typed twin for a frozen plan is :meth:`PlanEntry.partial_deferred_biases`.
     """
     if not isinstance(entry, Mapping):
         return ()
@@ -116,34 +105,6 @@ def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
     except ValueError:  # the schema / plan checks report a bad placement
         sharded = False
     return biases if sharded else ()
-
-
-def tp_rank0_params(entry: Any) -> tuple[str, ...]:
-    """The entry's ``tp_rank0_params``: replicated parameters only tp rank 0 applies inside
-    a tp-split compute (every other rank sees them times 0), so the output's reduction
-    counts them once; the gradient is rank 0's alone, hence partial over tp."""
-    names = entry.get("tp_rank0_params") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-
-
-def no_grad_inputs(entry: Any) -> tuple[str, ...]:
-    """The entry's ``no_grad_inputs``: inputs carrying no gradient (integer expert indices
-    gathered under sequence parallelism), whose transitions run no backward collective."""
-    names = entry.get("no_grad_inputs") if isinstance(entry, Mapping) else None
-    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-
-
-def effective_partial_grad_params(entry: Any) -> tuple[str, ...]:
-    """The parameters whose gradient the runtime all-reduces over tp: the declared
-    ``partial_grad_params`` then the :func:`partial_deferred_biases` and
-    :func:`tp_rank0_params` not declared.
-
-    The runtime's gradient sync and inspect-plan's prediction both read this, so a meta
-    written without the derived names (another generator) is synced and counted alike.
-    """
-    declared = partial_grad_params(entry)
-    derived = partial_deferred_biases(entry) + tp_rank0_params(entry)
-    return declared + tuple(dict.fromkeys(n for n in derived if n not in declared))
 
 
 def takes_token_ids(cls: str | None) -> bool:
@@ -165,55 +126,6 @@ def output_sequence_sharded(entry: Any) -> bool:
         except ValueError:  # the schema / plan checks report a bad placement
             continue
     return False
-
-
-def _tp_placement(named: Any) -> Any:
-    text = named.get("tp") if isinstance(named, Mapping) else None
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:  # the schema / plan checks report a bad placement
-        return None
-
-
-def is_vocab_sharded_head(entry: Mapping[str, Any]) -> bool:
-    """A boundary whose weight is ``S(0)`` on tp (output features: the vocabulary of an LM
-    head) and whose first output leaves as ``S(-1)`` on tp (``out_dst``, else ``out_src``)."""
-    if not (isinstance(entry, Mapping) and is_boundary(entry)):
-        return False
-    names = out_names(entry)
-    outs = entry.get("out_dst") or entry.get("out_src") or {}
-    out = outs.get(names[0]) if names and isinstance(names[0], str) \
-        and isinstance(outs, Mapping) else None
-    params = entry.get("params")
-    weight = params.get("weight") if isinstance(params, Mapping) else None
-    return _tp_placement(out) == Shard(-1) and _tp_placement(weight) == Shard(0)
-
-
-def _takes_sharded_input(entry: Any) -> bool:
-    ins = entry.get("in_src") if isinstance(entry, Mapping) and is_boundary(entry) else None
-    return isinstance(ins, Mapping) and any(_tp_placement(v) == Shard(-1) for v in ins.values())
-
-
-def vocab_sharded_heads(meta: Mapping[str, Any]) -> list[str]:
-    """Boundaries leaving the logits vocab-sharded for a loss-parallel cross entropy.
-
-    With ``parallel_dims.loss_parallel``: the :func:`is_vocab_sharded_head` boundaries, less
-    those a sibling boundary (same parent module) takes a ``S(-1)`` input from: that is the
-    first half of a split MLP (OPT's ``fc1`` feeding ``fc2``), not a head whose output
-    leaves the model. Empty without the flag.
-    """
-    dims = meta.get("parallel_dims")
-    if not (isinstance(dims, Mapping) and dims.get("loss_parallel") is True):
-        return []
-    plan = param_plan(meta)
-    consumers = {_parent(fqn) for fqn, entry in plan.items() if _takes_sharded_input(entry)}
-    return sorted(fqn for fqn, entry in plan.items()
-                  if is_vocab_sharded_head(entry) and _parent(fqn) not in consumers)
-
-
-def _parent(fqn: str) -> str:
-    """``a.b.c`` -> ``a.b``; a top-level name's parent is the root ``""``."""
-    return fqn.rpartition(".")[0]
 
 
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
@@ -254,21 +166,6 @@ def expand_injections(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         for fqn in fqns:
             out[fqn] = payload
     return out
-
-
-def active_axes(meta: Mapping[str, Any]) -> tuple[str, ...]:
-    """The plan's active mesh axes: ``mesh_dim_names``, else derived from ``parallel_dims``.
-
-    Derived axes keep the order cp, tp (dp and size-1 axes are not plan axes).
-    """
-    names = meta.get("mesh_dim_names")
-    if isinstance(names, list):
-        return tuple(names)
-    dims = meta.get("parallel_dims") or {}
-    return tuple(
-        axis for axis in ("cp", "tp") if isinstance(dims.get(f"{axis}_size"), int)
-        and dims[f"{axis}_size"] > 1
-    )
 
 
 def axis_sizes(meta: Mapping[str, Any]) -> dict[str, int]:

@@ -10,7 +10,7 @@ form and back; the parts of a meta hpcodegen does not model (another generator's
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
@@ -55,6 +55,20 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._data
+
+    def get(self, key: K, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    # the dict's own read-only views: the ABC's generic ones call __getitem__ per key, and
+    # the plan readers iterate thousands of entries
+    def keys(self) -> KeysView[K]:
+        return self._data.keys()
+
+    def values(self) -> ValuesView[V]:
+        return self._data.values()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._data.items()
 
     def __hash__(self) -> int:
         if self._hash is None:

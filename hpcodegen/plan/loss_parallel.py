@@ -33,12 +33,10 @@ The rule has two halves, run by three callers with their own code prefix (``gene
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hpcodegen.errors import Finding, error, pointer, warning
-from hpcodegen.plan.entry import axis_sizes, param_plan, vocab_sharded_heads
+from hpcodegen.plan.types import TP, Plan
 
 #: Where findings about the flag point: ``/parallel_dims/loss_parallel``
 FLAG = pointer("parallel_dims", "loss_parallel")
@@ -65,34 +63,32 @@ def meta_caller(check: str) -> Caller:
                   "regenerate the artifact without --loss-parallel (loss_parallel false)")
 
 
-def declared(meta: Mapping[str, Any]) -> bool:
+def declared(plan: Plan) -> bool:
     """``parallel_dims.loss_parallel`` is true."""
-    dims = meta.get("parallel_dims")
-    return isinstance(dims, Mapping) and dims.get("loss_parallel") is True
+    return plan.dims.loss_parallel is True
 
 
-def plan_findings(meta: Mapping[str, Any], check: str) -> list[Finding]:
+def plan_findings(plan: Plan, check: str, ours: bool) -> list[Finding]:
     """The flag on a plan that keeps nothing vocab-sharded (pure: no model needed).
 
     ``loss_parallel`` needs a tp axis of size > 1 and a boundary whose weight is ``S(0)``
-    and whose output stays ``S(-1)`` on tp (:func:`hpcodegen.plan.entry.vocab_sharded_heads`).
-    Otherwise the logits are whole and the flag misleads whoever computes the loss from it:
-    an error in a meta hpcodegen wrote, a warning in a foreign one (the existing system
-    writes the flag from its job config whatever the mesh; its plan still runs exactly).
+    and whose output stays ``S(-1)`` on tp (:meth:`~hpcodegen.plan.types.Plan.
+    vocab_sharded_heads`). Otherwise the logits are whole and the flag misleads whoever
+    computes the loss from it: an error in a meta hpcodegen wrote (``ours``), a warning in a
+    foreign one (the existing system writes the flag from its job config whatever the mesh;
+    its plan still runs exactly).
     """
-    from hpcodegen.artifact.digest import is_hpcodegen_meta
-
-    if not declared(meta):
+    if not declared(plan):
         return []
-    make = error if is_hpcodegen_meta(meta) else warning
-    tp = axis_sizes(meta).get("tp", 1)
+    make = error if ours else warning
+    tp = plan.dims.size(TP)
     if tp <= 1:
         return [make(f"{check}.loss_parallel_without_tp", FLAG,
                      f"loss_parallel is true but tp_size is {tp}: the logits are not split "
                      "over any axis, there is no vocab-sharded output to keep",
                      expected="tp_size > 1, or loss_parallel false",
                      hint="generate --loss-parallel only with --tp > 1")]
-    if param_plan(meta) and not vocab_sharded_heads(meta):  # (an empty plan: plan.empty)
+    if plan.entries and not plan.vocab_sharded_heads():  # (an empty plan: plan.empty)
         return [make(f"{check}.loss_parallel_no_sharded_head", FLAG,
                      "loss_parallel is true but no boundary of param_plan leaves its output "
                      "vocab-sharded (weight S(0) and output S(-1) on tp, as a colwise "
@@ -103,10 +99,9 @@ def plan_findings(meta: Mapping[str, Any], check: str) -> list[Finding]:
     return []
 
 
-def forward_needed(meta: Mapping[str, Any]) -> bool:
+def forward_needed(plan: Plan) -> bool:
     """:func:`model_findings` runs a forward: the flag is set, tp > 1 and the plan keeps an
     output vocab-sharded (else :func:`plan_findings` has said what is wrong)."""
-    return declared(meta) and axis_sizes(meta).get("tp", 1) > 1 \
-        and bool(vocab_sharded_heads(meta))
+    return declared(plan) and plan.dims.size(TP) > 1 and bool(plan.vocab_sharded_heads())
 
 

@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.placement import is_shard, parse_placement
+from hpcodegen.placement import is_shard
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import Injection, NamedPlacements, PlanEntry, Target
 
 EP = "ep"
 TP = "tp"
@@ -74,25 +76,23 @@ def dispatch_ops(ep_live: bool, tp_gather: bool
     return tuple(forward), tuple(backward)
 
 
-def target_name(value: Any) -> str | None:
-    """The ``_target_`` of an injection value (a Target dict or a bare name)."""
-    if isinstance(value, Mapping):
-        value = value.get("_target_")
-    return value if isinstance(value, str) else None
+def target_name(value: Target | str | None) -> str | None:
+    """The name an injected callable is bound by: a :class:`Target`'s path or a bare name."""
+    return value.path if isinstance(value, Target) else value
 
 
-def is_ep_dispatch(injection: Mapping[str, Any] | None) -> bool:
+def is_ep_dispatch(injection: Injection | None) -> bool:
     """The injection binds hpcodegen's dispatch as the region's local compute."""
-    return isinstance(injection, Mapping) and \
-        target_name(injection.get("local_compute_fn")) in EP_DISPATCH_TARGETS
+    return injection is not None and \
+        target_name(injection.local_compute_fn) in EP_DISPATCH_TARGETS
 
 
-def ep_dispatch_size(injection: Mapping[str, Any] | None) -> int:
+def ep_dispatch_size(injection: Injection | None) -> int:
     """The ep size of a region whose compute is hpcodegen's dispatch; 0 when it is not one."""
-    if not is_ep_dispatch(injection):
+    if injection is None or not is_ep_dispatch(injection):
         return 0
-    size = injection.get("ep_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 0
+    size = injection.ep_size
+    return size if size is not None and size > 1 else 0
 
 
 @dataclass(frozen=True)
@@ -138,25 +138,15 @@ def expert_count(config: Mapping[str, Any]) -> int:
     return 0
 
 
-def gathers_over_tp(entry: Mapping[str, Any] | None) -> bool:
+def gathers_over_tp(entry: PlanEntry | None) -> bool:
     """The dispatch of this ``experts`` region gathers its rows over tp: its inputs stay
     sharded on tp (sequence parallelism: each tp rank routed its own slice of the tokens)
     while its experts are split over tp, so the rows a rank receives are gathered from its
     tp peers before the experts run, and the partial results reduce-scattered back."""
-    if not isinstance(entry, Mapping):
+    if entry is None:
         return False
-    inputs = entry.get("in_dst") or {}
-    sharded = isinstance(inputs, Mapping) and any(
-        _tp_sharded(named) for named in inputs.values())
-    params = entry.get("params") or {}
-    split = isinstance(params, Mapping) and any(
-        _tp_sharded(named) for named in params.values())
-    return sharded and split
+    return _any_tp_sharded(entry.in_dst) and _any_tp_sharded(entry.params)
 
 
-def _tp_sharded(named: Any) -> bool:
-    text = named.get("tp") if isinstance(named, Mapping) else None
-    try:
-        return isinstance(text, str) and is_shard(parse_placement(text))
-    except ValueError:
-        return False
+def _any_tp_sharded(named_map: NamedPlacements | None) -> bool:
+    return any(TP in named and is_shard(named[TP]) for named in (named_map or EMPTY).values())

@@ -9,8 +9,8 @@ all-gathering the projection.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from hpcodegen.plan.moe import target_name
+from hpcodegen.plan.types import Injection
 
 TP = "tp"
 #: the names (registry name, dotted path) of the split norm's factory
@@ -21,13 +21,10 @@ SHARDED_NORM_TARGET = "hpcodegen.runtime.norms.sharded_rms_norm"
 SUM_BYTES = 4
 
 
-def is_sharded_norm(injection: Mapping[str, Any] | None) -> bool:
+def is_sharded_norm(injection: Injection | None) -> bool:
     """The injection binds the split RMS norm as the region's local compute."""
-    if not isinstance(injection, Mapping):
-        return False
-    value = injection.get("local_compute_fn")
-    name = value.get("_target_") if isinstance(value, Mapping) else value
-    return name in SHARDED_NORM_TARGETS
+    return injection is not None and \
+        target_name(injection.local_compute_fn) in SHARDED_NORM_TARGETS
 
 
 def norm_bytes(tokens: int, tp: int) -> float:

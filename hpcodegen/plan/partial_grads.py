@@ -6,13 +6,13 @@ tp. Which parameters those are follows from the plan's placements:
 
 * ``tp_rank0_params``: applied by tp rank 0 only: partial;
 * ``deferred_bias_params``: added after the output transition: partial exactly when the
-  first output leaves sharded on tp (:func:`~hpcodegen.plan.entry.partial_deferred_biases`);
+  first output leaves sharded on tp (:meth:`PlanEntry.partial_deferred_biases`);
 * any other replicated parameter is governed by the deepest boundary at or above its entry
   (:func:`governing_boundary`):
 
   - a boundary whose input arrives sharded on tp (a sequence-parallel norm): partial, each
     rank sees its slice;
-  - a boundary whose compute is split over tp (:func:`~hpcodegen.plan.classify.splits_compute`):
+  - a boundary whose compute is split over tp (:meth:`PlanEntry.splits_compute`):
     partial for a parameter of a module *inside* it (a Qwen3 ``q_norm`` on this rank's
     heads, an activation's ``alpha``); for a parameter of the boundary module itself it
     depends on where the forward uses it (GPT-NeoX Japanese returns its ``dense_bias`` to
@@ -29,79 +29,59 @@ so a hand-edited list cannot make the runtime sum a full gradient or leave a par
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
-from hpcodegen.placement import Shard, StridedShard, parse_placement
-from hpcodegen.plan.classify import splits_compute
-from hpcodegen.plan.entry import (
-    fqn_depth,
-    is_boundary,
-    join_fqn,
-    partial_deferred_biases,
-    tp_rank0_params,
-)
+from hpcodegen.placement import is_shard
+from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import TP, NamedPlacement, PlanEntry
 
 Verdict = Literal["partial", "full", "either", "sharded"]
-TP = "tp"
+#: the typed ``param_plan``: module FQN -> entry
+Entries = Mapping[str, PlanEntry]
 
 
-def _tp(named: Any) -> Any:
-    """The parsed tp placement of a named placement (None: replicated or unreadable)."""
-    text = named.get(TP) if isinstance(named, Mapping) else None
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def tp_sharded(named: Any) -> bool:
+def tp_sharded(named: NamedPlacement | None) -> bool:
     """The named placement splits the value over tp (``S(d)`` or ``SS(d,f)``)."""
-    return isinstance(_tp(named), (Shard, StridedShard))
+    return named is not None and TP in named and is_shard(named[TP])
 
 
-def _inside(fqn: str, ancestor: str) -> bool:
-    return not ancestor or fqn == ancestor or fqn.startswith(ancestor + ".")
+def governing_boundary(entries: Entries, fqn: str) -> str | None:
+    """The deepest boundary entry at or above module ``fqn`` (None: none): ``fqn`` itself,
+    then each enclosing module up to the root ``""``."""
+    parts = fqn.split(".") if fqn else []
+    for depth in range(len(parts), -1, -1):
+        at = ".".join(parts[:depth])
+        entry = entries.get(at)
+        if entry is not None and entry.boundary:
+            return at
+    return None
 
 
-def governing_boundary(plan: Mapping[str, Mapping[str, Any]], fqn: str) -> str | None:
-    """The deepest boundary entry of ``plan`` at or above module ``fqn`` (None: none)."""
-    above = [f for f, e in plan.items()
-             if isinstance(e, Mapping) and _inside(fqn, f) and is_boundary(e)]
-    return max(above, key=fqn_depth) if above else None
-
-
-def sharded_input(entry: Mapping[str, Any]) -> bool:
+def sharded_input(entry: PlanEntry) -> bool:
     """Some input the boundary computes on (``in_dst``) is sharded over tp."""
-    ins = entry.get("in_dst")
-    return isinstance(ins, Mapping) and any(tp_sharded(v) for v in ins.values())
+    return any(tp_sharded(named) for named in (entry.in_dst or EMPTY).values())
 
 
-def verdict(plan: Mapping[str, Mapping[str, Any]], fqn: str, rel: str,
-            sequence_parallel: bool) -> Verdict:
+def verdict(entries: Entries, fqn: str, rel: str, sequence_parallel: bool) -> Verdict:
     """Whether parameter ``rel`` of entry ``fqn`` has a partial gradient over tp (see the
     module docstring); ``sharded`` for a parameter split over tp (its gradient is its
-    shard's: never summed)."""
-    entry = plan[fqn]
-    named = (entry.get("params") or {}).get(rel)
-    if tp_sharded(named):
+    shard's: never summed). An entry ``entries`` lacks plans nothing else (a replicated
+    parameter about to be added to a new parameter-only entry)."""
+    entry = entries.get(fqn) or PlanEntry(fqn=fqn)
+    if tp_sharded((entry.params or EMPTY).get(rel)):
         return "sharded"
-    if rel in tp_rank0_params(entry):
+    if rel in (entry.tp_rank0_params or ()):
         return "partial"
-    biases = entry.get("deferred_bias_params")
-    if isinstance(biases, list) and rel in biases:
-        return "partial" if rel in partial_deferred_biases(entry) else "full"
-    boundary = governing_boundary(plan, fqn)
+    if rel in (entry.deferred_bias_params or ()):
+        return "partial" if rel in entry.partial_deferred_biases() else "full"
+    boundary = governing_boundary(entries, fqn)
     if boundary is None:
         return "partial" if sequence_parallel else "full"
-    governing = plan[boundary]
+    governing = entries[boundary]
     if sharded_input(governing):
         return "partial"
-    if splits_compute(governing):
+    if governing.splits_compute():
         owner = join_fqn(fqn, rel).rpartition(".")[0]
         return "either" if owner == boundary else "partial"
     return "full"
-
-
-def sequence_parallel(meta: Mapping[str, Any]) -> bool:
-    dims = meta.get("parallel_dims")
-    return isinstance(dims, Mapping) and dims.get("sequence_parallel") is True

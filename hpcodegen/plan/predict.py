@@ -22,33 +22,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcodegen.errors import Finding, warning
-from hpcodegen.plan.classify import (
-    TP,
-    BoundaryForm,
-    Step,
-    Transition,
-    classify_entries,
-    splits_compute,
-)
+from hpcodegen.placement import REPLICATE
+from hpcodegen.plan.classify import TP, BoundaryForm, Step, Transition, classify_plan
 from hpcodegen.plan.cp import (
     CP,
     CP_WRAPPER_NAMES,
-    cp_size,
     kv_backward_steps,
     kv_forward_steps,
     kv_transitions,
-    wrapper_name,
 )
-from hpcodegen.plan.entry import (
-    INJECTED_CALLABLES,
-    active_axes,
-    effective_partial_grad_params,
-    no_grad_inputs,
-    param_plan,
-    takes_token_ids,
+from hpcodegen.plan.entry import INJECTED_CALLABLES, takes_token_ids
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.moe import (
+    dispatch_ops,
+    ep_dispatch_size,
+    gathers_over_tp,
+    is_ep_dispatch,
+    target_name,
 )
-from hpcodegen.plan.moe import dispatch_ops, ep_dispatch_size, gathers_over_tp, is_ep_dispatch
 from hpcodegen.plan.norms import is_sharded_norm
+from hpcodegen.plan.types import Injection, Plan
 
 #: forms whose forward the runtime rewrites (identity and params run untouched)
 EXECUTED_FORMS = ("tp_collective", "generic", "region")
@@ -145,24 +138,25 @@ def executed_transitions(bf: BoundaryForm, form: str) -> tuple[Transition, ...]:
                  if t.side == "in" or (t.steps if t.op is None else not t.is_identity))
 
 
-def _opaque(injection: Mapping[str, Any] | None, cp_live: bool = False
+def _opaque(injection: Injection | None, cp_live: bool = False
             ) -> tuple[tuple[str, str], ...]:
+    if injection is None:
+        return ()
     out = []
     for key in INJECTED_CALLABLES:
-        value = (injection or {}).get(key)
+        name = target_name(getattr(injection, key))
         if key == "local_compute_fn" and (is_ep_dispatch(injection)
                                           or is_sharded_norm(injection)):
             continue  # hpcodegen's own dispatch: its collectives are predicted (plan.moe)
-        if key == "inner_wrapper" and wrapper_name(value) in CP_WRAPPER_NAMES and \
+        if key == "inner_wrapper" and name in CP_WRAPPER_NAMES and \
                 (cp_live or not kv_transitions(injection)):
             continue  # hpcodegen's CP attention: its K/V gathers are predicted (plan.cp)
-        if value:
-            target = value.get("_target_", "?") if isinstance(value, Mapping) else str(value)
-            out.append((key, str(target)))
+        if name:
+            out.append((key, name))
     return tuple(out)
 
 
-def _cp_ops(injection: Mapping[str, Any] | None
+def _cp_ops(injection: Injection | None
             ) -> tuple[tuple[PredOp, ...], tuple[PredOp, ...]]:
     """The K/V transitions over cp inside a CP attention (:mod:`hpcodegen.plan.cp`):
     forward all_gathers, backward reduce_scatters, one per tensor."""
@@ -216,12 +210,7 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                               _opaque(bf.injection, cp_live), tuple(grad_sync), executed)
 
 
-def _classes(meta: Mapping[str, Any]) -> Mapping[str, Any]:
-    classes = meta.get("boundary_classes")
-    return classes if isinstance(classes, Mapping) else {}
-
-
-def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
+def predict_forms(plan: Plan, forms: Mapping[str, BoundaryForm],
                   effective: Mapping[str, str] | None = None,
                   tp_live: bool = True, ep_live: bool | None = None,
                   cp_live: bool | None = None
@@ -237,18 +226,18 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
     (:func:`cp_batch_prediction`).
     """
     if cp_live is None:
-        cp_live = cp_size(meta) > 1 and CP in active_axes(meta)
-    classes = _classes(meta)
+        cp_live = plan.dims.size(CP) > 1 and CP in plan.axes
+    classes = plan.boundary_classes or EMPTY
     effective = effective or {}
-    plan = param_plan(meta)
+    entries = plan.entries
     memo: dict[tuple[Any, ...], BoundaryPrediction] = {}
     out: list[BoundaryPrediction] = []
     for fqn, bf in forms.items():
-        cls, form = _str_or_none(classes.get(fqn)), effective.get(fqn)
-        sync = effective_partial_grad_params(plan.get(fqn)) if tp_live else ()
-        no_grad = no_grad_inputs(plan.get(fqn))
+        cls, form, entry = classes.get(fqn), effective.get(fqn), entries.get(fqn)
+        sync = entry.effective_partial_grad_params() if tp_live and entry is not None else ()
+        no_grad = (entry.no_grad_inputs or ()) if entry is not None else ()
         ep = ep_live if ep_live is not None else ep_dispatch_size(bf.injection) > 1
-        dispatch = (ep, tp_live and gathers_over_tp(plan.get(fqn)), tp_live)
+        dispatch = (ep, tp_live and gathers_over_tp(entry), tp_live)
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
                sync, no_grad, dispatch)
@@ -258,17 +247,16 @@ def predict_forms(meta: Mapping[str, Any], forms: Mapping[str, BoundaryForm],
                                                cp_live)
         out.append(hit if hit.fqn == fqn else _renamed(hit, fqn))
     if cp_live and any(kv_transitions(bf.injection) for bf in forms.values()):
-        out.append(cp_batch_prediction(meta))
+        out.append(cp_batch_prediction(plan))
     return out
 
 
-def cp_batch_prediction(meta: Mapping[str, Any]) -> BoundaryPrediction:
+def cp_batch_prediction(plan: Plan) -> BoundaryPrediction:
     """The model's root forward under cp: the batch's position ids (or its padding mask,
     when one is passed) all-gathered once per forward over cp, for the masks
     (:mod:`hpcodegen.runtime.cp.context`); no backward (integers)."""
-    cls = meta.get("model_class") if isinstance(meta.get("model_class"), str) else None
     return BoundaryPrediction(
-        "", cls, "cp_batch",
+        "", plan.provenance.model_class, "cp_batch",
         (PredOp("position_ids|attention_mask", "all_gather", 1, CP),),
         notes=("the batch's position ids, or its padding mask when one is passed, gathered "
                "over cp once per forward to build the mask rows at global positions",))
@@ -277,10 +265,6 @@ def cp_batch_prediction(meta: Mapping[str, Any]) -> BoundaryPrediction:
 def _renamed(p: BoundaryPrediction, fqn: str) -> BoundaryPrediction:
     return BoundaryPrediction(fqn, p.cls, p.form, p.in_ops, p.out_ops, p.grad_ops, p.notes,
                               p.reasons, p.opaque, p.grad_sync, p.transitions)
-
-
-def _str_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -337,24 +321,24 @@ def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str
                                                        -1 if kv[0][2] is None else kv[0][2])))
 
 
-def frozen_sizes(meta: Mapping[str, Any]) -> dict[str, int] | None:
+def frozen_sizes(plan: Plan) -> dict[str, int] | None:
     """The frozen axis sizes when some plan axis is larger than 1 (a size-1 axis of such a
     plan is live nowhere: cp 2 x tp 1 runs no tp collective); None when every axis is 1
     (then the prediction shows what a larger live mesh runs, as inspect-plan says)."""
-    from hpcodegen.plan.entry import axis_sizes
-
-    sizes = axis_sizes(meta)
-    axes = active_axes(meta)
-    return sizes if any(sizes.get(a, 1) > 1 for a in axes) else None
+    sizes = dict(plan.dims.sizes)
+    return sizes if any(sizes.get(a, 1) > 1 for a in plan.axes) else None
 
 
-def predict_plan(meta: Mapping[str, Any]) -> tuple[list[BoundaryPrediction], list[Finding]]:
-    """Predict a meta as frozen (its own axes and sizes, :func:`frozen_sizes`). Returns
-    predictions and unreadable entries."""
-    sizes = frozen_sizes(meta)
-    forms, problems = classify_entries(meta, sizes=sizes)
+def predict_plan(plan: Plan) -> list[BoundaryPrediction]:
+    """Predict a plan as frozen (its own axes and sizes, :func:`frozen_sizes`).
+
+    Example::
+
+        summarize(predict_plan(load_checked_meta("examples/llama_tp2").plan)).per_forward
+    """
+    sizes = frozen_sizes(plan)
     tp_live = sizes is None or sizes.get(TP, 1) > 1
-    return predict_forms(meta, forms, tp_live=tp_live), problems
+    return predict_forms(plan, classify_plan(plan, sizes=sizes), tp_live=tp_live)
 
 
 def _ancestors(fqn: str) -> list[str]:
@@ -363,7 +347,7 @@ def _ancestors(fqn: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
 
 
-def unreduced_grad_findings(meta: Mapping[str, Any], preds: Sequence[BoundaryPrediction],
+def unreduced_grad_findings(plan: Plan, preds: Sequence[BoundaryPrediction],
                             tp_live: bool) -> list[Finding]:
     """Warn where a backward would silently lose the tp sum of an input gradient.
 
@@ -376,18 +360,19 @@ def unreduced_grad_findings(meta: Mapping[str, Any], preds: Sequence[BoundaryPre
     """
     if not tp_live:
         return []
-    plan = param_plan(meta)
+    entries = plan.entries
     executed = {p.fqn for p in preds if p.form in EXECUTED_FORMS}
     hits: dict[tuple[str | None, str], list[str]] = {}
     for p in preds:
-        entry = plan.get(p.fqn)
-        if p.form != "identity" or takes_token_ids(p.cls) or not isinstance(entry, Mapping):
+        entry = entries.get(p.fqn)
+        if p.form != "identity" or takes_token_ids(p.cls) or entry is None:
             continue
-        names = [name for name, named in (entry.get("in_dst") or {}).items()
-                 if isinstance(named, Mapping) and named.get(TP, "R") == "R"]
-        if not names or not splits_compute(entry):
+        names = [name for name, named in (entry.in_dst or EMPTY).items()
+                 if named.get(TP, REPLICATE) == REPLICATE]
+        if not names or not entry.splits_compute():
             continue
-        if any(a in executed and splits_compute(plan.get(a) or {}) for a in _ancestors(p.fqn)):
+        if any(a in executed and a in entries and entries[a].splits_compute()
+               for a in _ancestors(p.fqn)):
             continue
         for name in names:
             hits.setdefault((p.cls, name), []).append(p.fqn)

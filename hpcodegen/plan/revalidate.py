@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.plan.classify import TP, BoundaryForm, classify_entries
+from hpcodegen.plan.classify import TP, BoundaryForm, classify_plan
 from hpcodegen.plan.types import Plan
 
 
@@ -49,15 +49,13 @@ class FormChange:
                 "effective_form": self.effective_form, "reason": self.reason}
 
 
-def live_plan_axes(meta: Mapping[str, Any] | Plan, live_axes: Sequence[str]
-                   ) -> tuple[str, ...]:
+def live_plan_axes(plan: Plan, live_axes: Sequence[str]) -> tuple[str, ...]:
     """The live axes the plan resolves over: the plan's axes in the live order.
 
-    A meta (or typed plan) without ``mesh_dim_names`` (legacy: "use the full mesh") takes
-    every live axis.
+    A plan without ``mesh_dim_names`` (legacy: "use the full mesh") takes every live axis.
     """
-    frozen = meta.mesh_dim_names if isinstance(meta, Plan) else meta.get("mesh_dim_names")
-    if not isinstance(frozen, (list, tuple)):
+    frozen = plan.mesh_dim_names
+    if frozen is None:
         return tuple(live_axes)
     return tuple(axis for axis in live_axes if axis in frozen)
 
@@ -67,13 +65,13 @@ FSDP_AXES = frozenset({"dp", "dp_replicate", "dp_shard", "pp", "fsdp_replicate",
                        "edp", "edp_replicate", "edp_shard"})
 
 
-def active_plan_axes(meta: Mapping[str, Any] | Plan, live_axes: Sequence[str],
+def active_plan_axes(plan: Plan, live_axes: Sequence[str],
                      live_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The axes the runtime installs the plan over: plan axes, live order, size > 1.
 
     Empty means the install is an exact no-op (a tp=1 mesh, or none of the plan's axes).
     """
-    return tuple(a for a in live_plan_axes(meta, live_axes)
+    return tuple(a for a in live_plan_axes(plan, live_axes)
                  if a not in FSDP_AXES and live_sizes.get(a, 1) > 1)
 
 
@@ -142,25 +140,24 @@ def revalidate_forms(frozen: Mapping[str, BoundaryForm], live: Mapping[str, Boun
     return effective, changes
 
 
-def revalidate(meta: Mapping[str, Any], live_axes: Sequence[str],
+def revalidate(plan: Plan, live_axes: Sequence[str],
                live_sizes: Mapping[str, int]) -> list[FormChange]:
     """The boundaries whose form changes when the plan is installed on a live mesh.
 
     Args:
-        meta: the loaded meta (a dict).
+        plan: the artifact's typed plan.
         live_axes: the live mesh's axis names, in its order (e.g. ``("dp", "cp", "tp")``).
         live_sizes: the size of each live axis.
 
     Returns:
         One :class:`FormChange` per boundary that changes; empty when the plan fits as frozen.
-        Entries that cannot be classified are left out (``verify`` reports them).
 
     Example::
 
-        changes = revalidate(meta, ("tp",), {"tp": 1})
+        changes = revalidate(plan, ("tp",), {"tp": 1})
         [c.fqn for c in changes if c.effective_form == "generic"]
     """
-    axes = active_plan_axes(meta, live_axes, live_sizes)
-    frozen, _ = classify_entries(meta)
-    live, _ = classify_entries(meta, axes, live_sizes)
+    axes = active_plan_axes(plan, live_axes, live_sizes)
+    frozen = classify_plan(plan)
+    live = classify_plan(plan, axes, live_sizes)
     return revalidate_forms(frozen, live, axes)[1]

@@ -26,8 +26,13 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 from hpcodegen.errors import Finding, Severity, error, warning
+from hpcodegen.placement import REPLICATE, Shard
 from hpcodegen.plan.entry import join_fqn
-from hpcodegen.plan.types import PlanEntry
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import TP, PlanEntry
+
+#: the typed ``param_plan``: module FQN -> entry
+Entries = Mapping[str, PlanEntry]
 
 #: config field -> why it must divide tp; a miss is an error
 HEAD_FIELDS: tuple[tuple[str, str], ...] = (
@@ -62,7 +67,7 @@ def config_size(config: Mapping[str, Any], key: str) -> tuple[str, int] | None:
 
 def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
                     where: str | None = None, unsplit: Collection[str] = (),
-                    plan: Mapping[str, Any] | None = None) -> list[Finding]:
+                    plan: Entries | None = None) -> list[Finding]:
     """Findings for the sizes of ``config`` that do not divide ``tp``.
 
     Args:
@@ -72,8 +77,9 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
         where: the pointer every finding names; the config field's pointer when None.
         unsplit: fields the plan does not split over tp (the package rules'
             ``unsplit_fields``: a multi-query model's one k/v head, kept whole).
-        plan: the ``param_plan``; when given, the head counts of the sub-configs and held
-            configs it divides are checked too (:func:`divided_config_findings`).
+        plan: the typed ``param_plan`` entries; when given, the head counts of the
+            sub-configs and held configs it divides are checked too
+            (:func:`divided_config_findings`).
     """
     found: list[Finding] = []
     heads = plan is None or splits_heads(plan)
@@ -107,7 +113,7 @@ ATTENTION_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "qu
                                    "value", "qkv", "W_pack"})
 
 
-def splits_heads(plan: Mapping[str, Any]) -> bool:
+def splits_heads(plan: Entries) -> bool:
     """Whether the plan splits attention heads over tp, so that the head counts must divide.
 
     It does when a boundary shards an attention input projection (by transformers' names)
@@ -117,26 +123,21 @@ def splits_heads(plan: Mapping[str, Any]) -> bool:
     projection is recognised is taken to split heads (the rule as it always was)."""
     seen = False
     for fqn, entry in plan.items():
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("params"), Mapping):
-            continue
         gathers = _gathers_output(entry)
-        for rel, named in entry["params"].items():
-            path = f"{fqn}.{rel}" if fqn else str(rel)
-            parts = path.split(".")
-            if not (set(parts[-2:-1]) & ATTENTION_PROJECTIONS) or not isinstance(named, Mapping):
+        for rel, named in (entry.params or EMPTY).items():
+            parts = (f"{fqn}.{rel}" if fqn else rel).split(".")
+            if not set(parts[-2:-1]) & ATTENTION_PROJECTIONS:
                 continue
             seen = True
-            if named.get("tp", "R") != "R" and not gathers:
+            if named.get(TP, REPLICATE) != REPLICATE and not gathers:
                 return True
     return not seen
 
 
-def _gathers_output(entry: Mapping[str, Any]) -> bool:
-    src, dst = entry.get("out_src") or {}, entry.get("out_dst") or {}
-    return isinstance(src, Mapping) and isinstance(dst, Mapping) and any(
-        isinstance(named, Mapping) and named.get("tp") == "S(-1)"
-        and isinstance(dst.get(name), Mapping) and dst[name].get("tp") == "R"
-        for name, named in src.items())
+def _gathers_output(entry: PlanEntry) -> bool:
+    dst = entry.out_dst or EMPTY
+    return any(named.get(TP) == Shard(-1) and name in dst and dst[name].get(TP) == REPLICATE
+               for name, named in (entry.out_src or EMPTY).items())
 
 
 #: sub-config stem -> module-name words of the stack it configures (others: the stem itself)
@@ -162,30 +163,19 @@ def _sub_configs(config: Mapping[str, Any], at: str = "", depth: int = 0
             yield from _sub_configs(value, f"{at}/{key}", depth + 1)
 
 
-def _dividing_modules(plan: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
-    """``(module FQN, tp_divide_attrs)`` of every entry that lists some (meta entries, or a
-    typed plan's :class:`~hpcodegen.plan.types.PlanEntry`)."""
+def _dividing_modules(plan: Entries) -> Iterator[tuple[str, list[str]]]:
+    """``(module FQN, tp_divide_attrs)`` of every entry that lists some."""
     for fqn, entry in plan.items():
-        if isinstance(entry, PlanEntry):
-            attrs = list(entry.tp_divide_attrs or ())
-        else:
-            attrs = entry.get("tp_divide_attrs") if isinstance(entry, Mapping) else None
-        if isinstance(fqn, str) and isinstance(attrs, list) and attrs:
-            yield fqn, [a for a in attrs if isinstance(a, str)]
+        if entry.tp_divide_attrs:
+            yield fqn, list(entry.tp_divide_attrs)
 
 
-def _split_modules(plan: Mapping[str, Any]) -> list[str]:
+def _split_modules(plan: Entries) -> list[str]:
     """FQNs of the entries the plan splits over tp: they list ``tp_divide_attrs`` or shard a
     parameter on tp (a stack whose projections are split splits its heads too)."""
-    out = []
-    for fqn, entry in plan.items():
-        if not isinstance(fqn, str) or not isinstance(entry, Mapping):
-            continue
-        params = entry.get("params")
-        sharded = isinstance(params, Mapping) and any(
-            isinstance(p, Mapping) and p.get("tp", "R") != "R" for p in params.values())
-        if sharded or entry.get("tp_divide_attrs"):
-            out.append(fqn)
+    out = [fqn for fqn, entry in plan.items()
+           if entry.tp_divide_attrs or any(named.get(TP, REPLICATE) != REPLICATE
+                                           for named in (entry.params or EMPTY).values())]
     divides = {fqn for fqn, _ in _dividing_modules(plan)}
     return sorted(out, key=lambda fqn: fqn not in divides)  # named first: those dividing
 
@@ -209,7 +199,7 @@ def _head_sizes(scope: Mapping[str, Any]) -> Iterator[tuple[str, int, str]]:
                 break
 
 
-def divided_config_findings(config: Mapping[str, Any], plan: Mapping[str, Any], tp: int,
+def divided_config_findings(config: Mapping[str, Any], plan: Entries, tp: int,
                             check: str, where: str | None = None,
                             unsplit: Collection[str] = ()) -> list[Finding]:
     """Errors for head counts of sub-configs and held configs that the plan divides by tp.
@@ -270,7 +260,7 @@ def _head_error(check: str, where: str | None, field: str, value: int, tp: int, 
 MISSING = object()
 
 
-def divide_attr_findings(plan: Mapping[str, Any], tp: int,
+def divide_attr_findings(plan: Entries, tp: int,
                          resolve: Callable[[str, str], Any], check: str,
                          locate: Callable[[str, int, str], str] | None = None
                          ) -> list[Finding]:
@@ -279,7 +269,7 @@ def divide_attr_findings(plan: Mapping[str, Any], tp: int,
     Each attribute must exist and be an integer that tp divides (each rank keeps value/tp).
 
     Args:
-        plan: the ``param_plan``.
+        plan: the typed ``param_plan`` entries.
         tp: the tp size.
         resolve: ``(module FQN, attribute path) -> value``; :data:`MISSING` when absent,
             None when the caller cannot check it (a replaced module): skipped.

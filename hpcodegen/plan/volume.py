@@ -29,7 +29,8 @@ from typing import Any
 
 from hpcodegen.errors import UsageError, error
 from hpcodegen.placement import Placement, is_shard
-from hpcodegen.plan.classify import Step, Transition, grad_placements, splits_compute
+from hpcodegen.plan.classify import Step, Transition, grad_placements
+from hpcodegen.plan.types import PlanEntry
 
 #: element size in bytes of ``--dtype`` spellings
 DTYPE_BYTES: dict[str, int] = {
@@ -143,7 +144,7 @@ class BoundaryVolume:
 TensorInfo = tuple[tuple[int, ...], int | None]
 
 
-def transition_volume(t: Transition, entry: Mapping[str, Any], axes: Sequence[str],
+def transition_volume(t: Transition, entry: PlanEntry, axes: Sequence[str],
                       sizes: Mapping[str, int], info: TensorInfo | None,
                       float_bytes: int, backward: bool = True) -> list[OpVolume]:
     """Forward and backward collectives of one executed transition, with bytes.
@@ -154,7 +155,7 @@ def transition_volume(t: Transition, entry: Mapping[str, Any], axes: Sequence[st
     full = None
     if info is not None:
         full = float(math.prod(info[0]) * (info[1] or float_bytes))
-    grad, grad_target = grad_placements(t.side, t.src, t.dst, axes, splits_compute(entry),
+    grad, grad_target = grad_placements(t.side, t.src, t.dst, axes, entry.splits_compute(),
                                        t.enclosed)
     passes = [("forward", t.steps, t.src, t.dst)]
     if backward and not (info is not None and info[1] is not None):  # integers: no gradient

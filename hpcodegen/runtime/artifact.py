@@ -180,7 +180,6 @@ class Artifact:
         from hpcodegen.runtime.install import install
         from hpcodegen.runtime.mesh import as_context, resolve_active_mesh
 
-        meta = self.loaded.data
         resolved = self._refusals(model)
         self.module()
         context = as_context(context)
@@ -190,11 +189,12 @@ class Artifact:
         if active.degenerate and expert is None:
             _warn_without_plan_axes(self.plan, context)
             return {}
-        return install(model, meta, self.plan, active, resolved, expert)
+        return install(model, self.plan, active, resolved, expert)
 
     def _refusals(self, model: Any) -> Any:
         from torch import nn
 
+        from hpcodegen.artifact.digest import is_hpcodegen_meta
         from hpcodegen.runtime.handlers import check_handlers
         from hpcodegen.runtime.install import Resolved
         from hpcodegen.runtime.loss_install import check_loss_parallel_install
@@ -210,7 +210,7 @@ class Artifact:
         meta = self.loaded.data
         handlers = check_handlers(self.plan)
         injections = resolve_injections(meta, self.allowed_target_prefixes)
-        check_loss_parallel_install(model, meta)
+        check_loss_parallel_install(model, self.plan, is_hpcodegen_meta(meta))
         return Resolved(handlers, injections)
 
 

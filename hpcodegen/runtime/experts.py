@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.plan.codec import as_plan
 from hpcodegen.plan.types import Plan
 
 EP = "ep"
@@ -69,7 +68,7 @@ def frozen_ep_size(plan: Plan) -> int:
     return max(plan.dims.size(EP), 1)
 
 
-def resolve_expert_mesh(plan: Plan | Mapping[str, Any], device_mesh: Any,
+def resolve_expert_mesh(plan: Plan, device_mesh: Any,
                         expert_mesh: Any = None) -> ExpertMesh | None:
     """The live expert mesh, None when the plan or the live mesh has no ``ep`` axis > 1.
 
@@ -78,7 +77,6 @@ def resolve_expert_mesh(plan: Plan | Mapping[str, Any], device_mesh: Any,
     A plan frozen with ``ep_size > 1`` on a mesh without ``ep`` keeps every expert on every
     rank (still exact) and says so.
     """
-    plan = as_plan(plan)
     if frozen_ep_size(plan) <= 1:
         return None
     mesh = expert_mesh if expert_mesh is not None else device_mesh

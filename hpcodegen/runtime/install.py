@@ -50,11 +50,11 @@ class Resolved:
     injections: Mapping[str, Any]
 
 
-def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: ActiveMesh,
+def install(model: nn.Module, plan: Plan, active: ActiveMesh,
             resolved: Resolved, expert: ExpertMesh | None = None) -> SourceInfo:
     """Phases A, B, D, C (module docstring); returns the source info."""
-    frozen = classify_plan(meta)
-    live = classify_plan(meta, active.axes, active.sizes)
+    frozen = classify_plan(plan)
+    live = classify_plan(plan, active.axes, active.sizes)
     pairs = tied_pairs(model, plan)  # before Phase A replaces the tied parameter objects
     sharded = shard_parameters(model, plan, active, expert)
     divide_attrs(model, plan, active)
@@ -65,7 +65,7 @@ def install(model: nn.Module, meta: Mapping[str, Any], plan: Plan, active: Activ
     if expert is not None:
         _bind_expert_parallel(model, expert, experts)
         install_grad_scale(model, sorted(experts), 1.0 / expert.ep_size)
-    _bind_tp_groups(model, meta, active)
+    _bind_tp_groups(model, plan, active)
     if CP in active.axes:
         _install_cp(model, plan, active)
     _bind_injections(model, resolved.injections, plan)
@@ -118,13 +118,12 @@ def _bind_expert_parallel(model: nn.Module, expert: ExpertMesh, fqns: set[str]) 
         owner._hp_expert_parallel = ep
 
 
-def _bind_tp_groups(model: nn.Module, meta: Mapping[str, Any], active: ActiveMesh) -> None:
+def _bind_tp_groups(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
     """Give the injected local computes that communicate over tp their group (read by the
     factories): a dispatching ``experts`` region whose tokens stay sharded on tp while its
     experts are split over tp (sequence parallelism: :func:`hpcodegen.plan.moe.
     gathers_over_tp`), and a norm split over tp (:mod:`hpcodegen.runtime.norms`)."""
-    from hpcodegen.plan.entry import expand_injections, param_plan
-    from hpcodegen.plan.moe import EP_DISPATCH_TARGETS, gathers_over_tp, target_name
+    from hpcodegen.plan.moe import gathers_over_tp, is_ep_dispatch
     from hpcodegen.plan.norms import is_sharded_norm
     from hpcodegen.runtime.moe import TokenGather
     from hpcodegen.runtime.norms import NormGroup
@@ -135,12 +134,11 @@ def _bind_tp_groups(model: nn.Module, meta: Mapping[str, Any], active: ActiveMes
     import torch.distributed as dist
 
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    records = expand_injections(meta)
-    for fqn, entry in param_plan(meta).items():
-        record = records.get(fqn) or {}
+    records = plan.injections_by_fqn()
+    for fqn, entry in plan.entries.items():
+        record = records.get(fqn)
         module = model.get_submodule(fqn) if fqn else model
-        if target_name(record.get("local_compute_fn")) in EP_DISPATCH_TARGETS \
-                and gathers_over_tp(entry):
+        if is_ep_dispatch(record) and gathers_over_tp(entry):
             module.__dict__["_hp_expert_tp"] = TokenGather(group, size, rank)
         elif is_sharded_norm(record):
             module.__dict__["_hp_tp_norm"] = NormGroup(group, size)
@@ -150,7 +148,7 @@ def _install_cp(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
     """Context parallelism on a live cp axis (:mod:`hpcodegen.runtime.cp.context`). A plan
     without a K/V transition over cp (the sequence moved at its own boundaries) gets none;
     a frozen cp plan without one never gets here (verify's ``plan.cp_no_attention``)."""
-    from hpcodegen.plan.cp import plan_cp_attention, plan_cp_layout
+    from hpcodegen.plan.cp import cp_layout, plan_cp_attention
     from hpcodegen.runtime.cp.context import install_context_parallel
 
     attention = plan_cp_attention(plan)
@@ -161,7 +159,7 @@ def _install_cp(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
     group = active.cp_group()
     sp = plan.dims.sequence_parallel is True and TP in active.axes
     install_context_parallel(model, attention, group, active.cp_size, dist.get_rank(group),
-                             plan_cp_layout(plan), active.tp_size if sp else 1)
+                             cp_layout(plan), active.tp_size if sp else 1)
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],

@@ -39,6 +39,7 @@ from hpcodegen.checks.files import (
     role_file_name,
 )
 from hpcodegen.errors import PlanError, error, pointer
+from hpcodegen.plan.codec import as_plan
 from hpcodegen.plan.types import Plan
 from hpcodegen.targets import check_targets
 
@@ -190,7 +191,7 @@ def import_verified_module(loaded: LoadedMeta, *,
     Example::
 
         loaded = load_verified_meta("examples/llama_tp2")
-        cls = generated_model_class(loaded.data, import_verified_module(loaded))
+        cls = generated_model_class(loaded.plan, import_verified_module(loaded))
     """
     check_targets(loaded.data, allowed_target_prefixes)
     absdir = Path(loaded.artifact_dir).resolve()
@@ -241,9 +242,10 @@ def import_generated_module(artifact_dir: str | os.PathLike[str], *,
     return import_verified_module(loaded, allowed_target_prefixes=allowed_target_prefixes)
 
 
-def generated_model_class(meta: Plan | Mapping[str, Any], module: types.ModuleType) -> type:
+def generated_model_class(plan: Plan | Mapping[str, Any], module: types.ModuleType) -> type:
     """The class named by ``model_class`` (else ``source.architecture``) in the module, read
-    from the typed plan's provenance (or a meta dict, for older callers).
+    from the typed plan's provenance (a checked meta dict is parsed to its Plan first: the
+    public signature existing callers use).
 
     ``module`` must come from :func:`import_verified_module` (or
     :func:`import_generated_module`): a module imported any other way is refused.
@@ -253,7 +255,9 @@ def generated_model_class(meta: Plan | Mapping[str, Any], module: types.ModuleTy
         raise PlanError([error("runtime.unverified_module", getattr(module, "__name__", "?"),
                                "the module was not imported by hpcodegen's verified loader",
                                hint="use import_verified_module(load_verified_meta(dir))")])
-    name = _model_class_name(meta)
+    provenance = as_plan(plan).provenance
+    source = provenance.source
+    name = provenance.model_class or (source.architecture if source else None)
     cls = getattr(module, name, None) if isinstance(name, str) else None
     if not isinstance(cls, type):
         classes = sorted(n for n, v in vars(module).items()
@@ -264,8 +268,3 @@ def generated_model_class(meta: Plan | Mapping[str, Any], module: types.ModuleTy
     return cls
 
 
-def _model_class_name(meta: Plan | Mapping[str, Any]) -> Any:
-    if isinstance(meta, Plan):
-        source = meta.provenance.source
-        return meta.provenance.model_class or (source.architecture if source else None)
-    return meta.get("model_class") or (meta.get("source") or {}).get("architecture")

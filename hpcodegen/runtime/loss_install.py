@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from hpcodegen.errors import PlanError, Severity
+from hpcodegen.plan.types import Plan
 
 
 def meta_twin(model: nn.Module) -> nn.Module:
@@ -44,13 +44,14 @@ def meta_twin(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def check_loss_parallel_install(model: nn.Module, meta: Mapping[str, Any]) -> None:
-    """Raise a PlanError where loss parallelism (or its absence) would run inexactly."""
+def check_loss_parallel_install(model: nn.Module, plan: Plan, ours: bool) -> None:
+    """Raise a PlanError where loss parallelism (or its absence) would run inexactly;
+    ``ours``: hpcodegen wrote the meta (a foreign one's undeclared head is a warning)."""
     from hpcodegen.plan.loss_parallel import forward_needed
     from hpcodegen.tracer.loss_parallel import model_findings
 
     target = model
-    if forward_needed(meta):
+    if forward_needed(plan):
         try:
             target = meta_twin(model)
         except Exception as exc:  # an attribute deepcopy refuses (a lock, a process group)
@@ -59,7 +60,7 @@ def check_loss_parallel_install(model: nn.Module, meta: Mapping[str, Any]) -> No
                           f"cannot be copied to the meta device: {type(exc).__name__}); "
                           "launch --check-parity verifies it", UserWarning, stacklevel=3)
             return
-    findings = model_findings(target, meta, "runtime")
+    findings = model_findings(target, plan, "runtime", ours)
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if errors:
         raise PlanError(errors)

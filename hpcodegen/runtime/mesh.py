@@ -10,13 +10,12 @@ left (tp=1, or tp absent), the install is an exact no-op.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.placement import Partial, Placement, Replicate, Shard, StridedShard
-from hpcodegen.plan.codec import as_plan
 from hpcodegen.plan.revalidate import active_plan_axes
 from hpcodegen.plan.types import Plan
 
@@ -120,7 +119,7 @@ def _submesh(mesh: Any, axes: tuple[str, ...]) -> Any:
     return mesh if names == axes else mesh[axes if len(axes) > 1 else axes[0]]
 
 
-def resolve_active_mesh(plan: Plan | Mapping[str, Any], context: MeshContext) -> ActiveMesh:
+def resolve_active_mesh(plan: Plan, context: MeshContext) -> ActiveMesh:
     """The plan axes the live mesh holds (live order, size > 1) and their submesh.
 
     ``plan``: the typed plan (a checked meta dict is read as one).
@@ -135,7 +134,7 @@ def resolve_active_mesh(plan: Plan | Mapping[str, Any], context: MeshContext) ->
                                "the device mesh has no mesh_dim_names",
                                hint="init_device_mesh(..., mesh_dim_names=('tp',))")])
     shape = dict(zip(names, mesh.mesh.shape, strict=True))
-    axes = active_plan_axes(as_plan(plan), names, shape)
+    axes = active_plan_axes(plan, names, shape)
     if not axes:
         return ActiveMesh((), {}, None, None)
     sub = _submesh(mesh, axes)

@@ -26,7 +26,8 @@ from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, Severity, error, info
-from hpcodegen.plan.entry import axis_sizes, is_vocab_sharded_head, param_plan
+from hpcodegen.placement import REPLICATE
+from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.loss_parallel import (
     FLAG,
     GENERATE,
@@ -35,6 +36,7 @@ from hpcodegen.plan.loss_parallel import (
     forward_needed,
     meta_caller,
 )
+from hpcodegen.plan.types import TP, Plan, PlanEntry
 from hpcodegen.tracer.model import forward, use_eager
 from hpcodegen.tracer.ops import DROP, FOLLOW, DerivedTensors, is_pointwise, op_name, tensors
 
@@ -155,7 +157,7 @@ def output_head(model: Any) -> tuple[str | None, Any]:
     return fqn, head
 
 
-def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
+def check_loss_parallel(model: Any, plan: Mapping[str, PlanEntry],
                         notes: list[str] | None = None, caller: Caller = GENERATE) -> str:
     """The vocab-sharded head's FQN; a PlanError when loss parallelism would not be exact.
 
@@ -172,10 +174,9 @@ def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
             "(get_output_embeddings() is None): there are no vocabulary logits to keep "
             "sharded", hint=caller.hint)])
     entry = plan.get(fqn)
-    if not (isinstance(entry, Mapping) and is_vocab_sharded_head(entry)):
-        params = entry.get("params") if isinstance(entry, Mapping) else None
-        named = params.get("weight") if isinstance(params, Mapping) else None
-        what = (f"its weight is {named.get('tp', 'R')} on tp" if isinstance(named, Mapping)
+    if entry is None or not entry.is_vocab_sharded_head():
+        named = (entry.params or EMPTY).get("weight") if entry is not None else None
+        what = (f"its weight is {named.get(TP, REPLICATE)} on tp" if named is not None
                 else f"the plan places no weight of this {type(head).__name__}")
         raise PlanError([error(
             f"{caller.check}.loss_parallel_head", caller.where or fqn,
@@ -187,14 +188,14 @@ def check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]],
     return fqn
 
 
-def check_declared(model: Any, plan: Mapping[str, Mapping[str, Any]],
+def check_declared(model: Any, plan: Mapping[str, PlanEntry],
                    caller: Caller = GENERATE) -> None:
     """Without loss parallelism, a PlanError when the plan still leaves the output head's
     logits vocab-sharded: the model would return one rank's slice as if it were all of them
     (and transformers' own loss would read it so)."""
     fqn, _ = output_head(model)
     entry = plan.get(fqn) if fqn is not None else None
-    if isinstance(entry, Mapping) and is_vocab_sharded_head(entry):
+    if entry is not None and entry.is_vocab_sharded_head():
         raise PlanError([error(
             f"{caller.check}.loss_parallel_undeclared", FLAG if caller.where else fqn,
             f"the plan leaves the output of the head {fqn} vocab-sharded (weight S(0), "
@@ -204,33 +205,31 @@ def check_declared(model: Any, plan: Mapping[str, Mapping[str, Any]],
                      "--loss-parallel)")])
 
 
-def model_findings(model: Any, meta: Mapping[str, Any], check: str) -> list[Finding]:
-    """The rule for a built model and a frozen meta (verify's ``model`` check, the
-    runtime's install): errors, and an info when the post-processing could not be checked.
+def model_findings(model: Any, plan: Plan, check: str, ours: bool) -> list[Finding]:
+    """The rule for a built model and a frozen plan (verify's ``model`` check, the
+    runtime's install): errors, and an info when the post-processing could not be checked;
+    ``ours``: hpcodegen wrote the meta.
 
     Runs :func:`check_loss_parallel` when :func:`forward_needed`, :func:`check_declared`
     when the flag is not set and tp > 1 (with one rank the logits are whole). The forward
     may switch ``model`` to eager attention and stub its experts: pass a meta-device model
     nobody runs afterwards.
     """
-    from hpcodegen.artifact.digest import is_hpcodegen_meta
-
     caller = meta_caller(check)
-    plan = param_plan(meta)
     notes: list[str] = []
     try:
-        if not declared(meta) and axis_sizes(meta).get("tp", 1) > 1:
+        if not declared(plan) and plan.dims.size(TP) > 1:
             try:
-                check_declared(model, plan, caller)
+                check_declared(model, plan.entries, caller)
             except PlanError as exc:
-                if is_hpcodegen_meta(meta):
+                if ours:
                     raise
                 # a foreign meta: its own runtime may hand the head's output on as a DTensor
                 # whose loss gathers it; ours returns the local slice, so say so, as the
                 # flag's other foreign findings (plan_findings) do
                 return [replace(f, severity=Severity.WARNING) for f in exc.findings]
-        elif forward_needed(meta):
-            check_loss_parallel(model, plan, notes, caller)
+        elif forward_needed(plan):
+            check_loss_parallel(model, plan.entries, notes, caller)
     except PlanError as exc:
         return list(exc.findings)
     return [info(f"{check}.loss_parallel_unchecked", FLAG, note) for note in notes]

@@ -56,15 +56,17 @@ def test_megatron_formula_by_hand() -> None:
 
 def test_splits_heads_reads_the_plan() -> None:
     """Heads must divide tp only when the plan splits them: a gathered fused q|k|v does not."""
+    from hpcodegen.plan.codec import entries_from_json
     from hpcodegen.plan.tp_divisible import splits_heads, tp_divisibility
 
-    region = {"self_attn": {"params": {"q_proj.weight": {"tp": "S(0)"}},
-                            "out_src": {"output": {"tp": "P(sum)"}}}}
-    gathered = {"self_attn.qkv_proj": {"params": {"weight": {"tp": "S(0)"}},
-                                       "out_src": {"output": {"tp": "S(-1)"}},
-                                       "out_dst": {"output": {"tp": "R"}}}}
+    region = entries_from_json({"self_attn": {"params": {"q_proj.weight": {"tp": "S(0)"}},
+                                              "out_src": {"output": {"tp": "P(sum)"}}}})
+    gathered = entries_from_json({"self_attn.qkv_proj": {
+        "params": {"weight": {"tp": "S(0)"}}, "out_src": {"output": {"tp": "S(-1)"}},
+        "out_dst": {"output": {"tp": "R"}}}})
     assert splits_heads(region) and not splits_heads(gathered)
-    assert splits_heads({"mixer": {"params": {"in_proj.weight": {"tp": "S(0)"}}}})
+    mixer = {"mixer": {"params": {"in_proj.weight": {"tp": "S(0)"}}}}
+    assert splits_heads(entries_from_json(mixer))
     config = {"num_attention_heads": 40, "num_key_value_heads": 10}
     assert [f.code for f in tp_divisibility(config, 8, "generate", plan=region)] == [
         "generate.heads_not_divisible"]

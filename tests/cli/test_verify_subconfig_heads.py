@@ -18,6 +18,7 @@ from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import InspectOptions
 from hpcodegen.inspect.run import mesh_fit_findings
+from hpcodegen.plan.codec import plan_from_meta
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.append(str(FIXTURES))
@@ -86,9 +87,9 @@ def test_foreign_modeling_code_still_gets_the_config_rule(blt: dict[str, Path],
 def test_inspect_plan_applies_the_same_rule(blt: dict[str, Path]) -> None:
     meta = vf.read_meta(blt["art"])
     opts = InspectOptions(path=str(blt["art"]), hf_config=str(blt["bad"]))
-    (found,) = mesh_fit_findings(meta, opts)
+    (found,) = mesh_fit_findings(plan_from_meta(meta), opts)
     assert found.code == "inspect.heads_not_divisible"
     assert found.file == str(blt["bad"])
     assert "global_config.num_key_value_heads = 3" in found.message
-    assert mesh_fit_findings(meta, InspectOptions(path=str(blt["art"]),
+    assert mesh_fit_findings(plan_from_meta(meta), InspectOptions(path=str(blt["art"]),
                                                   hf_config=str(blt["good"]))) == []

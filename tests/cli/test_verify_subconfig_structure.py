@@ -119,11 +119,12 @@ def test_inspect_reads_sub_config_heads_from_the_recorded_structure(
     the dotted fields are nested back, so a composite's text heads are checked too."""
     from hpcodegen.inspect.options import InspectOptions
     from hpcodegen.inspect.run import mesh_fit_findings
+    from hpcodegen.plan.codec import plan_from_meta
 
     meta = vf.read_meta(mllama["art"])
     opts = InspectOptions(path=str(mllama["art"]))
-    assert mesh_fit_findings(meta, opts) == []
+    assert mesh_fit_findings(plan_from_meta(meta), opts) == []
     meta["source"]["structure"]["text_config.num_key_value_heads"] = 3
-    (found,) = mesh_fit_findings(meta, opts)
+    (found,) = mesh_fit_findings(plan_from_meta(meta), opts)
     assert found.code == "inspect.heads_not_divisible"
     assert "text_config.num_key_value_heads = 3" in found.message

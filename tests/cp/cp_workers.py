@@ -83,7 +83,7 @@ def cp_parity(artifact: str, config_dir: str, cp: int, tp: int, case: str,
     # the helper passes position ids (the batch's, else 0..S-1): so does the reference (a
     # model deriving its own from the padding mask, OPT, would otherwise differ)
     full.setdefault("position_ids", torch.arange(full["input_ids"].shape[1]).expand(2, -1))
-    r = compare(pair.sharded, pair.reference, pair.meta, install(pair, mesh),
+    r = compare(pair.sharded, pair.reference, pair.plan, install(pair, mesh),
                 {**full, "use_cache": False}, shifted_labels(full), vocab)
     return {"logits": r.logits, "shape": list(r.sharded_logits.shape),
             "ref_shape": list(r.ref_logits.shape), "grad": r.grad, "worst": r.worst,
@@ -136,6 +136,7 @@ def fsdp_cp_step(artifact: str, config_dir: str) -> dict[str, Any]:
 
     from hpcodegen.artifact.load import load_meta
     from hpcodegen.hf import load_transformers_config, model_class_for
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.cp import shard_batch
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
@@ -144,10 +145,10 @@ def fsdp_cp_step(artifact: str, config_dir: str) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))
     config_dict = json.loads(Path(config_dir, "config.json").read_text())
     config = load_transformers_config(config_dict)
-    meta = load_meta(Path(artifact)).data
+    plan = plan_from_meta(load_meta(Path(artifact)).data)
     torch.manual_seed(0)
     ref = model_class_for(config_dict)(config).float().eval()
-    gen = generated_model_class(meta, import_generated_module(Path(artifact)))(config).eval()
+    gen = generated_model_class(plan, import_generated_module(Path(artifact)))(config).eval()
     gen.load_state_dict(ref.state_dict())
     info = parallelize_from_generated(gen, MeshContext(device_mesh=mesh), artifact,
                                       hf_config=config_dict)

@@ -13,14 +13,15 @@ from conftest import REPO
 
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.placement import REPLICATE, Shard
+from hpcodegen.plan.codec import injection_from_json, plan_from_meta
 from hpcodegen.plan.cp import (
     causal_work,
-    cp_injections,
     cp_layout,
     gathered_order,
     kv_backward_steps,
     kv_forward_steps,
     kv_transitions,
+    plan_cp_attention,
     rank_positions,
     rank_ranges,
 )
@@ -67,20 +68,23 @@ def test_headtail_balances_causal_work_contiguous_does_not(cp: int) -> None:
 
 
 def test_kv_transition_declared_and_inferred() -> None:
-    meta = _meta()
-    (_, record), *_ = cp_injections(meta).items()
-    declared = kv_transitions(record)
+    plan = plan_from_meta(_meta())
+    records = plan.injections_by_fqn()
+    declared = kv_transitions(records[plan_cp_attention(plan)[0]])
     assert [(t.name, t.src, t.dst, t.declared) for t in declared] == [
         ("key", Shard(2), REPLICATE, True), ("value", Shard(2), REPLICATE, True)]
     assert [str(s) for s in kv_forward_steps(declared[0])] == ["all_gather(dim=2)"]
     assert [str(s) for s in kv_backward_steps(declared[0])] == ["reduce_scatter(dim=2)"]
     # the existing system's metas name its wrapper and declare nothing: the same transition
     foreign = json.loads((REFERENCE / "qwen3_moe_g3" / "codegen_meta.json").read_text())
-    inferred = [kv_transitions(r) for r in cp_injections(foreign).values()]
+    foreign_plan = plan_from_meta(foreign)
+    records = foreign_plan.injections_by_fqn()
+    inferred = [kv_transitions(records[f]) for f in plan_cp_attention(foreign_plan)]
     assert inferred and all([t.name for t in ts] == ["key", "value"] and not ts[0].declared
                             for ts in inferred)
-    assert kv_transitions({"inner_wrapper": "someone_elses_wrapper"}) == ()
-    assert cp_layout(meta) == "headtail" and cp_layout(foreign) == "contiguous"
+    other = injection_from_json({"match": "m", "inner_wrapper": "someone_elses_wrapper"})
+    assert kv_transitions(other) == () and kv_transitions(None) == ()
+    assert cp_layout(plan) == "headtail" and cp_layout(foreign_plan) == "contiguous"
 
 
 def test_cp_rules_pass_on_generated_and_reference_metas() -> None:
@@ -162,8 +166,10 @@ def test_verify_and_inspect_of_a_cp_artifact_import_no_torch() -> None:
     code = ("import sys; from hpcodegen.verify import run_verify; "
             "from hpcodegen.inspect.run import inspect_meta; "
             "from hpcodegen.plan.predict import predict_plan; import json, pathlib; "
+            "from hpcodegen.plan.codec import plan_from_meta; "
             f"m = json.loads(pathlib.Path({str(EXAMPLE / 'codegen_meta.json')!r}).read_text()); "
-            "predict_plan(m); from hpcodegen.checks.cp import check_cp; list(check_cp(m)); "
+            "predict_plan(plan_from_meta(m)); from hpcodegen.checks.cp import check_cp; "
+            "list(check_cp(m)); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=REPO)

@@ -31,9 +31,10 @@ def _counted(mode) -> Counter:
 
 
 def _predicted(meta) -> tuple[Counter, Counter, Counter]:
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
 
-    summary = summarize(predict_plan(meta)[0])
+    summary = summarize(predict_plan(plan_from_meta(meta)))
     fwd, bwd, cp = Counter(), Counter(), Counter()
     for (kind, axis, _), n in summary.per_forward.items():
         fwd[kind] += n

@@ -13,6 +13,8 @@ import pytest
 
 from hpcodegen.generate.emit import ClassPlan, emit_modeling
 from hpcodegen.plan.classify import classify_boundary
+from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.plan.types import PlanEntry
 
 SRC = '''"""doc."""
 from .foo import bar
@@ -39,10 +41,11 @@ class C:
 '''
 
 
-def _entry(name: str, in_src: str, in_dst: str, out_src: str, out_dst: str) -> dict:
-    return {"in_src": {name: {"tp": in_src}}, "in_dst": {name: {"tp": in_dst}},
-            "out_src": {"output": {"tp": out_src}}, "out_dst": {"output": {"tp": out_dst}},
-            "out_names": ["output"], "is_boundary": True}
+def _entry(name: str, in_src: str, in_dst: str, out_src: str, out_dst: str) -> PlanEntry:
+    return entry_from_json("m", {
+        "in_src": {name: {"tp": in_src}}, "in_dst": {name: {"tp": in_dst}},
+        "out_src": {"output": {"tp": out_src}}, "out_dst": {"output": {"tp": out_dst}},
+        "out_names": ["output"], "is_boundary": True})
 
 
 def _emit() -> str:

@@ -60,10 +60,11 @@ def test_mamba_biases_follow_their_projection() -> None:
 def test_nested_x_proj_all_reduces_its_gradient() -> None:
     """The classifier gives the nested x_proj's all_reduce an all_reduce backward."""
     from hpcodegen.plan.classify import classify_plan
+    from hpcodegen.plan.codec import plan_from_meta
 
     config, _ = read_hf_config(FAMILIES / "mamba")
     meta = json.loads(build_bundle(config, 2, False, None, "mamba")["codegen_meta.json"])
-    forms = classify_plan(meta)
+    forms = classify_plan(plan_from_meta(meta))
     out = forms["backbone.layers.0.mixer.x_proj"].outputs[0]
     assert [s.kind for s in out.grad_steps] == ["all_reduce"]
     assert [s.kind for s in forms["backbone.layers.0.mixer"].outputs[0].grad_steps] == []

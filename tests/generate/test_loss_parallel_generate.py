@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpcodegen.errors import PlanError
-from hpcodegen.plan.entry import vocab_sharded_heads
+from hpcodegen.plan.codec import entries_from_json, plan_from_meta
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 HEAD = {"is_boundary": True, "params": {"weight": {"tp": "S(0)"}},
@@ -61,8 +61,8 @@ def _check(post, plan=None):
     from hpcodegen.tracer.loss_parallel import check_loss_parallel
 
     notes: list[str] = []
-    fqn = check_loss_parallel(_tiny_lm(post), {"lm_head": HEAD} if plan is None else plan,
-                              notes)
+    entries = entries_from_json({"lm_head": HEAD} if plan is None else plan)
+    fqn = check_loss_parallel(_tiny_lm(post), entries, notes)
     assert notes == []  # the check ran
     return fqn
 
@@ -134,7 +134,7 @@ def test_head_not_vocab_sharded_or_missing_refused() -> None:
     from hpcodegen.tracer.loss_parallel import check_loss_parallel
 
     with pytest.raises(PlanError) as info:
-        check_loss_parallel(model, {"lm_head": HEAD})
+        check_loss_parallel(model, entries_from_json({"lm_head": HEAD}))
     assert info.value.findings[0].code == "generate.loss_parallel_no_head"
 
 
@@ -169,7 +169,7 @@ def test_opt_mlp_is_not_a_loss_parallel_head(tmp_path) -> None:
     meta = json.loads((tmp_path / "opt" / "codegen_meta.json").read_text())
     fc1 = meta["param_plan"]["model.decoder.layers.0.fc1"]
     assert fc1["out_dst"]["output"]["tp"] == "S(-1)"  # the shape of a head, but fed to fc2
-    assert vocab_sharded_heads(meta) == ["lm_head"]
+    assert plan_from_meta(meta).vocab_sharded_heads() == ["lm_head"]
 
 
 def test_vocab_sharded_heads_leaves_out_a_split_mlp_half() -> None:
@@ -180,8 +180,9 @@ def test_vocab_sharded_heads_leaves_out_a_split_mlp_half() -> None:
     meta = {"parallel_dims": {"tp_size": 2, "loss_parallel": True},
             "param_plan": {"lm_head": HEAD, "layers.0.fc1": HEAD, "layers.0.fc2": fc2,
                            "layers.1.up": HEAD}}
-    assert vocab_sharded_heads(meta) == ["layers.1.up", "lm_head"]
-    assert vocab_sharded_heads({**meta, "parallel_dims": {"tp_size": 2}}) == []
+    assert plan_from_meta(meta).vocab_sharded_heads() == ["layers.1.up", "lm_head"]
+    without = plan_from_meta({**meta, "parallel_dims": {"tp_size": 2}})
+    assert without.vocab_sharded_heads() == []
 
 
 def test_tp_1_refused_and_undeclared_sharded_head_refused() -> None:
@@ -198,8 +199,8 @@ def test_tp_1_refused_and_undeclared_sharded_head_refused() -> None:
         ("generate.loss_parallel_without_tp", "/parallel_dims/loss_parallel")]
     assert "tp_size is 1" in info.value.findings[0].message
     with pytest.raises(PlanError) as info:
-        check_declared(_tiny_lm(lambda self, x: x), {"lm_head": HEAD})
+        check_declared(_tiny_lm(lambda self, x: x), entries_from_json({"lm_head": HEAD}))
     assert [(f.code, f.where) for f in info.value.findings] == [
         ("generate.loss_parallel_undeclared", "lm_head")]
-    check_declared(_tiny_lm(lambda self, x: x), {"lm_head": {**HEAD, "out_dst": {
-        "output": {"tp": "R"}}}})
+    check_declared(_tiny_lm(lambda self, x: x), entries_from_json({"lm_head": {**HEAD, "out_dst": {
+        "output": {"tp": "R"}}}}))

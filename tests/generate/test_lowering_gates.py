@@ -20,6 +20,7 @@ from hpcodegen.artifact.load import META_NAME
 from hpcodegen.generate.emit import emit_modeling
 from hpcodegen.generate.modeling_text import class_plans
 from hpcodegen.plan.classify import classify_boundary
+from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.lowering import class_forwards, forward_signature, lowering_gates
 from hpcodegen.verify import run_verify
 
@@ -96,6 +97,6 @@ def test_signature_model_reads_shapes_and_parameters() -> None:
     entry = {"in_src": {"z": {"tp": "S(1)"}}, "in_dst": {"z": {"tp": "R"}},
              "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},
              "out_names": ["output"], "is_boundary": True}
-    form = classify_boundary("b", entry, ["tp"])
+    form = classify_boundary("b", entry_from_json("b", entry), ["tp"])
     assert lowering_gates(form, b) == ["forward has returns of different shapes",
                                        "inputs ['z'] are not forward parameters"]

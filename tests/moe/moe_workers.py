@@ -44,19 +44,19 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
 
     config_dict = read_config(model_dir)
     pair = build_pair(artifact, config_dict, prepare=nonzero)
-    meta, gen = pair.meta, pair.sharded
-    mesh = build_device_mesh(resolve_mesh_layout(meta, dist.get_world_size()), "cpu")
+    plan, gen = pair.plan, pair.sharded
+    mesh = build_device_mesh(resolve_mesh_layout(plan, dist.get_world_size()), "cpu")
     ref_start = copy.deepcopy(pair.reference)
     shapes = global_shapes(gen)
     installed = install(pair, mesh)
     layout = ShardLayout.from_model(gen, shapes, installed.info)
     inputs, labels = token_batch(config_dict["vocab_size"], BATCH, SEQ)
-    result = compare(gen, pair.reference, meta, installed, {"input_ids": inputs}, labels)
+    result = compare(gen, pair.reference, plan, installed, {"input_ids": inputs}, labels)
     routed = [n for n, p in gen.named_parameters() if p.grad is not None]
     out = {"logits": result.logits, "grad": result.grad, "worst": result.worst,
            "odd": result.odd, "with_grad": len(routed), "params": len(list(gen.parameters()))}
-    out["expert_split"] = expert_split(gen, meta, shapes)
-    out |= clip_result(gen, pair.reference, layout, meta, installed.active, installed.expert)
+    out["expert_split"] = expert_split(gen, plan, shapes)
+    out |= clip_result(gen, pair.reference, layout, plan, installed.active, installed.expert)
     losses: list[float] = []
     ref_losses: list[float] = []
     gen.zero_grad(set_to_none=True)
@@ -65,7 +65,7 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
         for model, act, opt, sink in ((gen, installed.active, opts[0], losses),
                                       (ref_start, None, opts[1], ref_losses)):
             opt.zero_grad(set_to_none=True)
-            step_loss, _ = loss_and_logits(model, {"input_ids": inputs}, labels, meta, act)
+            step_loss, _ = loss_and_logits(model, {"input_ids": inputs}, labels, plan, act)
             step_loss.backward()
             opt.step()
             sink.append(float(step_loss))
@@ -74,12 +74,12 @@ def case_result(artifact: str, model_dir: str, steps: int) -> dict[str, Any]:
     return out
 
 
-def expert_split(gen: Any, meta: Any, shapes: dict[str, Any]) -> list[int]:
+def expert_split(gen: Any, plan: Any, shapes: dict[str, Any]) -> list[int]:
     """How many ways the expert dimension of each expert parameter (an ``ep`` placement) is
     split on this rank: ``[ep]`` when every rank holds ``E/ep`` experts."""
     from hpcodegen.parity.gather import plan_placements
 
-    placements = plan_placements(meta)
+    placements = plan_placements(plan)
     split = set()
     for fqn, param in gen.named_parameters():
         named = placements.get(fqn)
@@ -89,7 +89,7 @@ def expert_split(gen: Any, meta: Any, shapes: dict[str, Any]) -> list[int]:
     return sorted(split)
 
 
-def clip_result(gen: Any, ref: Any, layout: Any, meta: Any, active: Any,
+def clip_result(gen: Any, ref: Any, layout: Any, plan: Any, active: Any,
                 expert: Any) -> dict[str, Any]:
     """Global-norm clipping on the sharded model vs torch's on the unsharded one (both hold
     their gradients): relative norm errors for p = 2, inf and 3, then the clipped gradients'
@@ -112,7 +112,7 @@ def clip_result(gen: Any, ref: Any, layout: Any, meta: Any, active: Any,
     ref_got = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm))
     out["clip_norm_rel"] = abs(got - ref_got) / ref_got
     out["clip_coef"] = max_norm / (ref_got + 1e-6)
-    out["clip_grad"] = max_param_diff(gen, ref, meta, active, lambda p: p.grad, expert)[0]
+    out["clip_grad"] = max_param_diff(gen, ref, plan, active, lambda p: p.grad, expert)[0]
     return out
 
 

@@ -71,8 +71,9 @@ def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
          "local_compute_fn": {"_target_": "hpcodegen.runtime.moe.ep_dispatch"}}
         for i in range(2)]
     from hpcodegen.plan.classify import classify_plan
+    from hpcodegen.plan.codec import plan_from_meta
 
-    assert classify_plan(meta)["model.layers.0.mlp.experts"].form == "region"
+    assert classify_plan(plan_from_meta(meta))["model.layers.0.mlp.experts"].form == "region"
 
 
 @pytest.mark.timeout(120)
@@ -130,11 +131,12 @@ def test_ep_refusals(tmp_path: Path, llama_model_dir: Path) -> None:
     with pytest.raises(PlanError, match=r"Llama4TextExperts.forward\(hidden_states\) takes no"):
         generate_artifact(GenerateArgs(model, 2, tmp_path / "c", ep=2))
     from hpcodegen.launch.rank.mesh import resolve_mesh_layout
+    from hpcodegen.plan.codec import plan_from_meta
 
     meta = {"parallel_dims": {"tp_size": 2, "ep_size": 2}, "mesh_dim_names": ["tp"]}
-    assert resolve_mesh_layout(meta, 4).describe() == "dp=2 (ep=2) x tp=2"
+    assert resolve_mesh_layout(plan_from_meta(meta), 4).describe() == "dp=2 (ep=2) x tp=2"
     with pytest.raises(UsageError, match="does not divide the data-parallel size dp=1"):
-        resolve_mesh_layout(meta, 2)
+        resolve_mesh_layout(plan_from_meta(meta), 2)
 
 
 OP_KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
@@ -160,6 +162,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
 
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
@@ -168,9 +171,9 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     fake_world(4)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
-        mesh = build_device_mesh(resolve_mesh_layout(meta, 4), "cpu")
+        mesh = build_device_mesh(resolve_mesh_layout(plan_from_meta(meta), 4), "cpu")
         torch.manual_seed(0)
-        cls = generated_model_class(meta, import_generated_module(out))
+        cls = generated_model_class(plan_from_meta(meta), import_generated_module(out))
         model = cls(load_transformers_config(config)).float()
         parallelize_from_generated(model, MeshContext(device_mesh=mesh), out,
                                    hf_config=config)
@@ -179,7 +182,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
             logits = model(input_ids=ids, use_cache=False).logits
         with CommDebugMode() as bwd:
             logits.float().sum().backward()
-        summary = summarize(predict_plan(meta)[0])
+        summary = summarize(predict_plan(plan_from_meta(meta)))
         want_f, want_b = Counter(), Counter()
         for (kind, _axis, _dim), n in summary.per_forward.items():
             want_f[kind] += n
@@ -259,14 +262,14 @@ def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
     """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
     from hpcodegen.checks.context import planned_params
     from hpcodegen.checks.plan_refs import _entry_param_lists
-    from hpcodegen.plan.entry import effective_partial_grad_params
+    from hpcodegen.plan.codec import entry_from_json
 
     _, _, meta = _generate(tmp_path, "gpt_oss", 2)
     entry = meta["param_plan"]["model.layers.0.mlp.experts"]
     assert not list(_entry_param_lists(meta, planned_params(meta)))
     # another generator may omit the derived partial list: the gradient is still synced
-    assert effective_partial_grad_params({**entry, "partial_grad_params": []}) == \
-        ("down_proj_bias",)
+    without = entry_from_json("experts", {**entry, "partial_grad_params": []})
+    assert without.effective_partial_grad_params() == ("down_proj_bias",)
     entry["tp_rank0_params"] = ["down_proj_bias", "no_such_bias"]
     codes = [f.code for f in _entry_param_lists(meta, planned_params(meta))]
     assert codes == ["plan.tp_rank0_params_unplanned"]

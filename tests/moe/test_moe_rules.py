@@ -10,6 +10,7 @@ import pytest
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.hf_plan import expand_rules
 from hpcodegen.generate.styles import Kind, param_shard
+from hpcodegen.plan.codec import injection_from_json
 from hpcodegen.plan.moe import dispatch_ops, dispatch_volume, ep_dispatch_size, expert_count
 
 
@@ -34,10 +35,13 @@ def test_rules_on_parameters_become_parameter_assignments() -> None:
 
 
 def test_dispatch_prediction_inputs() -> None:
-    inj = {"local_compute_fn": {"_target_": "hpcodegen.runtime.moe.ep_dispatch"}, "ep_size": 4}
-    assert ep_dispatch_size(inj) == 4
-    assert ep_dispatch_size({**inj, "ep_size": 1}) == 0
-    assert ep_dispatch_size({"local_compute_fn": {"_target_": "x.ep_compute"}, "ep_size": 4}) == 0
+    inj = {"match": "m", "local_compute_fn": {"_target_": "hpcodegen.runtime.moe.ep_dispatch"},
+           "ep_size": 4}
+    assert ep_dispatch_size(injection_from_json(inj)) == 4
+    assert ep_dispatch_size(injection_from_json({**inj, "ep_size": 1})) == 0
+    assert ep_dispatch_size(injection_from_json(
+        {**inj, "local_compute_fn": {"_target_": "x.ep_compute"}})) == 0
+    assert ep_dispatch_size(None) == 0
     assert expert_count({"text_config": {"num_local_experts": 16}}) == 16
     # what leaves a rank: (ep-1)/ep of its rows under balanced routing
     vol = dispatch_volume(tokens=4096, top_k=8, hidden=2048, num_experts=128, elem_bytes=2,

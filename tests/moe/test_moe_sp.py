@@ -87,9 +87,10 @@ def _counted(mode) -> Counter:
 
 
 def _predicted(meta: dict) -> tuple[Counter, Counter]:
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
 
-    summary = summarize(predict_plan(meta)[0])
+    summary = summarize(predict_plan(plan_from_meta(meta)))
     fwd, bwd = Counter(), Counter()
     for (kind, _axis, _dim), n in summary.per_forward.items():
         fwd[kind] += n
@@ -110,6 +111,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
 
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.launch.rank.mesh import build_device_mesh, resolve_mesh_layout
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
@@ -117,9 +119,9 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
     fake_world(world)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
-        mesh = build_device_mesh(resolve_mesh_layout(meta, world), "cpu")
+        mesh = build_device_mesh(resolve_mesh_layout(plan_from_meta(meta), world), "cpu")
         torch.manual_seed(0)
-        cls = generated_model_class(meta, import_generated_module(out))
+        cls = generated_model_class(plan_from_meta(meta), import_generated_module(out))
         model = cls(load_transformers_config(config)).float()
         parallelize_from_generated(model, MeshContext(device_mesh=mesh), out,
                                    hf_config=config)

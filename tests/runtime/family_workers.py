@@ -43,7 +43,7 @@ def parity_one(artifact: str, config_dir: str, mesh: Any,
     ids, labels = token_batch(vocab, rows, 16, generator=g)  # a text sub-config's vocab
     extra = {name: torch.randn(shape, generator=g).to(getattr(torch, dtype))
              for name, shape in spec.get("inputs", {}).items()}
-    result = compare(pair.sharded, pair.reference, pair.meta, installed,
+    result = compare(pair.sharded, pair.reference, pair.plan, installed,
                      {"input_ids": ids, "use_cache": use_cache, **extra}, labels)
     return result.as_dict()
 

@@ -28,8 +28,8 @@ def accumulate_case(artifact: str, model_dir: str) -> dict[str, Any]:
             param.add_(torch.randn_like(param) * 0.02)
 
     pair = build_pair(artifact, config_dict, eval_mode=False, prepare=perturb)
-    meta, ref, gen = pair.meta, pair.reference, pair.sharded
-    mesh = build_device_mesh(resolve_mesh_layout(meta, dist.get_world_size()), "cpu")
+    plan, ref, gen = pair.plan, pair.reference, pair.sharded
+    mesh = build_device_mesh(resolve_mesh_layout(plan, dist.get_world_size()), "cpu")
     active = install(pair, mesh).active
     g = torch.Generator().manual_seed(1)
     vocab = config_dict["vocab_size"]
@@ -38,7 +38,7 @@ def accumulate_case(artifact: str, model_dir: str) -> dict[str, Any]:
     for _ in range(2):  # accumulate two micro-batches
         ids = torch.randint(0, vocab, (2, 9), generator=g)
         inputs, labels = ids[:, :-1], ids[:, 1:]
-        logits = full_logits(gen(input_ids=inputs).logits, gen, meta, active)
+        logits = full_logits(gen(input_ids=inputs).logits, gen, plan, active)
         ref_logits = ref(input_ids=inputs).logits
         worst_logits = max(worst_logits, float((logits - ref_logits).abs().max()))
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
@@ -46,6 +46,6 @@ def accumulate_case(artifact: str, model_dir: str) -> dict[str, Any]:
             loss.backward()
         counts.append(sum(mode.get_comm_counts().values()))
         F.cross_entropy(ref_logits.flatten(0, 1), labels.flatten()).backward()
-    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+    grad, worst, odd = max_param_diff(gen, ref, plan, active, lambda p: p.grad)
     return {"logits": worst_logits, "grad": grad, "worst": worst, "odd": odd,
             "counts": counts}

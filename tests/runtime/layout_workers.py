@@ -22,8 +22,8 @@ def image_case(artifact: str, model_dir: str) -> dict[str, Any]:
             param.add_(torch.randn_like(param) * 0.02)
 
     pair = build_pair(artifact, config_dict, eval_mode=False, prepare=perturb)
-    meta, ref, gen = pair.meta, pair.reference, pair.sharded
-    mesh = build_device_mesh(resolve_mesh_layout(meta, dist.get_world_size()), "cpu")
+    plan, ref, gen = pair.plan, pair.reference, pair.sharded
+    mesh = build_device_mesh(resolve_mesh_layout(plan, dist.get_world_size()), "cpu")
     active = install(pair, mesh).active
     g = torch.Generator().manual_seed(1)
     vision = config_dict["vision_config"]
@@ -32,11 +32,11 @@ def image_case(artifact: str, model_dir: str) -> dict[str, Any]:
         * config_dict["mm_tokens_per_image"] + [config_dict["eoi_token_index"]]
     text = torch.randint(0, 200, (2, 4), generator=g)
     ids = torch.cat([text, torch.tensor([image, image]), text], dim=1)
-    logits = full_logits(gen(input_ids=ids, pixel_values=pixels).logits, gen, meta, active)
+    logits = full_logits(gen(input_ids=ids, pixel_values=pixels).logits, gen, plan, active)
     ref_logits = ref(input_ids=ids, pixel_values=pixels).logits
     logits.float().pow(2).mean().backward()
     ref_logits.float().pow(2).mean().backward()
-    grad, worst, odd = max_param_diff(gen, ref, meta, active, lambda p: p.grad)
+    grad, worst, odd = max_param_diff(gen, ref, plan, active, lambda p: p.grad)
     vision_grads = sum(1 for n, p in gen.named_parameters()
                        if "vision_tower" in n and p.grad is not None)
     return {"logits": float((logits - ref_logits).abs().max()), "grad": grad, "worst": worst,

@@ -84,7 +84,7 @@ def compare(artifact: str, mesh: Any) -> dict[str, float]:
             generic.transition_fn = lowered
     ids, labels = batch(pair.reference.config.vocab_size)
     # default use_cache: a DynamicCache is built
-    result = harness_compare(pair.sharded, pair.reference, pair.meta, installed,
+    result = harness_compare(pair.sharded, pair.reference, pair.plan, installed,
                              {"input_ids": ids}, labels)
     ref_grads = {n: q.grad for n, q in pair.reference.named_parameters()}
     shard, shard_name = max_shard_diff(pair.sharded, ref_grads, installed.info,

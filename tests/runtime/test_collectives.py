@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
 from hpcodegen.errors import PlanError
 from hpcodegen.plan.classify import classify_boundary
+from hpcodegen.plan.codec import entry_from_json
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,6 +21,11 @@ ENTRY = {
     "in_src": {"x": {"tp": "P(sum)"}}, "in_dst": {"x": {"tp": "R"}},
     "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}},
 }
+
+
+def _form(fqn: str, entry: dict) -> Any:
+    """The classifier's form of a JSON-shaped entry (typed on the way in)."""
+    return classify_boundary(fqn, entry_from_json(fqn, entry), ("tp",))
 
 
 def _backward_all_reduces(fn) -> int:
@@ -38,7 +45,7 @@ def test_same_kind_calls_bind_in_call_order(fake_world) -> None:
     from hpcodegen.runtime.collectives.matching import TPOps
 
     fake_world(2)
-    form = classify_boundary("block", ENTRY, ("tp",))
+    form = _form("block", ENTRY)
     assert [t.grad_steps != () for t in form.transitions] == [True, False]
     ops = TPOps("block", form.transitions, dist.group.WORLD)
     for _ in range(2):  # the second forward wraps around to the input again
@@ -61,7 +68,7 @@ def test_unknown_call_and_negative_dims(fake_world) -> None:
     fake_world(2)
     entry = {"params": {"w": {"tp": "S(0)"}},
              "out_src": {"output": {"tp": "S(-1)"}}, "out_dst": {"output": {"tp": "R"}}}
-    form = classify_boundary("head", entry, ("tp",))
+    form = _form("head", entry)
     ops = TPOps("head", form.transitions, dist.group.WORLD)
     out = ops.all_gather(torch.randn(2, 3, 4), dim=2)  # declared as dim=-1
     assert out.shape == (2, 3, 8)
@@ -85,7 +92,7 @@ def test_no_grad_skips_autograd_but_not_the_collective(fake_world) -> None:
     entry = {"params": {"proj.weight": {"tp": "S(1)"}},
              "in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "R"}},
              "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}}}
-    form = classify_boundary("block", entry, ("tp",))
+    form = _form("block", entry)
     ops = TPOps("block", form.transitions, dist.group.WORLD)
     assert {"to_local", "all_reduce"} <= set(vars(ops))  # one per kind: bound directly
     x = torch.randn(2, 4, requires_grad=True)
@@ -185,11 +192,11 @@ def test_traced_binding_runs_the_same_ops_and_checks(fake_world) -> None:
     from hpcodegen.runtime.collectives.matching import TPOps
 
     fake_world(2)
-    assert not TPOps("block", classify_boundary("block", ENTRY, ("tp",)).transitions,
+    assert not TPOps("block", _form("block", ENTRY).transitions,
                      dist.group.WORLD).bind_traced()  # a kind declared twice: call order rules
     entry = {"params": {"w": {"tp": "S(0)"}},
              "out_src": {"output": {"tp": "S(-1)"}}, "out_dst": {"output": {"tp": "R"}}}
-    ops = TPOps("head", classify_boundary("head", entry, ("tp",)).transitions,
+    ops = TPOps("head", _form("head", entry).transitions,
                 dist.group.WORLD)
     assert ops.bind_traced()
     assert ops.all_gather(torch.randn(2, 3, 4), dim=2).shape == (2, 3, 8)  # -1 == 2 here
@@ -200,7 +207,7 @@ def test_traced_binding_runs_the_same_ops_and_checks(fake_world) -> None:
     entry = {"params": {"proj.weight": {"tp": "S(1)"}},
              "in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "R"}},
              "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "R"}}}
-    ops = TPOps("block", classify_boundary("block", entry, ("tp",)).transitions,
+    ops = TPOps("block", _form("block", entry).transitions,
                 dist.group.WORLD)
     assert ops.bind_traced()
     x = torch.randn(2, 4, requires_grad=True)

@@ -12,6 +12,7 @@ import pytest
 from rt_workers import EXAMPLES, batch, build_pair, hf_config
 
 from hpcodegen.parity.harness import count_collectives, predicted_collectives
+from hpcodegen.plan.codec import plan_from_meta
 
 ARTIFACTS = ["llama_tp2", "llama_tp2_sp", "qwen3_tp2", "qwen3_tp2_sp", "llama_bias_tp2",
              "llama_tp2_sp_lp"]
@@ -38,7 +39,8 @@ def test_counts_match_prediction(fake_world) -> None:
             logits = model(input_ids=ids, use_cache=False).logits
         with count_collectives() as bwd:
             logits.float().sum().backward()
-        want_fwd, want_bwd = predicted_collectives(load_meta(EXAMPLES / artifact).data)
+        plan = plan_from_meta(load_meta(EXAMPLES / artifact).data)
+        want_fwd, want_bwd = predicted_collectives(plan)
         seen[artifact] = (fwd, bwd, want_fwd, want_bwd)
     for artifact, (fwd, bwd, want_fwd, want_bwd) in seen.items():
         assert fwd == want_fwd, (artifact, "forward", fwd, want_fwd)

@@ -88,9 +88,10 @@ def _region(out_tp: str, declared: list[str] | None) -> dict:
 ])
 def test_effective_partial_grads_add_a_deferred_bias_on_a_sharded_output(
         out_tp, declared, want) -> None:
-    from hpcodegen.plan.entry import effective_partial_grad_params
+    from hpcodegen.plan.codec import entry_from_json
 
-    assert effective_partial_grad_params(_region(out_tp, declared)) == want
+    entry = entry_from_json("attn", _region(out_tp, declared))
+    assert entry.effective_partial_grad_params() == want
 
 
 def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
@@ -103,7 +104,6 @@ def test_inspect_plan_counts_the_derived_sync_the_runtime_installs() -> None:
     meta = {"mesh_dim_names": ["tp"], "parallel_dims": {"tp_size": 2},
             "param_plan": {"model.layers.0.self_attn": _region("S(1)", None),
                            "model.layers.1.self_attn": _region("R", None)}}
-    preds, problems = predict_plan(meta)
-    assert problems == []
+    preds = predict_plan(plan_from_meta(meta))
     assert summarize(preds).grad_sync == {("all_reduce", "tp", None): 1}
     assert _partial_grad_fqns(plan_from_meta(meta)) == ["model.layers.0.self_attn.o_proj.bias"]

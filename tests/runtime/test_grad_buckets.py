@@ -40,13 +40,14 @@ def _backward_all_reduces(out: Path, model_dir: Path) -> tuple[int, int, int]:
     from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.hf import load_transformers_config
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime import parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
     meta = json.loads((out / "codegen_meta.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())
-    model = generated_model_class(meta, import_generated_module(out))(
+    model = generated_model_class(plan_from_meta(meta), import_generated_module(out))(
         load_transformers_config(config)).float()
     parallelize_from_generated(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)),
                                out, hf_config=config)
@@ -56,7 +57,7 @@ def _backward_all_reduces(out: Path, model_dir: Path) -> tuple[int, int, int]:
     ran = Counter()
     for op, n in mode.get_comm_counts().items():
         ran[str(op).split(".")[-1]] += n
-    summary = summarize(predict_plan(meta)[0])
+    summary = summarize(predict_plan(plan_from_meta(meta)))
     predicted = sum(n for (k, _, _), n in {**summary.per_backward, **summary.grad_sync}.items()
                     if k == "all_reduce")
     return ran["allreduce_"], predicted, summary.grad_sync_params

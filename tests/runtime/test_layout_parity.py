@@ -74,6 +74,7 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     from hpcodegen.hf import load_transformers_config
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
     from hpcodegen.runtime import parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
@@ -84,14 +85,14 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     for out, model_dir in arts:
         meta = json.loads(Path(out, "codegen_meta.json").read_text())
         config = json.loads(Path(model_dir, "config.json").read_text())
-        model = generated_model_class(meta, import_generated_module(Path(out)))(
+        model = generated_model_class(plan_from_meta(meta), import_generated_module(Path(out)))(
             load_transformers_config(config)).float()
         parallelize_from_generated(model, mesh, out, hf_config=config)
         with CommDebugMode() as fwd:
             logits = model(input_ids=torch.randint(0, config["vocab_size"], (2, 8))).logits
         with CommDebugMode() as bwd:
             logits.float().pow(2).mean().backward()
-        summary = summarize(predict_plan(meta)[0])
+        summary = summarize(predict_plan(plan_from_meta(meta)))
         for mode, tables in ((fwd, (summary.per_forward,)),
                              (bwd, (summary.per_backward, summary.grad_sync))):
             want = sum(n for t in tables for n in t.values())

@@ -22,8 +22,14 @@ from hpcodegen.plan.classify import (
     classify_transition,
     grad_steps,
     redistribute_steps,
-    splits_compute,
 )
+from hpcodegen.plan.codec import (
+    PlanFormatError,
+    entry_from_json,
+    injection_from_json,
+    plan_from_meta,
+)
+from hpcodegen.plan.types import PlanEntry
 
 PLACEMENTS = ["R", "S(0)", "S(1)", "S(-1)", "SS(1,2)", "P(sum)", "P(avg)"]
 ID = TPOp("identity")
@@ -158,6 +164,17 @@ def test_grad_steps_only_tp_becomes_partial() -> None:
 
 # --- boundary forms ---------------------------------------------------------------------------
 
+def typed(e: dict[str, Any]) -> PlanEntry:
+    return entry_from_json("m", e)
+
+
+def classify(fqn: str, e: dict[str, Any], axes: Any, injection: Any = None,
+             **kw: Any) -> Any:
+    """:func:`classify_boundary` on the typed entry and injection of these JSON shapes."""
+    record = None if injection is None else injection_from_json({"match": fqn, **injection})
+    return classify_boundary(fqn, typed(e), axes, record, **kw)
+
+
 def entry(in_src: Any = None, in_dst: Any = None, out_src: Any = None, out_dst: Any = None,
           **extra: Any) -> dict[str, Any]:
     e: dict[str, Any] = dict(extra)
@@ -174,7 +191,7 @@ ATTN_SP = entry({"hidden_states": {"tp": "S(1)"}}, {"hidden_states": {"tp": "R"}
 
 
 def test_attention_sp_is_tp_collective_with_notes() -> None:
-    bf = classify_boundary("model.layers.0.self_attn", ATTN_SP, ("tp",))
+    bf = classify("model.layers.0.self_attn", ATTN_SP, ("tp",))
     assert bf.form == "tp_collective"
     assert bf.in_ops == (("hidden_states", AG[1]),)
     assert bf.out_ops == (("output", RS[1]),)
@@ -190,7 +207,7 @@ def test_identity_inputs_are_kept_identity_outputs_dropped() -> None:
     e = entry({"x": {"tp": "R"}}, {"x": {"tp": "R"}},
               {"output": {"tp": "P(sum)"}, "extra": {"tp": "R"}},
               {"output": {"tp": "R"}, "extra": {"tp": "R"}})
-    bf = classify_boundary("m", e, ("tp",))
+    bf = classify("m", e, ("tp",))
     assert bf.form == "tp_collective"
     assert bf.in_ops == (("x", ID),)
     assert bf.out_ops == (("output", AR),)
@@ -198,21 +215,21 @@ def test_identity_inputs_are_kept_identity_outputs_dropped() -> None:
 
 def test_norm_is_identity_and_params_only_entry() -> None:
     seq = {"hidden_states": {"tp": "S(1)"}}
-    bf = classify_boundary("n", entry(seq, seq, {"output": {"tp": "S(1)"}},
+    bf = classify("n", entry(seq, seq, {"output": {"tp": "S(1)"}},
                                       {"output": {"tp": "S(1)"}}), ("tp",))
     assert bf.form == "identity" and bf.reasons == ()
-    assert classify_boundary("p", {"params": {"w": {"tp": "S(0)"}}}, ("tp",)).form == "params"
-    assert classify_boundary("p", {"is_boundary": False, **ATTN_SP}, ("tp",)).form == "params"
+    assert classify("p", {"params": {"w": {"tp": "S(0)"}}}, ("tp",)).form == "params"
+    assert classify("p", {"is_boundary": False, **ATTN_SP}, ("tp",)).form == "params"
 
 
 def test_p_avg_and_cp_change_are_generic_with_reasons() -> None:
     e = entry(out_src={"output": {"tp": "P(avg)"}}, out_dst={"output": {"tp": "R"}})
-    bf = classify_boundary("m", e, ("tp",))
+    bf = classify("m", e, ("tp",))
     assert bf.form == "generic"
     assert bf.reasons == ("output 'output' is not one tp collective",)
     assert bf.outputs[0].note == "output: tp P(avg) -> R ==> dtensor redistribute"
     cp = entry({"x": {"cp": "S(1)", "tp": "S(1)"}}, {"x": {"cp": "R", "tp": "R"}})
-    bf = classify_boundary("m", cp, ("cp", "tp"))
+    bf = classify("m", cp, ("cp", "tp"))
     assert bf.form == "generic"
     assert bf.inputs[0].note == "x: cp S(1) -> R, tp S(1) -> R ==> dtensor redistribute"
     assert [(s.axis, s.kind) for s in bf.inputs[0].steps] == [("cp", "all_gather"),
@@ -221,49 +238,50 @@ def test_p_avg_and_cp_change_are_generic_with_reasons() -> None:
 
 def test_ep_change() -> None:
     e = entry({"x": {"ep": "S(0)"}}, {"x": {"ep": "R"}})
-    assert classify_boundary("m", e, ()).form == "generic"
-    assert classify_boundary("m", e, None).reasons == ("ep placement changes",)
-    assert classify_boundary("m", e, ("tp", "ep")).form == "generic"
+    assert classify("m", e, ()).form == "generic"
+    assert classify("m", e, None).reasons == ("ep placement changes",)
+    assert classify("m", e, ("tp", "ep")).form == "generic"
     # a dense mesh drops the ep key: nothing changes on its axes
-    assert classify_boundary("m", e, ("cp", "tp")).form == "identity"
+    assert classify("m", e, ("cp", "tp")).form == "identity"
     same = entry({"x": {"ep": "R"}}, {"x": {"ep": "R"}})
-    assert classify_boundary("m", same, ()).form == "identity"
+    assert classify("m", same, ()).form == "identity"
 
 
 def test_empty_axes() -> None:
-    assert classify_boundary("m", ATTN_SP, ()).form == "identity"
-    assert classify_boundary("m", ATTN_SP, (), {"inner_wrapper": "sdpa_hf"}).form == "generic"
+    assert classify("m", ATTN_SP, ()).form == "identity"
+    assert classify("m", ATTN_SP, (), {"inner_wrapper": "sdpa_hf"}).form == "generic"
 
 
 def test_injections_force_region_and_generic() -> None:
-    region = classify_boundary("m", ATTN_SP, ("tp",), {"local_compute_fn": {"_target_": "a.b"}})
+    region = classify("m", ATTN_SP, ("tp",), {"local_compute_fn": {"_target_": "a.b"}})
     assert region.form == "region" and region.reasons == ("local_compute_fn injection",)
-    generic = classify_boundary("m", ATTN_SP, ("tp",), {"inner_wrapper": {"_target_": "a.b"}})
+    generic = classify("m", ATTN_SP, ("tp",), {"inner_wrapper": {"_target_": "a.b"}})
     assert generic.form == "generic" and generic.reasons == ("inner_wrapper injection",)
     assert generic.in_ops == (("hidden_states", AG[1]),)
 
 
 def test_size_one_axis_behaves_as_identity() -> None:
-    assert classify_boundary("m", ATTN_SP, ("tp",), sizes={"tp": 1}).form == "identity"
-    bf = classify_boundary("m", ATTN_SP, ("tp",), sizes={"tp": 1})
+    assert classify("m", ATTN_SP, ("tp",), sizes={"tp": 1}).form == "identity"
+    bf = classify("m", ATTN_SP, ("tp",), sizes={"tp": 1})
     assert all(t.grad_steps == () for t in bf.transitions)
     cp = entry({"x": {"cp": "S(1)", "tp": "S(1)"}}, {"x": {"cp": "R", "tp": "R"}})
-    bf = classify_boundary("m", cp, ("cp", "tp"), sizes={"cp": 1, "tp": 4})
+    bf = classify("m", cp, ("cp", "tp"), sizes={"cp": 1, "tp": 4})
     assert bf.form == "tp_collective" and bf.in_ops == (("x", AG[1]),)
 
 
 def test_splits_compute() -> None:
-    assert splits_compute(ATTN_SP)
-    assert splits_compute(entry(out_src={"o": {"tp": "P(sum)"}}))
-    assert not splits_compute({"params": {"weight": {"tp": "R"}}})
-    assert not splits_compute({"params": {"weight": {"tp": "garbage"}}})
+    assert typed(ATTN_SP).splits_compute()
+    assert typed(entry(out_src={"o": {"tp": "P(sum)"}})).splits_compute()
+    assert not typed({"params": {"weight": {"tp": "R"}}}).splits_compute()
+    with pytest.raises(PlanFormatError):  # no typed plan holds a placement outside the grammar
+        typed({"params": {"weight": {"tp": "garbage"}}})
 
 
 def test_out_names_and_bad_placement() -> None:
-    bf = classify_boundary("m", {**ATTN_SP, "out_names": ["output", "attn_weights"]}, ("tp",))
+    bf = classify("m", {**ATTN_SP, "out_names": ["output", "attn_weights"]}, ("tp",))
     assert bf.out_names == ("output", "attn_weights")
     with pytest.raises(ValueError):
-        classify_boundary("m", entry({"x": {"tp": "Shard(1)"}}, {"x": {"tp": "R"}}), ("tp",))
+        classify("m", entry({"x": {"tp": "Shard(1)"}}, {"x": {"tp": "R"}}), ("tp",))
 
 
 def test_classify_plan_uses_frozen_axes_injection_lists_and_keeps_fqns() -> None:
@@ -274,7 +292,7 @@ def test_classify_plan_uses_frozen_axes_injection_lists_and_keeps_fqns() -> None
         "injections": [{"match": ["model.layers.1.self_attn", "model.layers.2.self_attn"],
                         "inner_wrapper": {"_target_": "x.y"}}],
     }
-    forms = classify_plan(meta)
+    forms = classify_plan(plan_from_meta(meta))
     assert {f: bf.form for f, bf in forms.items()} == {
         "model.layers.0.self_attn": "tp_collective",
         "model.layers.1.self_attn": "generic",
@@ -283,7 +301,7 @@ def test_classify_plan_uses_frozen_axes_injection_lists_and_keeps_fqns() -> None
     }
     assert all(bf.fqn == fqn for fqn, bf in forms.items())
     assert forms["model.layers.0.self_attn"].inputs[0].src == p("R", "S(1)")
-    live = classify_plan(meta, axes=("tp",), sizes={"tp": 1})
+    live = classify_plan(plan_from_meta(meta), axes=("tp",), sizes={"tp": 1})
     assert live["model.layers.0.self_attn"].form == "identity"
 
 
@@ -322,7 +340,7 @@ def test_size_one_axes_never_communicate(case: Any, data: Any) -> None:
     names = ("x",)
     e = {"in_src": {n: {a: str(p) for a, p in zip(axes, src, strict=True)} for n in names},
          "in_dst": {n: {a: str(p) for a, p in zip(axes, dst, strict=True)} for n in names}}
-    bf = classify_boundary("m", e, axes, sizes=sizes)
+    bf = classify("m", e, axes, sizes=sizes)
     if not axes:
         return
     t = bf.inputs[0]

@@ -12,6 +12,7 @@ from typing import Any
 
 from hpcodegen.placement import parse_placement
 from hpcodegen.plan.classify import classify_plan, enclosed_in_partial, grad_steps
+from hpcodegen.plan.codec import entries_from_json, entry_from_json, plan_from_meta
 from hpcodegen.plan.volume import transition_volume
 
 REGION = {"params": {"in_proj.weight": {"tp": "S(0)"}, "out_proj.weight": {"tp": "S(1)"}},
@@ -45,8 +46,9 @@ def test_enclosed_output_gradient_is_partial() -> None:
 
 
 def test_enclosed_in_partial_walks_ancestors_only() -> None:
-    plan = {"m.mixer": REGION, "m.mixer.x_proj": ROWWISE, "m.other.x": ROWWISE,
-            "m.params": {"params": {}, "is_boundary": False}}
+    plan = entries_from_json({"m.mixer": REGION, "m.mixer.x_proj": ROWWISE,
+                              "m.other.x": ROWWISE,
+                              "m.params": {"params": {}, "is_boundary": False}})
     assert enclosed_in_partial("m.mixer.x_proj", plan)
     assert not enclosed_in_partial("m.mixer", plan)        # itself does not count
     assert not enclosed_in_partial("m.other.x", plan)
@@ -58,7 +60,7 @@ def test_classify_plan_nested_rowwise_all_reduces_its_gradient() -> None:
     meta = {"mesh_dim_names": ["tp"],
             "param_plan": {"b.0.mixer": REGION, "b.0.mixer.x_proj": ROWWISE,
                            "b.1.mixer": REGION, "b.1.mixer.g": GATHER, "top.x_proj": ROWWISE}}
-    forms = classify_plan(meta)
+    forms = classify_plan(plan_from_meta(meta))
     nested = forms["b.0.mixer.x_proj"].outputs[0]
     assert nested.enclosed and kinds(nested.grad_steps) == [("all_reduce", None)]
     assert kinds(forms["b.1.mixer.g"].outputs[0].grad_steps) == [("reduce_scatter", -1)]
@@ -68,6 +70,7 @@ def test_classify_plan_nested_rowwise_all_reduces_its_gradient() -> None:
     # the region's own output all_reduce backs off as nothing
     assert kinds(forms["b.0.mixer"].outputs[0].grad_steps) == []
     # inspect's volume prediction walks the same backward
-    ops = transition_volume(nested, ROWWISE, ("tp",), {"tp": 2}, ((2, 8, 36), None), 4)
+    ops = transition_volume(nested, entry_from_json("b.0.mixer.x_proj", ROWWISE), ("tp",),
+                            {"tp": 2}, ((2, 8, 36), None), 4)
     assert [(o.direction, o.kind) for o in ops] == [("forward", "all_reduce"),
                                                    ("backward", "all_reduce")]

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from hpcodegen.inspect.run import readable_plan
+from hpcodegen.plan.codec import plan_from_meta
 from hpcodegen.plan.fold import fold, format_ranges
-from hpcodegen.plan.predict import PredOp, classify_entries, predict_plan, summarize
+from hpcodegen.plan.predict import PredOp, predict_plan, summarize
 from hpcodegen.plan.revalidate import live_plan_axes, revalidate
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "inspect"
@@ -20,8 +22,7 @@ def load(name: str) -> dict[str, Any]:
 
 
 def by_fqn(meta: dict[str, Any]) -> dict[str, Any]:
-    preds, problems = predict_plan(meta)
-    assert problems == []
+    preds = predict_plan(plan_from_meta(meta))
     return {p.fqn: p for p in preds}
 
 
@@ -41,7 +42,7 @@ def test_llama_sp_ops_per_boundary() -> None:
 
 
 def test_llama_sp_summary() -> None:
-    preds, _ = predict_plan(load("llama_tp2_sp"))
+    preds = predict_plan(plan_from_meta(load("llama_tp2_sp")))
     s = summarize(preds)
     assert s.forms == {"tp_collective": 6, "identity": 5}
     assert s.per_forward == {("all_gather", "tp", 1): 5, ("reduce_scatter", "tp", 1): 5}
@@ -50,7 +51,7 @@ def test_llama_sp_summary() -> None:
 
 
 def test_llama_no_sp_summary() -> None:
-    preds, _ = predict_plan(load("llama_tp2"))
+    preds = predict_plan(plan_from_meta(load("llama_tp2")))
     s = summarize(preds)
     # lm_head (loss parallel: R -> R in, S(-1) kept out) is no no-op: its replicated input
     # all-reduces its partial gradient in the backward, so it is a tp_collective
@@ -79,21 +80,26 @@ def test_cp_tp_generic_and_opaque() -> None:
 
 
 def test_unreadable_entry_is_a_finding() -> None:
+    """inspect-plan's plan without verify's gate: an entry the codec refuses is left out
+    with an error naming it, the others are predicted."""
     meta = {"mesh_dim_names": ["tp"], "param_plan": {
         "a": {"in_src": {"x": {"tp": "Shard(1)"}}, "in_dst": {"x": {"tp": "R"}}},
         "b": "not an object",
         "c": {"in_src": {"x": "S(1)"}, "in_dst": {"x": {"tp": "R"}}},
+        "d": {"in_src": {"x": {"tp": "S(1)"}}, "in_dst": {"x": {"tp": "R"}}},
     }}
-    forms, problems = classify_entries(meta)
-    assert forms == {} or set(forms) <= {"c"}
-    assert {f.where for f in problems} >= {"/param_plan/a", "/param_plan/b"}
+    plan, problems = readable_plan(meta)
+    assert list(plan.entries) == ["d"]
+    assert [f.where for f in problems] == ["/param_plan/a", "/param_plan/b", "/param_plan/c"]
     assert all(f.code == "inspect.bad_entry" for f in problems)
+    assert "cannot classify 'a': placement 'Shard(1)'" in problems[0].message
+    assert [p.fqn for p in predict_plan(plan)] == ["d"]
 
 
 def test_invalid_redistribution_is_a_warning() -> None:
     meta = {"mesh_dim_names": ["tp"], "param_plan": {
         "m": {"in_src": {"x": {"tp": "R"}}, "in_dst": {"x": {"tp": "P(sum)"}}}}}
-    preds, _ = predict_plan(meta)
+    preds = predict_plan(plan_from_meta(meta))
     s = summarize(preds)
     assert preds[0].form == "generic"
     assert [f.code for f in s.problems] == ["inspect.invalid_redistribute"]
@@ -109,7 +115,7 @@ def test_format_ranges() -> None:
 
 
 def test_fold_layers_and_expand() -> None:
-    preds, _ = predict_plan(load("llama_tp2_sp"))
+    preds = predict_plan(plan_from_meta(load("llama_tp2_sp")))
     rows = fold(preds)
     labels = {r.label: r.count for r in rows}
     assert labels["model.layers.{0..1}.self_attn"] == 2
@@ -127,13 +133,13 @@ def _meta_grid(layers: int, experts: int, skip: tuple[int, int] | None = None) -
 
 
 def test_fold_full_grid_is_one_row() -> None:
-    preds, _ = predict_plan(_meta_grid(4, 3))
+    preds = predict_plan(plan_from_meta(_meta_grid(4, 3)))
     rows = fold(preds)
     assert [(r.label, r.count) for r in rows] == [("model.layers.{0..3}.mlp.experts.{0..2}", 12)]
 
 
 def test_fold_partial_grid_splits_on_first_index() -> None:
-    preds, _ = predict_plan(_meta_grid(3, 2, skip=(1, 1)))
+    preds = predict_plan(plan_from_meta(_meta_grid(3, 2, skip=(1, 1))))
     rows = fold(preds)
     assert sum(r.count for r in rows) == 5
     assert {r.label for r in rows} == {"model.layers.0.mlp.experts.{0..1}",
@@ -144,7 +150,7 @@ def test_fold_partial_grid_splits_on_first_index() -> None:
 def test_fold_keeps_different_contracts_apart() -> None:
     meta = load("llama_tp2_sp")
     meta["injections"] = [{"match": "model.layers.1.self_attn", "inner_wrapper": "sdpa_hf"}]
-    preds, _ = predict_plan(meta)
+    preds = predict_plan(plan_from_meta(meta))
     labels = [r.label for r in fold(preds)]
     assert "model.layers.0.self_attn" in labels and "model.layers.1.self_attn" in labels
     assert "model.layers.{0..1}.mlp" in labels
@@ -154,47 +160,49 @@ def test_fold_leading_zero_is_not_an_index() -> None:
     meta = {"mesh_dim_names": ["tp"], "param_plan": {
         n: {"in_src": {"x": {"tp": "S(1)"}}, "in_dst": {"x": {"tp": "R"}}}
         for n in ("h.01.a", "h.1.a")}}
-    preds, _ = predict_plan(meta)
+    preds = predict_plan(plan_from_meta(meta))
     assert len(fold(preds)) == 2
 
 
 # --- re-validation on a live mesh -------------------------------------------------------------
 
 def test_live_plan_axes_keep_live_order_and_overlap() -> None:
-    assert live_plan_axes({"mesh_dim_names": ["cp", "tp"]}, ("tp", "dp", "cp")) == ("tp", "cp")
-    assert live_plan_axes({"mesh_dim_names": ["cp", "tp"]}, ("tp",)) == ("tp",)
-    assert live_plan_axes({}, ("dp", "tp")) == ("dp", "tp")
+    cp_tp = plan_from_meta({"mesh_dim_names": ["cp", "tp"]})
+    assert live_plan_axes(cp_tp, ("tp", "dp", "cp")) == ("tp", "cp")
+    assert live_plan_axes(cp_tp, ("tp",)) == ("tp",)
+    assert live_plan_axes(plan_from_meta({}), ("dp", "tp")) == ("dp", "tp")
 
 
 def test_same_mesh_or_larger_tp_changes_nothing() -> None:
     meta = load("llama_tp2_sp")
-    assert revalidate(meta, ("tp",), {"tp": 2}) == []
-    assert revalidate(meta, ("dp", "tp"), {"dp": 8, "tp": 4}) == []
+    assert revalidate(plan_from_meta(meta), ("tp",), {"tp": 2}) == []
+    assert revalidate(plan_from_meta(meta), ("dp", "tp"), {"dp": 8, "tp": 4}) == []
 
 
 def test_tp_of_size_one_is_a_no_op_install() -> None:
     """As the runtime: no plan axis of size > 1 -> nothing installed, forwards as generated."""
-    changes = revalidate(load("llama_tp2_sp"), ("tp",), {"tp": 1})
+    changes = revalidate(plan_from_meta(load("llama_tp2_sp")), ("tp",), {"tp": 1})
     assert {c.fqn for c in changes} == {"model.embed_tokens", "lm_head",
                                         *(f"model.layers.{i}.{m}" for i in range(2)
                                           for m in ("self_attn", "mlp"))}
     assert all((c.frozen_form, c.live_form, c.effective_form)
                == ("tp_collective", "identity", "identity") for c in changes)
     assert "exact no-op" in changes[0].reason
-    assert revalidate(load("llama_tp2_sp"), ("cp",), {"cp": 2})[0].effective_form == "identity"
+    changes = revalidate(plan_from_meta(load("llama_tp2_sp")), ("cp",), {"cp": 2})
+    assert changes[0].effective_form == "identity"
 
 
 def test_mesh_without_tp_has_no_lowerer() -> None:
     meta = load("llama_tp2_sp")
     meta["mesh_dim_names"] = ["cp", "tp"]  # a plan over cp and tp, run where only cp is live
-    changes = revalidate(meta, ("cp",), {"cp": 2})
+    changes = revalidate(plan_from_meta(meta), ("cp",), {"cp": 2})
     # nothing moves on cp: the generated forwards run as they are (their tp calls no-ops)
     assert changes and all(c.effective_form == "identity" for c in changes)
     assert "every transition is identity" in changes[0].reason
 
 
 def test_dropping_cp_makes_generic_lowerable_but_it_stays_generic() -> None:
-    changes = revalidate(load("moe_cp2_tp2"), ("tp",), {"tp": 4})
+    changes = revalidate(plan_from_meta(load("moe_cp2_tp2")), ("tp",), {"tp": 4})
     assert [(c.fqn, c.frozen_form, c.live_form, c.effective_form) for c in changes] == [
         ("model.norm", "generic", "tp_collective", "generic")]
 
@@ -202,7 +210,7 @@ def test_dropping_cp_makes_generic_lowerable_but_it_stays_generic() -> None:
 def test_frozen_identity_that_the_live_mesh_would_need_is_flagged() -> None:
     meta = {"parallel_dims": {"tp_size": 2}, "param_plan": {
         "m": {"in_src": {"x": {"cp": "S(1)"}}, "in_dst": {"x": {"cp": "R"}}}}}
-    changes = revalidate(meta, ("cp", "tp"), {"cp": 2, "tp": 2})
+    changes = revalidate(plan_from_meta(meta), ("cp", "tp"), {"cp": 2, "tp": 2})
     assert [(c.frozen_form, c.live_form, c.effective_form) for c in changes] == [
         ("identity", "generic", "identity")]
 
@@ -212,12 +220,12 @@ def test_revalidate_on_the_frozen_mesh_is_empty(name: str) -> None:
     meta = load(name)
     axes = tuple(meta["mesh_dim_names"])
     sizes = {a: meta["parallel_dims"][f"{a}_size"] for a in axes}
-    assert revalidate(meta, axes, sizes) == []
+    assert revalidate(plan_from_meta(meta), axes, sizes) == []
 
 
 def test_partial_grad_params_are_a_separate_backward_sync() -> None:
     meta = load("llama_tp2_sp")
-    preds, _ = predict_plan(meta)
+    preds = predict_plan(plan_from_meta(meta))
     s = summarize(preds)
     listed = sum(len(e.get("partial_grad_params", ())) for e in meta["param_plan"].values())
     # one flattened all_reduce sums them all (runtime/grad_buckets.py)
@@ -226,7 +234,7 @@ def test_partial_grad_params_are_a_separate_backward_sync() -> None:
     assert ("all_reduce", "tp", None) not in s.per_backward  # not a boundary transition
     by = {p.fqn: p for p in preds}
     assert by["model.norm"].grad_sync == ("weight",) and by["lm_head"].grad_sync == ()
-    assert summarize(predict_plan(load("llama_tp2"))[0]).grad_sync == {}
+    assert summarize(predict_plan(plan_from_meta(load("llama_tp2")))).grad_sync == {}
 
 
 def test_splitting_boundary_with_identity_transitions_reduces_its_input_grad() -> None:
@@ -237,11 +245,11 @@ def test_splitting_boundary_with_identity_transitions_reduces_its_input_grad() -
     from hpcodegen.plan.predict import unreduced_grad_findings
 
     meta = load("llama_tp2")
-    preds, _ = predict_plan(meta)
+    preds = predict_plan(plan_from_meta(meta))
     lm_head = {p.fqn: p for p in preds}["lm_head"]
     assert lm_head.form == "tp_collective"
     assert [o.kind for o in lm_head.grad_ops if o.communicates] == ["all_reduce"]
-    assert unreduced_grad_findings(meta, preds, tp_live=True) == []
+    assert unreduced_grad_findings(plan_from_meta(meta), preds, tp_live=True) == []
 
 
 def test_nested_identity_inside_a_splitting_boundary_is_fine() -> None:
@@ -255,11 +263,11 @@ def test_nested_identity_inside_a_splitting_boundary_is_fine() -> None:
     }}
     from hpcodegen.plan.predict import unreduced_grad_findings
 
-    preds, _ = predict_plan(meta)
-    assert unreduced_grad_findings(meta, preds, tp_live=True) == []
+    preds = predict_plan(plan_from_meta(meta))
+    assert unreduced_grad_findings(plan_from_meta(meta), preds, tp_live=True) == []
     assert {p.fqn: p.form for p in preds}["blk.proj"] == "identity"  # blk reduces it
     del meta["param_plan"]["blk"]
-    preds, _ = predict_plan(meta)
+    preds = predict_plan(plan_from_meta(meta))
     # alone, blk.proj reduces its own input gradient (promoted to a tp_collective)
     assert {p.fqn: p.form for p in preds}["blk.proj"] == "tp_collective"
-    assert unreduced_grad_findings(meta, preds, tp_live=True) == []
+    assert unreduced_grad_findings(plan_from_meta(meta), preds, tp_live=True) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from hpcodegen.plan.codec import entries_from_json
 from hpcodegen.plan.tp_divisible import MISSING, divide_attr_findings, tp_divisibility
 
 SPLIT = {"params": {"q_proj.weight": {"tp": "S(0)"}, "o_proj.weight": {"tp": "S(1)"}}}
@@ -18,7 +19,7 @@ KEPT = {"params": {"q_proj.weight": {"tp": "R"}}}
 
 
 def _findings(config: dict, plan: dict, tp: int = 2, unsplit: tuple[str, ...] = ()) -> list:
-    return tp_divisibility(config, tp, "model", unsplit=unsplit, plan=plan)
+    return tp_divisibility(config, tp, "model", unsplit=unsplit, plan=entries_from_json(plan))
 
 
 def test_a_split_stack_of_its_own_config_needs_divisible_heads() -> None:
@@ -34,7 +35,8 @@ def test_a_split_stack_of_its_own_config_needs_divisible_heads() -> None:
                                     "by tp_size = 2")
     assert "model.global_transformer.layers.0.self_attn" in found.message
     # a pointer given by the caller (verify: the meta's tp size) is kept
-    (at,) = tp_divisibility(config, 2, "model", "/parallel_dims/tp_size", plan=plan)
+    (at,) = tp_divisibility(config, 2, "model", "/parallel_dims/tp_size",
+                            plan=entries_from_json(plan))
     assert at.where == "/parallel_dims/tp_size"
 
 
@@ -92,7 +94,8 @@ def test_a_count_divided_through_a_held_config() -> None:
 def test_the_attribute_rule_reports_every_count() -> None:
     plan = {"a": {"tp_divide_attrs": ["num_heads", "gone", "flag", "skip"]}}
     values = {"num_heads": 3, "gone": MISSING, "flag": True, "skip": None}
-    found = divide_attr_findings(plan, 2, lambda fqn, attr: values[attr], "runtime")
+    found = divide_attr_findings(entries_from_json(plan), 2, lambda fqn, attr: values[attr],
+                                 "runtime")
     assert [(f.code, f.where) for f in found] == [
         ("runtime.indivisible_attr", "a.num_heads"), ("runtime.missing_attr", "a.gone"),
         ("runtime.indivisible_attr", "a.flag")]

@@ -58,10 +58,11 @@ def _tiny_lm(post):
 
 
 def _check(post) -> str:
+    from hpcodegen.plan.codec import entries_from_json
     from hpcodegen.tracer.loss_parallel import check_loss_parallel
 
     notes: list[str] = []
-    fqn = check_loss_parallel(_tiny_lm(post), {"lm_head": HEAD}, notes)
+    fqn = check_loss_parallel(_tiny_lm(post), entries_from_json({"lm_head": HEAD}), notes)
     assert notes == []  # the forward ran: the judge saw every op
     return fqn
 

@@ -7,6 +7,7 @@ import pytest
 from hpcodegen.errors import EXIT_USAGE, UsageError
 from hpcodegen.placement import parse_placement
 from hpcodegen.plan.classify import Step, classify_boundary
+from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.volume import (
     dtype_bytes,
     ring_factor,
@@ -58,9 +59,10 @@ def test_walk_updates_placements_step_by_step() -> None:
     assert got == [1024, 2048]
 
 
-ATTN_SP = {"params": {"q_proj.weight": {"tp": "S(0)"}},
-           "in_src": {"hidden_states": {"tp": "S(1)"}}, "in_dst": {"hidden_states": {"tp": "R"}},
-           "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "S(1)"}}}
+ATTN_SP = entry_from_json("a", {
+    "params": {"q_proj.weight": {"tp": "S(0)"}},
+    "in_src": {"hidden_states": {"tp": "S(1)"}}, "in_dst": {"hidden_states": {"tp": "R"}},
+    "out_src": {"output": {"tp": "P(sum)"}}, "out_dst": {"output": {"tp": "S(1)"}}})
 
 
 def test_transition_volume_forward_and_backward() -> None:
@@ -77,8 +79,9 @@ def test_transition_volume_forward_and_backward() -> None:
 
 
 def test_integer_tensors_and_no_backward() -> None:
-    e = {"params": {"weight": {"tp": "S(0)"}}, "in_src": {"input": {"tp": "R"}},
-         "in_dst": {"input": {"tp": "R"}}}
+    e = entry_from_json("emb", {"params": {"weight": {"tp": "S(0)"}},
+                                "in_src": {"input": {"tp": "R"}},
+                                "in_dst": {"input": {"tp": "R"}}})
     t = classify_boundary("emb", e, ("tp",)).inputs[0]
     assert [o.kind for o in transition_volume(t, e, ("tp",), {"tp": 2}, ((2, 16), None), 2)] \
         == ["all_reduce"]

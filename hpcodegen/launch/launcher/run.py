@@ -58,7 +58,7 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
-    layout = resolve_mesh_layout(meta.data, opts.min_world_size())
+    layout = resolve_mesh_layout(meta.plan, opts.min_world_size())
     if opts.resume is not None:  # a damaged or another model's checkpoint: refused here
         from hpcodegen.checkpoint.integrity import open_checkpoint
         from hpcodegen.checkpoint.record import check_same_model, read_record

@@ -9,12 +9,11 @@ usage error, not N tracebacks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.errors import UsageError, error
-from hpcodegen.plan.entry import active_axes, axis_sizes
+from hpcodegen.plan.types import Plan
 
 #: Live mesh axis order, outermost first (the trainer's ``("dp", "cp", "tp")``).
 MESH_ORDER: tuple[str, ...] = ("dp", "cp", "tp")
@@ -56,11 +55,11 @@ class MeshLayout:
                           for n, s in zip(self.names, self.sizes, strict=True))
 
 
-def resolve_mesh_layout(meta: Mapping[str, Any], world_size: int) -> MeshLayout:
+def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
     """Fit the artifact's frozen sizes into ``world_size`` ranks.
 
     Args:
-        meta: the loaded ``codegen_meta.json``.
+        plan: the artifact's typed plan.
         world_size: total ranks (``nproc * nnodes``).
 
     Returns:
@@ -72,11 +71,12 @@ def resolve_mesh_layout(meta: Mapping[str, Any], world_size: int) -> MeshLayout:
 
     Example::
 
-        >>> resolve_mesh_layout({"parallel_dims": {"tp_size": 2}}, 4).describe()
+        >>> plan = plan_from_meta({"parallel_dims": {"tp_size": 2}})
+        >>> resolve_mesh_layout(plan, 4).describe()
         'dp=2 x tp=2'
     """
-    sizes = axis_sizes(meta)
-    plan_axes = active_axes(meta)
+    sizes = plan.dims.sizes
+    plan_axes = plan.axes
     for axis, why in UNSUPPORTED.items():
         if sizes.get(axis, 1) > 1:
             raise UsageError([error("launch.unsupported_axis", f"/parallel_dims/{axis}_size",

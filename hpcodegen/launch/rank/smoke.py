@@ -100,7 +100,7 @@ def _parity(model: Any, ref: Any, batch: tuple[Any, Any], ctx: RankContext,
     :func:`~hpcodegen.parity.harness.compare` (under cp each rank's share, the gradients
     summed over cp, the logits put back in order)."""
     ids, labels = batch
-    r = compare(model, ref, ctx.meta.data, Installed({}, active, expert), _inputs(model, ids),
+    r = compare(model, ref, ctx.meta.plan, Installed({}, active, expert), _inputs(model, ids),
                 labels, vocab, zero_grad=True)
     return {"logits_max_diff": r.logits, "grad_max_diff": r.grad, "worst_grad": r.worst,
             "mismatched_params": r.odd, "loss": r.loss, "ref_loss": r.ref_loss}
@@ -141,7 +141,7 @@ def _train(runs: list[tuple[BuiltModel, Any]], batch: tuple[Any, Any], steps: in
         for i, (built, opt) in enumerate(runs):
             opt.zero_grad(set_to_none=True)
             ids, labels = batch
-            fwd = forward_loss(built.model, _inputs(built.model, ids), labels, ctx.meta.data,
+            fwd = forward_loss(built.model, _inputs(built.model, ids), labels, ctx.meta.plan,
                                built.active, head_vocab(built))
             fwd.loss.backward()
             sync_gradients(built.model, built.active)
@@ -257,7 +257,7 @@ def run(reporter: RankReporter) -> None:
             diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
             finite = all(math.isfinite(x) for x in rec.losses)  # a NaN loss must fail
             parity["loss_max_diff"] = _nan_max(diffs) if finite else math.nan
-            parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.data,
+            parity["param_max_diff"] = max_param_diff(built.model, ref.model, ctx.meta.plan,
                                                       built.active, lambda p: p.data,
                                                       built.expert)[0]
             if max_norm is not None:
