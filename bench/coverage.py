@@ -240,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = merged_rows(json.loads(Path(args.keep).read_text()), rows)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
-    text = render(rows, transformers.__version__, time.perf_counter() - start)
+    text = render(rows, transformers.__version__, time.perf_counter() - start,
+                  len(families) if args.keep else None)
     Path(args.out).write_text(text)
     print(text.splitlines()[-1])
     return 0

@@ -84,12 +84,17 @@ def classify_row(row: Mapping[str, Any]) -> tuple[str, str]:
     return "ok", "; ".join(notes)
 
 
-def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float) -> str:
+def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float,
+           measured: int | None = None) -> str:
+    """docs/models.md; ``measured``: how many rows this run measured (``--keep`` kept the
+    others from an earlier run), when not all."""
+    took = f"{seconds:.0f} s" if measured is None else \
+        f"{measured} re-measured in {seconds:.0f} s, the others kept from an earlier run"
     lines = [
         "# Model coverage",
         "",
         f"Measured by `bench/coverage.py` against transformers {transformers_version} "
-        f"({len(rows)} causal-LM model types, {seconds:.0f} s). Each family is a tiny",
+        f"({len(rows)} causal-LM model types, {took}). Each family is a tiny",
         "config built from its config class's defaults (2 layers, hidden 64, 4 heads / 2 kv",
         "heads, vocab 256); `tp2`, `tp4`, `sp` (tp 2 with `--sp`) are `generate` + `verify",
         "--hf-config` (+ `inspect-plan` for tp2); parity is logits and every gradient against",
