@@ -20,7 +20,9 @@ the same rules the generator and the runtime use and refuses a disagreement:
 * ``ep_size``: expert placements (``ep: S(..)``) exactly when ``parallel_dims.ep_size`` > 1,
   each on a module whose dispatch injection names the same ``ep_size``;
 * transitions the runtime cannot execute (a redistribution *to* ``Partial``), refused
-  here instead of at install (the runtime's ``runtime.invalid_redistribute``).
+  here instead of at install (the runtime's ``runtime.invalid_redistribute``);
+* a sequence-sharded boundary nested in one that gathers the sequence
+  (:mod:`hpcodegen.plan.sp_nesting`: generate's ``--sp`` rule): values wrong, shapes right.
 
 In a meta of another generator (no hpcodegen stamp) what that system legitimately leaves
 out is not an error: ``partial_grad_params`` (a key of ours) is noted (info), expert
@@ -37,6 +39,7 @@ from hpcodegen.placement import Partial, is_shard
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import is_ep_dispatch
 from hpcodegen.plan.partial_grads import Entries, sharded_input, tp_sharded, verdict
+from hpcodegen.plan.sp_nesting import describe, nested_gathers
 from hpcodegen.plan.types import EP, TP, NamedPlacement, Plan
 
 
@@ -209,6 +212,17 @@ def derived_findings(plan: Plan, forms: Mapping[str, Any] | None, ours: bool
     yield from output_findings(plan)
     yield from ep_findings(plan, ours)
     yield from transition_findings(forms)
+    yield from nesting_findings(plan)
+
+
+def nesting_findings(plan: Plan) -> Iterator[Finding]:
+    """``plan.sp_nested_gather`` per sequence-gathering boundary with a sequence-sharded
+    one inside (pointer: the inner entry)."""
+    for parent, inner in nested_gathers(plan.entries):
+        yield error("plan.sp_nested_gather", pointer("param_plan", inner[0]),
+                    describe(parent, inner),
+                    expected=f"{inner[0]} without sequence-sharded transitions (its parent "
+                    "runs the whole sequence), or the parent without the gather")
 
 
 __all__ = ["derived_findings"]

@@ -63,8 +63,18 @@ def _row_split_head(meta: dict) -> None:
     meta["frozen_sharded_params"] = sorted(meta["frozen_sharded_params"])
 
 
+def _layer_gathers_sequence(meta: dict) -> None:
+    """The decoder layer declared to take the whole sequence under --sp, while the attention
+    inside it still gathers (and re-scatters) its own: right shapes, wrong values."""
+    seq, whole = {"hidden_states": {"tp": "S(1)"}}, {"hidden_states": {"tp": "R"}}
+    meta["param_plan"]["model.layers.0"] = {
+        "is_boundary": True, "in_src": seq, "in_dst": whole, "out_names": ["output"],
+        "out_src": {"output": {"tp": "R"}}, "out_dst": {"output": {"tp": "S(1)"}}}
+
+
 @pytest.mark.parametrize(("example", "edit", "code", "at_launch"), [
     ("llama_tp2", _full_norm_listed, "plan.partial_grad_full", True),
+    ("llama_tp2_sp", _layer_gathers_sequence, "plan.sp_nested_gather", True),
     ("llama_tp2", _row_split_head, "model.leaf_output", False),
 ])
 def test_a_contradicting_meta_fails_the_gate(tmp_path, example, edit, code,

@@ -304,6 +304,11 @@ def test_a_sequence_gathering_parent_refuses_sequence_sharded_boundaries_inside(
     del plan["layer.attn"]  # the children take the whole sequence: accepted
     check_nested_gathers(plan)
     check_nested_gathers({"attn": entry("S(1)", "R"), "norm": entry("S(1)", "S(1)")})
+    # a nested boundary that moves nothing (S(1) -> S(1) both ways: the existing system's
+    # per-head norms inside its attention) is harmless
+    still = {"in_src": {"x": {"tp": "S(1)"}}, "in_dst": {"x": {"tp": "S(1)"}},
+             "out_src": {"output": {"tp": "S(1)"}}, "out_dst": {"output": {"tp": "S(1)"}}}
+    check_nested_gathers({"layer": entry("S(1)", "R"), "layer.k_norm": still})
 
 
 def test_the_trace_gives_the_model_back_as_it_was() -> None:
