@@ -57,3 +57,44 @@ def test_a_lookup_embedding_is_an_nn_embedding_or_subclass() -> None:
 
     assert is_lookup_embedding(nn.Embedding(8, 4)) and is_lookup_embedding(ScaledEmbedding(8, 4))
     assert not is_lookup_embedding(Embedding()) and not is_lookup_embedding(nn.Linear(4, 8))
+
+
+class GatedChunk(nn.Module):
+    """``gate, up = proj(x).chunk(2, dim=-1)`` in a helper the forward calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(4, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._act(self.gate_up(x))
+
+    def _act(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return gate * up
+
+
+class ChunkOnBatch(nn.Module):
+    """A chunk along dim 0 (the batch): not a fused projection's blocks."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, dim=0)
+        return a + b
+
+
+class TwoCounts(nn.Module):
+    """Two different counts on the last dim: ambiguous."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _ = torch.chunk(x, 2, -1)
+        c, _, _ = torch.chunk(x, 3, -1)
+        return b + c
+
+
+def test_fused_blocks_reads_the_last_dim_chunk_count_of_the_forward() -> None:
+    from hpcodegen.generate.module_facts import fused_blocks
+
+    assert fused_blocks(GatedChunk()) == 2  # found through a method the forward calls
+    assert fused_blocks(ChunkOnBatch()) == 1  # the batch dim is not a projection's blocks
+    assert fused_blocks(TwoCounts()) == 1  # ambiguous counts: nothing assumed
+    assert fused_blocks(nn.Linear(4, 4)) == 1  # no chunk at all
