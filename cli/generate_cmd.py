@@ -12,20 +12,30 @@ from hpcodegen.cli.app import QUIET, VERBOSE, app, guarded, start_progress, verb
 
 @app.command("generate")
 def generate(
-    model: Path = typer.Option(..., "--model", metavar="DIR",
-                               help="Directory holding config.json (weights optional)."),
-    tp: int = typer.Option(..., "--tp", metavar="N", help="Tensor-parallel degree."),
-    ep: int = typer.Option(1, "--ep", metavar="E",
-                           help="Expert-parallel degree (MoE): experts sharded over E ranks "
-                                "carved from the data-parallel ones (E divides dp)."),
-    cp: int = typer.Option(1, "--cp", metavar="N",
-                           help="Context-parallel degree: the sequence cut over N ranks, "
-                                "attention K/V all-gathered (docs/cp.md)."),
+    artifact: Optional[Path] = typer.Argument(
+        None, metavar="[DIR]",
+        help="With --check: the artifact to regenerate as its meta records (same as -o)."),
+    model: Optional[Path] = typer.Option(
+        None, "--model", metavar="DIR",
+        help="Directory holding config.json (weights optional); with --check, default: the "
+             "one the artifact records."),
+    tp: Optional[int] = typer.Option(None, "--tp", metavar="N",
+                                     help="Tensor-parallel degree (with --check, default: "
+                                          "the artifact's)."),
+    ep: Optional[int] = typer.Option(
+        None, "--ep", metavar="E",
+        help="Expert-parallel degree (MoE): experts sharded over E ranks carved from the "
+             "data-parallel ones (E divides dp). Default 1 (with --check: the artifact's)."),
+    cp: Optional[int] = typer.Option(
+        None, "--cp", metavar="N",
+        help="Context-parallel degree: the sequence cut over N ranks, attention K/V "
+             "all-gathered (docs/cp.md). Default 1 (with --check: the artifact's)."),
     cp_layout: Optional[str] = typer.Option(
         None, "--cp-layout", metavar="LAYOUT",
         help="Which positions a cp rank holds: headtail (default for causal models: "
              "balanced) or contiguous."),
-    out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", metavar="OUT",
+                                       help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
     loss_parallel: bool = typer.Option(
         False, "--loss-parallel",
@@ -34,8 +44,10 @@ def generate(
     recipe: Optional[Path] = typer.Option(
         None, "--recipe", metavar="FILE",
         help="YAML rules (schemas/recipe.schema.json) that add or override plan entries."),
-    check: bool = typer.Option(False, "--check",
-                               help="Regenerate in memory and fail on any drift from OUT."),
+    check: bool = typer.Option(
+        False, "--check",
+        help="Regenerate in memory and fail on any drift from the artifact (DIR or -o); "
+             "options not given are read from its meta (generator.inputs, parallel_dims)."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the JSON envelope (docs/json.md, generate.md)."),
     allow_target: list[str] = typer.Option(
@@ -52,6 +64,7 @@ def generate(
     """Freeze the installed transformers' TP plan (plus a recipe) into a reproducible artifact.
 
     The artifact is codegen_meta.json, the generated modeling module, its diff, __init__.py.
+    The meta records how it was made, so `hpcodegen generate --check DIR` needs no flags.
 
     Exit 0: written, or up to date with --check (warnings allowed: a plan that splits no
     layer is one).
@@ -64,11 +77,14 @@ def generate(
     """
     def call() -> int:
         from hpcodegen.extras import require
+        from hpcodegen.generate.recorded import artifact_dir
 
+        target = artifact_dir(out, artifact, check)
         require("runtime", "hpcodegen generate")
         from hpcodegen.generate.api import GenerateArgs, run_generate
 
-        return run_generate(GenerateArgs(model, tp, out, sp=sp, recipe=recipe, check=check, ep=ep,
+        return run_generate(GenerateArgs(model, tp, target, sp=sp, recipe=recipe, check=check,
+                                         ep=ep,
                                          as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose),
                                          loss_parallel=loss_parallel, strict=strict,

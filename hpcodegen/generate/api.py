@@ -90,13 +90,17 @@ from hpcodegen.report.envelope import emit
 class GenerateArgs:
     """The generation inputs (what the CLI parses)."""
 
-    model_dir: Path
-    tp: int
-    out: Path
+    #: ``--model``; None (the CLI without it): with ``check``, the one the meta records
+    model_dir: Path | None
+    #: ``--tp``; None: with ``check``, the meta's ``parallel_dims.tp_size``
+    tp: int | None
+    #: ``-o`` (or ``--check DIR``)
+    out: Path | None
     sp: bool = False
     recipe: Path | None = None
     check: bool = False
-    ep: int = 1
+    #: None: with ``check``, the meta's; else 1
+    ep: int | None = 1
     #: keep the output head's logits vocab-sharded (``parallel_dims.loss_parallel``)
     loss_parallel: bool = False
     #: print the JSON envelope (docs/json.md) instead of text
@@ -105,8 +109,8 @@ class GenerateArgs:
     verbosity: int = 0
     #: module prefixes trusted for injection targets (as ``launch --allow-target``)
     allow_target: tuple[str, ...] = ()
-    #: context-parallel degree (the sequence cut over cp ranks; docs/cp.md)
-    cp: int = 1
+    #: context-parallel degree (the sequence cut over cp ranks; docs/cp.md); None as ``ep``
+    cp: int | None = 1
     #: ``headtail`` / ``contiguous``; None: head-tail for causal models
     cp_layout: str | None = None
     #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
@@ -119,13 +123,15 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  ep: int = 1, notes: list[str] | None = None,
                  loss_parallel: bool = False,
                  warnings: list[Finding] | None = None, cp: int = 1,
-                 cp_layout: str | None = None) -> dict[str, bytes]:
+                 cp_layout: str | None = None,
+                 inputs: Mapping[str, str] | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
     ``notes`` receives a line naming the package rules used, if any, and one naming the HF
     plan rules that match no module; ``warnings`` what the plan is legal but likely not
-    meant to be (a plan that splits no layer: :mod:`.layer_split`).
+    meant to be (a plan that splits no layer: :mod:`.layer_split`); ``inputs`` the
+    generation record the meta keeps (:mod:`.recorded`; none when not given).
     """
     from hpcodegen.hf import build_meta_model
 
@@ -177,7 +183,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
-                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout)
+                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
+                      inputs=inputs)
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
@@ -242,9 +249,12 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     Raises:
         HpcodegenError: bad inputs or a plan that cannot be frozen (it carries the code).
     """
+    from hpcodegen.generate.recorded import complete_args, generation_record
     from hpcodegen.progress import steps
 
     stdout = stdout or sys.stdout
+    args = complete_args(args)
+    assert args.model_dir is not None and args.tp is not None and args.out is not None
     if not args.check:  # refuse an unusable -o before the seconds-long build
         publish(args.out, None)
     config, config_path = read_hf_config(args.model_dir)
@@ -263,8 +273,10 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep, notes, args.loss_parallel, warned, args.cp,
-                                    args.cp_layout)
+                                    args.ep or 1, notes, args.loss_parallel, warned,
+                                    args.cp or 1, args.cp_layout,
+                                    generation_record(args.model_dir, args.recipe, args.out,
+                                                      is_hub_id(args.model_dir)))
             if warned and args.strict:
                 raise PlanError([replace(f, severity=Severity.ERROR,
                                          hint=f"{f.hint}; --strict refuses warnings")
@@ -319,7 +331,8 @@ def run_generate(args: GenerateArgs, stdout: TextIO | None = None,
     except HpcodegenError as exc:
         if args.as_json:
             return emit("generate", exc.exit_code, exc.findings, stdout or sys.stdout,
-                        out=os.fspath(args.out), check=args.check, written=False)
+                        out=None if args.out is None else os.fspath(args.out),
+                        check=args.check, written=False)
         for finding in exc.findings:
             stderr.write(fold_text(f"hpcodegen generate: {finding.render()}") + "\n")
         return exc.exit_code

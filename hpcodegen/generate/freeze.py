@@ -78,12 +78,15 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
                classes: Mapping[str, str], injections: list[dict[str, Any]],
                tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
                ep: int = 1, loss_parallel: bool = False, cp: int = 1,
-               cp_layout: str | None = None) -> dict[str, Any]:
-    """The whole meta except ``outputs`` (the bundle writer adds them)."""
+               cp_layout: str | None = None,
+               inputs: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The whole meta except ``outputs`` (the bundle writer adds them); ``inputs`` is the
+    generation record (:mod:`hpcodegen.generate.recorded`), kept under ``generator``."""
     model_name = model_name_of(str(config.get("model_type") or "model"))
     meta: dict[str, Any] = {
         "codegen_version": CODEGEN_VERSION,
-        "generator": {"name": GENERATOR_NAME, "version": __version__},
+        "generator": {"name": GENERATOR_NAME, "version": __version__,
+                      **({"inputs": dict(inputs)} if inputs else {})},
         "yaml_path": "",
         "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel, cp, cp_layout),
         "source": source,
