@@ -23,8 +23,9 @@ _HELP = (
 
 @app.command("verify", help=_HELP)
 def verify(
-    paths: list[Path] = typer.Argument(..., metavar="PATH",
-                                       help="Artifact directories or codegen_meta.json files."),
+    paths: Optional[list[Path]] = typer.Argument(
+        None, metavar="PATH...", show_default=False,
+        help="Artifact directories or codegen_meta.json files (at least one)."),
     hf_config: Optional[Path] = typer.Option(
         None, "--hf-config", metavar="PATH",
         help="HF config.json or model dir: enables the signature and model checks."),
@@ -51,7 +52,7 @@ def verify(
 
     start_progress(quiet, json_out)
     raise typer.Exit(guarded("verify", lambda: run_verify(
-        paths, hf_config=hf_config, only=only, skip=skip,
+        paths or [], hf_config=hf_config, only=only, skip=skip,
         output="json" if json_out else "text", junit=junit, strict=strict,
         verbose=verbose and not quiet, quiet=quiet, allow_target=allow_target,
         changed_files=changed_files), as_json=json_out))

@@ -44,6 +44,9 @@ from hpcodegen.errors import (
 )
 from hpcodegen.targets import trusted_prefixes
 
+#: The usage error of ``verify`` given no artifact.
+NO_ARTIFACT = "no artifact to verify: name at least one artifact directory or codegen_meta.json"
+
 #: Checks that read ``--hf-config``.
 CONFIG_CHECKS: tuple[str, ...] = ("signature", "model")
 #: What the runtime checks before it imports an artifact (all pure and fast).
@@ -206,8 +209,11 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     if output not in REPORTERS or output == "junit":
         return _usage(f"unknown output format {output!r} (text or json)", stderr)
     if not paths:
-        return _usage("give at least one artifact directory or codegen_meta.json", stderr,
-                      json_out)
+        missing = error("verify.no_artifact", "PATH", NO_ARTIFACT,
+                        hint="hpcodegen verify DIR... (every artifact under a folder: hpcodegen "
+                             "verify $(find artifacts -name codegen_meta.json)); hpcodegen "
+                             "verify --help")
+        return _usage(missing.render(), stderr, json_out, [missing])
     junit_path = Path(junit) if junit is not None else None
     if junit_path is not None and not junit_path.parent.is_dir():
         return _usage(f"--junit: directory {junit_path.parent} does not exist", stderr,

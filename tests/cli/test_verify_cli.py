@@ -170,11 +170,12 @@ def test_text_report_names_check_status_and_location(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["verify"], "Missing argument"),
+    (["verify"], "no artifact to verify: name at least one artifact directory"),
+    (["verify", "--json"], '"code": "verify.no_artifact"'),
     (["verify", "{art}", "--only", "bogus"], "unknown check(s): bogus"),
     (["verify", "{art}", "--junit", "{tmp}/no/dir/x.xml"], "does not exist"),
     (["verify", "{art}", "--hf-config", "{tmp}/nowhere", "--json"], "config.not_found"),
-], ids=["no_path", "unknown_check", "junit_dir_missing", "hf_config_missing"])
+], ids=["no_path", "no_path_json", "unknown_check", "junit_dir_missing", "hf_config_missing"])
 def test_usage_and_unreadable_inputs_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
     art = vf.build_fixture("llama_hp", tmp_path / "a")
     proc = cli(*(a.format(art=art, tmp=tmp_path) for a in args))
