@@ -1,8 +1,12 @@
 """Plain text for terminals and logs: the width (``COLUMNS``, else the terminal, else 80),
 folded lines, and a reader that closed the pipe.
 
-rich consoles get the same width on their own (they read ``COLUMNS``); lines printed without
-rich go through :func:`fold_text` so no line is wider than the terminal or, piped, 80 columns.
+The folding rule, for every verb's text: lines break at spaces, never inside a token, so a
+path, a JSON pointer or a module FQN stays whole and greppable in a CI log; a token longer
+than the room left overflows the line instead. Lines printed without rich go through
+:func:`fold_text`; the rich consoles of :func:`console` (same width: they read ``COLUMNS``)
+fold text the same way, and size a table's columns so no cell breaks a word (the table is
+wider than the width only when its words cannot fit).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ def width() -> int:
 
 
 def fold_text(text: str, indent: str = "  ", columns: int | None = None) -> str:
-    """``text`` wrapped at word boundaries to ``columns``; continuation lines indented, words
-    longer than a line (paths) broken. Embedded newlines are kept."""
+    """``text`` wrapped at spaces to ``columns``; continuation lines indented by ``indent``
+    more than the line; a word longer than a line (a path) stays whole on a line of its
+    own. Embedded newlines are kept."""
     cols = columns or width()
     out = []
     for line in text.splitlines() or [""]:
-        out.extend(textwrap.wrap(line, cols, subsequent_indent=indent, break_long_words=True,
+        hang = line[:len(line) - len(line.lstrip(" "))] + indent
+        out.extend(textwrap.wrap(line, cols, subsequent_indent=hang, break_long_words=False,
                                  break_on_hyphens=False, drop_whitespace=True) or [""])
     return "\n".join(out)
 
@@ -77,7 +83,90 @@ def console(**kwargs: Any) -> Any:
             reader_gone()
             raise BrokenPipeError
 
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            """rich's print, folding as the module says: text at spaces only (rich's own
+            wrap folds or crops a long word), a table no narrower than its longest words."""
+            if len(objects) != 1 or kwargs.get("no_wrap") or kwargs.get("soft_wrap"):
+                super().print(*objects, **kwargs)
+                return
+            whole_words(self, objects[0], super().print, kwargs)
+
     return _Console(**kwargs)
+
+
+def whole_words(console: Any, renderable: Any, emit: Any, kwargs: dict[str, Any]) -> None:
+    """Print ``renderable`` through ``emit`` (rich's print) without breaking a token."""
+    from rich._wrap import divide_line
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    if isinstance(renderable, str):
+        renderable = console.render_str(renderable, markup=kwargs.pop("markup", None),
+                                        highlight=kwargs.pop("highlight", None),
+                                        emoji=kwargs.pop("emoji", None))
+    if isinstance(renderable, Text):
+        whole = {**kwargs, "no_wrap": True, "overflow": "ignore", "crop": False}
+        for line in renderable.split(allow_blank=True):
+            hang = line.plain[:len(line.plain) - len(line.plain.lstrip(" "))] + "  "
+            room = console.width
+            while True:  # as fold_text: break at spaces, continuation lines indented
+                breaks = divide_line(line.plain, room, fold=False)
+                if not breaks:
+                    break
+                head, line = line.divide(breaks[:1])
+                head.rstrip()
+                emit(head, **whole)
+                line = Text(hang, end="") + line
+                room = max(console.width, len(hang) + 1)
+            line.rstrip()
+            emit(line, **whole)
+        return
+    if not isinstance(renderable, Table) or not renderable.columns:
+        emit(renderable, **kwargs)
+        return
+    widths = column_widths(console, renderable, console.width)
+    kept = [(c.width, c.min_width) for c in renderable.columns]
+    kept_width = console._width
+    for column, size in zip(renderable.columns, widths, strict=True):
+        column.width = column.min_width = size  # rich would squeeze a column below a word
+    _, right, _, left = Padding.unpack(renderable.padding)
+    total = sum(widths) + (left + right) * len(widths) + len(widths) + 1  # borders at most
+    console.width = max(console.width, total)
+    try:
+        emit(renderable, **{**kwargs, "crop": False})
+    finally:
+        console._width = kept_width
+        for column, (width, min_width) in zip(renderable.columns, kept, strict=True):
+            column.width, column.min_width = width, min_width
+
+
+def column_widths(console: Any, table: Any, columns: int) -> list[int]:
+    """Content widths for ``table``'s columns that never break a word: each starts at its
+    unwrapped width and the widest shrinks first, never below its longest word (header
+    included) or its ``min_width``; the table is wider than ``columns`` only when its
+    words cannot fit."""
+    from rich.measure import Measurement
+    from rich.padding import Padding
+
+    wide = console.options.update_width(1 << 16)
+    _, right, _, left = Padding.unpack(table.padding)
+    border = len(table.columns) - 1 + (2 if table.show_edge else 0) if table.box else 0
+    least, widths = [], []
+    for column in table.columns:
+        cells = [column.header, *column.cells] if table.show_header else list(column.cells)
+        sizes = [Measurement.get(console, wide, c) for c in cells]
+        least.append(max([column.min_width or 0, *(m.minimum for m in sizes)]))
+        widths.append(max([least[-1], *(m.maximum for m in sizes)]))
+    excess = sum(widths) + border + (left + right) * len(widths) - columns
+    while excess > 0:
+        shrinkable = [i for i, w in enumerate(widths) if w > least[i]]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda i: widths[i])
+        widths[widest] -= 1
+        excess -= 1
+    return widths
 
 
 def reader_gone() -> None:
