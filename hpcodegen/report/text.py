@@ -1,5 +1,9 @@
-"""The human reporter: per artifact a table of checks (pass / fail / skipped with why), then
-its findings with severity, location, message and hint. rich is imported here only.
+"""The human reporter. A passing artifact is one line (``PASS <path>: ...`` with its counts),
+followed only by its warnings, if any; a failing one (or any with ``--verbose``) gets a
+table of checks (pass / fail / skipped with why), then its findings with severity,
+location, message and hint. Identical findings (same code, message, expected value, hint
+and file: the same problem at several places) print once with their count and every other
+location. rich is imported here only.
 
 Info findings are counted but listed only with ``--verbose``; ``NO_COLOR`` is honoured.
 """
@@ -35,14 +39,53 @@ def _counts(check: CheckResult) -> str:
     return ", ".join(parts) or "no findings"
 
 
-def _finding_line(f: Finding) -> object:
+def _finding_line(f: Finding, count: int = 1) -> object:
     from rich.text import Text
 
     line = Text("  ")
     line.append(f"{f.severity.value:<7}", style=_SEVERITY_STYLE[f.severity])
     line.append(f" {f.code}  ", style="bold")
+    if count > 1:
+        line.append(f"({count} identical) ")
     line.append(_safe(f.render()))
     return line
+
+
+def _identity(f: Finding) -> tuple[object, ...]:
+    """What makes two findings the same problem (their location aside)."""
+    return (f.severity, f.code, f.message, f.expected, f.hint, f.file)
+
+
+def folded(findings: list[Finding]) -> list[list[Finding]]:
+    """``findings`` grouped by :func:`_identity`, in order of first occurrence."""
+    groups: dict[tuple[object, ...], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(_identity(f), []).append(f)
+    return list(groups.values())
+
+
+def _print_findings(console: Console, findings: list[Finding]) -> None:
+    from rich.text import Text
+
+    for group in folded(findings):
+        console.print(_finding_line(group[0], len(group)))
+        others = [f.where for f in group[1:] if f.where]
+        if others:
+            console.print(Text(_safe("    also at " + ", ".join(others))))
+
+
+def _summary(art: ArtifactResult) -> str:
+    """``5 passed, 2 skipped (signature, model), 8 warnings`` (``-v`` says why skipped)."""
+    checks = list(art.checks.values())
+    passed = sum(c.status == "pass" for c in checks)
+    skipped = [c.name for c in checks if c.status == "skipped"]
+    parts = [f"{passed} passed"]
+    if skipped:
+        parts.append(f"{len(skipped)} skipped ({', '.join(skipped)})")
+    warnings = sum(f.severity is Severity.WARNING for f in art.findings)
+    if warnings:
+        parts.append(f"{warnings} warning{'s' if warnings != 1 else ''}")
+    return ", ".join(parts)
 
 
 def _artifact(console: Console, art: ArtifactResult, verbose: bool) -> None:
@@ -51,6 +94,11 @@ def _artifact(console: Console, art: ArtifactResult, verbose: bool) -> None:
 
     head = Text("PASS " if art.ok else "FAIL ", style="bold green" if art.ok else "bold red")
     head.append(_safe(art.path), style="bold")
+    if art.ok and not verbose:  # one line; warnings (they fail with --strict) below it
+        head.append(f": {_safe(_summary(art))}")
+        console.print(head)
+        _print_findings(console, [f for f in art.findings if f.severity is Severity.WARNING])
+        return
     console.print(head)
     table = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
     table.add_column("check")
@@ -60,10 +108,8 @@ def _artifact(console: Console, art: ArtifactResult, verbose: bool) -> None:
         table.add_row(name, Text(check.status, style=_STATUS_STYLE[check.status]),
                       Text(_safe(_counts(check))))
     console.print(table)
-    for check in art.checks.values():
-        for f in check.findings:
-            if verbose or f.severity is not Severity.INFO:
-                console.print(_finding_line(f))
+    _print_findings(console, [f for f in art.findings
+                              if verbose or f.severity is not Severity.INFO])
     console.print()
 
 

@@ -148,3 +148,49 @@ def test_junit_file_follows_the_umask(tmp_path: Path, mask: int) -> None:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
     assert ET.parse(out).getroot().get("tests") == "7"  # one testcase per check
+
+
+def _text(result: VerifyResult, verbose: bool = False) -> str:
+    out = io.StringIO()
+    REPORTERS["text"].write(result, out, verbose=verbose)
+    return out.getvalue()
+
+
+def test_a_passing_artifact_is_one_line_unless_verbose() -> None:
+    arts = [ArtifactResult(f"art{i}", {
+        "schema": CheckResult("schema", "pass", [info("plan.unknown_key", "/k", "k")]),
+        "plan": CheckResult("plan", "pass"),
+        "model": CheckResult("model", "skipped", reason="needs --hf-config")}) for i in range(8)]
+    lines = _text(VerifyResult(arts)).splitlines()
+    assert lines == [f"PASS art{i}: 2 passed, 1 skipped (model)" for i in range(8)] + [
+        "8 artifacts: 8 passed, 0 failed"]
+    verbose = _text(VerifyResult(arts), verbose=True)
+    assert re.search(r"model\s+skipped\s+needs --hf-config", verbose)
+    assert "plan.unknown_key" in verbose
+
+
+def test_identical_findings_print_once_with_their_count_and_every_place() -> None:
+    same = [warning("targets.foreign", f"/injections/{i}/_target_", "target x is foreign",
+                    hint="trust it", file="m.json") for i in range(8)]
+    other = warning("targets.foreign", "/injections/9/_target_", "target y is foreign",
+                    hint="trust it", file="m.json")
+    art = ArtifactResult("art", {"targets": CheckResult("targets", "pass", [*same, other])})
+    text = _text(VerifyResult([art]))
+    assert text.splitlines()[0] == "PASS art: 1 passed, 9 warnings"
+    assert text.count("target x is foreign") == 1 and text.count("target y is foreign") == 1
+    assert "(8 identical)" in text
+    for i in range(8):
+        assert f"/injections/{i}/_target_" in text
+    failing = ArtifactResult("bad", {"plan": CheckResult("plan", "fail", [
+        error("plan.x", f"/p/{i}", "same problem") for i in range(3)])})
+    text = _text(VerifyResult([failing]))
+    assert text.count("same problem") == 1 and "(3 identical)" in text
+    assert "also at /p/1, /p/2" in text
+
+
+def test_eight_passing_examples_print_nine_lines() -> None:
+    examples = sorted(p.parent for p in (REPO / "examples").glob("*/codegen_meta.json"))
+    assert len(examples) >= 8
+    out = io.StringIO()
+    assert run_verify(examples, stdout=out) == 0
+    assert len(out.getvalue().splitlines()) == len(examples) + 1
