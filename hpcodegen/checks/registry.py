@@ -16,7 +16,7 @@ from hpcodegen.checks.outputs import check_outputs
 from hpcodegen.checks.plan import check_plan
 from hpcodegen.checks.result import CheckResult, status_of
 from hpcodegen.checks.schema import check_schema
-from hpcodegen.checks.signature import check_signature
+from hpcodegen.checks.signature import check_signature, model_gate
 from hpcodegen.checks.source import check_source
 from hpcodegen.checks.targets import check_targets
 from hpcodegen.errors import Finding, UsageError, error
@@ -31,6 +31,9 @@ class Check:
     summary: str
     #: needs torch and transformers (and so seconds, not milliseconds)
     heavy: bool = False
+    #: decides the check's result without running it (given the selected check names),
+    #: when an earlier finding makes every finding of it a consequence; None: run it
+    gate: Callable[[CheckContext, Sequence[str]], CheckResult | None] | None = None
 
 
 CHECKS: dict[str, Check] = {c.name: c for c in (
@@ -40,7 +43,8 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("outputs", check_outputs, "recorded files exist inside the dir and match their hashes"),
     Check("source", check_source, "the modeling file's classes agree with the boundary forms"),
     Check("signature", check_signature, "made for the model of --hf-config (pure JSON)"),
-    Check("model", check_model, "the plan fits the model built from --hf-config (torch)", True),
+    Check("model", check_model, "the plan fits the model built from --hf-config (torch)", True,
+          gate=model_gate),
 )}
 
 
@@ -76,5 +80,10 @@ def run_check(check: Check, ctx: CheckContext, strict: bool) -> CheckResult:
 
 def run_checks(ctx: CheckContext, names: Sequence[str],
                strict: bool = False) -> dict[str, CheckResult]:
-    """Run the named checks in registry order on one artifact."""
-    return {name: run_check(CHECKS[name], ctx, strict) for name in CHECKS if name in names}
+    """Run the named checks in registry order on one artifact (a check's gate first)."""
+    results: dict[str, CheckResult] = {}
+    for name, check in CHECKS.items():
+        if name in names:
+            gated = check.gate(ctx, names) if check.gate is not None else None
+            results[name] = gated if gated is not None else run_check(check, ctx, strict)
+    return results

@@ -18,13 +18,14 @@ warning that the sub-configs' shapes went unchecked.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hpcodegen.artifact.digest import is_hpcodegen_meta, meta_signature
 from hpcodegen.checks.context import CheckContext, as_dict, pointer
 from hpcodegen.checks.forms import signable
-from hpcodegen.errors import Finding, error, info, warning
+from hpcodegen.checks.result import CheckResult
+from hpcodegen.errors import Finding, Severity, error, info, warning
 from hpcodegen.hf import architecture_of, source_from_config, structure_value
 
 _MISSING = object()
@@ -52,6 +53,38 @@ def _compare_identity(source: Mapping[str, Any], config: Mapping[str, Any],
         yield error("signature.model_type", pointer("source", "model_type"),
                     f"artifact made for model_type {meta_mt!r}, config has {mt!r}",
                     expected=repr(mt))
+
+
+def other_model(ctx: CheckContext) -> list[Finding]:
+    """The errors saying the artifact was made for another model than ``--hf-config``'s (its
+    architecture or model type differ); empty when they agree or there is no config. The
+    model check then has nothing left to say: every module it would compare is another
+    model's (:func:`model_gate`)."""
+    if ctx.hf_config is None:
+        return []
+    file = str(ctx.hf_config_path) if ctx.hf_config_path else None
+    return [f for f in _compare_identity(as_dict(ctx.meta.get("source")), ctx.hf_config, file)
+            if f.severity is Severity.ERROR]
+
+
+def model_gate(ctx: CheckContext, names: Sequence[str]) -> CheckResult | None:
+    """The ``model`` check's result when the artifact is another model's, without running
+    it: skipped, saying why in one line, when ``signature`` runs too (it reports the
+    mismatch); else one ``model.other_model`` error, so ``--only model`` still fails."""
+    try:
+        found = other_model(ctx)
+    except Exception:  # a hostile meta the identity rule cannot read: the check runs and says
+        return None
+    if not found:
+        return None
+    why = "; ".join(f.message for f in found)
+    if "signature" in names:
+        return CheckResult("model", "skipped", reason=f"the artifact is another model's "
+                           f"({why}): see signature")
+    return CheckResult("model", "fail", [error(
+        "model.other_model", found[0].where, f"the artifact is another model's ({why}): "
+        "the model checks were skipped", expected=found[0].expected, file=ctx.meta_file,
+        hint="use the artifact generated for this model")])
 
 
 def _compare_structure(source: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[Finding]:
