@@ -200,7 +200,7 @@ def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Findin
         if module is not None and type(module).__name__ != cls:
             yield error("model.class_mismatch", pointer("boundary_classes", fqn),
                         f"{fqn or '<root>'} is a {type(module).__name__}, the plan says {cls}",
-                        expected=str(cls))
+                        expected=type(module).__name__)
 
 
 def _divide_attrs(entries: Mapping[str, PlanEntry], model: Any, tp: int,
@@ -323,7 +323,7 @@ def _overrides(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[F
             yield error("model.override_type_mismatch", pointer("module_overrides",
                         override.index, "module_type"), f"{fqn} is a {type(module).__name__}, "
                         f"the override replaces {exact}{override.module_type}",
-                        expected=str(override.module_type),
+                        expected=type(module).__name__,
                         hint="the model changed under the artifact; regenerate")
             continue
         checked, unchecked = planned.get(fqn, (0, 0))
@@ -349,7 +349,8 @@ def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> It
             if size[1] % ep:
                 yield error("model.experts_not_divisible", pointer("parallel_dims", "ep_size"),
                             f"{size[0][1:].replace('/', '.')} = {size[1]} experts do not divide "
-                            f"over ep_size = {ep}", expected=f"a multiple of {ep}")
+                            f"over ep_size = {ep}",
+                            expected=f"an ep_size that divides {size[1]}")
             return
 
 

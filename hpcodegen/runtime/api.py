@@ -99,17 +99,17 @@ def _check_architecture(loaded: LoadedMeta, hf_config: Any, config: dict[str, An
         # sub-config (``model.config`` of Mllama's causal LM), which also lacks the
         # composite's shape fields the signature covers
         raise PlanError([error(
-            "runtime.config_without_architecture", "/source/architecture",
+            "runtime.config_without_architecture", "hf_config",
             f"the config object {type(hf_config).__name__} (model_type "
             f"{config.get('model_type')!r}) names no architecture to compare with "
-            f"{want!r}", expected=f"a config whose architectures[0] is {want!r}",
-            file=str(loaded.meta_path),
+            f"{want!r} (the meta's /source/architecture)",
+            expected=f"a config whose architectures[0] is {want!r}",
             hint="pass the model's config.json (its path or dict) or the full config "
                  "AutoConfig.from_pretrained(model_dir) gives, not a sub-config")])
     if want != got:
         raise PlanError([error("runtime.architecture", "/source/architecture",
                                f"the artifact was generated for {want!r}, the config is "
-                               f"for {got!r}", expected=str(want), file=str(loaded.meta_path),
+                               f"for {got!r}", expected=str(got), file=str(loaded.meta_path),
                                hint="generate an artifact for this model")])
 
 
