@@ -77,11 +77,12 @@ def generate(
     """
     def call() -> int:
         from hpcodegen.extras import require
+
+        require("runtime", "hpcodegen generate")
+        from hpcodegen.generate.api import GenerateArgs, run_generate
         from hpcodegen.generate.recorded import artifact_dir
 
         target = artifact_dir(out, artifact, check)
-        require("runtime", "hpcodegen generate")
-        from hpcodegen.generate.api import GenerateArgs, run_generate
 
         return run_generate(GenerateArgs(model, tp, target, sp=sp, recipe=recipe, check=check,
                                          ep=ep,
