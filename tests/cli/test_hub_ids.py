@@ -58,6 +58,10 @@ def test_cached_hub_id_works_offline_for_every_option(hf_home: Path, tmp_path: P
     gen = cli(hf_home, "generate", "--model", "tiny-org/tiny-llama", "--tp", "2", "-o", out)
     assert gen.returncode == 0, gen.stderr
     assert "config: tiny-org/tiny-llama" in next(out.glob("modeling_*_gen_npu.py")).read_text()
+    meta = json.loads((out / "codegen_meta.json").read_text())
+    assert meta["generator"]["inputs"] == {"hub_id": "tiny-org/tiny-llama"}
+    check = cli(hf_home, "generate", "--check", out, cwd=tmp_path)  # the recorded hub id
+    assert check.returncode == 0 and "up to date" in check.stdout, check.stderr
     dry = cli(hf_home, "launch", EXAMPLE, "--nproc", "2", "--model-dir", "tiny-org/tiny-llama",
               "--dry-run", "--json")
     assert dry.returncode == 0, dry.stdout
