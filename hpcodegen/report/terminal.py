@@ -12,6 +12,7 @@ wider than the width only when its words cannot fit).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -96,7 +97,6 @@ def console(**kwargs: Any) -> Any:
 
 def whole_words(console: Any, renderable: Any, emit: Any, kwargs: dict[str, Any]) -> None:
     """Print ``renderable`` through ``emit`` (rich's print) without breaking a token."""
-    from rich._wrap import divide_line
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
@@ -111,7 +111,7 @@ def whole_words(console: Any, renderable: Any, emit: Any, kwargs: dict[str, Any]
             hang = line.plain[:len(line.plain) - len(line.plain.lstrip(" "))] + "  "
             room = console.width
             while True:  # as fold_text: break at spaces, continuation lines indented
-                breaks = divide_line(line.plain, room, fold=False)
+                breaks = space_breaks(line.plain, room)
                 if not breaks:
                     break
                 head, line = line.divide(breaks[:1])
@@ -127,7 +127,7 @@ def whole_words(console: Any, renderable: Any, emit: Any, kwargs: dict[str, Any]
         return
     widths = column_widths(console, renderable, console.width)
     kept = [(c.width, c.min_width) for c in renderable.columns]
-    kept_width = console._width
+    kept_width = console.width
     for column, size in zip(renderable.columns, widths, strict=True):
         column.width = column.min_width = size  # rich would squeeze a column below a word
     _, right, _, left = Padding.unpack(renderable.padding)
@@ -136,9 +136,27 @@ def whole_words(console: Any, renderable: Any, emit: Any, kwargs: dict[str, Any]
     try:
         emit(renderable, **{**kwargs, "crop": False})
     finally:
-        console._width = kept_width
+        console.width = kept_width
         for column, (width, min_width) in zip(renderable.columns, kept, strict=True):
             column.width, column.min_width = width, min_width
+
+
+def space_breaks(text: str, columns: int) -> list[int]:
+    """Offsets at which to break ``text`` so each line fits ``columns`` cells, at spaces only:
+    a word longer than the room left starts a line of its own and overflows it."""
+    from rich.cells import cell_len
+
+    breaks: list[int] = []
+    used = cell_len(text[:len(text) - len(text.lstrip(" "))])
+    on_line = False
+    for match in re.finditer(r"\S+\s*", text):
+        word = match.group()
+        if on_line and used + cell_len(word.rstrip()) > columns:
+            breaks.append(match.start())
+            used = 0
+        used += cell_len(word)
+        on_line = True
+    return breaks
 
 
 def column_widths(console: Any, table: Any, columns: int) -> list[int]:
