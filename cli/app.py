@@ -60,6 +60,7 @@ def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
     """
     from hpcodegen.errors import HpcodegenError, error
     from hpcodegen.report.envelope import emit
+    from hpcodegen.report.findings import plain_lines
     from hpcodegen.report.terminal import fold_text, reader_gone
 
     try:
@@ -68,9 +69,8 @@ def guarded(verb: str, call: Callable[[], int], as_json: bool = False) -> int:
         reader_gone()
         return 0
     except HpcodegenError as exc:
-        for finding in exc.findings:
-            sys.stderr.write(fold_text(f"hpcodegen {verb}: {finding.severity}: "
-                                       f"{finding.render()}") + "\n")
+        for line in plain_lines(exc.findings, lambda f: f"hpcodegen {verb}: {f.severity}: "):
+            sys.stderr.write(fold_text(line) + "\n")
         if as_json:
             emit(verb, exc.exit_code, exc.findings, sys.stdout)
         return exc.exit_code

@@ -333,8 +333,10 @@ def run_generate(args: GenerateArgs, stdout: TextIO | None = None,
             return emit("generate", exc.exit_code, exc.findings, stdout or sys.stdout,
                         out=None if args.out is None else os.fspath(args.out),
                         check=args.check, written=False)
-        for finding in exc.findings:
-            stderr.write(fold_text(f"hpcodegen generate: {finding.render()}") + "\n")
+        from hpcodegen.report.findings import plain_lines
+
+        for line in plain_lines(exc.findings, lambda _f: "hpcodegen generate: "):
+            stderr.write(fold_text(line) + "\n")
         return exc.exit_code
 
 

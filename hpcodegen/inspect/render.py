@@ -171,10 +171,13 @@ def _summary_lines(result: Inspection) -> list[str]:
 
 
 def print_findings(findings: Sequence[Finding], err: TextIO, verbosity: int = 0) -> None:
-    """``severity: where: message`` per finding, folded to the width; info only with -v."""
-    for f in findings:
-        if f.severity is not Severity.INFO or verbosity > 0:
-            err.write(fold_text(f"{f.severity}: {f.render()}") + "\n")
+    """``severity: where: message`` per finding, folded to the width; info only with -v;
+    identical findings once, with their count and other places (:mod:`..report.findings`)."""
+    from hpcodegen.report.findings import plain_lines
+
+    shown = [f for f in findings if f.severity is not Severity.INFO or verbosity > 0]
+    for line in plain_lines(shown, lambda f: f"{f.severity}: "):
+        err.write(fold_text(line) + "\n")
 
 
 def render_text(result: Inspection, out: TextIO, err: TextIO, verbosity: int = 0) -> None:

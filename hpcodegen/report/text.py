@@ -1,9 +1,9 @@
 """The human reporter. A passing artifact is one line (``PASS <path>: ...`` with its counts),
 followed only by its warnings, if any; a failing one (or any with ``--verbose``) gets a
 table of checks (pass / fail / skipped with why), then its findings with severity,
-location, message and hint. Identical findings (same code, message, expected value, hint
-and file: the same problem at several places) print once with their count and every other
-location. rich is imported here only.
+location, message and hint. Identical findings (the same problem at several places:
+:mod:`hpcodegen.report.findings`) print once with their count and every other location.
+rich is imported here only.
 
 Info findings are counted but listed only with ``--verbose``; ``NO_COLOR`` is honoured.
 """
@@ -39,39 +39,26 @@ def _counts(check: CheckResult) -> str:
     return ", ".join(parts) or "no findings"
 
 
-def _finding_line(f: Finding, count: int = 1) -> object:
+def _finding_line(f: Finding, note: str = "") -> object:
     from rich.text import Text
 
     line = Text("  ")
     line.append(f"{f.severity.value:<7}", style=_SEVERITY_STYLE[f.severity])
     line.append(f" {f.code}  ", style="bold")
-    if count > 1:
-        line.append(f"({count} identical) ")
-    line.append(_safe(f.render()))
+    line.append(note + _safe(f.render()))
     return line
-
-
-def _identity(f: Finding) -> tuple[object, ...]:
-    """What makes two findings the same problem (their location aside)."""
-    return (f.severity, f.code, f.message, f.expected, f.hint, f.file)
-
-
-def folded(findings: list[Finding]) -> list[list[Finding]]:
-    """``findings`` grouped by :func:`_identity`, in order of first occurrence."""
-    groups: dict[tuple[object, ...], list[Finding]] = {}
-    for f in findings:
-        groups.setdefault(_identity(f), []).append(f)
-    return list(groups.values())
 
 
 def _print_findings(console: Console, findings: list[Finding]) -> None:
     from rich.text import Text
 
-    for group in folded(findings):
-        console.print(_finding_line(group[0], len(group)))
-        others = [f.where for f in group[1:] if f.where]
+    from hpcodegen.report.findings import also_at, count_note, fold_identical
+
+    for group in fold_identical(findings):
+        console.print(_finding_line(group[0], count_note(group)))
+        others = also_at(group)
         if others:
-            console.print(Text(_safe("    also at " + ", ".join(others))))
+            console.print(Text(_safe(f"    {others}")))
 
 
 def _summary(art: ArtifactResult) -> str:

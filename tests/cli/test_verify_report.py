@@ -194,3 +194,17 @@ def test_eight_passing_examples_print_nine_lines() -> None:
     out = io.StringIO()
     assert run_verify(examples, stdout=out) == 0
     assert len(out.getvalue().splitlines()) == len(examples) + 1
+
+
+def test_inspect_plan_folds_identical_findings_the_same_way() -> None:
+    from hpcodegen.inspect.render import print_findings
+
+    same = [warning("plan.foreign_system_target", f"/injections/{i}/_target_", "factory x",
+                    file="m.json") for i in range(8)]
+    err = io.StringIO()
+    print_findings([*same, info("plan.note", "/k", "a note")], err)
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "warning: (8 identical) m.json::/injections/0/_target_: factory x"
+    assert "also at /injections/1/_target_," in lines[1]
+    assert all(f"/injections/{i}/_target_" in err.getvalue() for i in range(8))
+    assert "a note" not in err.getvalue()
