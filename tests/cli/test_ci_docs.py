@@ -86,8 +86,11 @@ def _pinned_tree(ref: str, dest: Path) -> Path:
         assert subprocess.run(["git", "-C", str(ROOT), "archive", ref], stdout=out,
                               timeout=120).returncode == 0
     src = dest / "src"
-    with tarfile.open(archive) as tar:
-        tar.extractall(src, filter="data")
+    with tarfile.open(archive) as tar:  # our own history: trusted, but filtered where we can
+        try:
+            tar.extractall(src, filter="data")
+        except TypeError:  # a Python without extraction filters
+            tar.extractall(src)
     pkg = dest / "pkg"
     shutil.copytree(src / "hpcodegen", pkg / "hpcodegen")
     shutil.copytree(src / "cli", pkg / "hpcodegen" / "cli")
