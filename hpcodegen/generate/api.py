@@ -300,6 +300,10 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
                             "sha256": hashlib.sha256(data).hexdigest()}
                            for name, data in sorted(rendered.items())],
                     drift=drifted,
+                    inputs={"model": os.fspath(args.model_dir),
+                            "recipe": None if args.recipe is None else os.fspath(args.recipe),
+                            "tp": args.tp, "sp": args.sp, "ep": args.ep, "cp": args.cp,
+                            "cp_layout": args.cp_layout, "loss_parallel": args.loss_parallel},
                     package_rules=[n for n in notes if n.startswith("package rules ")],
                     notes=notes)
     if args.verbosity >= 0:

@@ -79,6 +79,17 @@ def test_check_dir_needs_no_flags(tmp_path: Path) -> None:
     assert code == 2 and "../../models/llama" in out and "--model" in out, out
 
 
+def test_check_json_says_what_it_regenerated_from() -> None:
+    art = REPO / "examples" / "llama_cp2_tp2_sp"
+    code, out = _cli("generate", "--check", art, "--json")
+    doc = json.loads(out[out.index("{"):])
+    assert code == 0 and doc["drift"] == [], out
+    inputs = doc["inputs"]
+    assert Path(inputs["model"]).resolve() == (REPO / "examples" / "configs" / "llama").resolve()
+    assert (inputs["tp"], inputs["sp"], inputs["cp"], inputs["cp_layout"]) == (2, True, 2,
+                                                                               "headtail")
+
+
 def test_foreign_meta_names_the_flags_it_needs(tmp_path: Path) -> None:
     code, out = _cli("generate", "--check", FOREIGN, "--json")
     doc = json.loads(out[out.index("{"):])
