@@ -32,7 +32,10 @@ def count_note(group: list[Finding]) -> str:
 
 def also_at(group: list[Finding]) -> str | None:
     """``also at <where>, <where>`` for a group's other places; None when there are none."""
-    others = [f.where for f in group[1:] if f.where]
+    others: list[str] = []
+    for f in group[1:]:
+        if f.where and f.where != group[0].where and f.where not in others:
+            others.append(f.where)
     return f"also at {', '.join(others)}" if others else None
 
 
