@@ -273,8 +273,9 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     with steps("generate", 4) as advance:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
-                                    args.ep or 1, notes, args.loss_parallel, warned,
-                                    args.cp or 1, args.cp_layout,
+                                    1 if args.ep is None else args.ep, notes,
+                                    args.loss_parallel, warned,
+                                    1 if args.cp is None else args.cp, args.cp_layout,
                                     generation_record(args.model_dir, args.recipe, args.out,
                                                       is_hub_id(args.model_dir)))
             if warned and args.strict:

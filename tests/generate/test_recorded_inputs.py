@@ -137,6 +137,14 @@ def test_record_is_relative_and_hub_ids_kept(tmp_path: Path) -> None:
         "hub_id": "org/name", "recipe": "../r.yaml"}
 
 
+def test_zero_degrees_stay_usage_errors(tmp_path: Path) -> None:
+    """An explicit 0 is refused, not read as 'not given' (with or without --check)."""
+    code, out = _cli("generate", "--model", LLAMA, "--tp", "2", "--ep", "0", "-o", tmp_path / "o")
+    assert code == 2 and "--ep must be >= 1" in out, out
+    code, out = _cli("generate", "--check", REPO / "examples" / "llama_tp2", "--cp", "0")
+    assert code == 2 and "--cp must be >= 1" in out, out
+
+
 def test_positional_dir_is_only_for_check(tmp_path: Path) -> None:
     code, out = _cli("generate", "--model", LLAMA, "--tp", "2", tmp_path / "x")
     assert code == 2 and "positional DIR is for --check" in out, out
