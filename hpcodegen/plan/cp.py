@@ -302,16 +302,16 @@ def heads_problem(q_heads: int, kv_heads: int, tp: int, ulysses: int) -> str | N
     (replicated, :func:`kv_replicas`)."""
     if ulysses <= 1:
         return None
+    heads = f"{q_heads} query heads / {kv_heads} kv heads at tp {tp} x ulysses {ulysses}"
     if q_heads % (tp * ulysses):
-        return (f"{q_heads} query heads do not divide over tp*ulysses = {tp}*{ulysses} = "
-                f"{tp * ulysses} ranks")
+        return f"{heads}: the query heads do not divide over {tp * ulysses} ranks"
     if kv_heads % tp:
-        return f"{kv_heads} kv heads do not divide over tp = {tp}"
+        return f"{heads}: the kv heads do not divide over tp = {tp}"
     local = kv_heads // tp
     if not kv_replicas(local, ulysses):
-        return (f"{kv_heads} kv heads ({local} per tp rank) neither divide over ulysses = "
-                f"{ulysses} ranks nor divide it (a replica per rank): no exact grouping of "
-                f"the {q_heads} query heads")
+        return (f"{heads}: the {local} kv heads per tp rank neither divide over the "
+                f"{ulysses} Ulysses ranks nor divide them (one replica per rank): no exact "
+                "grouping of the query heads")
     return None
 
 
