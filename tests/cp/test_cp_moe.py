@@ -51,6 +51,16 @@ def test_moe_dp2_ep2_cp2(tmp_path) -> None:
     assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 1}
 
 
+@pytest.mark.timeout(300)
+def test_moe_dp2_ep2_cp2_ulysses(tmp_path) -> None:
+    """Qwen3-MoE ``--cp 2 --ep 2 --cp-method ulysses`` on 4 ranks: exact."""
+    artifact = _artifact(tmp_path, tp=1, sp=False, ep=2, cp=2, cp_method="ulysses")
+    meta = (artifact / "codegen_meta.json").read_text()
+    assert "sdpa_hf_ulysses" in meta
+    doc = _launch(artifact, 4)
+    assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 1}
+
+
 @pytest.mark.world8
 @pytest.mark.timeout(600)
 def test_the_existing_systems_topology_on_eight_ranks(tmp_path) -> None:

@@ -196,7 +196,7 @@ def test_heads_that_cannot_be_grouped_are_refused_naming_them() -> None:
 ])
 def test_usage_errors(kwargs: dict, needle: str) -> None:
     with pytest.raises(UsageError, match=needle.replace("(", r"\(")):
-        _bundle(_config(), cp=4 if kwargs.get("ulysses") != 4 else 4, **kwargs)
+        _bundle(_config(), cp=4, **kwargs)
 
 
 def test_cli_generates_verifies_and_inspects_the_all_to_alls(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ all_to_alls on cp included; the kernel gets a head shard of the group's whole se
 
 from __future__ import annotations
 
-
 import pytest
 from conftest import CONFIGS
 from test_cp_runtime import _counted, _model, _predicted
