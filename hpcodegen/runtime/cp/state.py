@@ -32,13 +32,18 @@ class BatchView:
 
     q_index: torch.Tensor
     kv_index: torch.Tensor
-    rows: torch.Tensor
+    #: None: ``q_index`` (the all-gather's rows)
+    rows: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     documents: torch.Tensor | None = None
     valid: torch.Tensor | None = None
     #: position ids were given but not ``[batch, seq]`` (multi-section rotary ids): packed
     #: documents cannot be found on the whole sequence
     unreadable_positions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rows is None:
+            self.rows = self.q_index
 
 
 @dataclass
