@@ -99,3 +99,30 @@ def test_ulysses_cp2_trains_exactly_and_its_checkpoint_resumes_under_allgather(t
     assert first["ranks"][0]["losses"] == pytest.approx(baseline[:2], abs=1e-5)
     again = _run(EXAMPLE, 4, "--steps", "1", "--resume", ckpt)
     assert abs(again["ranks"][0]["losses"][0] - baseline[2]) <= 1e-5
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("config", ["mistral_swa", "gemma2_softcap"])
+def test_ulysses_launch_parity_with_a_window_and_softcapping(config: str, tmp_path) -> None:
+    """``generate --tp 1 --cp 2 --cp-method ulysses`` then ``launch --nproc 2
+    --check-parity --steps 2`` on a sliding window of 3 (shorter than a rank's chunk of
+    the smoke batch) and on Gemma 2's attention softcapping (eager kernel): exact."""
+    model_dir = REPO / "tests" / "fixtures" / "cp" / config
+    out = tmp_path / config
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
+                          str(model_dir), "--tp", "1", "--cp", "2", "--cp-method", "ulysses",
+                          "-o", str(out)], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    launched = run_cli(out, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
+                       "--check-parity", "--steps", "2", "--json", timeout=300)
+    assert launched.code == 0, launched.stdout + launched.stderr
+    doc = launched.json()
+    assert doc["mesh"] == {"dp": 1, "cp": 2, "tp": 1}
+    for rank in doc["ranks"]:
+        assert rank["status"] == "ok"
+        assert rank["parity"]["logits_max_diff"] <= 1e-5
+        assert rank["parity"]["grad_max_diff"] <= 1e-5
+        assert rank["parity"]["loss_max_diff"] <= 1e-5
