@@ -186,7 +186,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
-                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout)
+                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
+                      cp_method=cp_method if ulysses is None else f"{cp_method}:{ulysses}")
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
