@@ -224,14 +224,6 @@ def kv_backward_steps(t: KVTransition) -> tuple[Step, ...]:
     return redistribute_steps((grad,), (t.src,), (t.axis,))
 
 
-def plan_ulysses(plan: Plan) -> int:
-    """The Ulysses degree of the plan's CP attentions at its frozen cp size (1: all-gather;
-    the largest when records differ, which verify reports)."""
-    cp = max(plan.dims.size(CP), 1)
-    return max((ulysses_degree(r, cp) for r in plan.injections_by_fqn().values()
-                if kv_transitions(r)), default=1)
-
-
 def plan_cp_attention(plan: Plan) -> list[str]:
     """The module FQNs whose injection has a K/V transition over cp (sorted)."""
     return sorted(fqn for fqn, record in plan.injections_by_fqn().items()
@@ -425,7 +417,6 @@ __all__ = [
     "layout_chunks",
     "method_transitions",
     "plan_cp_attention",
-    "plan_ulysses",
     "query_order",
     "rank_positions",
     "rank_ranges",
