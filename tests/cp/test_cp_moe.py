@@ -68,3 +68,13 @@ def test_the_existing_systems_topology_on_eight_ranks(tmp_path) -> None:
     --steps 3: every rank ok, logits and every gradient within 1e-5, losses equal."""
     doc = _launch(_artifact(tmp_path, tp=2, sp=True, ep=2, cp=2, loss_parallel=True), 8)
     assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 2}
+
+
+@pytest.mark.world8
+@pytest.mark.timeout(600)
+def test_the_existing_systems_topology_under_ulysses(tmp_path) -> None:
+    """The same topology with ``--cp-method ulysses``: 2 kv heads, 1 per tp rank, each cp
+    rank its copy of it: exact."""
+    doc = _launch(_artifact(tmp_path, tp=2, sp=True, ep=2, cp=2, loss_parallel=True,
+                            cp_method="ulysses"), 8)
+    assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 2}
