@@ -142,8 +142,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if cp < 1:
         raise UsageError([error("generate.cp", "--cp", f"--cp must be >= 1, got {cp}")])
     check_layout(cp_layout)
-    if cp > 1:
-        check_method(cp_method, ulysses, cp)
+    check_method(cp_method, ulysses, cp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)

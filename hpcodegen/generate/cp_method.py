@@ -34,6 +34,10 @@ def check_method(method: str, ulysses: int | None, cp: int) -> None:
     if method not in CHOICES:
         raise UsageError([error("generate.cp_method", "--cp-method",
                                 f"unknown method {method!r}", expected=", ".join(CHOICES))])
+    if cp <= 1 and (method in (ULYSSES, HYBRID) or ulysses is not None):
+        raise UsageError([error("generate.cp_method", "--cp-method",
+                                f"--cp-method {method} needs --cp N with N > 1 (got {cp})",
+                                hint="add --cp N")])
     if ulysses is not None and method != HYBRID:
         raise UsageError([error("generate.cp_method", "--ulysses",
                                 "--ulysses is the hybrid's Ulysses degree",

@@ -193,10 +193,11 @@ def test_heads_that_cannot_be_grouped_are_refused_naming_them() -> None:
     ({"cp_method": "hybrid"}, "--ulysses U"),
     ({"cp_method": "hybrid", "ulysses": 4}, "1 < U < cp"),
     ({"cp_method": "ulysses", "ulysses": 2}, "hybrid's Ulysses degree"),
+    ({"cp_method": "ulysses", "cp": 1}, "needs --cp N"),
 ])
 def test_usage_errors(kwargs: dict, needle: str) -> None:
     with pytest.raises(UsageError, match=needle.replace("(", r"\(")):
-        _bundle(_config(), cp=4, **kwargs)
+        _bundle(_config(), **{"cp": 4, **kwargs})
 
 
 def test_cli_generates_verifies_and_inspects_the_all_to_alls(tmp_path: Path) -> None:
