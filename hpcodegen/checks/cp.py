@@ -220,6 +220,50 @@ def _attention(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         hint="add it to the CP attention injection's match")
 
 
+def _config_heads(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(query heads, kv heads)`` of an HF config (or its ``text_config``); None unknown."""
+    for scope in (config, config.get("text_config")):
+        if not isinstance(scope, Mapping):
+            continue
+        q = scope.get("num_attention_heads")
+        kv = scope.get("num_key_value_heads", q)
+        if isinstance(q, int) and isinstance(kv, int) and q > 0 and kv > 0:
+            return q, kv
+    return None
+
+
+def config_heads_findings(meta: Mapping[str, Any], config: Mapping[str, Any]
+                          ) -> Iterator[Finding]:
+    """With ``--hf-config`` (pure: config JSON and meta): each Ulysses / hybrid record's
+    frozen ``cp_heads`` must be the config's heads, and those heads must pass the heads rule
+    at the plan's tp and Ulysses degree; a foreign Ulysses meta names no heads and gets the
+    rule on the config's."""
+    heads = _config_heads(config)
+    cp = cp_size(meta)
+    if heads is None or cp <= 1:
+        return
+    tp = max(axis_sizes(meta).get("tp", 1), 1)
+    for index, fqn, record in _records(meta):
+        try:
+            typed = injection_from_json(record, ("injections", index))
+        except PlanFormatError:
+            continue
+        method = cp_method(typed)
+        if method in (None, ALLGATHER):
+            continue
+        frozen = as_dict(record.get("cp_heads"))
+        if frozen and (frozen.get("query"), frozen.get("key_value")) != heads:
+            yield error("model.cp_heads", pointer("injections", index, "cp_heads"),
+                        f"{fqn}: cp_heads says {frozen.get('query')} query / "
+                        f"{frozen.get('key_value')} kv heads; the config has {heads[0]} / "
+                        f"{heads[1]}", expected=f"query {heads[0]}, key_value {heads[1]}")
+        why = heads_problem(*heads, tp, ulysses_degree(typed, cp))
+        if why is not None:
+            yield error("model.cp_ulysses_heads", pointer("injections", index),
+                        f"{fqn}: {method} (the config's heads): {why}")
+        return  # one record speaks for the model's heads
+
+
 def check_cp(meta: Mapping[str, Any]) -> Iterator[Finding]:
     """The cp rules (module docstring); nothing without a cp axis."""
     dims = as_dict(meta.get("parallel_dims"))
@@ -233,4 +277,4 @@ def check_cp(meta: Mapping[str, Any]) -> Iterator[Finding]:
     yield from _attention(meta)
 
 
-__all__ = ["check_cp"]
+__all__ = ["check_cp", "config_heads_findings"]

@@ -237,3 +237,21 @@ def test_cli_generates_verifies_and_inspects_the_all_to_alls(tmp_path: Path) -> 
     gather = 2 * 2 * 0.5 * kv / 2
     assert rows[("forward", "all_gather")]["bytes"] == pytest.approx(gather)
     assert rows[("backward", "reduce_scatter")]["bytes"] == pytest.approx(gather)
+
+
+def test_verify_with_the_config_checks_its_heads(ulysses_meta) -> None:
+    """``verify --hf-config``: the frozen ``cp_heads`` are the config's, and a foreign
+    Ulysses meta (no ``cp_heads``) gets the heads rule on the config's heads."""
+    from hpcodegen.checks.cp import config_heads_findings
+
+    config = _config()
+    assert not list(config_heads_findings(ulysses_meta, config))
+    lied = {**config, "num_attention_heads": 16}
+    assert {f.code for f in config_heads_findings(ulysses_meta, lied)} == {"model.cp_heads"}
+    foreign = copy.deepcopy(ulysses_meta)
+    for record in foreign["injections"]:
+        record.pop("cp_heads", None)
+    bad = {**config, "num_attention_heads": 6, "num_key_value_heads": 6}  # 6 over tp2*cp2
+    found = list(config_heads_findings(foreign, bad))
+    assert [f.code for f in found] == ["model.cp_ulysses_heads"]
+    assert "6 query heads" in found[0].message
