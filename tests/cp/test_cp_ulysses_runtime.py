@@ -102,3 +102,46 @@ def test_runtime_refuses_heads_that_cannot_be_grouped() -> None:
     with pytest.raises(PlanError, match="6 query heads") as info:
         exchange.to_heads(torch.nn.Identity(), q, kv, kv)
     assert info.value.findings[0].code == "runtime.cp_ulysses_heads"
+
+
+@pytest.mark.timeout(240)
+def test_the_existing_systems_ulysses_meta_runs_with_ours(cp_artifact, fake_world,
+                                                          tmp_path) -> None:
+    """A meta as the existing system writes it: ``sdpa_qkv_ulysses`` and no declared
+    transitions, no ``cp_layout`` (contiguous): the name implies the exchange, which runs
+    and is counted as predicted."""
+    import json
+    import shutil
+
+    import torch
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from hpcodegen.artifact.digest import meta_signature
+    from hpcodegen.runtime.cp import shard_batch
+
+    source = cp_artifact("llama_gqa", tp=1, cp=2, method="ulysses", layout="contiguous")
+    artifact = tmp_path / "foreign"
+    shutil.copytree(source, artifact)
+    meta_path = artifact / "codegen_meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["parallel_dims"].pop("cp_layout")
+    for record in meta["injections"]:
+        if "inner_in_src" in record:
+            for key in ("inner_in_src", "inner_in_dst", "inner_out_src", "inner_out_dst",
+                        "cp_heads"):
+                record.pop(key)
+            record["inner_wrapper"] = {"_target_": "sdpa_qkv_ulysses", "causal": True}
+    meta["signature"] = meta_signature(meta)
+    meta_path.write_text(json.dumps(meta))
+    fake_world(2)
+    _, model, _ = _model(artifact, CONFIGS / "llama_gqa", 2, 1)
+    assert model.model.layers[0].self_attn._hp_cp_attention.ulysses is not None
+    batch = shard_batch(model, torch.randint(0, 256, (2, 32)))
+    with CommDebugMode() as fwd_mode:
+        logits = model(**batch.inputs).logits
+    with CommDebugMode() as bwd_mode:
+        logits.float().sum().backward()
+    want_fwd, want_bwd, _ = _predicted(meta)
+    assert _counted(fwd_mode) == want_fwd
+    assert _counted(bwd_mode) == want_bwd
+    assert want_fwd["all_to_all"] == 4 * model.config.num_hidden_layers
