@@ -126,3 +126,28 @@ def test_ulysses_launch_parity_with_a_window_and_softcapping(config: str, tmp_pa
         assert rank["parity"]["logits_max_diff"] <= 1e-5
         assert rank["parity"]["grad_max_diff"] <= 1e-5
         assert rank["parity"]["loss_max_diff"] <= 1e-5
+
+
+@pytest.mark.world8
+@pytest.mark.timeout(600)
+def test_hybrid_on_two_cp_groups(tmp_path) -> None:
+    """``--cp 4 --cp-method hybrid --ulysses 2`` launched on 8 ranks: dp 2 x cp 4, so two
+    cp groups each make their own Ulysses and all-gather sub-groups: exact."""
+    model_dir = REPO / "tests" / "fixtures" / "cp" / "llama_gqa"
+    out = tmp_path / "hybrid"
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
+                          str(model_dir), "--tp", "1", "--cp", "4", "--cp-method", "hybrid",
+                          "--ulysses", "2", "-o", str(out)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    launched = run_cli(out, "--nproc", "8", "--device", "cpu", "--model-dir", model_dir,
+                       "--check-parity", "--steps", "2", "--json", timeout=500)
+    assert launched.code == 0, launched.stdout + launched.stderr
+    doc = launched.json()
+    assert doc["mesh"] == {"dp": 2, "cp": 4, "tp": 1}
+    for rank in doc["ranks"]:
+        assert rank["status"] == "ok"
+        assert rank["parity"]["logits_max_diff"] <= 1e-5
+        assert rank["parity"]["grad_max_diff"] <= 1e-5
