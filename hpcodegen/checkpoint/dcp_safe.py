@@ -102,7 +102,7 @@ def plain_problem(value: Any, expected: Any = None) -> str | None:
     """
     if isinstance(expected, _SCALARS):
         want = type(expected)
-        if type(value) is want or want is float and type(value) is int:
+        if type(value) is want or (want is float and type(value) is int):
             return None
         return f"a {type(value).__name__}, expected {want.__name__}"
     budget = MAX_PLAIN_VALUES

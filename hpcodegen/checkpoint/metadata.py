@@ -19,6 +19,7 @@ import io
 import pickle
 import re
 from collections.abc import Iterable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +246,7 @@ def check_exact_cover(key: str, size: tuple[int, ...],
             for d in range(len(size))]
     if len(set(boxes)) != len(boxes) or _numel(len(c) - 1 for c in cuts) != len(boxes):
         raise ValueError(f"{key}: {len(boxes)} chunks that do not tile the tensor")
-    following = [dict(zip(c, c[1:])) for c in cuts]  # each cut -> the next one
+    following = [dict(pairwise(c)) for c in cuts]  # each cut -> the next one
     for offsets, sizes in boxes:
         for d, (o, s) in enumerate(zip(offsets, sizes, strict=True)):
             if following[d].get(o) != o + s:
