@@ -295,6 +295,11 @@ def check_meta(loaded: LoadedMeta, checks: Sequence[str] = RUNTIME_CHECKS, *,
     then build its typed :class:`~hpcodegen.plan.types.Plan` once (kept when ``loaded``
     has one): the runtime checks the config against the same bytes it checked first."""
     names = select_checks(checks)
+    if loaded.bare and "outputs" in names:  # the runtime imports nothing unchecked
+        raise InputError([error("load.bare_meta", "", "a meta file alone is not an artifact: "
+                                "there is no checked code to run",
+                                expected=f"the artifact directory (or its {META_NAME})",
+                                file=str(loaded.meta_path))])
     trusted = trusted_prefixes(allowed_targets)
     ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None,
                        allowed_targets=trusted)
