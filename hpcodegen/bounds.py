@@ -40,7 +40,7 @@ def int_problem(code: str, flag: str, value: int | None, low: int, high: int
         return []
     shown = _show(value)
     side = f"must be >= {low}" if type(value) is int and value < low else f"must be <= {high}"
-    return [error(code, flag, f"{flag} {side}, got {shown}",
+    return [error(code, flag, f"{flag} {shown}: out of range ({flag} {side})",
                   expected=f"an integer in {low} .. {high}")]
 
 
@@ -56,8 +56,9 @@ def float_problem(code: str, flag: str, value: float | None, low: float, high: f
     if ok:
         return []
     bound = f"> {low:g}" if low_open else f">= {low:g}"
-    return [error(code, flag, f"{flag} must be finite, {bound} and <= {high:g}, got "
-                  f"{_show(value)}", expected=f"a finite number {bound} and <= {high:g}")]
+    return [error(code, flag, f"{flag} {_show(value)}: out of range ({flag} must be finite, "
+                  f"{bound} and <= {high:g})", expected=f"a finite number {bound} and "
+                                                     f"<= {high:g}")]
 
 
 def _show(value: object) -> str:

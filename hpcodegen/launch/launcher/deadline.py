@@ -25,7 +25,8 @@ class PreStartTimeout(PlanError):
 @contextmanager
 def deadline(seconds: float | None) -> Iterator[None]:
     """Raise :class:`PreStartTimeout` in the body once ``seconds`` have passed."""
-    if seconds is None or threading.current_thread() is not threading.main_thread():
+    if seconds is None or not 0 < seconds < float("inf") \
+            or threading.current_thread() is not threading.main_thread():  # check() refuses
         yield
         return
 
