@@ -143,7 +143,8 @@ RECIPE_ARGS = ["generate", "--model", LLAMA, "--tp", "2"]
 
 
 @pytest.mark.parametrize("text", [
-    f"- match: x\n  injections: {{inner_wrapper: {{_target_: a.b, kwargs: {{n: {DIGITS_5000}}}}}}}\n",
+    "- match: x\n  injections: {inner_wrapper: {_target_: a.b, kwargs: {n: "
+    + DIGITS_5000 + "}}}\n",
     f"- match: {DIGITS_5000}\n",
     "- match: x\n  " + "9" * 41 + ": 1\n",  # as a key too
     f"- match: x\n  injections: {{inner_wrapper: {{_target_: a.b, kwargs: {{n: {2**63}}}}}}}\n",
