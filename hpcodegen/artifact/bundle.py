@@ -158,7 +158,7 @@ def foreign_entries(target: Path, rendered: Mapping[str, bytes]) -> list[str]:
         name = entry.name
         if name == "__pycache__":
             continue
-        known = name in own or name in OWN_NAMES or name.endswith(OWN_SUFFIXES)
+        known = name in own or name in OWN_NAMES or _generated_name(name)
         if known and entry.is_file() and not entry.is_symlink():
             if name.endswith(".py"):
                 modules.add(name[:-3])
@@ -174,6 +174,13 @@ def foreign_entries(target: Path, rendered: Mapping[str, bytes]) -> list[str]:
     return sorted(out)
 
 
+def _generated_name(name: str) -> bool:
+    """The generated modeling file's name (``modeling_*_gen_npu.py``) or its diff's."""
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(name, f"modeling_*{suffix}") for suffix in OWN_SUFFIXES)
+
+
 def _bytecode_of(name: str, modules: set[str]) -> bool:
     """``name`` is what Python writes in ``__pycache__`` for one of ``modules``
     (``<module>.<implementation tag>.pyc``, optionally ``.opt-N``)."""
@@ -182,7 +189,9 @@ def _bytecode_of(name: str, modules: set[str]) -> bool:
 
 
 def _recorded_names(meta_path: Path) -> list[str]:
-    """Plain file names the meta's ``outputs`` records (role keys stand for files above)."""
+    """Plain file names the meta's ``outputs`` records whose bytes are still the recorded
+    ones (role keys stand for files above): a file generate wrote. A name the meta records
+    but whose bytes differ (a hand-edited meta claiming a user's file) is not ours."""
     try:
         if meta_path.stat().st_size > 64 * 2**20:
             return []
@@ -191,8 +200,19 @@ def _recorded_names(meta_path: Path) -> list[str]:
         return []
     if not isinstance(outputs, dict):
         return []
-    return [k for k in outputs if isinstance(k, str) and k and "/" not in k
-            and "\\" not in k and k not in (".", "..")]
+    names = [k for k, v in outputs.items() if isinstance(k, str) and k and "/" not in k
+             and "\\" not in k and k not in (".", "..") and isinstance(v, dict)]
+    return [k for k in names if _holds(meta_path.parent / k, outputs[k].get("sha256"))]
+
+
+def _holds(path: Path, sha256: Any) -> bool:
+    """``path`` is a regular file (not a link) of at most 64 MiB with that sha256."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 64 * 2**20:
+            return False
+        return bytes_digest(path.read_bytes())["sha256"] == sha256
+    except OSError:
+        return False
 
 
 def _writer() -> str:

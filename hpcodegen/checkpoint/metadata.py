@@ -301,10 +301,15 @@ def _check_ranges(key: str, md: TensorStorageMetadata | BytesStorageMetadata,
                   storage: Mapping[MetadataIndex, _StorageInfo]) -> None:
     """Each chunk of ``key`` has a storage entry whose byte range can hold it: at least its
     elements' bytes, at most :data:`ZIP_SLACK` more. So a claimed shape (a 2^30-row
-    embedding in a few KiB) is refused here, before anything is allocated for it."""
+    embedding in a few KiB) is refused here, before anything is allocated for it. A plain
+    item (the step, JSON text) spans at most twice :data:`ZIP_SLACK`."""
     if isinstance(md, BytesStorageMetadata):
-        if MetadataIndex(key) not in storage:
+        info = storage.get(MetadataIndex(key))
+        if info is None:
             raise KeyError(f"{key}: no storage entry")
+        if info.length > 2 * ZIP_SLACK:  # its read holds at most ZIP_SLACK (dcp_safe)
+            raise ValueError(f"{key}: a plain item of {info.length} bytes, at most "
+                             f"{2 * ZIP_SLACK} expected")
         return
     itemsize = md.properties.dtype.itemsize
     for chunk in md.chunks:

@@ -210,3 +210,21 @@ def test_generate_over_an_old_artifact_keeps_a_user_file_in_its_pycache(tmp_path
     assert (cache / "my_notes.txt").read_text() == "mine"
     assert (cache / "other_module.cpython-311.pyc").read_bytes() == b"\1"
     shutil.rmtree(cache)
+
+
+def test_a_hand_edited_meta_cannot_claim_a_user_file_for_deletion(tmp_path) -> None:
+    """An old meta's ``outputs`` naming a file whose bytes are not the recorded ones (the
+    user's notes): generate did not write it, so ``-o`` refuses instead of deleting it."""
+    out = tmp_path / "art"
+    assert _run("generate", "--model", LLAMA, "--tp", "2", "-o", out)[0] == 0
+    meta = json.loads((out / "codegen_meta.json").read_text())
+    meta["outputs"]["notes.md"] = {"lines": 1, "sha256": "0" * 64}
+    (out / "codegen_meta.json").write_text(json.dumps(meta))
+    (out / "notes.md").write_text("mine\n")
+    (out / "helper_gen_npu.py").write_text("mine = 1\n")  # not the modeling file's name
+    code, doc = _run("generate", "--model", LLAMA, "--tp", "2", "-o", out)
+    assert (code, _codes(doc)) == (2, ["generate.out_not_bundle"]), doc
+    message = doc["findings"][0]["message"]
+    assert "notes.md" in message and "helper_gen_npu.py" in message
+    assert (out / "notes.md").read_text() == "mine\n"
+    assert (out / "helper_gen_npu.py").read_text() == "mine = 1\n"
