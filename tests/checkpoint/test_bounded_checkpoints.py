@@ -269,3 +269,25 @@ def test_the_genuine_checkpoint_still_exports_and_resumes(genuine, tmp_path) -> 
 
     assert _resume(genuine) == 7
     assert (export_hf(genuine, tmp_path / "hf") / "model.safetensors").is_file()
+
+
+def test_launch_resume_refuses_the_shared_chunk_metadata_before_any_rank(genuine,
+                                                                         tmp_path) -> None:
+    """The pre-start check of ``launch --resume --timeout 20`` reads the hostile metadata:
+    one exit-2 finding, no rank started, well inside its timeout (the budget, not a clock,
+    stops it: the timeout would say launch.timeout)."""
+    from hpcodegen.checkpoint import metadata as md_mod
+
+    ckpt = _copy(genuine, tmp_path)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_shared_chunks_metadata(
+        200, md_mod.MAX_CHUNKS)))
+    _rehash(ckpt)
+    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch",
+                           str(REPO / "examples" / "llama_tp2"), "--nproc", "2",
+                           "--model-dir", str(LLAMA), "--resume", str(ckpt), "--steps", "1",
+                           "--timeout", "20", "--log-dir", str(tmp_path / "logs"), "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=200)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 2, doc
+    assert [f["code"] for f in doc["findings"]] == ["checkpoint.limit"]
+    assert not (tmp_path / "logs").exists()
