@@ -52,6 +52,9 @@ INSPECT = ["inspect-plan", EXAMPLE, "--hf-config", LLAMA]
     ([*INSPECT, "--batch", "1", "--seq", HUGE], "--seq"),
     ([*INSPECT, "--batch", HUGE, "--seq", "8"], "--batch"),
     ([*INSPECT, "--batch", str(2**30), "--seq", str(2**30)], "--batch/--seq"),
+    # inside each bound, but attention scores of seq x seq overflow a tensor: traced, then
+    # refused as the impossible request it is
+    ([*INSPECT, "--batch", str(2**20), "--seq", str(2**20)], "--batch/--seq"),
     ([*INSPECT, "--batch", "1", "--seq", "8", "--link-gbps", "nan"], "--link-gbps"),
     ([*INSPECT, "--batch", "1", "--seq", "8", "--link-gbps", "inf"], "--link-gbps"),
     (["inspect-plan", EXAMPLE, "--mesh", f"tp={HUGE}"], "--mesh"),
