@@ -144,8 +144,8 @@ def record_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if data.get("dtype", "float32") not in DTYPES:
         out.append(("/dtype", f"expected one of {', '.join(DTYPES)}"))
     step = data.get("step", 0)
-    if type(step) is not int or step < 0:
-        out.append(("/step", "expected a non-negative integer"))
+    if type(step) is not int or not 0 <= step < 2**63:
+        out.append(("/step", "expected an integer in 0 .. 2^63-1"))
     files = data.get("files")
     if not isinstance(files, dict) or not files or not all(
             isinstance(k, str) and _FILE.match(k) and isinstance(v, str) and _SHA256.match(v)

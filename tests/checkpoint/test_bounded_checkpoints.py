@@ -291,3 +291,20 @@ def test_launch_resume_refuses_the_shared_chunk_metadata_before_any_rank(genuine
     assert proc.returncode == 2, doc
     assert [f["code"] for f in doc["findings"]] == ["checkpoint.limit"]
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_step_of_five_thousand_digits_is_one_finding(tmp_path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    config, model = _model()
+    ckpt = tmp_path / "ckpt"
+    params = dict(model.named_parameters())
+    dcp.save({**{f"model.{n}": p.detach() for n, p in params.items()}, "step": 10**5000},
+             checkpoint_id=str(ckpt), no_dist=True)
+    write_record(ckpt, {"config": config, "dtype": "float32", "step": 7,
+                        "params": {n: {"shape": list(p.shape), "placements": {}}
+                                   for n, p in params.items()}, "aliases": {}})
+    with pytest.raises(InputError) as raised:
+        _resume(ckpt)
+    assert _codes(raised.value) == ["checkpoint.step"]
+    assert "huge" in raised.value.findings[0].message
