@@ -158,3 +158,13 @@ def test_inspect_plan_reads_a_bare_meta(tmp_path) -> None:
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0, doc
     assert "torch" not in proc.stderr
+
+
+def test_launch_refuses_a_bare_meta_before_anything_else(tmp_path) -> None:
+    path = tmp_path / "g2.json"
+    shutil.copy(ARTIFACTS / "qwen3_moe_g2" / "codegen_meta.json", path)
+    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch", str(path), "--nproc",
+                           "2", "--dry-run", "--json"], capture_output=True, text=True,
+                          cwd=REPO, timeout=200)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 2 and [f["code"] for f in doc["findings"]] == ["load.bare_meta"]

@@ -38,11 +38,12 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     instead of N times.
     """
     from hpcodegen.extras import require
-    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
+    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta, refuse_bare
 
     require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
+    refuse_bare(loaded)  # a meta file alone: nothing to run
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = None
     if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
