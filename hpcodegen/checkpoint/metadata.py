@@ -133,6 +133,12 @@ class _Budget:
         #: checked chunk lists by (id of the list the pickle built, tensor size): a list
         #: shared through the pickle memo is checked once, but paid for at every reach
         self.checked: dict[tuple[int, tuple[int, ...]], list[ChunkStorageMetadata]] = {}
+        #: checked (offsets, sizes) of each chunk object, the same way (the objects stay
+        #: alive in the unpickled value, so their ids are not reused meanwhile)
+        self.boxes: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        #: rebuilt chunks of each distinct sequence of chunk objects (lists that differ but
+        #: name the same shared objects tile alike: checked once)
+        self.covered: dict[tuple[Any, ...], list[ChunkStorageMetadata]] = {}
 
     def spend(self, key: str, n: int) -> None:
         self.chunks -= n
@@ -210,14 +216,23 @@ def _chunks(key: str, size: tuple[int, ...], chunks: Any,
     for chunk in chunks:
         if not isinstance(chunk, ChunkStorageMetadata):
             raise TypeError(f"{key}: a chunk is a {type(chunk).__name__}")
-        offsets = _ints(getattr(chunk, "offsets", None), f"{key}: chunk offsets", len(size))
-        sizes = _ints(getattr(chunk, "sizes", None), f"{key}: chunk sizes", len(size))
-        if any(o + s > n for o, s, n in zip(offsets, sizes, size, strict=True)):
-            raise ValueError(f"{key}: chunk at {offsets} of {sizes} leaves the tensor {size}")
-        boxes.append((offsets, sizes))
-    check_exact_cover(key, size, boxes)
-    rebuilt = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s))
-               for o, s in boxes]
+        box = budget.boxes.get((id(chunk), size))  # a chunk object the memo shares
+        if box is None:
+            offsets = _ints(getattr(chunk, "offsets", None), f"{key}: chunk offsets",
+                            len(size))
+            sizes = _ints(getattr(chunk, "sizes", None), f"{key}: chunk sizes", len(size))
+            if any(o + s > n for o, s, n in zip(offsets, sizes, size, strict=True)):
+                raise ValueError(f"{key}: chunk at {offsets} of {sizes} leaves the tensor "
+                                 f"{size}")
+            box = budget.boxes[id(chunk), size] = (offsets, sizes)
+        boxes.append(box)
+    same = (size, tuple(map(id, chunks)))  # another list of the same shared chunk objects
+    rebuilt = budget.covered.get(same)
+    if rebuilt is None:
+        check_exact_cover(key, size, boxes)
+        rebuilt = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s))
+                   for o, s in boxes]
+        budget.covered[same] = rebuilt
     budget.checked[memo] = rebuilt
     return rebuilt
 

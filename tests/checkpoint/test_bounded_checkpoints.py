@@ -308,3 +308,43 @@ def test_a_step_of_five_thousand_digits_is_one_finding(tmp_path) -> None:
         _resume(ckpt)
     assert _codes(raised.value) in (["checkpoint.step"], ["checkpoint.unreadable"])
     assert len(str(raised.value)) < 2000  # the number is not printed
+
+
+def test_chunk_objects_shared_by_many_lists_are_checked_once(genuine, tmp_path,
+                                                             monkeypatch) -> None:
+    """Each key its own list, every list naming the same 64-dim chunk objects through the
+    memo: each chunk object's dims are read once, the reaches count against the budget."""
+    import torch
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    from hpcodegen.checkpoint import metadata as md_mod
+
+    dims, n = 64, 4096
+    size = torch.Size([n] + [1] * (dims - 1))
+    shared = [ChunkStorageMetadata(offsets=torch.Size([i] + [0] * (dims - 1)),
+                                   sizes=torch.Size([1] * dims)) for i in range(n)]
+    state = {f"model.k{i}": TensorStorageMetadata(TensorProperties(dtype=torch.float32),
+                                                  size, list(shared)) for i in range(1100)}
+    ckpt = _copy(genuine, tmp_path)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata=state,
+                                                           storage_data={})))
+    read = []
+    real = md_mod._ints
+    monkeypatch.setattr(md_mod, "_ints", lambda *a: (read.append(a[1]), real(*a))[1])
+    with pytest.raises(InputError) as raised:
+        md_mod.read_metadata(ckpt)
+    assert _codes(raised.value) == ["checkpoint.limit"]
+    # offsets and sizes of each distinct chunk object, once (besides each key's own size)
+    assert len([w for w in read if "chunk" in w]) == 2 * n
+    walked = []  # and the tiling of the one sequence of chunk objects, once
+    real_cover = md_mod.check_exact_cover
+    monkeypatch.setattr(md_mod, "check_exact_cover",
+                        lambda *a: (walked.append(1), real_cover(*a))[1])
+    with pytest.raises(InputError):
+        md_mod.read_metadata(ckpt)
+    assert walked == [1]
