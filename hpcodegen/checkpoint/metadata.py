@@ -139,6 +139,8 @@ class _Budget:
         #: rebuilt chunks of each distinct sequence of chunk objects (lists that differ but
         #: name the same shared objects tile alike: checked once)
         self.covered: dict[tuple[Any, ...], list[ChunkStorageMetadata]] = {}
+        #: rebuilt entries by the id of the entry object the pickle built
+        self.entries: dict[int, TensorStorageMetadata | BytesStorageMetadata] = {}
 
     def spend(self, key: str, n: int) -> None:
         self.chunks -= n
@@ -270,6 +272,19 @@ def check_exact_cover(key: str, size: tuple[int, ...],
 
 def _entry(key: str, value: Any,
            budget: _Budget) -> TensorStorageMetadata | BytesStorageMetadata:
+    """The checked, rebuilt entry; an entry object the memo shares among keys is checked
+    once, its chunks paid for at every key."""
+    done = budget.entries.get(id(value))
+    if done is not None:
+        if isinstance(done, TensorStorageMetadata):
+            budget.spend(key, len(done.chunks))
+        return done
+    budget.entries[id(value)] = done = _new_entry(key, value, budget)
+    return done
+
+
+def _new_entry(key: str, value: Any,
+               budget: _Budget) -> TensorStorageMetadata | BytesStorageMetadata:
     if type(value) is BytesStorageMetadata:
         return BytesStorageMetadata()
     if type(value) is not TensorStorageMetadata:
@@ -353,6 +368,7 @@ def _rebuild(value: Any, directory: Path) -> Metadata:
         raise TypeError("state_dict_metadata is not a mapping of names")
     budget = _Budget()
     state = {key: _entry(key, md, budget) for key, md in entries.items()}
+
     sizes: dict[str, int] = {}
     storage = dict(_storage(k, v, directory, sizes) for k, v in raw.items())
     ends: dict[str, int] = {}
