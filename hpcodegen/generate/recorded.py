@@ -1,11 +1,13 @@
 """How an artifact was generated, recorded in its meta, and read back by ``generate --check``.
 
 A meta our generator writes carries ``generator.inputs``: where the model's config came from
-(``model_dir``, relative to the artifact directory, or ``hub_id``) and the recipe, if any
-(``recipe``, relative too). The parallel options are not repeated there: ``parallel_dims``
-already records tp, sp, ep, cp, the cp layout and loss parallel, and is read back from
-there. Relative paths keep the bytes reproducible: the same checkout generates the same
-meta wherever it lies. The record is provenance, outside the signature (decisions.md item
+(``model_dir``, relative to the artifact directory, or ``hub_id``), the recipe, if any
+(``recipe``, relative too), and ``--cp-method`` / ``--ulysses`` when given otherwise than the
+default (``cp_method``, ``ulysses``: the plan shows only the method ``auto`` resolved to).
+The other parallel options are not repeated there: ``parallel_dims`` already records tp,
+sp, ep, cp, the cp layout and loss parallel, and is read back from there. Relative paths
+keep the bytes reproducible: the same checkout generates the same meta wherever it lies. The
+record is provenance, outside the signature (decisions.md item
 5: the signature covers the generator's version, not ``generator.inputs``), like
 ``yaml_path``; the existing system ignores the key.
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 
 #: the key under ``generator`` that holds the record
 INPUTS_KEY = "inputs"
+#: ``--cp-method`` when not given (not recorded, so artifacts without it keep their bytes)
+DEFAULT_CP_METHOD = "allgather"
 
 
 def _relative(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> str:
@@ -43,13 +47,20 @@ def _relative(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> str:
 
 
 def generation_record(model: str | os.PathLike[str], recipe: str | os.PathLike[str] | None,
-                      out: str | os.PathLike[str], hub_id: bool) -> dict[str, str]:
+                      out: str | os.PathLike[str], hub_id: bool, cp_method: str | None = None,
+                      ulysses: int | None = None) -> dict[str, Any]:
     """``generator.inputs`` of an artifact generated from ``model`` (a config dir or file, or
-    a Hub id) and ``recipe`` into ``out``."""
-    record = ({"hub_id": os.fspath(model)} if hub_id
-              else {"model_dir": _relative(model, out)})
+    a Hub id) and ``recipe`` into ``out``; with ``--cp-method`` other than the default
+    (``parallel_dims`` does not hold it: the plan shows only the method it resolved to) and
+    ``--ulysses``, as given."""
+    record: dict[str, Any] = ({"hub_id": os.fspath(model)} if hub_id
+                              else {"model_dir": _relative(model, out)})
     if recipe is not None:
         record["recipe"] = _relative(recipe, out)
+    if cp_method not in (None, DEFAULT_CP_METHOD):
+        record["cp_method"] = cp_method
+    if ulysses is not None:
+        record["ulysses"] = ulysses
     return record
 
 
@@ -107,9 +118,9 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
     Without ``--check``, ``--model``, ``--tp`` and ``-o`` are required (a usage error names
     the missing ones) and ep and cp default to 1; so with ``--check`` when both ``--model``
     and ``--tp`` are given (the flags say it all, as before the record). Otherwise
-    ``--check`` reads the artifact's meta: the model and recipe from ``generator.inputs``,
-    tp, sp, ep, cp, the cp layout and loss parallel from ``parallel_dims``; each flag given
-    on the command line wins over its recorded value.
+    ``--check`` reads the artifact's meta: the model, recipe, cp method and Ulysses degree
+    from ``generator.inputs``, tp, sp, ep, cp, the cp layout and loss parallel from
+    ``parallel_dims``; each flag given on the command line wins over its recorded value.
 
     Raises:
         UsageError: a required flag is missing, or the meta cannot say what it stands for.
@@ -124,7 +135,8 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
                                     hint="hpcodegen generate --model DIR --tp N -o OUT; or "
                                          "--check DIR to regenerate an artifact as recorded")])
         return replace(args, ep=1 if args.ep is None else args.ep,
-                       cp=1 if args.cp is None else args.cp)
+                       cp=1 if args.cp is None else args.cp,
+                       cp_method=args.cp_method or DEFAULT_CP_METHOD)
     if args.out is None:
         raise UsageError([error("generate.missing_option", "-o", "--check needs the artifact "
                                 "to compare with", hint="hpcodegen generate --check DIR")])
@@ -157,6 +169,8 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
         recipe = None if rel is None else out / rel
     dims = meta.get("parallel_dims") if isinstance(meta.get("parallel_dims"), Mapping) else {}
     layout = dims.get("cp_layout")
+    method = record.get("cp_method")
+    degree = record.get("ulysses")
     return replace(
         args, model_dir=model, recipe=recipe,
         out=out if Path(args.out).name == META_NAME else args.out,
@@ -164,6 +178,9 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
         ep=args.ep if args.ep is not None else _int(dims.get("ep_size"), 1),
         cp=args.cp if args.cp is not None else _int(dims.get("cp_size"), 1),
         cp_layout=args.cp_layout or (layout if isinstance(layout, str) else None),
+        cp_method=args.cp_method or (method if isinstance(method, str) else DEFAULT_CP_METHOD),
+        ulysses=args.ulysses if args.ulysses is not None else (
+            degree if isinstance(degree, int) and not isinstance(degree, bool) else None),
         sp=args.sp or dims.get("sequence_parallel") is True,
         loss_parallel=args.loss_parallel or dims.get("loss_parallel") is True)
 

@@ -137,6 +137,26 @@ def test_record_is_relative_and_hub_ids_kept(tmp_path: Path) -> None:
         "hub_id": "org/name", "recipe": "../r.yaml"}
 
 
+def test_cp_method_is_recorded_where_parallel_dims_lacks_it(tmp_path: Path) -> None:
+    """--cp-method shows in the plan only as the method it resolved to: the record keeps it
+    as given (the default, allgather, is not recorded: artifacts without it keep their
+    bytes), and --check reads it back."""
+    art = tmp_path / "ul"
+    code, out = _cli("generate", "--model", LLAMA, "--tp", "2", "--cp", "2", "--cp-method",
+                     "ulysses", "-o", art)
+    assert code == 0, out
+    inputs = json.loads((art / "codegen_meta.json").read_text())["generator"]["inputs"]
+    assert inputs["cp_method"] == "ulysses" and "ulysses" not in inputs
+    code, out = _cli("generate", "--check", art)
+    assert code == 0 and "up to date" in out, out
+    code, out = _cli("generate", "--check", art, "--cp-method", "allgather")
+    assert code == 1, out
+    done = complete_args(GenerateArgs(None, None, art, check=True, ep=None, cp=None,
+                                      cp_method=None))
+    assert (done.cp, done.cp_method, done.ulysses) == (2, "ulysses", None)
+    assert complete_args(GenerateArgs(LLAMA, 2, art, cp_method=None)).cp_method == "allgather"
+
+
 def test_zero_degrees_stay_usage_errors(tmp_path: Path) -> None:
     """An explicit 0 is refused, not read as 'not given' (with or without --check)."""
     code, out = _cli("generate", "--model", LLAMA, "--tp", "2", "--ep", "0", "-o", tmp_path / "o")
