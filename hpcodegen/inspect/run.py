@@ -112,7 +112,6 @@ def mesh_fit_findings(plan: Plan, opts: InspectOptions) -> list[Finding]:
     come from ``--hf-config`` when given, else from the meta's ``source.structure`` (generate
     records them); the tp size from ``--mesh`` when given, else the frozen one.
     """
-    from hpcodegen.generate.package_rules import unsplit_fields
     from hpcodegen.plan.frozen import thaw_json
     from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -136,11 +135,9 @@ def mesh_fit_findings(plan: Plan, opts: InspectOptions) -> list[Finding]:
 
         config = structure_config(thaw_json(source.structure))
         origin = "source.structure of the meta"
-    model_type = source.model_type if source is not None else None
     return [replace(f, file=f.file or (origin if opts.hf_config else None),
                     message=f"{f.message}, from {origin}" if not opts.hf_config else f.message)
-            for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(
-                {"model_type": model_type, **config}, tp), plan=plan.entries)]
+            for f in tp_divisibility(config, tp, "inspect", where, plan=plan.entries)]
 
 
 def classify_meta(plan: Plan, mesh: str | None) -> Inspection:
