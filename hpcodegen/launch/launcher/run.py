@@ -215,7 +215,8 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
         if opts.verbosity >= 0 or code != EXIT_OK:
             out.print(display.rank_table(outcome.records, _expected(opts),
                                          _title(opts, layout), script=bool(opts.script)))
-            for line in display.loss_lines(outcome.records):
+            for line in (*display.batch_lines(outcome.records),
+                         *display.loss_lines(outcome.records)):
                 out.print(line, markup=False)
         stream = out if code == EXIT_OK else display.make_console(stderr=True)
         stream.print(message, markup=False)

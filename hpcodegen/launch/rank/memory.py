@@ -191,3 +191,25 @@ def oom_kills() -> int | None:
     except OSError:
         return None
     return None
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes: the kernel's high-water mark of its
+    own address space (``/proc/self/status`` ``VmHWM``, which an ``exec`` resets, so a
+    rank does not inherit the launcher's), else ``getrusage``'s ``ru_maxrss``; None where
+    neither is readable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                value, unit = line.split()[1:3]
+                return int(value) * (1024 if unit.lower() == "kb" else 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return None
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB else
