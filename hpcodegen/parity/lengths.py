@@ -111,8 +111,9 @@ def bounded_length(base: int, *, multiple: int = 1, window: int | None = None,
         base: the caller's usual length.
         multiple: the length must divide evenly (the world size: sequence and context
             parallelism split it).
-        window: the config's sliding window: the length is doubled while it holds fewer
-            than :data:`WINDOWS_PER_SEQUENCE` windows and stays within the bound.
+        window: the config's sliding window: when the bound leaves room for a longer
+            sequence than the window, the length is doubled while it holds fewer than
+            :data:`WINDOWS_PER_SEQUENCE` windows and stays within the bound.
         max_positions: the config's largest position; the bound is the smaller of it and
             :data:`MAX_SMOKE_TOKENS`.
     """
@@ -120,7 +121,9 @@ def bounded_length(base: int, *, multiple: int = 1, window: int | None = None,
     cap = MAX_SMOKE_TOKENS if max_positions is None else min(MAX_SMOKE_TOKENS, max_positions)
     top = max(multiple, cap // multiple * multiple)
     length = min(max(base, 1), top)
-    while (window is not None and length <= WINDOWS_PER_SEQUENCE * window
+    # lengthen only where the bound leaves room to pass the window: a longer batch that
+    # still fits inside the window would cost time and memory and exercise nothing
+    while (window is not None and window < top and length <= WINDOWS_PER_SEQUENCE * window
            and length * 2 <= top):
         length *= 2
     return SmokeLength(length, window, cap)
