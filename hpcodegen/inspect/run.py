@@ -64,7 +64,8 @@ def _check_options(opts: InspectOptions) -> None:
 
         require("runtime", "inspect-plan --hf-config (the volume trace)", ("torch", "transformers"))
     if opts.hf_config is None:
-        given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps}
+        given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps,
+                 "--link-latency-us": opts.link_latency_us}
         for flag, value in given.items():
             if value is not None:  # would be ignored: the user expects bytes they won't get
                 raise UsageError([error("inspect.usage", flag,
@@ -75,8 +76,16 @@ def _check_options(opts: InspectOptions) -> None:
             what = f"{flag} is required with --hf-config" if value is None else f"{flag} {value}"
             raise UsageError([error("inspect.usage", flag, what,
                                     expected="a positive integer")])
-    if opts.link_gbps is not None and opts.link_gbps <= 0:
+    if opts.link_gbps is not None and not opts.link_gbps > 0:
         raise UsageError([error("inspect.usage", "--link-gbps", "must be > 0")])
+    if opts.link_latency_us is not None:
+        if opts.link_gbps is None:
+            raise UsageError([error("inspect.usage", "--link-latency-us",
+                                    "--link-latency-us needs --link-gbps (the time estimate)")])
+        if not 0 <= opts.link_latency_us < float("inf"):
+            raise UsageError([error("inspect.usage", "--link-latency-us",
+                                    f"--link-latency-us {opts.link_latency_us}",
+                                    expected="a finite number of microseconds >= 0")])
 
 
 def gate_findings(loaded: LoadedMeta, hf_config: str | None = None) -> list[Finding]:

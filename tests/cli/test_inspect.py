@@ -153,6 +153,11 @@ def test_parse_mesh() -> None:
     ({"link_gbps": 10.0}, "--link-gbps"), ({"batch": 8}, "--batch needs --hf-config"),
     ({"seq": 8}, "--seq needs --hf-config"), ({"dtype": "fp7"}, "unknown dtype 'fp7'"),
     ({"hf_config": "x", "batch": 2, "seq": 4, "link_gbps": -1.0}, "--link-gbps"),
+    ({"link_latency_us": 3.0}, "--link-latency-us needs --hf-config"),
+    ({"hf_config": "x", "batch": 2, "seq": 4, "link_latency_us": 3.0},
+     "--link-latency-us needs --link-gbps"),
+    ({"hf_config": "x", "batch": 2, "seq": 4, "link_gbps": 1.0, "link_latency_us": -1.0},
+     "--link-latency-us -1.0"),
 ])
 def test_volume_usage_errors(kw: dict[str, Any], flag: str) -> None:
     code, _, err = inspect(path=SP, **kw)

@@ -39,7 +39,7 @@ def _artifact(base: Path, model_type: str, cls: str, extra: dict) -> tuple[Path,
     from hpcodegen.generate.api import GenerateArgs, run_generate
 
     config = tiny_config(model_type, cls) | extra | {"max_position_embeddings": 2**20}
-    window = getattr(transformers.AutoConfig.for_model(model_type, **extra), "sliding_window")
+    window = transformers.AutoConfig.for_model(model_type, **extra).sliding_window
     assert isinstance(window, int) and window >= 4096, (model_type, window)
     config["sliding_window"] = window
     (base / "cfg").mkdir(parents=True)
