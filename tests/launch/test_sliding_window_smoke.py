@@ -71,7 +71,7 @@ def test_a_default_window_keeps_the_smoke_batch_small(tmp_path: Path, model_type
     if text is not None:  # the table says so too
         assert text.code == 0, text.stderr[-2000:]
         assert f"sliding window {window} not exercised" in text.stdout
-        assert "peak rss" in text.stdout
+        assert "peak resident memory: " in text.stdout
 
 
 #: small parameters (about 130 million: half a GiB), attention scores of terabytes: 65536

@@ -1,8 +1,8 @@
 """How a launch looks: the per-rank table, the live progress view and the JSON document.
 
 rich is used only here. The table has one row per rank: rank, device, local parameter
-bytes, peak resident memory, forward time, parity max diffs, status; below it the smoke
-batch's shape (and why a sliding window was not exercised) and the losses. JSON
+bytes, forward time, parity max diffs, status; below it the largest peak resident memory,
+the smoke batch's shape (and why a sliding window was not exercised) and the losses. JSON
 (``--json``) goes to stdout in the envelope of docs/json.md with launch's keys:
 ``message``, ``mesh``, ``ranks``, ...
 """
@@ -47,21 +47,20 @@ def _status(record: RankRecord) -> str:
     return f"[{style}]{text}[/{style}]"
 
 
-COLUMNS = ("rank", "device", "local params", "peak rss", "forward", "logits diff",
-           "grad diff", "loss", "status")
+COLUMNS = ("rank", "device", "local params", "forward", "logits diff", "grad diff", "loss",
+           "status")
 
 
 def _cells(rec: RankRecord) -> tuple[str, ...]:
     parity = rec.parity or {}
     fwd = "-" if rec.forward_ms is None else f"{rec.forward_ms:.1f} ms"
     loss = f"{rec.losses[-1]:.4f}" if rec.losses else "-"
-    return (str(rec.rank), rec.device or "-", _bytes(rec.local_param_bytes),
-            _bytes(rec.peak_rss_bytes), fwd,
+    return (str(rec.rank), rec.device or "-", _bytes(rec.local_param_bytes), fwd,
             _diff(parity.get("logits_max_diff")), _diff(parity.get("grad_max_diff")), loss,
             _status(rec))
 
 
-OPTIONAL = ("peak rss", "forward", "logits diff", "grad diff", "loss")
+OPTIONAL = ("forward", "logits diff", "grad diff", "loss")
 
 
 def rank_table(records: Mapping[int, RankRecord], expected: int, title: str,
@@ -88,16 +87,23 @@ def rank_table(records: Mapping[int, RankRecord], expected: int, title: str,
 
 
 def batch_lines(records: Mapping[int, RankRecord]) -> list[str]:
-    """The smoke batch's shape, and why the config's sliding window was not exercised when
-    it was not (the ranks share one batch: the lowest rank that reported it)."""
+    """The largest peak resident memory of the ranks, the smoke batch's shape, and why the
+    config's sliding window was not exercised when it was not (the ranks share one batch:
+    the lowest rank that reported it)."""
+    peaks = [(r.peak_rss_bytes, r.rank) for r in records.values() if r.peak_rss_bytes]
+    lines = []
+    if peaks:
+        top, rank = max(peaks)
+        lines.append(f"peak resident memory: {_bytes(top)} (rank {rank}, the largest of "
+                     f"{len(peaks)})")
     batch = next((r.batch for _, r in sorted(records.items()) if r.batch), None)
     if not batch:
-        return []
+        return lines
     window = batch.get("window")
     line = f"smoke batch: {batch.get('rows')} x {batch.get('length')} tokens"
     if window is not None and batch.get("window_exercised"):
         line += f" (sliding window {window} exercised)"
-    lines = [line]
+    lines.append(line)
     if batch.get("note"):
         lines.append(f"note: {batch['note']}")
     return lines
