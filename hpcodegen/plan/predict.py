@@ -163,7 +163,7 @@ def _opaque(injection: Injection | None, cp_live: bool = False
                 (cp_live or not kv_transitions(injection)):
             continue  # hpcodegen's CP attention: its K/V gathers are predicted (plan.cp)
         if (key == "local_compute_fn" and estimated_dispatch(injection)) or \
-                (key == "inner_wrapper" and estimated_kv_wrapper(injection)):
+                (key == "inner_wrapper" and cp_live and estimated_kv_wrapper(injection)):
             continue  # the existing system's factories: estimated (plan.estimated)
         if name:
             out.append((key, name))

@@ -139,22 +139,31 @@ def split_head_kinds(plan: Entries) -> tuple[bool, bool]:
     splits recurrent or MLP blocks alone (RecurrentGemma with one shared k/v head) keeps
     them whole.
     """
-    seen = split = attention_split = False
+    seen = False
     for fqn, entry in plan.items():
         gathers = _gathers_output(entry)
         for rel, named in (entry.params or EMPTY).items():
             parts = (f"{fqn}.{rel}" if fqn else rel).split(".")
-            sharded = named.get(TP, REPLICATE) != REPLICATE
-            if sharded and any(w in part.lower() for part in parts[:-1]
-                               for w in ATTENTION_WORDS):
-                attention_split = True
             if not set(parts[-2:-1]) & ATTENTION_PROJECTIONS:
                 continue
             seen = True
-            split = split or (sharded and not gathers)
-    if not seen:
-        return True, attention_split
-    return split, split
+            if named.get(TP, REPLICATE) != REPLICATE and not gathers:
+                return True, True
+    if seen:
+        return False, False
+    return True, _attention_split(plan)
+
+
+def _attention_split(plan: Entries) -> bool:
+    """Whether the plan shards a parameter on tp under a module named as an attention."""
+    for fqn, entry in plan.items():
+        for rel, named in (entry.params or EMPTY).items():
+            if named.get(TP, REPLICATE) == REPLICATE:
+                continue
+            parts = (f"{fqn}.{rel}" if fqn else rel).lower().split(".")[:-1]
+            if any(w in part for part in parts for w in ATTENTION_WORDS):
+                return True
+    return False
 
 
 def _gathers_output(entry: PlanEntry) -> bool:
