@@ -66,12 +66,6 @@ def test_a_default_window_keeps_the_smoke_batch_small(tmp_path: Path, model_type
         assert batch["window"] == window and batch["length"] <= 512
         assert batch["window_exercised"] is False and str(window) in batch["note"]
         assert 0 < rank["peak_rss_bytes"] < GIB, (model_type, rank["peak_rss_bytes"])
-    text = run_cli(artifact, "--nproc", "2", "--device", "cpu", "--model-dir", config,
-                   timeout=220) if model_type == "mistral" else None
-    if text is not None:  # the table says so too
-        assert text.code == 0, text.stderr[-2000:]
-        assert f"sliding window {window} not exercised" in text.stdout
-        assert "peak resident memory: " in text.stdout
 
 
 #: small parameters (about 130 million: half a GiB), attention scores of terabytes: 65536
