@@ -203,24 +203,26 @@ def parallelize(model: Any, ctx: Any, art: Any) -> tuple[dict[str, Any], Any]:
     return info, resolve_active_mesh(art.plan, context)
 
 
+def _base_length(world_size: int) -> int:
+    return SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
+
+
 def smoke_length(world_size: int, hf_config: Any = None) -> SmokeLength:
     """The smoke batch's bounded length for ``hf_config`` (:mod:`hpcodegen.parity.lengths`):
     ``SEQ_LEN`` whenever the world size divides it (1, 2, 4, 8...), so a run resumed on
     another mesh trains on the same batch, else ``8 * world``; lengthened (up to 8 windows,
     never past ``MAX_SMOKE_TOKENS`` or the config's max positions) where the config's
     sliding window is short enough to be exercised cheaply."""
-    base = SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
     if hf_config is None:
-        return bounded_length(base, multiple=world_size)
-    return smoke_length_for(hf_config, base, world_size)
+        return bounded_length(_base_length(world_size), multiple=world_size)
+    return smoke_length_for(hf_config, _base_length(world_size), world_size)
 
 
 def synthetic_length(world_size: int, window: int | None = None,
                      max_positions: int | None = None) -> int:
     """The smoke batch's sequence length for a window and max positions given directly
     (:func:`smoke_length` reads them from a config)."""
-    base = SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
-    return bounded_length(base, multiple=world_size, window=window,
+    return bounded_length(_base_length(world_size), multiple=world_size, window=window,
                           max_positions=max_positions).length
 
 
