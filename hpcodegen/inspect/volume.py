@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import UsageError, error, warning
-from hpcodegen.hf import read_hf_config
+from hpcodegen.hf import config_int, read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.placement import is_shard
 from hpcodegen.plan.cp import CP, kv_gather_bytes
@@ -133,17 +133,6 @@ def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
             for d, o in ops]
 
 
-def _config_int(config: Mapping[str, Any], *names: str) -> int | None:
-    """The first positive integer field of ``names``: top level, then ``text_config``."""
-    text = config.get("text_config")
-    for scope in (config, text if isinstance(text, Mapping) else {}):
-        for name in names:
-            value = scope.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
 #: module names of an LM head, whose output is the logits (``batch x seq x vocab``)
 HEAD_NAMES = frozenset({"lm_head", "embed_out", "output_layer", "head"})
 
@@ -154,10 +143,10 @@ def _untraced_info(fqn: str, side: str, config: Mapping[str, Any], batch: int,
     of the hidden states, a model whose forward routes around the hook): the hidden
     states, ``batch x seq x hidden_size``, or the logits for a head's output; with the
     note the volume shows. None when the config names no hidden size."""
-    hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
+    hidden = config_int(config, "hidden_size", "n_embd", "d_model")
     width, what = hidden, "hidden_size"
     if side == "out" and fqn.rsplit(".", 1)[-1] in HEAD_NAMES:
-        width, what = _config_int(config, "vocab_size"), "vocab_size"
+        width, what = config_int(config, "vocab_size"), "vocab_size"
     if width is None:
         return None
     return ((batch, seq, width), None), (f"not traced: taken as batch x seq x {what} "
@@ -173,8 +162,8 @@ def _estimated_dispatch_ops(p: Any, entry: Any, config: Mapping[str, Any],
     names = {o.name for o in p.in_ops + p.out_ops + p.grad_ops}
     if not p.estimated or "counts" not in names:
         return []
-    top_k = _config_int(config, "num_experts_per_tok", "moe_topk", "top_k")
-    hidden = _config_int(config, "hidden_size", "d_model")
+    top_k = config_int(config, "num_experts_per_tok", "moe_topk", "top_k")
+    hidden = config_int(config, "hidden_size", "d_model")
     if top_k is None or hidden is None:
         return []
     src = (entry.in_src or {}) if entry is not None else {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hpcodegen.hf import config_int
+
 #: the longest sequence a synthetic batch ever has (tokens per row): long enough to
 #: exercise a window of up to 63 tokens in every cp chunk and one of up to 511 at all
 MAX_SMOKE_TOKENS = 512
@@ -61,46 +63,16 @@ class SmokeLength:
                 "window_exercised": self.window_exercised, "note": self.note}
 
 
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
-
-
-def _scopes(config: Any) -> list[Any]:
-    """The config and its text part (a composite keeps the sizes there)."""
-    scopes = [config]
-    text = getattr(config, "get_text_config", None)
-    if callable(text):
-        scopes.append(text())
-    elif isinstance(config, dict) and isinstance(config.get("text_config"), dict):
-        scopes.append(config["text_config"])
-    return [s for s in scopes if s is not None]
-
-
-def _field(scope: Any, name: str) -> Any:
-    return scope.get(name) if isinstance(scope, dict) else getattr(scope, name, None)
-
-
 def sliding_window_of(config: Any) -> int | None:
     """The config's sliding window (its text part's for a composite), None without one;
     ``config`` is a transformers config or its JSON dict."""
-    for scope in _scopes(config):
-        window = _positive_int(_field(scope, "sliding_window"))
-        if window is not None:
-            return window
-    return None
+    return config_int(config, "sliding_window")
 
 
 def max_positions_of(config: Any) -> int | None:
     """The most positions the model embeds (``max_position_embeddings`` or a spelling of
     it), None when the config names none."""
-    for scope in _scopes(config):
-        for name in POSITION_FIELDS:
-            value = _positive_int(_field(scope, name))
-            if value is not None:
-                return value
-    return None
+    return config_int(config, *POSITION_FIELDS)
 
 
 def bounded_length(base: int, *, multiple: int = 1, window: int | None = None,

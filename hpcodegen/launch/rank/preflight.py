@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.hf import config_int
 from hpcodegen.launch.rank import memory
 from hpcodegen.launch.rank.model import (
     BATCH_SIZE,
@@ -45,19 +46,6 @@ class _Counts:
     dims: tuple[int, int, int, int]  # hidden, intermediate, heads, layers
 
 
-def _config_int(hf_config: Any, *names: str) -> int | None:
-    """The first positive integer field of ``names``, top level then the text part."""
-    scopes = [hf_config]
-    if hasattr(hf_config, "get_text_config"):
-        scopes.append(hf_config.get_text_config())
-    for scope in scopes:
-        for name in names:
-            value = getattr(scope, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
 def _dims(model: Any, hf_config: Any) -> tuple[int, int, int, int]:
     """``(hidden, intermediate, heads, layers)`` of the model built on the meta device:
     the hidden width is its input embedding's, the layers its longest ``ModuleList`` (a
@@ -68,10 +56,10 @@ def _dims(model: Any, hf_config: Any) -> tuple[int, int, int, int]:
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     weight = getattr(emb, "weight", None)
     hidden = int(weight.shape[-1]) if weight is not None and weight.dim() == 2 else (
-        _config_int(hf_config, "hidden_size", "n_embd", "d_model") or 0)
+        config_int(hf_config, "hidden_size", "n_embd", "d_model") or 0)
     layers = max((len(m) for m in model.modules() if isinstance(m, nn.ModuleList)), default=1)
-    inter = _config_int(hf_config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden
-    heads = _config_int(hf_config, "num_attention_heads", "n_head", "n_heads") or 0
+    inter = config_int(hf_config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden
+    heads = config_int(hf_config, "num_attention_heads", "n_head", "n_heads") or 0
     return hidden, inter, heads, layers
 
 
