@@ -48,16 +48,20 @@ class _Counts:
 
 def _dims(model: Any, hf_config: Any) -> tuple[int, int, int, int]:
     """``(hidden, intermediate, heads, layers)`` of the model built on the meta device:
-    the hidden width is its input embedding's, the layers its longest ``ModuleList`` (a
-    family's own names need no table), the MLP width and heads the config's (4x hidden and
-    none when it names them not)."""
+    the hidden width is its input embedding's; the layers, MLP width and heads the config's
+    (when it names no layer count, the model's longest ``ModuleList``; 4x hidden and no
+    heads when it names none)."""
     from torch import nn
 
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:  # some models raise NotImplementedError here
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except (NotImplementedError, AttributeError):
+        emb = None
     weight = getattr(emb, "weight", None)
     hidden = int(weight.shape[-1]) if weight is not None and weight.dim() == 2 else (
         config_int(hf_config, "hidden_size", "n_embd", "d_model") or 0)
-    layers = max((len(m) for m in model.modules() if isinstance(m, nn.ModuleList)), default=1)
+    layers = config_int(hf_config, "num_hidden_layers", "n_layer", "num_layers", "n_layers") \
+        or max((len(m) for m in model.modules() if isinstance(m, nn.ModuleList)), default=1)
     inter = config_int(hf_config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden
     heads = config_int(hf_config, "num_attention_heads", "n_head", "n_heads") or 0
     return hidden, inter, heads, layers
