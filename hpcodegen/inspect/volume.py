@@ -16,7 +16,7 @@ from hpcodegen.hf import config_int, read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.placement import is_shard
 from hpcodegen.plan.cp import CP, kv_gather_bytes
-from hpcodegen.plan.estimated import CONTEXT_PARALLEL
+from hpcodegen.plan.estimated import CONTEXT_PARALLEL, EXPERT_PARALLEL
 from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
 from hpcodegen.plan.norms import norm_bytes
 from hpcodegen.plan.predict import takes_token_ids
@@ -107,7 +107,7 @@ def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Entries,
     entry = entries.get(p.fqn)
     split = result.sizes.get("tp", 1) if entry is not None and entry.splits_compute() else 1
     # the existing system's CP wrapper: its K/V gathers are counted by estimate
-    note = next((n for n in p.estimated if CONTEXT_PARALLEL.replace("_", " ") in n), "")
+    note = next((n for kind, n in p.estimated if kind == CONTEXT_PARALLEL), "")
     for direction, ops in (("forward", p.in_ops), ("backward", p.grad_ops)):
         for op in ops:
             shape = trace.attention.get((p.fqn, op.name)) if op.axis == CP else None
@@ -160,7 +160,7 @@ def _estimated_dispatch_ops(p: Any, entry: Any, config: Mapping[str, Any],
     estimated`), from the config: ``batch x seq`` tokens divided by every axis the
     module's input arrives sharded on, ``num_experts_per_tok`` and ``hidden_size``."""
     names = {o.name for o in p.in_ops + p.out_ops + p.grad_ops}
-    if not p.estimated or "counts" not in names:
+    if not any(kind == EXPERT_PARALLEL for kind, _ in p.estimated) or "counts" not in names:
         return []
     top_k = config_int(config, "num_experts_per_tok", "moe_topk", "top_k")
     hidden = config_int(config, "hidden_size", "d_model")

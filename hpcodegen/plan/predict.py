@@ -106,9 +106,9 @@ class BoundaryPrediction:
     grad_sync: tuple[str, ...] = ()
     #: the executed transitions (for the volume estimate)
     transitions: tuple[Transition, ...] = field(default=(), compare=False)
-    #: notes of the collectives counted by estimate: the existing system's own factories
-    #: (:mod:`hpcodegen.plan.estimated`), whose code is not read
-    estimated: tuple[str, ...] = ()
+    #: ``(kind, note)`` of the collectives counted by estimate: the existing system's own
+    #: factories (:mod:`hpcodegen.plan.estimated`), whose code is not read
+    estimated: tuple[tuple[str, str], ...] = ()
 
     def signature(self) -> tuple[Any, ...]:
         """Everything a folded row shows; equal signatures fold together."""
@@ -210,7 +210,7 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                      if o.side == "out") + outs
         grads = tuple(PredOp(o.name, o.kind, None, o.axis) for o in backward) + grads
     foreign = estimated_dispatch(bf.injection)
-    estimates: tuple[str, ...] = ()
+    estimates: tuple[tuple[str, str], ...] = ()
     if foreign and dispatch[0]:
         # the existing system's expert compute, in any form: its all_to_alls, estimated
         forward, backward = dispatch_ops(True, False)
@@ -218,7 +218,7 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
         outs = tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward
                      if o.side == "out") + outs
         grads = tuple(PredOp(o.name, o.kind, None, o.axis) for o in backward) + grads
-        estimates += (estimate_note(EXPERT_PARALLEL, foreign),)
+        estimates += ((EXPERT_PARALLEL, estimate_note(EXPERT_PARALLEL, foreign)),)
     if form == "region" and is_sharded_norm(bf.injection) and dispatch[2]:
         # the split norm sums each token's squares over tp, forward and backward (plan.norms)
         ins += (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"),)
@@ -232,8 +232,9 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
                        for t in kv_transitions(bf.injection))
         wrapper = estimated_kv_wrapper(bf.injection)
         if wrapper and kv_fwd:
-            estimates += (estimate_note(CONTEXT_PARALLEL, wrapper),)
-    return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes + estimates,
+            estimates += ((CONTEXT_PARALLEL, estimate_note(CONTEXT_PARALLEL, wrapper)),)
+    return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads,
+                              notes + tuple(note for _, note in estimates),
                               bf.reasons, _opaque(bf.injection, cp_live), tuple(grad_sync),
                               executed, estimates)
 
@@ -338,7 +339,7 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
         _count(p.grad_ops, bwd)
         for key in p.opaque:
             opaque.setdefault(key, []).append(p.fqn)
-        for note in p.estimated:
+        for _, note in p.estimated:
             estimated.setdefault(note, []).append(p.fqn)
         problems.extend(
             warning("inspect.invalid_redistribute", p.fqn,
