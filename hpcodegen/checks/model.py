@@ -388,6 +388,9 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     # the plan says which heads it splits (no rule file is read: the gate needs no YAML)
     sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
                             plan=entries)
+    from hpcodegen.checks.cp import config_heads_findings
+
+    sizes = [*sizes, *config_heads_findings(ctx.meta, config)]
     foreign = _foreign_source(ctx.meta)
     if foreign is not None:
         why = (f"the modeling source {foreign} is not a transformers module; its structure "
