@@ -33,6 +33,9 @@ def inspect_plan(
     dtype: str = typer.Option("bf16", "--dtype", help="Activation dtype (bf16, fp16, fp32)."),
     link_gbps: Optional[float] = typer.Option(
         None, "--link-gbps", help="Link bandwidth in Gb/s for a time estimate."),
+    link_latency_us: Optional[float] = typer.Option(
+        None, "--link-latency-us",
+        help="Microseconds each collective adds to the time estimate (default 5)."),
     checks: bool = typer.Option(
         True, "--checks/--no-checks",
         help="Run verify's schema and plan checks first (skip for plans already verified)."),
@@ -44,5 +47,6 @@ def inspect_plan(
     start_progress(quiet, as_json)
     raise typer.Exit(guarded("inspect-plan", lambda: run_inspect(InspectOptions(
         path=path, expand=expand, mesh=mesh, as_json=as_json, hf_config=hf_config,
-        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps, checks=checks,
+        batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps,
+        link_latency_us=link_latency_us, checks=checks,
         verbosity=verbosity(quiet, verbose))), as_json=as_json))

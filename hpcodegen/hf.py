@@ -84,6 +84,24 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_HUB_ID = 200
 
 
+def config_int(config: Any, *names: str) -> int | None:
+    """The first positive integer among ``names`` of a config, its top level first, then its
+    text part (``text_config`` of a JSON dict, ``get_text_config()`` of a transformers
+    config); None when none is set. ``config`` is either (pure: nothing is imported)."""
+    scopes: list[Any] = [config]
+    if isinstance(config, Mapping):
+        if isinstance(config.get("text_config"), Mapping):
+            scopes.append(config["text_config"])
+    elif callable(getattr(config, "get_text_config", None)):
+        scopes.append(config.get_text_config())
+    for scope in scopes:
+        for name in names:
+            value = scope.get(name) if isinstance(scope, Mapping) else getattr(scope, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
 def is_hub_id(ref: str | os.PathLike[str]) -> bool:
     """``org/name`` that is not an existing local path."""
     text = os.fspath(ref)

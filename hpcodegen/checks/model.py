@@ -385,11 +385,10 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                         "violate the schema")
     # param_plan and parallel_dims are schema-valid: the Plan holds them whole
     tp, entries = ctx.plan.dims.size("tp"), ctx.plan.entries
-    from hpcodegen.generate.package_rules import unsplit_fields
-
-    # pure (config JSON + plan): holds for foreign modeling code too, which is never built
+    # pure (config JSON + plan): holds for foreign modeling code too, which is never built;
+    # the plan says which heads it splits (no rule file is read: the gate needs no YAML)
     sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
-                            unsplit_fields(config, tp), plan=entries)
+                            plan=entries)
     from hpcodegen.checks.cp import config_heads_findings
 
     sizes = [*sizes, *config_heads_findings(ctx.meta, config)]

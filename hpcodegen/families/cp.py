@@ -17,14 +17,14 @@ TOL = 1e-5
 SEQ = 32
 
 
-def _batch(vocab: int, padded: bool) -> dict[str, Any]:
+def _batch(vocab: int, padded: bool, seq: int = SEQ) -> dict[str, Any]:
     import torch
 
-    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, vocab, (2, seq), generator=torch.Generator().manual_seed(1))
     batch: dict[str, Any] = {"input_ids": ids,
-                             "position_ids": torch.arange(SEQ).expand(2, -1)}
+                             "position_ids": torch.arange(seq).expand(2, -1)}
     if padded:
-        mask = torch.ones(2, SEQ, dtype=torch.long)
+        mask = torch.ones(2, seq, dtype=torch.long)
         mask[0, :5], mask[1, -7:] = 0, 0
         batch["attention_mask"] = mask
     return batch
@@ -48,14 +48,17 @@ def _cp_parity(artifact: str, config_dir: str, mesh: Any, dtype: str) -> dict[st
     import torch
 
     from hpcodegen.parity.harness import build_pair, compare, install, read_config
+    from hpcodegen.parity.lengths import smoke_length_for
 
     pair = build_pair(artifact, read_config(config_dir), dtype=getattr(torch, dtype))
     installed = install(pair, mesh)
     config = pair.reference.config
     vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
+    # SEQ tokens, bounded by the config's max positions, in whole head-tail chunks of cp 2
+    seq = smoke_length_for(config, SEQ, 4, exercise_window=False).length
     worst = {"logits": 0.0, "grad": 0.0, "worst": None, "odd": []}
     for padded in (False, True):
-        full = _batch(vocab, padded)
+        full = _batch(vocab, padded, seq)
         target = full["input_ids"]
         if padded:
             target = target.masked_fill(full["attention_mask"] == 0, -100)

@@ -28,13 +28,16 @@ def parity_one(artifact: str, config_dir: str, mesh: Any) -> dict[str, Any]:
 
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.parity.harness import read_config, token_batch
+    from hpcodegen.parity.lengths import smoke_length_for
 
     config_dict = read_config(config_dir)
     config = load_transformers_config(config_dict)
     # the rows the model takes: MusicGen's decoder reads batch x num_codebooks rows
     rows = 2 * max(1, int(getattr(config, "num_codebooks", 1) or 1))
     vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
-    batch = token_batch(vocab, rows, 16)  # a text sub-config's vocabulary
+    # 16 tokens, bounded by the config's max positions (the one length rule)
+    length = smoke_length_for(config, 16, exercise_window=False).length
+    batch = token_batch(vocab, rows, length)  # a text sub-config's vocabulary
     result = _parity_at(artifact, config_dict, batch, mesh, torch.float32, exact=True)
     if not result["ok"] and not result["odd"] and "f64" in result:
         try:  # a float32-only kernel cannot run this diagnostic; the float32 miss stands

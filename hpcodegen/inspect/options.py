@@ -31,6 +31,8 @@ class InspectOptions:
         batch, seq: the traced ``input_ids`` shape (required with ``hf_config``).
         dtype: element type of floating activations (``bf16``, ``fp32``, ...).
         link_gbps: link bandwidth in gigabit/s for the time estimate.
+        link_latency_us: microseconds each collective adds to the time estimate (None: the
+            documented default, :data:`hpcodegen.plan.volume.DEFAULT_LINK_LATENCY_US`).
         checks: run verify's schema, plan and targets checks first (``--no-checks`` skips them, for
             plans CI already verified: they dominate the time on very large plans).
         verbosity: -1 ``--quiet`` (findings only, no tables), 0, 1 ``-v`` (info findings).
@@ -45,6 +47,7 @@ class InspectOptions:
     seq: int | None = None
     dtype: str = "bf16"
     link_gbps: float | None = None
+    link_latency_us: float | None = None
     checks: bool = True
     verbosity: int = 0
 

@@ -52,6 +52,8 @@ def summary_json(result: Inspection) -> dict[str, Any]:
                    for (k, t), fqns in s.opaque.items()],
         "grad_sync_per_backward": _counts_json(s.grad_sync),
         "grad_sync_params": s.grad_sync_params,
+        "estimated": [{"note": note, "count": len(fqns), "fqns": fqns}
+                      for note, fqns in s.estimated.items()],
     }
 
 
@@ -167,6 +169,10 @@ def _summary_lines(result: Inspection) -> list[str]:
         lines.append("injected callables (their communication is opaque, not predicted):")
         lines.extend(f"  {k}: {t} on {len(fqns)} module(s), e.g. {fqns[0]}"
                      for (k, t), fqns in s.opaque.items())
+    if s.estimated:
+        lines.append("counted by estimate (the factory's code is not read):")
+        lines.extend(f"  {note}, on {len(fqns)} module(s), e.g. {fqns[0]}"
+                     for note, fqns in s.estimated.items())
     return lines
 
 
@@ -219,9 +225,17 @@ def render_text(result: Inspection, out: TextIO, err: TextIO, verbosity: int = 0
         line = (f"per forward: {human_bytes(v['per_forward_bytes'])}/rank, "
                 f"per backward: {human_bytes(v['per_backward_bytes'])}/rank")
         if v["link_gbps"]:
-            line += (f"; at {v['link_gbps']} Gb/s: forward {v['est_forward_s'] * 1e3:.3f} ms, "
+            line += (f"; at {v['link_gbps']} Gb/s + {v['link_latency_us']:g} us per collective "
+                     f"({v['forward_collectives']} forward, {v['backward_collectives']} "
+                     f"backward): forward {v['est_forward_s'] * 1e3:.3f} ms, "
                      f"backward {v['est_backward_s'] * 1e3:.3f} ms")
         console.print(line, markup=False)
+        if v["link_gbps"]:
+            console.print(f"time model: {v['time_model']}", markup=False)
+        for est in v.get("estimated") or ():
+            console.print(f"estimated in the totals: {human_bytes(est['bytes'])}/rank over "
+                          f"{est['ops']} op(s) (e.g. {est['fqn']}): {est['note']}",
+                          markup=False)
         lp = v.get("loss_parallel")
         if lp:
             console.print(f"loss parallel saves {human_bytes(lp['gather_bytes_saved'])}/rank per "

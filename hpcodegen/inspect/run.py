@@ -64,7 +64,8 @@ def _check_options(opts: InspectOptions) -> None:
 
         require("runtime", "inspect-plan --hf-config (the volume trace)", ("torch", "transformers"))
     if opts.hf_config is None:
-        given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps}
+        given = {"--batch": opts.batch, "--seq": opts.seq, "--link-gbps": opts.link_gbps,
+                 "--link-latency-us": opts.link_latency_us}
         for flag, value in given.items():
             if value is not None:  # would be ignored: the user expects bytes they won't get
                 raise UsageError([error("inspect.usage", flag,
@@ -84,6 +85,13 @@ def _check_options(opts: InspectOptions) -> None:
     if not problems and opts.batch * opts.seq > MAX_TOKENS:  # type: ignore[operator]
         problems = [error("inspect.usage", "--batch/--seq", f"{opts.batch} x {opts.seq} "
                           "tokens in one batch", expected=f"at most {MAX_TOKENS} tokens")]
+    if not problems and opts.link_latency_us is not None:
+        if opts.link_gbps is None:
+            problems = [error("inspect.usage", "--link-latency-us",
+                              "--link-latency-us needs --link-gbps (the time estimate)")]
+        else:
+            problems = float_problem("inspect.usage", "--link-latency-us",
+                                     opts.link_latency_us, 0, 1e9)
     if problems:
         raise UsageError(problems)
 
@@ -121,7 +129,6 @@ def mesh_fit_findings(plan: Plan, opts: InspectOptions) -> list[Finding]:
     come from ``--hf-config`` when given, else from the meta's ``source.structure`` (generate
     records them); the tp size from ``--mesh`` when given, else the frozen one.
     """
-    from hpcodegen.generate.package_rules import unsplit_fields
     from hpcodegen.plan.frozen import thaw_json
     from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -145,11 +152,9 @@ def mesh_fit_findings(plan: Plan, opts: InspectOptions) -> list[Finding]:
 
         config = structure_config(thaw_json(source.structure))
         origin = "source.structure of the meta"
-    model_type = source.model_type if source is not None else None
     return [replace(f, file=f.file or (origin if opts.hf_config else None),
                     message=f"{f.message}, from {origin}" if not opts.hf_config else f.message)
-            for f in tp_divisibility(config, tp, "inspect", where, unsplit_fields(
-                {"model_type": model_type, **config}, tp), plan=plan.entries)]
+            for f in tp_divisibility(config, tp, "inspect", where, plan=plan.entries)]
 
 
 def classify_meta(plan: Plan, mesh: str | None) -> Inspection:
@@ -168,12 +173,13 @@ def classify_meta(plan: Plan, mesh: str | None) -> Inspection:
         return Inspection("", frozen_axes, {a: sizes[a] for a in frozen_axes if a in sizes},
                           preds, [], summarize(preds), findings=problems)
     frozen = classify_plan(plan)
-    problems = []
+    problems: list[Finding] = []
     live_axes, live_sizes = parse_mesh(mesh)
+    check_mesh_axes(plan, mesh, live_axes)
     shown = live_plan_axes(plan, live_axes)  # the plan's axes on the live mesh, size 1 too
     axes = active_plan_axes(plan, live_axes, live_sizes)  # what the runtime installs over
     ep_live = live_sizes.get("ep", 1) > 1 and sizes.get("ep", 1) > 1
-    if frozen_axes and not shown and not ep_live:  # a typo (--mesh pt=4) predicts nothing
+    if frozen_axes and not shown and not ep_live:  # e.g. --mesh dp=8: nothing communicates
         problems.append(warning("inspect.no_plan_axis", "--mesh",
                                 f"--mesh {mesh} holds none of the plan's axes: every "
                                 "boundary runs without communication",
@@ -186,6 +192,33 @@ def classify_meta(plan: Plan, mesh: str | None) -> Inspection:
     shown_sizes = {a: live_sizes[a] for a in shown}
     return Inspection("", shown, shown_sizes, preds, [], summarize(preds), changes,
                       findings=problems)
+
+
+def known_mesh_axes(plan: Plan) -> tuple[str, ...]:
+    """The axis names a live mesh for this plan may have: the plan's own mesh axes, the
+    axes its ``parallel_dims`` sizes (``dp``, ``tp``, ``cp``, ``ep``, ``pp``) and the
+    data-parallel / FSDP axes the runtime leaves to the user (``FSDP_AXES``)."""
+    from hpcodegen.plan.revalidate import FSDP_AXES
+
+    named = [*plan.axes, *(plan.mesh_dim_names or ()), *plan.dims.sizes]
+    return tuple(dict.fromkeys([*named, *sorted(FSDP_AXES)]))
+
+
+def check_mesh_axes(plan: Plan, mesh: str, live_axes: Sequence[str]) -> None:
+    """An axis of ``--mesh`` the plan cannot have (a typo such as ``pt=4``) is a usage
+    error (exit 2) naming the axes the plan has: a prediction over it would silently show
+    a mesh that communicates nothing."""
+    known = known_mesh_axes(plan)
+    unknown = [a for a in live_axes if a not in known]
+    if not unknown:
+        return
+    own = list(dict.fromkeys([*plan.axes, *(a for a, n in plan.dims.sizes.items() if n > 1)]))
+    raise UsageError([error(
+        "inspect.unknown_mesh_axis", "--mesh",
+        f"--mesh {mesh}: unknown axis {', '.join(repr(a) for a in unknown)}; the plan's "
+        f"axes are {', '.join(own) or '(none)'}",
+        expected=f"axes among {', '.join(known)}",
+        hint=f"e.g. --mesh {','.join(f'{a}={plan.dims.sizes.get(a, 2)}' for a in own) or 'tp=2'}")])
 
 
 def _size1_warning(axes: Sequence[str], preds: Sequence[Any]) -> Finding:

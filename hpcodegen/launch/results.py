@@ -52,6 +52,10 @@ class RankRecord:
         forward_ms: wall time of one sharded forward.
         parity: ``{"logits_max_diff", "grad_max_diff", "worst_grad", "tolerance", ...}``.
         losses: per-step losses; ``ref_losses`` the unsharded model's with --check-parity.
+        batch: the smoke batch: ``{"rows", "length", "window", "cap", "window_exercised",
+            "note"}`` (``note`` says why the config's sliding window was not exercised).
+        peak_rss_bytes: the rank process's peak resident memory so far (its own high-water
+            mark, updated with every record).
         started / updated: unix times.
     """
 
@@ -71,6 +75,8 @@ class RankRecord:
     parity: dict[str, Any] | None = None
     losses: list[float] = field(default_factory=list)
     ref_losses: list[float] = field(default_factory=list)
+    batch: dict[str, Any] | None = None
+    peak_rss_bytes: int | None = None
     started: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 

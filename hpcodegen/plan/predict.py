@@ -32,6 +32,14 @@ from hpcodegen.plan.cp import (
     kv_transitions,
 )
 from hpcodegen.plan.entry import INJECTED_CALLABLES, takes_token_ids
+from hpcodegen.plan.estimated import (
+    CONTEXT_PARALLEL,
+    EXPERT_PARALLEL,
+    estimate_note,
+    estimated_dispatch,
+    estimated_kv_transitions,
+    estimated_kv_wrapper,
+)
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import (
     dispatch_ops,
@@ -98,6 +106,9 @@ class BoundaryPrediction:
     grad_sync: tuple[str, ...] = ()
     #: the executed transitions (for the volume estimate)
     transitions: tuple[Transition, ...] = field(default=(), compare=False)
+    #: ``(kind, note)`` of the collectives counted by estimate: the existing system's own
+    #: factories (:mod:`hpcodegen.plan.estimated`), whose code is not read
+    estimated: tuple[tuple[str, str], ...] = ()
 
     def signature(self) -> tuple[Any, ...]:
         """Everything a folded row shows; equal signatures fold together."""
@@ -151,6 +162,9 @@ def _opaque(injection: Injection | None, cp_live: bool = False
         if key == "inner_wrapper" and name in CP_WRAPPER_NAMES and \
                 (cp_live or not kv_transitions(injection)):
             continue  # hpcodegen's CP attention: its K/V gathers are predicted (plan.cp)
+        if (key == "local_compute_fn" and estimated_dispatch(injection)) or \
+                (key == "inner_wrapper" and cp_live and estimated_kv_wrapper(injection)):
+            continue  # the existing system's factories: estimated (plan.estimated)
         if name:
             out.append((key, name))
     return tuple(out)
@@ -161,9 +175,10 @@ def _cp_ops(injection: Injection | None
     """The transitions over cp inside a CP attention (:mod:`hpcodegen.plan.cp`): forward
     the kernel inputs' ops (K/V all_gathers; Ulysses' Q/K/V all_to_alls), then the output's
     (Ulysses' all_to_all back), and backward their mirrors, one per tensor and (sub-)axis.
-    The hybrid's sub-groups are groups of the cp axis: the ops are on ``cp``."""
+    The hybrid's sub-groups are groups of the cp axis: the ops are on ``cp``. The existing
+    system's own context-parallel factory is taken to gather K/V (plan.estimated)."""
     ins, outs, bwd = [], [], []
-    for t in kv_transitions(injection):
+    for t in kv_transitions(injection) or estimated_kv_transitions(injection):
         fwd = [PredOp(t.name, s.kind, s.dim, CP, s.reduce_op) for s in kv_forward_steps(t)]
         (outs if t.side == "out" else ins).extend(fwd)
         bwd.extend(PredOp(t.name, s.kind, s.dim, CP, s.reduce_op) for s in kv_backward_steps(t))
@@ -198,6 +213,16 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
         outs = tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward
                      if o.side == "out") + outs
         grads = tuple(PredOp(o.name, o.kind, None, o.axis) for o in backward) + grads
+    foreign = estimated_dispatch(bf.injection)
+    estimates: tuple[tuple[str, str], ...] = ()
+    if foreign and dispatch[0]:
+        # the existing system's expert compute, in any form: its all_to_alls, estimated
+        forward, backward = dispatch_ops(True, False)
+        ins += tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward if o.side == "in")
+        outs = tuple(PredOp(o.name, o.kind, None, o.axis) for o in forward
+                     if o.side == "out") + outs
+        grads = tuple(PredOp(o.name, o.kind, None, o.axis) for o in backward) + grads
+        estimates += ((EXPERT_PARALLEL, estimate_note(EXPERT_PARALLEL, foreign)),)
     if form == "region" and is_sharded_norm(bf.injection) and dispatch[2]:
         # the split norm sums each token's squares over tp, forward and backward (plan.norms)
         ins += (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"),)
@@ -209,8 +234,13 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
         notes += tuple(f"{t.name}: {t.axis} {t.src} -> {t.dst} inside the attention ==> "
                        + ", ".join(str(s) for s in kv_forward_steps(t))
                        for t in kv_transitions(bf.injection))
-    return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes, bf.reasons,
-                              _opaque(bf.injection, cp_live), tuple(grad_sync), executed)
+        wrapper = estimated_kv_wrapper(bf.injection)
+        if wrapper and kv_in:
+            estimates += ((CONTEXT_PARALLEL, estimate_note(CONTEXT_PARALLEL, wrapper)),)
+    return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads,
+                              notes + tuple(note for _, note in estimates),
+                              bf.reasons, _opaque(bf.injection, cp_live), tuple(grad_sync),
+                              executed, estimates)
 
 
 def predict_forms(plan: Plan, forms: Mapping[str, BoundaryForm],
@@ -239,7 +269,8 @@ def predict_forms(plan: Plan, forms: Mapping[str, BoundaryForm],
         cls, form, entry = classes.get(fqn), effective.get(fqn), entries.get(fqn)
         sync = entry.effective_partial_grad_params() if tp_live and entry is not None else ()
         no_grad = (entry.no_grad_inputs or ()) if entry is not None else ()
-        ep = ep_live if ep_live is not None else ep_dispatch_size(bf.injection) > 1
+        ep = ep_live if ep_live is not None else (
+            ep_dispatch_size(bf.injection) > 1 or estimated_dispatch(bf.injection) is not None)
         dispatch = (ep, tp_live and gathers_over_tp(entry), tp_live)
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
@@ -267,7 +298,7 @@ def cp_batch_prediction(plan: Plan) -> BoundaryPrediction:
 
 def _renamed(p: BoundaryPrediction, fqn: str) -> BoundaryPrediction:
     return BoundaryPrediction(fqn, p.cls, p.form, p.in_ops, p.out_ops, p.grad_ops, p.notes,
-                              p.reasons, p.opaque, p.grad_sync, p.transitions)
+                              p.reasons, p.opaque, p.grad_sync, p.transitions, p.estimated)
 
 
 @dataclass(frozen=True)
@@ -287,6 +318,8 @@ class Summary:
     grad_sync_params: int = 0
     #: ops torch would refuse (redistribute to Partial), as warnings
     problems: tuple[Finding, ...] = ()
+    #: ``note -> [fqn]``: collectives counted by estimate (:mod:`hpcodegen.plan.estimated`)
+    estimated: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _count(ops: Iterable[PredOp], into: Counter[tuple[str, str, int | None]]) -> None:
@@ -301,6 +334,7 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
     fwd: Counter[tuple[str, str, int | None]] = Counter()
     bwd: Counter[tuple[str, str, int | None]] = Counter()
     opaque: dict[tuple[str, str], list[str]] = {}
+    estimated: dict[str, list[str]] = {}
     problems: list[Finding] = []
     sync = sum(len(p.grad_sync) for p in preds)
     for p in preds:
@@ -309,6 +343,8 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
         _count(p.grad_ops, bwd)
         for key in p.opaque:
             opaque.setdefault(key, []).append(p.fqn)
+        for _, note in p.estimated:
+            estimated.setdefault(note, []).append(p.fqn)
         problems.extend(
             warning("inspect.invalid_redistribute", p.fqn,
                     f"{op.name}: torch refuses this redistribution ({op.axis})")
@@ -316,7 +352,7 @@ def summarize(preds: Sequence[BoundaryPrediction]) -> Summary:
     return Summary(forms=dict(forms), per_forward=_sorted(fwd), per_backward=_sorted(bwd),
                    opaque=opaque, problems=tuple(problems),
                    grad_sync={("all_reduce", TP, None): 1} if sync else {},
-                   grad_sync_params=sync)
+                   grad_sync_params=sync, estimated=estimated)
 
 
 def _sorted(counts: Counter[tuple[str, str, int | None]]) -> dict[tuple[str, str, int | None], int]:

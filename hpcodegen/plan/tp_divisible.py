@@ -76,14 +76,17 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
         check: the code prefix (``generate``, ``model``).
         where: the pointer every finding names; the config field's pointer when None.
         unsplit: fields the plan does not split over tp (the package rules'
-            ``unsplit_fields``: a multi-query model's one k/v head, kept whole).
+            ``unsplit_fields``, which generate applies before any plan exists; with
+            ``plan`` the plan itself says which heads it splits, :func:`split_head_kinds`,
+            which is all the gate uses).
         plan: the typed ``param_plan`` entries; when given, the head counts of the
             sub-configs and held configs it divides are checked too
             (:func:`divided_config_findings`).
     """
     found: list[Finding] = []
-    heads = plan is None or splits_heads(plan)
-    fields = [(k, why, Severity.ERROR) for k, why in HEAD_FIELDS if heads]
+    split = (True, True) if plan is None else split_head_kinds(plan)
+    fields = [(k, why, Severity.ERROR) for (k, why), on in zip(HEAD_FIELDS, split,
+                                                               strict=True) if on]
     fields += [(k, why, Severity.WARNING) for k, why in SHARDED_FIELDS]
     for key, why, severity in fields:
         if key in unsplit:
@@ -111,16 +114,31 @@ def tp_divisibility(config: Mapping[str, Any], tp: int, check: str,
 ATTENTION_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value",
                                    "c_attn", "Wqkv", "q_b_proj", "kv_b_proj", "query", "key",
                                    "value", "qkv", "W_pack"})
+#: words of a module name that mark an attention (``self_attn``, ``attention``)
+ATTENTION_WORDS = ("attn", "attention")
 
 
 def splits_heads(plan: Entries) -> bool:
-    """Whether the plan splits attention heads over tp, so that the head counts must divide.
+    """Whether the plan splits attention heads (query or key/value) over tp."""
+    return any(split_head_kinds(plan))
 
-    It does when a boundary shards an attention input projection (by transformers' names)
-    and keeps its output split; a projection whose output the same boundary all-gathers
-    (``colwise_gather_output``: Phi-3-medium's fused q|k|v, kept whole because its query
-    and key/value parts cannot be split alike) splits no head. A plan where no such
-    projection is recognised is taken to split heads (the rule as it always was)."""
+
+def split_head_kinds(plan: Entries) -> tuple[bool, bool]:
+    """``(query heads split, key/value heads split)`` over tp, read from the plan alone.
+
+    The plan is the one source of what is split, so the gate needs no rule file: a
+    boundary that shards an attention input projection (by transformers' names) and keeps
+    its output split splits the heads; a projection whose output the same boundary
+    all-gathers (``colwise_gather_output``: GPTBigCode's multi-query c_attn, Phi-3-medium's
+    fused q|k|v) splits none, and a plan that shards none of them splits none.
+
+    Where no projection is recognised at all, the query heads are taken as split (the rule
+    as it always was: an unknown attention, or a head count another module divides, as
+    RecurrentGemma's RG-LRU does), the key/value heads only when the plan shards a
+    parameter under a module named as an attention (``ATTENTION_WORDS``): a plan that
+    splits recurrent or MLP blocks alone (RecurrentGemma with one shared k/v head) keeps
+    them whole.
+    """
     seen = False
     for fqn, entry in plan.items():
         gathers = _gathers_output(entry)
@@ -130,8 +148,22 @@ def splits_heads(plan: Entries) -> bool:
                 continue
             seen = True
             if named.get(TP, REPLICATE) != REPLICATE and not gathers:
+                return True, True
+    if seen:
+        return False, False
+    return True, _attention_split(plan)
+
+
+def _attention_split(plan: Entries) -> bool:
+    """Whether the plan shards a parameter on tp under a module named as an attention."""
+    for fqn, entry in plan.items():
+        for rel, named in (entry.params or EMPTY).items():
+            if named.get(TP, REPLICATE) == REPLICATE:
+                continue
+            parts = (f"{fqn}.{rel}" if fqn else rel).lower().split(".")[:-1]
+            if any(w in part for part in parts for w in ATTENTION_WORDS):
                 return True
-    return not seen
+    return False
 
 
 def _gathers_output(entry: PlanEntry) -> bool:

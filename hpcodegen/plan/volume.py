@@ -17,14 +17,16 @@ chunk, identity    0 (local)
 A multi-axis transition walks its steps in order, the placement of each axis becoming its
 target once its step ran (as DTensor's redistribute does). The backward walks the
 transition's ``grad_steps`` from the arriving gradient placements (``grad_placements``).
-Time per collective is ``bytes * 8 / (link_gbps * 1e9)``: bandwidth only, no latency term.
+The time model (:func:`seconds`) is bandwidth plus a latency per collective:
+``bytes * 8 / (link_gbps * 1e9) + collectives * link_latency_us * 1e-6``; no overlap with
+compute, no contention.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpcodegen.errors import UsageError, error
@@ -101,12 +103,15 @@ class OpVolume:
     bytes: float | None
     #: why the op differs from the plan's (an uneven reduce_scatter), else ""
     detail: str = ""
+    #: how the bytes were estimated where the tensor was not traced, else ""
+    estimated: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"direction": self.direction, "side": self.side, "name": self.name,
                 "kind": self.kind, "axis": self.axis, "dim": self.dim,
                 "shape": list(self.shape) if self.shape is not None else None,
-                "bytes": self.bytes, "detail": self.detail}
+                "bytes": self.bytes, "detail": self.detail,
+                "estimated": self.estimated or None}
 
 
 def _uneven(step: Step, shape: tuple[int, ...] | None, sizes: Mapping[str, int]) -> str:
@@ -146,10 +151,12 @@ TensorInfo = tuple[tuple[int, ...], int | None]
 
 def transition_volume(t: Transition, entry: PlanEntry, axes: Sequence[str],
                       sizes: Mapping[str, int], info: TensorInfo | None,
-                      float_bytes: int, backward: bool = True) -> list[OpVolume]:
+                      float_bytes: int, backward: bool = True,
+                      estimated: str = "") -> list[OpVolume]:
     """Forward and backward collectives of one executed transition, with bytes.
 
     ``backward=False`` (or an integer tensor) leaves the backward out: no gradient flows.
+    ``estimated``: ``info`` is an estimate (the tensor was not traced), said so on each op.
     """
     shape = info[0] if info else None
     full = None
@@ -164,13 +171,24 @@ def transition_volume(t: Transition, entry: PlanEntry, axes: Sequence[str],
     for direction, steps, start, target in passes:
         amounts = (walk_bytes(steps, start, target, axes, sizes, full) if full is not None
                    else [None] * len(steps))
-        out.extend(_op(direction, t, s, shape, b, sizes)
-                   for s, b in zip(steps, amounts, strict=True) if s.communicates)
+        ops = (_op(direction, t, s, shape, b, sizes)
+               for s, b in zip(steps, amounts, strict=True) if s.communicates)
+        out.extend(replace(op, estimated=estimated) if estimated else op for op in ops)
     return out
 
 
-def seconds(nbytes: float, link_gbps: float | None) -> float | None:
-    """Bandwidth-only time for ``nbytes`` over a ``link_gbps`` (gigabit per second) link."""
+#: the latency added per collective when ``--link-latency-us`` is not given: a few
+#: microseconds, the order of one small NCCL collective within a node (a cross-node one
+#: is slower: pass the measured figure)
+DEFAULT_LINK_LATENCY_US = 5.0
+
+
+def seconds(nbytes: float, link_gbps: float | None, collectives: int = 0,
+            latency_us: float | None = None) -> float | None:
+    """The time model: ``nbytes`` over a ``link_gbps`` (gigabit per second) link, plus
+    ``latency_us`` microseconds for each of ``collectives`` (default
+    :data:`DEFAULT_LINK_LATENCY_US`). No overlap with compute, no contention."""
     if not link_gbps:
         return None
-    return nbytes * 8 / (link_gbps * 1e9)
+    latency = DEFAULT_LINK_LATENCY_US if latency_us is None else latency_us
+    return nbytes * 8 / (link_gbps * 1e9) + collectives * latency * 1e-6

@@ -34,7 +34,7 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 #: the torch the whole project runs on (Makefile, constraints.txt)
 TORCH = "2.13.0"
 #: what the core install must never pull in
-HEAVY = {"torch", "transformers", "libcst", "safetensors", "nvidia-cublas-cu12"}
+HEAVY = {"torch", "transformers", "libcst", "safetensors", "pyyaml", "nvidia-cublas-cu12"}
 
 
 def build_wheel(out: Path, scratch: Path) -> Path:

@@ -56,3 +56,78 @@ def test_hub_id_without_huggingface_hub_names_the_hub_extra() -> None:
                            "some-org/some-model", "--skip", "model"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "hpcodegen[hub]" in proc.stdout + proc.stderr
+
+
+#: the gate verbs under a meta-path finder that refuses the runtime extra's modules and
+#: every submodule of them (as a core-only install: typer, rich and jsonschema alone)
+CORE_ONLY = """
+import importlib.abc
+import sys
+
+HEAVY = ("yaml", "torch", "transformers", "safetensors", "libcst")
+
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HEAVY:
+            raise ModuleNotFoundError(f"No module named {name!r} (core-only install)",
+                                      name=name)
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+from hpcodegen.cli.app import main
+sys.argv = ["hpcodegen", *sys.argv[1:]]
+try:
+    main()
+finally:
+    loaded = sorted(n for n in sys.modules if n.split(".")[0] in HEAVY)
+    print("LOADED", loaded, file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def rule_file_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An mpt tp 2 artifact: its plan comes from the package's YAML rule file."""
+    out = tmp_path_factory.mktemp("mpt") / "mpt_tp2"
+    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
+                           str(ROOT / "tests/fixtures/families/mpt"), "--tp", "2", "-o",
+                           str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "rules/mpt.yaml" in proc.stdout + proc.stderr  # the rule file made this plan
+    return out
+
+
+def _core_only(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CORE_ONLY, *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+
+
+def test_gate_verbs_need_only_the_core_for_a_rule_file_family(rule_file_artifact: Path
+                                                               ) -> None:
+    """verify and inspect-plan (the tp divisibility checks included, which once read the
+    generator's YAML rules) run on a rule-file family's artifact with yaml, torch,
+    transformers, safetensors and libcst unimportable, and load none of them."""
+    art = str(rule_file_artifact)
+    for args in (["verify", art], ["verify", art, "--json"], ["inspect-plan", art],
+                 ["inspect-plan", art, "--mesh", "tp=4"], ["inspect-plan", art, "--json"],
+                 ["verify", art, "--hf-config", str(ROOT / "tests/fixtures/families/mpt"),
+                  "--skip", "model"]):
+        proc = _core_only(*args)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr and "LOADED []" in proc.stderr, (args,
+                                                                               proc.stderr)
+
+
+def test_gate_verbs_need_only_the_core_for_every_example() -> None:
+    examples = sorted(str(p) for p in (ROOT / "examples").iterdir()
+                      if (p / "codegen_meta.json").is_file())
+    assert len(examples) >= 5
+    proc = _core_only("verify", *examples)
+    assert proc.returncode == 0 and "LOADED []" in proc.stderr, proc.stderr[-2000:]
+    for example in examples:
+        for args in (["inspect-plan", example], ["inspect-plan", example, "--mesh", "tp=4"]):
+            proc = _core_only(*args)
+            assert proc.returncode in (0, 1), (args, proc.stderr[-2000:])
+            assert "Traceback" not in proc.stderr and "internal error" not in proc.stdout
+            assert "LOADED []" in proc.stderr, (args, proc.stderr[-2000:])

@@ -82,13 +82,24 @@ def test_bad_mesh_is_a_usage_error(mesh: str) -> None:
     assert code == 2 and "--mesh" in err
 
 
-def test_mesh_without_any_plan_axis_warns() -> None:
-    """A typo'd axis (pt=4) must not pass silently as an all-identity prediction."""
-    code, _, err = inspect(path=SP, mesh="pt=4")
-    assert code == 0
-    assert "--mesh pt=4 holds none of the plan's axes" in err and "expected one of tp" in err
+def test_an_unknown_mesh_axis_is_a_usage_error() -> None:
+    """A typo'd axis (pt=4) must not pass silently as an all-identity prediction: exit 2,
+    naming the plan's axes, in text and JSON alike."""
+    for mesh in ("pt=4", "tp=2,cpp=2"):
+        code, out, err = inspect(path=SP, mesh=mesh)
+        assert code == 2 and "unknown axis" in err and "the plan's axes are tp" in err
+        assert out == "" and "Traceback" not in err
+    code, out, _ = inspect(path=SP, mesh="pt=4", as_json=True)
+    doc = json.loads(out)
+    assert code == 2 and doc["findings"][0]["code"] == "inspect.unknown_mesh_axis"
     code, _, err = inspect(path=SP, mesh="dp=2,tp=4")
     assert code == 0 and "none of the plan's axes" not in err
+
+
+def test_a_mesh_of_known_axes_without_the_plans_warns() -> None:
+    code, _, err = inspect(path=SP, mesh="dp=8")
+    assert code == 0
+    assert "--mesh dp=8 holds none of the plan's axes" in err and "expected one of tp" in err
 
 
 def test_frozen_size1_mesh_says_nothing_is_installed(tmp_path: Path) -> None:
@@ -142,6 +153,11 @@ def test_parse_mesh() -> None:
     ({"link_gbps": 10.0}, "--link-gbps"), ({"batch": 8}, "--batch needs --hf-config"),
     ({"seq": 8}, "--seq needs --hf-config"), ({"dtype": "fp7"}, "unknown dtype 'fp7'"),
     ({"hf_config": "x", "batch": 2, "seq": 4, "link_gbps": -1.0}, "--link-gbps"),
+    ({"link_latency_us": 3.0}, "--link-latency-us needs --hf-config"),
+    ({"hf_config": "x", "batch": 2, "seq": 4, "link_latency_us": 3.0},
+     "--link-latency-us needs --link-gbps"),
+    ({"hf_config": "x", "batch": 2, "seq": 4, "link_gbps": 1.0, "link_latency_us": -1.0},
+     "--link-latency-us -1.0"),
 ])
 def test_volume_usage_errors(kw: dict[str, Any], flag: str) -> None:
     code, _, err = inspect(path=SP, **kw)

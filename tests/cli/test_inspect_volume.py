@@ -40,7 +40,10 @@ def test_bytes_per_rank_for_sequence_parallel_llama() -> None:
     n_ops = 2 * layers + 1  # attention + MLP per layer, + embed (RS) or lm_head (AG)
     assert v["per_forward_bytes"] == pytest.approx(2 * n_ops * per_op)
     assert v["per_backward_bytes"] == pytest.approx(2 * n_ops * per_op)
-    assert v["est_forward_s"] == pytest.approx(v["per_forward_bytes"] * 8 / 100e9)
+    # bandwidth plus the default latency per collective (docs/inspect-plan.md)
+    assert v["link_latency_us"] == 5.0 and v["forward_collectives"] == 2 * n_ops
+    assert v["est_forward_s"] == pytest.approx(v["per_forward_bytes"] * 8 / 100e9
+                                               + 2 * n_ops * 5e-6)
     rows = {r["fqn"]: r for r in v["boundaries"]}
     attn = rows["model.layers.{0..1}.self_attn"]
     assert attn["count"] == layers

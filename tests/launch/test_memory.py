@@ -113,3 +113,38 @@ def test_likely_cause_of_a_signal() -> None:
     assert likely_cause("SIGKILL", None).startswith("out of memory")
     assert "crash in native code" in likely_cause("SIGSEGV", None)
     assert "/dev/shm" in likely_cause("SIGBUS", 0)
+
+
+def test_activations_count_per_layer_and_scores_per_head() -> None:
+    from hpcodegen.launch.rank.memory import ActivationShape, activation_bytes
+
+    shape = ActivationShape(rows=2, length=32, hidden=64, intermediate=128, heads=4, layers=3)
+    tokens = 2 * 32
+    per_layer = tokens * (9 * 64 + 2 * 128) + 2.5 * 2 * 4 * 32 * 32
+    assert activation_bytes(shape, 4) == int(per_layer * 3 * 4)
+    assert activation_bytes(shape, 2, backward=False) == int(per_layer * 2)  # one layer
+    # the score term grows with the square of the length
+    longer = ActivationShape(2, 64, 64, 128, 4, 3)
+    assert activation_bytes(longer, 4) - 2 * activation_bytes(shape, 4) == int(
+        2.5 * 2 * 4 * (64 * 64 - 2 * 32 * 32) * 3 * 4)
+
+
+def test_activations_join_the_steady_peak_and_the_refusal() -> None:
+    act = 10 * 2**30
+    need = estimate(job(parity=True, activations=act, tp=2))
+    assert dict(need.parts)["activations"] == act // 2 + act  # the shard's / tp + the whole
+    assert need.device == 2 * 4 * (S + F) + act // 2 + act
+    refusal = check(need, 2, (8 * 2**30, "MemAvailable"), None)
+    assert refusal is not None and "activations 15.0 GiB" in refusal
+    assert check(estimate(job(parity=True)), 2, (8 * 2**30, "MemAvailable"), None) is None
+
+
+def test_peak_rss_is_this_process_high_water_mark() -> None:
+    from hpcodegen.launch.rank.memory import peak_rss
+
+    before = peak_rss()
+    assert before is not None and before > 10 * 2**20  # a python with pytest loaded
+    blob = bytearray(64 * 2**20)
+    blob[::4096] = b"x" * len(blob[::4096])  # touch every page
+    assert peak_rss() >= before and peak_rss() >= 64 * 2**20
+    del blob

@@ -142,3 +142,23 @@ def test_the_vocab_parallel_loss_takes_the_heads_own_width():
         assert head_vocab(BuiltModel(model, config, {}, "", layout)) == 260
     model = LM(False)
     assert head_vocab(BuiltModel(model, config, {}, "", None)) == 250
+
+
+def test_the_table_reports_peak_rss_and_an_unexercised_window() -> None:
+    from hpcodegen.launch.launcher.display import batch_lines
+    from hpcodegen.launch.results import RankRecord
+    from hpcodegen.parity.lengths import bounded_length
+
+    shape = bounded_length(32, multiple=2, window=4096)
+    rec = RankRecord(rank=0, world_size=2, status="ok", peak_rss_bytes=300 * 2**20,
+                     batch={"rows": 2, **shape.to_json()})
+    other = RankRecord(rank=1, world_size=2, status="ok", peak_rss_bytes=310 * 2**20)
+    lines = batch_lines({0: rec, 1: other})
+    assert lines[0] == "peak resident memory: 310.0 MiB (rank 1, the largest of 2)"
+    assert lines[1] == "smoke batch: 2 x 32 tokens"
+    assert lines[2].startswith("note: sliding window 4096 not exercised")
+    short = bounded_length(32, multiple=2, window=3)
+    rec.batch = {"rows": 2, **short.to_json()}
+    assert batch_lines({0: rec})[1:] == [
+        "smoke batch: 2 x 32 tokens (sliding window 3 exercised)"]
+    assert batch_lines({0: RankRecord(rank=0)}) == []

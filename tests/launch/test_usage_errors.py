@@ -28,6 +28,12 @@ def test_missing_artifact_and_config(tmp_path):
     assert run.code == 2 and "no such artifact" in run.stderr
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu")  # no config.json in the artifact
     assert run.code == 2 and "no HF config found" in run.stderr
+    # the message names the flag that supplies the config
+    assert "--model-dir" in run.stderr and "Traceback" not in run.stderr
+    # an explicit --model-dir without a config names that directory, not the flag's absence
+    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", tmp_path)
+    assert run.code == 2 and str(tmp_path) in run.stderr
+    assert "no --model-dir was given" not in run.stderr
 
 
 def test_bad_options():

@@ -1,8 +1,10 @@
 """How a launch looks: the per-rank table, the live progress view and the JSON document.
 
 rich is used only here. The table has one row per rank: rank, device, local parameter
-bytes, forward time, parity max diffs, status. JSON (``--json``) goes to stdout in the
-envelope of docs/json.md with launch's keys: ``message``, ``mesh``, ``ranks``, ...
+bytes, forward time, parity max diffs, status; below it the largest peak resident memory,
+the smoke batch's shape (and why a sliding window was not exercised) and the losses. JSON
+(``--json``) goes to stdout in the envelope of docs/json.md with launch's keys:
+``message``, ``mesh``, ``ranks``, ...
 """
 
 from __future__ import annotations
@@ -82,6 +84,29 @@ def rank_table(records: Mapping[int, RankRecord], expected: int, title: str,
     for row in rows:
         table.add_row(*(row[i] for i in keep))
     return table
+
+
+def batch_lines(records: Mapping[int, RankRecord]) -> list[str]:
+    """The largest peak resident memory of the ranks, the smoke batch's shape, and why the
+    config's sliding window was not exercised when it was not (the ranks share one batch:
+    the lowest rank that reported it)."""
+    peaks = [(r.peak_rss_bytes, r.rank) for r in records.values() if r.peak_rss_bytes]
+    lines = []
+    if peaks:
+        top, rank = max(peaks)
+        lines.append(f"peak resident memory: {_bytes(top)} (rank {rank}, the largest of "
+                     f"{len(peaks)})")
+    batch = next((r.batch for _, r in sorted(records.items()) if r.batch), None)
+    if not batch:
+        return lines
+    window = batch.get("window")
+    line = f"smoke batch: {batch.get('rows')} x {batch.get('length')} tokens"
+    if window is not None and batch.get("window_exercised"):
+        line += f" (sliding window {window} exercised)"
+    lines.append(line)
+    if batch.get("note"):
+        lines.append(f"note: {batch['note']}")
+    return lines
 
 
 def loss_lines(records: Mapping[int, RankRecord]) -> list[str]:

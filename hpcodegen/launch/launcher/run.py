@@ -49,7 +49,7 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
         from hpcodegen.checkpoint.weight_files import weight_files
 
-        config, config_path = read_hf_config(model_dir)
+        config, config_path = _model_config(model_dir, given=opts.model_dir is not None)
         model_dir = config_path.parent
         if opts.resume is None:  # a FIFO named *.safetensors: refused before a rank opens it
             try:
@@ -75,6 +75,25 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     opts = replace(opts, artifact=meta.artifact_dir,
                    model_dir=Path(model_dir) if model_dir is not None else None)
     return layout, device.kind, opts
+
+
+def _model_config(model_dir: str | Path, *, given: bool) -> tuple[dict, Path]:
+    """The model's HF config; when ``--model-dir`` was not given and the artifact directory
+    holds none, the error names the flag that supplies it."""
+    try:
+        return read_hf_config(model_dir)
+    except InputError as exc:
+        if given:
+            raise
+        found = exc.findings[0] if exc.findings else None
+        what = found.message if found is not None else "no HF config found"
+        raise InputError([error(
+            "launch.no_model_config", str(model_dir),
+            f"the artifact directory holds no HF config.json ({what}) and no --model-dir "
+            "was given", expected="--model-dir DIR: a directory with the model's config.json "
+            "(and its *.safetensors weights, if any), or a Hub id (org/name) in the local "
+            "HF cache", hint=f"hpcodegen launch {model_dir} --model-dir MODEL_DIR ...")]
+        ) from None
 
 
 #: stands for the launcher's pid in --dry-run (the shim exits when that process is gone)
@@ -205,7 +224,8 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
         if opts.verbosity >= 0 or code != EXIT_OK:
             out.print(display.rank_table(outcome.records, _expected(opts),
                                          _title(opts, layout), script=bool(opts.script)))
-            for line in display.loss_lines(outcome.records):
+            for line in (*display.batch_lines(outcome.records),
+                         *display.loss_lines(outcome.records)):
                 out.print(line, markup=False)
         stream = out if code == EXIT_OK else display.make_console(stderr=True)
         stream.print(message, markup=False)

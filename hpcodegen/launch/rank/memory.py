@@ -11,8 +11,16 @@ What a rank of ``launch``'s built-in job holds, by option (``b`` = bytes per ele
   whole in float32 (``F*4``) and sharded after: a transient full copy per rank, on the host,
   and on the device too for cuda/npu (the model moves there before its plan is installed);
 * the logits of the synthetic batch, gathered whole, in float32 for the loss, with their
-  gradient (``3*4`` bytes per logit, per model); other activations of the 2 x 32-token
-  batch are left out: next to the parameters they are small.
+  gradient (``3*4`` bytes per logit, per model);
+* the activations a backward keeps, per model (:func:`activation_bytes`): per layer
+  ``T*(9*H + 2*I)`` elements for the ``T`` tokens of the batch (the inputs of the
+  projections, norms and the MLP's wide part, ``H`` the hidden width, ``I`` the MLP's) and
+  ``2.5*B*A*L*L`` for the attention scores and probabilities of ``B`` rows of ``L`` tokens
+  over ``A`` heads (eager and math attention build them whole; a sliding window is a mask
+  over the same square). The sharded model's are divided by its tp size; a forward alone
+  (no parity, no steps) holds one layer's at a time. The batch is the bounded smoke batch
+  (:mod:`hpcodegen.parity.lengths`), so a model whose activations cannot fit is refused
+  here with the figures, not killed by the kernel mid-run.
 
 The peak is the largest of: building the sharded model, building the reference beside it,
 and the steady state of parity and steps. On cpu the peak is host memory and every rank of
@@ -46,6 +54,9 @@ class JobShape:
         steps: ``--steps`` (gradients and AdamW state).
         logits_numel: elements of one forward's full logits (batch x sequence x vocab).
         accelerator: the rank's device is not the host (cuda, npu).
+        activations: bytes of the activations one backward of the whole (unsharded) model
+            keeps (:func:`activation_bytes`); 0 when unknown.
+        tp: the plan's tp size (the sharded model's activations are divided by it).
     """
 
     full_numel: int
@@ -56,6 +67,43 @@ class JobShape:
     steps: int
     logits_numel: int
     accelerator: bool
+    activations: int = 0
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    """The sizes the activation estimate reads (from the model built on the meta device).
+
+    Attributes:
+        rows / length: the smoke batch (``B`` rows of ``L`` tokens).
+        hidden: the hidden width ``H``; ``intermediate`` the MLP's ``I``.
+        heads: attention heads ``A`` (0: no attention scores).
+        layers: the repeated blocks.
+    """
+
+    rows: int
+    length: int
+    hidden: int
+    intermediate: int
+    heads: int
+    layers: int
+
+
+#: elements kept per token per layer, in units of the hidden and the MLP width
+HIDDEN_TERMS, MLP_TERMS = 9, 2
+#: elements kept per attention score (the scores, their softmax, its gradient's input)
+SCORE_TERMS = 2.5
+
+
+def activation_bytes(shape: ActivationShape, dtype_bytes: int, backward: bool = True) -> int:
+    """Bytes of the activations of one forward of the whole model that a backward keeps
+    (module docstring); with ``backward`` False one layer's, freed as the next runs."""
+    tokens = shape.rows * shape.length
+    per_layer = (tokens * (HIDDEN_TERMS * shape.hidden + MLP_TERMS * shape.intermediate)
+                 + SCORE_TERMS * shape.rows * shape.heads * shape.length * shape.length)
+    layers = max(1, shape.layers) if backward else 1
+    return int(per_layer * layers * dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -85,6 +133,9 @@ def estimate(job: JobShape) -> MemoryNeed:
     if job.steps:
         steady.append(("AdamW state", ADAM_STATES * (sharded + (full if job.parity else 0))))
     steady.append(("logits", logits))
+    if job.activations:
+        sharded_act = -(-job.activations // max(1, job.tp))
+        steady.append(("activations", sharded_act + (job.activations if job.parity else 0)))
     # building: the whole model lands on the device before its plan is installed (seeded)
     whole = full if job.accelerator else init
     phases = {"steady": sum(n for _, n in steady),
@@ -191,3 +242,25 @@ def oom_kills() -> int | None:
     except OSError:
         return None
     return None
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes: the kernel's high-water mark of its
+    own address space (``/proc/self/status`` ``VmHWM``, which an ``exec`` resets, so a
+    rank does not inherit the launcher's), else ``getrusage``'s ``ru_maxrss``; None where
+    neither is readable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                value, unit = line.split()[1:3]
+                return int(value) * (1024 if unit.lower() == "kb" else 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return None
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB else

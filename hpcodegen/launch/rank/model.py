@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcodegen.hf import load_transformers_config, read_hf_config
 from hpcodegen.launch import env
+from hpcodegen.parity.lengths import SmokeLength, bounded_length, smoke_length_for
 
 BATCH_SIZE = 2
 TOKENS_PER_RANK = 8
@@ -202,29 +203,34 @@ def parallelize(model: Any, ctx: Any, art: Any) -> tuple[dict[str, Any], Any]:
     return info, resolve_active_mesh(art.plan, context)
 
 
-def sliding_window_of(hf_config: Any) -> int | None:
-    """The config's sliding window (its text part's for a composite), None without one."""
-    for scope in (hf_config, getattr(hf_config, "get_text_config", lambda: None)()):
-        window = getattr(scope, "sliding_window", None) if scope is not None else None
-        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-            return window
-    return None
+def _base_length(world_size: int) -> int:
+    return SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
 
 
-def synthetic_length(world_size: int, window: int | None = None) -> int:
-    """The smoke batch's sequence length: ``SEQ_LEN`` whenever the world size divides it
-    (1, 2, 4, 8...), so a run resumed on another mesh trains on the same batch, else
-    ``8 * world``; doubled until it exceeds 8 times the sliding window, so the window is
-    shorter than a cp rank's chunk even at cp 4 head-tail (8 chunks) and the masks matter."""
-    length = SEQ_LEN if SEQ_LEN % world_size == 0 else TOKENS_PER_RANK * world_size
-    while window is not None and length <= 8 * window:
-        length *= 2
-    return length
+def smoke_length(world_size: int, hf_config: Any = None) -> SmokeLength:
+    """The smoke batch's bounded length for ``hf_config`` (:mod:`hpcodegen.parity.lengths`):
+    ``SEQ_LEN`` whenever the world size divides it (1, 2, 4, 8...), so a run resumed on
+    another mesh trains on the same batch, else ``8 * world``; lengthened (up to 8 windows,
+    never past ``MAX_SMOKE_TOKENS`` or the config's max positions) where the config's
+    sliding window is short enough to be exercised cheaply."""
+    if hf_config is None:
+        return bounded_length(_base_length(world_size), multiple=world_size)
+    return smoke_length_for(hf_config, _base_length(world_size), world_size)
+
+
+def synthetic_length(world_size: int, window: int | None = None,
+                     max_positions: int | None = None) -> int:
+    """The smoke batch's sequence length for a window and max positions given directly
+    (:func:`smoke_length` reads them from a config)."""
+    return bounded_length(_base_length(world_size), multiple=world_size, window=window,
+                          max_positions=max_positions).length
 
 
 def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any,
-                    window: int | None = None) -> tuple[Any, Any]:
-    """``(input_ids, labels)`` of shape ``(2, synthetic_length(...))``, ids < ``vocab_size``.
+                    window: int | None = None, max_positions: int | None = None,
+                    length: int | None = None) -> tuple[Any, Any]:
+    """``(input_ids, labels)`` of shape ``(2, length)``, ids < ``vocab_size``; the length
+    :func:`synthetic_length` when not given.
 
     Sequence-parallel plans split it evenly; the same seed gives every rank the same batch
     (a context-parallel rank keeps its positions of it, :mod:`hpcodegen.runtime.cp.batch`).
@@ -233,7 +239,8 @@ def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any,
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
-    length = synthetic_length(world_size, window)
+    if length is None:
+        length = synthetic_length(world_size, window, max_positions)
     shape = (BATCH_SIZE, length)
     ids = torch.randint(0, vocab_size, shape, generator=gen)
     labels = torch.randint(0, vocab_size, shape, generator=gen)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.hf import config_int
 from hpcodegen.launch.rank import memory
 from hpcodegen.launch.rank.model import (
     BATCH_SIZE,
-    SEQ_LEN,
-    TOKENS_PER_RANK,
     build_on_meta,
     checked_artifact,
     model_dtype_bytes,
     parallelize,
+    smoke_length,
 )
 
 
@@ -37,28 +37,66 @@ class Verdict:
     first_refused: int | None
 
 
-def _counts(directory: Path, ctx: Any) -> tuple[int, int, int]:
-    """``(whole model's parameters, this rank's after the plan, vocabulary)``, from the
-    model built and installed on the meta device."""
-    model, _, config = build_on_meta(directory, ctx.meta.artifact_dir)
+@dataclass(frozen=True)
+class _Counts:
+    full: int
+    local: int
+    vocab: int
+    hf_config: Any
+    dims: tuple[int, int, int, int]  # hidden, intermediate, heads, layers
+
+
+def _dims(model: Any, hf_config: Any) -> tuple[int, int, int, int]:
+    """``(hidden, intermediate, heads, layers)`` of the model built on the meta device:
+    the hidden width is its input embedding's; the layers, MLP width and heads the config's
+    (when it names no layer count, the model's longest ``ModuleList``; 4x hidden and no
+    heads when it names none)."""
+    from torch import nn
+
+    try:  # some models raise NotImplementedError here
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except (NotImplementedError, AttributeError):
+        emb = None
+    weight = getattr(emb, "weight", None)
+    hidden = int(weight.shape[-1]) if weight is not None and weight.dim() == 2 else (
+        config_int(hf_config, "hidden_size", "n_embd", "d_model") or 0)
+    layers = config_int(hf_config, "num_hidden_layers", "n_layer", "num_layers", "n_layers") \
+        or max((len(m) for m in model.modules() if isinstance(m, nn.ModuleList)), default=1)
+    inter = config_int(hf_config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden
+    heads = config_int(hf_config, "num_attention_heads", "n_head", "n_heads") or 0
+    return hidden, inter, heads, layers
+
+
+def _counts(directory: Path, ctx: Any) -> _Counts:
+    """The whole model's parameters, this rank's after the plan, the vocabulary and the
+    activation sizes, from the model built and installed on the meta device."""
+    model, hf_config, config = build_on_meta(directory, ctx.meta.artifact_dir)
     full = sum(p.numel() for p in model.parameters())
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     vocab = int(head.weight.shape[0]) if getattr(head, "weight", None) is not None \
         else int(config.get("vocab_size") or 0)
+    dims = _dims(model, hf_config)
     parallelize(model, ctx, checked_artifact(ctx.meta.artifact_dir, config))
     local = sum(p.numel() for p in model.parameters())
-    return full, local, vocab
+    return _Counts(full, local, vocab, hf_config, dims)
 
 
 def job_shape(directory: Path, ctx: Any, *, dtype: str, parity: bool, steps: int,
               seeded: bool) -> memory.JobShape:
-    """The smoke job's :class:`~hpcodegen.launch.rank.memory.JobShape` on this rank."""
-    full, local, vocab = _counts(directory, ctx)
-    length = SEQ_LEN if SEQ_LEN % ctx.world_size == 0 else TOKENS_PER_RANK * ctx.world_size
-    return memory.JobShape(full_numel=full, local_numel=local,
-                           dtype_bytes=model_dtype_bytes(dtype), seeded=seeded,
-                           parity=parity, steps=steps, logits_numel=BATCH_SIZE * length * vocab,
-                           accelerator=ctx.device.type != "cpu")
+    """The smoke job's :class:`~hpcodegen.launch.rank.memory.JobShape` on this rank: the
+    batch is the one the job will feed (:func:`~hpcodegen.launch.rank.model.smoke_length`)."""
+    counts = _counts(directory, ctx)
+    length = smoke_length(ctx.world_size, counts.hf_config).length
+    hidden, inter, heads, layers = counts.dims
+    width = model_dtype_bytes(dtype)
+    act = memory.activation_bytes(
+        memory.ActivationShape(BATCH_SIZE, length, hidden, inter, heads, layers), width,
+        backward=parity or bool(steps))
+    tp = int(ctx.meta.plan.dims.sizes.get("tp") or 1)
+    return memory.JobShape(full_numel=counts.full, local_numel=counts.local,
+                           dtype_bytes=width, seeded=seeded, parity=parity, steps=steps,
+                           logits_numel=BATCH_SIZE * length * counts.vocab,
+                           accelerator=ctx.device.type != "cpu", activations=act, tp=tp)
 
 
 def agree(ctx: Any, refused: bool) -> int | None:

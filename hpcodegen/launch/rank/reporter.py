@@ -51,6 +51,9 @@ class RankReporter:
         """Set fields (``phase="build"``, ``forward_ms=...``) and write the record."""
         for key, value in fields.items():
             setattr(self.record, key, value)
+        from hpcodegen.launch.rank.memory import peak_rss
+
+        self.record.peak_rss_bytes = peak_rss()
         if self.run_dir is not None:
             write_record(self.run_dir, self.record)
 

@@ -30,12 +30,13 @@ from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.launch import env
 from hpcodegen.launch.rank.context import RankContext, init_rank
 from hpcodegen.launch.rank.model import (
+    BATCH_SIZE,
     BuiltModel,
     build_model,
     build_parallel_model,
     local_param_bytes,
     resolve_model_dir,
-    sliding_window_of,
+    smoke_length,
     synthetic_batch,
 )
 from hpcodegen.launch.rank.reporter import RankReporter
@@ -239,8 +240,10 @@ def run(reporter: RankReporter) -> None:
     weights = f"checkpoint {resume_dir} (step {first})" if resume_dir else built.weights
     reporter.update(phase="forward", weights=weights,
                     local_param_bytes=local_param_bytes(built.model))
+    shape = smoke_length(ctx.world_size, built.hf_config)
+    reporter.update(batch={"rows": BATCH_SIZE, **shape.to_json()})
     batch = synthetic_batch(vocab_size_of(built.hf_config), ctx.world_size, seed, ctx.device,
-                            sliding_window_of(built.hf_config))
+                            length=shape.length)
     reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device,
                                               built.active))
     parity: dict[str, Any] | None = None

@@ -1,0 +1,97 @@
+"""``launch --check-parity`` on tiny models whose sliding window is their family's default.
+
+The smoke batch once doubled until it held 8 windows: with a 4096-token window that was
+65,536 tokens, and each rank of a 2-layer, 64-wide model grew past 8 GiB. Here the window
+is the family's default and the max positions are left large, so only the smoke bound
+(:mod:`hpcodegen.parity.lengths`) keeps the batch small: parity holds, each rank's peak
+resident memory (its own high-water mark, in its record) stays under 1 GiB, and the report
+says the window was not exercised. A second case has activations that cannot fit: refused
+with the figures before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from launch_helpers import run_cli
+
+pytestmark = pytest.mark.gloo
+
+GIB = 2**30
+#: (model_type, class, config overrides): each family's own default window is kept
+FAMILIES = [
+    ("mistral", "MistralForCausalLM", {}),
+    ("gemma2", "Gemma2ForCausalLM", {}),
+    ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": True, "max_window_layers": 0}),
+    ("gemma3_text", "Gemma3ForCausalLM", {}),
+    ("exaone4", "Exaone4ForCausalLM", {}),
+]
+
+
+def _artifact(base: Path, model_type: str, cls: str, extra: dict) -> tuple[Path, Path, int]:
+    """A tiny config of the family (its default window kept, 1M max positions), and its
+    tp 2 artifact; returns the dirs and the window."""
+    import transformers
+
+    from hpcodegen.families.tiny import tiny_config
+    from hpcodegen.generate.api import GenerateArgs, run_generate
+
+    config = tiny_config(model_type, cls) | extra | {"max_position_embeddings": 2**20}
+    window = transformers.AutoConfig.for_model(model_type, **extra).sliding_window
+    assert isinstance(window, int) and window >= 4096, (model_type, window)
+    config["sliding_window"] = window
+    (base / "cfg").mkdir(parents=True)
+    (base / "cfg" / "config.json").write_text(json.dumps(config))
+    assert run_generate(GenerateArgs(base / "cfg", 2, base / "art", verbosity=-1)) == 0
+    return base / "art", base / "cfg", window
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("model_type", "cls", "extra"), FAMILIES,
+                         ids=[f[0] for f in FAMILIES])
+def test_a_default_window_keeps_the_smoke_batch_small(tmp_path: Path, model_type: str,
+                                                      cls: str, extra: dict) -> None:
+    artifact, config, window = _artifact(tmp_path, model_type, cls, extra)
+    run = run_cli(artifact, "--nproc", "2", "--device", "cpu", "--model-dir", config,
+                  "--check-parity", "--json", timeout=220)
+    assert run.code == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = run.json()
+    for rank in doc["ranks"]:
+        assert rank["status"] == "ok"
+        assert rank["parity"]["logits_max_diff"] <= 1e-5
+        assert rank["parity"]["grad_max_diff"] <= 1e-5
+        batch = rank["batch"]
+        assert batch["window"] == window and batch["length"] <= 512
+        assert batch["window_exercised"] is False and str(window) in batch["note"]
+        assert 0 < rank["peak_rss_bytes"] < GIB, (model_type, rank["peak_rss_bytes"])
+
+
+#: small parameters (about 130 million: half a GiB), attention scores of terabytes: 65536
+#: heads of width 1 over a 512-token batch (a 64-token window is exercised up to the bound)
+WIDE_SCORES = {"hidden_size": 64, "num_attention_heads": 2**16, "num_key_value_heads": 2,
+               "head_dim": 1, "intermediate_size": 128, "num_hidden_layers": 16,
+               "vocab_size": 256, "sliding_window": 64, "max_position_embeddings": 4096}
+
+
+@pytest.mark.timeout(240)
+def test_activations_that_cannot_fit_are_refused_before_the_build(tmp_path: Path) -> None:
+    from hpcodegen.families.tiny import tiny_config
+    from hpcodegen.generate.api import GenerateArgs, run_generate
+
+    config = tiny_config("mistral", "MistralForCausalLM") | WIDE_SCORES
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(config))
+    assert run_generate(GenerateArgs(tmp_path / "cfg", 2, tmp_path / "art",
+                                     verbosity=-1)) == 0
+    run = run_cli(tmp_path / "art", "--nproc", "2", "--device", "cpu", "--model-dir",
+                  tmp_path / "cfg", "--check-parity", "--json", timeout=220)
+    assert run.code == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = run.json()
+    message = doc["message"]
+    assert message.startswith("refused before building the model: rank "), message
+    assert "activations" in message and "is available (" in message, message
+    need = float(message.split("rank needs about ")[1].split(" GiB")[0])
+    assert need > 4096, message  # terabytes: no machine this runs on has them
+    assert all(r["local_param_bytes"] is None for r in doc["ranks"])  # nothing was built
