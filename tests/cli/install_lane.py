@@ -35,6 +35,8 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 TORCH = "2.13.0"
 #: what the core install must never pull in
 HEAVY = {"torch", "transformers", "libcst", "safetensors", "pyyaml", "nvidia-cublas-cu12"}
+#: what [hub] may add to the core: huggingface_hub itself requires pyyaml
+HUB_DEPS = {"pyyaml"}
 
 
 def build_wheel(out: Path, scratch: Path) -> Path:
