@@ -111,6 +111,8 @@ class GenerateArgs:
     cp_layout: str | None = None
     #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
     strict: bool = False
+    #: the ``--pp`` options (:class:`hpcodegen.generate.pipeline.PipelineArgs`); None: no pp
+    pipeline: Any = None
 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
@@ -119,7 +121,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  ep: int = 1, notes: list[str] | None = None,
                  loss_parallel: bool = False,
                  warnings: list[Finding] | None = None, cp: int = 1,
-                 cp_layout: str | None = None) -> dict[str, bytes]:
+                 cp_layout: str | None = None, pipeline: Any = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -136,6 +138,10 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if cp < 1:
         raise UsageError([error("generate.cp", "--cp", f"--cp must be >= 1, got {cp}")])
     check_layout(cp_layout)
+    if pipeline is not None:
+        from hpcodegen.generate.pipeline import check_pp_args
+
+        check_pp_args(pipeline)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)
@@ -173,11 +179,18 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))
+    tied = tied_pairs_of(config, model)
+    section = None
+    if pipeline is not None:
+        from hpcodegen.generate.pipeline import pipeline_section
+
+        section = pipeline_section(model, plan, tp, sp, pipeline, tied, notes)
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
-                      injections=injections, tied_pairs=tied_pairs_of(config, model),
+                      injections=injections, tied_pairs=tied,
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
-                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout)
+                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
+                      pipeline=section)
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
@@ -264,7 +277,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
                                     args.ep, notes, args.loss_parallel, warned, args.cp,
-                                    args.cp_layout)
+                                    args.cp_layout, args.pipeline)
             if warned and args.strict:
                 raise PlanError([replace(f, severity=Severity.ERROR,
                                          hint=f"{f.hint}; --strict refuses warnings")

@@ -333,6 +333,8 @@ _STAGE: Table = {
     "index": ("index", _int, int),
     "rank": ("rank", _int, int),
     "modules": ("modules", _strs, _list),
+    "params": ("params", _int, int),
+    "params_per_rank": ("params_per_rank", _int, int),
 }
 _BOUNDARY: Table = {
     "activation": ("activation", _str, str),

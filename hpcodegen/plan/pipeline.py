@@ -26,7 +26,7 @@ the digest pins it against drift.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpcodegen.placement import Placement
@@ -50,6 +50,30 @@ def owning_stage(fqn: str, owner: Mapping[str, int]) -> int | None:
     return None
 
 
+def fold_modules(modules: Sequence[str]) -> str:
+    """``model.layers.{0..3}`` for a run of one layer list, other names as they are."""
+    from hpcodegen.plan.fold import format_ranges  # plan.fold imports the plan types
+
+    out: list[str] = []
+    i = 0
+    while i < len(modules):
+        prefix, _, last = modules[i].rpartition(".")
+        j, indices = i, []
+        while last.isdigit() and j < len(modules):
+            p, _, index = modules[j].rpartition(".")
+            if p != prefix or not index.isdigit():
+                break
+            indices.append(int(index))
+            j += 1
+        if len(indices) > 1:
+            out.append(f"{prefix}.{{{format_ranges(indices)}}}")
+            i = j
+        else:
+            out.append(modules[i])
+            i += 1
+    return ", ".join(out)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineStage:
     """One stage: the modules it owns, in forward order, and the rank running it."""
@@ -60,6 +84,10 @@ class PipelineStage:
     """``rank``: the pp rank running it (the schedule's stage -> rank map)."""
     modules: tuple[str, ...]
     """``modules``: owned module FQNs in forward order, e.g. ``("model.layers.2",)``."""
+    params: int | None = None
+    """``params``: parameters the stage owns (unsharded; a tied copy counts on each stage)."""
+    params_per_rank: int | None = None
+    """``params_per_rank``: what one rank of the stage holds after tp sharding."""
     extra: FrozenMap = EMPTY
 
 
