@@ -66,3 +66,20 @@ def pp_parity(artifact: str, config_dir: str, pp: int, tp: int, rows: int = 4,
         out["loss"] = float(loss)
         out["logits"] = float((logits - ref_logits.detach()).abs().max())
     return out
+
+
+def pp_parity_cases(cases: list[tuple[str, str, str, int, int]]) -> dict[str, Any]:
+    """``{name: pp_parity(...)}`` for ``(name, artifact, config, pp, tp)``; one process
+    start for all (errors are reported per case)."""
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    for name, *args in cases:
+        try:
+            out[name] = pp_parity(*args)
+        except Exception as exc:
+            import traceback
+
+            out[name] = {"error": "".join(traceback.format_exception(exc))[-2500:]}
+        dist.barrier()
+    return out
