@@ -51,8 +51,26 @@ def parse_layout(text: str | None) -> tuple[int, ...] | None:
     return counts
 
 
-def check_pp_args(args: PipelineArgs) -> None:
+#: what ``--pp`` does not compose with yet, and why (refused, never run inexactly)
+NOT_WITH_PP: dict[str, str] = {
+    "--sp": "a stage boundary would carry sequence shards while each stage rebuilds "
+            "positions and masks from the length it receives",
+    "--cp": "the stage runtime does not cut the batch over cp ranks",
+    "--ep": "expert meshes are not carved inside a pipeline stage yet",
+    "--loss-parallel": "the last stage's loss takes whole logits",
+}
+
+
+def check_pp_args(args: PipelineArgs, *, sp: bool = False, cp: int = 1, ep: int = 1,
+                  loss_parallel: bool = False) -> None:
     """Usage errors before the model is built."""
+    given = {"--sp": sp, "--cp": cp > 1, "--ep": ep > 1, "--loss-parallel": loss_parallel}
+    for flag, on in given.items():
+        if on:
+            raise UsageError([error("generate.pp_compose", flag, f"--pp with {flag} is not "
+                                    f"supported yet: {NOT_WITH_PP[flag]}",
+                                    hint=f"generate with --pp and --tp only, or {flag} "
+                                         "without --pp")])
     if args.pp < 2:
         raise UsageError([error("generate.pp", "--pp", f"--pp must be >= 2, got {args.pp}")])
     if args.schedule not in SCHEDULES:

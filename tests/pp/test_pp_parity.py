@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pp_workers import pp_parity_cases  # noqa: E402
+from pp_workers import pp_parity_cases
 
 CONFIGS = Path(__file__).parent / "configs"
 TOL = 1e-5
