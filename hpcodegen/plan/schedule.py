@@ -24,7 +24,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 ActionKind = Literal["F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B"]
 COMPUTE_KINDS: frozenset[str] = frozenset({"F", "B", "I", "W"})
@@ -35,9 +35,9 @@ _ACTION = re.compile(r"^(\d{1,6})(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d{1,7})$
 Actions = dict[int, list["Action"]]
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Action:
-    """One step of one rank: ``stage`` runs ``kind`` on microbatch ``mb``."""
+class Action(NamedTuple):
+    """One step of one rank: ``stage`` runs ``kind`` on microbatch ``mb`` (a tuple: lists
+    of thousands are hashed and compared, in C)."""
 
     stage: int
     """The pipeline stage index (global, 0 = the stage holding the embedding)."""
@@ -140,44 +140,44 @@ def _greedy(pp: int, m: int, limit: int) -> Actions:
     """A V-placed zero-bubble order, found by a unit-time list schedule.
 
     Every action costs one unit (F, I, W). At each unit, an idle rank runs the first ready
-    action by priority: an input gradient ``I`` (it unblocks the rank before), then a
-    forward while fewer than ``limit`` microbatches hold activations on the rank (the
-    later stage first, so microbatches reach the loss), then a deferred weight gradient
-    ``W`` (which fills what would be the bubble).
+    action by priority: an input gradient ``I`` (it unblocks the rank before; the lower
+    stage first), then a forward while fewer than ``limit`` microbatches hold activations
+    on the rank (the lowest microbatch, the later stage first, so microbatches reach the
+    loss), then a deferred weight gradient ``W`` (which fills what would be the bubble).
+    Each stage runs each kind in microbatch order, so a rank has at most six candidates.
     """
     n = 2 * pp
-    done: dict[Action, int] = {}  # action -> finish time
-    todo = {r: {Action(s, k, i) for s in rank_stages(r, pp, n, "v") for k in "FIW"
-                for i in range(m)} for r in range(pp)}
+    done: dict[tuple[int, str, int], int] = {}  # (stage, kind, mb) -> finish time
+    nxt = {(s, k): 0 for s in range(n) for k in "FIW"}
     out: Actions = {r: [] for r in range(pp)}
     held = dict.fromkeys(range(pp), 0)
+    never = 1 << 60
 
-    def ready(a: Action, t: int) -> bool:
-        if a.kind == "F":
-            dep = None if a.stage == 0 else Action(a.stage - 1, "F", a.mb)
-        elif a.kind == "I":
-            if done.get(Action(a.stage, "F", a.mb), t + 1) > t:
-                return False
-            dep = None if a.stage == n - 1 else Action(a.stage + 1, "I", a.mb)
-        else:
-            dep = Action(a.stage, "I", a.mb)
-        return dep is None or done.get(dep, t + 1) <= t
+    def ready(s: int, k: str, i: int, t: int) -> bool:
+        if k == "F":
+            return s == 0 or done.get((s - 1, "F", i), never) <= t
+        if k == "I":
+            return (done.get((s, "F", i), never) <= t
+                    and (s == n - 1 or done.get((s + 1, "I", i), never) <= t))
+        return done.get((s, "I", i), never) <= t
 
-    t = 0
-    while any(todo.values()):
+    t, left = 0, 3 * n * m
+    while left:
         for r in range(pp):
-            cands = sorted(a for a in todo[r] if ready(a, t))
-            pick = ([a for a in cands if a.kind == "I"]
-                    or sorted((a for a in cands if a.kind == "F" and held[r] < limit),
-                              key=lambda a: (a.mb, -a.stage))
-                    or [a for a in cands if a.kind == "W"])
+            cands = [(k, s, nxt[(s, k)]) for s in sorted(rank_stages(r, pp, n, "v"))
+                     for k in "FIW" if nxt[(s, k)] < m and ready(s, k, nxt[(s, k)], t)]
+            pick = ([c for c in cands if c[0] == "I"]
+                    or sorted((c for c in cands if c[0] == "F" and held[r] < limit),
+                              key=lambda c: (c[2], -c[1]))
+                    or [c for c in cands if c[0] == "W"])
             if not pick:
                 continue
-            a = pick[0]
-            todo[r].discard(a)
-            done[a] = t + 1
-            out[r].append(a)
-            held[r] += 1 if a.kind == "F" else -1 if a.kind == "W" else 0
+            k, s, i = pick[0]
+            done[(s, k, i)] = t + 1
+            nxt[(s, k)] += 1
+            left -= 1
+            out[r].append(Action(s, k, i))
+            held[r] += 1 if k == "F" else -1 if k == "W" else 0
         t += 1
         if t > 10 * n * m + 10:  # cannot happen: every action becomes ready eventually
             raise RuntimeError("zero-bubble list schedule made no progress")

@@ -116,7 +116,7 @@ def _structure(actions: Mapping[int, Sequence[Action]], pp: int, n_stages: int, 
 def _completeness(actions: Mapping[int, Sequence[Action]], seen: Counter, pp: int,
                   n_stages: int, m: int, style: str) -> list[Problem]:
     out: list[Problem] = []
-    for (r, a), n in sorted(seen.items()):
+    for (r, a), n in seen.items():
         if n > 1:
             out.append(Problem("duplicate", r, None, f"{a} appears {n} times on rank {r}"))
     for s in range(n_stages):

@@ -113,7 +113,8 @@ class PipelineRunner:
         return torch.stack(losses).sum().detach(), logits.detach()
 
     def _sum_tied_grads(self) -> None:
-        """Tied parameters on several stages: each copy's gradient is the sum of all."""
+        """Tied parameters on several stages: each copy's gradient is the sum of all (the
+        local shard's, when the runtime keeps parameters as DTensors)."""
         named = dict(self.model.named_parameters(remove_duplicate=False))
         mine = set(self.pipe.ranks_stages(self.pp_rank))
         for tied in self.pipe.tied_across_stages or ():
@@ -122,8 +123,17 @@ class PipelineRunner:
             param = held[0] if held else named.get(tied.params[0])
             if param is None:
                 continue
-            grad = param.grad if held and param.grad is not None else torch.zeros_like(param)
-            summed = grad.clone()
+            grad = param.grad if held else None
+            local = _local(grad) if grad is not None else torch.zeros_like(_local(param))
+            summed = local.clone()
             dist.all_reduce(summed, group=self.group)
-            if held:
+            if held and grad is not None:
+                local.copy_(summed)
+            elif held:
                 param.grad = summed
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
