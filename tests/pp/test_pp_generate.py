@@ -68,3 +68,23 @@ def test_impossible_pipelines_are_refused(tmp_path, flags, where, what):
     assert proc.returncode in (1, 2), doc
     assert any(f["path"] == where and what in f["message"] for f in doc["findings"]), doc
     assert not out.exists()
+
+
+def test_verify_model_checks_the_units_and_the_replicated_rotary(tmp_path):
+    proc, out = _gen(tmp_path, "--tp", "1", "--pp", "2")
+    assert proc.returncode == 0, proc.stderr
+    meta_file = out / "codegen_meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["pipeline"]["replicated_modules"] = []
+    order = meta["pipeline"]["module_order"]
+    order[0], order[1] = order[1], order[0]
+    meta_file.write_text(json.dumps(meta))
+    check = subprocess.run([*HPC, "verify", str(out), "--only", "model", "--json",
+                            "--hf-config", str(CONFIGS / "llama4")],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 1
+    doc = json.loads(check.stdout)
+    found = {f["code"]: f["path"] for a in doc["artifacts"] for c in a["checks"].values()
+             for f in c["findings"]}
+    assert found["model.pp_replicated"] == "/pipeline/replicated_modules"
+    assert found["model.pp_units"] == "/pipeline/module_order/0"
