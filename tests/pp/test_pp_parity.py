@@ -5,7 +5,8 @@ parameter a rank's stages own (within 1e-5), and the point-to-point ops and byte
 as they are posted equal what the frozen list and inspect-plan predict.
 
 Families: a dense Llama, Gemma-2 (embedding tied to the head across stages, sliding-window
-layers, logit soft-capping), Llama with attention biases; schedules 1F1B, GPipe,
+layers, logit soft-capping), Llama with attention biases, Qwen3 (q/k norms: partial
+gradients under tp); schedules 1F1B, GPipe,
 Interleaved1F1B (2 stages per rank) and ZBVZeroBubble (V: first and last stage on rank 0).
 """
 
@@ -73,7 +74,7 @@ def test_pp2_is_exact_for_every_schedule_and_family(pp_artifacts, gloo):
 def test_pp2_tp2_is_exact_on_four_ranks(pp_artifacts, gloo):
     cases = [(f"{c}:{s}:tp2", str(pp_artifacts(c, s, tp=2)), str(CONFIGS / c), 2, 2)
              for c, s in [("llama4", "1F1B"), ("gemma2_tied4", "ZBVZeroBubble"),
-                          ("llama_bias4", "Interleaved1F1B")]]
+                          ("llama_bias4", "Interleaved1F1B"), ("qwen3_4", "Interleaved1F1B")]]
     _check(gloo(4, pp_parity_cases, cases), [c[0] for c in cases])
 
 
