@@ -1,7 +1,8 @@
 """``hpcodegen launch`` runs a pipelined artifact: torchrun ranks on a ``pp x tp`` mesh,
 ``--check-parity --steps 2`` exact against the unsharded model (loss, logits, every owned
 gradient, the losses of two AdamW steps) and the p2p ops as frozen; what a pipeline does
-not run yet is refused with the flag, and a world that is not ``pp x tp`` is a usage
+not run yet is refused with the flag; a checkpoint saved at pp 2 resumes exactly at tp 2
+and back; a world that is not ``pp x tp`` is a usage
 error before any process starts."""
 
 from __future__ import annotations
@@ -56,3 +57,28 @@ def test_a_pipeline_on_a_dp_world_is_a_usage_error(tmp_path):
     proc = _launch(art, "llama4", 4)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "pipeline stages run on pp x tp ranks only" in proc.stdout
+
+
+def _losses(proc: subprocess.CompletedProcess) -> list[float]:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)["ranks"][0]["losses"]
+
+
+@pytest.mark.timeout(900)
+def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(tmp_path):
+    """Three steps at pp 2 against two steps at pp 2, saved, and the third at tp 2 (no
+    pipeline) from the checkpoint; then two at tp 2, saved, and the third at pp 2."""
+    pp = tmp_path / "pp"
+    subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o", str(pp),
+                    "--tp", "1", "--pp", "2", "--microbatches", "2"], check=True,
+                   capture_output=True, timeout=300)
+    tp = tmp_path / "tp"
+    subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o", str(tp),
+                    "--tp", "2"], check=True, capture_output=True, timeout=300)
+    straight = _losses(_launch(pp, "llama4", 2, "--steps", "3"))
+    _losses(_launch(pp, "llama4", 2, "--steps", "2", "--save", str(tmp_path / "a")))
+    third = _losses(_launch(tp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "a")))
+    assert third[0] == pytest.approx(straight[2], abs=1e-5)
+    _losses(_launch(tp, "llama4", 2, "--steps", "2", "--save", str(tmp_path / "b")))
+    back = _losses(_launch(pp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "b")))
+    assert back[0] == pytest.approx(straight[2], abs=1e-5)

@@ -13,9 +13,13 @@ Steps (each a ``phase`` the launcher shows):
 3. ``step k/K``: AdamW steps of the stages' parameters (the reference steps identically);
    the loss is shared over the pp group so every rank reports it.
 
-Not yet with a pipeline (refused with the reason): ``--save``/``--resume``,
-``--compile``, ``--max-grad-norm``; the memory check is skipped (it models whole-model
-ranks).
+With ``--save DIR`` each stage's owner broadcasts its parameters over the pp group first,
+so every rank holds the whole trained model, and the usual DCP checkpoint is written (FQNs
+are the model's own, the optimizer's state comes from each parameter's owner): it resumes
+on any mesh, pp or not (``--resume``, also into a pipeline).
+
+Not yet with a pipeline (refused with the reason): ``--compile``, ``--max-grad-norm``; the
+memory check is skipped (it models whole-model ranks).
 """
 
 from __future__ import annotations
@@ -30,26 +34,25 @@ from hpcodegen.launch.rank.model import (
     build_parallel_model,
     resolve_model_dir,
     sliding_window_of,
-    synthetic_length,
 )
 from hpcodegen.launch.rank.reporter import RankReporter
 
 LEARNING_RATE = 1e-3
 #: launch options a pipeline does not run yet, by their environment variable
-_NOT_YET = {env.SAVE: "--save", env.RESUME: "--resume", env.COMPILE: "--compile",
-            env.MAX_GRAD_NORM: "--max-grad-norm"}
+_NOT_YET = {env.COMPILE: "--compile", env.MAX_GRAD_NORM: "--max-grad-norm"}
 
 
-def _batch(vocab: int, rows: int, length: int, seed: int, device: Any) -> tuple[Any, Any]:
-    """Seeded ids and next-token labels (-100 at each row's last position), same on every
-    rank."""
-    import torch
+def _batch(vocab: int, rows: int, world: int, window: int | None, seed: int,
+           device: Any) -> tuple[Any, Any]:
+    """The smoke job's synthetic batch (so a checkpoint resumed without pp trains on the
+    same data), its rows repeated up to a multiple of the microbatch count."""
+    from hpcodegen.launch.rank.model import synthetic_batch
 
-    gen = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, vocab, (rows, length + 1), generator=gen)
-    labels = ids[:, 1:].clone()
-    labels[:, -1] = -100
-    return ids[:, :-1].contiguous().to(device), labels.to(device)
+    ids, labels = synthetic_batch(vocab, world, seed, device, window)
+    if ids.shape[0] % rows:
+        reps = -(-rows // ids.shape[0])
+        ids, labels = ids.repeat(reps, 1)[:rows], labels.repeat(reps, 1)[:rows]
+    return ids, labels
 
 
 def _ref_step(ref: Any, ids: Any, labels: Any) -> tuple[Any, Any]:
@@ -103,13 +106,20 @@ def _parity(runner: Any, built: Any, ref: Any, ids: Any, labels: Any, ctx: RankC
     return out
 
 
-def _train(runner: Any, ref: Any, ids: Any, labels: Any, steps: int, ctx: RankContext,
-           reporter: RankReporter) -> None:
+def _optimizers(built: Any, ref: Any) -> list[Any]:
+    """AdamW over every parameter of the model, in the model's order, on every rank (a
+    parameter another stage owns gets no gradient, so no state and no update here): the
+    parameter groups are the same on every rank and in a checkpoint."""
     import torch
 
-    opts = [torch.optim.AdamW(runner.parameters(), lr=LEARNING_RATE)]
+    opts = [torch.optim.AdamW(built.model.parameters(), lr=LEARNING_RATE)]
     if ref is not None:
         opts.append(torch.optim.AdamW(ref.model.parameters(), lr=LEARNING_RATE))
+    return opts
+
+
+def _train(runner: Any, ref: Any, opts: list[Any], ids: Any, labels: Any, steps: int,
+           first: int, ctx: RankContext, reporter: RankReporter) -> None:
     for k in range(1, steps + 1):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -120,7 +130,25 @@ def _train(runner: Any, ref: Any, ids: Any, labels: Any, steps: int, ctx: RankCo
             ref_loss, _ = _ref_step(ref.model, ids, labels)
             opts[1].step()
             reporter.record.ref_losses.append(float(ref_loss))
-        reporter.update(phase=f"step {k}/{steps}")
+        reporter.update(phase=f"step {first + k}/{first + steps}")
+
+
+def _broadcast_owned(model: Any, ctx: RankContext) -> None:
+    """Every stage's parameters from the pp rank running it to the others (local tp
+    shards: a pp group holds one tp coordinate), in stage order on every rank."""
+    import torch.distributed as dist
+
+    pipe = ctx.meta.plan.pipeline
+    group = ctx.mesh.get_group("pp")
+    seen: set[int] = set()
+    for stage in pipe.stages:
+        src = dist.get_global_rank(group, stage.rank)
+        for fqn, param in model.named_parameters(remove_duplicate=False):
+            if id(param) in seen or pipe.owner(fqn) != stage.index:
+                continue
+            seen.add(id(param))
+            local = param.to_local() if hasattr(param, "to_local") else param
+            dist.broadcast(local.data, src=src, group=group)
 
 
 def _failure(parity: dict[str, Any] | None, tol: float) -> str | None:
@@ -152,11 +180,20 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     built = build_parallel_model(directory, ctx, seed, dtype)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
+    opts = _optimizers(built, ref)
+    save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
+    first = 0
+    if resume_dir:
+        from hpcodegen.checkpoint.dcp_io import resume
+
+        reporter.update(phase="resume")
+        first = resume(resume_dir, built.model, optimizer=opts[0])
+        if ref is not None:
+            resume(resume_dir, ref.model, optimizer=opts[1])
     pp_rank = ctx.mesh.get_local_rank("pp")
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device)
-    length = synthetic_length(ctx.world_size, sliding_window_of(built.hf_config))
-    ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches, length, seed,
-                         ctx.device)
+    ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches, ctx.world_size,
+                         sliding_window_of(built.hf_config), seed, ctx.device)
     reporter.update(phase="forward", weights=built.weights,
                     local_param_bytes=sum(p.numel() * p.element_size()
                                           for p in runner.parameters()))
@@ -166,12 +203,20 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         parity = {**_parity(runner, built, ref, ids, labels, ctx, pp_rank), "tolerance": tol}
         reporter.update(parity=parity)
     if steps:
-        _train(runner, ref, ids, labels, steps, ctx, reporter)
+        _train(runner, ref, opts, ids, labels, steps, first, ctx, reporter)
         if parity is not None:
             rec = reporter.record
             diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
             parity["loss_max_diff"] = max([parity["loss_max_diff"], *diffs])
             reporter.update(parity=parity)
+    if save_dir:
+        from hpcodegen.checkpoint.dcp_io import save
+        from hpcodegen.launch.rank.smoke import _checkpoint_record
+
+        reporter.update(phase="save")
+        _broadcast_owned(built.model, ctx)
+        save(save_dir, built.model, optimizer=opts[0], step=first + steps,
+             record=_checkpoint_record(ctx, built))
     bad = [k for k, x in enumerate(reporter.record.losses, 1) if not math.isfinite(x)]
     reporter.finish(_failure(parity, tol) or (f"non-finite loss at step {bad[0]}" if bad
                                               else None))
