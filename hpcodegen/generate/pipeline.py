@@ -53,18 +53,16 @@ def parse_layout(text: str | None) -> tuple[int, ...] | None:
 
 #: what ``--pp`` does not compose with yet, and why (refused, never run inexactly)
 NOT_WITH_PP: dict[str, str] = {
-    "--sp": "a stage boundary would carry sequence shards while each stage rebuilds "
-            "positions and masks from the length it receives",
     "--cp": "the stage runtime does not cut the batch over cp ranks",
     "--ep": "expert meshes are not carved inside a pipeline stage yet",
     "--loss-parallel": "the last stage's loss takes whole logits",
 }
 
 
-def check_pp_args(args: PipelineArgs, *, sp: bool = False, cp: int = 1, ep: int = 1,
+def check_pp_args(args: PipelineArgs, *, cp: int = 1, ep: int = 1,
                   loss_parallel: bool = False) -> None:
     """Usage errors before the model is built."""
-    given = {"--sp": sp, "--cp": cp > 1, "--ep": ep > 1, "--loss-parallel": loss_parallel}
+    given = {"--cp": cp > 1, "--ep": ep > 1, "--loss-parallel": loss_parallel}
     for flag, on in given.items():
         if on:
             raise UsageError([error("generate.pp_compose", flag, f"--pp with {flag} is not "
@@ -127,6 +125,24 @@ def _check_base(model: Any, base: str) -> None:
                                "stage after the first cannot feed it hidden states")])
 
 
+def _refuse_split_partial(plan: Mapping[str, Mapping[str, Any]], schedule: str) -> None:
+    """A zero-bubble backward (``I`` then ``W``) with parameters whose gradient is partial
+    over tp: the runtime sums those over tp once per whole backward, which a split
+    backward never is. Refused rather than run inexactly."""
+    from hpcodegen.plan.codec import entries_from_json
+
+    partial = sorted(f"{fqn}.{name}" if name else fqn
+                     for fqn, entry in entries_from_json(plan).items()
+                     for name in entry.effective_partial_grad_params())
+    if partial:
+        raise PlanError([error("generate.pp_split_backward", "--pp-schedule",
+                               f"{schedule} splits the backward into input and weight "
+                               f"gradients, but {len(partial)} parameter(s) have gradients "
+                               f"partial over tp (e.g. {partial[0]}): their tp sum runs once "
+                               "per whole backward, not yet per split one",
+                               hint="use 1F1B or Interleaved1F1B with this plan")])
+
+
 def _per_rank(units: Sequence[Unit], model: Any, plan: Mapping[str, Mapping[str, Any]],
               tp: int, stages: Sequence[Sequence[str]]) -> list[int]:
     """Parameters one rank of each stage holds: a tp-sharded parameter counts 1/tp."""
@@ -155,6 +171,8 @@ def pipeline_section(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
     units, replicated, base = model_units(model)
     _check_base(model, base)
     spec = SCHEDULES[args.schedule]
+    if spec.split_backward and tp > 1:
+        _refuse_split_partial(plan, args.schedule)
     v = spec.stages_per_rank or args.stages_per_rank
     m = args.microbatches or args.pp * v
     try:

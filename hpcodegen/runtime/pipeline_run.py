@@ -69,12 +69,12 @@ class PipelineRunner:
     """
 
     def __init__(self, model: torch.nn.Module, pipe: Pipeline, pp_rank: int, group: Any,
-                 device: Any) -> None:
+                 device: Any, tp_size: int = 1) -> None:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
         self.model, self.pipe, self.pp_rank, self.group = model, pipe, pp_rank, group
-        self.modules = build_stage_modules(model, pipe, pp_rank)
+        self.modules = build_stage_modules(model, pipe, pp_rank, tp_size)
         stages = [PipelineStage(module, index, pipe.n_stages, device, group=group)
                   for index, module in self.modules]
         self._normalizer: list[float] = [1.0]

@@ -64,11 +64,18 @@ def _layer_base(pipe: Pipeline) -> tuple[str, str]:
 
 
 def _shell(module: nn.Module) -> nn.Module:
-    """A shallow copy of ``module`` whose child/parameter/buffer tables are its own."""
+    """A shallow copy of ``module`` whose child/parameter/buffer tables are its own.
+
+    The sequence-parallel positions wrapper (an instance ``forward`` closing over the
+    original module) is not copied: it would run the whole model; :class:`StageModule`
+    passes the global positions itself."""
     clone = copy.copy(module)
     clone._modules = type(module._modules)(module._modules)
     clone._parameters = type(module._parameters)(module._parameters)
     clone._buffers = type(module._buffers)(module._buffers)
+    if getattr(module, "_hp_position_ids_wrapped", False):
+        del clone.forward
+        clone._hp_position_ids_wrapped = False
     return clone
 
 
@@ -96,15 +103,29 @@ def _cut(module: nn.Module, prefix: str, owned: set[str], units: list[str],
 class StageModule(nn.Module):
     """The module a ``torch.distributed.pipelining.PipelineStage`` runs for one stage."""
 
-    def __init__(self, top: nn.Module, base_fqn: str, *, first: bool, last: bool) -> None:
+    def __init__(self, top: nn.Module, base_fqn: str, *, first: bool, last: bool,
+                 seq_shards: int = 1) -> None:
         super().__init__()
         self.top = top
         self.base_fqn = base_fqn
         self.first, self.last = first, last
+        self.seq_shards = seq_shards
+        """tp when the boundary is sequence-sharded (``S(1)`` on tp): a received
+        activation holds ``1/seq_shards`` of the sequence."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kwargs: dict[str, Any] = {"input_ids": x} if self.first else {"inputs_embeds": x}
         kwargs["use_cache"] = False
+        if self.seq_shards == 1:
+            return self._run(kwargs)
+        from hpcodegen.sp_positions import full_sequence
+
+        length = x.shape[1] * (1 if self.first else self.seq_shards)
+        kwargs["position_ids"] = torch.arange(length, device=x.device).unsqueeze(0)
+        with full_sequence(length):
+            return self._run(kwargs)
+
+    def _run(self, kwargs: dict[str, Any]) -> torch.Tensor:
         if self.last:
             return self.top(**kwargs).logits
         base = self.top.get_submodule(self.base_fqn) if self.base_fqn else self.top
@@ -112,20 +133,24 @@ class StageModule(nn.Module):
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-def build_stage_modules(model: nn.Module, pipe: Pipeline, pp_rank: int
+def build_stage_modules(model: nn.Module, pipe: Pipeline, pp_rank: int, tp_size: int = 1
                         ) -> list[tuple[int, StageModule]]:
     """``[(stage index, module)]`` for the stages ``pp_rank`` runs, in index order.
 
     ``model`` is the full model (tp already installed); the stages share its parameters.
     """
+    from hpcodegen.placement import Shard
+
     layer_list, base = _layer_base(pipe)
     units = list(pipe.module_order or ())
+    placements = (pipe.boundary.placements if pipe.boundary else None) or {}
+    shards = tp_size if placements.get("tp") == Shard(1) else 1
     out = []
     for index in pipe.ranks_stages(pp_rank):
         owned = set(pipe.stages[index].modules)
         top = _cut(model, "", owned, units, layer_list)
         out.append((index, StageModule(top, base, first=index == 0,
-                                       last=index == pipe.n_stages - 1)))
+                                       last=index == pipe.n_stages - 1, seq_shards=shards)))
     return out
 
 

@@ -42,7 +42,7 @@ def pp_parity(artifact: str, config_dir: str, pp: int, tp: int, rows: int = 4,
     pipe = pair.plan.pipeline
     pp_rank = mesh.get_local_rank("pp")
     runner = PipelineRunner(pair.sharded, pipe, pp_rank, mesh.get_group("pp"),
-                            torch.device("cpu"))
+                            torch.device("cpu"), tp)
     vocab = pair.reference.config.vocab_size
     ids, labels = token_batch(vocab, rows, seq)
     labels[0, :3] = -100  # some labels ignored: the normaliser counts valid ones only

@@ -191,7 +191,9 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         if ref is not None:
             resume(resume_dir, ref.model, optimizer=opts[1])
     pp_rank = ctx.mesh.get_local_rank("pp")
-    runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device)
+    tp = dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True)).get("tp", 1)
+    runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
+                            tp)
     ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches, ctx.world_size,
                          sliding_window_of(built.hf_config), seed, ctx.device)
     reporter.update(phase="forward", weights=built.weights,
