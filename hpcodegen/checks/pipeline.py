@@ -15,7 +15,8 @@ With a ``pipeline`` section (:mod:`hpcodegen.plan.pipeline`):
 * tied weights: every ``tied_pairs`` pair whose parameters land on different stages is
   declared in ``tied_across_stages`` with the owning stages;
 * the loss contract is the exact one (sum per microbatch, global valid-token normaliser,
-  ``scale_grads`` false);
+  ``scale_grads`` false); a split backward (zero bubble) has no tp-partial gradients
+  (:func:`hpcodegen.plan.pipeline_build.split_backward_partials`, generate's rule too);
 * the action list parses, passes :func:`hpcodegen.plan.schedule_sim.simulate` (every
   forward before its backward, complete microbatches, sends matched in order, no
   deadlock), matches ``actions_sha256``; one that is not the named schedule's is a warning.
@@ -33,6 +34,7 @@ from hpcodegen.checks.context import CheckContext, as_dict
 from hpcodegen.errors import Finding, error, pointer, warning
 from hpcodegen.placement import REPLICATE, Partial, Shard
 from hpcodegen.plan.pipeline import Pipeline, owning_stage
+from hpcodegen.plan.pipeline_build import split_backward_message, split_backward_partials
 from hpcodegen.plan.schedule import (
     actions_digest,
     build_actions,
@@ -63,6 +65,11 @@ def check_pipeline(ctx: CheckContext) -> Iterator[Finding]:
     yield from _boundary(pipe, plan.dims.sequence_parallel is True)
     yield from _tied(pipe, plan.tied_pairs or ())
     yield from _loss(pipe)
+    partial = split_backward_partials(plan.entries, pipe.schedule, plan.dims.size("tp"))
+    if partial:
+        yield error("plan.pp_split_backward", pointer(_P, "schedule"),
+                    split_backward_message(pipe.schedule, partial),
+                    hint="freeze 1F1B or Interleaved1F1B with this plan")
     yield from _actions(pipe)
 
 

@@ -21,7 +21,14 @@ from hpcodegen.generate.layer_split import layer_blocks
 from hpcodegen.placement import is_shard, parse_placement
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.pipeline import fold_modules
-from hpcodegen.plan.pipeline_build import SplitError, Unit, build_pipeline, stage_param_counts
+from hpcodegen.plan.pipeline_build import (
+    SplitError,
+    Unit,
+    build_pipeline,
+    split_backward_message,
+    split_backward_partials,
+    stage_param_counts,
+)
 from hpcodegen.plan.schedule import SCHEDULES
 
 
@@ -125,24 +132,6 @@ def _check_base(model: Any, base: str) -> None:
                                "stage after the first cannot feed it hidden states")])
 
 
-def _refuse_split_partial(plan: Mapping[str, Mapping[str, Any]], schedule: str) -> None:
-    """A zero-bubble backward (``I`` then ``W``) with parameters whose gradient is partial
-    over tp: the runtime sums those over tp once per whole backward, which a split
-    backward never is. Refused rather than run inexactly."""
-    from hpcodegen.plan.codec import entries_from_json
-
-    partial = sorted(f"{fqn}.{name}" if name else fqn
-                     for fqn, entry in entries_from_json(plan).items()
-                     for name in entry.effective_partial_grad_params())
-    if partial:
-        raise PlanError([error("generate.pp_split_backward", "--pp-schedule",
-                               f"{schedule} splits the backward into input and weight "
-                               f"gradients, but {len(partial)} parameter(s) have gradients "
-                               f"partial over tp (e.g. {partial[0]}): their tp sum runs once "
-                               "per whole backward, not yet per split one",
-                               hint="use 1F1B or Interleaved1F1B with this plan")])
-
-
 def _per_rank(units: Sequence[Unit], model: Any, plan: Mapping[str, Mapping[str, Any]],
               tp: int, stages: Sequence[Sequence[str]]) -> list[int]:
     """Parameters one rank of each stage holds: a tp-sharded parameter counts 1/tp."""
@@ -171,8 +160,13 @@ def pipeline_section(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
     units, replicated, base = model_units(model)
     _check_base(model, base)
     spec = SCHEDULES[args.schedule]
-    if spec.split_backward and tp > 1:
-        _refuse_split_partial(plan, args.schedule)
+    from hpcodegen.plan.codec import entries_from_json
+
+    partial = split_backward_partials(entries_from_json(plan), args.schedule, tp)
+    if partial:
+        raise PlanError([error("generate.pp_split_backward", "--pp-schedule",
+                               split_backward_message(args.schedule, partial),
+                               hint="use 1F1B or Interleaved1F1B with this plan")])
     v = spec.stages_per_rank or args.stages_per_rank
     m = args.microbatches or args.pp * v
     try:

@@ -176,6 +176,27 @@ def _tied_across(tied: Sequence[Sequence[str]], owner: Mapping[str, int]) -> lis
     return out
 
 
+def split_backward_partials(entries: Mapping[str, Any], schedule: str, tp: int) -> list[str]:
+    """The parameters that make ``schedule`` inexact at this tp: a zero-bubble backward
+    (``I`` then ``W``) with gradients partial over tp, which the runtime sums once per
+    whole backward (``entries``: the typed plan entries). Empty: nothing in the way."""
+    try:
+        split = schedule_spec(schedule).split_backward
+    except ValueError:
+        return []
+    if not split or tp <= 1:
+        return []
+    return sorted(f"{fqn}.{name}" if name else fqn for fqn, entry in entries.items()
+                  for name in entry.effective_partial_grad_params())
+
+
+def split_backward_message(schedule: str, partial: Sequence[str]) -> str:
+    """The one wording of :func:`split_backward_partials`' refusal (generate and verify)."""
+    return (f"{schedule} splits the backward into input and weight gradients, but "
+            f"{len(partial)} parameter(s) have gradients partial over tp (e.g. {partial[0]}): "
+            "their tp sum runs once per whole backward, not yet per split one")
+
+
 def stage_param_counts(units: Sequence[Unit], stages: Sequence[Sequence[str]]) -> list[int]:
     """Parameters per stage (a tied copy counts on each stage holding it)."""
     params = {u.fqn: u.params for u in units}

@@ -56,6 +56,9 @@ def _redigest(meta: dict[str, Any]) -> None:
 def test_a_built_pipeline_passes_schema_and_plan(schedule, pp, v):
     meta = pp_meta(schedule, pp, 4, v)
     assert errors(meta, "schema") == {}
+    if schedule == "ZBVZeroBubble":  # the fixture's SP norms have tp-partial gradients
+        assert errors(meta) == {"plan.pp_split_backward": ["/pipeline/schedule"]}
+        return
     assert errors(meta) == {}
     pipe = meta["pipeline"]
     assert pipe["tied_across_stages"][0]["stages"] == [0, pp * v - 1 if v == 1 or
@@ -177,6 +180,16 @@ def test_a_boundary_placement_against_sequence_parallelism():
     assert errors(meta)["plan.pp_boundary"] == ["/pipeline/boundary/placements/tp"]
 
 
+def test_a_split_backward_is_exact_without_tp_partial_gradients():
+    meta = pp_meta("ZBVZeroBubble", v=2)
+    for entry in meta["param_plan"].values():
+        entry.pop("partial_grad_params", None)
+    meta["parallel_dims"]["sequence_parallel"] = False
+    meta["pipeline"]["boundary"]["placements"] = {}
+    found = errors(meta)
+    assert "plan.pp_split_backward" not in found, found
+
+
 def test_pp_size_without_a_pipeline_is_a_warning():
     meta = vf.llama_meta()
     meta["parallel_dims"]["pp_size"] = 2
@@ -206,7 +219,7 @@ def test_the_plan_round_trips_with_its_pipeline():
 def test_the_pipeline_rules_import_no_torch():
     code = (f"import sys; sys.path.append({str(FIXTURES)!r}); import verify_fixtures as vf;"
             "from test_check_pipeline import pp_meta;"
-            "r = vf.run_check('plan', pp_meta('ZBVZeroBubble', v=2)); assert r.status == 'pass';"
+            "r = vf.run_check('plan', pp_meta('Interleaved1F1B', v=2)); assert r.status == 'pass';"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
                    cwd=Path(__file__).parent)
