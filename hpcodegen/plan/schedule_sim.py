@@ -82,6 +82,11 @@ def _needed_comms(a: Action, n_stages: int, pp: int, style: str
 
 def _structure(actions: Mapping[int, Sequence[Action]], pp: int, n_stages: int, m: int,
                style: str) -> list[Problem]:
+    total = sum(len(a) for a in actions.values())
+    if total < 2 * n_stages * m:  # also bounds the work below by the list's own size
+        return [Problem("missing", None, None, f"{total} actions cannot run {n_stages} "
+                        f"stages x {m} microbatches (a forward and a backward each: at least "
+                        f"{2 * n_stages * m})")]
     out: list[Problem] = []
     if sorted(actions) != list(range(pp)):
         out.append(Problem("ranks", None, None, f"action lists for ranks {sorted(actions)}, "

@@ -223,3 +223,14 @@ def test_the_pipeline_rules_import_no_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
                    cwd=Path(__file__).parent)
+
+
+@pytest.mark.timeout(60)
+def test_declared_sizes_the_list_cannot_hold_are_refused_without_the_work():
+    """A hostile section declaring 65536 microbatches over an 8-action list: refused with
+    the count it would need, the work bounded by the list's own size (no 65536-long loop
+    per stage; the timeout mark is the bound)."""
+    meta = pp_meta("GPipe", m=1)
+    meta["pipeline"]["n_microbatches"] = 65536
+    found = errors(meta)
+    assert found["plan.pp_actions_missing"] == ["/pipeline/actions"]
