@@ -21,13 +21,18 @@ from hpcodegen.errors import UsageError, error
 from hpcodegen.placement import Shard
 from hpcodegen.plan.pipeline import Pipeline, fold_modules
 from hpcodegen.plan.schedule import parse_action
-from hpcodegen.plan.schedule_sim import Simulation, simulate
+from hpcodegen.plan.schedule_sim import Problem, Simulation, simulate
 from hpcodegen.plan.types import Plan
 
 
 def simulate_pipeline(pipe: Pipeline) -> Simulation:
-    """The frozen action list, simulated (verify has checked it; a bad one has problems)."""
-    actions = {int(r): [parse_action(a) for a in acts] for r, acts in (pipe.actions or {}).items()}
+    """The frozen action list, simulated (verify has checked it; an unreadable or invalid
+    one, read with ``--no-checks``, comes back with its problems and no timeline)."""
+    try:
+        actions = {int(r): [parse_action(a) for a in acts]
+                   for r, acts in (pipe.actions or {}).items()}
+    except ValueError as exc:
+        return Simulation(problems=[Problem("actions", None, None, str(exc))])
     return simulate(actions, pp=pipe.pp_size, n_stages=pipe.n_stages,
                     n_microbatches=pipe.n_microbatches, style=pipe.style)
 

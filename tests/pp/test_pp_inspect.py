@@ -62,3 +62,17 @@ def test_a_timeline_without_a_pipeline_is_a_usage_error(tmp_path):
     proc = _inspect(str(art), ("timeline", str(tmp_path / "t.json")))
     assert proc.returncode == 2
     assert "no pipeline section" in proc.stderr
+
+
+def test_a_broken_action_list_read_without_checks_is_reported_not_a_traceback(tmp_path):
+    meta = pp_meta("1F1B", 2, 4, 1)
+    meta["pipeline"]["actions"]["1"][0] = "garbage"
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "codegen_meta.json").write_text(json.dumps(meta))
+    proc = _inspect(str(d), ("as_json", True), ("checks", False))
+    assert "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)["pipeline"]["valid"] is False
+    gated = _inspect(str(d), ("as_json", True))
+    assert gated.returncode == 1
+    assert any(f["code"] == "plan.pp_actions" for f in json.loads(gated.stdout)["findings"])
