@@ -42,7 +42,8 @@ class TraceResult:
     calls: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     #: ``{(attention module fqn, "key" | "value"): shape}`` as handed to the attention
-    #: kernel (``[batch, kv_heads, seq, head_dim]``, before any GQA expansion)
+    #: kernel (``[batch, kv_heads, seq, head_dim]``, before any GQA expansion), the query
+    #: and the kernel's output ``[batch, seq, heads, head_dim]`` (Ulysses' all_to_alls)
     attention: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -56,11 +57,14 @@ def _run_forward(model: Any, batch: int, seq: int, result: TraceResult | None = 
     names = {id(m): fqn for fqn, m in model.named_modules()}
 
     @contextlib.contextmanager
-    def record(module: Any, _q: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
+    def record(module: Any, query: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
         fqn = names.get(id(module), "")
         if result is not None:
+            result.attention.setdefault((fqn, "query"), tuple(query.shape))
             result.attention.setdefault((fqn, "key"), tuple(key.shape))
             result.attention.setdefault((fqn, "value"), tuple(value.shape))
+            b, h, s, _ = query.shape
+            result.attention.setdefault((fqn, "output"), (b, s, h, value.shape[-1]))
         yield
     with watch_attention(model, record):
         forward(model, batch, seq, mask=True)
@@ -101,6 +105,16 @@ def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
         with removed(record_tensors(watched, recording, lone)):
             _run_forward(model, batch, seq, result)
     except Exception as exc:  # any model code may fail on meta; report, never a traceback
+        if isinstance(exc, OverflowError) or "overflow" in str(exc).lower():
+            # an activation of batch x seq (x seq for attention scores) past what a tensor
+            # can hold: the request is impossible, not the plan wrong
+            from hpcodegen.errors import UsageError
+
+            raise UsageError([error("inspect.usage", "--batch/--seq",
+                                    f"--batch {batch} --seq {seq}: the model's activations "
+                                    f"at this size exceed what a tensor can hold "
+                                    f"({type(exc).__name__}: {str(exc)[:160]})",
+                                    expected="a batch and sequence a model can run")]) from None
         raise PlanError([error("trace.forward_failed", "",
                                f"meta-device forward failed: {type(exc).__name__}: {exc}",
                                hint="check --hf-config, --batch and --seq")]) from None
