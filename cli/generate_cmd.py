@@ -67,6 +67,21 @@ def generate(
         False, "--strict",
         help="Refuse (exit 1, nothing written) what would be a warning: a plan that splits "
              "no layer over tp."),
+    pp: int = typer.Option(1, "--pp", metavar="N",
+                           help="Pipeline-parallel degree: the model split into stages over N "
+                                "ranks (docs/pp.md)."),
+    pp_schedule: str = typer.Option(
+        "1F1B", "--pp-schedule", metavar="NAME",
+        help="GPipe, 1F1B, Interleaved1F1B or ZBVZeroBubble."),
+    microbatches: Optional[int] = typer.Option(
+        None, "--microbatches", metavar="M",
+        help="Microbatches per step (default: the number of stages)."),
+    pp_layout: Optional[str] = typer.Option(
+        None, "--pp-layout", metavar="COUNTS",
+        help="Decoder layers per stage, e.g. 3,5 (default: balance parameter counts)."),
+    pp_stages_per_rank: int = typer.Option(
+        2, "--pp-stages-per-rank", metavar="V",
+        help="Stages per rank for Interleaved1F1B (V schedules always run 2)."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
@@ -89,17 +104,21 @@ def generate(
 
         require("runtime", "hpcodegen generate")
         from hpcodegen.generate.api import GenerateArgs, run_generate
+        from hpcodegen.generate.pipeline import PipelineArgs, parse_layout
         from hpcodegen.generate.recorded import artifact_dir
 
         target = artifact_dir(out, artifact, check)
-
+        pipeline = None
+        if pp != 1 or pp_layout is not None or microbatches is not None:
+            pipeline = PipelineArgs(pp, pp_schedule, microbatches, parse_layout(pp_layout),
+                                    pp_stages_per_rank)
         return run_generate(GenerateArgs(model, tp, target, sp=sp, recipe=recipe, check=check,
                                          ep=ep,
                                          as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose),
                                          loss_parallel=loss_parallel, strict=strict,
                                          cp=cp, cp_layout=cp_layout, cp_method=cp_method,
-                                         ulysses=ulysses))
+                                         ulysses=ulysses, pipeline=pipeline))
 
     start_progress(quiet, as_json)
     raise typer.Exit(guarded("generate", call, as_json=as_json))

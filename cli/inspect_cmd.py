@@ -39,6 +39,9 @@ def inspect_plan(
     checks: bool = typer.Option(
         True, "--checks/--no-checks",
         help="Run verify's schema and plan checks first (skip for plans already verified)."),
+    timeline: Optional[str] = typer.Option(
+        None, "--timeline", metavar="FILE",
+        help="Write the pipeline schedule as a Chrome trace (chrome://tracing, Perfetto)."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
@@ -48,5 +51,5 @@ def inspect_plan(
     raise typer.Exit(guarded("inspect-plan", lambda: run_inspect(InspectOptions(
         path=path, expand=expand, mesh=mesh, as_json=as_json, hf_config=hf_config,
         batch=batch, seq=seq, dtype=dtype, link_gbps=link_gbps,
-        link_latency_us=link_latency_us, checks=checks,
+        link_latency_us=link_latency_us, checks=checks, timeline=timeline,
         verbosity=verbosity(quiet, verbose))), as_json=as_json))

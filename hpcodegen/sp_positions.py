@@ -16,8 +16,10 @@ run (:mod:`hpcodegen.generate.sp_check`) both use it, so the check runs what wil
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -79,6 +81,19 @@ def _full_length_builder(fn: Any, arg: str) -> Any:
 
     full_length_mask._hp_full_length = True  # type: ignore[attr-defined]
     return full_length_mask
+
+
+@contextlib.contextmanager
+def full_sequence(length: int) -> Iterator[None]:
+    """Inside: transformers' mask builders size their masks by ``length`` (the global
+    sequence), as inside a wrapped forward; for callers that pass the global
+    ``position_ids`` themselves (a pipeline stage fed hidden states, not token ids)."""
+    outer = _FULL_SEQUENCE[0]
+    _FULL_SEQUENCE[0] = int(length)
+    try:
+        yield
+    finally:
+        _FULL_SEQUENCE[0] = outer
 
 
 def install_default_position_ids(parent: nn.Module) -> bool:

@@ -10,6 +10,8 @@ from typing import Any
 
 #: Plan fields the signature covers, besides the generator, source and mesh.
 SIGNED_PLAN_FIELDS: tuple[str, ...] = ("param_plan", "injections", "tied_pairs", "special_handlers")
+#: Signed when present only, so the signatures of metas without them do not change.
+SIGNED_OPTIONAL_FIELDS: tuple[str, ...] = ("pipeline",)
 
 
 def bytes_digest(data: bytes) -> dict[str, Any]:
@@ -50,7 +52,9 @@ def signature_payload(
         },
         "parallel_dims": dict(parallel_dims),
         "mesh_dim_names": mesh_dim_names,
-        "plan": {key: plan.get(key) for key in SIGNED_PLAN_FIELDS},
+        "plan": {**{key: plan.get(key) for key in SIGNED_PLAN_FIELDS},
+                 **{key: plan[key] for key in SIGNED_OPTIONAL_FIELDS
+                    if plan.get(key) is not None}},
     }
 
 

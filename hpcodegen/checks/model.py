@@ -376,6 +376,36 @@ def _vocab_parallel(meta: Mapping[str, Any], modules: Mapping[str, Any]) -> Iter
     yield from vocab_parallel_findings(meta, embeddings, "model")
 
 
+def _pipeline_units(ctx: CheckContext, model: Any) -> Iterator[Finding]:
+    """A pipeline's units are the model's own, in its order, and its parameter-free
+    modules (rotary embeddings) are kept on every stage: read off the built model by the
+    rule generate splits by (:func:`hpcodegen.generate.pipeline.model_units`)."""
+    pipe = ctx.plan.pipeline
+    if pipe is None:
+        return
+    from hpcodegen.generate.pipeline import model_units
+
+    try:
+        units, replicated, _base = model_units(model)
+    except HpcodegenError as exc:
+        yield from exc.findings
+        return
+    want = [u.fqn for u in units]
+    if list(pipe.module_order or ()) != want:
+        got = list(pipe.module_order or ())
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                     min(len(got), len(want)))
+        yield error("model.pp_units", pointer("pipeline", "module_order", first),
+                    f"the pipeline's units differ from the model's at #{first}: "
+                    f"{got[first] if first < len(got) else '(none)'}",
+                    expected=want[first] if first < len(want) else "(none)")
+    missing = sorted(set(replicated) - set(pipe.replicated_modules or ()))
+    if missing:
+        yield error("model.pp_replicated", pointer("pipeline", "replicated_modules"),
+                    f"{', '.join(missing)} (parameter-free) must be kept on every stage: the "
+                    "layers of each stage use it", expected=str(sorted(replicated)))
+
+
 def check_model(ctx: CheckContext) -> Iterator[Finding]:
     """Build the model on the meta device and fit the plan to it."""
     config = ctx.require_hf_config()
@@ -432,7 +462,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_divisibility(ctx.meta, model, scope),
                     *_vocab_parallel(ctx.meta, modules),
                     *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
-                    *input_name_findings(plan_entries(ctx.meta), modules, set(replaced))]
+                    *input_name_findings(plan_entries(ctx.meta), modules, set(replaced)),
+                    *_pipeline_units(ctx, model)]
         if declared(ctx.plan):
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts

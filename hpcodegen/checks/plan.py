@@ -11,7 +11,7 @@ gradients and outputs, ``tp_rank0_params``, ``ep_size``, executable transitions)
 ``S(n)`` (torch semantics, decisions.md item 3) and top-level keys the schema does not know
 (allowed, as the reference system ignores them). Injection targets are the ``targets``
 check's (:mod:`hpcodegen.checks.targets`); the context-parallel rules are
-:mod:`hpcodegen.checks.cp`'s.
+:mod:`hpcodegen.checks.cp`'s, the pipeline rules :mod:`hpcodegen.checks.pipeline`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hpcodegen.artifact.digest import is_hpcodegen_meta
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.checks.forms import classified
+from hpcodegen.checks.pipeline import check_pipeline
 from hpcodegen.checks.plan_derived import derived_findings
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
@@ -202,5 +203,6 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
         yield from derived_findings(ctx.plan, forms, is_hpcodegen_meta(meta))
     yield from plan_findings(ctx.plan, "plan", is_hpcodegen_meta(meta))
     yield from check_cp(meta)
+    yield from check_pipeline(ctx)
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

@@ -45,16 +45,18 @@ def parallel_dims(tp: int, sp: bool, ep: int = 1, loss_parallel: bool = False,
 
 def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any,
                   ep: int = 1, loss_parallel: bool = False, cp: int = 1,
-                  cp_layout: str | None = None, cp_method: str | None = None) -> str:
+                  cp_layout: str | None = None, cp_method: str | None = None,
+                  pipeline: Any = None) -> str:
     """``yaml_sha256``: sha256 of the canonical JSON of every generation input (``ep``,
-    ``loss_parallel``, ``cp`` and a cp method other than the all-gather only when set, so
-    artifacts without them keep their digest)."""
+    ``loss_parallel``, ``cp``, a cp method other than the all-gather and the pipeline only
+    when set, so artifacts without them keep their digest)."""
     payload = {"config": config, "tp": tp, "sp": sp, "recipe": recipe,
                **({"ep": ep} if ep > 1 else {}),
                **({"loss_parallel": True} if loss_parallel else {}),
                **({"cp": cp, "cp_layout": cp_layout} if cp > 1 else {}),
                **({"cp_method": cp_method} if cp > 1 and cp_method not in (None, "allgather")
-                  else {})}
+                  else {}),
+               **({"pipeline": pipeline} if pipeline is not None else {})}
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
@@ -81,11 +83,13 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
                tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
                ep: int = 1, loss_parallel: bool = False, cp: int = 1,
                cp_layout: str | None = None, cp_method: str | None = None,
-               inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               inputs: Mapping[str, Any] | None = None,
+               pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole meta except ``outputs`` (the bundle writer adds them); ``cp_method`` (as
     given, ``auto`` included, with the hybrid's degree) only enters the inputs digest;
     ``inputs`` is the generation record (:mod:`hpcodegen.generate.recorded`), kept under
-    ``generator``."""
+    ``generator``; with a ``pipeline`` section (:mod:`hpcodegen.generate.pipeline`) also
+    ``pp_size`` and pp dropped from ``not_covered``."""
     model_name = model_name_of(str(config.get("model_type") or "model"))
     meta: dict[str, Any] = {
         "codegen_version": CODEGEN_VERSION,
@@ -93,7 +97,7 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
                       **({"inputs": dict(inputs)} if inputs else {})},
         "yaml_path": "",
         "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel, cp, cp_layout,
-                                     cp_method),
+                                     cp_method, pipeline),
         "source": source,
         "parallel_dims": parallel_dims(tp, sp, ep, loss_parallel, cp, cp_layout),
         "model_name": model_name,
@@ -111,5 +115,9 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
         "not_covered": list(NOT_COVERED),
         "mesh_dim_names": ["cp", "tp"] if cp > 1 else ["tp"],
     }
+    if pipeline is not None:
+        meta["pipeline"] = pipeline
+        meta["parallel_dims"]["pp_size"] = pipeline["pp_size"]
+        meta["not_covered"] = [n for n in NOT_COVERED if n != "pp"]
     meta["signature"] = meta_signature(meta)
     return meta

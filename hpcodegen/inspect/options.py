@@ -36,6 +36,7 @@ class InspectOptions:
         checks: run verify's schema, plan and targets checks first (``--no-checks`` skips them, for
             plans CI already verified: they dominate the time on very large plans).
         verbosity: -1 ``--quiet`` (findings only, no tables), 0, 1 ``-v`` (info findings).
+        timeline: a path to write the pipeline schedule to, as a Chrome trace.
     """
 
     path: str
@@ -50,6 +51,7 @@ class InspectOptions:
     link_latency_us: float | None = None
     checks: bool = True
     verbosity: int = 0
+    timeline: str | None = None
 
 
 @dataclass
@@ -67,6 +69,8 @@ class Inspection:
     findings: list[Finding] = field(default_factory=list)
     #: boundaries leaving vocab-sharded logits (loss parallel: no logits gather)
     loss_parallel_heads: list[str] = field(default_factory=list)
+    #: the pipeline report (:func:`hpcodegen.inspect.pipeline.pipeline_report`), if pipelined
+    pipeline: dict[str, Any] | None = None
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, ...], dict[str, int]]:

@@ -76,6 +76,10 @@ def to_json(result: Inspection) -> dict[str, Any]:
         doc["volume"] = result.volume
     if result.loss_parallel_heads:
         doc["loss_parallel_heads"] = result.loss_parallel_heads
+    if result.pipeline is not None:
+        doc["pipeline"] = result.pipeline
+        doc["summary"]["bubble"] = result.pipeline["bubble"]
+        doc["summary"]["p2p_per_step"] = result.pipeline["p2p"]
     return doc
 
 
@@ -242,4 +246,9 @@ def render_text(result: Inspection, out: TextIO, err: TextIO, verbosity: int = 0
                           f"forward (the logits all_gather, logits {tuple(lp['logits_shape'])}); "
                           f"its cross entropy adds {human_bytes(lp['loss_allreduce_bytes'])}/rank",
                           markup=False)
+    if result.pipeline is not None:
+        from hpcodegen.inspect.pipeline import text_lines
+
+        for line in text_lines(result.pipeline):
+            console.print(line, markup=False)
     print_findings(result.findings, err, verbosity)

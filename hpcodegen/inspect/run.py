@@ -273,7 +273,23 @@ def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions) -> Inspection
         from hpcodegen.inspect.volume import volume_report
 
         result.volume = volume_report(plan, result, opts)
+    result.pipeline = _pipeline(plan, opts)
     return result
+
+
+def _pipeline(plan: Plan, opts: InspectOptions) -> dict[str, Any] | None:
+    """The pipeline report (and ``--timeline`` file) of a pipelined plan."""
+    from hpcodegen.inspect.pipeline import pipeline_report, write_timeline
+
+    if opts.timeline is not None:
+        write_timeline(plan.pipeline, opts.timeline)
+    config = None
+    if opts.hf_config is not None:
+        from hpcodegen.hf import read_hf_config
+
+        config = read_hf_config(opts.hf_config)[0]
+    return pipeline_report(plan, config=config, batch=opts.batch, seq=opts.seq,
+                           element_bytes=dtype_bytes(opts.dtype))
 
 
 def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:

@@ -19,7 +19,7 @@ checks that partial gradients (SP norms) were reduced by the runtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from hpcodegen.placement import Replicate, resolve_placements
@@ -85,7 +85,8 @@ def plan_placements(plan: Plan) -> dict[str, NamedPlacement]:
 
 
 def max_param_diff(sharded: Any, reference: Any, plan: Plan, active: Any,
-                   pick: Callable[[Any], Any], expert: Any = None
+                   pick: Callable[[Any], Any], expert: Any = None,
+                   names: Collection[str] | None = None
                    ) -> tuple[float, str | None, list[str]]:
     """Largest ``|pick(sharded p) - pick(reference p)|`` over all parameters.
 
@@ -93,6 +94,8 @@ def max_param_diff(sharded: Any, reference: Any, plan: Plan, active: Any,
         pick: ``lambda p: p.grad`` or ``lambda p: p.data``.
         expert: the runtime's expert mesh (``runtime.experts.ExpertMesh``), if any: expert
             parameters are gathered over it.
+        names: compare only these parameter FQNs (a pipeline rank's own stages), every
+            FQN that names a parameter (tied names too); None: all.
 
     Returns:
         ``(max abs diff, FQN where it occurs, FQNs present on one side only)``.
@@ -100,7 +103,11 @@ def max_param_diff(sharded: Any, reference: Any, plan: Plan, active: Any,
     placements = plan_placements(plan)
     ref_params = dict(reference.named_parameters())
     worst, where, odd = 0.0, None, []
-    for fqn, param in sharded.named_parameters():
+    pairs = (sharded.named_parameters() if names is None else
+             ((f, p) for f, p in sharded.named_parameters(remove_duplicate=False) if f in names))
+    if names is not None:
+        ref_params = dict(reference.named_parameters(remove_duplicate=False))
+    for fqn, param in pairs:
         ref = ref_params.get(fqn)
         mine, theirs = pick(param), None if ref is None else pick(ref)
         if mine is None or theirs is None:

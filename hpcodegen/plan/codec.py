@@ -23,6 +23,13 @@ from typing import Any
 from hpcodegen.errors import pointer
 from hpcodegen.placement import Placement, PlacementSyntaxError, parse_placement
 from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
+from hpcodegen.plan.pipeline import (
+    LossContract,
+    Pipeline,
+    PipelineStage,
+    StageBoundary,
+    TiedAcrossStages,
+)
 from hpcodegen.plan.provenance import OutputDigest, Provenance, Source
 from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Target
 
@@ -174,6 +181,11 @@ def _ep_stack(value: Any, where: JsonPath) -> FrozenMap[str, tuple[str, ...]]:
     return FrozenMap.adopt({k: _strs(v, (*where, k)) for k, v in _object(value, where).items()})
 
 
+def _ints(value: Any, where: JsonPath) -> tuple[int, ...]:
+    items = _expect(value, list, where, "an array of integers")
+    return tuple(_int(v, (*where, i)) for i, v in enumerate(items))
+
+
 def _pairs(value: Any, where: JsonPath) -> tuple[tuple[str, str], ...]:
     pairs = []
     for i, pair in enumerate(_expect(value, list, where, "an array of pairs")):
@@ -319,6 +331,83 @@ def _write_dims(dims: ParallelDims) -> dict[str, Any]:
     return out
 
 
+_STAGE: Table = {
+    "index": ("index", _int, int),
+    "rank": ("rank", _int, int),
+    "modules": ("modules", _strs, _list),
+    "params": ("params", _int, int),
+    "params_per_rank": ("params_per_rank", _int, int),
+}
+_BOUNDARY: Table = {
+    "activation": ("activation", _str, str),
+    "placements": ("placements", _named, lambda v: {a: str(p) for a, p in v.items()}),
+    "side_inputs": ("side_inputs", _str_map, dict),
+}
+_TIED: Table = {
+    "params": ("params", _strs, _list),
+    "stages": ("stages", _ints, _list),
+    "grad": ("grad", _str, str),
+}
+_LOSS: Table = {
+    "reduction": ("reduction", _str, str),
+    "normalizer": ("normalizer", _str, str),
+    "scale_grads": ("scale_grads", _bool, bool),
+}
+
+
+def _records(cls: type, table: Table) -> Parse:
+    def parse(value: Any, where: JsonPath) -> tuple[Any, ...]:
+        items = _expect(value, list, where, "an array of objects")
+        return tuple(_build(cls, _read(table, v, (*where, i)), (*where, i))
+                     for i, v in enumerate(items))
+    return parse
+
+
+def _record(cls: type, table: Table) -> Parse:
+    return lambda value, where: _build(cls, _read(table, value, where), where)
+
+
+def _rank_actions(value: Any, where: JsonPath) -> FrozenMap[str, tuple[str, ...]]:
+    return FrozenMap.adopt({rank: _strs(acts, (*where, rank))
+                            for rank, acts in _object(value, where).items()})
+
+
+_PIPELINE: Table = {
+    "pp_size": ("pp_size", _int, int),
+    "schedule": ("schedule", _str, str),
+    "style": ("style", _str, str),
+    "stages_per_rank": ("stages_per_rank", _int, int),
+    "n_microbatches": ("n_microbatches", _int, int),
+    "microbatch_dim": ("microbatch_dim", _int, int),
+    "module_order": ("module_order", _strs, _list),
+    "replicated_modules": ("replicated_modules", _strs, _list),
+    "stages": ("stages", _records(PipelineStage, _STAGE),
+               lambda v: [_write(_STAGE, s) for s in v]),
+    "boundary": ("boundary", _record(StageBoundary, _BOUNDARY), lambda b: _write(_BOUNDARY, b)),
+    "tied_across_stages": ("tied_across_stages", _records(TiedAcrossStages, _TIED),
+                           lambda v: [_write(_TIED, t) for t in v]),
+    "loss": ("loss", _record(LossContract, _LOSS), lambda v: _write(_LOSS, v)),
+    "actions": ("actions", _rank_actions, lambda v: {r: list(a) for r, a in v.items()}),
+    "actions_sha256": ("actions_sha256", _str, str),
+}
+def _pipeline(value: Any, where: JsonPath) -> Pipeline:
+    return _build(Pipeline, _read(_PIPELINE, value, where), where)
+
+
+def _write_pipeline(pipeline: Pipeline) -> dict[str, Any]:
+    return _write(_PIPELINE, pipeline)
+
+
+def pipeline_from_json(value: Any, where: JsonPath = ("pipeline",)) -> Pipeline:
+    """The typed ``pipeline`` section (``where``: its JSON path, for the error)."""
+    return _pipeline(value, where)
+
+
+def pipeline_to_json(pipeline: Pipeline) -> dict[str, Any]:
+    """The ``pipeline`` section as the meta writes it."""
+    return _write_pipeline(pipeline)
+
+
 def _outputs(value: Any, where: JsonPath) -> FrozenMap[str, OutputDigest]:
     return FrozenMap.adopt({
         role: _build(OutputDigest, _read(_OUTPUT, rec, (*where, role)), (*where, role))
@@ -337,6 +426,7 @@ _PLAN: Table = {
     "frozen_sharded_params": ("frozen_sharded_params", _strs, _list),
     "entrypoints": ("entrypoints", _str_map, dict),
     "module_overrides": ("module_overrides", _json_array, None),
+    "pipeline": ("pipeline", _pipeline, _write_pipeline),
 }
 _PROVENANCE: Table = {
     "codegen_version": ("codegen_version", _str, str),

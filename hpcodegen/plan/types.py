@@ -36,6 +36,7 @@ from hpcodegen.placement import (
     is_shard,
 )
 from hpcodegen.plan.frozen import EMPTY, FrozenMap
+from hpcodegen.plan.pipeline import Pipeline
 from hpcodegen.plan.provenance import NO_PROVENANCE, Provenance
 
 #: ``{axis: placement}``, e.g. ``{"tp": Shard(0)}``; a missing axis reads as ``R``.
@@ -348,6 +349,9 @@ class Plan:
     ``{"parallelize": "hp_parallelize"}`` (recorded, never called by hpcodegen)."""
     module_overrides: tuple[Any, ...] | None = None
     """``module_overrides``: modules the reference system replaces (frozen JSON records)."""
+    pipeline: Pipeline | None = None
+    """``pipeline`` (hpcodegen): the frozen pipeline-parallel split, schedule and action
+    list (:mod:`hpcodegen.plan.pipeline`); None: not pipelined."""
     provenance: Provenance = NO_PROVENANCE
     """Signature, source, output digests and the other bookkeeping keys."""
     extra: FrozenMap[str, Any] = EMPTY

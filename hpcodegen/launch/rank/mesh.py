@@ -2,9 +2,11 @@
 
 The artifact freezes the non-data-parallel sizes (``parallel_dims``: ``tp_size``,
 ``cp_size``, ``pp_size``, ``ep_size``) and the plan's active axes (``mesh_dim_names``). The
-data-parallel size is whatever is left of the world: ``dp = world / (cp * tp * pp)``. The
+data-parallel size is whatever is left of the world: ``dp = world / (pp * cp * tp)``. The
 launcher checks this *before* any process starts, so an impossible world size is an exit-2
-usage error, not N tracebacks.
+usage error, not N tracebacks. A pipeline (``pp_size > 1``) runs only from a frozen
+``pipeline`` section, on ``pp x tp`` ranks (its stages do not compose with dp, cp or ep
+yet: refused here, before any process starts).
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ from typing import Any
 from hpcodegen.errors import UsageError, error
 from hpcodegen.plan.types import Plan
 
-#: Live mesh axis order, outermost first (the trainer's ``("dp", "cp", "tp")``).
-MESH_ORDER: tuple[str, ...] = ("dp", "cp", "tp")
-#: Axes hpcodegen launch cannot build yet, with the reason given to the user.
-UNSUPPORTED: dict[str, str] = {
-    "pp": "pipeline parallel stages are not run by hpcodegen launch",
-}
+#: Live mesh axis order, outermost first (the trainer's ``("dp", "cp", "tp")``, pipeline
+#: stages outside cp and tp: a stage's tp group is a set of consecutive ranks).
+MESH_ORDER: tuple[str, ...] = ("dp", "pp", "cp", "tp")
+PP = "pp"
 #: the expert-parallel axis: carved from dp (torchtitan's convention), never a factor of
 #: the model-parallel size
 EP = "ep"
@@ -77,11 +77,11 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
     """
     sizes = plan.dims.sizes
     plan_axes = plan.axes
-    for axis, why in UNSUPPORTED.items():
-        if sizes.get(axis, 1) > 1:
-            raise UsageError([error("launch.unsupported_axis", f"/parallel_dims/{axis}_size",
-                                    f"{axis}_size={sizes[axis]}: {why}",
-                                    expected=f"{axis}_size 1")])
+    if sizes.get(PP, 1) > 1 and plan.pipeline is None:
+        raise UsageError([error("launch.unsupported_axis", "/parallel_dims/pp_size",
+                                f"pp_size={sizes[PP]} without a pipeline section: no stage "
+                                "split is frozen", expected="pp_size 1, or a meta written "
+                                "by hpcodegen generate --pp")])
     unknown = [a for a in plan_axes if a not in MESH_ORDER]
     if unknown:
         raise UsageError([error("launch.unsupported_axis", "/mesh_dim_names",
@@ -111,6 +111,12 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
             f"(world {world_size} / {model} model-parallel ranks): ep ranks are carved from dp",
             expected=f"--nproc x --nnodes a multiple of {model * ep}",
             hint=f"use --nproc {model * ep} (or a multiple)")])
+    if sizes.get(PP, 1) > 1 and (size_of["dp"] > 1 or size_of["cp"] > 1 or ep > 1):
+        raise UsageError([error(
+            "launch.pp_compose", "/parallel_dims",
+            f"a pipeline on dp={size_of['dp']}, cp={size_of['cp']}, ep={ep}: pipeline "
+            "stages run on pp x tp ranks only (dp, cp and ep do not compose with pp yet)",
+            expected=f"--nproc x --nnodes = {model}", hint=f"use --nproc {model}")])
     ordered_plan = tuple(a for a in names if a in plan_axes)
     return MeshLayout(names=names, sizes=tuple(size_of[n] for n in names),
                       plan_axes=ordered_plan, ep=ep)

@@ -218,6 +218,11 @@ def run(reporter: RankReporter) -> None:
     max_norm = float(env.get(env.MAX_GRAD_NORM)) if env.get(env.MAX_GRAD_NORM) else None
     ctx = init_rank()
     reporter.update(device=str(ctx.device), world_size=ctx.world_size)
+    if ctx.meta.plan.pipeline is not None:  # stages and a frozen schedule: its own job
+        from hpcodegen.launch.rank import pipeline_job
+
+        pipeline_job.run(reporter, ctx)
+        return
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
     from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
 

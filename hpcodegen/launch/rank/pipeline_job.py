@@ -1,0 +1,224 @@
+"""The built-in rank job for a pipelined artifact (``meta.pipeline``): build, parity, steps.
+
+Steps (each a ``phase`` the launcher shows):
+
+1. ``build``: the model parallelized over tp as for any artifact, then this pp rank's
+   stages cut out of it and the frozen schedule set up
+   (:class:`hpcodegen.runtime.pipeline_run.PipelineRunner`); with parity, the unsharded
+   reference from the same weights;
+2. ``parity``: one pipelined forward/backward of the global batch (``n_microbatches``
+   rows), against the reference's mean cross entropy on the whole batch: the loss and the
+   logits (on the last stage's rank), the gradient of every parameter this rank's stages
+   own, and the point-to-point ops counted as posted against the frozen list's;
+3. ``step k/K``: AdamW steps of the stages' parameters (the reference steps identically);
+   the loss is shared over the pp group so every rank reports it.
+
+With ``--save DIR`` each stage's owner broadcasts its parameters over the pp group first,
+so every rank holds the whole trained model, and the usual DCP checkpoint is written (FQNs
+are the model's own, the optimizer's state comes from each parameter's owner): it resumes
+on any mesh, pp or not (``--resume``, also into a pipeline).
+
+Not yet with a pipeline (refused with the reason): ``--compile``, ``--max-grad-norm``; the
+memory check is skipped (it models whole-model ranks).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hpcodegen.launch import env
+from hpcodegen.launch.rank.context import RankContext
+from hpcodegen.launch.rank.model import (
+    build_model,
+    build_parallel_model,
+    resolve_model_dir,
+    sliding_window_of,
+)
+from hpcodegen.launch.rank.reporter import RankReporter
+
+LEARNING_RATE = 1e-3
+#: launch options a pipeline does not run yet, by their environment variable
+_NOT_YET = {env.COMPILE: "--compile", env.MAX_GRAD_NORM: "--max-grad-norm"}
+
+
+def _batch(vocab: int, rows: int, world: int, window: int | None, seed: int,
+           device: Any) -> tuple[Any, Any]:
+    """The smoke job's synthetic batch (so a checkpoint resumed without pp trains on the
+    same data), its rows repeated up to a multiple of the microbatch count."""
+    from hpcodegen.launch.rank.model import synthetic_batch
+
+    ids, labels = synthetic_batch(vocab, world, seed, device, window)
+    if ids.shape[0] % rows:
+        reps = -(-rows // ids.shape[0])
+        ids, labels = ids.repeat(reps, 1)[:rows], labels.repeat(reps, 1)[:rows]
+    return ids, labels
+
+
+def _ref_step(ref: Any, ids: Any, labels: Any) -> tuple[Any, Any]:
+    import torch.nn.functional as F
+
+    logits = ref(input_ids=ids, use_cache=False).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=-100)
+    loss.backward()
+    return loss.detach(), logits.detach()
+
+
+def _shared(loss: Any, group: Any, device: Any) -> float:
+    """The last stage's loss on every pp rank (exactly one rank holds it)."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.zeros((), device=device) if loss is None else loss.float().clone()
+    dist.all_reduce(value, group=group)
+    return float(value)
+
+
+def _parity(runner: Any, built: Any, ref: Any, ids: Any, labels: Any, ctx: RankContext,
+            pp_rank: int) -> dict[str, Any]:
+    from hpcodegen.parity.gather import max_param_diff
+    from hpcodegen.plan.schedule import parse_action
+    from hpcodegen.runtime.pipeline_run import count_p2p
+    from hpcodegen.runtime.pipeline_stage import owned_parameters
+
+    pipe = ctx.meta.plan.pipeline
+    with count_p2p() as seen:
+        loss, logits = runner.step(ids, labels)
+    ref_loss, ref_logits = _ref_step(ref.model, ids, labels)
+    names = set(owned_parameters(built.model, pipe, pp_rank))
+    grad, worst, odd = max_param_diff(built.model, ref.model, ctx.meta.plan, built.active,
+                                      lambda p: p.grad, names=names)
+    mine = [parse_action(a) for a in pipe.actions[str(pp_rank)]]
+    predicted = {"isend": sum(a.kind.startswith("SEND") for a in mine),
+                 "irecv": sum(a.kind.startswith("RECV") for a in mine)}
+    measured = {"isend": seen["isend"], "irecv": seen["irecv"]}
+    shared = _shared(loss, ctx.mesh.get_group("pp"), ctx.device)
+    out = {"grad_max_diff": grad, "worst_grad": worst, "mismatched_params": odd,
+           "loss": shared, "ref_loss": float(ref_loss), "params_compared": len(names),
+           "p2p": {"measured": measured, "predicted": predicted,
+                   "bytes_sent": seen["isend_bytes"]}}
+    if logits is not None:
+        out["logits_max_diff"] = float((logits.float() - ref_logits.float()).abs().max())
+    out["loss_max_diff"] = abs(shared - float(ref_loss))
+    built.model.zero_grad(set_to_none=True)
+    ref.model.zero_grad(set_to_none=True)
+    return out
+
+
+def _optimizers(built: Any, ref: Any) -> list[Any]:
+    """AdamW over every parameter of the model, in the model's order, on every rank (a
+    parameter another stage owns gets no gradient, so no state and no update here): the
+    parameter groups are the same on every rank and in a checkpoint."""
+    import torch
+
+    opts = [torch.optim.AdamW(built.model.parameters(), lr=LEARNING_RATE)]
+    if ref is not None:
+        opts.append(torch.optim.AdamW(ref.model.parameters(), lr=LEARNING_RATE))
+    return opts
+
+
+def _train(runner: Any, ref: Any, opts: list[Any], ids: Any, labels: Any, steps: int,
+           first: int, ctx: RankContext, reporter: RankReporter) -> None:
+    for k in range(1, steps + 1):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss, _ = runner.step(ids, labels)
+        opts[0].step()
+        reporter.record.losses.append(_shared(loss, ctx.mesh.get_group("pp"), ctx.device))
+        if ref is not None:
+            ref_loss, _ = _ref_step(ref.model, ids, labels)
+            opts[1].step()
+            reporter.record.ref_losses.append(float(ref_loss))
+        reporter.update(phase=f"step {first + k}/{first + steps}")
+
+
+def _broadcast_owned(model: Any, ctx: RankContext) -> None:
+    """Every stage's parameters from the pp rank running it to the others (local tp
+    shards: a pp group holds one tp coordinate), in stage order on every rank."""
+    import torch.distributed as dist
+
+    pipe = ctx.meta.plan.pipeline
+    group = ctx.mesh.get_group("pp")
+    seen: set[int] = set()
+    for stage in pipe.stages:
+        src = dist.get_global_rank(group, stage.rank)
+        for fqn, param in model.named_parameters(remove_duplicate=False):
+            if id(param) in seen or pipe.owner(fqn) != stage.index:
+                continue
+            seen.add(id(param))
+            local = param.to_local() if hasattr(param, "to_local") else param
+            dist.broadcast(local.data, src=src, group=group)
+
+
+def _failure(parity: dict[str, Any] | None, tol: float) -> str | None:
+    if parity is None:
+        return None
+    from hpcodegen.launch.rank.smoke import _failure as smoke_failure
+
+    p2p = parity["p2p"]
+    if p2p["measured"] != p2p["predicted"]:
+        return f"p2p ops {p2p['measured']} differ from the frozen list's {p2p['predicted']}"
+    return smoke_failure(parity, tol)
+
+
+def run(reporter: RankReporter, ctx: RankContext) -> None:
+    """The pipeline job for this rank; the final record says ok or what failed."""
+    from hpcodegen.launch.rank.smoke import vocab_size_of
+    from hpcodegen.runtime.pipeline_run import PipelineRunner
+
+    for var, flag in _NOT_YET.items():
+        if env.get(var):
+            raise RuntimeError(f"{flag} with a pipelined artifact is not supported yet")
+    parity_on = env.get(env.CHECK_PARITY) == "1"
+    steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
+    tol = float(env.get(env.TOLERANCE, "1e-5"))
+    dtype = env.get(env.DTYPE, "fp32")
+    pipe = ctx.meta.plan.pipeline
+    directory = resolve_model_dir(None, ctx.meta.artifact_dir)
+    reporter.update(phase="build")
+    built = build_parallel_model(directory, ctx, seed, dtype)
+    ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
+        if parity_on else None
+    opts = _optimizers(built, ref)
+    save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
+    first = 0
+    if resume_dir:
+        from hpcodegen.checkpoint.dcp_io import resume
+
+        reporter.update(phase="resume")
+        first = resume(resume_dir, built.model, optimizer=opts[0])
+        if ref is not None:
+            resume(resume_dir, ref.model, optimizer=opts[1])
+    pp_rank = ctx.mesh.get_local_rank("pp")
+    tp = dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True)).get("tp", 1)
+    runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
+                            tp)
+    ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches, ctx.world_size,
+                         sliding_window_of(built.hf_config), seed, ctx.device)
+    reporter.update(phase="forward", weights=built.weights,
+                    local_param_bytes=sum(p.numel() * p.element_size()
+                                          for p in runner.parameters()))
+    parity = None
+    if ref is not None:
+        reporter.update(phase="parity")
+        parity = {**_parity(runner, built, ref, ids, labels, ctx, pp_rank), "tolerance": tol}
+        reporter.update(parity=parity)
+    if steps:
+        _train(runner, ref, opts, ids, labels, steps, first, ctx, reporter)
+        if parity is not None:
+            rec = reporter.record
+            diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
+            parity["loss_max_diff"] = max([parity["loss_max_diff"], *diffs])
+            reporter.update(parity=parity)
+    if save_dir:
+        from hpcodegen.checkpoint.dcp_io import save
+        from hpcodegen.launch.rank.smoke import _checkpoint_record
+
+        reporter.update(phase="save")
+        _broadcast_owned(built.model, ctx)
+        save(save_dir, built.model, optimizer=opts[0], step=first + steps,
+             record=_checkpoint_record(ctx, built))
+    bad = [k for k, x in enumerate(reporter.record.losses, 1) if not math.isfinite(x)]
+    reporter.finish(_failure(parity, tol) or (f"non-finite loss at step {bad[0]}" if bad
+                                              else None))

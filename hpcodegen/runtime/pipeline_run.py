@@ -1,0 +1,139 @@
+"""Run a frozen pipeline with ``torch.distributed.pipelining``, exactly (torch).
+
+Steps of :class:`PipelineRunner`:
+
+1. cut this pp rank's stages out of the (tp-installed) model
+   (:func:`hpcodegen.runtime.pipeline_stage.build_stage_modules`) and wrap each in a
+   ``PipelineStage`` on the pp process group;
+2. hand torch's IR runtime (``_PipelineScheduleRuntime``) the *frozen* action list, sends
+   and receives included (``compute_comms``): what runs is what verify simulated, not
+   torch's own order (torch 2.13's 1F1B order fails its own validator);
+3. per step, the loss contract of the section: each microbatch's loss is the sum of its
+   token losses divided by the global count of valid labels (counted on the whole batch
+   before the split), and ``scale_grads=False``, so the summed microbatch losses are the
+   unsharded mean loss and every gradient equals the unsharded one;
+4. after the schedule, tied parameters owned by different stages get their gradients
+   summed over the pp group (ranks holding no copy add zeros).
+
+Point-to-point traffic is counted as it is posted (:func:`count_p2p`), so a test can
+hold it against ``inspect-plan``'s prediction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpcodegen.plan.pipeline import Pipeline
+from hpcodegen.runtime.pipeline_stage import build_stage_modules, stage_parameters
+
+IGNORE_INDEX = -100
+
+
+@contextmanager
+def count_p2p() -> Iterator[Counter]:
+    """``with count_p2p() as seen:`` ``seen["isend"]``, ``seen["irecv"]`` (op counts) and
+    ``seen["isend_bytes"]``, ``seen["irecv_bytes"]`` posted inside: every pipeline
+    send and receive goes through the schedule module's ``_batch_p2p``."""
+    from torch.distributed.pipelining import schedules
+
+    seen: Counter = Counter()
+    real = schedules._batch_p2p
+
+    def counting(ops: list[Any], *args: Any, **kwargs: Any) -> Any:
+        for op in ops:
+            name = getattr(op.op, "__name__", str(op.op))
+            seen[name] += 1
+            seen[f"{name}_bytes"] += op.tensor.numel() * op.tensor.element_size()
+        return real(ops, *args, **kwargs)
+
+    schedules._batch_p2p = counting
+    try:
+        yield seen
+    finally:
+        schedules._batch_p2p = real
+
+
+class PipelineRunner:
+    """This rank's stages and the frozen schedule over them.
+
+    Example::
+
+        runner = PipelineRunner(model, plan.pipeline, pp_rank, mesh["pp"].get_group(), dev)
+        loss = runner.step(input_ids, labels)      # gradients are on the parameters
+    """
+
+    def __init__(self, model: torch.nn.Module, pipe: Pipeline, pp_rank: int, group: Any,
+                 device: Any, tp_size: int = 1) -> None:
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+        self.model, self.pipe, self.pp_rank, self.group = model, pipe, pp_rank, group
+        self.modules = build_stage_modules(model, pipe, pp_rank, tp_size)
+        stages = [PipelineStage(module, index, pipe.n_stages, device, group=group)
+                  for index, module in self.modules]
+        self._normalizer: list[float] = [1.0]
+        self.schedule = _PipelineScheduleRuntime(stages, pipe.n_microbatches,
+                                                 loss_fn=self._loss, scale_grads=False)
+        actions = {int(r): [_Action.from_str(a) for a in acts]
+                   for r, acts in (pipe.actions or {}).items()}
+        self.schedule._prepare_schedule_with_comms(actions, format="compute_comms")
+        self.first = any(i == 0 for i, _ in self.modules)
+        self.last = any(i == pipe.n_stages - 1 for i, _ in self.modules)
+
+    def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        total = torch.nn.functional.cross_entropy(flat, target.reshape(-1), reduction="sum",
+                                                  ignore_index=IGNORE_INDEX)
+        return total / self._normalizer[0]
+
+    def parameters(self) -> list[Any]:
+        """The distinct parameters this rank's stages train."""
+        return stage_parameters(m for _, m in self.modules)
+
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One forward and backward of the global batch. Returns ``(loss, logits)`` on the
+        rank running the last stage (the unsharded mean cross entropy, and the whole
+        batch's logits), ``(None, None)`` elsewhere; the gradients are on the parameters."""
+        self._normalizer[0] = float(max(int((labels != IGNORE_INDEX).sum()), 1))
+        losses: list[torch.Tensor] = []
+        args = (input_ids,) if self.first else ()
+        logits = self.schedule.step(*args, target=labels if self.last else None,
+                                    losses=losses if self.last else None,
+                                    return_outputs=self.last)
+        self._sum_tied_grads()
+        if not self.last:
+            return None, None
+        return torch.stack(losses).sum().detach(), logits.detach()
+
+    def _sum_tied_grads(self) -> None:
+        """Tied parameters on several stages: each copy's gradient is the sum of all (the
+        local shard's, when the runtime keeps parameters as DTensors)."""
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        mine = set(self.pipe.ranks_stages(self.pp_rank))
+        for tied in self.pipe.tied_across_stages or ():
+            held = [named[p] for p, s in zip(tied.params, tied.stages, strict=True)
+                    if s in mine and p in named]
+            param = held[0] if held else named.get(tied.params[0])
+            if param is None:
+                continue
+            grad = param.grad if held else None
+            local = _local(grad) if grad is not None else torch.zeros_like(_local(param))
+            summed = local.clone()
+            dist.all_reduce(summed, group=self.group)
+            if held and grad is not None:
+                local.copy_(summed)
+            elif held:
+                param.grad = summed
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
