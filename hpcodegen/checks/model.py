@@ -403,7 +403,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 
-    with steps("verify model check", 3 if declared(ctx.plan) else 2) as advance:
+    with steps("verify model check", 4 if declared(ctx.plan) else 3) as advance:
         advance(f"building {architecture_of(config) or 'the model'} on the meta device")
         try:
             model = build_meta_model(config)
@@ -434,4 +434,23 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts
         findings += model_findings(model, ctx.plan, "model", is_hpcodegen_meta(ctx.meta))
+        advance("deriving placements and gradients by propagation (fake process group)")
+        findings += derivation_findings(ctx.plan, config, is_hpcodegen_meta(ctx.meta))
     yield from findings
+
+
+def derivation_findings(plan: Any, config: Mapping[str, Any], ours: bool,
+                        sizes: Mapping[str, int] | None = None) -> list[Finding]:
+    """The plan run symbolically on a fresh meta model (:mod:`hpcodegen.derive`), compared
+    with what it declares (:mod:`hpcodegen.checks.derived`); the one derivation verify,
+    generate and the runtime's install check share."""
+    from hpcodegen.checks.derived import derived_findings
+    from hpcodegen.derive.propagate import derive
+    from hpcodegen.hf import build_meta_model
+
+    try:
+        model = build_meta_model(dict(config))
+    except Exception as exc:  # the model check above reported the build already
+        return [info("derive.skipped", "", f"not derived: the model cannot be built "
+                     f"({type(exc).__name__})")]
+    return derived_findings(plan, derive(model, plan, sizes), ours)
