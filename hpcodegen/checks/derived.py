@@ -28,6 +28,7 @@ from hpcodegen.errors import Finding, error, info, pointer, warning
 from hpcodegen.placement import REPLICATE, Placement, Shard, StridedShard
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.partial_grads import runtime_summed
 from hpcodegen.plan.types import TP, Plan
 
 
@@ -120,7 +121,8 @@ def grad_findings(plan: Plan, d: Derivation, ours: bool) -> Iterator[Finding]:
         entry = plan.entries.get(fqn)
         if kind in (None, "none") or entry is None or _in_opaque(fqn, d):
             continue
-        summed = rel in entry.effective_partial_grad_params()
+        summed = rel in runtime_summed(plan, fqn)
+        declared = rel in entry.effective_partial_grad_params()
         name = join_fqn(fqn, rel)
         where = pointer("param_plan", fqn, "partial_grad_params")
         if kind == "partial" and not summed:
@@ -134,21 +136,21 @@ def grad_findings(plan: Plan, d: Derivation, ours: bool) -> Iterator[Finding]:
                             expected=f"{rel!r} in partial_grad_params")
             else:
                 yield warning("derive.partial_grad", where, text + ": hpcodegen's runtime "
-                              "runs this plan with that gradient unsummed and trains it wrong "
-                              "silently; the existing system's runtime must all-reduce it over "
-                              "tp itself", expected=f"{rel!r} in partial_grad_params")
+                              "would train it wrong silently, and the existing system's "
+                              "runtime must all-reduce it over tp itself",
+                              expected=f"{rel!r} in partial_grad_params")
         elif kind != "partial" and summed and rel not in (entry.tp_rank0_params or ()):
             what = "whole on every rank" if kind == "full" else "its shard's"
             yield error("derive.partial_grad", where,
                         f"{name}: its gradient is {what}, yet the runtime sums it over tp "
                         f"({'multiplied by tp_size' if kind == 'full' else 'garbage'})",
                         hint="drop it from partial_grad_params")
-        elif kind == "partial" and summed and not ours and \
-                rel not in (entry.partial_grad_params or ()):
+        elif kind == "partial" and not ours and not declared:
             yield info("derive.partial_grad_summed", where,
-                       f"{name}: its gradient is partial over tp; hpcodegen's runtime sums it "
-                       "(tp_rank0_params / deferred_bias_params); the existing system's "
-                       "runtime must too")
+                       f"{name}: its gradient is partial over tp and the meta does not list "
+                       "it; hpcodegen's runtime sums it when it runs this plan (it derives "
+                       "the partial_grad_params this meta leaves out); the existing system's "
+                       "runtime must all-reduce it over tp itself")
 
 
 def _in_opaque(fqn: str, d: Derivation) -> bool:
@@ -178,7 +180,7 @@ def summary_findings(d: Derivation) -> Iterator[Finding]:
     derived = sorted({fqn for fqn, _ in d.outputs})
     opaque = sorted(d.opaque)
     text = f"{len(derived)} boundaries derived by propagation at " + ", ".join(
-        f"{a}={n}" for a, n in d.sizes.items() if n > 1)
+        f"{a}={n}" for a, n in d.axes.items())
     if opaque:
         text += (f"; {len(opaque)} checked by rules only (opaque compute: "
                  f"{', '.join(opaque[:3])}{', ...' if len(opaque) > 3 else ''})")

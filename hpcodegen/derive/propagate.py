@@ -40,7 +40,7 @@ from hpcodegen.derive.world import fake_mesh, live_axes
 from hpcodegen.placement import REPLICATE, Partial, Placement
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
-from hpcodegen.plan.types import TP, Plan
+from hpcodegen.plan.types import TP, Plan, PlanEntry
 
 #: axes whose ranks hold different data (or stages), not a split of one compute
 DATA_AXES = frozenset({"dp", "ep", "cp", "pp", "dp_replicate", "dp_shard"})
@@ -82,8 +82,16 @@ class _Run:
         self.stack: list[str] = []
         self.recording = False
         self.param_names: dict[int, str] = {}
-        self.opaque = {fqn for inj in plan.injections or () if inj.local_compute_fn is not None
+        #: opaque region -> the placements of its first DTensor input (its output's layout)
+        self.region_in: dict[str, tuple | None] = {}
+        #: injected compute (``local_compute_fn``) or a declared black-box local region
+        #: (``region_dispatch: false``) -> why it is not derived
+        self.opaque = {fqn: "its compute is an injected local_compute_fn"
+                       for inj in plan.injections or () if inj.local_compute_fn is not None
                        for fqn in inj.fqns}
+        self.opaque.update({fqn: "a black-box local region (region_dispatch: false)"
+                            for fqn, e in plan.entries.items()
+                            if e.region_dispatch is False and fqn not in self.opaque})
 
     # -- placements ----------------------------------------------------------------------
     def torch_placements(self, named: Mapping[str, Placement] | None, ndim: int,
@@ -157,9 +165,8 @@ class _Run:
     # -- boundaries ----------------------------------------------------------------------
     def hook(self, model: Any) -> list[Any]:
         handles = []
-        for fqn, entry in self.plan.entries.items():
-            if not entry.boundary:
-                continue
+        targets = [f for f, e in self.plan.entries.items() if e.boundary]
+        for fqn in [*targets, *(f for f in self.opaque if f not in targets)]:
             try:
                 module = model.get_submodule(fqn) if fqn else model
             except AttributeError:
@@ -173,7 +180,7 @@ class _Run:
         import torch
         from torch.distributed.tensor import DTensor
 
-        entry = self.plan.entries[fqn]
+        entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
         if not isinstance(value, torch.Tensor):
             return value
         src = (entry.in_src or EMPTY).get(name)
@@ -194,11 +201,14 @@ class _Run:
             sig: inspect.Signature | None = inspect.signature(module.forward)
         except (TypeError, ValueError):
             sig = None
-        entry = self.plan.entries[fqn]
+        entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
         names = {*(entry.in_src or EMPTY), *(entry.in_dst or EMPTY)}
 
         def pre(_m: Any, args: tuple, kwargs: dict) -> Any:
             self.stack.append(fqn)
+            if fqn in self.opaque:
+                first = next((t for t in (*args, *kwargs.values()) if _is_dtensor(t)), None)
+                self.region_in[fqn] = None if first is None else tuple(first.placements)
             if sig is None:
                 if args and names:
                     args = (self._to_input(fqn, sorted(names)[0], args[0]), *args[1:])
@@ -217,7 +227,7 @@ class _Run:
         return pre
 
     def _post(self, fqn: str) -> Any:
-        entry = self.plan.entries[fqn]
+        entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
 
         def post(_m: Any, _args: Any, output: Any) -> Any:
             import torch
@@ -230,6 +240,13 @@ class _Run:
                 else None
             if outs is None:
                 return None
+            layout = self.region_in.get(fqn)
+            if fqn in self.opaque and not entry.out_src and layout is not None \
+                    and isinstance(outs[0], torch.Tensor) and outs[0].dim() >= max(
+                        (p.dim + 1 for p in layout if hasattr(p, "dim")), default=0):
+                # a black box without declared outputs computes locally, token by token:
+                # its output keeps its input's layout
+                outs[0] = self.fence(self.placed(outs[0], layout))
             for name, src in (entry.out_src or EMPTY).items():
                 index = entry.output_index(name)
                 value = outs[index] if index < len(outs) else None
@@ -268,7 +285,7 @@ class _Run:
         run = self
 
         def watched(op_info: Any, schema: Any, use_val: bool) -> None:
-            if run.recording and not (run.stack and run.stack[-1] in run.opaque):
+            if run.recording and not any(f in run.opaque for f in run.stack):
                 wanted = (tuple(pytree.tree_leaves(schema.args_schema))
                           if op_info.args_tree_spec is not None else schema.args_schema)
                 moves = []
@@ -325,6 +342,12 @@ def _strided_slice(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False,
                                   shape=tuple(shape), stride=out.stride())
     return _default(op_call, args, kwargs)
+
+
+def _is_dtensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
 
 
 def _strided_split(op_call: Any, args: tuple, kwargs: dict) -> Any:
@@ -417,6 +440,7 @@ def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None) -> De
     all_sizes = dict(plan.dims.sizes) if sizes is None else dict(sizes)
     record = Derivation(sizes=all_sizes)
     axes = derived_axes(plan, all_sizes)
+    record.axes = dict(axes)
     if not axes:
         record.skipped = ("no axis that splits the compute has more than one rank "
                           f"({', '.join(f'{a}={n}' for a, n in all_sizes.items()) or 'none'}): "
@@ -427,8 +451,7 @@ def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None) -> De
     try:
         with fake_mesh(axes) as mesh, quiet_fake_tensors():
             run = _Run(plan, mesh, record)
-            record.opaque.update({f: "its compute is an injected local_compute_fn"
-                                  for f in run.opaque if f in plan.entries})
+            record.opaque.update(run.opaque)
             run.place_parameters(model)
             handles = run.hook(model)
             try:

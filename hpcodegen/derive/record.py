@@ -30,6 +30,8 @@ class Derivation:
     """The derived facts of one plan at one set of mesh sizes."""
 
     sizes: dict[str, int]
+    #: the axes derived over (live, not data axes) -> size
+    axes: dict[str, int] = field(default_factory=dict)
     #: (boundary fqn, output name) -> derived placement of what the forward computed
     outputs: dict[tuple[str, str], Named] = field(default_factory=dict)
     #: (boundary fqn, input name) -> derived placement of what arrived
