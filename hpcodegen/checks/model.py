@@ -435,12 +435,16 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
         # last: its meta forward switches the model to eager attention and stubs experts
         findings += model_findings(model, ctx.plan, "model", is_hpcodegen_meta(ctx.meta))
         advance("deriving placements and gradients by propagation (fake process group)")
-        findings += derivation_findings(ctx.plan, config, is_hpcodegen_meta(ctx.meta))
+        findings += derivation_findings(
+            ctx.plan, config, is_hpcodegen_meta(ctx.meta),
+            replaced={fqn: f"replaced by {o.target} (module_overrides)"
+                      for fqn, o in replaced.items()})
     yield from findings
 
 
 def derivation_findings(plan: Any, config: Mapping[str, Any], ours: bool,
-                        sizes: Mapping[str, int] | None = None) -> list[Finding]:
+                        sizes: Mapping[str, int] | None = None,
+                        replaced: Mapping[str, str] | None = None) -> list[Finding]:
     """The plan run symbolically on a fresh meta model (:mod:`hpcodegen.derive`), compared
     with what it declares (:mod:`hpcodegen.checks.derived`); the one derivation verify,
     generate and the runtime's install check share."""
@@ -453,4 +457,4 @@ def derivation_findings(plan: Any, config: Mapping[str, Any], ours: bool,
     except Exception as exc:  # the model check above reported the build already
         return [info("derive.skipped", "", f"not derived: the model cannot be built "
                      f"({type(exc).__name__})")]
-    return derived_findings(plan, derive(model, plan, sizes), ours)
+    return derived_findings(plan, derive(model, plan, sizes, replaced), ours)

@@ -76,7 +76,8 @@ def _named(placements: tuple, axes: tuple[str, ...]) -> Named:
 class _Run:
     """The state of one symbolic run (hooks, the boundary stack, what was recorded)."""
 
-    def __init__(self, plan: Plan, mesh: Any, record: Derivation) -> None:
+    def __init__(self, plan: Plan, mesh: Any, record: Derivation,
+                 replaced: Mapping[str, str]) -> None:
         self.plan, self.mesh, self.record = plan, mesh, record
         self.axes: tuple[str, ...] = tuple(mesh.mesh_dim_names)
         self.stack: list[str] = []
@@ -84,6 +85,8 @@ class _Run:
         self.param_names: dict[int, str] = {}
         #: opaque region -> the placements of its first DTensor input (its output's layout)
         self.region_in: dict[str, tuple | None] = {}
+        #: opaque region -> its DTensor parameters set aside while it runs on plain tensors
+        self.swapped: dict[str, list[tuple[Any, str, Any]]] = {}
         #: injected compute (``local_compute_fn``) or a declared black-box local region
         #: (``region_dispatch: false``) -> why it is not derived
         self.opaque = {fqn: "its compute is an injected local_compute_fn"
@@ -92,6 +95,7 @@ class _Run:
         self.opaque.update({fqn: "a black-box local region (region_dispatch: false)"
                             for fqn, e in plan.entries.items()
                             if e.region_dispatch is False and fqn not in self.opaque})
+        self.opaque.update({fqn: why for fqn, why in replaced.items() if fqn not in self.opaque})
 
     # -- placements ----------------------------------------------------------------------
     def torch_placements(self, named: Mapping[str, Placement] | None, ndim: int,
@@ -117,11 +121,12 @@ class _Run:
         for dim, (want, have) in enumerate(zip(shape, value.shape, strict=False)):
             if want != have:
                 local = local.narrow(dim, 0, want)
+        local = local.contiguous()
         if not value.is_floating_point():
             local = local.detach()
         return DTensor.from_local(local, self.mesh, placements, run_check=False,
-                                  shape=value.shape, stride=torch.empty_strided(
-                                      value.shape, value.stride(), device="meta").stride())
+                                  shape=value.shape,
+                                  stride=torch.empty(value.shape, device="meta").stride())
 
     def fence(self, value: Any) -> Any:
         """``value`` as the runtime hands it on at a transition: the same placements, and in
@@ -149,8 +154,11 @@ class _Run:
             for rel, named in (entry.params or EMPTY).items():
                 name = join_fqn(fqn, rel)
                 owner_name, _, attr = name.rpartition(".")
-                owner = model.get_submodule(owner_name) if owner_name else model
-                param = getattr(owner, attr, None) if owner is not None else None
+                try:
+                    owner = model.get_submodule(owner_name) if owner_name else model
+                except AttributeError:
+                    continue  # not in this model (the model check reports it)
+                param = getattr(owner, attr, None)
                 if not isinstance(param, nn.Parameter) or isinstance(param, DTensor):
                     continue
                 placements = self.torch_placements(named, param.dim(), rel in rank0)
@@ -196,6 +204,9 @@ class _Run:
             value = value.redistribute(self.mesh, want)
         return self.fence(value)
 
+    def _inside_opaque(self) -> bool:
+        return any(f in self.opaque for f in self.stack)
+
     def _pre(self, fqn: str, module: Any) -> Any:
         try:
             sig: inspect.Signature | None = inspect.signature(module.forward)
@@ -203,28 +214,62 @@ class _Run:
             sig = None
         entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
         names = {*(entry.in_src or EMPTY), *(entry.in_dst or EMPTY)}
+        alias: dict[str, str] = {}  # forward parameter -> plan input name
+        if sig is not None and len(names) == 1 and not names & set(sig.parameters):
+            # one input under another name binds to the first argument (the runtime's rule)
+            first = next(iter(sig.parameters), None)
+            if first is not None:
+                alias[first] = next(iter(names))
 
         def pre(_m: Any, args: tuple, kwargs: dict) -> Any:
+            nested = self._inside_opaque()
             self.stack.append(fqn)
-            if fqn in self.opaque:
-                first = next((t for t in (*args, *kwargs.values()) if _is_dtensor(t)), None)
-                self.region_in[fqn] = None if first is None else tuple(first.placements)
+            if nested:
+                return None  # a boundary inside foreign or injected code: not derived
             if sig is None:
                 if args and names:
                     args = (self._to_input(fqn, sorted(names)[0], args[0]), *args[1:])
-                return args, kwargs
-            try:
-                bound = sig.bind_partial(*args, **kwargs)
-            except TypeError:
-                return None
-            for key, value in list(bound.arguments.items()):
-                if sig.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
-                    bound.arguments[key] = {k: self._to_input(fqn, k, v) if k in names else v
-                                            for k, v in value.items()}
-                elif key in names:
-                    bound.arguments[key] = self._to_input(fqn, key, value)
-            return bound.args, bound.kwargs
+            else:
+                try:
+                    bound = sig.bind_partial(*args, **kwargs)
+                except TypeError:
+                    return None
+                for key, value in list(bound.arguments.items()):
+                    if sig.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
+                        bound.arguments[key] = {
+                            k: self._to_input(fqn, k, v) if k in names else v
+                            for k, v in value.items()}
+                    elif key in names or key in alias:
+                        bound.arguments[key] = self._to_input(fqn, alias.get(key, key), value)
+                args, kwargs = bound.args, bound.kwargs
+            if fqn in self.opaque:
+                return self._enter_opaque(fqn, module, args, kwargs)
+            return args, kwargs
         return pre
+
+    def _enter_opaque(self, fqn: str, module: Any, args: tuple, kwargs: dict) -> Any:
+        """Run an opaque region on plain global tensors (its code is not what the runtime
+        runs there, so it is not propagated): inputs gathered, parameters whole; the
+        layout of its first DTensor input is kept for its output."""
+        from torch import nn
+        from torch.distributed.tensor import DTensor
+
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, DTensor)), None)
+        self.region_in[fqn] = None if first is None else tuple(first.placements)
+        swapped = []
+        for name, param in list(module.named_parameters()):
+            if isinstance(param, DTensor):
+                owner_name, _, attr = name.rpartition(".")
+                owner = module.get_submodule(owner_name) if owner_name else module
+                plain = nn.Parameter(param.detach().full_tensor(),
+                                     requires_grad=param.requires_grad)
+                setattr(owner, attr, plain)
+                swapped.append((owner, attr, param))
+        self.swapped[fqn] = swapped
+
+        def plain(value: Any) -> Any:
+            return value.full_tensor() if isinstance(value, DTensor) else value
+        return tuple(map(plain, args)), {k: plain(v) for k, v in kwargs.items()}
 
     def _post(self, fqn: str) -> Any:
         entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
@@ -235,30 +280,33 @@ class _Run:
 
             if self.stack and self.stack[-1] == fqn:
                 self.stack.pop()
+            if self._inside_opaque():
+                return None
+            for owner, attr, param in self.swapped.pop(fqn, ()):
+                setattr(owner, attr, param)
             single = isinstance(output, torch.Tensor)
             outs = [output] if single else list(output) if isinstance(output, (tuple, list)) \
                 else None
             if outs is None:
                 return None
             layout = self.region_in.get(fqn)
-            if fqn in self.opaque and not entry.out_src and layout is not None \
-                    and isinstance(outs[0], torch.Tensor) and outs[0].dim() >= max(
-                        (p.dim + 1 for p in layout if hasattr(p, "dim")), default=0):
+            if fqn in self.opaque and not entry.out_src and isinstance(outs[0], torch.Tensor):
+                fits = layout is not None and outs[0].dim() > max(
+                    (p.dim for p in layout if hasattr(p, "dim")), default=-1)
                 # a black box without declared outputs computes locally, token by token:
                 # its output keeps its input's layout
-                outs[0] = self.fence(self.placed(outs[0], layout))
+                outs[0] = self.fence(self.placed(outs[0], layout if fits else tuple(
+                    self.torch_placements(None, outs[0].dim()))))
             for name, src in (entry.out_src or EMPTY).items():
                 index = entry.output_index(name)
                 value = outs[index] if index < len(outs) else None
                 if not isinstance(value, torch.Tensor):
                     continue
-                if fqn in self.opaque:
+                if fqn in self.opaque or not isinstance(value, DTensor):
                     value = self.placed(value, self.torch_placements(src, value.dim()))
-                elif isinstance(value, DTensor):
+                else:
                     self.record.outputs.setdefault(
                         (fqn, name), (_named(value.placements, self.axes), value.dim()))
-                else:
-                    value = self.placed(value, self.torch_placements(src, value.dim()))
                 dst = (entry.out_dst or EMPTY).get(name, src)
                 want = self.torch_placements(dst, value.dim())
                 if tuple(value.placements) != want and not any(
@@ -285,7 +333,7 @@ class _Run:
         run = self
 
         def watched(op_info: Any, schema: Any, use_val: bool) -> None:
-            if run.recording and not any(f in run.opaque for f in run.stack):
+            if run.recording and not run._inside_opaque():
                 wanted = (tuple(pytree.tree_leaves(schema.args_schema))
                           if op_info.args_tree_spec is not None else schema.args_schema)
                 moves = []
@@ -427,9 +475,12 @@ def _batched_experts(model: Any) -> None:
             config._experts_implementation = "batched_mm"
 
 
-def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None) -> Derivation:
+def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None,
+           replaced: Mapping[str, str] | None = None) -> Derivation:
     """Run ``model`` (built on the meta device, unparallelized; it is consumed) under
-    ``plan`` at ``sizes`` (default: the plan's own) and record what propagates."""
+    ``plan`` at ``sizes`` (default: the plan's own) and record what propagates.
+    ``replaced``: modules the runtime replaces with foreign code (``module_overrides``)
+    -> why; they are opaque like injected compute."""
     import torch
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import implicit_replication
@@ -450,7 +501,7 @@ def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None) -> De
     _batched_experts(model)
     try:
         with fake_mesh(axes) as mesh, quiet_fake_tensors():
-            run = _Run(plan, mesh, record)
+            run = _Run(plan, mesh, record, replaced or {})
             record.opaque.update(run.opaque)
             run.place_parameters(model)
             handles = run.hook(model)
