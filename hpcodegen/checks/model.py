@@ -65,6 +65,9 @@ from hpcodegen.plan.types import PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 from hpcodegen.tracer.loss_parallel import model_findings
 
+#: What verify cannot check without a model config, in one line (the skip reason).
+NEEDS_CONFIG = ("needs --hf-config PATH: derived outputs, partial gradients, tp_rank0_params, "
+                "ops needing a collective, model class and uncovered parameters")
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
 
@@ -353,6 +356,37 @@ def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> It
             return
 
 
+def _wrapper_args(plan: Any, modules: Mapping[str, Any], replaced: Mapping[str, Any]
+                  ) -> Iterator[Finding]:
+    """Each ``inner_wrapper`` of hpcodegen's context-parallel factories can wrap its module
+    with its arguments (:func:`hpcodegen.runtime.cp.wrappers.wrapper_problem`, the rule the
+    install applies once the ranks have started), checked on the built model first."""
+    from hpcodegen.plan.types import Target
+    from hpcodegen.runtime.cp.wrappers import wrapper_problem
+    from hpcodegen.targets import target_spec
+
+    for i, record in enumerate(plan.injections or ()):
+        wrapper = record.inner_wrapper
+        if wrapper is None:
+            continue
+        path = wrapper.path if isinstance(wrapper, Target) else str(wrapper)
+        kwargs = dict(wrapper.kwargs) if isinstance(wrapper, Target) else {}
+        spec = target_spec(path) or ""
+        module_name, _, factory = spec.partition(":")
+        if module_name != "hpcodegen.runtime.cp.wrappers":
+            continue
+        for fqn in record.fqns:
+            module = modules.get(fqn)
+            if module is None or replaced_by(fqn, replaced) is not None:
+                continue
+            problem = wrapper_problem(factory, module, kwargs)
+            if problem is not None:
+                yield error(f"model.wrapper_{problem[0].removeprefix('bad_')}",
+                            pointer("injections", i, "inner_wrapper"),
+                            f"{fqn}: {problem[1]}; the runtime refuses this at install, "
+                            "after the ranks have started")
+
+
 def _foreign_source(meta: Mapping[str, Any]) -> str | None:
     """The modeling module when it is not part of transformers (never built here)."""
     name = as_dict(meta.get("source")).get("module_name")
@@ -377,6 +411,8 @@ def _vocab_parallel(meta: Mapping[str, Any], modules: Mapping[str, Any]) -> Iter
 
 def check_model(ctx: CheckContext) -> Iterator[Finding]:
     """Build the model on the meta device and fit the plan to it."""
+    if ctx.hf_config is None:
+        raise SkipCheck(NEEDS_CONFIG)
     config = ctx.require_hf_config()
     if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes",
                          "module_overrides"):
@@ -429,7 +465,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_divisibility(ctx.meta, model, scope),
                     *_vocab_parallel(ctx.meta, modules),
                     *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
-                    *input_name_findings(plan_entries(ctx.meta), modules, set(replaced))]
+                    *input_name_findings(plan_entries(ctx.meta), modules, set(replaced)),
+                    *_wrapper_args(ctx.plan, modules, replaced)]
         if declared(ctx.plan):
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts

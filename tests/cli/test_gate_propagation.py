@@ -194,3 +194,19 @@ def test_partial_over_a_tp_axis_of_one_rank_is_not_an_error(tmp_path) -> None:
     codes = {f["code"] for f in _findings(doc) if f["severity"] == "error"}
     assert "plan.partial_output_unsplit" not in codes, codes
     assert code == 0, codes
+
+
+def test_a_cp_wrapper_the_install_refuses_fails_verify_first(tmp_path) -> None:
+    """``causal: false`` on a causal attention: the ranks refuse it at install; verify
+    refuses it first, by the install's own rule."""
+    root = Path(__file__).resolve().parents[2] / "examples"
+
+    def not_causal(meta: dict) -> None:
+        meta["injections"][0]["inner_wrapper"]["causal"] = False
+
+    art = _edited(tmp_path, root / "llama_cp2_tp2_sp", not_causal)
+    code, doc = _cli("verify", "--strict", "--hf-config", root / "configs" / "llama", art)
+    hits = [f for f in _findings(doc) if f["code"] == "model.wrapper_target_args"]
+    assert code == 1 and hits, sorted({f["code"] for f in _findings(doc)})
+    assert hits[0]["path"] == "/injections/0/inner_wrapper"
+    assert "causal=False" in hits[0]["message"]
