@@ -192,7 +192,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     rendered = render_bundle(files, roles, meta)
-    verify_frozen(rendered[META_NAME], defined_classes(text), modules)
+    verify_frozen(rendered[META_NAME], defined_classes(text), modules, config)
     return rendered
 
 
