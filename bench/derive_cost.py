@@ -4,7 +4,8 @@ The derivation (:mod:`hpcodegen.derive`) builds the model on the meta device and
 forward and backward once on DTensors over a fake process group; its cost grows with the
 layer count. This times :func:`hpcodegen.checks.model.derivation_findings` in process on
 the synthetic Llama TP+SP artifacts of ``gate_speed.py`` (``bench/synthetic.py``: 10
-entries per layer) with the example Llama config grown to the same layer count, CPU and
+entries per layer, whole layers: 1,003 and 10,003 entries) with the example Llama config
+grown to the same layer count, CPU and
 wall seconds, once per size (the first size also pays torch's import, reported apart).
 
 Usage: ``python bench/derive_cost.py [--sizes 1000,10000]``; the last line reads
@@ -40,7 +41,8 @@ def main() -> None:
 
     print(f"import torch + hpcodegen: {time.process_time() - start:.2f} s cpu")
     figures = {}
-    for n in (int(s) for s in args.sizes.split(",")):
+    for size in (int(s) for s in args.sizes.split(",")):
+        n = 3 + 10 * ((size - 3) // 10)  # whole layers (embed, norm, head + 10 per layer)
         with tempfile.TemporaryDirectory() as tmp:
             art = write_synthetic(Path(tmp) / "a", n)
             meta = load_meta(art).data
@@ -51,10 +53,12 @@ def main() -> None:
             found = derivation_findings(plan, config, ours=True)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         errors = sorted({f.code for f in found if f.severity.value == "error"})
-        summary = next((f.message for f in found if f.code == "derive.summary"), "")
+        summary = next((f.message for f in found if f.code.startswith(
+            ("derive.summary", "derive.skipped", "derive.incomplete"))), "")
         print(f"{n:>6} entries ({layers} layers): {wall:7.2f} s wall, {cpu:7.2f} s cpu; "
               f"{summary}; errors: {errors or 'none'}")
-        figures[f"derive_{n // 1000}k_s" if n >= 1000 else f"derive_{n}_s"] = round(wall, 2)
+        figures[f"derive_{size // 1000}k_s" if size >= 1000 else f"derive_{size}_s"] = \
+            round(wall, 2)
     print("derive_cost: " + " ".join(f"{k}={v}" for k, v in figures.items()))
 
 

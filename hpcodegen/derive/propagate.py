@@ -340,7 +340,8 @@ class _Run:
                 for i, spec in enumerate(op_info.flat_args_schema):
                     if isinstance(spec, DTensorSpec) and i < len(wanted) \
                             and spec != wanted[i] and not _masked_lookup(
-                            op_info.local_args[i], wanted[i]):
+                            op_info.local_args[i], wanted[i]) \
+                            and not _narrowing(spec, wanted[i]):
                         who = run.param_names.get(id(op_info.local_args[i]))
                         moves.append(_move(spec, wanted[i], run.axes, who))
                 if moves:
@@ -354,8 +355,10 @@ class _Run:
         from torch.distributed.tensor import DTensor
 
         handlers = DTensor._op_dispatcher._custom_op_handlers
-        local_rules = {torch.ops.aten.slice.Tensor: _strided_slice,
-                       torch.ops.aten.split.Tensor: _strided_split}
+        aten = torch.ops.aten
+        local_rules = {aten.slice.Tensor: _strided_slice, aten.split.Tensor: _strided_split,
+                       aten.new_empty.default: _like_self, aten.new_zeros.default: _like_self,
+                       aten.new_ones.default: _like_self, aten.new_full.default: _like_self}
         OpDispatcher.redistribute_local_args = staticmethod(watched)
         handlers.update(local_rules)
         try:
@@ -426,6 +429,31 @@ def _strided_split(op_call: Any, args: tuple, kwargs: dict) -> Any:
     return _default(op_call, args, kwargs)
 
 
+def _like_self(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """``x.new_empty(size)`` (``new_zeros``, ``new_ones``, ``new_full``) of ``x``'s shape
+    on every dim ``x`` is sharded on, as the runtime's local code makes it: a tensor of the
+    local shape, so sharded like ``x``. DTensor makes it replicated (a global tensor) and
+    the copies into it would gather; anything else takes its normal path."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    x, size = args[0], list(args[1])
+    dims = [p.dim for p in x.placements if isinstance(p, TShard)]
+    if isinstance(x, DTensor) and dims and len(size) == x.dim() \
+            and all(size[d] == x.shape[d] for d in dims) \
+            and not any(type(p).__name__ == "_StridedShard" or p.is_partial()
+                        for p in x.placements):
+        local_shape, _ = compute_local_shape_and_global_offset(size, x.device_mesh,
+                                                               x.placements)
+        local = op_call(x._local_tensor, list(local_shape), *args[2:], **kwargs)
+        return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False,
+                                  shape=torch.Size(size),
+                                  stride=torch.empty(size, device="meta").stride())
+    return _default(op_call, args, kwargs)
+
+
 def _default(op_call: Any, args: tuple, kwargs: dict) -> Any:
     """DTensor's own rule for ``op_call`` (the custom handler set aside for the call)."""
     from torch.distributed.tensor import DTensor
@@ -436,6 +464,19 @@ def _default(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return op_call(*args, **kwargs)
     finally:
         handlers[op_call] = mine
+
+
+def _narrowing(spec: Any, want: Any) -> bool:
+    """Every move takes a replicated operand to a shard: each rank cuts its own part, no
+    collective. The runtime's local code made that operand at the local shape already
+    (``k_rot.expand(-1, k_nope.shape[1], ...)`` over this rank's heads), so it is no
+    disagreement."""
+    from torch.distributed.tensor import Replicate as TReplicate
+    from torch.distributed.tensor import Shard as TShard
+
+    moved = [(a, b) for a, b in zip(spec.placements, want.placements, strict=False) if a != b]
+    return bool(moved) and all(isinstance(a, TReplicate) and isinstance(b, TShard)
+                               for a, b in moved)
 
 
 def _masked_lookup(local: Any, want: Any) -> bool:
