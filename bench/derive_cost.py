@@ -3,8 +3,8 @@
 The derivation (:mod:`hpcodegen.derive`) builds the model on the meta device and runs its
 forward and backward once on DTensors over a fake process group; its cost grows with the
 layer count. This times :func:`hpcodegen.checks.model.derivation_findings` in process on
-the synthetic Llama TP+SP artifacts of ``gate_speed.py`` (``bench/synthetic.py``: 10
-entries per layer, whole layers: 1,003 and 10,003 entries) with the example Llama config
+the synthetic Llama TP+SP artifacts of ``gate_speed.py`` (``bench/synthetic.py``:
+entries per layer, whole layers: the size rounded down to them) with the example Llama config
 grown to the same layer count, CPU and
 wall seconds, once per size (the first size also pays torch's import, reported apart).
 
@@ -28,6 +28,16 @@ from synthetic import write_synthetic
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "llama" / "config.json"
 
 
+def _whole_layers(n: int) -> bool:
+    """Every layer of the synthetic plan of ``n`` entries has as many entries as layer 0."""
+    from collections import Counter
+
+    from synthetic import synthetic_plan
+
+    per = Counter(f.split(".")[2] for f in synthetic_plan(n) if f.startswith("model.layers."))
+    return len(set(per.values())) <= 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000")
@@ -42,7 +52,9 @@ def main() -> None:
     print(f"import torch + hpcodegen: {time.process_time() - start:.2f} s cpu")
     figures = {}
     for size in (int(s) for s in args.sizes.split(",")):
-        n = 3 + 10 * ((size - 3) // 10)  # whole layers (embed, norm, head + 10 per layer)
+        n = size
+        while not _whole_layers(n):  # a half-planned last layer is a plan that runs wrong
+            n -= 1
         with tempfile.TemporaryDirectory() as tmp:
             art = write_synthetic(Path(tmp) / "a", n)
             meta = load_meta(art).data
