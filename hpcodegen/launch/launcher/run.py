@@ -55,9 +55,7 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
                 weight_files(model_dir)
             except HpcodegenError as exc:  # unusable input, as an unreadable config
                 raise InputError(exc.findings) from None
-    # with the config, the model check too: the plan fitted to the model and derived by
-    # propagation (hpcodegen.derive) before any rank starts
-    checks = (*RUNTIME_CHECKS, "signature", "model") if config is not None else RUNTIME_CHECKS
+    checks = (*RUNTIME_CHECKS, "signature") if config is not None else RUNTIME_CHECKS
     meta = load_checked_meta(opts.artifact, checks, hf_config=config,
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.plan, opts.min_world_size())
