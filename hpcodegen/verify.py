@@ -295,6 +295,8 @@ def check_meta(loaded: LoadedMeta, checks: Sequence[str] = RUNTIME_CHECKS, *,
     then build its typed :class:`~hpcodegen.plan.types.Plan` once (kept when ``loaded``
     has one): the runtime checks the config against the same bytes it checked first."""
     names = select_checks(checks)
+    if "outputs" in names:  # the runtime imports nothing unchecked
+        refuse_bare(loaded)
     trusted = trusted_prefixes(allowed_targets)
     ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None,
                        allowed_targets=trusted)
@@ -307,6 +309,16 @@ def check_meta(loaded: LoadedMeta, checks: Sequence[str] = RUNTIME_CHECKS, *,
     return replace(loaded, plan=_typed_plan(ctx))
 
 
+def refuse_bare(loaded: LoadedMeta) -> None:
+    """InputError (exit 2) for a meta file given alone where an artifact must run: there is
+    no checked code beside it (:func:`hpcodegen.artifact.load.is_bare_meta`)."""
+    if loaded.bare:
+        raise InputError([error("load.bare_meta", "", "a meta file alone is not an artifact: "
+                                "there is no checked code to run",
+                                expected=f"the artifact directory (or its {META_NAME})",
+                                file=str(loaded.meta_path))])
+
+
 def _typed_plan(ctx: CheckContext) -> Any:
     """The Plan of a checked meta, the one the checks read (built once); a shape the
     checks let through is still a clean error."""
@@ -317,5 +329,6 @@ def _typed_plan(ctx: CheckContext) -> Any:
     return ctx.plan
 
 
-__all__ = ["CONFIG_CHECKS", "RUNTIME_CHECKS", "check_meta", "load_checked_meta", "run_verify",
+__all__ = ["CONFIG_CHECKS", "RUNTIME_CHECKS", "check_meta", "load_checked_meta", "refuse_bare",
+           "run_verify",
            "verify_artifact"]

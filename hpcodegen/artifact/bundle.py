@@ -11,7 +11,7 @@ that would be written with what is on disk.
 
 Nothing of the user's is lost (:func:`check_target`): an existing target may hold only a
 previous bundle's own files (its meta, the files its ``outputs`` record, the generated
-modeling file, its diff, ``__init__.py`` and a ``__pycache__`` of them); a model's config,
+modeling file, its diff, ``__init__.py`` and a ``__pycache__`` of their bytecode); a model's config,
 weights or notes beside them make the write refuse, naming them. A target that is a
 symbolic link is followed: the bundle is written where the link points and the link keeps
 pointing to it. Cleanup removes only what a writer made: its own staging dir, and a killed
@@ -146,25 +146,52 @@ def foreign_entries(target: Path, rendered: Mapping[str, bytes]) -> list[str]:
 
     Its own: the meta, the names ``rendered`` writes, the plain names its current meta's
     ``outputs`` record, the generated modeling file and its diff, ``__init__.py`` (each a
-    regular file, not a link) and a ``__pycache__`` directory of regular files.
+    regular file, not a link) and a ``__pycache__`` directory holding only the bytecode
+    Python writes for those modules (``<module>.<tag>.pyc``): a file of any other name
+    there is the user's, named as ``__pycache__/<name>``, and the write is refused.
     """
     own = {META_NAME, *rendered, *_recorded_names(target / META_NAME)}
     out = []
-    for entry in sorted(target.iterdir(), key=lambda p: p.name):
+    modules: set[str] = set()
+    entries = sorted(target.iterdir(), key=lambda p: p.name)
+    for entry in entries:
         name = entry.name
-        known = name in own or name in OWN_NAMES or name.endswith(OWN_SUFFIXES)
         if name == "__pycache__":
-            ok = entry.is_dir() and not entry.is_symlink() and all(
-                p.is_file() and not p.is_symlink() for p in entry.iterdir())
+            continue
+        known = name in own or name in OWN_NAMES or _generated_name(name)
+        if known and entry.is_file() and not entry.is_symlink():
+            if name.endswith(".py"):
+                modules.add(name[:-3])
         else:
-            ok = known and entry.is_file() and not entry.is_symlink()
-        if not ok:
             out.append(name)
-    return out
+    modules |= {n[:-3] for n in rendered if n.endswith(".py")}
+    cache = target / "__pycache__"
+    if cache.is_symlink() or (cache.exists() and not cache.is_dir()):
+        out.append("__pycache__")
+    elif cache.is_dir():
+        out += [f"__pycache__/{p.name}" for p in sorted(cache.iterdir(), key=lambda p: p.name)
+                if p.is_symlink() or not p.is_file() or not _bytecode_of(p.name, modules)]
+    return sorted(out)
+
+
+def _generated_name(name: str) -> bool:
+    """The generated modeling file's name (``modeling_*_gen_npu.py``) or its diff's."""
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(name, f"modeling_*{suffix}") for suffix in OWN_SUFFIXES)
+
+
+def _bytecode_of(name: str, modules: set[str]) -> bool:
+    """``name`` is what Python writes in ``__pycache__`` for one of ``modules``
+    (``<module>.<implementation tag>.pyc``, optionally ``.opt-N``)."""
+    stem, dot, rest = name.partition(".")
+    return bool(dot) and stem in modules and rest.endswith(".pyc") and "/" not in rest
 
 
 def _recorded_names(meta_path: Path) -> list[str]:
-    """Plain file names the meta's ``outputs`` records (role keys stand for files above)."""
+    """Plain file names the meta's ``outputs`` records whose bytes are still the recorded
+    ones (role keys stand for files above): a file generate wrote. A name the meta records
+    but whose bytes differ (a hand-edited meta claiming a user's file) is not ours."""
     try:
         if meta_path.stat().st_size > 64 * 2**20:
             return []
@@ -173,8 +200,19 @@ def _recorded_names(meta_path: Path) -> list[str]:
         return []
     if not isinstance(outputs, dict):
         return []
-    return [k for k in outputs if isinstance(k, str) and k and "/" not in k
-            and "\\" not in k and k not in (".", "..")]
+    names = [k for k, v in outputs.items() if isinstance(k, str) and k and "/" not in k
+             and "\\" not in k and k not in (".", "..") and isinstance(v, dict)]
+    return [k for k in names if _holds(meta_path.parent / k, outputs[k].get("sha256"))]
+
+
+def _holds(path: Path, sha256: Any) -> bool:
+    """``path`` is a regular file (not a link) of at most 64 MiB with that sha256."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 64 * 2**20:
+            return False
+        return bytes_digest(path.read_bytes())["sha256"] == sha256
+    except OSError:
+        return False
 
 
 def _writer() -> str:

@@ -39,6 +39,8 @@ class LoadedMeta:
         duplicate_keys: JSON pointers of keys that occur more than once in one object.
         plan: the typed plan, once the checks passed (:func:`hpcodegen.verify.check_meta`
             builds it); None for a meta that was only read.
+        bare: a meta file given alone (:func:`is_bare_meta`): the checks read the meta only,
+            never the directory around it, and the runtime refuses it (no code to run).
     """
 
     data: dict[str, Any]
@@ -46,6 +48,30 @@ class LoadedMeta:
     artifact_dir: Path
     duplicate_keys: tuple[str, ...] = ()
     plan: Plan | None = None
+    bare: bool = False
+
+
+def is_bare_meta(path: str | os.PathLike[str]) -> bool:
+    """A meta file given on its own, not as an artifact.
+
+    Metas are shared as single files (``g2_qwen3_moe.json``), often in a folder of other
+    things (a virtualenv, a download dir). A file path is a bare meta unless it is named
+    ``codegen_meta.json`` and its directory holds a generated bundle's code (``__init__.py``
+    or a ``modeling_*_gen_npu.py``): that is the artifact's own meta, and stands for its
+    directory. A directory is always the artifact.
+    """
+    p = Path(path)
+    try:
+        if not p.is_file():
+            return False
+        if p.name != META_NAME:
+            return True
+        from hpcodegen.checks.files import INIT_NAME, modeling_files
+
+        folder = p.parent
+        return not ((folder / INIT_NAME).exists() or modeling_files(folder))
+    except OSError:  # a name too long: loading it says why
+        return False
 
 
 def resolve_meta_path(path: str | os.PathLike[str]) -> Path:
@@ -161,7 +187,8 @@ def load_meta(path: str | os.PathLike[str], max_bytes: int = MAX_META_BYTES) -> 
     """Load a meta from an artifact dir or a meta file.
 
     Args:
-        path: the artifact directory, or its ``codegen_meta.json``.
+        path: the artifact directory, or its ``codegen_meta.json``, or a meta file alone
+            (:func:`is_bare_meta`; ``bare`` is then set).
         max_bytes: refuse larger files before reading them.
 
     Returns:
@@ -196,7 +223,8 @@ def load_meta(path: str | os.PathLike[str], max_bytes: int = MAX_META_BYTES) -> 
     if not isinstance(value, dict):
         raise InputError([error("load.not_object", "", f"top level is a JSON {_json_type(value)}",
                                 expected="a JSON object", file=file)])
-    return LoadedMeta(value, meta_path, meta_path.parent, dups)
+    return LoadedMeta(value, meta_path, meta_path.parent, dups,
+                      bare=meta_path == Path(path) and is_bare_meta(meta_path))
 
 
 def _json_type(value: Any) -> str:

@@ -211,9 +211,10 @@ def resume(directory: str | os.PathLike[str], model: nn.Module,
     state.update(optim_state.plain_items(entries, path, with_groups=has_optim))
     load(state, path, metadata)
     step = state[STEP]
-    if type(step) is not int or step < 0:
-        raise InputError([error("checkpoint.step", STEP, f"the saved step is {step!r}",
-                                expected="a non-negative integer", file=str(path))])
+    if type(step) is not int or not 0 <= step < 2**63:  # a 5,000-digit int has no repr
+        shown = repr(step) if type(step) is not int or abs(step) < 10**30 else "a huge integer"
+        raise InputError([error("checkpoint.step", STEP, f"the saved step is {shown[:80]}",
+                                expected="an integer in 0 .. 2^63-1", file=str(path))])
     if has_optim:
         from hpcodegen.runtime.state_dict import attach_optimizer
 

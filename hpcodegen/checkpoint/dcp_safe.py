@@ -35,10 +35,8 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from hpcodegen.checkpoint.metadata import ZIP_SLACK
 from hpcodegen.errors import HpcodegenError, InputError, error
-
-#: Bytes a chunk's zip container may hold beyond its tensor data (names, headers, pickle).
-ZIP_SLACK = 1 << 20
 
 
 class _Window(io.RawIOBase):
@@ -85,17 +83,50 @@ def _check_container(view: _Window, limit: int, what: str) -> None:
     view.seek(0)
 
 
-def _plain(value: Any, depth: int = 0) -> bool:
-    """A JSON-like value: what our non-tensor items are (the step, groups as JSON text)."""
-    if depth > 32:
-        return False
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
-    return False
+#: Most values one non-tensor item may hold, each counted as often as it is reached (a list
+#: shared through the pickle memo and nested ten deep reaches billions of values).
+MAX_PLAIN_VALUES = 1 << 16
+#: Deepest nesting of a non-tensor item.
+MAX_PLAIN_DEPTH = 32
+_SCALARS = (bool, int, float, str)
+
+
+def plain_problem(value: Any, expected: Any = None) -> str | None:
+    """Why ``value`` is not a plain JSON-like value (what our non-tensor items are: the
+    step, the optimizer's groups as JSON text), or None.
+
+    The type is checked first: where the item being loaded is a scalar (``expected``: the
+    value in the state dict being loaded into), the loaded value must be one of that type
+    and nothing is walked. Containers are walked with a budget of
+    :data:`MAX_PLAIN_VALUES` values, counted at every reach, and :data:`MAX_PLAIN_DEPTH`.
+    """
+    if isinstance(expected, _SCALARS):
+        want = type(expected)
+        if type(value) is want or (want is float and type(value) is int):
+            return None
+        return f"a {type(value).__name__}, expected {want.__name__}"
+    budget = MAX_PLAIN_VALUES
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        budget -= 1
+        if budget < 0:
+            return f"more than {MAX_PLAIN_VALUES} values (shared values count at every use)"
+        if depth > MAX_PLAIN_DEPTH:
+            return f"nested deeper than {MAX_PLAIN_DEPTH}"
+        if node is None or isinstance(node, _SCALARS):
+            continue
+        if isinstance(node, (list, tuple)):
+            if len(node) > budget:
+                return f"more than {MAX_PLAIN_VALUES} values"
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, dict):
+            if len(node) > budget or not all(isinstance(k, str) for k in node):
+                return "a mapping with non-string keys or too many values"
+            stack.extend((v, depth + 1) for v in node.values())
+        else:
+            return f"holds a {type(node).__name__}, expected plain values"
+    return None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -103,10 +134,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         loaded = torch.load(value, weights_only=True, map_location="cpu")
-        if not _plain(loaded):
-            raise ValueError(f"{read_item.dest_index.fqn}: a {type(loaded).__name__}, "
-                             "expected a plain value")
         fqn = read_item.dest_index.fqn
+        problem = plain_problem(loaded, self.state_dict.get(fqn))
+        if problem is not None:
+            raise ValueError(f"{fqn}: {problem}")
         if self.flatten_state_dict:  # where DefaultLoadPlanner.load_bytes puts it
             from torch.distributed.checkpoint._traverse import set_element
 

@@ -91,15 +91,23 @@ def export_hf(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *
     Raises:
         InputError: ``checkpoint`` is not an intact hpcodegen checkpoint of the model its
             config describes (exit 2).
-        UsageError: ``out`` exists and is not an empty directory (exit 2).
+        UsageError: ``out`` exists and is not an empty directory, cannot be created, or
+            ``max_shard_bytes`` is not a positive size (exit 2).
     """
     import tempfile
 
     from safetensors.torch import save_file
 
+    from hpcodegen.bounds import MAX_SHARD_BYTES, int_problem
     from hpcodegen.checkpoint.integrity import open_checkpoint
+    from hpcodegen.errors import UsageError
 
+    bad = int_problem("export.max_shard_bytes", "--max-shard-bytes", max_shard_bytes, 1,
+                      MAX_SHARD_BYTES)
+    if bad:
+        raise UsageError(bad)
     source, target = Path(checkpoint), Path(os.path.abspath(out))
+    check_target(target)  # before the checkpoint is read (and hashed)
     checked = open_checkpoint(source, digests="all")
     check_target(target)
     record = checked.record

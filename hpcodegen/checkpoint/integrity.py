@@ -79,9 +79,47 @@ def open_checkpoint(directory: str | os.PathLike[str], *,
     if problems:
         raise _refuse(path, "checkpoint.params", "the saved tensors are not the ones the "
                       f"record lists: {_more(problems)}")
+    _check_sizes(path, files, used)
     if digests != "none":
         _check_files(path, record, digests == "share")
     return checked
+
+
+def _check_sizes(path: Path, files: dict[str, str], used: set[str]) -> None:
+    """Before any byte is hashed: a recorded file nothing reads must be empty (a rank with
+    nothing to save), and a data file must not be sparse (DCP writes every byte it lists;
+    :func:`~hpcodegen.checkpoint.metadata.read_metadata` already matched each data file's
+    size to the byte ranges in it). So hashing costs what the checked metadata claims."""
+    idle, sparse = [], []
+    for name in sorted(files):
+        try:
+            info = (path / name).lstat()
+        except OSError:
+            continue  # missing: check_digests names it
+        if name not in used and info.st_size:
+            idle.append(f"{name} ({info.st_size} bytes)")
+        elif name in used and _is_sparse(info):
+            sparse.append(f"{name} ({info.st_size} bytes, {info.st_blocks * 512} on disk)")
+    if idle:
+        raise _refuse(path, "checkpoint.unused_file",
+                      f"recorded files that no saved tensor or item lies in: {_more(idle)}",
+                      hint="the checkpoint was changed after it was saved")
+    if sparse:
+        raise _refuse(path, "checkpoint.sparse_file",
+                      f"data files with holes where saved bytes should be: {_more(sparse)}",
+                      hint="the checkpoint was not written by a save; use an intact copy")
+
+
+#: Files below this size are never called sparse (filesystems round small files oddly).
+SPARSE_MIN_BYTES = 64 * 2**20
+
+
+def _is_sparse(info: os.stat_result) -> bool:
+    """Fewer than half the file's bytes are on disk (where the OS reports blocks at all;
+    a compressing filesystem still stores most of a tensor's bytes)."""
+    blocks = getattr(info, "st_blocks", None)
+    return bool(blocks is not None and info.st_size >= SPARSE_MIN_BYTES
+                and blocks * 512 < info.st_size // 2)
 
 
 def _check_files(path: Path, record: dict[str, Any], share: bool) -> None:

@@ -19,6 +19,7 @@ import io
 import pickle
 import re
 from collections.abc import Iterable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,15 @@ METADATA_NAME = ".metadata"
 MAX_METADATA_BYTES = 256 * 2**20
 #: Most chunks one tensor may be saved in (one per shard: far above any real world size).
 MAX_CHUNKS = 1 << 16
+#: Most chunks of all tensors together, each counted as often as the pickle reaches it (a
+#: list shared through the pickle memo costs its length for every key that names it): a
+#: 70B model saved with its optimizer state by 1,024 FSDP ranks claims about 2.2M.
+MAX_TOTAL_CHUNKS = 1 << 22
+#: Most state-dict entries and most storage entries (each) of one checkpoint.
+MAX_ITEMS = 1 << 21
+#: Bytes a chunk's ``torch.save`` container may hold beyond its tensor data (zip names,
+#: headers, the pickle, alignment).
+ZIP_SLACK = 1 << 20
 #: Most tensor dims (torch's own limit is 64 too).
 MAX_DIMS = 64
 #: A data file's name: plain, in the directory, not hidden (DCP writes ``__<rank>_<n>.distcp``).
@@ -104,9 +114,39 @@ class _PlainData(pickle.Unpickler):
         raise pickle.UnpicklingError("persistent ids are not plain data")
 
 
-def _bad(directory: Path, message: str, **kw: str) -> InputError:
-    return InputError([error("checkpoint.metadata", str(directory), message,
+def _bad(directory: Path, message: str, code: str = "checkpoint.metadata",
+         **kw: str) -> InputError:
+    return InputError([error(code, str(directory), message,
                              file=str(directory / METADATA_NAME), **kw)])
+
+
+class OverLimit(ValueError):
+    """A metadata file claims more than :data:`MAX_TOTAL_CHUNKS` or :data:`MAX_ITEMS`:
+    refused before the work it would cost (``checkpoint.limit``)."""
+
+
+class _Budget:
+    """Work left for one metadata file: chunks as often as they are reached."""
+
+    def __init__(self) -> None:
+        self.chunks = MAX_TOTAL_CHUNKS
+        #: checked chunk lists by (id of the list the pickle built, tensor size): a list
+        #: shared through the pickle memo is checked once, but paid for at every reach
+        self.checked: dict[tuple[int, tuple[int, ...]], list[ChunkStorageMetadata]] = {}
+        #: checked (offsets, sizes) of each chunk object, the same way (the objects stay
+        #: alive in the unpickled value, so their ids are not reused meanwhile)
+        self.boxes: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        #: rebuilt chunks of each distinct sequence of chunk objects (lists that differ but
+        #: name the same shared objects tile alike: checked once)
+        self.covered: dict[tuple[Any, ...], list[ChunkStorageMetadata]] = {}
+        #: rebuilt entries by the id of the entry object the pickle built
+        self.entries: dict[int, TensorStorageMetadata | BytesStorageMetadata] = {}
+
+    def spend(self, key: str, n: int) -> None:
+        self.chunks -= n
+        if self.chunks < 0:
+            raise OverLimit(f"the tensors claim more than {MAX_TOTAL_CHUNKS} chunks in all "
+                            f"(reached at {key[:120]!r}; shared lists count at every use)")
 
 
 def _regular(path: Path) -> bool:
@@ -143,6 +183,9 @@ def read_metadata(directory: str | Path) -> Metadata:
                               f"{str(exc)[:200]}") from None
     try:
         return _rebuild(value, directory)
+    except OverLimit as exc:
+        raise _bad(directory, str(exc), "checkpoint.limit",
+                   hint="not a checkpoint hpcodegen or torch would write") from None
     except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
         raise _bad(directory, f"malformed metadata: {str(exc)[:300]}") from None
 
@@ -163,20 +206,37 @@ def _numel(shape: Iterable[int]) -> int:
     return n
 
 
-def _chunks(key: str, size: tuple[int, ...], chunks: Any) -> list[ChunkStorageMetadata]:
+def _chunks(key: str, size: tuple[int, ...], chunks: Any,
+            budget: _Budget) -> list[ChunkStorageMetadata]:
     if not isinstance(chunks, list) or not chunks or len(chunks) > MAX_CHUNKS:
         raise ValueError(f"{key}: chunks is not a list of 1..{MAX_CHUNKS} chunks")
+    budget.spend(key, len(chunks))
+    memo = (id(chunks), size)
+    if memo in budget.checked:
+        return budget.checked[memo]
     boxes = []
     for chunk in chunks:
         if not isinstance(chunk, ChunkStorageMetadata):
             raise TypeError(f"{key}: a chunk is a {type(chunk).__name__}")
-        offsets = _ints(getattr(chunk, "offsets", None), f"{key}: chunk offsets", len(size))
-        sizes = _ints(getattr(chunk, "sizes", None), f"{key}: chunk sizes", len(size))
-        if any(o + s > n for o, s, n in zip(offsets, sizes, size, strict=True)):
-            raise ValueError(f"{key}: chunk at {offsets} of {sizes} leaves the tensor {size}")
-        boxes.append((offsets, sizes))
-    check_exact_cover(key, size, boxes)
-    return [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in boxes]
+        box = budget.boxes.get((id(chunk), size))  # a chunk object the memo shares
+        if box is None:
+            offsets = _ints(getattr(chunk, "offsets", None), f"{key}: chunk offsets",
+                            len(size))
+            sizes = _ints(getattr(chunk, "sizes", None), f"{key}: chunk sizes", len(size))
+            if any(o + s > n for o, s, n in zip(offsets, sizes, size, strict=True)):
+                raise ValueError(f"{key}: chunk at {offsets} of {sizes} leaves the tensor "
+                                 f"{size}")
+            box = budget.boxes[id(chunk), size] = (offsets, sizes)
+        boxes.append(box)
+    same = (size, tuple(map(id, chunks)))  # another list of the same shared chunk objects
+    rebuilt = budget.covered.get(same)
+    if rebuilt is None:
+        check_exact_cover(key, size, boxes)
+        rebuilt = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s))
+                   for o, s in boxes]
+        budget.covered[same] = rebuilt
+    budget.checked[memo] = rebuilt
+    return rebuilt
 
 
 def check_exact_cover(key: str, size: tuple[int, ...],
@@ -185,7 +245,8 @@ def check_exact_cover(key: str, size: tuple[int, ...],
 
     A gap would leave part of the loaded tensor as whatever memory held; an overlap means
     two different values for one element. Few chunks are compared pairwise; many must form
-    a grid (each chunk one cell of the per-dim boundaries), as sharded tensors do.
+    a grid (each chunk one cell of the per-dim boundaries), as sharded tensors do: sorting
+    and one look-up per chunk and dim, so ``MAX_CHUNKS`` chunks cost milliseconds.
     """
     if sum(_numel(s) for _, s in boxes) != _numel(size):
         raise ValueError(f"{key}: the chunks hold {sum(_numel(s) for _, s in boxes)} "
@@ -202,13 +263,28 @@ def check_exact_cover(key: str, size: tuple[int, ...],
             for d in range(len(size))]
     if len(set(boxes)) != len(boxes) or _numel(len(c) - 1 for c in cuts) != len(boxes):
         raise ValueError(f"{key}: {len(boxes)} chunks that do not tile the tensor")
+    following = [dict(pairwise(c)) for c in cuts]  # each cut -> the next one
     for offsets, sizes in boxes:
         for d, (o, s) in enumerate(zip(offsets, sizes, strict=True)):
-            if cuts[d][cuts[d].index(o) + 1] != o + s:
+            if following[d].get(o) != o + s:
                 raise ValueError(f"{key}: chunk at {offsets} does not tile the tensor")
 
 
-def _entry(key: str, value: Any) -> TensorStorageMetadata | BytesStorageMetadata:
+def _entry(key: str, value: Any,
+           budget: _Budget) -> TensorStorageMetadata | BytesStorageMetadata:
+    """The checked, rebuilt entry; an entry object the memo shares among keys is checked
+    once, its chunks paid for at every key."""
+    done = budget.entries.get(id(value))
+    if done is not None:
+        if isinstance(done, TensorStorageMetadata):
+            budget.spend(key, len(done.chunks))
+        return done
+    budget.entries[id(value)] = done = _new_entry(key, value, budget)
+    return done
+
+
+def _new_entry(key: str, value: Any,
+               budget: _Budget) -> TensorStorageMetadata | BytesStorageMetadata:
     if type(value) is BytesStorageMetadata:
         return BytesStorageMetadata()
     if type(value) is not TensorStorageMetadata:
@@ -219,7 +295,7 @@ def _entry(key: str, value: Any) -> TensorStorageMetadata | BytesStorageMetadata
         raise TypeError(f"{key}: properties name no dtype")
     size = _ints(value.size, f"{key}: size")
     return TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(size),
-                                 _chunks(key, size, value.chunks))
+                                 _chunks(key, size, value.chunks, budget))
 
 
 def _storage(index: Any, info: Any, directory: Path,
@@ -251,26 +327,60 @@ def _storage(index: Any, info: Any, directory: Path,
             _StorageInfo(name, start, length, transform_descriptors=None))
 
 
+def _check_ranges(key: str, md: TensorStorageMetadata | BytesStorageMetadata,
+                  storage: Mapping[MetadataIndex, _StorageInfo]) -> None:
+    """Each chunk of ``key`` has a storage entry whose byte range can hold it: at least its
+    elements' bytes, at most :data:`ZIP_SLACK` more. So a claimed shape (a 2^30-row
+    embedding in a few KiB) is refused here, before anything is allocated for it. A plain
+    item (the step, JSON text) spans at most twice :data:`ZIP_SLACK`."""
+    if isinstance(md, BytesStorageMetadata):
+        info = storage.get(MetadataIndex(key))
+        if info is None:
+            raise KeyError(f"{key}: no storage entry")
+        if info.length > 2 * ZIP_SLACK:  # its read holds at most ZIP_SLACK (dcp_safe)
+            raise ValueError(f"{key}: a plain item of {info.length} bytes, at most "
+                             f"{2 * ZIP_SLACK} expected")
+        return
+    itemsize = md.properties.dtype.itemsize
+    for chunk in md.chunks:
+        info = storage.get(MetadataIndex(key, chunk.offsets))
+        if info is None:
+            raise KeyError(f"{key}: no storage entry for the chunk at {tuple(chunk.offsets)}")
+        need = _numel(chunk.sizes) * itemsize
+        if not need <= info.length <= need + ZIP_SLACK:
+            raise ValueError(f"{key}: the chunk at {tuple(chunk.offsets)} of "
+                             f"{tuple(chunk.sizes)} needs {need} bytes, its byte range in "
+                             f"{info.relative_path} holds {info.length}")
+
+
 def _rebuild(value: Any, directory: Path) -> Metadata:
     """Fresh, checked metadata from what the restricted unpickler built."""
     if type(value) is not Metadata:
         raise TypeError(f"the pickle holds a {type(value).__name__}, not DCP metadata")
     entries = value.state_dict_metadata
-    if not isinstance(entries, dict) or not all(isinstance(k, str) for k in entries):
-        raise TypeError("state_dict_metadata is not a mapping of names")
-    state = {key: _entry(key, md) for key, md in entries.items()}
     raw = value.storage_data
-    if not isinstance(raw, dict):
-        raise TypeError("storage_data is not a mapping")
+    if not isinstance(entries, dict) or not isinstance(raw, dict):
+        raise TypeError("state_dict_metadata or storage_data is not a mapping")
+    for what, items in (("state-dict", entries), ("storage", raw)):
+        if len(items) > MAX_ITEMS:
+            raise OverLimit(f"{len(items)} {what} entries, at most {MAX_ITEMS}")
+    if not all(isinstance(k, str) for k in entries):
+        raise TypeError("state_dict_metadata is not a mapping of names")
+    budget = _Budget()
+    state = {key: _entry(key, md, budget) for key, md in entries.items()}
+
     sizes: dict[str, int] = {}
     storage = dict(_storage(k, v, directory, sizes) for k, v in raw.items())
+    ends: dict[str, int] = {}
     for key, md in state.items():
-        wanted = ([MetadataIndex(key, c.offsets) for c in md.chunks]
-                  if isinstance(md, TensorStorageMetadata) else [MetadataIndex(key)])
-        missing = [w for w in wanted if w not in storage]
-        if missing:
-            raise KeyError(f"{key}: no storage entry for the chunk at "
-                           f"{tuple(missing[0].offset or ())}")
+        _check_ranges(key, md, storage)
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0),
+                                       info.offset + info.length)
+    for name, end in ends.items():
+        if sizes[name] != end:
+            raise ValueError(f"data file {name} has {sizes[name]} bytes, its entries end at "
+                             f"byte {end}")
     version = value.version if isinstance(value.version, str) else None
     return Metadata(state_dict_metadata=state, planner_data=None, storage_data=storage,
                     storage_meta=StorageMeta(), version=version)

@@ -109,7 +109,9 @@ def placeholders(model: nn.Module, layout: ShardLayout, metadata: Mapping[str, A
 
 
 def plain_items(metadata: Mapping[str, Any], path: Path, *, with_groups: bool) -> dict[str, Any]:
-    """Placeholders of the non-tensor items to load: the step (and the groups)."""
+    """Placeholders of the non-tensor items to load: the step (an int) and the groups (JSON
+    text); their types are what the loaded items must be (checked before anything is
+    walked: :func:`hpcodegen.checkpoint.dcp_safe.plain_problem`)."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     keys = (STEP, GROUPS) if with_groups else (STEP,)
@@ -117,7 +119,7 @@ def plain_items(metadata: Mapping[str, Any], path: Path, *, with_groups: bool) -
         if not isinstance(metadata.get(key), BytesStorageMetadata):
             raise InputError([error("checkpoint.params", key, "missing or not a plain value",
                                     file=str(path))])
-    return {key: None for key in keys}
+    return {key: 0 if key == STEP else "" for key in keys}
 
 
 def _same_kind(saved: Any, live: Any) -> bool:

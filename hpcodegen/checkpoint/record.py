@@ -144,8 +144,8 @@ def record_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if data.get("dtype", "float32") not in DTYPES:
         out.append(("/dtype", f"expected one of {', '.join(DTYPES)}"))
     step = data.get("step", 0)
-    if type(step) is not int or step < 0:
-        out.append(("/step", "expected a non-negative integer"))
+    if type(step) is not int or not 0 <= step < 2**63:
+        out.append(("/step", "expected an integer in 0 .. 2^63-1"))
     files = data.get("files")
     if not isinstance(files, dict) or not files or not all(
             isinstance(k, str) and _FILE.match(k) and isinstance(v, str) and _SHA256.match(v)
@@ -194,10 +194,35 @@ def check_same_model(record: Mapping[str, Any], config: Mapping[str, Any],
 
 
 def check_target(directory: str | os.PathLike[str]) -> None:
-    """Refuse to save over an existing non-empty directory (UsageError, exit 2)."""
-    path = Path(directory)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UsageError([error("checkpoint.target_exists", str(path),
-                                "exists and is not an empty directory",
-                                hint="write to a new or empty directory (nothing is "
-                                     "overwritten)")])
+    """Refuse to write to ``directory`` (UsageError, exit 2) unless it is new or an empty
+    directory and can be created: its nearest existing ancestor is a directory this user
+    may write to (``launch --save`` is refused before training, ``export -o`` before the
+    checkpoint is read)."""
+    path = Path(os.path.abspath(directory))
+    try:
+        exists = path.exists()
+        if exists and (not path.is_dir() or any(path.iterdir())):
+            raise UsageError([error("checkpoint.target_exists", str(path),
+                                    "exists and is not an empty directory",
+                                    hint="write to a new or empty directory (nothing is "
+                                         "overwritten)")])
+        # the files are staged in a sibling and renamed: the parent must be writable
+        ancestor = path.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        problem = None
+        if not ancestor.is_dir():
+            problem = f"{ancestor} is not a directory"
+        elif any(len(os.fsencode(part)) > 255 for part in path.parts):
+            problem = "a name is longer than 255 bytes"
+        else:  # a probe, not os.access: root passes access() on a read-only mount or /proc
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".hpcodegen-probe-", dir=ancestor))
+            except OSError as exc:
+                problem = f"nothing can be created in {ancestor} ({exc.strerror or exc})"
+    except OSError as exc:
+        problem = f"unusable path: {exc.strerror or exc}"
+    if problem is not None:
+        raise UsageError([error("checkpoint.target_unwritable", str(path)[:300],
+                                f"cannot be created: {problem}",
+                                hint="choose a directory under one you can write to")])

@@ -74,6 +74,14 @@ class CheckContext:
     def meta_file(self) -> str:
         return str(self.loaded.meta_path)
 
+    def require_artifact_dir(self) -> Path:
+        """The artifact directory, or :class:`SkipCheck` for a bare meta file: its folder is
+        not an artifact and is never read (the files checks need a directory)."""
+        if self.loaded.bare:
+            raise SkipCheck("a meta file alone: there is no artifact directory to check "
+                            "(verify the artifact's directory for its files)")
+        return self.loaded.artifact_dir
+
     def require_hf_config(self) -> dict[str, Any]:
         """The HF config, or :class:`SkipCheck` saying which option provides it."""
         if self.hf_config is None:

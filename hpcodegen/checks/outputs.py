@@ -66,6 +66,7 @@ def _check_signature(ctx: CheckContext) -> Iterator[Finding]:
 
 def check_outputs(ctx: CheckContext) -> Iterator[Finding]:
     """Recorded files exist inside the dir and match; required roles; extra files warned."""
+    ctx.require_artifact_dir()
     outputs = as_dict(ctx.meta.get("outputs"))
     found = modeling_files(ctx.artifact_dir)
     modeling: Path | None = found[0] if len(found) == 1 else None

@@ -40,6 +40,8 @@ MAX_SCAN_BYTES = 32 * 1024 * 1024
 def file_classes(ctx: CheckContext) -> set[str] | None:
     """Names of the top-level classes the modeling file defines (read with ``ast``, never
     imported); None when it cannot be read (the source check reports why)."""
+    if ctx.loaded.bare:  # a meta alone: its folder is not read
+        return None
     if "file_classes" not in ctx.cache:
         found = modeling_files(ctx.artifact_dir)
         names: set[str] | None = None

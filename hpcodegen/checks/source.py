@@ -48,7 +48,10 @@ _BIAS_HOOKS = ("_hp_deferred_bias", "_hyper_deferred_bias")
 
 def read_modeling_tree(ctx: CheckContext
                        ) -> tuple[ast.Module | None, Path | None, list[Finding]]:
-    """The parsed modeling file (never imported), or None and the findings saying why."""
+    """The parsed modeling file (never imported), or None and the findings saying why
+    (None and none for a bare meta: its folder is never read)."""
+    if ctx.loaded.bare:
+        return None, None, []
     found = modeling_files(ctx.artifact_dir)
     where = str(ctx.artifact_dir)
     if len(found) != 1:
@@ -184,6 +187,7 @@ def _check_names(ctx: CheckContext, scan: ModuleScan) -> Iterator[Finding]:
 
 def check_source(ctx: CheckContext) -> Iterator[Finding]:
     """Parse the modeling file and compare each boundary class with its classified form."""
+    ctx.require_artifact_dir()
     tree, path, problems = read_modeling_tree(ctx)
     yield from problems
     if tree is None or path is None:

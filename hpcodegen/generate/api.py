@@ -127,14 +127,14 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     plan rules that match no module; ``warnings`` what the plan is legal but likely not
     meant to be (a plan that splits no layer: :mod:`.layer_split`).
     """
+    from hpcodegen.bounds import MAX_RANKS, int_problem
     from hpcodegen.hf import build_meta_model
 
-    if tp < 1:
-        raise UsageError([error("generate.tp", "--tp", f"--tp must be >= 1, got {tp}")])
-    if ep < 1:
-        raise UsageError([error("generate.ep", "--ep", f"--ep must be >= 1, got {ep}")])
-    if cp < 1:
-        raise UsageError([error("generate.cp", "--cp", f"--cp must be >= 1, got {cp}")])
+    sizes = int_problem("generate.tp", "--tp", tp, 1, MAX_RANKS) + int_problem(
+        "generate.ep", "--ep", ep, 1, MAX_RANKS) + int_problem("generate.cp", "--cp", cp, 1,
+                                                               MAX_RANKS)
+    if sizes:
+        raise UsageError(sizes)
     check_layout(cp_layout)
     advance("building the model on the meta device")
     model = build_meta_model(config)

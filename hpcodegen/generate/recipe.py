@@ -68,6 +68,12 @@ def load_recipe(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise InputError([error("recipe.too_large", exc.where, str(exc), file=str(p),
                                 hint="a recipe is a short list of rules: split or simplify "
                                      "it (YAML aliases count once per use)")]) from None
+    except _BigInteger as exc:
+        raise InputError([error("recipe.integer_range", exc.where,
+                                f"an integer of {exc.digits} characters (line {exc.line})",
+                                expected=f"an integer of magnitude below 2^{INT_BITS}",
+                                hint="recipes hold names, placements and small numbers",
+                                file=str(p))]) from None
     except _DuplicateKey as exc:
         raise InputError([error("recipe.duplicate_key", exc.where,
                                 f"key {exc.key!r} occurs twice in one mapping (line "
@@ -185,6 +191,18 @@ def _expanded_size(root: Any) -> int:
     return sizes[id(root)]
 
 
+#: Integers in a recipe (wrapper kwargs) stay below 2^63 in magnitude; longer literals are
+#: refused before Python converts them (a 5,000-digit one is over its conversion limit).
+INT_BITS = 63
+_MAX_INT_CHARS = 40
+
+
+class _BigInteger(Exception):
+    def __init__(self, digits: int, line: int) -> None:
+        super().__init__(digits)
+        self.digits, self.line, self.where = digits, line, f"line {line}"
+
+
 class _DuplicateKey(Exception):
     def __init__(self, key: Any, where: str, line: int) -> None:
         super().__init__(key)
@@ -197,9 +215,24 @@ def _unique_key_loader() -> Any:
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_yaml_int(self, node: Any) -> int:
+            line = node.start_mark.line + 1
+            text = str(node.value)
+            if len(text) > _MAX_INT_CHARS:
+                raise _BigInteger(len(text), line)
+            value = super().construct_yaml_int(node)
+            if abs(value) >= 2**INT_BITS:
+                raise _BigInteger(len(text), line)
+            return value
+
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            # YAML merge keys (``<<: *defaults``) are supported: the merged keys come
+            # first and the mapping's own keys override them (flatten_mapping); only the
+            # mapping's own keys must be unique
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 if isinstance(key, (str, int, float, bool)) or key is None:
                     if key in seen:
@@ -208,6 +241,8 @@ def _unique_key_loader() -> Any:
                     seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int",
+                                    UniqueKeyLoader.construct_yaml_int)
     return UniqueKeyLoader
 
 

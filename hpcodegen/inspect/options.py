@@ -70,12 +70,15 @@ def parse_mesh(text: str) -> tuple[tuple[str, ...], dict[str, int]]:
     """``"tp=4,cp=2"`` -> ``(("tp", "cp"), {"tp": 4, "cp": 2})``; UsageError otherwise."""
     axes: list[str] = []
     sizes: dict[str, int] = {}
+    from hpcodegen.bounds import MAX_RANKS
+
     for item in text.split(","):
         match = _MESH_ITEM.match(item.strip())
-        if match is None or int(match[2]) < 1 or match[1] in sizes:
-            raise UsageError([error("inspect.bad_mesh", "--mesh", f"cannot read {item!r}",
+        if match is None or len(match[2]) > 12 or not 1 <= int(match[2]) <= MAX_RANKS \
+                or match[1] in sizes:
+            raise UsageError([error("inspect.bad_mesh", "--mesh", f"cannot read {item[:80]!r}",
                                     expected="axis=size pairs, e.g. tp=4,cp=2 "
-                                             "(each axis once, size >= 1)")])
+                                             f"(each axis once, size 1 .. {MAX_RANKS})")])
         axes.append(match[1])
         sizes[match[1]] = int(match[2])
     return tuple(axes), sizes

@@ -70,13 +70,22 @@ def _check_options(opts: InspectOptions) -> None:
                 raise UsageError([error("inspect.usage", flag,
                                         f"{flag} needs --hf-config (a volume estimate)")])
         return
+    from hpcodegen.bounds import MAX_BATCH, MAX_SEQ, MAX_TOKENS, float_problem, int_problem
+
     for flag, value in volume_args.items():
-        if value is None or value < 1:
-            what = f"{flag} is required with --hf-config" if value is None else f"{flag} {value}"
-            raise UsageError([error("inspect.usage", flag, what,
+        if value is None:
+            raise UsageError([error("inspect.usage", flag,
+                                    f"{flag} is required with --hf-config",
                                     expected="a positive integer")])
-    if opts.link_gbps is not None and opts.link_gbps <= 0:
-        raise UsageError([error("inspect.usage", "--link-gbps", "must be > 0")])
+    problems = (int_problem("inspect.usage", "--batch", opts.batch, 1, MAX_BATCH)
+                + int_problem("inspect.usage", "--seq", opts.seq, 1, MAX_SEQ)
+                + float_problem("inspect.usage", "--link-gbps", opts.link_gbps, 0, 1e9,
+                                low_open=True))
+    if not problems and opts.batch * opts.seq > MAX_TOKENS:  # type: ignore[operator]
+        problems = [error("inspect.usage", "--batch/--seq", f"{opts.batch} x {opts.seq} "
+                          "tokens in one batch", expected=f"at most {MAX_TOKENS} tokens")]
+    if problems:
+        raise UsageError(problems)
 
 
 def gate_findings(loaded: LoadedMeta, hf_config: str | None = None,

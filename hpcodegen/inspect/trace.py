@@ -101,6 +101,16 @@ def trace_boundaries(config: Mapping[str, Any], targets: Sequence[TraceTarget],
         with removed(record_tensors(watched, recording, lone)):
             _run_forward(model, batch, seq, result)
     except Exception as exc:  # any model code may fail on meta; report, never a traceback
+        if isinstance(exc, OverflowError) or "overflow" in str(exc).lower():
+            # an activation of batch x seq (x seq for attention scores) past what a tensor
+            # can hold: the request is impossible, not the plan wrong
+            from hpcodegen.errors import UsageError
+
+            raise UsageError([error("inspect.usage", "--batch/--seq",
+                                    f"--batch {batch} --seq {seq}: the model's activations "
+                                    f"at this size exceed what a tensor can hold "
+                                    f"({type(exc).__name__}: {str(exc)[:160]})",
+                                    expected="a batch and sequence a model can run")]) from None
         raise PlanError([error("trace.forward_failed", "",
                                f"meta-device forward failed: {type(exc).__name__}: {exc}",
                                hint="check --hf-config, --batch and --seq")]) from None

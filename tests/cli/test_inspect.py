@@ -150,7 +150,7 @@ def test_volume_usage_errors(kw: dict[str, Any], flag: str) -> None:
 
 def test_nonpositive_batch_is_named_not_called_missing() -> None:
     code, _, err = inspect(path=SP, hf_config="x", batch=-1, seq=4)
-    assert code == 2 and "--batch -1 (expected a positive integer)" in err
+    assert code == 2 and "--batch -1: out of range (--batch must be >= 1)" in err
     assert "required" not in err
 
 

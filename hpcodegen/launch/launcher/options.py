@@ -93,21 +93,23 @@ class LaunchOptions:
 
     def check(self) -> None:
         """Refuse impossible requests (UsageError, exit 2) before anything starts."""
-        problems = []
-        if self.nproc < 1:
-            problems.append(error("launch.nproc", "--nproc", f"--nproc {self.nproc}",
-                                  expected="at least 1"))
+        from hpcodegen.bounds import (
+            MAX_RANKS,
+            MAX_STEPS,
+            MAX_TIMEOUT_S,
+            SEED_RANGE,
+            float_problem,
+            int_problem,
+        )
+
+        problems = int_problem("launch.nproc", "--nproc", self.nproc, 1, MAX_RANKS)
         problems += self._node_problems()
-        if self.steps < 0:
-            problems.append(error("launch.steps", "--steps", f"--steps {self.steps}",
-                                  expected=">= 0"))
-        if self.timeout is not None and self.timeout <= 0:
-            problems.append(error("launch.timeout", "--timeout", f"--timeout {self.timeout}",
-                                  expected="> 0 seconds"))
+        problems += int_problem("launch.steps", "--steps", self.steps, 0, MAX_STEPS)
+        problems += int_problem("launch.seed", "--seed", self.seed, *SEED_RANGE)
+        problems += float_problem("launch.timeout", "--timeout", self.timeout, 0,
+                                  MAX_TIMEOUT_S, low_open=True)
         problems += self._checkpoint_problems()
-        if self.tolerance is not None and not self.tolerance >= 0:  # also refuses NaN
-            problems.append(error("launch.tolerance", "--tolerance",
-                                  f"--tolerance {self.tolerance}", expected=">= 0"))
+        problems += float_problem("launch.tolerance", "--tolerance", self.tolerance, 0, 1e30)
         if self.compile is not None and self.compile not in COMPILE_MODES:
             problems.append(error("launch.compile", "--compile-scope",
                                   f"--compile-scope {self.compile!r}",
@@ -134,9 +136,10 @@ class LaunchOptions:
         if self.dtype not in DEFAULT_TOLERANCE:
             problems.append(error("launch.dtype", "--dtype", f"--dtype {self.dtype!r}",
                                   expected=" | ".join(DEFAULT_TOLERANCE)))
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            problems.append(error("launch.max_grad_norm", "--max-grad-norm",
-                                  f"--max-grad-norm {self.max_grad_norm}", expected="> 0"))
+        from hpcodegen.bounds import float_problem
+
+        problems += float_problem("launch.max_grad_norm", "--max-grad-norm",
+                                  self.max_grad_norm, 0, 1e30, low_open=True)
         if self.script and (self.save or self.resume or self.max_grad_norm is not None):
             problems.append(error("launch.script_options", "--save/--resume/--max-grad-norm",
                                   "--save, --resume and --max-grad-norm drive the built-in "
@@ -155,11 +158,15 @@ class LaunchOptions:
     def _node_problems(self) -> list:
         """--nnodes, --node-rank and --master-port: what torchrun would reject late."""
         problems = []
+        from hpcodegen.bounds import MAX_NODES
+
         parts = self.nnodes.split(":")
-        nodes_ok = len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts)
+        nodes_ok = len(parts) <= 2 and all(
+            p.isascii() and p.isdigit() and len(p) <= 8 and 1 <= int(p) <= MAX_NODES
+            for p in parts)
         if not nodes_ok:
-            problems.append(error("launch.nnodes", "--nnodes", f"--nnodes {self.nnodes!r}",
-                                  expected="N or MIN:MAX with positive integers"))
+            problems.append(error("launch.nnodes", "--nnodes", f"--nnodes {self.nnodes[:40]!r}",
+                                  expected=f"N or MIN:MAX with integers 1 .. {MAX_NODES}"))
         max_nodes = int(parts[-1]) if nodes_ok else None
         if self.node_rank is not None and (
                 self.node_rank < 0 or (max_nodes is not None and self.node_rank >= max_nodes)):

@@ -38,11 +38,12 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     instead of N times.
     """
     from hpcodegen.extras import require
-    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
+    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta, refuse_bare
 
     require("runtime", "hpcodegen launch", ("torch", "transformers", "safetensors", "psutil"))
     opts.check()
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
+    refuse_bare(loaded)  # a meta file alone: nothing to run
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
     config = None
     if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
@@ -138,9 +139,15 @@ def run_launch(opts: LaunchOptions) -> int:
                                         model_dir=Path("examples/configs/llama"),
                                         check_parity=True))
     """
+    import time
+
+    from hpcodegen.launch.launcher.deadline import deadline
+
     err = display.make_console(stderr=True)
+    began = time.monotonic()
     try:
-        layout, device, opts = _prepare(opts)
+        with deadline(opts.timeout if not opts.dry_run else None):
+            layout, device, opts = _prepare(opts)
     except HpcodegenError as exc:
         return _refuse(exc, opts, err)
     try:
@@ -158,11 +165,12 @@ def run_launch(opts: LaunchOptions) -> int:
         from hpcodegen.report.terminal import fold_command
 
         print(fold_command([shlex.quote(a) for a in wrap(argv)]), file=sys.stderr)
-    return _execute(opts, layout, argv, job_env, run_dir, logs)
+    return _execute(opts, layout, argv, job_env, run_dir, logs, began)
 
 
 def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
-             job_env: dict[str, str], run_dir: Path, logs: Path) -> int:
+             job_env: dict[str, str], run_dir: Path, logs: Path, began: float) -> int:
+    from hpcodegen.launch.launcher.deadline import left
     from hpcodegen.launch.rank.memory import oom_kills
 
     live = _Progress(opts, layout)
@@ -171,7 +179,8 @@ def _execute(opts: LaunchOptions, layout: MeshLayout, argv: list[str],
     oom_before = oom_kills()
     with live:
         outcome = run_job(argv, {**os.environ, **job_env}, run_dir=run_dir,
-                          expected=opts.nproc, timeout=opts.timeout, console_log=console_log,
+                          expected=opts.nproc, timeout=left(opts.timeout, began),
+                          console_log=console_log,
                           script_stdout=bool(opts.script), keep_stdout=not opts.json,
                           on_update=live.update)
     oom_after = oom_kills()
