@@ -139,6 +139,8 @@ def grad_findings(plan: Plan, d: Derivation, ours: bool) -> Iterator[Finding]:
                               "would train it wrong silently, and the existing system's "
                               "runtime must all-reduce it over tp itself",
                               expected=f"{rel!r} in partial_grad_params")
+        elif kind == "full" and d.backward_reductions:
+            continue  # DTensor may have summed it in backward where the runtime does not
         elif kind != "partial" and summed and rel not in (entry.tp_rank0_params or ()):
             what = "whole on every rank" if kind == "full" else "its shard's"
             yield error("derive.partial_grad", where,

@@ -42,6 +42,8 @@ from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.types import TP, Plan, PlanEntry
 
+#: the run in progress (its watcher's handlers reach its state through this)
+_CURRENT: list[Any] = []
 #: axes whose ranks hold different data (or stages), not a split of one compute
 DATA_AXES = frozenset({"dp", "ep", "cp", "pp", "dp_replicate", "dp_shard"})
 BATCH, SEQ = 2, 8
@@ -333,6 +335,12 @@ class _Run:
         run = self
 
         def watched(op_info: Any, schema: Any, use_val: bool) -> None:
+            if not run.recording and any(
+                    isinstance(spec, DTensorSpec) and any(p.is_partial() for p in spec.placements)
+                    for spec in op_info.flat_args_schema):
+                # a reduction DTensor inserts in backward: a gradient it made whole, which the
+                # runtime's local backward leaves partial
+                run.record.backward_reductions += 1
             if run.recording and not run._inside_opaque():
                 wanted = (tuple(pytree.tree_leaves(schema.args_schema))
                           if op_info.args_tree_spec is not None else schema.args_schema)
@@ -358,12 +366,15 @@ class _Run:
         aten = torch.ops.aten
         local_rules = {aten.slice.Tensor: _strided_slice, aten.split.Tensor: _strided_split,
                        aten.new_empty.default: _like_self, aten.new_zeros.default: _like_self,
-                       aten.new_ones.default: _like_self, aten.new_full.default: _like_self}
+                       aten.new_ones.default: _like_self, aten.new_full.default: _like_self,
+                       aten.mul.Tensor: _scaled_partial}
         OpDispatcher.redistribute_local_args = staticmethod(watched)
         handlers.update(local_rules)
+        _CURRENT.append(self)
         try:
             yield
         finally:
+            _CURRENT.remove(self)
             OpDispatcher.redistribute_local_args = original
             for op in local_rules:
                 handlers.pop(op, None)
@@ -377,14 +388,22 @@ def _strided_slice(op_call: Any, args: tuple, kwargs: dict) -> Any:
     import torch
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
 
-    x, dim, start, end, step = (*args, 0, None, None, 1)[:5] if len(args) < 5 else args[:5]
+    x, dim, start, end, step = [*args, *(None, 0, None, None, 1)[len(args):]][:5]
     dim = kwargs.get("dim", dim) % x.dim()
-    start, end, step = kwargs.get("start", start), kwargs.get("end", end), kwargs.get(
-        "step", step)
+    start, end = kwargs.get("start", start), kwargs.get("end", end)
+    step = kwargs.get("step", step) or 1
     local = x._local_tensor
     sharded = [p for p in x.placements if isinstance(p, TShard) and p.dim == dim]
     whole = end is None or end >= x.shape[dim]
+    strided = [p for p in x.placements if isinstance(p, _StridedShard) and p.dim == dim]
+    if strided and _CURRENT and _CURRENT[-1].stack:
+        # a block of a fused weight's output (phi3's qkv[..., :q]) whose blocks DTensor
+        # cannot express: this boundary is left to the rules, not guessed
+        run = _CURRENT[-1]
+        run.opaque.setdefault(run.stack[-1], "a slice of a fused (SS) output, which "
+                              "propagation cannot express")
     if step > 1 and sharded and whole and 0 <= (start or 0) < step \
             and local.shape[dim] % step == 0 and x.shape[dim] % step == 0:
         out = torch.ops.aten.slice.Tensor(local, dim, start or 0, None, step)
@@ -451,6 +470,32 @@ def _like_self(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False,
                                   shape=torch.Size(size),
                                   stride=torch.empty(size, device="meta").stride())
+    return _default(op_call, args, kwargs)
+
+
+def _scaled_partial(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """A partial sum times a replicated scalar (one element: Gemma's ``embed_scale``) stays
+    a partial sum, as the local code computes it (the product is linear); DTensor would
+    reduce first. Anything else takes its normal path."""
+    from torch.distributed.tensor import DTensor
+
+    def is_partial(x: Any) -> bool:
+        return isinstance(x, DTensor) and any(p.is_partial() for p in x.placements)
+
+    def is_scalar(x: Any) -> bool:
+        if isinstance(x, DTensor):
+            return x.numel() == 1 and all(p.is_replicate() for p in x.placements)
+        return hasattr(x, "numel") and x.numel() == 1
+
+    a, b = args[0], args[1]
+    if not is_partial(a):
+        a, b = b, a
+    partial, scalar = is_partial(a), is_scalar(b)
+    if partial and scalar and not kwargs:
+        other = b.to_local() if isinstance(b, DTensor) else b
+        local = op_call(a._local_tensor, other)
+        return DTensor.from_local(local, a.device_mesh, a.placements, run_check=False,
+                                  shape=local.shape, stride=local.stride())
     return _default(op_call, args, kwargs)
 
 
@@ -566,6 +611,7 @@ def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None,
             finally:
                 for handle in handles:
                     handle.remove()
+            record.opaque.update(run.opaque)  # and those found opaque on the way
             _grads(run, model, record)
     except Exception as exc:  # an op with no propagation rule, data-dependent code, ...
         where = f" (in {run.stack[-1]})" if "run" in locals() and run.stack else ""

@@ -39,6 +39,9 @@ class Derivation:
     #: (entry fqn, rel param name) -> {axis: "partial" | "full" | "sharded" | "none"}
     grads: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     implicit: list[ImplicitComm] = field(default_factory=list)
+    #: reductions DTensor inserted in backward (an op taking a partial gradient): a
+    #: gradient derived whole may then be partial in the runtime's local backward
+    backward_reductions: int = 0
     #: boundary fqn -> why it was not derived (opaque injected or data-dependent compute)
     opaque: dict[str, str] = field(default_factory=dict)
     #: the run stopped: why (then only what was reached is derived)
