@@ -42,6 +42,8 @@ from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.types import TP, Plan, PlanEntry
 
+#: ops whose local form on a shard DTensor has no rule for (it would gather instead)
+UNEXPRESSED = frozenset({"aten.repeat", "aten.repeat_interleave"})
 #: the run in progress (its watcher's handlers reach its state through this)
 _CURRENT: list[Any] = []
 #: axes whose ranks hold different data (or stages), not a split of one compute
@@ -352,7 +354,15 @@ class _Run:
                             and not _narrowing(spec, wanted[i]):
                         who = run.param_names.get(id(op_info.local_args[i]))
                         moves.append(_move(spec, wanted[i], run.axes, who))
-                if moves:
+                name = op_name((op_info.schema or schema).op)
+                unexpressed = name in UNEXPRESSED or any(
+                    "SS(" in m.split(" -> ")[0] for m in moves)
+                if moves and unexpressed and run.stack:
+                    # a layout DTensor cannot express (a fused SS output, a repeat over a
+                    # sharded dim): the boundary is left to the rules, not guessed
+                    run.opaque.setdefault(run.stack[-1], f"{name} on a layout propagation "
+                                          "cannot express")
+                elif moves:
                     run.record.implicit.append(ImplicitComm(
                         run.stack[-1] if run.stack else None,
                         op_name((op_info.schema or schema).op),
@@ -485,6 +495,8 @@ def _scaled_partial(op_call: Any, args: tuple, kwargs: dict) -> Any:
     def is_scalar(x: Any) -> bool:
         if isinstance(x, DTensor):
             return x.numel() == 1 and all(p.is_replicate() for p in x.placements)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return True
         return hasattr(x, "numel") and x.numel() == 1
 
     a, b = args[0], args[1]
