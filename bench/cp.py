@@ -22,7 +22,10 @@ Three measurements of hpcodegen's CP runtime, each against its alternative in on
    widen or deepen.
 
 Run: ``python bench/cp.py [--quick]``; the last line is ``cp: balance_headtail=...
-balance_contiguous=... kv_bytes_vs_expanded=... activation_bytes_cp2_vs_cp1=...``.
+balance_contiguous=... kv_bytes_vs_expanded=... activation_bytes_cp2_vs_cp1=...
+ulysses_vs_allgather_llama8b_cp8=...`` (the last: inspect-plan's predicted bytes per rank
+of a Llama-3.1-8B attention layer, forward and backward, Ulysses over all-gather at cp 8;
+the cp/(g+1) rule says 5/8).
 """
 
 from __future__ import annotations
@@ -159,6 +162,42 @@ def activation_ratio(work: Path, seq: int) -> tuple[float, int, int]:
     return two / one, one, two
 
 
+LLAMA_8B = Path(__file__).resolve().parent / "configs" / "llama-3.1-8b"
+
+
+def layer_bytes_by_method(work: Path, cp: int = 8, seq: int = 8192) -> dict[str, float]:
+    """inspect-plan's predicted bytes per rank of one Llama-3.1-8B attention layer (forward
+    and backward, bf16, batch 1), for artifacts generated with ``--cp-method allgather``
+    and ``ulysses`` at cp ``cp`` (the generated plans, priced by the tool itself)."""
+    import io
+    import json
+
+    from hpcodegen.artifact.bundle import write_bundle
+    from hpcodegen.generate.api import build_bundle
+    from hpcodegen.hf import read_hf_config
+    from hpcodegen.inspect.options import InspectOptions
+    from hpcodegen.inspect.run import run_inspect
+
+    config, _ = read_hf_config(LLAMA_8B)
+    out: dict[str, float] = {}
+    for method in ("allgather", "ulysses"):
+        artifact = work / method
+        write_bundle(artifact, build_bundle(config, 1, False, None, "bench", cp=cp,
+                                            cp_method=method))
+        text = io.StringIO()
+        code = run_inspect(InspectOptions(path=str(artifact), hf_config=str(LLAMA_8B),
+                                          batch=1, seq=seq, dtype="bf16", as_json=True),
+                           out=text, err=io.StringIO())
+        if code != 0:
+            raise SystemExit(f"inspect-plan failed on {artifact}: {text.getvalue()[:400]}")
+        rows = json.loads(text.getvalue())["volume"]["boundaries"]
+        layer = [r for r in rows if r["fqn"].startswith("model.layers.{") and
+                 r["fqn"].endswith("self_attn")]
+        out[method] = sum(r["forward_bytes"] + r["backward_bytes"] for r in layer) / \
+            sum(r.get("count", 1) for r in layer)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter sequences")
@@ -175,8 +214,14 @@ def main(argv: list[str] | None = None) -> int:
               "to 32 query heads")
         act_ratio, one, two = activation_ratio(Path(tmp) / "act", 512 if args.quick else 2048)
         print(f"saved for backward, one rank: cp1 {one} bytes, cp2 {two} bytes")
+        per_layer = layer_bytes_by_method(Path(tmp) / "methods")
+        print("Llama-3.1-8B attention layer at cp 8, seq 8192, bf16, per rank forward + "
+              f"backward: all-gather {per_layer['allgather']:.0f} bytes, Ulysses "
+              f"{per_layer['ulysses']:.0f} bytes (rule cp/(g+1) = 8/5)")
+    ulysses = per_layer["ulysses"] / per_layer["allgather"]
     print(f"cp: balance_headtail={headtail:.3f} balance_contiguous={contiguous:.3f} "
-          f"kv_bytes_vs_expanded={kv_ratio:.3f} activation_bytes_cp2_vs_cp1={act_ratio:.3f}")
+          f"kv_bytes_vs_expanded={kv_ratio:.3f} activation_bytes_cp2_vs_cp1={act_ratio:.3f} "
+          f"ulysses_vs_allgather_llama8b_cp8={ulysses:.3f}")
     return 0
 
 

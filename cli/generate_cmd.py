@@ -25,6 +25,14 @@ def generate(
         None, "--cp-layout", metavar="LAYOUT",
         help="Which positions a cp rank holds: headtail (default for causal models: "
              "balanced) or contiguous."),
+    cp_method: str = typer.Option(
+        "allgather", "--cp-method", metavar="METHOD",
+        help="How attention sees the whole sequence under cp: allgather (K/V), ulysses "
+             "(all-to-all: a head shard of the whole sequence), hybrid (--ulysses U ranks "
+             "of all-to-all inside cp/U of all-gather), or auto (fewest predicted bytes)."),
+    ulysses: Optional[int] = typer.Option(
+        None, "--ulysses", metavar="U",
+        help="The hybrid's Ulysses degree: 1 < U < cp, dividing cp."),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT", help="Artifact directory."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism between boundaries."),
     loss_parallel: bool = typer.Option(
@@ -72,7 +80,8 @@ def generate(
                                          as_json=as_json, allow_target=tuple(allow_target),
                                          verbosity=verbosity(quiet, verbose),
                                          loss_parallel=loss_parallel, strict=strict,
-                                         cp=cp, cp_layout=cp_layout))
+                                         cp=cp, cp_layout=cp_layout, cp_method=cp_method,
+                                         ulysses=ulysses))
 
     start_progress(quiet, as_json)
     raise typer.Exit(guarded("generate", call, as_json=as_json))

@@ -55,6 +55,11 @@ BUILTIN_TARGETS: dict[str, str] = {
     "eager_hf": "hpcodegen.runtime.cp.wrappers:eager_hf",
     "hyper_parallel.codegen.inner.sdpa_hf": "hpcodegen.runtime.cp.wrappers:sdpa_hf",
     "hyper_parallel.codegen.inner.sdpa_qkv": "hpcodegen.runtime.cp.wrappers:sdpa_qkv",
+    # Ulysses (all-to-all) and the hybrid, under the existing system's names for them
+    **{f"{home}{kernel}_{method}": f"hpcodegen.runtime.cp.wrappers:{kernel}_{method}"
+       for method in ("ulysses", "hybrid")
+       for kernel in ("sdpa_hf", "sdpa_qkv", "eager_hf")
+       for home in ("", "hyper_parallel.codegen.inner.") if home == "" or kernel != "eager_hf"},
     "sharded_rms_norm": "hpcodegen.runtime.norms:sharded_rms_norm",
 }
 

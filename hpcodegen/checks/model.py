@@ -425,6 +425,9 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     # pure (config JSON + plan): holds for foreign modeling code too, which is never built
     sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
                             unsplit_fields(config, tp), plan=entries)
+    from hpcodegen.checks.cp import config_heads_findings
+
+    sizes = [*sizes, *config_heads_findings(ctx.meta, config)]
     foreign = _foreign_source(ctx.meta)
     if foreign is not None:
         why = (f"the modeling source {foreign} is not a transformers module; its structure "

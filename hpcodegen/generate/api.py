@@ -41,6 +41,7 @@ from hpcodegen.errors import (
     error,
 )
 from hpcodegen.generate.cost import cost_note
+from hpcodegen.generate.cp_method import check_method
 from hpcodegen.generate.cp_plan import (
     add_cp_axis,
     check_cp_model,
@@ -109,6 +110,10 @@ class GenerateArgs:
     cp: int = 1
     #: ``headtail`` / ``contiguous``; None: head-tail for causal models
     cp_layout: str | None = None
+    #: ``allgather`` / ``ulysses`` / ``hybrid`` / ``auto`` (:mod:`.cp_method`)
+    cp_method: str = "allgather"
+    #: the hybrid's Ulysses degree (``--ulysses``)
+    ulysses: int | None = None
     #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
     strict: bool = False
 
@@ -119,7 +124,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  ep: int = 1, notes: list[str] | None = None,
                  loss_parallel: bool = False,
                  warnings: list[Finding] | None = None, cp: int = 1,
-                 cp_layout: str | None = None) -> dict[str, bytes]:
+                 cp_layout: str | None = None, cp_method: str = "allgather",
+                 ulysses: int | None = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -136,6 +142,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if sizes:
         raise UsageError(sizes)
     check_layout(cp_layout)
+    check_method(cp_method, ulysses, cp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)
@@ -164,7 +171,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         check_nested_gathers(plan)
         check_sp_shapes(model, plan, tp, classes)
     if cp > 1:
-        injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes)
+        injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes,
+                                         (cp_method, ulysses, cp, tp), notes)
     _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
     degenerate = unsplit_layers(model, plan, tp, rules_in_use(
         model, hf_rules(model), rules.file if rules is not None else None, recipe))
@@ -177,7 +185,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                       injections=injections, tied_pairs=tied_pairs_of(config, model),
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
-                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout)
+                      loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
+                      cp_method=cp_method if ulysses is None else f"{cp_method}:{ulysses}")
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
@@ -198,15 +207,22 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
 
 def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, Any]],
              injections: list[dict[str, Any]], layout: str | None,
-             classes: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+             classes: Mapping[str, str], method: tuple[str, int | None, int, int],
+             notes: list[str] | None) -> tuple[list[dict[str, Any]], str]:
     """The cp axis on the plan (:mod:`hpcodegen.generate.cp_plan`) and the frozen layout,
-    after the probe forward found every attention and no other token mixer."""
+    after the probe forward found every attention and no other token mixer; the method
+    ``(--cp-method, --ulysses, cp, tp)`` chosen by :mod:`hpcodegen.generate.cp_method`."""
+    from hpcodegen.generate.cp_method import choose_method
     from hpcodegen.generate.cp_probe import probe_cp
 
     boundaries = [fqn for fqn, entry in plan.items() if is_boundary(entry)]
     probe = probe_cp(model, config, boundaries)
     check_cp_model(model, config, probe)
-    return add_cp_axis(plan, injections, probe, classes), layout or default_layout(probe)
+    chosen = choose_method(probe, *method)
+    if chosen.note and notes is not None:
+        notes.append(chosen.note)
+    return (add_cp_axis(plan, injections, probe, classes, chosen.method, chosen.ulysses),
+            layout or default_layout(probe))
 
 
 def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
@@ -264,7 +280,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
         try:
             rendered = build_bundle(config, args.tp, args.sp, recipe, label, advance,
                                     args.ep, notes, args.loss_parallel, warned, args.cp,
-                                    args.cp_layout)
+                                    args.cp_layout, args.cp_method, args.ulysses)
             if warned and args.strict:
                 raise PlanError([replace(f, severity=Severity.ERROR,
                                          hint=f"{f.hint}; --strict refuses warnings")

@@ -25,7 +25,15 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, UsageError, error
 from hpcodegen.generate.cp_probe import BATCH, CPProbe
-from hpcodegen.plan.cp import CONTIGUOUS, HEADTAIL, KV_NAMES, KV_SEQ_DIM, LAYOUTS
+from hpcodegen.plan.cp import (
+    ALLGATHER,
+    CONTIGUOUS,
+    HEADTAIL,
+    HYBRID,
+    LAYOUTS,
+    ULYSSES_DEGREE,
+    method_transitions,
+)
 from hpcodegen.plan.entry import TRANSITION_FIELDS, is_boundary
 
 #: config fields of attention patterns the mask rows cannot reproduce
@@ -123,10 +131,13 @@ def _kernel(probe: CPProbe, fqn: str) -> str:
 
 
 def add_cp_axis(plan: dict[str, dict[str, Any]], injections: list[dict[str, Any]],
-                probe: CPProbe, classes: Mapping[str, str] | None = None
-                ) -> list[dict[str, Any]]:
+                probe: CPProbe, classes: Mapping[str, str] | None = None,
+                method: str = ALLGATHER, ulysses: int = 1) -> list[dict[str, Any]]:
     """The cp placements on every entry (in place) and the injections with one CP
-    attention record per kernel kind (list ``match``, as the existing system groups them).
+    attention record per kernel kind (list ``match``, as the existing system groups them),
+    for ``method`` (:func:`hpcodegen.plan.cp.method_transitions`: the wrapper's registry
+    name, the transitions it runs declared, the hybrid's ``ulysses_degree``, and under
+    Ulysses the heads the rule was checked on, ``cp_heads``).
 
     One class has one generated forward, so its instances get one cp placement per value:
     the first instance's (sorted FQN). A class called on ``[batch, seq, ...]`` in one place
@@ -152,15 +163,22 @@ def add_cp_axis(plan: dict[str, dict[str, Any]], injections: list[dict[str, Any]
                       "a recipe or rule already injects into this attention; the CP attention "
                       "wraps it", hint="drop that injection (the CP wrappers run the SDPA or "
                                        "eager kernel themselves)")
-    groups: dict[tuple[str, bool], list[str]] = {}
+    groups: dict[tuple[str, bool, int, int], list[str]] = {}
     for fqn in sorted(probe.attention):
         plan.setdefault(fqn, {"params": {}, "is_boundary": False})
-        groups.setdefault((_kernel(probe, fqn), probe.attention[fqn].is_causal), []).append(fqn)
-    records = [{"match": fqns, "inner_target": "self",
-                "inner_wrapper": {"_target_": kernel, "causal": causal},
-                "inner_in_src": {n: {"cp": f"S({KV_SEQ_DIM})"} for n in KV_NAMES},
-                "inner_in_dst": {n: {"cp": "R"} for n in KV_NAMES}}
-               for (kernel, causal), fqns in sorted(groups.items())]
+        call = probe.attention[fqn]
+        heads = (call.query[1], call.key[1]) if method != ALLGATHER else (0, 0)
+        groups.setdefault((_kernel(probe, fqn), call.is_causal, *heads), []).append(fqn)
+    suffix = "" if method == ALLGATHER else f"_{method}"
+    degree = {ULYSSES_DEGREE: ulysses} if method == HYBRID else {}
+    records = []
+    for (kernel, causal, q_heads, kv_heads), fqns in sorted(groups.items()):
+        record = {"match": fqns, "inner_target": "self",
+                  "inner_wrapper": {"_target_": kernel + suffix, "causal": causal, **degree},
+                  **method_transitions(method)}
+        if method != ALLGATHER:
+            record["cp_heads"] = {"query": q_heads, "key_value": kv_heads}
+        records.append(record)
     return injections + records
 
 

@@ -45,14 +45,16 @@ def parallel_dims(tp: int, sp: bool, ep: int = 1, loss_parallel: bool = False,
 
 def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any,
                   ep: int = 1, loss_parallel: bool = False, cp: int = 1,
-                  cp_layout: str | None = None) -> str:
+                  cp_layout: str | None = None, cp_method: str | None = None) -> str:
     """``yaml_sha256``: sha256 of the canonical JSON of every generation input (``ep``,
-    ``loss_parallel`` and ``cp`` only when set, so artifacts without them keep their
-    digest)."""
+    ``loss_parallel``, ``cp`` and a cp method other than the all-gather only when set, so
+    artifacts without them keep their digest)."""
     payload = {"config": config, "tp": tp, "sp": sp, "recipe": recipe,
                **({"ep": ep} if ep > 1 else {}),
                **({"loss_parallel": True} if loss_parallel else {}),
-               **({"cp": cp, "cp_layout": cp_layout} if cp > 1 else {})}
+               **({"cp": cp, "cp_layout": cp_layout} if cp > 1 else {}),
+               **({"cp_method": cp_method} if cp > 1 and cp_method not in (None, "allgather")
+                  else {})}
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
@@ -78,14 +80,16 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
                classes: Mapping[str, str], injections: list[dict[str, Any]],
                tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
                ep: int = 1, loss_parallel: bool = False, cp: int = 1,
-               cp_layout: str | None = None) -> dict[str, Any]:
-    """The whole meta except ``outputs`` (the bundle writer adds them)."""
+               cp_layout: str | None = None, cp_method: str | None = None) -> dict[str, Any]:
+    """The whole meta except ``outputs`` (the bundle writer adds them); ``cp_method`` (as
+    given, ``auto`` included, with the hybrid's degree) only enters the inputs digest."""
     model_name = model_name_of(str(config.get("model_type") or "model"))
     meta: dict[str, Any] = {
         "codegen_version": CODEGEN_VERSION,
         "generator": {"name": GENERATOR_NAME, "version": __version__},
         "yaml_path": "",
-        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel, cp, cp_layout),
+        "yaml_sha256": inputs_digest(config, tp, sp, recipe, ep, loss_parallel, cp, cp_layout,
+                                     cp_method),
         "source": source,
         "parallel_dims": parallel_dims(tp, sp, ep, loss_parallel, cp, cp_layout),
         "model_name": model_name,

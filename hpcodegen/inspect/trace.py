@@ -42,7 +42,8 @@ class TraceResult:
     calls: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     #: ``{(attention module fqn, "key" | "value"): shape}`` as handed to the attention
-    #: kernel (``[batch, kv_heads, seq, head_dim]``, before any GQA expansion)
+    #: kernel (``[batch, kv_heads, seq, head_dim]``, before any GQA expansion), the query
+    #: and the kernel's output ``[batch, seq, heads, head_dim]`` (Ulysses' all_to_alls)
     attention: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -56,11 +57,14 @@ def _run_forward(model: Any, batch: int, seq: int, result: TraceResult | None = 
     names = {id(m): fqn for fqn, m in model.named_modules()}
 
     @contextlib.contextmanager
-    def record(module: Any, _q: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
+    def record(module: Any, query: Any, key: Any, value: Any, _kw: Any, _mask: Any) -> Any:
         fqn = names.get(id(module), "")
         if result is not None:
+            result.attention.setdefault((fqn, "query"), tuple(query.shape))
             result.attention.setdefault((fqn, "key"), tuple(key.shape))
             result.attention.setdefault((fqn, "value"), tuple(value.shape))
+            b, h, s, _ = query.shape
+            result.attention.setdefault((fqn, "output"), (b, s, h, value.shape[-1]))
         yield
     with watch_attention(model, record):
         forward(model, batch, seq, mask=True)

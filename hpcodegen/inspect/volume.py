@@ -15,7 +15,7 @@ from hpcodegen.errors import UsageError, error, warning
 from hpcodegen.hf import read_hf_config
 from hpcodegen.inspect.options import Inspection, InspectOptions
 from hpcodegen.placement import is_shard
-from hpcodegen.plan.cp import CP, kv_gather_bytes
+from hpcodegen.plan.cp import CP, cp_op_bytes, ulysses_degree
 from hpcodegen.plan.moe import DISPATCH_NAMES, EP, dispatch_volume, expert_count
 from hpcodegen.plan.norms import norm_bytes
 from hpcodegen.plan.predict import takes_token_ids
@@ -93,10 +93,11 @@ def _dispatch_ops(p: Any, trace: TraceResult, config: Any, float_bytes: int,
 
 
 def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Entries,
-            float_bytes: int, batch: int, seq: int) -> list[OpVolume]:
-    """The cp all_gathers of a CP attention's K and V (forward) and the reduce_scatters of
-    their gradients (backward), from the traced kernel inputs (kv heads, not expanded);
-    the root's gather of the batch's position ids (int64)."""
+            float_bytes: int, batch: int, seq: int, ulysses: int = 1) -> list[OpVolume]:
+    """The cp collectives of a CP attention from the traced kernel tensors (kv heads, not
+    expanded): K/V all_gathers forward and reduce_scatters backward, Ulysses' all_to_alls
+    of Q/K/V and the output both ways (:func:`hpcodegen.plan.cp.cp_op_bytes`); the root's
+    gather of the batch's position ids (int64)."""
     cp = result.sizes.get(CP, 1)
     if p.form == "cp_batch":
         return [OpVolume("forward", "in", op.name, op.kind, CP, op.dim, (batch, seq),
@@ -104,13 +105,16 @@ def _cp_ops(p: Any, trace: TraceResult, result: Inspection, entries: Entries,
     out: list[OpVolume] = []
     entry = entries.get(p.fqn)
     split = result.sizes.get("tp", 1) if entry is not None and entry.splits_compute() else 1
-    for direction, ops in (("forward", p.in_ops), ("backward", p.grad_ops)):
+    kv = trace.attention.get((p.fqn, "key"))
+    for direction, ops in (("forward", p.in_ops + p.out_ops), ("backward", p.grad_ops)):
         for op in ops:
             shape = trace.attention.get((p.fqn, op.name)) if op.axis == CP else None
             if op.axis != CP or shape is None:
                 continue
-            out.append(OpVolume(direction, "in", op.name, op.kind, CP, op.dim, shape,
-                                kv_gather_bytes(shape, float_bytes, cp, split)))
+            side = "out" if op.name == "output" else "in"
+            out.append(OpVolume(direction, side, op.name, op.kind, CP, op.dim, shape,
+                                cp_op_bytes(op.name, op.kind, shape, float_bytes, cp,
+                                            ulysses, split, kv[1] if kv else 0)))
     return out
 
 
@@ -130,10 +134,12 @@ def _norm_ops(p: Any, trace: TraceResult, sizes: Any) -> list[OpVolume]:
 
 def _volumes(result: Inspection, entries: Entries, trace: TraceResult,
              float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
-             seq: int = 1) -> dict[str, BoundaryVolume]:
+             seq: int = 1, records: Any = None) -> dict[str, BoundaryVolume]:
     out: dict[str, BoundaryVolume] = {}
+    cp = result.sizes.get(CP, 1)
     for p in result.preds:
-        cp_ops = _cp_ops(p, trace, result, entries, float_bytes, batch, seq)
+        degree = ulysses_degree((records or {}).get(p.fqn), cp)
+        cp_ops = _cp_ops(p, trace, result, entries, float_bytes, batch, seq, degree)
         if not p.transitions and not cp_ops:
             continue
         bv = BoundaryVolume(p.fqn)
@@ -218,7 +224,7 @@ def volume_report(plan: Plan, result: Inspection,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
     volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(plan, opts),
-                       opts.batch or 1, opts.seq or 1)
+                       opts.batch or 1, opts.seq or 1, plan.injections_by_fqn())
     result.findings.extend(_uneven_findings(volumes))
     fwd = sum(v.total("forward") for v in volumes.values())
     bwd = sum(v.total("backward") for v in volumes.values())

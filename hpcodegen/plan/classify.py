@@ -292,7 +292,8 @@ def _memo_key(entry: PlanEntry, injection: Injection | None,
     repeated layers share one key."""
     record = None if injection is None else (
         injection.inner_wrapper, injection.inner_target, injection.inner_out_src,
-        injection.inner_in_src, injection.inner_in_dst, injection.local_compute_fn,
+        injection.inner_in_src, injection.inner_in_dst, injection.inner_out_dst,
+        injection.cp_heads, injection.local_compute_fn,
         injection.ep_stack, injection.ep_size, injection.extra)
     return (entry.params, entry.in_src, entry.in_dst, entry.out_src, entry.out_dst,
             entry.out_names, entry.is_boundary, record, enclosed)

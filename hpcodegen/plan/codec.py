@@ -209,6 +209,8 @@ _INJECTION: Table = {
     "inner_out_src": ("inner_out_src", _json, None),
     "inner_in_src": ("inner_in_src", _named_map, _write_named_map),
     "inner_in_dst": ("inner_in_dst", _named_map, _write_named_map),
+    "inner_out_dst": ("inner_out_dst", _json, None),
+    "cp_heads": ("cp_heads", _json, None),
     "local_compute_fn": ("local_compute_fn", _target, _write_target),
     "ep_stack": ("ep_stack", _ep_stack, lambda v: {k: list(s) for k, s in v.items()}),
     "ep_size": ("ep_size", _int, int),

@@ -157,14 +157,17 @@ def _opaque(injection: Injection | None, cp_live: bool = False
 
 
 def _cp_ops(injection: Injection | None
-            ) -> tuple[tuple[PredOp, ...], tuple[PredOp, ...]]:
-    """The K/V transitions over cp inside a CP attention (:mod:`hpcodegen.plan.cp`):
-    forward all_gathers, backward reduce_scatters, one per tensor."""
-    fwd, bwd = [], []
+            ) -> tuple[tuple[PredOp, ...], tuple[PredOp, ...], tuple[PredOp, ...]]:
+    """The transitions over cp inside a CP attention (:mod:`hpcodegen.plan.cp`): forward
+    the kernel inputs' ops (K/V all_gathers; Ulysses' Q/K/V all_to_alls), then the output's
+    (Ulysses' all_to_all back), and backward their mirrors, one per tensor and (sub-)axis.
+    The hybrid's sub-groups are groups of the cp axis: the ops are on ``cp``."""
+    ins, outs, bwd = [], [], []
     for t in kv_transitions(injection):
-        fwd.extend(_step_op(t.name, s) for s in kv_forward_steps(t))
-        bwd.extend(_step_op(t.name, s) for s in kv_backward_steps(t))
-    return tuple(fwd), tuple(bwd)
+        fwd = [PredOp(t.name, s.kind, s.dim, CP, s.reduce_op) for s in kv_forward_steps(t)]
+        (outs if t.side == "out" else ins).extend(fwd)
+        bwd.extend(PredOp(t.name, s.kind, s.dim, CP, s.reduce_op) for s in kv_backward_steps(t))
+    return tuple(ins), tuple(outs), tuple(bwd)
 
 
 def predict_boundary(bf: BoundaryForm, cls: str | None = None,
@@ -201,9 +204,9 @@ def predict_boundary(bf: BoundaryForm, cls: str | None = None,
         grads = (PredOp("sum_of_squares", "all_reduce", None, TP, "sum"), *grads)
     notes = tuple(t.note for t in bf.transitions if t.note)
     if cp_live:
-        kv_fwd, kv_bwd = _cp_ops(bf.injection)
-        ins, grads = ins + kv_fwd, kv_bwd + grads
-        notes += tuple(f"{t.name}: cp {t.src} -> {t.dst} inside the attention ==> "
+        kv_in, kv_out, kv_bwd = _cp_ops(bf.injection)
+        ins, outs, grads = ins + kv_in, kv_out + outs, kv_bwd + grads
+        notes += tuple(f"{t.name}: {t.axis} {t.src} -> {t.dst} inside the attention ==> "
                        + ", ".join(str(s) for s in kv_forward_steps(t))
                        for t in kv_transitions(bf.injection))
     return BoundaryPrediction(bf.fqn, cls, form, ins, outs, grads, notes, bf.reasons,

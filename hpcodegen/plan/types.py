@@ -260,6 +260,12 @@ class Injection:
     inner_in_dst: NamedPlacements | None = None
     """``inner_in_dst``: the K/V placements the kernel needs, e.g. ``{"key": {"cp": R}}``
     (all-gathered over cp forward, the gradient reduce-scattered back)."""
+    inner_out_dst: Any = None
+    """``inner_out_dst``: the output placements the module needs back from the wrapped
+    kernel (Ulysses: ``{"output": {"cp": S(1)}}`` from ``inner_out_src``'s ``S(2)``)."""
+    cp_heads: Any = None
+    """``cp_heads``: the unsharded query / kv head counts a Ulysses record was checked on
+    (``{"query": 32, "key_value": 8}``; frozen JSON)."""
     local_compute_fn: Target | None = None
     """``local_compute_fn``: a factory whose result the region form calls as the compute."""
     ep_stack: FrozenMap[str, tuple[str, ...]] | None = None

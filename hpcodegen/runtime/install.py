@@ -148,7 +148,7 @@ def _install_cp(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
     """Context parallelism on a live cp axis (:mod:`hpcodegen.runtime.cp.context`). A plan
     without a K/V transition over cp (the sequence moved at its own boundaries) gets none;
     a frozen cp plan without one never gets here (verify's ``plan.cp_no_attention``)."""
-    from hpcodegen.plan.cp import cp_layout, plan_cp_attention
+    from hpcodegen.plan.cp import cp_layout, plan_cp_attention, ulysses_degree
     from hpcodegen.runtime.cp.context import install_context_parallel
 
     attention = plan_cp_attention(plan)
@@ -158,8 +158,10 @@ def _install_cp(model: nn.Module, plan: Plan, active: ActiveMesh) -> None:
 
     group = active.cp_group()
     sp = plan.dims.sequence_parallel is True and TP in active.axes
+    records = plan.injections_by_fqn()
+    degree = max(ulysses_degree(records.get(fqn), active.cp_size) for fqn in attention)
     install_context_parallel(model, attention, group, active.cp_size, dist.get_rank(group),
-                             cp_layout(plan), active.tp_size if sp else 1)
+                             cp_layout(plan), active.tp_size if sp else 1, degree)
 
 
 def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]],

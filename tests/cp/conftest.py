@@ -19,8 +19,9 @@ REPO = HERE.parents[1]
 
 @pytest.fixture(scope="session")
 def cp_artifact(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``cp_artifact(config, tp=2, cp=2, sp=False, layout=None, loss_parallel=False)``: the
-    artifact generated from ``tests/fixtures/cp/<config>`` (or a path), cached per session."""
+    """``cp_artifact(config, tp=2, cp=2, sp=False, layout=None, loss_parallel=False,
+    method="allgather", ulysses=None)``: the artifact generated from
+    ``tests/fixtures/cp/<config>`` (or a path), cached per session."""
     from hpcodegen.artifact.bundle import write_bundle
     from hpcodegen.generate.api import build_bundle
     from hpcodegen.hf import read_hf_config
@@ -29,16 +30,19 @@ def cp_artifact(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]
     made: dict[tuple, Path] = {}
 
     def make(config: str | Path, *, tp: int = 2, cp: int = 2, sp: bool = False,
-             layout: str | None = None, loss_parallel: bool = False, ep: int = 1) -> Path:
-        key = (str(config), tp, cp, sp, layout, loss_parallel, ep)
+             layout: str | None = None, loss_parallel: bool = False, ep: int = 1,
+             method: str = "allgather", ulysses: int | None = None) -> Path:
+        key = (str(config), tp, cp, sp, layout, loss_parallel, ep, method, ulysses)
         if key not in made:
             source = Path(config) if Path(config).is_dir() else CONFIGS / str(config)
             data, _ = read_hf_config(source)
             name = f"{source.name}_tp{tp}_cp{cp}{'_sp' if sp else ''}_{layout or 'default'}" \
-                   f"{'_lp' if loss_parallel else ''}_ep{ep}"
+                   f"{'_lp' if loss_parallel else ''}_ep{ep}" \
+                   f"{'' if method == 'allgather' else f'_{method}{ulysses or cp}'}"
             write_bundle(root / name, build_bundle(data, tp, sp, None, source.name, ep=ep,
                                                    loss_parallel=loss_parallel, cp=cp,
-                                                   cp_layout=layout))
+                                                   cp_layout=layout, cp_method=method,
+                                                   ulysses=ulysses))
             made[key] = root / name
         return made[key]
     return make

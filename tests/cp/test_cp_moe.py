@@ -51,10 +51,30 @@ def test_moe_dp2_ep2_cp2(tmp_path) -> None:
     assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 1}
 
 
+@pytest.mark.timeout(300)
+def test_moe_dp2_ep2_cp2_ulysses(tmp_path) -> None:
+    """Qwen3-MoE ``--cp 2 --ep 2 --cp-method ulysses`` on 4 ranks: exact."""
+    artifact = _artifact(tmp_path, tp=1, sp=False, ep=2, cp=2, cp_method="ulysses")
+    meta = (artifact / "codegen_meta.json").read_text()
+    assert "sdpa_hf_ulysses" in meta
+    doc = _launch(artifact, 4)
+    assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 1}
+
+
 @pytest.mark.world8
 @pytest.mark.timeout(600)
 def test_the_existing_systems_topology_on_eight_ranks(tmp_path) -> None:
     """generate --tp 2 --cp 2 --ep 2 --sp --loss-parallel, launch --nproc 8 --check-parity
     --steps 3: every rank ok, logits and every gradient within 1e-5, losses equal."""
     doc = _launch(_artifact(tmp_path, tp=2, sp=True, ep=2, cp=2, loss_parallel=True), 8)
+    assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 2}
+
+
+@pytest.mark.world8
+@pytest.mark.timeout(600)
+def test_the_existing_systems_topology_under_ulysses(tmp_path) -> None:
+    """The same topology with ``--cp-method ulysses``: 2 kv heads, 1 per tp rank, each cp
+    rank its copy of it: exact."""
+    doc = _launch(_artifact(tmp_path, tp=2, sp=True, ep=2, cp=2, loss_parallel=True,
+                            cp_method="ulysses"), 8)
     assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 2}

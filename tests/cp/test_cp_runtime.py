@@ -17,7 +17,8 @@ EXAMPLE = REPO / "examples" / "llama_cp2_tp2_sp"
 LLAMA = REPO / "examples" / "configs" / "llama"
 OP_KIND = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
            "all_reduce": "all_reduce", "allreduce_": "all_reduce",
-           "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
+           "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter",
+           "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all"}
 pytestmark = [pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning"),
               pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")]
 

@@ -4,7 +4,10 @@
   own config naming its CP attention, the root forward's batch view;
 * :mod:`.attention`: K/V all-gathered over cp at their kv-head count (the backward
   reduce-scatters), the mask rows of this rank's queries at global positions;
-* :mod:`.wrappers`: the ``inner_wrapper`` factories (``sdpa_hf``, ``sdpa_qkv``, ``eager_hf``);
+* :mod:`.ulysses`: the Ulysses exchange (all-to-all of Q/K/V for a head shard of the whole
+  sequence, and of the output back) that ``*_ulysses`` / ``*_hybrid`` run around the kernel;
+* :mod:`.wrappers`: the ``inner_wrapper`` factories (``sdpa_hf``, ``sdpa_qkv``, ``eager_hf``,
+  and their ``_ulysses`` / ``_hybrid`` forms);
 * :mod:`.batch`: the data helper for training scripts (:func:`shard_batch`).
 
 docs/cp.md describes the method and the layouts.

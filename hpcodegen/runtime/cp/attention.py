@@ -88,16 +88,20 @@ class CPAttention:
     """One attention module's CP kernel call (bound as ``module._hp_cp_attention``).
 
     Args:
-        gather: the cp K/V gather (:func:`kv_gather`).
+        gather: the cp K/V gather (:func:`kv_gather`); None: none (pure Ulysses).
         kernel: the attention math: SDPA or the model's eager function.
         eager: ``kernel`` takes an additive float mask (transformers' eager convention).
+        ulysses: the Ulysses exchange around the kernel
+            (:class:`hpcodegen.runtime.cp.ulysses.UlyssesExchange`), run before the gather
+            (the hybrid) or alone; None: all-gather only.
     """
 
-    def __init__(self, gather_fn: Callable[[torch.Tensor], torch.Tensor],
-                 kernel: Callable[..., Any], eager: bool) -> None:
+    def __init__(self, gather_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+                 kernel: Callable[..., Any], eager: bool, ulysses: Any = None) -> None:
         self.gather = gather_fn
         self.kernel = kernel
         self.eager = eager
+        self.ulysses = ulysses
 
     def __call__(self, module: Any, query: torch.Tensor, key: torch.Tensor,
                  value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
@@ -105,12 +109,20 @@ class CPAttention:
             raise PlanError([error("runtime.cp_position_bias", type(module).__name__,
                                    "the model passes its own position bias to attention; it "
                                    "is built for the local sequence and cannot be offset")])
-        key, value = self.gather(key), self.gather(value)
+        view = module
+        if self.ulysses is not None:
+            view, query, key, value = self.ulysses.to_heads(module, query, key, value)
+        if self.gather is not None:
+            key, value = self.gather(key), self.gather(value)
         if self.eager and attention_mask is not None:
             # transformers' eager convention: the dtype's minimum, not -inf (a fully masked
             # row then averages every value, as the unsharded eager model does)
             attention_mask = attention_mask.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)
-        return self.kernel(module, query, key, value, attention_mask, **kwargs)
+        if self.ulysses is None:
+            return self.kernel(module, query, key, value, attention_mask, **kwargs)
+        output, _ = self.kernel(view, query, key, value, attention_mask, **kwargs)
+        # the weights cover this rank's heads of the group's rows only: not returned
+        return self.ulysses.to_sequence(output), None
 
 
 def attention_function(state: CPState) -> Callable[..., Any]:
@@ -178,13 +190,13 @@ def mask_function(state: CPState) -> Callable[..., Any]:
         device = view.q_index.device
         b = torch.arange(batch_size, device=device)[:, None, None, None]
         h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-        keep = fn(b, h, view.q_index[None, None, :, None], view.kv_index[None, None, None, :])
+        keep = fn(b, h, view.rows[None, None, :, None], view.kv_index[None, None, None, :])
         # torch's own reading of a boolean mask (0 kept, -inf masked), made once per forward
         # and mask kind: every layer's kernel shares it (SDPA would convert a boolean mask
         # per call and keep each copy for the backward)
         zero = torch.zeros((), dtype=dtype, device=device)
         additive = torch.where(keep, zero, float("-inf"))
-        return additive.expand(batch_size, 1, local, view.kv_index.shape[0])
+        return additive.expand(batch_size, 1, view.rows.shape[0], view.kv_index.shape[0])
     return hpcodegen_cp_mask
 
 

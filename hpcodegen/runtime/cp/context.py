@@ -102,7 +102,7 @@ def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any) 
     local = tokens.shape[1]
     seq = local * state.size
     q_index, kv_index = state.indices(seq, tokens.device)
-    view = BatchView(q_index, kv_index)
+    view = BatchView(q_index, kv_index, state.query_rows(seq, tokens.device))
     order = state.restore_order(seq, tokens.device)
     if mask is not None:
         view.valid = _gather_rows(mask.to(torch.uint8), state, order).to(torch.bool)
@@ -190,17 +190,30 @@ def _cp_inputs(state: CPState, names: list[str], accepts: set[str], args: tuple[
 
 def install_context_parallel(model: nn.Module, attention: Iterable[str], group: Any,
                              size: int, rank: int, layout: str,
-                             seq_multiple: int = 1) -> CPState:
+                             seq_multiple: int = 1, ulysses: int = 1) -> CPState:
     """Phase CP (see the module docstring); returns the model's :class:`CPState`.
 
     ``attention``: the FQNs of the attention modules whose ``inner_wrapper`` will bind their
-    CP kernel; each gets the state as ``_hp_cp``.
+    CP kernel; each gets the state as ``_hp_cp``. ``ulysses``: cp ranks per Ulysses
+    all-to-all (1 all-gather, ``size`` Ulysses, between: the hybrid's sub-groups are made
+    here, :func:`hpcodegen.runtime.cp.ulysses.ulysses_groups`).
     """
     if cp_state(model) is not None:
         raise PlanError([error("runtime.reinstall", type(model).__name__,
                                "context parallelism already installed")])
-    state = CPState(Comm(group), size, rank, layout, seq_multiple)
-    state.kv = kv_gather(state.comm)
+    if ulysses < 1 or size % ulysses:
+        raise PlanError([error("runtime.cp_ulysses", type(model).__name__,
+                               f"a Ulysses degree of {ulysses} does not divide cp = {size}")])
+    state = CPState(Comm(group), size, rank, layout, seq_multiple, ulysses)
+    if ulysses == 1:
+        state.kv = kv_gather(state.comm)
+    elif ulysses == size:
+        state.a2a, state.a2a_rank = state.comm, rank
+    else:
+        from hpcodegen.runtime.cp.ulysses import ulysses_groups
+
+        a2a, across, state.a2a_rank = ulysses_groups(group, ulysses)
+        state.a2a, state.kv = Comm(a2a), kv_gather(Comm(across))
     watch_packed_detection()
     config = _own_config(model)
     config._attn_implementation = register(state)
