@@ -65,6 +65,9 @@ from hpcodegen.plan.types import PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 from hpcodegen.tracer.loss_parallel import model_findings
 
+#: What verify cannot check without a model config, in one line (the skip reason).
+NEEDS_CONFIG = ("needs --hf-config PATH: derived outputs, partial gradients, tp_rank0_params, "
+                "ops needing a collective, model class and uncovered parameters")
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
 
@@ -354,6 +357,37 @@ def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> It
             return
 
 
+def _wrapper_args(plan: Any, modules: Mapping[str, Any], replaced: Mapping[str, Any]
+                  ) -> Iterator[Finding]:
+    """Each ``inner_wrapper`` of hpcodegen's context-parallel factories can wrap its module
+    with its arguments (:func:`hpcodegen.runtime.cp.wrappers.wrapper_problem`, the rule the
+    install applies once the ranks have started), checked on the built model first."""
+    from hpcodegen.plan.types import Target
+    from hpcodegen.runtime.cp.wrappers import wrapper_problem
+    from hpcodegen.targets import target_spec
+
+    for i, record in enumerate(plan.injections or ()):
+        wrapper = record.inner_wrapper
+        if wrapper is None:
+            continue
+        path = wrapper.path if isinstance(wrapper, Target) else str(wrapper)
+        kwargs = dict(wrapper.kwargs) if isinstance(wrapper, Target) else {}
+        spec = target_spec(path) or ""
+        module_name, _, factory = spec.partition(":")
+        if module_name != "hpcodegen.runtime.cp.wrappers":
+            continue
+        for fqn in record.fqns:
+            module = modules.get(fqn)
+            if module is None or replaced_by(fqn, replaced) is not None:
+                continue
+            problem = wrapper_problem(factory, module, kwargs)
+            if problem is not None:
+                yield error(f"model.wrapper_{problem[0].removeprefix('bad_')}",
+                            pointer("injections", i, "inner_wrapper"),
+                            f"{fqn}: {problem[1]}; the runtime refuses this at install, "
+                            "after the ranks have started")
+
+
 def _foreign_source(meta: Mapping[str, Any]) -> str | None:
     """The modeling module when it is not part of transformers (never built here)."""
     name = as_dict(meta.get("source")).get("module_name")
@@ -408,6 +442,8 @@ def _pipeline_units(ctx: CheckContext, model: Any) -> Iterator[Finding]:
 
 def check_model(ctx: CheckContext) -> Iterator[Finding]:
     """Build the model on the meta device and fit the plan to it."""
+    if ctx.hf_config is None:
+        raise SkipCheck(NEEDS_CONFIG)
     config = ctx.require_hf_config()
     if not subtree_valid(ctx, "param_plan", "parallel_dims", "boundary_classes",
                          "module_overrides"):
@@ -436,7 +472,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
     from hpcodegen.hf import architecture_of, build_meta_model
     from hpcodegen.progress import steps
 
-    with steps("verify model check", 3 if declared(ctx.plan) else 2) as advance:
+    with steps("verify model check", 4 if declared(ctx.plan) else 3) as advance:
         advance(f"building {architecture_of(config) or 'the model'} on the meta device")
         try:
             model = build_meta_model(config)
@@ -463,9 +499,33 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_vocab_parallel(ctx.meta, modules),
                     *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
                     *input_name_findings(plan_entries(ctx.meta), modules, set(replaced)),
-                    *_pipeline_units(ctx, model)]
+                    *_pipeline_units(ctx, model),
+                    *_wrapper_args(ctx.plan, modules, replaced)]
         if declared(ctx.plan):
             advance("watching the logits after the head (loss_parallel)")
         # last: its meta forward switches the model to eager attention and stubs experts
         findings += model_findings(model, ctx.plan, "model", is_hpcodegen_meta(ctx.meta))
+        advance("deriving placements and gradients by propagation (fake process group)")
+        findings += derivation_findings(
+            ctx.plan, config, is_hpcodegen_meta(ctx.meta),
+            replaced={fqn: f"replaced by {o.target} (module_overrides)"
+                      for fqn, o in replaced.items()})
     yield from findings
+
+
+def derivation_findings(plan: Any, config: Mapping[str, Any], ours: bool,
+                        sizes: Mapping[str, int] | None = None,
+                        replaced: Mapping[str, str] | None = None) -> list[Finding]:
+    """The plan run symbolically on a fresh meta model (:mod:`hpcodegen.derive`), compared
+    with what it declares (:mod:`hpcodegen.checks.derived`); the one derivation verify,
+    generate and the runtime's install check share."""
+    from hpcodegen.checks.derived import derived_findings
+    from hpcodegen.derive.propagate import derive
+    from hpcodegen.hf import build_meta_model
+
+    try:
+        model = build_meta_model(dict(config))
+    except Exception as exc:  # the model check above reported the build already
+        return [info("derive.skipped", "", f"not derived: the model cannot be built "
+                     f"({type(exc).__name__})")]
+    return derived_findings(plan, derive(model, plan, sizes, replaced), ours)

@@ -38,7 +38,13 @@ from hpcodegen.errors import Finding, error, info, pointer, warning
 from hpcodegen.placement import Partial, is_shard
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import is_ep_dispatch
-from hpcodegen.plan.partial_grads import Entries, sharded_input, tp_sharded, verdict
+from hpcodegen.plan.partial_grads import (
+    Entries,
+    runtime_summed,
+    sharded_input,
+    tp_sharded,
+    verdict,
+)
 from hpcodegen.plan.sp_nesting import describe, nested_gathers
 from hpcodegen.plan.types import EP, TP, NamedPlacement, Plan
 
@@ -48,12 +54,13 @@ def _partial_tp(named: NamedPlacement) -> bool:
 
 
 def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
-    """``partial_grad_params`` against :func:`hpcodegen.plan.partial_grads.verdict`."""
+    """``partial_grad_params`` against :func:`hpcodegen.plan.partial_grads.verdict`; what
+    hpcodegen's runtime sums is :func:`~hpcodegen.plan.partial_grads.runtime_summed`."""
     entries, sp = plan.entries, plan.dims.sequence_parallel is True
     for fqn, entry in entries.items():
         declared = set(entry.partial_grad_params or ())
         synced = set(entry.effective_partial_grad_params())
-        listed = entry.partial_grad_params is not None
+        summed = set(runtime_summed(plan, fqn))
         for rel in entry.params or EMPTY:
             kind = verdict(entries, fqn, rel, sp)
             where = pointer("param_plan", fqn, "partial_grad_params")
@@ -69,13 +76,20 @@ def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
                             "whole data, so its gradient is whole on every rank; listed as "
                             "partial it would be summed over tp (multiplied by tp_size)",
                             hint="drop it from partial_grad_params")
-            elif kind == "partial" and rel not in synced:
-                make = error if ours or listed else info  # the key is ours, not theirs
+            elif kind == "partial" and rel not in summed:
+                make = error if ours else warning
                 yield make("plan.partial_grad_missing", where,
                            f"{name} is replicated but computed on each rank's share of the "
                            "work (a split compute or a sharded input), so each rank holds a "
-                           "partial gradient; unlisted it is never summed over tp",
+                           "partial gradient; unlisted it is never summed over tp: the "
+                           "runtime would train it wrong silently",
                            expected=f"{rel!r} in partial_grad_params")
+            elif kind == "partial" and rel not in synced:
+                yield info("plan.partial_grad_derived", where,
+                           f"{name}: its gradient is partial over tp and this meta does not "
+                           "list it; hpcodegen's runtime sums it when it runs this plan (it "
+                           "derives what a meta without partial_grad_params leaves out); the "
+                           "existing system's runtime must all-reduce it over tp itself")
 
 
 def _split_modules(entries: Entries) -> set[str]:
@@ -207,9 +221,12 @@ def transition_findings(forms: Mapping[str, Any] | None) -> Iterator[Finding]:
 
 def derived_findings(plan: Plan, forms: Mapping[str, Any] | None, ours: bool
                      ) -> Iterator[Finding]:
-    """Every rule of the module docstring; ``ours``: hpcodegen wrote the meta."""
-    yield from grad_findings(plan, ours)
-    yield from output_findings(plan)
+    """Every rule of the module docstring; ``ours``: hpcodegen wrote the meta. Over a tp
+    axis of one rank a placement moves nothing (a ``P(sum)`` of one term is the value, a
+    gradient summed over one rank is itself): the tp rules apply only where tp > 1."""
+    if plan.dims.size(TP) > 1:
+        yield from grad_findings(plan, ours)
+        yield from output_findings(plan)
     yield from ep_findings(plan, ours)
     yield from transition_findings(forms)
     yield from nesting_findings(plan)

@@ -173,10 +173,21 @@ def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> It
     for fqn, entry in plan_entries(meta).items():
         for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
             for i, rel in enumerate(as_list(entry.get(key))):
-                if isinstance(rel, str) and join_fqn(fqn, rel) not in params:
+                if not isinstance(rel, str):
+                    continue
+                full = join_fqn(fqn, rel)
+                if full not in params:
                     yield error(f"plan.{key}_unplanned", pointer("param_plan", fqn, key, i),
-                                f"{join_fqn(fqn, rel)} is not a planned parameter",
+                                f"{full} is not a planned parameter",
                                 hint="paths are relative to the entry, e.g. o_proj.bias")
+                elif params[full][0] != fqn:
+                    owner = params[full][0] or "<root>"
+                    yield error(f"plan.{key}_other_entry", pointer("param_plan", fqn, key, i),
+                                f"{full} is planned in entry {owner}, not in {fqn or '<root>'}:"
+                                " an entry names only its own parameters (what it says of "
+                                "them follows from its own compute; the runtime would act on "
+                                "it regardless)", expected=f"a key of {fqn or '<root>'}'s params",
+                                hint=f"move it to {owner}'s {key}")
         declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst")))
         for i, name in enumerate(as_list(entry.get("no_grad_inputs"))):
             if isinstance(name, str) and name not in declared:

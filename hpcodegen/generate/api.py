@@ -121,6 +121,8 @@ class GenerateArgs:
     ulysses: int | None = None
     #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
     strict: bool = False
+    #: the ``--pp`` options (:class:`hpcodegen.generate.pipeline.PipelineArgs`); None: no pp
+    pipeline: Any = None
 
 
 def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
@@ -131,7 +133,8 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                  warnings: list[Finding] | None = None, cp: int = 1,
                  cp_layout: str | None = None, cp_method: str = "allgather",
                  ulysses: int | None = None,
-                 inputs: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+                 inputs: Mapping[str, Any] | None = None,
+                 pipeline: Any = None) -> dict[str, bytes]:
     """Every file of the artifact as bytes (nothing written); see the module docstring.
 
     ``advance(step)`` is called as each slow step starts (the CLI's progress display);
@@ -150,6 +153,10 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         raise UsageError(sizes)
     check_layout(cp_layout)
     check_method(cp_method, ulysses, cp)
+    if pipeline is not None:
+        from hpcodegen.generate.pipeline import check_pp_args
+
+        check_pp_args(pipeline, cp=cp, ep=ep, loss_parallel=loss_parallel)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)
@@ -188,13 +195,19 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     advance("emitting the modeling module")
     src = modeling_source(type(model))
     check_class_contracts(plan, classes, defined_classes(src.text))
+    tied = tied_pairs_of(config, model)
+    section = None
+    if pipeline is not None:
+        from hpcodegen.generate.pipeline import pipeline_section
+
+        section = pipeline_section(model, plan, tp, sp, pipeline, tied, notes)
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
-                      injections=injections, tied_pairs=tied_pairs_of(config, model),
+                      injections=injections, tied_pairs=tied,
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
                       loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
                       cp_method=cp_method if ulysses is None else f"{cp_method}:{ulysses}",
-                      inputs=inputs)
+                      inputs=inputs, pipeline=section)
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
@@ -209,7 +222,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     }
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}
     rendered = render_bundle(files, roles, meta)
-    verify_frozen(rendered[META_NAME], defined_classes(text), modules)
+    verify_frozen(rendered[META_NAME], defined_classes(text), modules, config)
     return rendered
 
 
@@ -296,7 +309,10 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
                                     args.cp_method or "allgather", args.ulysses,
                                     generation_record(args.model_dir, args.recipe, args.out,
                                                       is_hub_id(args.model_dir),
-                                                      args.cp_method, args.ulysses))
+                                                      args.cp_method, args.ulysses,
+                                                      args.pipeline.layout
+                                                      if args.pipeline is not None else None),
+                                    args.pipeline)
             if warned and args.strict:
                 raise PlanError([replace(f, severity=Severity.ERROR,
                                          hint=f"{f.hint}; --strict refuses warnings")

@@ -19,15 +19,19 @@ FROZEN_CHECKS: tuple[str, ...] = ("schema", "plan")
 
 
 def verify_frozen(meta_bytes: bytes, classes: set[str],
-                  modules: Mapping[str, Any] | None = None) -> None:
+                  modules: Mapping[str, Any] | None = None,
+                  config: Mapping[str, Any] | None = None) -> None:
     """Run verify's own ``schema`` and ``plan`` checks on the meta about to be written, and
     with the built model's ``modules`` the model check's boundary rules
     (:mod:`hpcodegen.checks.model_derived`).
 
     Whatever generate accepts (a recipe value included) must give a meta its own verify
     accepts: a plan that fails them is refused here (PlanError, exit 1), with verify's
-    findings, instead of being written. ``classes`` are the modeling file's classes (the
-    plan check reads them from the file on disk, which does not exist yet).
+    findings, instead of being written. With the model's ``config``, the derivation by
+    propagation verify's model check runs (:func:`hpcodegen.checks.model.
+    derivation_findings`): the plan generate writes is the plan it derived. ``classes``
+    are the modeling file's classes (the plan check reads them from the file on disk,
+    which does not exist yet).
     """
     from hpcodegen.artifact.load import LoadedMeta
     from hpcodegen.checks.context import CheckContext
@@ -44,6 +48,10 @@ def verify_frozen(meta_bytes: bytes, classes: set[str],
         plan = data["param_plan"]
         found += [*leaf_form_findings(data, modules, plan),
                   *input_name_findings(plan, modules, set())]
+    if config is not None and not any(f.severity is Severity.ERROR for f in found):
+        from hpcodegen.checks.model import derivation_findings
+
+        found += derivation_findings(ctx.plan, config, ours=True)
     errors = [replace(f, file=None, message=f"the plan to be frozen fails verify: {f.message}")
               for f in found if f.severity is Severity.ERROR]
     if errors:

@@ -96,7 +96,8 @@ def _check_options(opts: InspectOptions) -> None:
         raise UsageError(problems)
 
 
-def gate_findings(loaded: LoadedMeta, hf_config: str | None = None) -> list[Finding]:
+def gate_findings(loaded: LoadedMeta, hf_config: str | None = None,
+                  keep: dict[str, Any] | None = None) -> list[Finding]:
     """verify's schema and plan checks; errors stop inspect-plan, warnings are shown.
 
     inspect-plan reads plans that verify accepts; a plan verify rejects is reported with
@@ -118,6 +119,8 @@ def gate_findings(loaded: LoadedMeta, hf_config: str | None = None) -> list[Find
     findings: list[Finding] = []
     for name in names:
         findings.extend(run_check(CHECKS[name], ctx, strict=False).findings)
+    if keep is not None and "plan" in ctx.cache:  # the typed plan the checks built, reused
+        keep["plan"] = (ctx.cache["plan"], ctx.cache["plan_left_out"])
     return [f for f in findings if f.severity is not Severity.INFO]
 
 
@@ -236,7 +239,8 @@ def _size1_warning(axes: Sequence[str], preds: Sequence[Any]) -> Finding:
                    "given live mesh")
 
 
-def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[Finding]]:
+def readable_plan(meta: Mapping[str, Any], built: tuple[Plan, list[Any]] | None = None
+                  ) -> tuple[Plan, list[Finding]]:
     """The typed plan inspect-plan reads, and what had to be left out to build it.
 
     A meta verify's gate let through builds at once. With ``--no-checks`` a part the codec
@@ -245,7 +249,7 @@ def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[Finding]]:
     predicted), an injection record or another top-level field as a warning
     (``inspect.ignored_field``, once per field).
     """
-    plan, left_out = codec_readable_plan(meta)
+    plan, left_out = built if built is not None else codec_readable_plan(meta)
     findings: list[Finding] = []
     ignored: set[str] = set()
     for exc in left_out:
@@ -324,7 +328,8 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
     try:
         _check_options(opts)
         loaded = load_meta(opts.path)
-        gate = gate_findings(loaded, opts.hf_config) if opts.checks else []
+        kept: dict[str, Any] = {}
+        gate = gate_findings(loaded, opts.hf_config, kept) if opts.checks else []
         if any(f.severity is Severity.ERROR for f in gate):
             return _emit_failure(gate, opts.as_json, out, err, EXIT_FAILED)
         entries = loaded.data.get("param_plan")
@@ -332,7 +337,8 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
             empty = error("inspect.empty_plan", "/param_plan", "the meta has no param_plan",
                           file=str(loaded.meta_path))
             return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
-        plan, ignored = readable_plan(loaded.data)  # built once, read by every step below
+        # built once (by the gate's checks when they ran), read by every step below
+        plan, ignored = readable_plan(loaded.data, kept.get("plan"))
         # heads vs the shown tp: errors fail the run (exit 1) but the prediction is still
         # shown; they are reported too when the meta-device trace itself fails
         fit = mesh_fit_findings(plan, opts)

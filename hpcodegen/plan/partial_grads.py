@@ -34,7 +34,7 @@ from typing import Literal
 from hpcodegen.placement import is_shard
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
-from hpcodegen.plan.types import TP, NamedPlacement, PlanEntry
+from hpcodegen.plan.types import TP, NamedPlacement, Plan, PlanEntry
 
 Verdict = Literal["partial", "full", "either", "sharded"]
 #: the typed ``param_plan``: module FQN -> entry
@@ -85,3 +85,19 @@ def verdict(entries: Entries, fqn: str, rel: str, sequence_parallel: bool) -> Ve
         owner = join_fqn(fqn, rel).rpartition(".")[0]
         return "either" if owner == boundary else "partial"
     return "full"
+
+
+def runtime_summed(plan: Plan, fqn: str) -> tuple[str, ...]:
+    """The parameters of entry ``fqn`` whose gradient hpcodegen's runtime sums over tp: the
+    entry's :meth:`~hpcodegen.plan.types.PlanEntry.effective_partial_grad_params`, and, in a
+    meta of another generator whose entry has no ``partial_grad_params`` (a key of ours it
+    never writes), every replicated parameter :func:`verdict` finds partial: that system's
+    runtime decides these itself, so ours derives them rather than train them unsummed."""
+    entry = plan.entries[fqn]
+    summed = entry.effective_partial_grad_params()
+    if plan.provenance.generator_name == "hpcodegen" or entry.partial_grad_params is not None:
+        return summed
+    sp = plan.dims.sequence_parallel is True
+    derived = [rel for rel in entry.params or EMPTY
+               if rel not in summed and verdict(plan.entries, fqn, rel, sp) == "partial"]
+    return summed + tuple(derived)

@@ -48,13 +48,20 @@ def moves_sequence(entry: PlanEntry) -> bool:
 def nested_gathers(entries: Mapping[str, PlanEntry]) -> Iterator[tuple[str, list[str]]]:
     """``(gathering parent, the boundaries inside it that move the sequence)`` per parent,
     in FQN order."""
-    for parent, entry in sorted(entries.items()):
-        if not parent or not gathers_sequence(entry):
+    gathering = {f for f, e in entries.items() if f and gathers_sequence(e)}
+    if not gathering:
+        return
+    inside: dict[str, list[str]] = {}
+    for fqn, entry in entries.items():  # each mover's ancestors: linear in the plan
+        if not moves_sequence(entry):
             continue
-        inner = sorted(f for f, e in entries.items()
-                       if f.startswith(f"{parent}.") and moves_sequence(e))
-        if inner:
-            yield parent, inner
+        parts = fqn.split(".")
+        for depth in range(1, len(parts)):
+            parent = ".".join(parts[:depth])
+            if parent in gathering:
+                inside.setdefault(parent, []).append(fqn)
+    for parent in sorted(inside):
+        yield parent, sorted(inside[parent])
 
 
 def describe(parent: str, inner: list[str]) -> str:

@@ -207,6 +207,11 @@ class Artifact:
         if getattr(model, _DONE, False):
             raise PlanError([error("runtime.second_call", type(model).__name__,
                                    "the model is already parallelized")])
+        from hpcodegen.runtime.model_fit import model_fit_findings
+
+        misfit = model_fit_findings(model, self.plan)
+        if misfit:
+            raise PlanError(misfit)
         meta = self.loaded.data
         handlers = check_handlers(self.plan)
         injections = resolve_injections(meta, self.allowed_target_prefixes)

@@ -188,5 +188,6 @@ def _bind_injections(model: nn.Module, resolved: Mapping[str, Mapping[str, Any]]
 
 
 def _partial_grad_fqns(plan: Plan) -> list[str]:
-    return [join_fqn(fqn, rel) for fqn, entry in plan.entries.items()
-            for rel in entry.effective_partial_grad_params()]
+    from hpcodegen.plan.partial_grads import runtime_summed
+
+    return [join_fqn(fqn, rel) for fqn in plan.entries for rel in runtime_summed(plan, fqn)]

@@ -159,3 +159,25 @@ def fsdp_adamw_step(artifact: str, mesh: Any) -> dict[str, Any]:
         moved = max(moved, (p0 - p1).abs().max().item())
     return {"loss": abs(mean_loss.item() - loss_ref.item()), "grad": grad_diff,
             "param": param_diff, "moved": moved}
+
+
+def compare_dir(artifact_dir: str, config: str, tp: int) -> dict[str, float]:
+    """Parity of an artifact directory (not an example: a meta edited by a test) against the
+    unsharded model of example config ``config``, on a 1-D tp mesh."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpcodegen.parity.harness import build_pair as harness_pair
+    from hpcodegen.parity.harness import compare as harness_compare
+    from hpcodegen.parity.harness import install
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+    cfg = json.loads((EXAMPLES / "configs" / config / "config.json").read_text())
+    pair = harness_pair(Path(artifact_dir), cfg, eval_mode=False, attn_implementation="sdpa")
+    installed = install(pair, mesh)
+    ids, labels = batch(pair.reference.config.vocab_size)
+    result = harness_compare(pair.sharded, pair.reference, pair.plan, installed,
+                             {"input_ids": ids}, labels)
+    return {"logits": result.logits, "grad": result.grad, "grad_name": result.worst or "",
+            "grad_scale": result.grad_scale}

@@ -233,3 +233,35 @@ def test_mesh_without_plan_axes_warns_and_installs_nothing(fake_world) -> None:
         warnings.filterwarnings("error", message=".*none of the artifact's axes")  # tp=1: silent
         tp1 = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
         assert parallelize_from_generated(other, tp1, EXAMPLES / "llama_tp2") == {}
+
+
+def test_without_a_config_another_model_class_is_refused(tp2) -> None:
+    """``Artifact.load(dir)`` with no config, then ``.parallelize``: a Llama plan on a
+    Qwen3 model is refused by the model in hand, untouched."""
+    from hpcodegen.runtime.artifact import Artifact
+
+    _, model = build_pair("qwen3_tp2")
+    before = _params(model)
+    with pytest.raises(PlanError) as info:
+        Artifact.load(EXAMPLES / "llama_tp2").parallelize(model, tp2)
+    assert _codes(info.value) == ["runtime.model_class"]
+    assert "LlamaForCausalLM" in str(info.value) and "Qwen3ForCausalLM" in str(info.value)
+    assert _params(model) == before
+
+
+def test_without_a_config_an_uncovered_parameter_is_refused(tp2) -> None:
+    """The same class, but a trainable parameter the plan does not cover (a parameter
+    left out of the plan): refused, naming it, before anything is mutated."""
+    import torch
+
+    from hpcodegen.runtime.artifact import Artifact
+
+    _, model = build_pair("llama_tp2")
+    model.model.layers[0].self_attn.register_parameter(
+        "extra_scale", torch.nn.Parameter(torch.ones(4)))
+    before = _params(model)
+    with pytest.raises(PlanError) as info:
+        Artifact.load(EXAMPLES / "llama_tp2").parallelize(model, tp2)
+    assert _codes(info.value) == ["runtime.uncovered_param"]
+    assert "model.layers.0.self_attn.extra_scale" in str(info.value)
+    assert _params(model) == before

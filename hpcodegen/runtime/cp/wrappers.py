@@ -29,22 +29,32 @@ from typing import Any
 from hpcodegen.errors import PlanError, error
 
 
-def _check_kwargs(name: str, module: Any, kwargs: dict[str, Any]) -> None:
+def wrapper_problem(name: str, module: Any, kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """``(code suffix, message)`` when factory ``name`` cannot wrap ``module`` with
+    ``kwargs``, else None: the one rule the install applies and verify's model check runs
+    first (before any rank starts)."""
+    kwargs = dict(kwargs)
     causal = kwargs.pop("causal", None)
+    if name.endswith("_hybrid"):
+        kwargs.pop("ulysses_degree", None)  # the hybrid's own argument (checked by _wrap)
     if kwargs:
-        raise PlanError([error("runtime.bad_target_args", "inner_wrapper",
-                               f"{name} takes only 'causal'"
-                               f"{' and ulysses_degree' if name.endswith('_hybrid') else ''}, "
-                               f"got {sorted(kwargs)}")])
+        return "bad_target_args", (f"{name} takes only 'causal'"
+                                   f"{' and ulysses_degree' if name.endswith('_hybrid') else ''}"
+                                   f", got {sorted(kwargs)}")
     if causal is not None and bool(getattr(module, "is_causal", True)) != bool(causal):
-        raise PlanError([error("runtime.bad_target_args", "inner_wrapper",
-                               f"{name}: causal={causal!r} but {type(module).__name__}."
-                               f"is_causal is {getattr(module, 'is_causal', True)!r}")])
+        return "bad_target_args", (f"{name}: causal={causal!r} but {type(module).__name__}."
+                                   f"is_causal is {getattr(module, 'is_causal', True)!r}")
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
-        raise PlanError([error("runtime.bad_target_module", "inner_wrapper",
-                               f"{name} needs a transformers attention module (one with a "
-                               f"config); got {type(module).__name__}")])
+        return "bad_target_module", (f"{name} needs a transformers attention module (one "
+                                     f"with a config); got {type(module).__name__}")
+    return None
+
+
+def _check_kwargs(name: str, module: Any, kwargs: dict[str, Any]) -> None:
+    problem = wrapper_problem(name, module, kwargs)
+    if problem is not None:
+        raise PlanError([error(f"runtime.{problem[0]}", "inner_wrapper", problem[1])])
 
 
 def _wrap(name: str, module: Any, kernel: str, kwargs: dict[str, Any],
@@ -128,4 +138,5 @@ def eager_hf_hybrid(module: Any, **kwargs: Any) -> None:
 
 
 __all__ = ["eager_hf", "eager_hf_hybrid", "eager_hf_ulysses", "sdpa_hf", "sdpa_hf_hybrid",
-           "sdpa_hf_ulysses", "sdpa_qkv", "sdpa_qkv_hybrid", "sdpa_qkv_ulysses"]
+           "sdpa_hf_ulysses", "sdpa_qkv", "sdpa_qkv_hybrid", "sdpa_qkv_ulysses",
+           "wrapper_problem"]

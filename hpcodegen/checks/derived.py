@@ -1,0 +1,195 @@
+"""Compare what the meta declares with what propagation derived (pure: no torch).
+
+:func:`hpcodegen.derive.propagate.derive` ran the model's forward and backward on DTensors
+of the plan's placements; this module turns each disagreement into a finding with the JSON
+pointer of the declaration and the derived value:
+
+* ``derive.output``: a boundary output declared (``out_src``) otherwise than computed;
+* ``derive.input``: an input declared (``in_src``) otherwise than it arrives;
+* ``derive.local_compute``: an op inside (or between) boundaries whose operands DTensor had
+  to redistribute first: the runtime runs that code on local shards without the
+  collective, so it fails on shapes or computes a wrong value (an output projection split
+  on the wrong dim, a replicated bias added to a partial sum: ``tp_rank0_params`` missing,
+  or listed where nothing is partial);
+* ``derive.partial_grad``: a replicated parameter whose gradient is partial over tp but
+  which the runtime does not sum (not in :meth:`~hpcodegen.plan.types.PlanEntry.
+  effective_partial_grad_params`), or one it sums whose gradient is whole or sharded.
+  In a meta of another generator the verdict says what hpcodegen's runtime does with it
+  and what the other system's runtime must do; a gradient hpcodegen's runtime would leave
+  partial is a warning there (it trains wrong silently), an error in ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from hpcodegen.derive.record import Derivation, ImplicitComm
+from hpcodegen.errors import Finding, error, info, pointer, warning
+from hpcodegen.placement import REPLICATE, Placement, Shard, StridedShard
+from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.partial_grads import runtime_summed
+from hpcodegen.plan.types import TP, Plan
+
+
+def _norm(p: Placement, ndim: int) -> str:
+    if isinstance(p, StridedShard):
+        return f"SS({p.dim % ndim},{p.split_factor})"
+    if isinstance(p, Shard):
+        return f"S({p.dim % ndim})"
+    return str(p)
+
+
+def _declared(named: Mapping[str, Placement] | None, axes: list[str], ndim: int
+              ) -> dict[str, str]:
+    return {a: _norm((named or EMPTY).get(a, REPLICATE), ndim) for a in axes}
+
+
+def _show(named: Mapping[str, str]) -> str:
+    return ", ".join(f"{a}: {p}" for a, p in named.items())
+
+
+def placement_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
+    """``derive.output`` and ``derive.input``."""
+    for (fqn, name), (got, ndim) in d.outputs.items():
+        entry = plan.entries.get(fqn)
+        if entry is None or fqn in d.opaque:
+            continue
+        want = _declared((entry.out_src or EMPTY).get(name), list(got), ndim)
+        if want != got:
+            axis = next(a for a in got if got[a] != want[a])
+            yield error("derive.output", pointer("param_plan", fqn, "out_src", name, axis),
+                        f"{fqn}: the forward computes output {name!r} as {_show(got)}, the "
+                        f"plan declares {_show(want)}", expected=got[axis],
+                        hint="regenerate the artifact; its placements contradict the math")
+    for (fqn, name), got in d.inputs.items():
+        entry = plan.entries.get(fqn)
+        if entry is None or name not in (entry.in_src or EMPTY):
+            continue
+        want = {a: str((entry.in_src or EMPTY)[name].get(a, REPLICATE)) for a in got}
+        if any(not _same(want[a], got[a]) for a in got):
+            axis = next(a for a in got if not _same(want[a], got[a]))
+            yield error("derive.input", pointer("param_plan", fqn, "in_src", name, axis),
+                        f"{fqn}: input {name!r} arrives as {_show(got)}, the plan declares "
+                        f"{_show(want)}", expected=got[axis])
+
+
+def _same(declared: str, derived: str) -> bool:
+    """Equal placement strings; a negative declared dim matches any derived dim of the same
+    kind (the input's rank is not recorded)."""
+    if declared == derived:
+        return True
+    return declared.startswith("S(-") and derived.startswith("S(")
+
+
+def comm_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
+    """``derive.local_compute``, one per (boundary, op, source line)."""
+    seen: set[tuple[str | None, str, str]] = set()
+    for c in d.implicit:
+        key = (c.boundary, c.op, c.line)
+        if key in seen:
+            continue
+        seen.add(key)
+        yield _comm_finding(plan, c)
+
+
+def _comm_finding(plan: Plan, c: ImplicitComm) -> Finding:
+    where = pointer("param_plan", c.boundary) if c.boundary is not None else \
+        pointer("param_plan")
+    inside = f"inside {c.boundary}" if c.boundary is not None else "between boundaries"
+    entry = plan.entries.get(c.boundary or "")
+    hint = "regenerate the artifact; its placements contradict the model's code"
+    if entry is not None and any("-> P(" in m for m in c.moves):
+        hint = ("a replicated value is combined with a partial sum: list the parameter in "
+                "tp_rank0_params (applied once) or deferred_bias_params, or declare the "
+                "output whole")
+    elif entry is not None and any(m.startswith("P(") for m in c.moves):
+        hint = ("a partial sum reaches an op that needs the whole value: tp_rank0_params or "
+                "a partial output declared where nothing is split, or a missing reduction")
+    return error("derive.local_compute", where,
+                 f"{c.op} {inside} needs its operands redistributed first "
+                 f"({'; '.join(c.moves)}) at {c.line or 'an unknown line'}: the runtime runs "
+                 "this code on its local shards without that collective, so it fails on "
+                 "shapes or computes a wrong value", hint=hint)
+
+
+def grad_findings(plan: Plan, d: Derivation, ours: bool) -> Iterator[Finding]:
+    """``derive.partial_grad``: each parameter gradient's derived kind against what the
+    runtime sums over tp."""
+    for (fqn, rel), kinds in d.grads.items():
+        kind = kinds.get(TP)
+        entry = plan.entries.get(fqn)
+        if kind in (None, "none") or entry is None or _in_opaque(fqn, d):
+            continue
+        summed = rel in runtime_summed(plan, fqn)
+        declared = rel in entry.effective_partial_grad_params()
+        name = join_fqn(fqn, rel)
+        where = pointer("param_plan", fqn, "partial_grad_params")
+        if kind == "partial" and not summed:
+            owner = _listed_elsewhere(plan, fqn, rel)
+            elsewhere = (f" ({owner} lists it, but an entry names only its own "
+                         "parameters)" if owner else "")
+            text = (f"{name}: its gradient is partial over tp (each rank holds its share), "
+                    f"and the runtime does not sum it{elsewhere}")
+            if ours:
+                yield error("derive.partial_grad", where, text,
+                            expected=f"{rel!r} in partial_grad_params")
+            else:
+                yield warning("derive.partial_grad", where, text + ": hpcodegen's runtime "
+                              "would train it wrong silently, and the existing system's "
+                              "runtime must all-reduce it over tp itself",
+                              expected=f"{rel!r} in partial_grad_params")
+        elif kind == "full" and d.backward_reductions:
+            continue  # DTensor may have summed it in backward where the runtime does not
+        elif kind != "partial" and summed and rel not in (entry.tp_rank0_params or ()):
+            what = "whole on every rank" if kind == "full" else "its shard's"
+            yield error("derive.partial_grad", where,
+                        f"{name}: its gradient is {what}, yet the runtime sums it over tp "
+                        f"({'multiplied by tp_size' if kind == 'full' else 'garbage'})",
+                        hint="drop it from partial_grad_params")
+        elif kind == "partial" and not ours and not declared:
+            yield info("derive.partial_grad_summed", where,
+                       f"{name}: its gradient is partial over tp and the meta does not list "
+                       "it; hpcodegen's runtime sums it when it runs this plan (it derives "
+                       "the partial_grad_params this meta leaves out); the existing system's "
+                       "runtime must all-reduce it over tp itself")
+
+
+def _in_opaque(fqn: str, d: Derivation) -> bool:
+    return any(fqn == o or fqn.startswith(o + ".") or not o for o in d.opaque)
+
+
+def _listed_elsewhere(plan: Plan, fqn: str, rel: str) -> str | None:
+    """The entry (other than ``fqn``) whose ``partial_grad_params`` names this parameter by
+    a path relative to it."""
+    full = join_fqn(fqn, rel)
+    for other, entry in plan.entries.items():
+        if other != fqn and any(join_fqn(other, n) == full
+                                for n in entry.partial_grad_params or ()):
+            return other
+    return None
+
+
+def summary_findings(d: Derivation) -> Iterator[Finding]:
+    """How the boundaries were derived (info), and why derivation stopped (warning)."""
+    if d.skipped:
+        yield info("derive.skipped", pointer("parallel_dims"), f"not derived: {d.skipped}")
+        return
+    if d.failed:
+        yield info("derive.incomplete", pointer("param_plan"),
+                   f"the symbolic run stopped: {d.failed}; what it reached was derived, "
+                   "the rest is checked by the plan check's rules and the local shape run")
+    derived = sorted({fqn for fqn, _ in d.outputs})
+    opaque = sorted(d.opaque)
+    text = f"{len(derived)} boundaries derived by propagation at " + ", ".join(
+        f"{a}={n}" for a, n in d.axes.items())
+    if opaque:
+        text += (f"; {len(opaque)} checked by rules only (opaque compute: "
+                 f"{', '.join(opaque[:3])}{', ...' if len(opaque) > 3 else ''})")
+    yield info("derive.summary", pointer("param_plan"), text)
+
+
+def derived_findings(plan: Plan, d: Derivation, ours: bool) -> list[Finding]:
+    """Every comparison of the module docstring."""
+    return [*summary_findings(d), *placement_findings(plan, d), *comm_findings(plan, d),
+            *grad_findings(plan, d, ours)]

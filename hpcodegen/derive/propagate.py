@@ -1,0 +1,665 @@
+"""The symbolic run: the model's forward and backward on DTensors of the plan's placements.
+
+On the meta device (no memory), over a fake process group (:mod:`.world`), every planned
+parameter becomes a DTensor of its declared placements on the derived axes, and every
+boundary (an entry with transitions) is hooked the way the runtime installs it: its inputs
+are redistributed from what arrives to ``in_dst``, its outputs taken as the forward computes
+them and redistributed to ``out_dst``. DTensor's sharding propagation decides, op by op,
+what each output is. What the run records (:class:`~hpcodegen.derive.record.Derivation`):
+
+* each boundary output as computed (``Partial`` where the compute was split) and each
+  input as it arrived;
+* each parameter gradient's placement after one backward: ``Partial`` means each rank
+  holds a share that must be summed;
+* every *implicit* redistribution in the forward: an op whose operands DTensor had to move
+  first (a partial value into a nonlinearity, a replicated bias added to a partial sum, a
+  weight split on the wrong dim). The runtime runs the model's local code on local shards
+  and never inserts such a collective, so each is a shape error or a wrong value there.
+  Parameters of ``tp_rank0_params`` are placed ``Partial`` (applied once, by one rank), so
+  a missing or needless listing shows up as such a move.
+
+Modules whose compute an injection replaces (``local_compute_fn``: the expert dispatch)
+are opaque: their inputs are redistributed as declared and their outputs taken as declared
+(placements and grads inside them are left to the plan check's rules). Mixture-of-experts
+kernels run their data-independent ``batched_mm`` form. Only axes that split the model's
+compute are derived (tp and any other non-data axis of size > 1); ``ep``, ``cp``, ``dp`` and
+``pp`` carry different data per rank and are checked by rules. Where an op cannot be
+propagated at all, the run stops and says where (``Derivation.failed``); the checks made so
+far and the plan check's rules stand.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from hpcodegen.derive.record import Derivation, ImplicitComm, Named
+from hpcodegen.derive.world import fake_mesh, live_axes
+from hpcodegen.placement import REPLICATE, Partial, Placement
+from hpcodegen.plan.entry import join_fqn
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import TP, Plan, PlanEntry
+
+#: ops whose local form on a shard DTensor has no rule for (it would gather instead)
+UNEXPRESSED = frozenset({"aten.repeat", "aten.repeat_interleave"})
+#: the run in progress (its watcher's handlers reach its state through this)
+_CURRENT: list[Any] = []
+#: axes whose ranks hold different data (or stages), not a split of one compute
+DATA_AXES = frozenset({"dp", "ep", "cp", "pp", "dp_replicate", "dp_shard"})
+BATCH, SEQ = 2, 8
+
+
+def derived_axes(plan: Plan, sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+    """``{axis: size}`` the derivation meshes: live (size > 1) and not a data axis."""
+    sizes = dict(plan.dims.sizes) if sizes is None else dict(sizes)
+    return {a: n for a, n in live_axes(sizes, plan.axes).items() if a not in DATA_AXES}
+
+
+def show(p: Any) -> str:
+    """A torch placement as an hpcodegen placement string (any ``Partial`` kind, the
+    embedding's masked one included, is ``P(op)``)."""
+    from torch.distributed.tensor import Partial as TPartial
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(p, _StridedShard):
+        return f"SS({p.dim},{p.split_factor})"
+    if isinstance(p, TShard):
+        return f"S({p.dim})"
+    if isinstance(p, TPartial):
+        return f"P({p.reduce_op})"
+    return "R"
+
+
+def _named(placements: tuple, axes: tuple[str, ...]) -> Named:
+    return {a: show(p) for a, p in zip(axes, placements, strict=False)}
+
+
+class _Run:
+    """The state of one symbolic run (hooks, the boundary stack, what was recorded)."""
+
+    def __init__(self, plan: Plan, mesh: Any, record: Derivation,
+                 replaced: Mapping[str, str]) -> None:
+        self.plan, self.mesh, self.record = plan, mesh, record
+        self.axes: tuple[str, ...] = tuple(mesh.mesh_dim_names)
+        self.stack: list[str] = []
+        self.recording = False
+        self.param_names: dict[int, str] = {}
+        #: opaque region -> the placements of its first DTensor input (its output's layout)
+        self.region_in: dict[str, tuple | None] = {}
+        #: opaque region -> its DTensor parameters set aside while it runs on plain tensors
+        self.swapped: dict[str, list[tuple[Any, str, Any]]] = {}
+        #: injected compute (``local_compute_fn``) or a declared black-box local region
+        #: (``region_dispatch: false``) -> why it is not derived
+        self.opaque = {fqn: "its compute is an injected local_compute_fn"
+                       for inj in plan.injections or () if inj.local_compute_fn is not None
+                       for fqn in inj.fqns}
+        self.opaque.update({fqn: "a black-box local region (region_dispatch: false)"
+                            for fqn, e in plan.entries.items()
+                            if e.region_dispatch is False and fqn not in self.opaque})
+        self.opaque.update({fqn: why for fqn, why in replaced.items() if fqn not in self.opaque})
+
+    # -- placements ----------------------------------------------------------------------
+    def torch_placements(self, named: Mapping[str, Placement] | None, ndim: int,
+                         rank0: bool = False) -> tuple:
+        from hpcodegen.runtime.mesh import to_torch_placements
+
+        chosen = [(named or EMPTY).get(a, REPLICATE) for a in self.axes]
+        if rank0:
+            chosen = [Partial() if a == TP else p for a, p in zip(self.axes, chosen, strict=False)]
+        return to_torch_placements(chosen, ndim)
+
+    def placed(self, value: Any, placements: tuple) -> Any:
+        """A differentiable DTensor of ``value``'s global shape at ``placements`` (values
+        are meta: only the shard's shape matters)."""
+        import torch
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        shape, _ = compute_local_shape_and_global_offset(value.shape, self.mesh, placements)
+        local = value
+        for dim, (want, have) in enumerate(zip(shape, value.shape, strict=False)):
+            if want != have:
+                local = local.narrow(dim, 0, want)
+        local = local.contiguous()
+        if not value.is_floating_point():
+            local = local.detach()
+        return DTensor.from_local(local, self.mesh, placements, run_check=False,
+                                  shape=value.shape,
+                                  stride=torch.empty(value.shape, device="meta").stride())
+
+    def fence(self, value: Any) -> Any:
+        """``value`` as the runtime hands it on at a transition: the same placements, and in
+        backward the gradient redistributed to them (the transition's own backward
+        collective), so a partial input gradient is summed where the runtime sums it."""
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(value, DTensor) or not value.requires_grad \
+                or not torch.is_floating_point(value):
+            return value
+        return DTensor.from_local(value.to_local(), self.mesh, value.placements,
+                                  run_check=False, shape=value.shape, stride=value.stride())
+
+    # -- parameters ----------------------------------------------------------------------
+    def place_parameters(self, model: Any) -> None:
+        import torch
+        from torch import nn
+        from torch.distributed.tensor import DTensor
+
+        made: dict[tuple[int, tuple], Any] = {}
+        for fqn, entry in self.plan.entries.items():
+            # applied once over tp (by one rank, or after the reduction): Partial
+            rank0 = {*(entry.tp_rank0_params or ()), *(entry.deferred_bias_params or ())}
+            for rel, named in (entry.params or EMPTY).items():
+                name = join_fqn(fqn, rel)
+                owner_name, _, attr = name.rpartition(".")
+                try:
+                    owner = model.get_submodule(owner_name) if owner_name else model
+                except AttributeError:
+                    continue  # not in this model (the model check reports it)
+                param = getattr(owner, attr, None)
+                if not isinstance(param, nn.Parameter) or isinstance(param, DTensor):
+                    continue
+                placements = self.torch_placements(named, param.dim(), rel in rank0)
+                key = (id(param), placements)
+                if key not in made:
+                    with torch.no_grad():
+                        value = self.placed(param.detach(), placements)
+                    made[key] = nn.Parameter(value, requires_grad=param.requires_grad)
+                setattr(owner, attr, made[key])
+                self.param_names[id(made[key]._local_tensor)] = name
+
+    # -- boundaries ----------------------------------------------------------------------
+    def hook(self, model: Any) -> list[Any]:
+        handles = []
+        targets = [f for f, e in self.plan.entries.items() if e.boundary]
+        for fqn in [*targets, *(f for f in self.opaque if f not in targets)]:
+            try:
+                module = model.get_submodule(fqn) if fqn else model
+            except AttributeError:
+                continue
+            handles.append(module.register_forward_pre_hook(
+                self._pre(fqn, module), with_kwargs=True))
+            handles.append(module.register_forward_hook(self._post(fqn)))
+        return handles
+
+    def _to_input(self, fqn: str, name: str, value: Any) -> Any:
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
+        if not isinstance(value, torch.Tensor):
+            return value
+        src = (entry.in_src or EMPTY).get(name)
+        dst = (entry.in_dst or EMPTY).get(name, src)
+        if isinstance(value, DTensor):
+            self.record.inputs.setdefault((fqn, name), _named(value.placements, self.axes))
+        else:
+            value = self.placed(value, self.torch_placements(src, value.dim()))
+        want = self.torch_placements(dst, value.dim())
+        if any(isinstance(p, Partial) for p in (dst or EMPTY).values()):
+            return self.fence(value)  # refused by the plan check (plan.invalid_redistribute)
+        if tuple(value.placements) != want:
+            value = value.redistribute(self.mesh, want)
+        return self.fence(value)
+
+    def _inside_opaque(self) -> bool:
+        return any(f in self.opaque for f in self.stack)
+
+    def _pre(self, fqn: str, module: Any) -> Any:
+        try:
+            sig: inspect.Signature | None = inspect.signature(module.forward)
+        except (TypeError, ValueError):
+            sig = None
+        entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
+        names = {*(entry.in_src or EMPTY), *(entry.in_dst or EMPTY)}
+        alias: dict[str, str] = {}  # forward parameter -> plan input name
+        if sig is not None and len(names) == 1 and not names & set(sig.parameters):
+            # one input under another name binds to the first argument (the runtime's rule)
+            first = next(iter(sig.parameters), None)
+            if first is not None:
+                alias[first] = next(iter(names))
+
+        def pre(_m: Any, args: tuple, kwargs: dict) -> Any:
+            nested = self._inside_opaque()
+            self.stack.append(fqn)
+            if nested:
+                return None  # a boundary inside foreign or injected code: not derived
+            if sig is None:
+                if args and names:
+                    args = (self._to_input(fqn, sorted(names)[0], args[0]), *args[1:])
+            else:
+                try:
+                    bound = sig.bind_partial(*args, **kwargs)
+                except TypeError:
+                    return None
+                for key, value in list(bound.arguments.items()):
+                    if sig.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
+                        bound.arguments[key] = {
+                            k: self._to_input(fqn, k, v) if k in names else v
+                            for k, v in value.items()}
+                    elif key in names or key in alias:
+                        bound.arguments[key] = self._to_input(fqn, alias.get(key, key), value)
+                args, kwargs = bound.args, bound.kwargs
+            if fqn in self.opaque:
+                return self._enter_opaque(fqn, module, args, kwargs)
+            return args, kwargs
+        return pre
+
+    def _enter_opaque(self, fqn: str, module: Any, args: tuple, kwargs: dict) -> Any:
+        """Run an opaque region on plain global tensors (its code is not what the runtime
+        runs there, so it is not propagated): inputs gathered, parameters whole; the
+        layout of its first DTensor input is kept for its output."""
+        from torch import nn
+        from torch.distributed.tensor import DTensor
+
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, DTensor)), None)
+        self.region_in[fqn] = None if first is None else tuple(first.placements)
+        swapped = []
+        for name, param in list(module.named_parameters()):
+            if isinstance(param, DTensor):
+                owner_name, _, attr = name.rpartition(".")
+                owner = module.get_submodule(owner_name) if owner_name else module
+                plain = nn.Parameter(param.detach().full_tensor(),
+                                     requires_grad=param.requires_grad)
+                setattr(owner, attr, plain)
+                swapped.append((owner, attr, param))
+        self.swapped[fqn] = swapped
+
+        def plain(value: Any) -> Any:
+            return value.full_tensor() if isinstance(value, DTensor) else value
+        return tuple(map(plain, args)), {k: plain(v) for k, v in kwargs.items()}
+
+    def _post(self, fqn: str) -> Any:
+        entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
+
+        def post(_m: Any, _args: Any, output: Any) -> Any:
+            import torch
+            from torch.distributed.tensor import DTensor
+
+            if self.stack and self.stack[-1] == fqn:
+                self.stack.pop()
+            if self._inside_opaque():
+                return None
+            for owner, attr, param in self.swapped.pop(fqn, ()):
+                setattr(owner, attr, param)
+            single = isinstance(output, torch.Tensor)
+            outs = [output] if single else list(output) if isinstance(output, (tuple, list)) \
+                else None
+            if outs is None:
+                return None
+            layout = self.region_in.get(fqn)
+            if fqn in self.opaque and not entry.out_src and isinstance(outs[0], torch.Tensor):
+                fits = layout is not None and outs[0].dim() > max(
+                    (p.dim for p in layout if hasattr(p, "dim")), default=-1)
+                # a black box without declared outputs computes locally, token by token:
+                # its output keeps its input's layout
+                outs[0] = self.fence(self.placed(outs[0], layout if fits else tuple(
+                    self.torch_placements(None, outs[0].dim()))))
+            for name, src in (entry.out_src or EMPTY).items():
+                index = entry.output_index(name)
+                value = outs[index] if index < len(outs) else None
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if fqn in self.opaque or not isinstance(value, DTensor):
+                    value = self.placed(value, self.torch_placements(src, value.dim()))
+                else:
+                    self.record.outputs.setdefault(
+                        (fqn, name), (_named(value.placements, self.axes), value.dim()))
+                dst = (entry.out_dst or EMPTY).get(name, src)
+                want = self.torch_placements(dst, value.dim())
+                if tuple(value.placements) != want and not any(
+                        isinstance(p, Partial) for p in (dst or EMPTY).values()):
+                    value = value.redistribute(self.mesh, want)
+                outs[index] = self.fence(value)
+            if single:
+                return outs[0]
+            return type(output)(outs) if isinstance(output, list) else tuple(outs)
+        return post
+
+    # -- implicit redistributions ----------------------------------------------------------
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """Record every redistribution DTensor inserts inside an op (not those of the
+        boundary hooks, which are ``redistribute`` calls, not op dispatch)."""
+        from torch.distributed.tensor._dispatch import OpDispatcher
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+        from torch.utils import _pytree as pytree
+
+        from hpcodegen.tracer.ops import op_name
+
+        original = OpDispatcher.__dict__["redistribute_local_args"]
+        run = self
+
+        def watched(op_info: Any, schema: Any, use_val: bool) -> None:
+            if not run.recording and any(
+                    isinstance(spec, DTensorSpec) and any(p.is_partial() for p in spec.placements)
+                    for spec in op_info.flat_args_schema):
+                # a reduction DTensor inserts in backward: a gradient it made whole, which the
+                # runtime's local backward leaves partial
+                run.record.backward_reductions += 1
+            if run.recording and not run._inside_opaque():
+                wanted = (tuple(pytree.tree_leaves(schema.args_schema))
+                          if op_info.args_tree_spec is not None else schema.args_schema)
+                moves = []
+                for i, spec in enumerate(op_info.flat_args_schema):
+                    if isinstance(spec, DTensorSpec) and i < len(wanted) \
+                            and spec != wanted[i] and not _masked_lookup(
+                            op_info.local_args[i], wanted[i]) \
+                            and not _narrowing(spec, wanted[i]):
+                        who = run.param_names.get(id(op_info.local_args[i]))
+                        moves.append(_move(spec, wanted[i], run.axes, who))
+                name = op_name((op_info.schema or schema).op)
+                unexpressed = name in UNEXPRESSED or any(
+                    "SS(" in m.split(" -> ")[0] for m in moves)
+                if moves and unexpressed and run.stack:
+                    # a layout DTensor cannot express (a fused SS output, a repeat over a
+                    # sharded dim): the boundary is left to the rules, not guessed
+                    run.opaque.setdefault(run.stack[-1], f"{name} on a layout propagation "
+                                          "cannot express")
+                elif moves:
+                    run.record.implicit.append(ImplicitComm(
+                        run.stack[-1] if run.stack else None,
+                        op_name((op_info.schema or schema).op),
+                        tuple(moves), _model_line()))
+            return original.__func__(op_info, schema, use_val)
+
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        handlers = DTensor._op_dispatcher._custom_op_handlers
+        aten = torch.ops.aten
+        local_rules = {aten.slice.Tensor: _strided_slice, aten.split.Tensor: _strided_split,
+                       aten.new_empty.default: _like_self, aten.new_zeros.default: _like_self,
+                       aten.new_ones.default: _like_self, aten.new_full.default: _like_self,
+                       aten.mul.Tensor: _scaled_partial}
+        OpDispatcher.redistribute_local_args = staticmethod(watched)
+        handlers.update(local_rules)
+        _CURRENT.append(self)
+        try:
+            yield
+        finally:
+            _CURRENT.remove(self)
+            OpDispatcher.redistribute_local_args = original
+            for op in local_rules:
+                handlers.pop(op, None)
+
+
+def _strided_slice(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """``x[..., k::step]`` over a dim sharded in chunks of a multiple of ``step``, as the
+    runtime's local code computes it: each rank takes the same stride of its own chunk
+    (interleaved pairs such as GPT-OSS ``gate_up_proj`` stay whole on every rank). DTensor
+    has no such rule and would gather the dim first; anything else takes its normal path."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    x, dim, start, end, step = [*args, *(None, 0, None, None, 1)[len(args):]][:5]
+    dim = kwargs.get("dim", dim) % x.dim()
+    start, end = kwargs.get("start", start), kwargs.get("end", end)
+    step = kwargs.get("step", step) or 1
+    local = x._local_tensor
+    sharded = [p for p in x.placements if isinstance(p, TShard) and p.dim == dim]
+    whole = end is None or end >= x.shape[dim]
+    strided = [p for p in x.placements if isinstance(p, _StridedShard) and p.dim == dim]
+    if strided and _CURRENT and _CURRENT[-1].stack:
+        # a block of a fused weight's output (phi3's qkv[..., :q]) whose blocks DTensor
+        # cannot express: this boundary is left to the rules, not guessed
+        run = _CURRENT[-1]
+        run.opaque.setdefault(run.stack[-1], "a slice of a fused (SS) output, which "
+                              "propagation cannot express")
+    if step > 1 and sharded and whole and 0 <= (start or 0) < step \
+            and local.shape[dim] % step == 0 and x.shape[dim] % step == 0:
+        out = torch.ops.aten.slice.Tensor(local, dim, start or 0, None, step)
+        shape = list(x.shape)
+        shape[dim] = x.shape[dim] // step
+        return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False,
+                                  shape=tuple(shape), stride=out.stride())
+    return _default(op_call, args, kwargs)
+
+
+def _is_dtensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def _strided_split(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """A tensor sharded ``SS(d,k)`` (k blocks, each split over the ranks: a fused
+    ``gate_up_proj``) split along ``d`` into its k blocks, as the runtime's local code
+    computes it: each rank's local tensor splits into its k local blocks, each block
+    ``S(d)``. DTensor has no such rule and would gather first; anything else takes its
+    normal path."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    x, size = args[0], args[1]
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % x.dim()
+    strided = [p for p in x.placements if isinstance(p, _StridedShard) and p.dim == dim]
+    if isinstance(size, int) and len(strided) == 1 and size * strided[0].split_factor \
+            == x.shape[dim] and x._local_tensor.shape[dim] % strided[0].split_factor == 0:
+        k = strided[0].split_factor
+        pieces = torch.ops.aten.split.Tensor(x._local_tensor,
+                                             x._local_tensor.shape[dim] // k, dim)
+        placements = tuple(TShard(dim) if p is strided[0] else p for p in x.placements)
+        shape = list(x.shape)
+        shape[dim] = size
+        return [DTensor.from_local(piece, x.device_mesh, placements, run_check=False,
+                                   shape=tuple(shape), stride=piece.stride())
+                for piece in pieces]
+    return _default(op_call, args, kwargs)
+
+
+def _like_self(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """``x.new_empty(size)`` (``new_zeros``, ``new_ones``, ``new_full``) of ``x``'s shape
+    on every dim ``x`` is sharded on, as the runtime's local code makes it: a tensor of the
+    local shape, so sharded like ``x``. DTensor makes it replicated (a global tensor) and
+    the copies into it would gather; anything else takes its normal path."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    x, size = args[0], list(args[1])
+    dims = [p.dim for p in x.placements if isinstance(p, TShard)]
+    if isinstance(x, DTensor) and dims and len(size) == x.dim() \
+            and all(size[d] == x.shape[d] for d in dims) \
+            and not any(type(p).__name__ == "_StridedShard" or p.is_partial()
+                        for p in x.placements):
+        local_shape, _ = compute_local_shape_and_global_offset(size, x.device_mesh,
+                                                               x.placements)
+        local = op_call(x._local_tensor, list(local_shape), *args[2:], **kwargs)
+        return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False,
+                                  shape=torch.Size(size),
+                                  stride=torch.empty(size, device="meta").stride())
+    return _default(op_call, args, kwargs)
+
+
+def _scaled_partial(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """A partial sum times a replicated scalar (one element: Gemma's ``embed_scale``) stays
+    a partial sum, as the local code computes it (the product is linear); DTensor would
+    reduce first. Anything else takes its normal path."""
+    from torch.distributed.tensor import DTensor
+
+    def is_partial(x: Any) -> bool:
+        return isinstance(x, DTensor) and any(p.is_partial() for p in x.placements)
+
+    def is_scalar(x: Any) -> bool:
+        if isinstance(x, DTensor):
+            return x.numel() == 1 and all(p.is_replicate() for p in x.placements)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return True
+        return hasattr(x, "numel") and x.numel() == 1
+
+    a, b = args[0], args[1]
+    if not is_partial(a):
+        a, b = b, a
+    partial, scalar = is_partial(a), is_scalar(b)
+    if partial and scalar and not kwargs:
+        other = b.to_local() if isinstance(b, DTensor) else b
+        local = op_call(a._local_tensor, other)
+        return DTensor.from_local(local, a.device_mesh, a.placements, run_check=False,
+                                  shape=local.shape, stride=local.stride())
+    return _default(op_call, args, kwargs)
+
+
+def _default(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """DTensor's own rule for ``op_call`` (the custom handler set aside for the call)."""
+    from torch.distributed.tensor import DTensor
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    mine = handlers.pop(op_call)
+    try:
+        return op_call(*args, **kwargs)
+    finally:
+        handlers[op_call] = mine
+
+
+def _narrowing(spec: Any, want: Any) -> bool:
+    """Every move takes a replicated operand to a shard: each rank cuts its own part, no
+    collective. The runtime's local code made that operand at the local shape already
+    (``k_rot.expand(-1, k_nope.shape[1], ...)`` over this rank's heads), so it is no
+    disagreement."""
+    from torch.distributed.tensor import Replicate as TReplicate
+    from torch.distributed.tensor import Shard as TShard
+
+    moved = [(a, b) for a, b in zip(spec.placements, want.placements, strict=False) if a != b]
+    return bool(moved) and all(isinstance(a, TReplicate) and isinstance(b, TShard)
+                               for a, b in moved)
+
+
+def _masked_lookup(local: Any, want: Any) -> bool:
+    """An index tensor taken to ``Partial``: the masked lookup of a vocab-sharded table
+    (each rank zeroes the ids outside its rows), which moves nothing between ranks."""
+    from torch.distributed.tensor import Partial as TPartial
+
+    return not local.is_floating_point() and any(isinstance(p, TPartial)
+                                                 for p in want.placements)
+
+
+def _model_line() -> str:
+    """``file:line`` of the model code running the current op (torch and hpcodegen frames
+    skipped)."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None and ("/torch/" in frame.f_code.co_filename
+                                 or "/hpcodegen/" in frame.f_code.co_filename):
+        frame = frame.f_back
+    return "" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _move(spec: Any, want: Any, axes: tuple[str, ...], who: str | None) -> str:
+    moved = [f"{show(a)} -> {show(b)} on {axis}"
+             for axis, a, b in zip(axes, spec.placements, want.placements, strict=False) if a != b]
+    return ", ".join(moved or ["a layout change"]) + (f" (parameter {who})" if who else "")
+
+
+def _batched_experts(model: Any) -> None:
+    """Mixture-of-experts kernels in their data-independent ``batched_mm`` form (every
+    token's experts gathered by index, no ``nonzero``), which runs on meta DTensors."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if hasattr(module, "is_concatenated") and hasattr(module, "has_gate") \
+                and config is not None:
+            config._experts_implementation = "batched_mm"
+
+
+def derive(model: Any, plan: Plan, sizes: Mapping[str, int] | None = None,
+           replaced: Mapping[str, str] | None = None) -> Derivation:
+    """Run ``model`` (built on the meta device, unparallelized; it is consumed) under
+    ``plan`` at ``sizes`` (default: the plan's own) and record what propagates.
+    ``replaced``: modules the runtime replaces with foreign code (``module_overrides``)
+    -> why; they are opaque like injected compute."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from hpcodegen.hf import no_cache_kwargs
+    from hpcodegen.tracer.model import quiet_fake_tensors, token_ids, use_eager
+
+    all_sizes = dict(plan.dims.sizes) if sizes is None else dict(sizes)
+    record = Derivation(sizes=all_sizes)
+    axes = derived_axes(plan, all_sizes)
+    record.axes = dict(axes)
+    if not axes:
+        record.skipped = ("no axis that splits the compute has more than one rank "
+                          f"({', '.join(f'{a}={n}' for a, n in all_sizes.items()) or 'none'}): "
+                          "nothing moves between ranks")
+        return record
+    use_eager(model)
+    _batched_experts(model)
+    try:
+        with fake_mesh(axes) as mesh, quiet_fake_tensors():
+            run = _Run(plan, mesh, record, replaced or {})
+            record.opaque.update(run.opaque)
+            run.place_parameters(model)
+            handles = run.hook(model)
+            try:
+                with run.watching(), implicit_replication():
+                    run.recording = True
+                    ids = token_ids(BATCH, SEQ)
+                    # an explicit all-ones mask: transformers' packed-sequence probe reads
+                    # values, which meta tensors lack
+                    out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                **no_cache_kwargs(model))
+                    run.recording = False
+                    logits = out[0] if isinstance(out, tuple) else getattr(
+                        out, "logits", None)
+                    if logits is None:
+                        logits = getattr(out, "last_hidden_state", None)
+                    if isinstance(logits, DTensor):
+                        logits = logits.full_tensor()
+                    if isinstance(logits, torch.Tensor) and logits.requires_grad:
+                        logits.float().sum().backward()
+            finally:
+                for handle in handles:
+                    handle.remove()
+            record.opaque.update(run.opaque)  # and those found opaque on the way
+            _grads(run, model, record)
+    except Exception as exc:  # an op with no propagation rule, data-dependent code, ...
+        where = f" (in {run.stack[-1]})" if "run" in locals() and run.stack else ""
+        record.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}" \
+                        f"{where}"
+    return record
+
+
+def _grads(run: _Run, model: Any, record: Derivation) -> None:
+    from torch.distributed.tensor import DTensor
+
+    for fqn, entry in run.plan.entries.items():
+        rank0 = set(entry.tp_rank0_params or ())
+        for rel in entry.params or EMPTY:
+            name = join_fqn(fqn, rel)
+            owner_name, _, attr = name.rpartition(".")
+            try:
+                owner = model.get_submodule(owner_name) if owner_name else model
+            except AttributeError:
+                continue
+            param = getattr(owner, attr, None)
+            if not isinstance(param, DTensor):
+                continue
+            if rel in (entry.deferred_bias_params or ()):
+                continue  # added after the reduction: the plan check's rule judges it
+            grad = param.grad
+            kinds: dict[str, str] = {}
+            for axis, p in zip(run.axes, param.placements, strict=False):
+                if show(p).startswith("S"):
+                    kinds[axis] = "sharded"  # its gradient is its shard's: never summed
+                elif rel in rank0 and axis == TP:
+                    kinds[axis] = "partial"  # one rank applies it: the others' share is 0
+                elif grad is None:
+                    kinds[axis] = "none"
+                else:
+                    g = show(grad.placements[run.axes.index(axis)])
+                    kinds[axis] = ("partial" if g.startswith("P") else "sharded"
+                                   if g.startswith("S") else "full")
+            record.grads[(fqn, rel)] = kinds
