@@ -50,10 +50,44 @@ def _show(named: Mapping[str, str]) -> str:
 
 
 def placement_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
-    """``derive.output`` and ``derive.input``."""
+    """``derive.output`` and ``derive.input``.
+
+    Where DTensor replicated an input that the declaration (and each rank's local code)
+    keeps sharded, an op had no rule for the local layout (an MoE router's matmul and top-k
+    over tokens flattened from a sequence shard gathers in the derivation, while each rank
+    routes its own tokens): from that boundary on, in forward order, what the derivation
+    says of placements no longer describes the local run, so those boundaries are left to
+    the rules (``derive.input_unresolved``, one info) instead of being judged.
+    """
+    order: dict[str, int] = {}
+    for fqn, _name in d.inputs:
+        order.setdefault(fqn, len(order))
+    gap: tuple[int, str] | None = None
+    inputs: list[tuple[str, str, str, dict[str, str], dict[str, str]]] = []
+    for (fqn, name), got in d.inputs.items():
+        entry = plan.entries.get(fqn)
+        if entry is None or name not in (entry.in_src or EMPTY):
+            continue
+        want = {a: str((entry.in_src or EMPTY)[name].get(a, REPLICATE)) for a in got}
+        differ = [a for a in got if not _same(want[a], got[a])]
+        if not differ:
+            continue
+        if gap is None and all(got[a] == "R" and want[a].startswith(("S(", "SS("))
+                               for a in differ):
+            gap = (order[fqn], f"{fqn}: input {name!r} derived as {_show(got)} (DTensor "
+                               f"gathered it upstream), declared {_show(want)}")
+        inputs.append((fqn, name, differ[0], got, want))
+    if gap is not None:
+        yield info("derive.input_unresolved", pointer("param_plan"),
+                   f"{gap[1]}: this boundary and those after it in forward order are left "
+                   "to the rules")
+
+    def judged(fqn: str) -> bool:
+        return gap is None or order.get(fqn, -1) < gap[0]
+
     for (fqn, name), (got, ndim) in d.outputs.items():
         entry = plan.entries.get(fqn)
-        if entry is None or fqn in d.opaque:
+        if entry is None or fqn in d.opaque or not judged(fqn):
             continue
         want = _declared((entry.out_src or EMPTY).get(name), list(got), ndim)
         if want != got:
@@ -62,13 +96,8 @@ def placement_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
                         f"{fqn}: the forward computes output {name!r} as {_show(got)}, the "
                         f"plan declares {_show(want)}", expected=got[axis],
                         hint="regenerate the artifact; its placements contradict the math")
-    for (fqn, name), got in d.inputs.items():
-        entry = plan.entries.get(fqn)
-        if entry is None or name not in (entry.in_src or EMPTY):
-            continue
-        want = {a: str((entry.in_src or EMPTY)[name].get(a, REPLICATE)) for a in got}
-        if any(not _same(want[a], got[a]) for a in got):
-            axis = next(a for a in got if not _same(want[a], got[a]))
+    for fqn, name, axis, got, want in inputs:
+        if judged(fqn):
             yield error("derive.input", pointer("param_plan", fqn, "in_src", name, axis),
                         f"{fqn}: input {name!r} arrives as {_show(got)}, the plan declares "
                         f"{_show(want)}", expected=got[axis])
@@ -76,9 +105,15 @@ def placement_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
 
 def _same(declared: str, derived: str) -> bool:
     """Equal placement strings; a negative declared dim matches any derived dim of the same
-    kind (the input's rank is not recorded)."""
+    kind (the input's rank is not recorded); and an input declared ``S(d)`` that arrives as
+    ``SS(d,k)`` holds the same local rows: a sequence shard flattened into the token dim
+    (``[b, s/tp, h] -> [b*s/tp, h]``, an MoE block's tokens under --sp) is interleaved
+    across the batch, which row-wise compute does not see; a transition that gathers those
+    rows is judged by the output it derives."""
     if declared == derived:
         return True
+    if declared.startswith("S(") and derived.startswith("SS("):
+        return declared[2:-1] == derived[3:].split(",")[0]
     return declared.startswith("S(-") and derived.startswith("S(")
 
 
@@ -90,6 +125,16 @@ def comm_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
         if key in seen:
             continue
         seen.add(key)
+        if c.moves and all(m.startswith("SS(") and " -> R" in m for m in c.moves):
+            # a strided shard (a sequence shard flattened into tokens) gathered because
+            # DTensor has no strided rule for the op (top-k over the features of each
+            # token): a gap of the derivation, not of the plan; row-wise local code runs
+            # on its own rows
+            yield info("derive.rule_gap", pointer("param_plan", c.boundary)
+                       if c.boundary is not None else pointer("param_plan"),
+                       f"{c.op} at {c.line or 'an unknown line'}: DTensor gathers "
+                       f"{'; '.join(c.moves)} (no rule for a strided shard); not judged")
+            continue
         yield _comm_finding(plan, c)
 
 
@@ -189,7 +234,28 @@ def summary_findings(d: Derivation) -> Iterator[Finding]:
     yield info("derive.summary", pointer("param_plan"), text)
 
 
+def _rule_gap(d: Derivation) -> ImplicitComm | None:
+    """The first op DTensor could only run by gathering a strided shard (a sequence shard
+    flattened into tokens meets an op with no strided rule, e.g. an MoE router's top-k):
+    the local code runs that op on its own rows, so from there the derived placements no
+    longer describe the run."""
+    return next((c for c in d.implicit if c.moves and all(
+        m.startswith("SS(") and " -> R" in m for m in c.moves)), None)
+
+
 def derived_findings(plan: Plan, d: Derivation, ours: bool) -> list[Finding]:
-    """Every comparison of the module docstring."""
+    """Every comparison of the module docstring; where the derivation met a rule gap
+    (:func:`_rule_gap`), none of them: the plan is left to the rules, as without a config,
+    and one info says where and why."""
+    gap = _rule_gap(d)
+    if gap is not None:
+        where = (pointer("param_plan", gap.boundary) if gap.boundary is not None
+                 else pointer("param_plan"))
+        return [*summary_findings(d), info(
+            "derive.rule_gap", where,
+            f"{gap.op} at {gap.line or 'an unknown line'}: DTensor gathers "
+            f"{'; '.join(gap.moves)} (no propagation rule for a strided shard), while the "
+            "local code runs it on each rank's own rows; the derived placements after it "
+            "do not describe the run, so this plan is judged by the rules only")]
     return [*summary_findings(d), *placement_findings(plan, d), *comm_findings(plan, d),
             *grad_findings(plan, d, ours)]

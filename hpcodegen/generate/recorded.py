@@ -48,11 +48,13 @@ def _relative(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> str:
 
 def generation_record(model: str | os.PathLike[str], recipe: str | os.PathLike[str] | None,
                       out: str | os.PathLike[str], hub_id: bool, cp_method: str | None = None,
-                      ulysses: int | None = None) -> dict[str, Any]:
+                      ulysses: int | None = None,
+                      pp_layout: tuple[int, ...] | None = None) -> dict[str, Any]:
     """``generator.inputs`` of an artifact generated from ``model`` (a config dir or file, or
     a Hub id) and ``recipe`` into ``out``; with ``--cp-method`` other than the default
-    (``parallel_dims`` does not hold it: the plan shows only the method it resolved to) and
-    ``--ulysses``, as given."""
+    (``parallel_dims`` does not hold it: the plan shows only the method it resolved to),
+    ``--ulysses`` and ``--pp-layout``, as given (the ``pipeline`` section holds the other pp
+    options; without a layout its split is the default one, which a rerun chooses again)."""
     record: dict[str, Any] = ({"hub_id": os.fspath(model)} if hub_id
                               else {"model_dir": _relative(model, out)})
     if recipe is not None:
@@ -61,6 +63,8 @@ def generation_record(model: str | os.PathLike[str], recipe: str | os.PathLike[s
         record["cp_method"] = cp_method
     if ulysses is not None:
         record["ulysses"] = ulysses
+    if pp_layout is not None:
+        record["pp_layout"] = list(pp_layout)
     return record
 
 
@@ -118,9 +122,10 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
     Without ``--check``, ``--model``, ``--tp`` and ``-o`` are required (a usage error names
     the missing ones) and ep and cp default to 1; so with ``--check`` when both ``--model``
     and ``--tp`` are given (the flags say it all, as before the record). Otherwise
-    ``--check`` reads the artifact's meta: the model, recipe, cp method and Ulysses degree
-    from ``generator.inputs``, tp, sp, ep, cp, the cp layout and loss parallel from
-    ``parallel_dims``; each flag given on the command line wins over its recorded value.
+    ``--check`` reads the artifact's meta: the model, recipe, cp method, Ulysses degree and
+    pp layout from ``generator.inputs``, tp, sp, ep, cp, the cp layout and loss parallel from
+    ``parallel_dims``, the other pp options from ``pipeline``; each flag given on the command
+    line wins over its recorded value.
 
     Raises:
         UsageError: a required flag is missing, or the meta cannot say what it stands for.
@@ -182,7 +187,32 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
         ulysses=args.ulysses if args.ulysses is not None else (
             degree if isinstance(degree, int) and not isinstance(degree, bool) else None),
         sp=args.sp or dims.get("sequence_parallel") is True,
-        loss_parallel=args.loss_parallel or dims.get("loss_parallel") is True)
+        loss_parallel=args.loss_parallel or dims.get("loss_parallel") is True,
+        pipeline=args.pipeline or _recorded_pipeline(meta, record))
+
+
+def _recorded_pipeline(meta: Mapping[str, Any], record: Mapping[str, Any]) -> Any:
+    """The ``--pp`` options of a pipelined artifact, from its ``pipeline`` section (pp size,
+    schedule, microbatches, stages per rank) and the recorded ``--pp-layout``; None for an
+    artifact without a pipeline. Values of the wrong type fall back to the defaults, and
+    the regenerated section is compared with the recorded one, so a hand-edit shows as
+    drift."""
+    section = meta.get("pipeline")
+    if not isinstance(section, Mapping):
+        return None
+    from hpcodegen.generate.pipeline import PipelineArgs
+
+    layout = record.get("pp_layout")
+    counts = (tuple(layout) if isinstance(layout, list) and layout
+              and all(isinstance(n, int) and not isinstance(n, bool) for n in layout)
+              else None)
+    schedule = section.get("schedule")
+    microbatches = section.get("n_microbatches")
+    return PipelineArgs(_int(section.get("pp_size"), 1),
+                        schedule if isinstance(schedule, str) else PipelineArgs.schedule,
+                        microbatches if isinstance(microbatches, int)
+                        and not isinstance(microbatches, bool) else None,
+                        counts, _int(section.get("stages_per_rank"), 2))
 
 
 __all__ = ["INPUTS_KEY", "artifact_dir", "complete_args", "generation_record"]

@@ -170,3 +170,26 @@ def test_positional_dir_is_only_for_check(tmp_path: Path) -> None:
     assert code == 2 and "positional DIR is for --check" in out, out
     code, out = _cli("generate", "--check", tmp_path / "x", "-o", tmp_path / "y")
     assert code == 2 and "name two artifacts" in out, out
+
+
+@pytest.mark.parametrize("pp_flags", [
+    ("--pp", "2"),
+    ("--pp", "2", "--pp-schedule", "GPipe", "--microbatches", "8"),
+    ("--pp", "2", "--pp-layout", "1,1"),
+])
+def test_check_dir_of_a_pipeline_needs_no_flags(tmp_path: Path, pp_flags: tuple[str, ...]) -> None:
+    """A pipelined artifact: `--check DIR` reads the pp options back (the ``pipeline``
+    section, and ``--pp-layout`` from the record), finds it up to date, and finds a
+    hand-edited pipeline as drift."""
+    art = tmp_path / "llama_pp"
+    code, out = _cli("generate", "--model", LLAMA, "--tp", "1", *pp_flags, "-o", art)
+    assert code == 0, out
+    meta = json.loads((art / "codegen_meta.json").read_text())
+    layout = "--pp-layout" in pp_flags
+    assert ("pp_layout" in meta["generator"]["inputs"]) is layout
+    code, out = _cli("generate", "--check", art)
+    assert code == 0 and "up to date" in out, out
+    meta["pipeline"]["n_microbatches"] += 2
+    (art / "codegen_meta.json").write_text(json.dumps(meta, indent=2))
+    code, out = _cli("generate", "--check", art)
+    assert code == 1, out

@@ -33,7 +33,7 @@ from hpcodegen.launch.rank.model import (
     build_model,
     build_parallel_model,
     resolve_model_dir,
-    sliding_window_of,
+    smoke_length,
 )
 from hpcodegen.launch.rank.reporter import RankReporter
 
@@ -42,13 +42,15 @@ LEARNING_RATE = 1e-3
 _NOT_YET = {env.COMPILE: "--compile", env.MAX_GRAD_NORM: "--max-grad-norm"}
 
 
-def _batch(vocab: int, rows: int, world: int, window: int | None, seed: int,
+def _batch(vocab: int, rows: int, world: int, hf_config: Any, seed: int,
            device: Any) -> tuple[Any, Any]:
-    """The smoke job's synthetic batch (so a checkpoint resumed without pp trains on the
-    same data), its rows repeated up to a multiple of the microbatch count."""
+    """The smoke job's synthetic batch, of the launch's one bounded length (so a checkpoint
+    resumed without pp trains on the same data), its rows repeated up to a multiple of the
+    microbatch count."""
     from hpcodegen.launch.rank.model import synthetic_batch
 
-    ids, labels = synthetic_batch(vocab, world, seed, device, window)
+    ids, labels = synthetic_batch(vocab, world, seed, device,
+                                  length=smoke_length(world, hf_config).length)
     if ids.shape[0] % rows:
         reps = -(-rows // ids.shape[0])
         ids, labels = ids.repeat(reps, 1)[:rows], labels.repeat(reps, 1)[:rows]
@@ -195,7 +197,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
                             tp)
     ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches, ctx.world_size,
-                         sliding_window_of(built.hf_config), seed, ctx.device)
+                         built.hf_config, seed, ctx.device)
     reporter.update(phase="forward", weights=built.weights,
                     local_param_bytes=sum(p.numel() * p.element_size()
                                           for p in runner.parameters()))
