@@ -61,15 +61,14 @@ def parse_layout(text: str | None) -> tuple[int, ...] | None:
 #: what ``--pp`` does not compose with yet, and why (refused, never run inexactly)
 NOT_WITH_PP: dict[str, str] = {
     "--cp": "the stage runtime does not cut the batch over cp ranks",
-    "--ep": "expert meshes are not carved inside a pipeline stage yet",
     "--loss-parallel": "the last stage's loss takes whole logits",
 }
 
 
-def check_pp_args(args: PipelineArgs, *, cp: int = 1, ep: int = 1,
-                  loss_parallel: bool = False) -> None:
-    """Usage errors before the model is built."""
-    given = {"--cp": cp > 1, "--ep": ep > 1, "--loss-parallel": loss_parallel}
+def check_pp_args(args: PipelineArgs, *, cp: int = 1, loss_parallel: bool = False) -> None:
+    """Usage errors before the model is built (``--ep`` composes: its ranks are carved
+    inside each stage's data-parallel ranks, see :mod:`hpcodegen.launch.rank.mesh`)."""
+    given = {"--cp": cp > 1, "--loss-parallel": loss_parallel}
     for flag, on in given.items():
         if on:
             raise UsageError([error("generate.pp_compose", flag, f"--pp with {flag} is not "

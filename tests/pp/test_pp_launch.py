@@ -1,9 +1,9 @@
-"""``hpcodegen launch`` runs a pipelined artifact: torchrun ranks on a ``pp x tp`` mesh,
-``--check-parity --steps 2`` exact against the unsharded model (loss, logits, every owned
-gradient, the losses of two AdamW steps) and the p2p ops as frozen; what a pipeline does
-not run yet is refused with the flag; a checkpoint saved at pp 2 resumes exactly at tp 2
-and back; a world that is not ``pp x tp`` is a usage
-error before any process starts."""
+"""``hpcodegen launch`` runs a pipelined artifact: torchrun ranks on a ``pp x dp x tp``
+mesh, ``--check-parity --steps 2`` exact against the unsharded model (loss, logits, every
+owned gradient, the losses of two AdamW steps) and the p2p ops as frozen; Qwen3-MoE at
+pp 2 x tp 2 x ep 2 on 8 ranks too; a checkpoint saved at pp 2 resumes exactly at tp 2 and
+back; a world the frozen sizes do not divide is a usage error before any process
+starts."""
 
 from __future__ import annotations
 
@@ -52,11 +52,43 @@ def test_launch_check_parity_and_steps(tmp_path, config, tp, schedule):
 
 
 @pytest.mark.timeout(300)
-def test_a_pipeline_on_a_dp_world_is_a_usage_error(tmp_path):
+def test_a_pipeline_on_a_world_it_does_not_divide_is_a_usage_error(tmp_path):
     art = _generate(tmp_path, "llama4", 1, "1F1B")
-    proc = _launch(art, "llama4", 4)
+    proc = _launch(art, "llama4", 3)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "pipeline stages run on pp x tp ranks only" in proc.stdout
+    assert "is not a multiple of the artifact's frozen mesh" in proc.stdout
+
+
+@pytest.mark.timeout(900)
+def test_qwen3_moe_pp2_tp2_ep2_on_eight_ranks_is_exact(tmp_path):
+    """Qwen3-MoE ``--pp 2 --tp 2 --ep 2`` on a ``pp 2 x dp 2 (ep 2) x tp 2`` mesh: each
+    stage's experts are split over the ep ranks carved from its dp ranks, the pipeline's
+    p2p runs over pp; loss, logits and every gradient equal the unsharded model's."""
+    out = tmp_path / "moe"
+    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "qwen3_moe4"), "-o",
+                          str(out), "--tp", "2", "--pp", "2", "--ep", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    meta = json.loads((out / "codegen_meta.json").read_text())
+    assert meta["parallel_dims"]["ep_size"] == 2 and meta["pipeline"]["pp_size"] == 2
+    check = subprocess.run([*HPC, "verify", str(out)], capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    proc = _launch(out, "qwen3_moe4", 8, "--check-parity", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["mesh"] == {"pp": 2, "dp": 2, "tp": 2}
+    ranks = doc["ranks"]
+    assert len(ranks) == 8
+    for rank in ranks:
+        parity = rank["parity"]
+        assert parity["ep"] == 2, parity
+        assert parity["grad_max_diff"] <= 1e-5 and parity["loss_max_diff"] <= 1e-5, parity
+        assert not parity["mismatched_params"] and parity["params_compared"] > 0, parity
+        assert parity["p2p"]["measured"] == parity["p2p"]["predicted"], parity
+        assert len(rank["losses"]) == 2
+    last = [r for r in ranks if r["parity"].get("logits_max_diff") is not None]
+    assert len(last) == 4 and all(r["parity"]["logits_max_diff"] <= 1e-5 for r in last)
 
 
 def _losses(proc: subprocess.CompletedProcess) -> list[float]:

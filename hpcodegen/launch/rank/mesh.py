@@ -5,8 +5,9 @@ The artifact freezes the non-data-parallel sizes (``parallel_dims``: ``tp_size``
 data-parallel size is whatever is left of the world: ``dp = world / (pp * cp * tp)``. The
 launcher checks this *before* any process starts, so an impossible world size is an exit-2
 usage error, not N tracebacks. A pipeline (``pp_size > 1``) runs only from a frozen
-``pipeline`` section, on ``pp x tp`` ranks (its stages do not compose with dp, cp or ep
-yet: refused here, before any process starts).
+``pipeline`` section; its mesh is ``pp x dp x tp`` with pp outermost (a stage's ranks are
+consecutive, and ``ep`` is carved from its dp ranks as without a pipeline); cp does not
+compose with pp yet (refused here, before any process starts).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
             expected=f"--nproc x --nnodes a multiple of {model}",
             hint=f"use --nproc {model} (or a multiple) per node")])
     names = ("dp", *[a for a in MESH_ORDER[1:] if frozen[a] > 1 or a in plan_axes])
+    if PP in names:  # pp outermost: each stage's dp x tp ranks are consecutive
+        names = (PP, *[n for n in names if n != PP])
     size_of = {"dp": world_size // model, **frozen}
     ep = max(sizes.get(EP, 1), 1)
     if size_of["dp"] % ep:
@@ -111,12 +114,12 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
             f"(world {world_size} / {model} model-parallel ranks): ep ranks are carved from dp",
             expected=f"--nproc x --nnodes a multiple of {model * ep}",
             hint=f"use --nproc {model * ep} (or a multiple)")])
-    if sizes.get(PP, 1) > 1 and (size_of["dp"] > 1 or size_of["cp"] > 1 or ep > 1):
+    if sizes.get(PP, 1) > 1 and size_of["cp"] > 1:
         raise UsageError([error(
             "launch.pp_compose", "/parallel_dims",
-            f"a pipeline on dp={size_of['dp']}, cp={size_of['cp']}, ep={ep}: pipeline "
-            "stages run on pp x tp ranks only (dp, cp and ep do not compose with pp yet)",
-            expected=f"--nproc x --nnodes = {model}", hint=f"use --nproc {model}")])
+            f"a pipeline on cp={size_of['cp']}: pipeline stages run on pp x dp x tp ranks "
+            "only (cp does not compose with pp yet)",
+            expected="cp_size 1 with pp_size > 1")])
     ordered_plan = tuple(a for a in names if a in plan_axes)
     return MeshLayout(names=names, sizes=tuple(size_of[n] for n in names),
                       plan_axes=ordered_plan, ep=ep)
@@ -128,14 +131,22 @@ def build_device_mesh(layout: MeshLayout, device_type: str) -> Any:
     With ``ep > 1`` the mesh is ``("edp", "ep", *rest)`` (``dp = edp x ep``, ep innermost
     so an ep group is ``ep`` consecutive dp ranks) with ``("edp", "ep")`` flattened to
     ``"dp"``: ``mesh["dp"]``, ``mesh["tp"]`` and the expert mesh ``mesh["ep", "tp"]`` all
-    slice from it.
+    slice from it. A pipeline's ``pp`` stays outermost (``("pp", "edp", "ep", "tp")``): the
+    expert mesh is carved inside each stage.
     """
     from torch.distributed.device_mesh import init_device_mesh
 
     if layout.ep <= 1:
         return init_device_mesh(device_type, layout.sizes, mesh_dim_names=layout.names)
-    dp, *rest = layout.sizes
-    mesh = init_device_mesh(device_type, (dp // layout.ep, layout.ep, *rest),
-                            mesh_dim_names=("edp", EP, *layout.names[1:]))
+    names: list[str] = []
+    sizes: list[int] = []
+    for name, size in zip(layout.names, layout.sizes, strict=True):
+        if name == "dp":  # (pp,) dp, ... -> (pp,) edp, ep, ...
+            names += ["edp", EP]
+            sizes += [size // layout.ep, layout.ep]
+        else:
+            names.append(name)
+            sizes.append(size)
+    mesh = init_device_mesh(device_type, tuple(sizes), mesh_dim_names=tuple(names))
     mesh["edp", EP]._flatten("dp")
     return mesh

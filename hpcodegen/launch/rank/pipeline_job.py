@@ -90,7 +90,7 @@ def _parity(runner: Any, built: Any, ref: Any, ids: Any, labels: Any, ctx: RankC
     ref_loss, ref_logits = _ref_step(ref.model, ids, labels)
     names = set(owned_parameters(built.model, pipe, pp_rank))
     grad, worst, odd = max_param_diff(built.model, ref.model, ctx.meta.plan, built.active,
-                                      lambda p: p.grad, names=names)
+                                      lambda p: p.grad, expert=built.expert, names=names)
     mine = [parse_action(a) for a in pipe.actions[str(pp_rank)]]
     predicted = {"isend": sum(a.kind.startswith("SEND") for a in mine),
                  "irecv": sum(a.kind.startswith("RECV") for a in mine)}
@@ -98,6 +98,7 @@ def _parity(runner: Any, built: Any, ref: Any, ids: Any, labels: Any, ctx: RankC
     shared = _shared(loss, ctx.mesh.get_group("pp"), ctx.device)
     out = {"grad_max_diff": grad, "worst_grad": worst, "mismatched_params": odd,
            "loss": shared, "ref_loss": float(ref_loss), "params_compared": len(names),
+           "ep": built.expert.ep_size if built.expert is not None else 1,
            "p2p": {"measured": measured, "predicted": predicted,
                    "bytes_sent": seen["isend_bytes"]}}
     if logits is not None:
