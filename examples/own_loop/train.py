@@ -114,6 +114,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     eval_ids, _ = batch(vocab, 2, args.seq_len, seed=0)
     report = {"dtensor_params": sharded_params(model), "world": world,
+              "param_types": {n: type(p).__name__ for n, p in model.named_parameters()},
               "mesh": {"dp": dp_size, "tp": args.tp}, "losses": [], "grad_norms": []}
     first_logits = eval_logits(model, eval_ids)
 
