@@ -111,6 +111,9 @@ def main() -> None:
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model, mesh=mesh["dp"])
+    # the optimizer before any forward: FSDP2 leaves the root's parameters unsharded after
+    # one, and an optimizer made then would hold those instead of the sharded ones
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     vocab = model.config.vocab_size
     eval_ids, _ = batch(vocab, 2, args.seq_len, seed=0)
     report = {"dtensor_params": sharded_params(model), "world": world,
@@ -119,7 +122,6 @@ def main() -> None:
     first_logits = eval_logits(model, eval_ids)
 
     # 2. the loop: each dp rank trains on its rows of a global batch of 2 * dp rows
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model.train()
     for step in range(args.steps):
         ids, labels = batch(vocab, 2 * dp_size, args.seq_len, seed=100 + step)
