@@ -17,7 +17,7 @@ __all__ = ["Artifact", "MeshContext", "attach_optimizer", "generated_model_class
 _HOMES = {"Artifact": "artifact", "MeshContext": "mesh", "parallel_state": "shards",
           "attach_optimizer": "state_dict",
           "parallelize_from_generated": "api", "load_verified_meta": "api",
-          "generated_model_class": "loader", "import_generated_module": "artifact",
+          "generated_model_class": "loader", "import_generated_module": "loader",
           "import_verified_module": "loader"}
 
 

@@ -272,13 +272,6 @@ class Artifact:
         return Resolved(handlers, injections)
 
 
-def import_generated_module(artifact_dir: str | os.PathLike[str], *,
-                            allowed_target_prefixes: Sequence[str] = ()) -> types.ModuleType:
-    """The generated module of the artifact at ``artifact_dir``, checked as the runtime
-    checks it: ``Artifact.load(artifact_dir).module()``."""
-    return Artifact.load(artifact_dir, allowed_target_prefixes=allowed_target_prefixes).module()
-
-
 def _nothing() -> Any:
     from contextlib import nullcontext
 

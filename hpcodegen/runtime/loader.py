@@ -20,6 +20,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import linecache
+import os
 import re
 import sys
 import types
@@ -228,6 +229,18 @@ def import_verified_module(loaded: LoadedMeta, *,
                                f"{type(exc).__name__}: {exc}", file=str(modeling))]) from exc
     _CACHE[str(absdir)] = (key, module)
     return module
+
+
+def import_generated_module(artifact_dir: str | os.PathLike[str], *,
+                            allowed_target_prefixes: Sequence[str] = ()) -> types.ModuleType:
+    """The generated module of the artifact at ``artifact_dir``: what
+    ``Artifact.load(artifact_dir).module()`` runs (the runtime's checks once,
+    :func:`hpcodegen.runtime.checked.load_verified_meta`, then :func:`import_verified_module`)."""
+    from hpcodegen.runtime.checked import load_verified_meta
+
+    prefixes = tuple(allowed_target_prefixes)
+    loaded = load_verified_meta(artifact_dir, allowed_target_prefixes=prefixes)
+    return import_verified_module(loaded, allowed_target_prefixes=prefixes)
 
 
 def generated_model_class(plan: Plan | Mapping[str, Any], module: types.ModuleType) -> type:

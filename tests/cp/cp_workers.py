@@ -137,13 +137,9 @@ def fsdp_cp_step(artifact: str, config_dir: str) -> dict[str, Any]:
     from hpcodegen.artifact.load import load_meta
     from hpcodegen.hf import load_transformers_config, model_class_for
     from hpcodegen.plan.codec import plan_from_meta
-    from hpcodegen.runtime import (
-        MeshContext,
-        generated_model_class,
-        import_generated_module,
-        parallelize_from_generated,
-    )
+    from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.cp import shard_batch
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))

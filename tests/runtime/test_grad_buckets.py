@@ -42,11 +42,8 @@ def _backward_all_reduces(out: Path, model_dir: Path) -> tuple[int, int, int]:
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
-    from hpcodegen.runtime import (
-        generated_model_class,
-        import_generated_module,
-        parallelize_from_generated,
-    )
+    from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
     meta = json.loads((out / "codegen_meta.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())

@@ -76,11 +76,8 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.predict import predict_plan, summarize
-    from hpcodegen.runtime import (
-        generated_model_class,
-        import_generated_module,
-        parallelize_from_generated,
-    )
+    from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
     arts = [_artifact(tmp_path, "olmo2", True)]
     fake_world(2)

@@ -11,8 +11,7 @@ from rt_artifacts import copy_artifact, record_file
 from rt_workers import build_pair
 
 from hpcodegen.errors import PlanError
-from hpcodegen.runtime import import_generated_module
-from hpcodegen.runtime.loader import package_name
+from hpcodegen.runtime.loader import import_generated_module, package_name
 
 pytestmark = pytest.mark.timeout(120)
 
