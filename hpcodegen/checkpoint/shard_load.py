@@ -123,28 +123,48 @@ def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
     cut by ``distribute_tensor`` (every rank visits the parameters in the same order).
 
     Floating-point tensors become ``dtype``; persistent buffers found in the checkpoint
-    are loaded whole. Without a checkpoint the shards are uninitialised (for
-    :func:`hpcodegen.checkpoint.resume`).
+    are loaded whole. Each local shard is allocated first, then filled through
+    :func:`copy_into` (one tensor read at a time). Without a checkpoint the shards are
+    uninitialised (for :func:`hpcodegen.checkpoint.resume`).
     """
     sources = _check_names(model, layout, checkpoint) if checkpoint is not None else {}
     for fqn in layout.params:
         param = model.get_parameter(fqn)
         want = dtype if param.is_floating_point() else param.dtype
+        _install(model, fqn, torch.empty(layout.local_shape(fqn), dtype=want, device=device))
         if checkpoint is None:
-            local = torch.empty(layout.local_shape(fqn), dtype=want, device=device)
-        elif layout.is_strided(fqn):  # f pieces, not one slice: torch cuts them (collective)
+            continue
+        if layout.is_strided(fqn):  # f pieces, not one slice: torch cuts them (collective)
             from torch.distributed.tensor import distribute_tensor
 
             spec = layout.params[fqn]
             full = checkpoint.read(sources[fqn], dtype=want, device=device)
             local = distribute_tensor(full, spec.mesh, list(spec.placements)).to_local()
-            local = local.contiguous()
             del full
         else:
             local = checkpoint.read(sources[fqn], layout.local_slices(fqn), dtype=want,
                                     device=device)
-        _install(model, fqn, local)
+        copy_into(model.get_parameter(fqn), local)
+        del local
     if checkpoint is not None:
         for name, buf in model.named_buffers():
             if name in checkpoint:
-                buf.copy_(checkpoint.read(name, dtype=buf.dtype, device=buf.device))
+                copy_into(buf, checkpoint.read(name, dtype=buf.dtype, device=buf.device))
+
+
+def copy_into(target: torch.Tensor, value: torch.Tensor) -> None:
+    """Write ``value`` into a parameter or buffer in place: into its local shard
+    (``to_local()``) when it is a DTensor, into the tensor itself otherwise.
+
+    The one way loaded weights enter a model: the tensor object, its hooks and whatever
+    aliases it (tied weights, an optimizer's references) stay the same.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local = target.to_local() if isinstance(target, DTensor) else target
+    if tuple(local.shape) != tuple(value.shape):
+        raise PlanError([error("launch.weights_shape", "", f"a local shard of shape "
+                               f"{tuple(value.shape)} for a tensor of local shape "
+                               f"{tuple(local.shape)}")])
+    with torch.no_grad():
+        local.copy_(value)

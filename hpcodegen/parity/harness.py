@@ -4,9 +4,11 @@
 --check-parity``, the tests and ``bench/coverage.py`` run this one procedure:
 
 1. :func:`build_pair`: the unsharded transformers model (the reference) and the model of
-   the artifact's generated classes, the same weights in both;
-2. :func:`install`: the plan installed on the second over a live mesh
-   (``parallelize_from_generated``), with the active and expert meshes it resolved;
+   the artifact's generated classes, the same weights in both; the artifact is read and
+   checked once (:meth:`hpcodegen.Artifact.load`);
+2. :func:`install`: the plan of that same checked artifact installed on the second over a
+   live mesh (checked against the config first), with the active and expert meshes it
+   resolved;
 3. :func:`compare`: one forward and backward of both on the same batch; the logits
    (gathered per the LM head's placement) and every parameter's gradient (gathered per the
    plan's placement, :mod:`hpcodegen.parity.gather`) against the reference's;
@@ -43,6 +45,8 @@ class Pair:
     plan: Plan
     artifact: Path
     config_dict: dict[str, Any]
+    #: the checked :class:`hpcodegen.Artifact` (read once: the class and the install use it)
+    art: Any = None
 
 
 @dataclass
@@ -91,10 +95,8 @@ def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: A
     """
     import torch
 
-    from hpcodegen.artifact.load import load_meta
     from hpcodegen.hf import load_transformers_config, model_class_for
-    from hpcodegen.plan.codec import plan_from_meta
-    from hpcodegen.runtime.loader import generated_model_class, import_generated_module
+    from hpcodegen.runtime.artifact import Artifact
 
     artifact = Path(artifact)
     dtype = dtype or torch.float32
@@ -106,26 +108,27 @@ def build_pair(artifact: str | Path, config_dict: Mapping[str, Any], *, dtype: A
     if prepare is not None:
         with torch.no_grad():
             prepare(ref)
-    plan = plan_from_meta(load_meta(artifact).data)
-    cls = type(ref) if plain else generated_model_class(plan, import_generated_module(artifact))
+    art = Artifact.load(artifact)
+    cls = type(ref) if plain else art.model_class()
     gen = cls(config).to(dtype)
     gen.load_state_dict(ref.state_dict())
     if eval_mode:
         ref.eval()
         gen.eval()
-    return Pair(ref, gen, plan, artifact, dict(config_dict))
+    return Pair(ref, gen, art.plan, artifact, dict(config_dict), art)
 
 
 def install(pair: Pair, mesh: Any) -> Installed:
     """The plan installed on ``pair.sharded`` over ``mesh`` (a ``DeviceMesh`` or a
     ``MeshContext``); the active mesh and, for an expert plan, the expert mesh."""
-    from hpcodegen.runtime import MeshContext, parallelize_from_generated
+    from hpcodegen.runtime import MeshContext
+    from hpcodegen.runtime.artifact import Artifact
     from hpcodegen.runtime.experts import resolve_expert_mesh
     from hpcodegen.runtime.mesh import resolve_active_mesh
 
     context = mesh if isinstance(mesh, MeshContext) else MeshContext(device_mesh=mesh)
-    info = parallelize_from_generated(pair.sharded, context, pair.artifact,
-                                      hf_config=pair.config_dict)
+    art = pair.art if pair.art is not None else Artifact.load(pair.artifact)
+    info = art.with_config(pair.config_dict).install(pair.sharded, context)
     return Installed(info, resolve_active_mesh(pair.plan, context),
                      resolve_expert_mesh(pair.plan, context.device_mesh))
 

@@ -7,6 +7,11 @@
     model = art.parallelize(model, mesh)                         # local shards, boundaries
     dcp.save(model.state_dict(), checkpoint_id="ckpt")           # DTensors: reshards on load
 
+    model = Artifact.load("examples/llama_tp2").from_pretrained(hf_dir, mesh=mesh)
+
+``Artifact.load`` is the one way the library reads an artifact: launch ranks, the parity
+harness and the runtime API all go through it.
+
 The loading is verify's (schema, plan, injection targets, output hashes; with a config its
 architecture and signature), done once: building and parallelizing read the same checked
 :class:`~hpcodegen.plan.types.Plan`, and the generated module is imported from exactly the
@@ -72,11 +77,26 @@ class Artifact:
             art = Artifact.load("examples/llama_tp2", "examples/configs/llama")
             art.plan.axes          # ("tp",)
         """
-        from hpcodegen.runtime.api import load_verified_meta
+        from hpcodegen.runtime.checked import load_verified_meta
 
         prefixes = tuple(allowed_target_prefixes)
         loaded = load_verified_meta(directory, hf_config, allowed_target_prefixes=prefixes)
         return cls(loaded, hf_config, prefixes)
+
+    def with_config(self, hf_config: Any) -> Artifact:
+        """This artifact checked against a model's config, on the bytes already read.
+
+        The architecture and verify's ``signature`` check
+        (:func:`hpcodegen.runtime.checked.check_config`); nothing is read again, and the
+        generated module, once imported, is shared.
+
+        Raises:
+            PlanError: a config of another model (the artifact's is named).
+        """
+        from hpcodegen.runtime.checked import check_config
+
+        loaded = check_config(self.loaded, hf_config)
+        return Artifact(loaded, hf_config, self.allowed_target_prefixes, self._module)
 
     @property
     def plan(self) -> Plan:
@@ -134,7 +154,7 @@ class Artifact:
         if hasattr(config, "to_dict"):
             return config
         from hpcodegen.hf import load_transformers_config
-        from hpcodegen.runtime.api import config_dict
+        from hpcodegen.runtime.checked import config_dict
 
         return load_transformers_config(config_dict(config))
 
@@ -172,6 +192,39 @@ class Artifact:
 
         self.install(model, MeshContext(mesh, fsdp_mesh, expert_mesh))
         return model
+
+    def from_pretrained(self, model_dir: str | os.PathLike[str], *, mesh: DeviceMesh,
+                        dtype: Any = None) -> nn.Module:
+        """The model of ``model_dir`` (config and safetensors weights), parallelized on
+        ``mesh``; each rank reads only its own shards of the weights.
+
+        Args:
+            model_dir: a directory holding ``config.json`` and ``*.safetensors`` (one file,
+                or shards with their index), or a Hub id (``org/name``) already in the local
+                Hugging Face cache (nothing is downloaded).
+            mesh: your ``DeviceMesh``; the plan's axes (``"tp"``...) are named dims of the
+                plan's sizes, other dims (``"dp"``) are yours, e.g. FSDP2 over
+                ``mesh["dp"]``.
+            dtype: a torch dtype for the floating-point parameters (default float32).
+
+        Returns:
+            The parallelized model of the generated class, in eval mode (as transformers'
+            ``from_pretrained`` returns it): call ``model.train()`` to fine-tune.
+
+        Raises:
+            InputError: (exit 2) no config or no weights in ``model_dir``, a Hub id not in
+                the local cache.
+            PlanError: (exit 1) a config of another model than the artifact's, a mesh
+                without the plan's axes or of other sizes, weights of other names or shapes.
+
+        Example::
+
+            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            model = Artifact.load("examples/llama_tp2").from_pretrained("ckpt", mesh=mesh)
+        """
+        from hpcodegen.runtime.pretrained import load_pretrained
+
+        return load_pretrained(self, model_dir, mesh=mesh, dtype=dtype)
 
     def install(self, model: nn.Module, context: Any) -> dict[str, tuple[tuple, Any]]:
         """:meth:`parallelize` with a :class:`~hpcodegen.runtime.mesh.MeshContext`;

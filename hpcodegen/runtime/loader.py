@@ -190,8 +190,8 @@ def import_verified_module(loaded: LoadedMeta, *,
 
     Example::
 
-        loaded = load_verified_meta("examples/llama_tp2")
-        cls = generated_model_class(loaded.plan, import_verified_module(loaded))
+        art = Artifact.load("examples/llama_tp2")     # calls this as art.module()
+        cls = generated_model_class(art.plan, art.module())
     """
     check_targets(loaded.data, allowed_target_prefixes)
     absdir = Path(loaded.artifact_dir).resolve()
@@ -233,13 +233,14 @@ def import_verified_module(loaded: LoadedMeta, *,
 
 def import_generated_module(artifact_dir: str | os.PathLike[str], *,
                             allowed_target_prefixes: Sequence[str] = ()) -> types.ModuleType:
-    """Check the artifact as the runtime does (schema, plan, targets, outputs), then
-    :func:`import_verified_module` it."""
-    from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta
+    """The generated module of the artifact at ``artifact_dir``: what
+    ``Artifact.load(artifact_dir).module()`` runs (the runtime's checks once,
+    :func:`hpcodegen.runtime.checked.load_verified_meta`, then :func:`import_verified_module`)."""
+    from hpcodegen.runtime.checked import load_verified_meta
 
-    loaded = load_checked_meta(artifact_dir, RUNTIME_CHECKS,
-                               allowed_targets=tuple(allowed_target_prefixes))
-    return import_verified_module(loaded, allowed_target_prefixes=allowed_target_prefixes)
+    prefixes = tuple(allowed_target_prefixes)
+    loaded = load_verified_meta(artifact_dir, allowed_target_prefixes=prefixes)
+    return import_verified_module(loaded, allowed_target_prefixes=prefixes)
 
 
 def generated_model_class(plan: Plan | Mapping[str, Any], module: types.ModuleType) -> type:
@@ -247,14 +248,14 @@ def generated_model_class(plan: Plan | Mapping[str, Any], module: types.ModuleTy
     from the typed plan's provenance (a checked meta dict is parsed to its Plan first: the
     public signature existing callers use).
 
-    ``module`` must come from :func:`import_verified_module` (or
-    :func:`import_generated_module`): a module imported any other way is refused.
+    ``module`` must come from :func:`import_verified_module` (``Artifact.module()``): a
+    module imported any other way is refused.
     """
     if not isinstance(getattr(module, "__spec__", None), importlib.machinery.ModuleSpec) \
             or module.__spec__.loader is not _FINDER:
         raise PlanError([error("runtime.unverified_module", getattr(module, "__name__", "?"),
                                "the module was not imported by hpcodegen's verified loader",
-                               hint="use import_verified_module(load_verified_meta(dir))")])
+                               hint="use hpcodegen.Artifact.load(dir).model_class()")])
     provenance = as_plan(plan).provenance
     source = provenance.source
     name = provenance.model_class or (source.architecture if source else None)

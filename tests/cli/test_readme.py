@@ -57,15 +57,30 @@ def test_readme_commands_exit_0(verb: str, tmp_path: Path, monkeypatch) -> None:
 
 def test_readme_python_snippet_defines_every_name_it_uses() -> None:
     (snippet,) = re.findall(r"### In your own code\n\n```python\n(.*?)```", README, re.S)
-    defined = set(dir(builtins))
-    for node in ast.parse(snippet).body:
-        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)
-                and isinstance(n.ctx, ast.Load)}
-        assert used <= defined, f"line {node.lineno} uses undefined {sorted(used - defined)}"
+    _check_defined(ast.parse(snippet).body, set(dir(builtins)))
+
+
+def _check_defined(body: list[ast.stmt], defined: set[str]) -> None:
+    """Statements in order: each uses only names defined before it; a loop's target and
+    the assignments of a block's body count from where they are made."""
+    for node in body:
+        block = node.body if isinstance(node, (ast.For, ast.With, ast.If, ast.While)) else None
+        heads = [node.iter, node.target] if isinstance(node, ast.For) else (
+            [i.context_expr for i in node.items] if isinstance(node, ast.With) else
+            [node.test] if isinstance(node, (ast.If, ast.While)) else [node])
+        for head in heads:
+            used = {n.id for n in ast.walk(head) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Load)}
+            assert used <= defined, f"line {node.lineno} uses undefined {sorted(used - defined)}"
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        for target in getattr(node, "targets", []):
+        targets = [node.target] if isinstance(node, (ast.For, ast.AugAssign, ast.AnnAssign)) \
+            else getattr(node, "targets", [])
+        for target in targets:
             defined |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if block is not None:
+            _check_defined(block, defined)
+            _check_defined(getattr(node, "orelse", []), defined)
 
 
 def test_ci_md_offline_step_passes_on_its_documented_layout(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def _parallel(mesh, name: str = "llama_tp2"):
 
 
 def test_load_checks_once_and_imports_no_torch() -> None:
-    code = ("import sys, hpcodegen, hpcodegen.verify as v, hpcodegen.runtime.api as api\n"
+    code = ("import sys, hpcodegen, hpcodegen.verify as v, hpcodegen.runtime.checked as api\n"
             "calls = []\n"
             "run, load = v.run_checks, api.load_meta\n"
             "def counted(ctx, names, *a):\n"

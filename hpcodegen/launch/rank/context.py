@@ -8,12 +8,13 @@ resolved.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcodegen.artifact.load import LoadedMeta, load_meta
+from hpcodegen.artifact.load import LoadedMeta
 from hpcodegen.launch import env
+from hpcodegen.launch.rank.artifact import rank_artifact
 from hpcodegen.launch.rank.device import BACKENDS, bind_device, resolve_device
 from hpcodegen.launch.rank.mesh import MeshLayout, build_device_mesh, resolve_mesh_layout
 
@@ -25,8 +26,9 @@ class RankContext:
     Attributes:
         rank / local_rank / world_size: torchrun's numbering.
         device: this rank's ``torch.device``.
-        meta: the artifact's loaded meta, with its typed ``plan`` (the launcher verified
-            these bytes; the runtime verifies them again at install).
+        meta: the artifact's loaded meta, with its typed ``plan``, as
+            :func:`~hpcodegen.launch.rank.artifact.rank_artifact` checked it (the mesh is
+            laid out from that checked plan).
         layout: the mesh layout (names and sizes).
         mesh: the live ``DeviceMesh``.
     """
@@ -65,20 +67,8 @@ def init_rank(artifact: str | os.PathLike[str] | None = None,
     if not dist.is_initialized():
         kwargs = {} if kind == "cpu" else {"device_id": dev}
         dist.init_process_group(backend=BACKENDS[kind], **kwargs)
-    meta = _with_plan(load_meta(artifact_dir(artifact)))
+    meta = rank_artifact(artifact_dir(artifact)).loaded
     layout = resolve_mesh_layout(meta.plan, dist.get_world_size())
     mesh = build_device_mesh(layout, dev.type)
     return RankContext(dist.get_rank(), local_rank, dist.get_world_size(), dev, meta,
                        layout, mesh)
-
-
-def _with_plan(loaded: LoadedMeta) -> LoadedMeta:
-    """``loaded`` with its typed plan; a shape the codec refuses is a clean PlanError."""
-    from hpcodegen.errors import PlanError, error
-    from hpcodegen.plan.codec import PlanFormatError, plan_from_meta
-
-    try:
-        return replace(loaded, plan=plan_from_meta(loaded.data))
-    except PlanFormatError as exc:
-        raise PlanError([error("plan.format", exc.where, exc.message,
-                               file=str(loaded.meta_path))]) from None

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcodegen.hf import load_transformers_config, read_hf_config
 from hpcodegen.launch import env
+from hpcodegen.launch.rank.artifact import checked_artifact
 from hpcodegen.parity.lengths import SmokeLength, bounded_length, smoke_length_for
 
 BATCH_SIZE = 2
@@ -28,24 +29,6 @@ SEQ_LEN = 32
 def resolve_model_dir(explicit: str | os.PathLike[str] | None, artifact: Path) -> Path:
     """``explicit``, else ``$HPCODEGEN_MODEL_DIR``, else the artifact directory."""
     return Path(explicit or env.get(env.MODEL_DIR) or artifact)
-
-
-_ARTIFACTS: dict[tuple[str, str], Any] = {}
-
-
-def checked_artifact(artifact: Path, config: dict[str, Any]) -> Any:
-    """The rank's :class:`hpcodegen.Artifact`, loaded and checked once per artifact and
-    config (the runtime's checks: output hashes included, architecture and signature
-    against ``config``); building and parallelizing reuse it."""
-    import json
-
-    from hpcodegen.runtime.artifact import Artifact
-
-    key = (str(Path(artifact).resolve()), json.dumps(config, sort_keys=True, default=str))
-    if key not in _ARTIFACTS:
-        _ARTIFACTS[key] = Artifact.load(artifact, config,
-                                        allowed_target_prefixes=env.allowed_targets())
-    return _ARTIFACTS[key]
 
 
 def model_class(artifact: Path, config: dict[str, Any]) -> type:
