@@ -1,16 +1,14 @@
 """Gradient clipping by the global norm of a tensor-parallel model, exactly.
 
-``torch.nn.utils.clip_grad_norm_`` on local shards takes each rank's own norm: under tp
-that is a different, wrong number on every rank. Here a sharded gradient contributes its
-local ``sum |g|^p`` summed over the mesh axes that shard it (plain or strided shards, e.g.
-a fused ``gate_up_proj`` over tp; expert parameters over their ``(ep, tp)`` mesh), a
-replicated one contributes once (every rank holds the same values, partial gradients were
-reduced by the runtime), and tied parameters count once. The result equals the unsharded
-model's total norm, and the clip coefficient is torch's: ``min(1, max_norm / (total +
-1e-6))``.
-
-``torch.nn.utils.clip_grad_norm_`` itself refuses a parallelized model's sharded
-gradients (:class:`hpcodegen.runtime.shards.ShardGrad`) rather than clip by a wrong norm.
+The runtime's parameters are DTensors, so ``torch.nn.utils.clip_grad_norm_`` on them gives
+this same norm where every parameter shares one mesh. This one also covers parameters on
+several meshes (expert parameters on the expert mesh beside the dense ones) and works from
+the local gradients: a sharded gradient contributes its local ``sum |g|^p`` summed over the
+mesh axes that shard it (plain or strided shards, e.g. a fused ``gate_up_proj`` over tp;
+expert parameters over their ``(ep, tp)`` mesh), a replicated one contributes once (every
+rank holds the same values, partial gradients were reduced by the runtime), and tied
+parameters count once. The result equals the unsharded model's total norm, and the clip
+coefficient is torch's: ``min(1, max_norm / (total + 1e-6))``.
 """
 
 from __future__ import annotations

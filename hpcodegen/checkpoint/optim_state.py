@@ -174,7 +174,8 @@ def load_into(optimizer: torch.optim.Optimizer, model: nn.Module, layout: ShardL
         fqn = _owner(key, sorted(index, key=len, reverse=True))
         if fqn is None:
             raise _bad(path, key, "state of a parameter this optimizer does not hold")
-        local = value.to_local() if hasattr(value, "to_local") else value
+        keep = hasattr(model.get_parameter(fqn), "to_local")  # a DTensor parameter's state
+        local = value.to_local() if hasattr(value, "to_local") and not keep else value
         if not torch.is_tensor(local) and not isinstance(local, (int, float)):
             raise _bad(path, key, f"a {type(local).__name__}, expected a tensor or a number")
         per_param.setdefault(index[fqn], {})[key[len(OPTIM) + len(fqn) + 1:]] = local

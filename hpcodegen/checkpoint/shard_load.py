@@ -89,23 +89,18 @@ def _check_names(model: nn.Module, layout: ShardLayout,
 
 def _install(model: nn.Module, fqn: str, local: torch.Tensor) -> None:
     """Put ``local`` into the parameter object itself (tied aliases see it too); it keeps
-    its kind (a runtime ``LocalShard`` stays one), its recorded spec, and the gradient
-    hooks the runtime registered at install (tp-partial gradients' sync, expert gradients'
-    scale) with their ``_hp_*`` flags.
+    its kind (a runtime DTensor parameter stays one, on its mesh), its recorded spec and
+    its ``_hp_*`` attributes.
 
-    ``swap_tensors`` swaps the tensors' implementations and attributes: hooks and flags are
-    put on the new tensor first, so they move with it and keep firing (a hook left on the
-    meta tensor would be inert, and a forward pre-hook re-hooking the new one inside a
-    compiled region would break the graph).
+    ``swap_tensors`` swaps the tensors' implementations: the gradient hooks the runtime
+    registered on the old one (tp-partial gradients' sync, expert gradients' scale) are
+    inert afterwards; :func:`materialize` re-hooks the new ones once every parameter is in
+    (:func:`hpcodegen.runtime.param_hooks.refresh_param_hooks`), before any forward.
     """
     from hpcodegen.runtime.shards import remember, spec_of
 
     param = model.get_parameter(fqn)
-    new = type(param)(local, requires_grad=param.requires_grad)
-    for hook in (getattr(param, "_backward_hooks", None) or {}).values():
-        new.register_hook(hook)
-    for hook in (getattr(param, "_post_accumulate_grad_hooks", None) or {}).values():
-        new.register_post_accumulate_grad_hook(hook)
+    new = nn.Parameter(_like(param, local), requires_grad=param.requires_grad)
     for name, value in vars(param).items():
         if name.startswith("_hp_"):
             setattr(new, name, value)
@@ -113,6 +108,17 @@ def _install(model: nn.Module, fqn: str, local: torch.Tensor) -> None:
     if spec is not None:
         remember(new, spec)
     torch.utils.swap_tensors(param, new)
+
+
+def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as ``param`` holds its values: a DTensor parameter's new local shard
+    (its mesh, placements and global shape), else ``local``."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return local
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
@@ -146,6 +152,9 @@ def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
                                     device=device)
         copy_into(model.get_parameter(fqn), local)
         del local
+    from hpcodegen.runtime.param_hooks import refresh_param_hooks
+
+    refresh_param_hooks(model)  # _install swapped the parameters' tensors
     if checkpoint is not None:
         for name, buf in model.named_buffers():
             if name in checkpoint:

@@ -141,8 +141,8 @@ def max_shard_diff(sharded: Any, reference: Mapping[str, Any], info: Mapping[str
     """Largest ``|pick(sharded p) - shard of reference[fqn]|``, the reference tensor cut by
     the runtime's ``source_info`` (``{fqn: (torch placements tuple, source mesh)}``).
 
-    An FSDP2 parameter (a DTensor over dp) is compared as its full tensor over dp, i.e. the
-    tp-local shard. Every placement must be a tuple (what FSDP2 requires).
+    A DTensor parameter (the runtime's, or FSDP2's over dp and tp) is compared as its full
+    tensor with the whole reference. Every placement must be a tuple (what FSDP2 requires).
 
     Returns:
         ``(max abs diff, FQN where it occurs)`` (``""`` when every diff is 0).
@@ -150,10 +150,13 @@ def max_shard_diff(sharded: Any, reference: Mapping[str, Any], info: Mapping[str
     worst, where = 0.0, ""
     for fqn, param in sharded.named_parameters():
         value = pick(param)
-        local = value.full_tensor() if _is_dtensor(value) else value
         placements, source = info[fqn]
         assert isinstance(placements, tuple), (fqn, placements)  # FSDP2 needs a tuple
-        diff = float((local - local_of(reference[fqn], placements, source)).abs().max())
+        if _is_dtensor(value):  # a DTensor parameter (FSDP2's too): the whole tensor
+            mine, theirs = value.full_tensor(), reference[fqn]
+        else:
+            mine, theirs = value, local_of(reference[fqn], placements, source)
+        diff = float((mine - theirs).abs().max())
         if diff > worst:
             worst, where = diff, fqn
     return worst, where

@@ -198,8 +198,10 @@ def _grad_scale(model: Any) -> float:
     tests something."""
     import torch
 
-    peaks = [p.grad.detach().abs().max().double() for p in model.parameters()
-             if p.grad is not None and p.grad.numel()]
+    from hpcodegen.runtime.shards import local_grad
+
+    grads = [local_grad(p) for p in model.parameters()]  # this rank's values
+    peaks = [g.detach().abs().max().double() for g in grads if g is not None and g.numel()]
     return float(torch.stack(peaks).max()) if peaks else 0.0
 
 

@@ -61,8 +61,8 @@ def parallelize_from_generated(model: nn.Module, mesh_context: MeshLike,
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
         info = parallelize_from_generated(model, mesh, "examples/llama_tp2")
 
-    .. note:: every parameter is its local shard afterwards (``model.state_dict()`` yields
-       DTensors); never call this twice on one model.
+    .. note:: every planned parameter is a DTensor with the plan's placements afterwards
+       (the forwards compute on local views); never call this twice on one model.
     """
     if not isinstance(model, _module_type()):
         raise PlanError([error("runtime.bad_model", "model",

@@ -182,11 +182,9 @@ class Artifact:
                 (default: ``mesh``'s ``ep`` axis).
 
         Returns:
-            ``model``: every parameter its local shard; ``model.state_dict()`` yields
-            DTensors with the plan's placements (no communication).
-
-        .. note:: ``torch.nn.utils.clip_grad_norm_`` over local shards would be wrong: it
-           raises; clip with :func:`hpcodegen.checkpoint.clip_grad_norm_`.
+            ``model``: every planned parameter a DTensor with the plan's placements (the
+            forwards compute on its local view), so ``model.state_dict()``, torch's
+            ``clip_grad_norm_``, optimizers, DCP and FSDP2 see the unsharded model.
         """
         from hpcodegen.runtime.mesh import MeshContext
 

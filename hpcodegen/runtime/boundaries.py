@@ -46,6 +46,7 @@ from hpcodegen.plan.types import Plan, PlanEntry
 from hpcodegen.runtime.collectives.matching import TPOps
 from hpcodegen.runtime.embedding import install_vocab_lookups
 from hpcodegen.runtime.generic import GenericBoundary, compile_transitions
+from hpcodegen.runtime.local_views import local_view
 from hpcodegen.runtime.mesh import ActiveMesh
 from hpcodegen.runtime.params import ShardedParam, param_owner
 from hpcodegen.sp_positions import install_default_position_ids
@@ -146,8 +147,8 @@ def tp_rank0_only(module: nn.Module, fqn: str, entry: PlanEntry,
 
 
 def _add_all(x: Any, biases: list[Any]) -> Any:
-    for b in biases:
-        x = x + b
+    for b in biases:  # a child's DTensor bias, read after its forward: its local view
+        x = x + local_view(b)
     return x
 
 

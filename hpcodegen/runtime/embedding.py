@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from hpcodegen.plan.entry import takes_token_ids
+from hpcodegen.runtime.local_views import local_shape
 from hpcodegen.runtime.mesh import TP, ActiveMesh
 from hpcodegen.runtime.params import ShardedParam
 
@@ -35,7 +36,7 @@ def install_vocab_parallel(module: nn.Module, start: int) -> None:
     """Run the module's compute as the masked lookup of the local vocabulary rows."""
     attr = "_forward_impl" if hasattr(module, "_forward_impl") else "forward"
     compute = getattr(module, attr)
-    end = start + module.weight.shape[0]
+    end = start + local_shape(module.weight)[0]
     last = end - start - 1
     pad = getattr(module, "padding_idx", None)
     if isinstance(pad, int):  # the lookup's padding row, in local numbering (or none here)

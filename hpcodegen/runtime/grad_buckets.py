@@ -23,6 +23,9 @@ gradients, as with a per-parameter all_reduce. Under FSDP2 the tensor the forwar
 FSDP's unsharded parameter, whose gradient FSDP reduce-scatters over dp right after its
 layer's backward, before a whole-model bucket could be complete: such a parameter keeps the
 per-parameter all_reduce on that tensor (FSDP's units bound the flattening there).
+
+A DTensor parameter's ``.grad`` is a DTensor (replicated over tp): the flattening and the
+sum work on its local shard (:func:`~hpcodegen.runtime.shards.local_grad`), in place.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ from torch import nn
 
 from hpcodegen.runtime.collectives.comm import Comm
 from hpcodegen.runtime.collectives.ops import reduce
+from hpcodegen.runtime.param_hooks import HookedParams, on_local, on_refresh
 from hpcodegen.runtime.params import param_owner
-
-_FLAG = "_hp_grad_allreduce"
+from hpcodegen.runtime.shards import local_grad
 
 
 class PartialGradSync:
@@ -52,24 +55,27 @@ class PartialGradSync:
         self._ready: set[int] = set()
         self._saved: dict[int, torch.Tensor | None] | None = None
         self._pending: list[tuple[Any, torch.Tensor, list[nn.Parameter]]] | None = None
+        self._hooked = HookedParams()
+        comm = self.comm
+        self._reduce = on_local(lambda grad: reduce(grad, comm))
 
     def add(self, param: nn.Parameter) -> None:
         if any(p is param for p in self.params) or not param.requires_grad:
             return
         self.params.append(param)
-        param.register_post_accumulate_grad_hook(self._accumulated)
 
     def on_used(self, registered: Any, used: torch.Tensor) -> None:
-        """Hook the tensor the forward uses: the registered parameter joins the buckets; a
-        tensor that replaced it (FSDP2's unsharded parameter) is reduced on its own."""
-        if getattr(used, _FLAG, False) or not used.requires_grad:
-            return
+        """Hook the tensor the forward uses (once per tensor implementation:
+        :mod:`hpcodegen.runtime.param_hooks`): the registered parameter joins the buckets;
+        a tensor that replaced it (FSDP2's unsharded parameter) is reduced on its own."""
         if used is registered:
-            used.register_hook(self._arrived)
+            self._hooked.hook_once(used, self._hook_bucketed)
         else:
-            comm = self.comm
-            used.register_hook(lambda grad: reduce(grad, comm))
-        setattr(used, _FLAG, True)
+            self._hooked.hook_once(used, lambda t: t.register_hook(self._reduce))
+
+    def _hook_bucketed(self, param: torch.Tensor) -> None:
+        param.register_hook(self._arrived)
+        param.register_post_accumulate_grad_hook(self._accumulated)
 
     # -- one backward ------------------------------------------------------------------------
     def _arrived(self, grad: torch.Tensor) -> torch.Tensor:
@@ -91,12 +97,13 @@ class PartialGradSync:
     def _launch(self) -> None:
         buckets: dict[tuple[Any, Any], list[nn.Parameter]] = {}
         for p in self.params:
-            if p.grad is not None:
-                buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+            grad = local_grad(p)
+            if grad is not None:
+                buckets.setdefault((grad.dtype, grad.device), []).append(p)
         pending = []
         pg = self.comm.pg or self.comm.resolve()
         for members in buckets.values():
-            flat = torch._utils._flatten_dense_tensors([p.grad for p in members])
+            flat = torch._utils._flatten_dense_tensors([local_grad(p) for p in members])
             pending.append((dist.all_reduce(flat, group=pg, async_op=True), flat, members))
         self._pending = pending
 
@@ -106,7 +113,7 @@ class PartialGradSync:
         saved = self._saved or {}
         for work, flat, members in self._pending or ():
             work.wait()
-            grads = [p.grad for p in members]
+            grads = [local_grad(p) for p in members]
             for grad, total in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads),
                                    strict=True):
                 grad.copy_(total)
@@ -140,8 +147,8 @@ def install_partial_grad_sync(model: nn.Module, fqns: Iterable[str], group: Any
                 if isinstance(value, torch.Tensor):
                     sync.on_used(registered[name], value)
         owner.register_forward_pre_hook(pre_hook)
-        # hooked now too: a compiled forward then finds them in place (registering a hook
-        # on a parameter inside a traced region would break the graph)
-        pre_hook(owner, ())
+        # hooked now and after a swap too: a compiled forward then finds them in place
+        # (registering a hook on a parameter inside a traced region would break the graph)
+        on_refresh(model, lambda owner=owner, pre_hook=pre_hook: pre_hook(owner, ()))
     model.__dict__["_hp_partial_grad_sync"] = sync
     return sync

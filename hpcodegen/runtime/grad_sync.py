@@ -10,7 +10,10 @@ How: a forward pre-hook on the owning module registers, once per parameter *obje
 tensor hook on the parameter the forward is about to use. That is the plain parameter
 without FSDP, and FSDP2's unsharded parameter (set on the module before the forward runs)
 under ``fully_shard``, so FSDP then reduces an already tp-complete gradient over dp. Leaf
-hooks fire once per backward with the summed gradient of every use.
+hooks fire once per backward with the summed gradient of every use; a DTensor parameter's
+hook works on the local shard of its gradient (:func:`~hpcodegen.runtime.param_hooks.
+on_local`), and is registered again after a ``module.to(...)`` swapped the parameter
+(:class:`~hpcodegen.runtime.param_hooks.HookedParams`).
 """
 
 from __future__ import annotations
@@ -23,25 +26,17 @@ from torch import nn
 
 from hpcodegen.runtime.collectives.comm import Comm
 from hpcodegen.runtime.collectives.ops import reduce
+from hpcodegen.runtime.param_hooks import HookedParams, on_local, on_refresh
 from hpcodegen.runtime.params import param_owner
-
-_FLAG = "_hp_grad_allreduce"
-
-
-def _hook_tensor(param: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor],
-                 flag: str) -> None:
-    if getattr(param, flag, False) or not param.requires_grad:
-        return
-    param.register_hook(fn)
-    setattr(param, flag, True)
 
 
 def install_grad_hook(model: nn.Module, fqns: Iterable[str],
-                      fn: Callable[[torch.Tensor], torch.Tensor], flag: str,
+                      fn: Callable[[torch.Tensor], torch.Tensor],
                       field: str = "partial_grad_params") -> list[str]:
     """Run ``fn`` on the gradient of each parameter FQN before it is accumulated, on the
     tensor the forward really uses (FSDP2's unsharded parameter too); see module docstring."""
     by_owner: dict[str, tuple[nn.Module, list[str]]] = {}
+    hooked, hook = HookedParams(), on_local(fn)
     for fqn in fqns:
         owner, name = param_owner(model, fqn, field)
         by_owner.setdefault(fqn.rpartition(".")[0], (owner, []))[1].append(name)
@@ -51,22 +46,22 @@ def install_grad_hook(model: nn.Module, fqns: Iterable[str],
             for name in names:
                 value = getattr(module, name)
                 if isinstance(value, torch.Tensor):
-                    _hook_tensor(value, fn, flag)
+                    hooked.hook_once(value, lambda t: t.register_hook(hook))
         owner.register_forward_pre_hook(pre_hook)
-        # hooked now too: a compiled forward then finds them in place (registering a hook
-        # on a parameter inside a traced region would break the graph)
-        pre_hook(owner, ())
+        # hooked now and after a swap too: a compiled forward then finds them in place
+        # (registering a hook on a parameter inside a traced region would break the graph)
+        on_refresh(model, lambda owner=owner, pre_hook=pre_hook: pre_hook(owner, ()))
     return sorted(f"{p}.{n}".lstrip(".") for p, (_, ns) in by_owner.items() for n in ns)
 
 
 def install_grad_allreduce(model: nn.Module, fqns: Iterable[str], group: Any) -> list[str]:
     """Make the gradient of each parameter FQN the tp-sum of the rank-local gradients."""
     comm = Comm(group)  # resolved once, not per gradient
-    return install_grad_hook(model, fqns, lambda grad: reduce(grad, comm), _FLAG)
+    return install_grad_hook(model, fqns, lambda grad: reduce(grad, comm))
 
 
 def install_grad_scale(model: nn.Module, fqns: Iterable[str], factor: float) -> list[str]:
     """Multiply the gradient of each parameter FQN by ``factor`` (expert parameters:
     ``1/ep``, see :mod:`hpcodegen.runtime.experts`)."""
-    return install_grad_hook(model, fqns, lambda grad: grad * factor, "_hp_grad_scaled",
+    return install_grad_hook(model, fqns, lambda grad: grad * factor,
                              "expert parameters")

@@ -3,8 +3,8 @@
 :func:`install` is what :meth:`hpcodegen.runtime.artifact.Artifact.parallelize` runs after
 its refusals, in the reference's order:
 
-A. shard parameters (each a local shard, its :class:`~hpcodegen.runtime.shards.ShardSpec`
-   recorded); ``tp_divide_attrs``;
+A. shard parameters (each a DTensor of its local shard with the plan's placements, its
+   :class:`~hpcodegen.runtime.shards.ShardSpec` recorded); ``tp_divide_attrs``;
 B. special handlers;
 D. tied weights (after A, which replaced the parameter objects);
 C. boundaries, deepest FQN first (last, so they see the final local parameters); on a live
@@ -12,7 +12,8 @@ C. boundaries, deepest FQN first (last, so they see the final local parameters);
    ``inner_wrapper`` finds it); injection factories bound; expert and partial gradients
    synchronised;
 
-then the model's :class:`~hpcodegen.runtime.shards.ParallelState` and its state-dict hooks.
+then the model's :class:`~hpcodegen.runtime.shards.ParallelState` and its state-dict hooks,
+and last the local views the forwards compute on (:mod:`hpcodegen.runtime.local_views`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from hpcodegen.runtime.experts import ExpertMesh, ExpertParallel
 from hpcodegen.runtime.grad_buckets import install_partial_grad_sync
 from hpcodegen.runtime.grad_sync import install_grad_scale
 from hpcodegen.runtime.handlers import apply_handlers
+from hpcodegen.runtime.local_views import install_local_views
 from hpcodegen.runtime.mesh import CP, TP, ActiveMesh, to_torch_placements
 from hpcodegen.runtime.params import ShardedParam, divide_attrs, shard_parameters
 from hpcodegen.runtime.shards import ParallelState, set_parallel_state, spec_of
@@ -73,6 +75,7 @@ def install(model: nn.Module, plan: Plan, active: ActiveMesh,
         install_partial_grad_sync(model, _partial_grad_fqns(plan), active.tp_group())
     info = _source_info(model, active, sharded, expert, experts)
     record_state(model, info, plan)
+    install_local_views(model)  # last: the hooks above see the DTensor parameters
     return info
 
 

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpcodegen.runtime.local_views import local_shape
+
 #: attributes of an experts module holding the global expert count (divided by ep)
 EXPERT_COUNT_ATTRS: tuple[str, ...] = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -57,7 +59,8 @@ def _counts_a2a(counts: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def _local_experts(module: nn.Module) -> int:
-    sizes = {p.shape[0] for _, p in module.named_parameters(recurse=False) if p.dim() >= 2}
+    sizes = {local_shape(p)[0] for _, p in module.named_parameters(recurse=False)
+             if p.dim() >= 2}
     if len(sizes) != 1:
         raise ValueError(f"{type(module).__name__}: expert parameters disagree on the expert "
                          f"count {sorted(sizes)}")

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpcodegen.runtime.local_views import local_shape
+
 #: attributes holding an RMS norm's epsilon, in transformers' spellings
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 
@@ -81,7 +83,7 @@ def sharded_rms_norm(module: nn.Module, cast_last: bool = True,
     eps = norm_eps(module)
     if tp is None or tp.size <= 1 or eps is None:
         return forward
-    width = module.weight.shape[-1] * tp.size
+    width = local_shape(module.weight)[-1] * tp.size
 
     def sharded_norm(hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, module.weight, eps, width, cast_last,

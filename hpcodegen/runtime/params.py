@@ -1,10 +1,11 @@
 """Phase A: shard every planned parameter, then keep only its local shard.
 
 Each parameter named in ``param_plan`` is distributed with ``distribute_tensor`` on the
-active submesh (placements resolved over the live axis order) and replaced by a parameter
-of the local shard (:func:`hpcodegen.runtime.shards.as_local_param`, which records what
-it is a shard of): after install every parameter is a plain local tensor and the forwards
-run bare collectives on local tensors. A parameter that already is a
+active submesh (placements resolved over the live axis order) and replaced by the DTensor
+of its local shard (:func:`hpcodegen.runtime.shards.as_local_param`: the plan's placements
+on the submesh of the axes that may split a parameter, i.e. without cp): torch's tools see
+the unsharded parameter, while the forwards run bare collectives on the local views
+(:mod:`hpcodegen.runtime.local_views`). A parameter that already is a
 DTensor is accepted only with the planned placements (else ``PlacementMismatchError``).
 Meta-device parameters stay on meta, shrunk to the local shape.
 """

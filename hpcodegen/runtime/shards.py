@@ -1,22 +1,20 @@
 """What a parallelized parameter is a shard of, kept where torch's tools can find it.
 
-After install every parameter stays a plain local tensor: the forwards run bare
-collectives on local shards, at no per-call cost. What the local tensor *is a shard of*
-(mesh, placements, global shape) is recorded once per parameter in a :class:`ShardSpec`:
+After install every parameter the plan places on a mesh is a DTensor on that (sub)mesh with
+the plan's placements (:func:`as_local_param`), so torch's own tools see the unsharded
+parameter: ``torch.nn.utils.clip_grad_norm_``, ``p.grad.norm()``, optimizers,
+``torch.distributed.checkpoint`` and FSDP2. The forwards still compute on local tensors:
+:mod:`hpcodegen.runtime.local_views` hands each module its parameters' local views for the
+duration of its forward, and autograd accumulates their gradients into the DTensor
+parameters' ``.grad`` (DTensors with the same placements).
 
-* by FQN in the model's :class:`ParallelState` (:func:`parallel_state`), from which
-  ``model.state_dict()`` yields DTensors (:mod:`hpcodegen.runtime.state_dict`);
-* on the parameter object itself (:func:`spec_of`), from which an optimizer's
-  ``state_dict()`` yields DTensors too (an attribute, not a weak map: checkpoint loading
-  swaps tensors in place, which ``torch.utils.swap_tensors`` refuses for a weakly
-  referenced one).
+What each parameter *is a shard of* (mesh, placements, global shape) is also recorded in a
+:class:`ShardSpec`:
 
-A parameter some mesh axis *splits* is a :class:`LocalShard` (an ``nn.Parameter``
-subclass, no ``__torch_function__``: ops on it cost what they cost on a Parameter). Its
-``.grad`` reads as a :class:`ShardGrad`, which refuses to be normed: a norm of a local
-shard's gradient is one rank's part of the norm, and ``torch.nn.utils.clip_grad_norm_``
-would clip every rank by a different, wrong number. :func:`hpcodegen.checkpoint.clip_grad_norm_`
-is the exact one (it reads :func:`local_grad`).
+* by FQN in the model's :class:`ParallelState` (:func:`parallel_state`), read by the
+  checkpoint layout (:mod:`hpcodegen.checkpoint.layout`);
+* on the parameter object itself (:func:`spec_of`; derived from the DTensor when a
+  ``module.to(...)`` swapped the attribute away).
 """
 
 from __future__ import annotations
@@ -27,13 +25,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._C import DisableTorchFunctionSubclass
-
-from hpcodegen.errors import PlanError, error
 
 _STATE = "_hp_parallel_state"
 _SPEC = "_hp_shard_spec"
-_GRAD = torch._C.TensorBase.grad
 
 
 def splits(placement: Any) -> bool:
@@ -92,8 +86,9 @@ class ShardSpec:
 
     def to_dtensor(self, local: torch.Tensor) -> torch.Tensor:
         """``local`` as the DTensor it is a shard of, sharing its storage (a DCP load into
-        the DTensor writes ``local``); ``local`` itself without a mesh. No communication."""
-        if self.mesh is None or not self.placements:
+        the DTensor writes ``local``); ``local`` itself without a mesh, or when it is a
+        DTensor already (a runtime parameter). No communication."""
+        if self.mesh is None or not self.placements or _is_dtensor(local):
             return local
         from torch.distributed.tensor import DTensor
 
@@ -124,65 +119,26 @@ class ShardSpec:
         return value[self.local_slices()]
 
 
-class ShardGrad(torch.Tensor):
-    """The gradient of a :class:`LocalShard`, as ``.grad`` shows it: every op passes
-    through unchanged, except a norm, which is refused (see the module docstring)."""
-
-    _NORMS: frozenset[Any] = frozenset()
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        if func in cls._NORMS:
-            raise PlanError([error(
-                "runtime.local_shard_norm", getattr(func, "__name__", str(func)),
-                "the norm of a tensor-parallel local shard's gradient is this rank's part "
-                "only: torch.nn.utils.clip_grad_norm_ (or any grad norm) would be wrong, and "
-                "different on every rank",
-                hint="clip with hpcodegen.checkpoint.clip_grad_norm_(model, max_norm) (the "
-                     "unsharded model's norm), or setup().clip_grad_norm_(max_norm)")])
-        with DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
-
-
-ShardGrad._NORMS = frozenset({torch._foreach_norm, torch.norm, torch.Tensor.norm,
-                              torch.linalg.norm, torch.linalg.vector_norm,
-                              torch.linalg.matrix_norm})
-
-
-class LocalShard(nn.Parameter):
-    """A parameter holding this rank's shard of a split parameter (see module docstring).
-
-    Ops run as on ``nn.Parameter``; only ``.grad`` differs: it reads as a
-    :class:`ShardGrad` view of the real gradient (writes and ``None`` pass through).
-    """
-
-    @property  # type: ignore[override]
-    def grad(self) -> torch.Tensor | None:
-        value = _GRAD.__get__(self)
-        return None if value is None else value.as_subclass(ShardGrad)
-
-    @grad.setter
-    def grad(self, value: torch.Tensor | None) -> None:
-        if isinstance(value, ShardGrad):
-            value = value.as_subclass(torch.Tensor)
-        _GRAD.__set__(self, value)
-
-    @grad.deleter
-    def grad(self) -> None:
-        _GRAD.__delete__(self)
-
-
 def local_grad(param: torch.Tensor) -> torch.Tensor | None:
-    """The parameter's gradient as a plain tensor (a :class:`LocalShard`'s real one)."""
-    return _GRAD.__get__(param)
+    """The parameter's gradient as a plain tensor: a DTensor gradient's local shard (its
+    storage: in-place changes reach ``.grad``), else the gradient itself."""
+    grad = param.grad
+    return grad._local_tensor if grad is not None and _is_dtensor(grad) else grad
+
+
+def _is_dtensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
 
 
 def as_local_param(local: torch.Tensor, spec: ShardSpec, requires_grad: bool) -> nn.Parameter:
-    """``local`` as the parameter of a rank: a :class:`LocalShard` when ``spec`` splits
-    it, else an ``nn.Parameter``; its spec recorded for :func:`spec_of`."""
-    cls = LocalShard if spec.sharded else nn.Parameter
-    param = cls(local, requires_grad=requires_grad)
+    """``local`` as the parameter of a rank: the DTensor it is a shard of
+    (:meth:`ShardSpec.to_dtensor`: the plan's placements on the plan's submesh, sharing
+    ``local``'s storage) where ``spec`` has a mesh, else a plain ``nn.Parameter``; its spec
+    recorded for :func:`spec_of`. The forward reads the local view
+    (:mod:`hpcodegen.runtime.local_views`)."""
+    param = nn.Parameter(spec.to_dtensor(local), requires_grad=requires_grad)
     remember(param, spec)
     return param
 
@@ -193,8 +149,13 @@ def remember(param: torch.Tensor, spec: ShardSpec) -> None:
 
 
 def spec_of(param: torch.Tensor) -> ShardSpec | None:
-    """The :class:`ShardSpec` of a parameter object the runtime made, else None."""
-    return getattr(param, _SPEC, None)
+    """The :class:`ShardSpec` of a parameter object the runtime made, else None; a DTensor
+    parameter's own mesh and placements (a ``module.to(...)`` swaps a DTensor parameter's
+    contents and drops the recorded attribute, the DTensor keeps what it is)."""
+    spec = getattr(param, _SPEC, None)
+    if spec is None and _is_dtensor(param):
+        return ShardSpec(tuple(param.shape), tuple(param.placements), param.device_mesh)
+    return spec
 
 
 @dataclass(frozen=True)

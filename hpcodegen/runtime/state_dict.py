@@ -1,12 +1,12 @@
 """``state_dict()`` of a parallelized model and of its optimizers: DTensors, no communication.
 
-The parameters stay plain local shards (the forward's fast path); their state dict entries
-do not. A post-hook on the model turns each entry of a planned parameter into the DTensor
-it is a shard of (:meth:`ShardSpec.to_dtensor`: the plan's placements, the global shape,
-the same storage), so ``torch.distributed.checkpoint`` save and load and the helpers of
+The parameters are DTensors (:mod:`hpcodegen.runtime.shards`), so their state-dict entries
+are too, and ``torch.distributed.checkpoint`` save and load and the helpers of
 ``torch.distributed.checkpoint.state_dict`` work unchanged and reshard across tp. A
-pre-hook on ``load_state_dict`` takes DTensors (any placements: redistributed), tensors of
-the global shape (sliced) and local shards alike.
+post-hook on the model covers a planned parameter held as a plain local shard (turned into
+the DTensor it is a shard of: :meth:`ShardSpec.to_dtensor`, no copy). A pre-hook on
+``load_state_dict`` takes DTensors (any placements: redistributed), tensors of the global
+shape (sliced) and local shards alike, each made what the parameter holds.
 
 Optimizers get the same pair of hooks for their parameter-shaped state (``exp_avg``...),
 attached the first time an optimizer holding such parameters steps (a process-wide
@@ -15,9 +15,8 @@ attached the first time an optimizer holding such parameters steps (a process-wi
 optimizer; where it does not (its parameters already hold gradients), a state loaded as
 DTensors is made local at the first step, before the update reads it.
 
-.. note:: a model wrapped by ``fully_shard`` after install holds FSDP's DTensors over dp,
-   which do not carry the tp placement; its ``state_dict()`` is refused with a clear error
-   rather than saved wrong.
+A model wrapped by ``fully_shard`` after install holds FSDP's DTensors over dp and tp:
+its entries are those DTensors, saved and loaded as they are.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcodegen.errors import PlanError, error
 from hpcodegen.runtime.shards import ShardSpec, parallel_state, remember, spec_of
 
 _HOOKED = "_hp_state_dict_hooks"
@@ -48,44 +46,59 @@ def install_state_dict_hooks(model: nn.Module) -> None:
 
 def _to_dtensors(module: nn.Module, state_dict: dict[str, Any], prefix: str,
                  local_metadata: Any) -> None:
-    from torch.distributed.tensor import DTensor
-
     state = parallel_state(module)
     if state is None:
         return
     for fqn, spec in state.specs.items():
         key = prefix + fqn
         value = state_dict.get(key)
-        if value is None or spec.mesh is None:
-            continue
-        if isinstance(value, DTensor):
-            raise PlanError([error(
-                "runtime.state_dict_wrapped", fqn,
-                f"the parameter is already a DTensor on mesh {value.device_mesh.mesh_dim_names} "
-                f"{tuple(value.placements)} (fully_shard after install?): its tp placements "
-                f"{tuple(spec.placements)} cannot be added to it",
-                hint="save a tensor-parallel model before wrapping it, or through "
-                     "hpcodegen.checkpoint")])
+        if value is None or spec.mesh is None or _is_dtensor(value):
+            continue  # a DTensor parameter (FSDP2's too) is its own entry
         state_dict[key] = spec.to_dtensor(value)
 
 
 def _to_locals(module: nn.Module, state_dict: dict[str, Any], prefix: str,
                local_metadata: Any, strict: bool, missing: list[str],
                unexpected: list[str], errors: list[str]) -> None:
+    """Each entry as the parameter holds it: for a DTensor parameter (a global tensor
+    sliced, a DTensor of other placements redistributed) a DTensor of its placements."""
     state = parallel_state(module)
     if state is None:
         return
     assign = bool(local_metadata.get("assign_to_params_buffers", False))
-    for fqn, spec in state.specs.items():
+    for fqn, recorded in state.specs.items():
         key = prefix + fqn
         if key not in state_dict:
             continue
-        local = spec.to_local(state_dict[key], key)
+        current = module.get_parameter(fqn)
+        spec = _current_spec(current, recorded)
+        value = spec.to_local(state_dict[key], key)
+        if _is_dtensor(current):
+            value = spec.to_dtensor(value)
         if assign:  # the loaded tensor becomes the parameter: keep its kind and its spec
-            current = module.get_parameter(fqn)
-            local = type(current)(local, requires_grad=current.requires_grad)
-            remember(local, spec)
-        state_dict[key] = local
+            value = nn.Parameter(value, requires_grad=current.requires_grad)
+            remember(value, recorded)
+        state_dict[key] = value
+
+
+def _is_dtensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def _current_spec(param: torch.Tensor, recorded: ShardSpec) -> ShardSpec:
+    """What ``param`` holds now: a DTensor parameter's own mesh and placements (FSDP2's
+    over dp and tp after ``fully_shard``), else the spec install recorded."""
+    if _is_dtensor(param):
+        return ShardSpec(tuple(param.shape), tuple(param.placements), param.device_mesh)
+    return recorded
+
+
+def _local_spec(param: torch.Tensor) -> ShardSpec | None:
+    """The spec of a parameter held as a plain local shard (a DTensor parameter's optimizer
+    state is DTensors already: no hook needed)."""
+    return None if _is_dtensor(param) else spec_of(param)
 
 
 def _watch_optimizers() -> None:
@@ -109,7 +122,7 @@ def _attach(optimizer: torch.optim.Optimizer, args: Any = (), kwargs: Any = None
         return
     optimizer.__dict__[_OPTIM_SEEN] = len(params)
     if not optimizer.__dict__.get(_OPTIM_HOOKED) \
-            and any(spec_of(p) is not None for p in params):
+            and any(_local_spec(p) is not None for p in params):
         optimizer.register_state_dict_post_hook(_optim_to_dtensors)
         optimizer.register_load_state_dict_pre_hook(_optim_to_locals)
         optimizer.__dict__[_OPTIM_HOOKED] = True
@@ -123,7 +136,7 @@ def _localize_loaded(optimizer: torch.optim.Optimizer, params: list[torch.Tensor
     from torch.distributed.tensor import DTensor
 
     for p in params:
-        spec, entry = spec_of(p), optimizer.state.get(p)
+        spec, entry = _local_spec(p), optimizer.state.get(p)
         if spec is None or spec.mesh is None or not entry:
             continue
         for name, value in list(entry.items()):
@@ -144,7 +157,7 @@ def _state_specs(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
     keys = [k for group in state_dict.get("param_groups", ()) for k in group["params"]]
     out = {}
     for key, p in zip(keys, _params(optimizer), strict=False):
-        spec = spec_of(p)
+        spec = _local_spec(p)
         if spec is not None and spec.mesh is not None:
             out[key] = (p, spec)
     return out

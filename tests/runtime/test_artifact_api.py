@@ -1,8 +1,9 @@
 """``hpcodegen.Artifact``: checked once, builds the generated model, parallelizes it in place;
-afterwards ``state_dict()`` (model and optimizer) holds DTensors with the plan's placements,
-at no communication, and ``load_state_dict`` takes them back; torch's ``clip_grad_norm_``
-refuses local shards. One process on the fake process group; the numeric DCP round trip
-across tp runs on gloo in tests/launch/test_torch_dcp.py."""
+afterwards its parameters, and so ``state_dict()`` (model and optimizer), are DTensors with
+the plan's placements, at no communication, and ``load_state_dict`` takes them back; torch's
+``clip_grad_norm_`` takes their DTensor gradients. One process on the fake process group;
+the numeric checks against the unsharded model run on gloo in
+tests/runtime/test_dtensor_params.py and tests/launch/test_torch_dcp.py."""
 
 from __future__ import annotations
 
@@ -80,9 +81,10 @@ def test_state_dict_is_dtensors_with_the_plans_placements(tp2) -> None:
         want = (planned[fqn].placements.get("tp", REPLICATE),)
         assert tuple(value.placements) == to_torch_placements(want, value.dim()), fqn
         assert value.shape == full.get_parameter(fqn).shape, fqn
-        local = model.get_parameter(fqn)
-        assert value.to_local().data_ptr() == local.data_ptr(), fqn  # the same storage
-    assert torch.equal(state["lm_head.weight"].to_local(), model.lm_head.weight)
+        param = model.get_parameter(fqn)
+        assert isinstance(param, DTensor) and param.placements == value.placements, fqn
+        assert value.to_local().data_ptr() == param.to_local().data_ptr(), fqn  # same storage
+    assert torch.equal(state["lm_head.weight"].to_local(), model.lm_head.weight.to_local())
 
 
 def test_load_state_dict_takes_dtensors_global_and_local_tensors(tp2) -> None:
@@ -95,12 +97,17 @@ def test_load_state_dict_takes_dtensors_global_and_local_tensors(tp2) -> None:
         for p in model.parameters():
             p.zero_()
     model.load_state_dict(reference)  # whole tensors: each rank keeps its slice
-    assert torch.equal(q, reference["model.layers.0.self_attn.q_proj.weight"][:32])
+    assert torch.equal(q.to_local(), reference["model.layers.0.self_attn.q_proj.weight"][:32])
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         q.zero_()
     model.load_state_dict(saved)  # DTensors
-    assert torch.equal(q, reference["model.layers.0.self_attn.q_proj.weight"][:32])
+    assert torch.equal(q.to_local(), reference["model.layers.0.self_attn.q_proj.weight"][:32])
+    local = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in saved.items()}
+    with torch.no_grad():
+        q.zero_()
+    model.load_state_dict(local)  # this rank's local shards
+    assert torch.equal(q.to_local(), reference["model.layers.0.self_attn.q_proj.weight"][:32])
 
 
 def test_optimizer_state_dict_is_dtensors_and_loads_back(tp2) -> None:
@@ -122,30 +129,29 @@ def test_optimizer_state_dict_is_dtensors_and_loads_back(tp2) -> None:
     fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
     set_optimizer_state_dict(model, fresh, state)  # never stepped: its hooks come at step 1
     optim.step()
-    fresh.step()  # the same state and gradients: the same update, on local shards
+    fresh.step()  # the same state and gradients: the same update, as DTensors
     param = model.get_parameter(q)
     got = fresh.state[param]["exp_avg"]
-    assert not isinstance(got, DTensor)
-    assert torch.equal(got, optim.state[param]["exp_avg"])
-    again = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    again.step()  # hooked: a load now makes local shards at once
-    again.load_state_dict(optim.state_dict())
-    assert not isinstance(again.state[param]["exp_avg"], DTensor)
+    assert isinstance(got, DTensor) and got.placements == param.placements
+    assert torch.equal(got.to_local(), optim.state[param]["exp_avg"].to_local())
 
 
-def test_torch_clip_grad_norm_refuses_local_shards(tp2) -> None:
+def test_gradients_are_dtensors_torch_clips_them(tp2) -> None:
     import torch
+    from torch.distributed.tensor import DTensor
 
     _, _, model = _parallel(tp2)
     model(input_ids=torch.arange(16).reshape(2, 8)).logits.pow(2).mean().backward()
-    for foreach in (False, True):
-        with pytest.raises(PlanError) as info:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
-        assert info.value.findings[0].code == "runtime.local_shard_norm"
-        assert "hpcodegen.checkpoint.clip_grad_norm_" in info.value.findings[0].hint
+    for fqn, param in model.named_parameters():
+        assert isinstance(param.grad, DTensor), fqn
+        assert param.grad.placements == param.placements, fqn
+        assert param.grad.shape == param.shape, fqn
+    for foreach in (False, True):  # runs on DTensors (values: tests/runtime/test_dtensor_params)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
+        assert norm.shape == ()
     grad = model.lm_head.weight.grad  # every other use of the gradient is as before
     torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
-    assert float(grad.abs().max()) == pytest.approx(1e-3)  # clamped in place
+    assert float(grad.to_local().abs().max()) == pytest.approx(1e-3)  # clamped in place
     model.lm_head.weight.grad = None
     assert model.lm_head.weight.grad is None
 
@@ -164,7 +170,8 @@ def test_a_generated_entrypoint_is_never_called(tmp_path, tp2) -> None:
     assert art.plan.entrypoints["parallelize"] == "hp_parallelize"
     assert callable(art.module().hp_parallelize)
     model = art.parallelize(art.build_model(device="cpu"), tp2)
-    assert model.model.layers[0].self_attn.q_proj.weight.shape == (32, 64)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert q.shape == (64, 64) and q.to_local().shape == (32, 64)
 
 
 def test_parallelize_takes_one_kind_of_mesh_and_runs_once(tp2) -> None:
@@ -203,19 +210,24 @@ def test_parallelize_from_generated_is_the_thin_wrapper(tp2) -> None:
     assert state.plan == art.plan
 
 
-def test_state_dict_of_a_model_wrapped_by_fully_shard_is_refused(fake_world) -> None:
-    """FSDP2 over dp replaces the parameters by its DTensors over dp, which do not carry
-    the tp placement: saving them would write each tp rank's shard as the whole tensor."""
+def test_state_dict_of_a_model_wrapped_by_fully_shard_is_global(fake_world) -> None:
+    """FSDP2 over dp makes each tp DTensor parameter a DTensor over dp and tp: its entry
+    in ``state_dict()`` is that DTensor, of the unsharded parameter's shape."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Shard
 
     import hpcodegen
 
     fake_world(4)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     art = hpcodegen.Artifact.load(EXAMPLES / "llama_tp2", CONFIG)
+    full = art.build_model(device="cpu")
     model = art.parallelize(art.build_model(device="cpu"), mesh)
     fully_shard(model, mesh=mesh["dp"])
-    with pytest.raises(PlanError) as info:
-        model.state_dict()
-    assert info.value.findings[0].code == "runtime.state_dict_wrapped"
+    state = model.state_dict()
+    q = state["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(q, DTensor) and q.device_mesh.mesh_dim_names == ("dp", "tp")
+    assert q.placements[1] == Shard(0)
+    for fqn, param in full.named_parameters():
+        assert state[fqn].shape == param.shape, fqn

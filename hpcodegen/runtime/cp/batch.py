@@ -212,11 +212,14 @@ def all_reduce_gradients(model: nn.Module, groups: Iterable[Any]) -> None:
     """Sum every gradient over each group (what FSDP2 or DDP over ``dp x cp`` does with a
     divide factor of 1), for scripts that do not wrap the model: each cp rank's gradient
     holds its own tokens' share of :meth:`CPBatch.loss`."""
+    from hpcodegen.runtime.shards import local_grad
+
     groups = [g for g in groups if g is not None]
     for param in model.parameters():
-        if param.grad is not None:
+        grad = local_grad(param)  # a DTensor gradient's local shard, summed in place
+        if grad is not None:
             for group in groups:
-                dist.all_reduce(param.grad, group=group)
+                dist.all_reduce(grad, group=group)
 
 
 __all__ = ["CPBatch", "all_reduce_gradients", "shard_batch"]
