@@ -3,9 +3,13 @@
 The generated forwards and the lowered collectives work on plain local shards (no DTensor
 dispatch per op: the runtime's speed). The parameters are DTensors
 (:func:`hpcodegen.runtime.shards.as_local_param`) so that torch's tools see the unsharded
-model. The bridge: for the duration of a module's forward, each of its DTensor parameters
-is replaced in ``module._parameters`` by its local view (``param.to_local()``: the same
-storage, one autograd node), and put back when the forward returns or raises. Autograd then
+model. The bridge: for the duration of a module's forward, each DTensor parameter of the
+module *and of its direct children* is replaced in its owner's ``_parameters`` by its
+local view (``param.to_local()``: the same storage, one autograd node), and put back when
+the forward returns or raises. The children too, because forwards read their children's
+parameters without calling them (``nn.MultiheadAttention`` reads ``out_proj.weight``, hub
+kernels read ``conv1d.weight``, Gemma-3n calls ``altup.forward`` directly); parameters an
+enclosing forward already swapped are left as they are. Autograd then
 accumulates the gradient of every use into the DTensor parameter's ``.grad``, a DTensor with
 the parameter's placements.
 
@@ -22,6 +26,8 @@ from typing import Any
 from torch import nn
 
 _STACK = "_hp_local_views"
+#: on an owner: parameter name -> (the local view in place now, the DTensor parameter)
+_SWAPPED = "_hp_swapped_params"
 _HOOKED = "_hp_local_view_hooks"
 
 
@@ -32,20 +38,34 @@ def _is_dtensor(value: Any) -> bool:
 
 
 def _to_local(module: nn.Module, _args: Any) -> None:
-    params = module._parameters
-    saved = [(name, value) for name, value in params.items() if _is_dtensor(value)]
-    for name, value in saved:
-        params[name] = value.to_local()
+    saved = [(owner, name, value) for owner in _scope(module)
+             for name, value in owner._parameters.items() if _is_dtensor(value)]
+    for owner, name, value in saved:
+        view = owner._parameters[name] = value.to_local()
+        owner.__dict__.setdefault(_SWAPPED, {})[name] = (view, value)
     module.__dict__.setdefault(_STACK, []).append(saved)
+
+
+def _scope(module: nn.Module) -> tuple[nn.Module, ...]:
+    """The module and its direct children: whose parameters its forward may read."""
+    return (module, *module.children())
 
 
 def _restore(module: nn.Module, _args: Any, _output: Any) -> None:
     stack = module.__dict__.get(_STACK)
     if not stack:
         return
-    params = module._parameters
-    for name, value in stack.pop():
-        params[name] = value
+    for owner, name, value in stack.pop():
+        owner._parameters[name] = value
+
+
+def hooked_tensor(module: nn.Module, name: str) -> Any:
+    """The tensor a gradient hook for ``module.<name>`` belongs on: the DTensor parameter
+    when an enclosing forward swapped in its local view (hooked once, it sees every use),
+    else whatever the module holds (a parameter, FSDP's unsharded one)."""
+    value = getattr(module, name)
+    swapped = module.__dict__.get(_SWAPPED, {}).get(name)
+    return swapped[1] if swapped is not None and swapped[0] is value else value
 
 
 def local_view(value: Any) -> Any:
@@ -61,11 +81,14 @@ def local_shape(value: Any) -> tuple[int, ...]:
 
 
 def install_local_views(model: nn.Module) -> int:
-    """Hook every module owning a DTensor parameter (module docstring); the count."""
+    """Hook every module owning a DTensor parameter or with a child that does (module
+    docstring); the count. One level, not the subtree: a forward high above (the model's)
+    would hold the views across code that rescales deeper parameters in place (RWKV's
+    layer rescaling), which autograd forbids on these views."""
     count = 0
     for module in model.modules():
         if module.__dict__.get(_HOOKED) or not any(
-                _is_dtensor(p) for p in module._parameters.values()):
+                _is_dtensor(p) for owner in _scope(module) for p in owner._parameters.values()):
             continue
         module.register_forward_pre_hook(_to_local)
         module.register_forward_hook(_restore, always_call=True)

@@ -20,11 +20,11 @@ model, mesh_context = run
 rank = torch.distributed.get_rank()
 assert mesh_context.device_mesh.mesh_dim_names == ("dp", "tp")
 saved = load_file(sys.argv[1])
-q = model.model.layers[0].self_attn.q_proj.weight          # S(0) over tp=2: 32 of 64 rows
+q = model.model.layers[0].self_attn.q_proj.weight.to_local()  # S(0) over tp=2: 32 of 64 rows
 assert torch.equal(q, saved["model.layers.0.self_attn.q_proj.weight"][32 * rank: 32 * rank + 32])
-down = model.model.layers[1].mlp.down_proj.weight          # S(1): 64 of 128 columns
+down = model.model.layers[1].mlp.down_proj.weight.to_local()  # S(1): 64 of 128 columns
 assert torch.equal(down, saved["model.layers.1.mlp.down_proj.weight"][:, 64 * rank: 64 * rank + 64])
-assert torch.equal(model.model.norm.weight, saved["model.norm.weight"])   # replicated
+assert torch.equal(model.model.norm.weight.full_tensor(), saved["model.norm.weight"])  # replicated
 logits = model(input_ids=torch.randint(0, 256, (1, 8))).logits
 assert logits.shape == (1, 8, 256), logits.shape
 
@@ -47,9 +47,10 @@ with torch.no_grad():
         p.zero_()
 fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
 assert run.resume(sys.argv[2], fresh) == 7
-assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731 (DTensors)
+assert all(torch.equal(local(p), local(before[n])) for n, p in model.named_parameters())
 a, b = optim.state_dict()["state"], fresh.state_dict()["state"]
-assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+assert all(torch.equal(local(a[i]["exp_avg"]), local(b[i]["exp_avg"])) for i in a)
 print("script args", sys.argv[3:], flush=True)
 """
 

@@ -24,6 +24,10 @@ def _explain(model, ids):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.xfail(strict=True, reason=(
+    "DTensor parameters: the local-view swap writes module._parameters inside a "
+    "whole-model torch.compile, a graph break per module owning parameters (known, "
+    "docs/own-loop.md)"))
 @pytest.mark.parametrize("example", ["llama_tp2", "llama_tp2_sp"])
 def test_no_graph_break_beyond_the_plain_model(example, fake_world) -> None:
     import torch

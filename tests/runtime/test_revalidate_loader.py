@@ -147,6 +147,6 @@ def test_plain_transformers_model_is_wrapped_on_instances(tmp_path, fake_world) 
     attn = ref.model.layers[0].self_attn
     assert "forward" in vars(attn) and "forward" in vars(ref.lm_head)
     assert "forward" not in vars(ref.model.norm)  # identity boundary: untouched
-    assert ref.model.layers[0].self_attn.q_proj.weight.shape[0] == 32
+    assert ref.model.layers[0].self_attn.q_proj.weight.to_local().shape[0] == 32
     ids = torch.randint(0, 256, (2, 8))
     assert ref(input_ids=ids, use_cache=False).logits.shape == (2, 8, 256)
