@@ -120,6 +120,15 @@ def _scaled_plan(plan: dict[str, Any], n_entries: int) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+def whole_layer_entries(n_entries: int, template: Path = TEMPLATE) -> int:
+    """The largest entry count <= ``n_entries`` whose grown plan ends on a whole layer (a
+    model of that many layers then matches it parameter for parameter)."""
+    plan = json.loads((template / "codegen_meta.json").read_text())["param_plan"]
+    per_layer = sum(1 for k in plan if k.startswith(LAYER0))
+    fixed = sum(1 for k in plan if not k.startswith("model.layers."))
+    return fixed + per_layer * max(1, (n_entries - fixed) // per_layer)
+
+
 def write_from_template(directory: str | Path, n_entries: int,
                         template: Path = TEMPLATE) -> Path:
     """Grow a generated example artifact to ``n_entries`` entries (verify-clean: the files,

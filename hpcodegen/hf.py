@@ -187,9 +187,11 @@ def read_hf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
 #: Sanity bounds on a config's counts and sizes, by the key's ending (at any depth): far
 #: above any real model (the deepest have ~200 layers), low enough that a hostile config
 #: is refused at once instead of building 10^5 layers. Layers and blocks are modules, so
-#: theirs is the tightest bound; sizes only guard against absurd values.
+#: theirs is the tightest bound, still above the 2,500 layers of the 10,000-entry dense plan
+#: the gate is sized for (bench/gate_speed.py derives it); sizes only guard against absurd
+#: values.
 SIZE_LIMITS: tuple[tuple[tuple[str, ...], int], ...] = (
-    (("layers", "n_layer", "blocks"), 1_024), (("experts",), 65_536),
+    (("layers", "n_layer", "blocks"), 4_096), (("experts",), 65_536),
     (("heads", "n_head"), 65_536), (("_size", "_dim"), 2**31))
 #: Structure fields that are booleans; the others are counts or sizes (integers).
 BOOL_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias"})

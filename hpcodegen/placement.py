@@ -102,8 +102,15 @@ def _int_arg(text: str, whole: str, rule: re.Pattern[str], what: str) -> int:
     return int(text)
 
 
+#: Parsed placements by their text: a plan repeats a handful of strings tens of thousands
+#: of times, and every reader (the checks, the codec, the classifier) parses them; the
+#: values are immutable, so each string is parsed once. Bounded; errors are not kept.
+_PARSED: dict[str, Placement] = {}
+_PARSED_LIMIT = 4096
+
+
 def parse_placement(text: object) -> Placement:
-    """Parse one placement string.
+    """Parse one placement string (memoized: :data:`_PARSED`).
 
     Args:
         text: e.g. ``"S(0)"``; anything else than a ``str`` is an error.
@@ -116,8 +123,21 @@ def parse_placement(text: object) -> Placement:
         >>> parse_placement("SS(0,2)")
         StridedShard(dim=0, split_factor=2)
     """
+    if type(text) is str:
+        hit = _PARSED.get(text)
+        if hit is not None:
+            return hit
     if not isinstance(text, str):
         raise PlacementSyntaxError(f"placement must be a string, got {type(text).__name__}")
+    value = _parse(text)
+    if type(text) is str:
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.clear()
+        _PARSED[text] = value
+    return value
+
+
+def _parse(text: str) -> Placement:
     if text == "R":
         return REPLICATE
     match = _TOKEN.fullmatch(text)

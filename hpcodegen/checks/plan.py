@@ -72,30 +72,61 @@ def _parsed(text: Any, memo: dict[Any, Any]) -> Any:
 def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
     axes = known_axes(meta)
     memo: dict[Any, Any] = {}
+    #: (field kind, axis, raw type and text) -> its problems, or () when the leaf is fine: a plan
+    #: repeats a few dozen such leaves tens of thousands of times
+    verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]] = {}
     for fqn, entry in plan_entries(meta).items():
         for parts, axis, text in _named_leaves(entry):
-            placement = _parsed(text, memo)
-            bad_axis = axis not in axes
-            negative = isinstance(placement, (Shard, StridedShard)) and placement.dim < 0
-            partial_param = parts[0] == "params" and isinstance(placement, Partial)
-            if not (bad_axis or negative or partial_param or isinstance(placement, ValueError)):
-                continue
-            where = pointer("param_plan", fqn, *parts)
-            if partial_param:
-                yield error("plan.partial_param", where, f"parameter placement {text} is "
-                            "Partial: a parameter is a value, never a pending reduction",
-                            expected="R, S(n) or SS(d,f)")
-            if bad_axis:
-                yield error("plan.unknown_axis", where, f"axis {axis!r} is not a mesh axis of "
-                            "this plan", expected="one of " + ", ".join(sorted(axes)),
-                            hint="add it to mesh_dim_names / parallel_dims or fix the key")
-            if isinstance(placement, ValueError):
-                yield error("plan.bad_placement", where, str(placement))
-            elif negative:
-                yield info("plan.negative_shard_dim", where,
-                           f"{text} counts dims from the end (torch semantics: S(-1) is the last "
-                           "dim); the reference system read it as an uneven shard of dim "
-                           f"{-placement.dim - 1}")
+            try:
+                key: Any = (parts[0] == "params", axis, type(text), text)
+                problems = verdicts.get(key)
+            except TypeError:  # an unhashable leaf (a schema error): judged each time
+                key, problems = None, None
+            if problems is None:
+                problems = _leaf_problems(parts[0] == "params", axis, text, axes, memo)
+                if key is not None:
+                    verdicts[key] = problems
+            if problems:
+                yield from _leaf_findings(problems, pointer("param_plan", fqn, *parts),
+                                          axis, text, axes)
+
+
+def _leaf_problems(is_param: bool, axis: Any, text: Any, axes: set[str],
+                   memo: dict[Any, Any]) -> tuple[Any, ...]:
+    """What is wrong with one placement leaf: ``("partial_param" | "bad_axis" |
+    "negative" | the parse error, ...)``; empty when nothing is."""
+    placement = _parsed(text, memo)
+    out: list[Any] = []
+    if is_param and isinstance(placement, Partial):
+        out.append("partial_param")
+    if axis not in axes:
+        out.append("bad_axis")
+    if isinstance(placement, ValueError):
+        out.append(placement)
+    elif isinstance(placement, (Shard, StridedShard)) and placement.dim < 0:
+        out.append(("negative", placement))
+    return tuple(out)
+
+
+def _leaf_findings(problems: tuple[Any, ...], where: str, axis: Any, text: Any,
+                   axes: set[str]) -> Iterator[Finding]:
+    for problem in problems:
+        if problem == "partial_param":
+            yield error("plan.partial_param", where, f"parameter placement {text} is "
+                        "Partial: a parameter is a value, never a pending reduction",
+                        expected="R, S(n) or SS(d,f)")
+        elif problem == "bad_axis":
+            yield error("plan.unknown_axis", where, f"axis {axis!r} is not a mesh axis of "
+                        "this plan", expected="one of " + ", ".join(sorted(axes)),
+                        hint="add it to mesh_dim_names / parallel_dims or fix the key")
+        elif isinstance(problem, ValueError):
+            yield error("plan.bad_placement", where, str(problem))
+        else:
+            dim = problem[1].dim
+            yield info("plan.negative_shard_dim", where,
+                       f"{text} counts dims from the end (torch semantics: S(-1) is the last "
+                       "dim); the reference system read it as an uneven shard of dim "
+                       f"{-dim - 1}")
 
 
 def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:

@@ -58,11 +58,17 @@ def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
     hpcodegen's runtime sums is :func:`~hpcodegen.plan.partial_grads.runtime_summed`."""
     entries, sp = plan.entries, plan.dims.sequence_parallel is True
     for fqn, entry in entries.items():
+        if not entry.params:
+            continue  # no parameter: nothing to sum (most boundaries of a generated plan)
         declared = set(entry.partial_grad_params or ())
         synced = set(entry.effective_partial_grad_params())
         summed = set(runtime_summed(plan, fqn))
         for rel in entry.params or EMPTY:
             kind = verdict(entries, fqn, rel, sp)
+            if (kind == "sharded" and rel not in declared) or kind == "either" \
+                    or (kind == "full" and rel not in declared) \
+                    or (kind == "partial" and rel in synced):
+                continue  # agrees with the rule: no finding (the common case, kept cheap)
             where = pointer("param_plan", fqn, "partial_grad_params")
             name = f"{fqn}.{rel}" if fqn else rel
             if kind == "sharded" and rel in declared:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from hpcodegen.checks.context import CheckContext, SkipCheck
-from hpcodegen.checks.model import check_model
 from hpcodegen.checks.outputs import check_outputs
 from hpcodegen.checks.plan import check_plan
 from hpcodegen.checks.result import CheckResult, status_of
@@ -20,6 +19,7 @@ from hpcodegen.checks.signature import check_signature, model_gate
 from hpcodegen.checks.source import check_source
 from hpcodegen.checks.targets import check_targets
 from hpcodegen.errors import Finding, UsageError, error
+from hpcodegen.gc_pause import paused_gc
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,14 @@ class Check:
     gate: Callable[[CheckContext, Sequence[str]], CheckResult | None] | None = None
 
 
+def _check_model(ctx: CheckContext) -> Iterator[Finding]:
+    """:func:`hpcodegen.checks.model.check_model`, imported when it runs: the module pulls
+    in the tracer, logging and threading, which the pure gate never needs."""
+    from hpcodegen.checks.model import check_model
+
+    return check_model(ctx)
+
+
 CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("schema", check_schema, "the meta matches schemas/codegen_meta.schema.json"),
     Check("plan", check_plan, "placements, axes, output names and cross references"),
@@ -43,7 +51,7 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("outputs", check_outputs, "recorded files exist inside the dir and match their hashes"),
     Check("source", check_source, "the modeling file's classes agree with the boundary forms"),
     Check("signature", check_signature, "made for the model of --hf-config (pure JSON)"),
-    Check("model", check_model, "the plan fits the model built from --hf-config (torch)", True,
+    Check("model", _check_model, "the plan fits the model built from --hf-config (torch)", True,
           gate=model_gate),
 )}
 
@@ -85,5 +93,11 @@ def run_checks(ctx: CheckContext, names: Sequence[str],
     for name, check in CHECKS.items():
         if name in names:
             gated = check.gate(ctx, names) if check.gate is not None else None
-            results[name] = gated if gated is not None else run_check(check, ctx, strict)
+            if gated is not None:
+                results[name] = gated
+            elif check.heavy:  # torch's modules hold cycles: the collector stays on
+                results[name] = run_check(check, ctx, strict)
+            else:
+                with paused_gc():  # pure checks build trees only (hpcodegen.gc_pause)
+                    results[name] = run_check(check, ctx, strict)
     return results

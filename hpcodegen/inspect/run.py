@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -32,6 +33,7 @@ from hpcodegen.errors import (
     pointer,
     warning,
 )
+from hpcodegen.gc_pause import paused_gc
 from hpcodegen.inspect.options import Inspection, InspectOptions, parse_mesh
 from hpcodegen.plan.classify import classify_plan
 from hpcodegen.plan.codec import readable_plan as codec_readable_plan
@@ -325,6 +327,12 @@ def run_inspect(opts: InspectOptions, out: TextIO | None = None,
     """
     out = out or sys.stdout
     err = err or sys.stderr
+    # pure steps build trees only (hpcodegen.gc_pause); with --hf-config torch runs here
+    with paused_gc() if opts.hf_config is None else nullcontext():
+        return _run_inspect(opts, out, err)
+
+
+def _run_inspect(opts: InspectOptions, out: TextIO, err: TextIO) -> int:
     try:
         _check_options(opts)
         loaded = load_meta(opts.path)
