@@ -51,7 +51,7 @@ def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: in
     counts them, traced from a config dict."""
     from hpcodegen.inspect.run import classify_meta
     from hpcodegen.inspect.trace import trace_boundaries
-    from hpcodegen.inspect.volume import _targets, _volumes
+    from hpcodegen.inspect.volume import boundary_volumes, trace_targets
     from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.moe import EP
     from hpcodegen.plan.volume import dtype_bytes
@@ -59,8 +59,8 @@ def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: in
     plan = plan_from_meta(meta)
     result = classify_meta(plan, None)
     entries = plan.entries
-    trace = trace_boundaries(config, _targets(result, entries), batch, seq)
-    volumes = _volumes(result, entries, trace, dtype_bytes(dtype), config,
+    trace = trace_boundaries(config, trace_targets(result, entries), batch, seq)
+    volumes = boundary_volumes(result, entries, trace, dtype_bytes(dtype), config,
                        max(plan.dims.size(EP), 1))
     return (sum(v.total("forward") for v in volumes.values()),
             sum(v.total("backward") for v in volumes.values()))

@@ -15,12 +15,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
-_register()
+register_verbs()
 
 
 def _commands(verb: str) -> list[list[str]]:
