@@ -17,7 +17,7 @@ import pytest
 
 from hpcodegen.artifact.digest import meta_signature
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(400)
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "configs" / "llama"
 
@@ -34,7 +34,7 @@ def _cli(*args: Any) -> tuple[int, dict]:
 
 def _launch(*args: Any) -> tuple[int, dict]:
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch", *map(str, args),
-                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=150,
+                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "NO_COLOR": "1"})
     return proc.returncode, json.loads(proc.stdout)
 

@@ -74,4 +74,4 @@ def test_plan_moe_is_pure() -> None:
 
     code = ("import sys, hpcodegen.plan.moe, hpcodegen.plan.predict; "
             "assert 'torch' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
