@@ -127,11 +127,11 @@ def test_bad_inputs_exit_codes_messages_and_no_traceback(tmp_path: Path) -> None
 
 def test_version_option() -> None:
     """`hpcodegen --version`: what a bug report needs first."""
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
     from typer.testing import CliRunner
 
     from hpcodegen import __version__
 
-    _register()
+    register_verbs()
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"hpcodegen {__version__}"

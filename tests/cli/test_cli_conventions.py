@@ -20,9 +20,9 @@ EXE = Path(sys.executable).with_name("hpcodegen")
 def _verbs() -> list[str]:
     """Every registered verb (a verb added later is held to the same conventions)."""
     import typer.main
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
 
-    _register()
+    register_verbs()
     return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
 
 

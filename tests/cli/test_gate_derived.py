@@ -24,10 +24,10 @@ CONFIG = REPO / "examples" / "configs" / "llama"
 
 def _cli(*args: Any) -> tuple[int, dict]:
     """The CLI in this process (torch and transformers load once for the whole file)."""
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
     from typer.testing import CliRunner
 
-    _register()
+    register_verbs()
     res = CliRunner().invoke(app, [*map(str, args), "--json"], catch_exceptions=False)
     return res.exit_code, json.loads(res.stdout)
 

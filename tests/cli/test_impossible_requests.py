@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.timeout(300)
-_register()
+register_verbs()
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
 EXAMPLE = REPO / "examples" / "llama_tp2"

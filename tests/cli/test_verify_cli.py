@@ -190,8 +190,8 @@ _PROBE = textwrap.dedent("""
     from hpcodegen.verify import run_verify
     code = run_verify([sys.argv[1]], hf_config=sys.argv[2], skip=["model"], stdout=io.StringIO())
     elapsed = time.perf_counter() - t0
-    from hpcodegen.cli.app import app, _register
-    _register()
+    from hpcodegen.cli.app import app, register_verbs
+    register_verbs()
     try:
         app(["schema"], standalone_mode=False)
     except SystemExit:

@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.hf_plan import expand_rules
 
 pytestmark = pytest.mark.slow
-_register()
+register_verbs()
 
 
 def invoke(*args: str):

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 from hpcodegen.artifact.digest import meta_signature
@@ -22,7 +22,7 @@ LLAMA = REPO / "examples" / "configs" / "llama"
 FOREIGN = REPO / "tests" / "fixtures" / "artifacts" / "llama_hp"
 RECIPE = '- match: "model.layers.*.self_attn"\n  injections: {inner_wrapper: sdpa_hf}\n'
 
-_register()
+register_verbs()
 
 
 def _cli(*args: object, cwd: Path | None = None) -> tuple[int, str]:
