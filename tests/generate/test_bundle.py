@@ -180,7 +180,7 @@ def test_unusable_out_is_refused_before_the_build(tmp_path: Path, llama_dir: Pat
 
 def test_write_failure_is_a_usage_error_naming_out(tmp_path: Path, monkeypatch) -> None:
     """An OSError while publishing (read-only fs, permissions) is exit 2, not 'internal error'."""
-    import hpcodegen.generate.publish as gen_publish
+    import hpcodegen.generate.publish.publish as gen_publish
     from hpcodegen.errors import UsageError
 
     def refuse(target, rendered):

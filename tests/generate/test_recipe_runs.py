@@ -13,7 +13,7 @@ import pytest
 
 from hpcodegen.errors import InputError
 from hpcodegen.generate.api import GenerateArgs, run_generate
-from hpcodegen.generate.recipe import load_recipe
+from hpcodegen.generate.sources.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from hpcodegen.artifact.digest import meta_signature
 from hpcodegen.errors import UsageError
 from hpcodegen.generate.api import GenerateArgs
-from hpcodegen.generate.recorded import complete_args, generation_record
+from hpcodegen.generate.sources.recorded import complete_args, generation_record
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.hf_plan import expand_rules
-from hpcodegen.generate.styles import Kind, param_shard
+from hpcodegen.generate.sources.hf_plan import expand_rules
+from hpcodegen.generate.sources.styles import Kind, param_shard
 from hpcodegen.plan.codec import injection_from_json
 from hpcodegen.plan.moe import dispatch_ops, dispatch_volume, ep_dispatch_size, expert_count
 
