@@ -79,8 +79,8 @@ def plan_bytes(meta: dict[str, Any], model_dir: Path, seq: int) -> float:
 def measure(name: str, model_dir: Path, seq: int, with_ep: bool) -> list[Row]:
     from hpcodegen.errors import HpcodegenError
     from hpcodegen.generate.api import build_bundle
-    from hpcodegen.generate.cost import ABOVE
-    from hpcodegen.generate.megatron_shape import model_shape
+    from hpcodegen.generate.layouts.cost import ABOVE
+    from hpcodegen.generate.layouts.megatron_shape import model_shape
     from hpcodegen.hf import build_meta_model, read_hf_config
     from hpcodegen.plan.megatron import comm_bytes, param_bytes, plan_param_bytes
 

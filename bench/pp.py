@@ -68,7 +68,7 @@ def torchs(name: str, pp: int, m: int, v: int) -> str:
 
 def balance() -> tuple[float, float]:
     """(default split max/mean, layers-only split max/mean) for Llama-3.1-8B at pp 4."""
-    from hpcodegen.generate.pipeline import model_units
+    from hpcodegen.generate.layouts.pipeline import model_units
     from hpcodegen.hf import build_meta_model
     from hpcodegen.plan.pipeline_build import split_units, stage_param_counts
 

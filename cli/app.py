@@ -131,7 +131,7 @@ def _options(
     """Options before the verb (``hpcodegen --version``)."""
 
 
-def _register() -> None:
+def register_verbs() -> None:
     """Import each verb module; each adds its command to ``app``."""
     from . import verbs  # noqa: F401
 
@@ -183,7 +183,7 @@ def usage_error_type() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point; exits with the verb's code."""
-    _register()
+    register_verbs()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         code = app(args=args, prog_name="hpcodegen", standalone_mode=False)

@@ -104,8 +104,8 @@ def generate(
 
         require("runtime", "hpcodegen generate")
         from hpcodegen.generate.api import GenerateArgs, run_generate
-        from hpcodegen.generate.pipeline import PipelineArgs, parse_layout
-        from hpcodegen.generate.recorded import artifact_dir
+        from hpcodegen.generate.layouts.pipeline import PipelineArgs, parse_layout
+        from hpcodegen.generate.sources.recorded import artifact_dir
 
         target = artifact_dir(out, artifact, check)
         pipeline = None

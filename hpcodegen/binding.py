@@ -7,7 +7,7 @@ signature binds to position 0 (``nn.Linear.forward(input)`` declared as ``hidden
 Outputs bind by their index in ``out_names`` (unknown names are index 0).
 
 One binding for whoever runs a plan's transitions on a forward: the runtime's boundaries
-and generic engine, and ``generate --sp``'s shape run (:mod:`hpcodegen.generate.sp_check`),
+and generic engine, and ``generate --sp``'s shape run (:mod:`hpcodegen.generate.checks.sp_check`),
 which must bind exactly as the runtime will. Imports no torch (``compile_outputs`` does,
 when called).
 """

@@ -11,7 +11,7 @@ length while it runs (:func:`full_length_masks`), so eager, sliding-window and c
 masks match the gathered sequence attention runs on.
 
 The runtime's install (:mod:`hpcodegen.runtime.boundaries`) and generate's sharded-shape
-run (:mod:`hpcodegen.generate.sp_check`) both use it, so the check runs what will run.
+run (:mod:`hpcodegen.generate.checks.sp_check`) both use it, so the check runs what will run.
 """
 
 from __future__ import annotations

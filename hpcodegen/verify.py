@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from fnmatch import fnmatch
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpcodegen.artifact.load import META_NAME, LoadedMeta, load_meta
+from hpcodegen.atomic import write_atomic
 from hpcodegen.checks.context import CheckContext
 from hpcodegen.checks.files import INIT_NAME, MODELING_GLOB
 from hpcodegen.checks.registry import run_checks, select_checks
@@ -128,21 +128,6 @@ def artifacts_of_changed(files: Sequence[str | os.PathLike[str]]) -> list[str]:
         if is_artifact and str(folder) not in out:
             out.append(str(folder))
     return out
-
-
-def _write_atomic(path: Path, render: Any) -> None:
-    """Write through a temp file in the same dir, then rename: readers never see half a file."""
-    from hpcodegen.artifact.bundle import current_umask
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600: follow the umask
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            render(stream)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _usage(message: str, stderr: TextIO, stdout: TextIO | None = None,
@@ -245,7 +230,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         reader_gone()
     if junit_path is not None:
         try:
-            _write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))
+            write_atomic(junit_path, lambda s: REPORTERS["junit"].write(result, s))
         except OSError as exc:  # read-only dir, full disk: the report is out, say why not XML
             return _usage(f"--junit: cannot write {junit_path}: {exc.strerror or exc}", stderr)
     return result.exit_code

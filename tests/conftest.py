@@ -38,7 +38,7 @@ def cuda_devices() -> int:
     code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=120, check=True).stdout
+                             timeout=300, check=True).stdout
         return int(out.split()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
         return 0

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.atomic import write_atomic
 from hpcodegen.errors import InputError, UsageError, error
 from hpcodegen.hf import architecture_of, structure_of
 
@@ -65,15 +66,8 @@ def write_record(directory: Path, record: Mapping[str, Any],
     known = dict(digests or {})
     files = {name: known.get(name) or file_sha256(Path(directory) / name)
              for name in data_files(Path(directory))}
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".record.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"format": FORMAT, **record, "files": files}, fh, indent=1,
-                      sort_keys=True)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(target, lambda fh: json.dump({"format": FORMAT, **record, "files": files}, fh,
+                                              indent=1, sort_keys=True))
 
 
 def read_record(directory: str | os.PathLike[str], *, checked: bool = True) -> dict[str, Any]:

@@ -413,11 +413,11 @@ def _vocab_parallel(meta: Mapping[str, Any], modules: Mapping[str, Any]) -> Iter
 def _pipeline_units(ctx: CheckContext, model: Any) -> Iterator[Finding]:
     """A pipeline's units are the model's own, in its order, and its parameter-free
     modules (rotary embeddings) are kept on every stage: read off the built model by the
-    rule generate splits by (:func:`hpcodegen.generate.pipeline.model_units`)."""
+    rule generate splits by (:func:`hpcodegen.generate.layouts.pipeline.model_units`)."""
     pipe = ctx.plan.pipeline
     if pipe is None:
         return
-    from hpcodegen.generate.pipeline import model_units
+    from hpcodegen.generate.layouts.pipeline import model_units
 
     try:
         units, replicated, _base = model_units(model)

@@ -23,9 +23,9 @@ RULES = Path(__file__).resolve().parents[1] / "generate" / "rules"
 def _cli(args: Sequence[str]) -> tuple[int, str]:
     from typer.testing import CliRunner
 
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
 
-    _register()  # the verbs, as the console script registers them
+    register_verbs()  # the verbs, as the console script registers them
     # one line per finding (no folding at a terminal width): reasons are read from it
     result = CliRunner().invoke(app, list(args), env={"COLUMNS": "4000"})
     text = (result.stdout or "") + (getattr(result, "stderr", "") or "")

@@ -109,7 +109,8 @@ def render(rows: list[dict[str, Any]], transformers_version: str, seconds: float
         "names what context parallelism cannot make exact (the reasons are listed below",
         "the tables).",
         "`rules`: hf (transformers' plan), pkg (hpcodegen/generate/rules/<model_type>.yaml),",
-        "seeds (found from the model's structure, `hpcodegen/generate/seeds.py`: no rule file),",
+        "seeds (found from the model's structure, `hpcodegen/generate/seeds/seeds.py`: no rule",
+        "file),",
         "none. Regenerate: `python bench/coverage.py`.",
         "",
     ]

@@ -40,47 +40,47 @@ from hpcodegen.errors import (
     UsageError,
     error,
 )
-from hpcodegen.generate.cost import cost_note
-from hpcodegen.generate.cp_method import check_method
-from hpcodegen.generate.cp_plan import (
-    add_cp_axis,
-    check_cp_model,
-    check_layout,
-    default_layout,
-)
-from hpcodegen.generate.emit import emit_modeling
-from hpcodegen.generate.freeze import (
-    build_meta,
-    modeling_file_name,
-    parallel_dims,
-    source_record,
-)
-from hpcodegen.generate.frozen_check import verify_frozen
-from hpcodegen.generate.globs import parent_of
-from hpcodegen.generate.hf_plan import hf_rules
-from hpcodegen.generate.layer_split import rules_in_use, unsplit_layers
-from hpcodegen.generate.modeling_text import (
-    INIT_TEXT,
-    banner_lines,
-    class_plans,
-    defined_classes,
-    unified_diff,
-)
-from hpcodegen.generate.package_rules import PackageRules
-from hpcodegen.generate.plan_sources import model_rules, plan_sources, tied_pairs_of
-from hpcodegen.generate.publish import locate, publish, report_text
-from hpcodegen.generate.recipe import load_recipe, recipe_target_findings
-from hpcodegen.generate.source import modeling_source
-from hpcodegen.generate.sp_check import check_sp_shapes
-from hpcodegen.generate.sp_nesting import check_nested_gathers
-from hpcodegen.generate.token_dims import retarget_token_dims
-from hpcodegen.generate.validate import (
+from hpcodegen.generate.checks.frozen_check import verify_frozen
+from hpcodegen.generate.checks.layer_split import rules_in_use, unsplit_layers
+from hpcodegen.generate.checks.sp_check import check_sp_shapes
+from hpcodegen.generate.checks.sp_nesting import check_nested_gathers
+from hpcodegen.generate.checks.validate import (
     check_class_contracts,
     check_coverage,
     check_divisible,
     check_even_shards,
     check_sequence_parallel,
 )
+from hpcodegen.generate.emit.emit import emit_modeling
+from hpcodegen.generate.emit.freeze import (
+    build_meta,
+    modeling_file_name,
+    parallel_dims,
+    source_record,
+)
+from hpcodegen.generate.emit.modeling_text import (
+    INIT_TEXT,
+    banner_lines,
+    class_plans,
+    defined_classes,
+    unified_diff,
+)
+from hpcodegen.generate.emit.source import modeling_source
+from hpcodegen.generate.layouts.cost import cost_note
+from hpcodegen.generate.layouts.cp_method import check_method
+from hpcodegen.generate.layouts.cp_plan import (
+    add_cp_axis,
+    check_cp_model,
+    check_layout,
+    default_layout,
+)
+from hpcodegen.generate.layouts.token_dims import retarget_token_dims
+from hpcodegen.generate.publish.publish import locate, publish, report_text
+from hpcodegen.generate.sources.globs import parent_of
+from hpcodegen.generate.sources.hf_plan import hf_rules
+from hpcodegen.generate.sources.package_rules import PackageRules
+from hpcodegen.generate.sources.plan_sources import model_rules, plan_sources, tied_pairs_of
+from hpcodegen.generate.sources.recipe import load_recipe, recipe_target_findings
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.entry import is_boundary
 from hpcodegen.plan.tp_divisible import HEAD_FIELDS
@@ -121,7 +121,7 @@ class GenerateArgs:
     ulysses: int | None = None
     #: a warning (a plan that splits no layer) refuses the artifact: exit 1, nothing written
     strict: bool = False
-    #: the ``--pp`` options (:class:`hpcodegen.generate.pipeline.PipelineArgs`); None: no pp
+    #: the ``--pp`` options (:class:`hpcodegen.generate.layouts.pipeline.PipelineArgs`); None: no pp
     pipeline: Any = None
 
 
@@ -154,7 +154,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     check_layout(cp_layout)
     check_method(cp_method, ulysses, cp)
     if pipeline is not None:
-        from hpcodegen.generate.pipeline import check_pp_args
+        from hpcodegen.generate.layouts.pipeline import check_pp_args
 
         check_pp_args(pipeline, cp=cp, loss_parallel=loss_parallel)
     advance("building the model on the meta device")
@@ -198,7 +198,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     tied = tied_pairs_of(config, model)
     section = None
     if pipeline is not None:
-        from hpcodegen.generate.pipeline import pipeline_section
+        from hpcodegen.generate.layouts.pipeline import pipeline_section
 
         section = pipeline_section(model, plan, tp, sp, pipeline, tied, notes)
     meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
@@ -230,11 +230,11 @@ def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, An
              injections: list[dict[str, Any]], layout: str | None,
              classes: Mapping[str, str], method: tuple[str, int | None, int, int],
              notes: list[str] | None) -> tuple[list[dict[str, Any]], str]:
-    """The cp axis on the plan (:mod:`hpcodegen.generate.cp_plan`) and the frozen layout,
+    """The cp axis on the plan (:mod:`hpcodegen.generate.layouts.cp_plan`) and the frozen layout,
     after the probe forward found every attention and no other token mixer; the method
-    ``(--cp-method, --ulysses, cp, tp)`` chosen by :mod:`hpcodegen.generate.cp_method`."""
-    from hpcodegen.generate.cp_method import choose_method
-    from hpcodegen.generate.cp_probe import probe_cp
+    ``(--cp-method, --ulysses, cp, tp)`` chosen by :mod:`hpcodegen.generate.layouts.cp_method`."""
+    from hpcodegen.generate.layouts.cp_method import choose_method
+    from hpcodegen.generate.layouts.cp_probe import probe_cp
 
     boundaries = [fqn for fqn, entry in plan.items() if is_boundary(entry)]
     probe = probe_cp(model, config, boundaries)
@@ -279,7 +279,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
     Raises:
         HpcodegenError: bad inputs or a plan that cannot be frozen (it carries the code).
     """
-    from hpcodegen.generate.recorded import complete_args, generation_record
+    from hpcodegen.generate.sources.recorded import complete_args, generation_record
     from hpcodegen.progress import steps
 
     stdout = stdout or sys.stdout

@@ -123,7 +123,7 @@ def chrome_trace(pipe: Pipeline) -> dict[str, Any]:
 def write_timeline(pipe: Pipeline | None, path: str) -> None:
     """Write :func:`chrome_trace` to ``path`` atomically; a plan without a pipeline or an
     unwritable path is a usage error."""
-    from hpcodegen.verify import _write_atomic
+    from hpcodegen.atomic import write_atomic
 
     if pipe is None:
         raise UsageError([error("inspect.usage", "--timeline", "the plan has no pipeline "
@@ -133,7 +133,7 @@ def write_timeline(pipe: Pipeline | None, path: str) -> None:
         raise UsageError([error("inspect.usage", "--timeline", f"{target.parent} is not a "
                                 "directory", expected="a file path in an existing directory")])
     trace = chrome_trace(pipe)
-    _write_atomic(target, lambda stream: json.dump(trace, stream))
+    write_atomic(target, lambda stream: json.dump(trace, stream))
 
 
 def text_lines(report: Mapping[str, Any]) -> list[str]:

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 Entries = Mapping[str, "PlanEntry"]
 
 
-def _targets(result: Inspection, entries: Entries) -> list[TraceTarget]:
+def trace_targets(result: Inspection, entries: Entries) -> list[TraceTarget]:
+    """What the tracer records per boundary (inspect-plan --hf-config and generate's cost)."""
     from hpcodegen.inspect.trace import TraceTarget
 
     targets = []
@@ -190,9 +191,10 @@ def _estimated_dispatch_ops(p: Any, entry: Any, config: Mapping[str, Any],
     return out
 
 
-def _volumes(result: Inspection, entries: Entries, trace: TraceResult,
-             float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
-             seq: int = 1, records: Any = None) -> dict[str, BoundaryVolume]:
+def boundary_volumes(result: Inspection, entries: Entries, trace: TraceResult,
+                     float_bytes: int, config: Any = None, ep: int = 1, batch: int = 1,
+                     seq: int = 1, records: Any = None) -> dict[str, BoundaryVolume]:
+    """Each boundary's bytes per collective from the traced shapes (shared with generate)."""
     out: dict[str, BoundaryVolume] = {}
     config = config or {}
     cp = result.sizes.get(CP, 1)
@@ -319,12 +321,12 @@ def volume_report(plan: Plan, result: Inspection,
     _check_sizes(result)
     config, _ = read_hf_config(opts.hf_config or "")
     entries = plan.entries
-    trace = trace_boundaries(config, _targets(result, entries), opts.batch or 1, opts.seq or 1)
+    trace = trace_boundaries(config, trace_targets(result, entries), opts.batch or 1, opts.seq or 1)
     result.findings.extend(
         warning("trace.called_repeatedly", fqn,
                 f"called {n} times in one forward; counts and bytes assume once")
         for fqn, n in trace.calls.items() if n > 1)
-    volumes = _volumes(result, entries, trace, float_bytes, config, _ep_size(plan, opts),
+    volumes = boundary_volumes(result, entries, trace, float_bytes, config, _ep_size(plan, opts),
                        opts.batch or 1, opts.seq or 1, plan.injections_by_fqn())
     result.findings.extend(_with_estimates(trace.findings, volumes))
     result.findings.extend(_uneven_findings(volumes))

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hpcodegen.atomic import write_atomic
 
 #: Terminal statuses; ``error`` means the rank raised (the launcher ends the job at once),
 #: ``fail`` means it ran but a check (parity) did not pass.
@@ -96,14 +97,7 @@ def write_record(run_dir: Path, record: RankRecord) -> None:
     """Atomically replace this rank's file (readers see the old or the new one, whole)."""
     record.updated = time.time()
     target = record_path(run_dir, record.rank)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".rank{record.rank}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record.to_json(), fh, allow_nan=True)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(target, lambda fh: json.dump(record.to_json(), fh, allow_nan=True))
 
 
 def _from_json(data: dict[str, Any]) -> RankRecord | None:

@@ -3,7 +3,7 @@
 The yardstick ``bench/plan_quality.py`` and ``generate`` hold a frozen plan against. A
 decoder is described by :class:`ModelShape` (what each layer holds: attention, a dense MLP,
 routed experts, shared experts; read from the model's modules by
-:func:`hpcodegen.generate.megatron_shape.model_shape`). With ``T = batch x seq`` tokens,
+:func:`hpcodegen.generate.layouts.megatron_shape.model_shape`). With ``T = batch x seq`` tokens,
 ``b`` bytes per element, tp size ``t`` and the bytes that leave a rank (ring algorithms:
 ``ag(x) = rs(x) = (t-1)/t x``, ``ar(x) = 2 (t-1)/t x``), per forward and per backward:
 

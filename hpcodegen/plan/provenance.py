@@ -60,7 +60,7 @@ class Provenance:
     """``outputs``: generated file by role (``modeling``, ``diff``, ``init``) -> digest."""
     generator: FrozenMap[str, Any] | None = None
     """``generator`` (hpcodegen's metas): ``{"name": "hpcodegen", "version": ...}``, with
-    ``inputs`` (how it was generated: :mod:`hpcodegen.generate.recorded`)."""
+    ``inputs`` (how it was generated: :mod:`hpcodegen.generate.sources.recorded`)."""
     model_name: str | None = None
     """``model_name``: names the modeling file ``modeling_<model_name>_gen_npu.py``."""
     model_class: str | None = None

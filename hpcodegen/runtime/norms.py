@@ -9,7 +9,7 @@ is summed over tp (:mod:`hpcodegen.plan.norms`):
 
 The sum is an all_reduce whose backward is an all_reduce too (every rank's output depends
 on every rank's features). ``generate`` checks on a real copy of the module that this is
-the module's own arithmetic (:func:`hpcodegen.generate.layouts.rms_norm_variant`) and
+the module's own arithmetic (:func:`hpcodegen.generate.layouts.layouts.rms_norm_variant`) and
 records where the weight meets the dtype cast (``cast_last``).
 """
 

@@ -21,8 +21,8 @@ imports this package.
   their K/V shapes and keyword arguments; the model's own kernel still runs).
 
 Its other users: ``inspect-plan --hf-config`` (:mod:`hpcodegen.inspect.trace`, bytes per
-collective), ``generate --sp`` (:mod:`hpcodegen.generate.sp_check`, the sharded-sequence
-run; :mod:`hpcodegen.generate.token_dims`, which dim holds the tokens), ``generate --cp``
-(:mod:`hpcodegen.generate.cp_probe`: attention calls, token mixing outside them, each
-boundary's sequence dim) and generate's plan cost (:mod:`hpcodegen.generate.cost`).
+collective), ``generate --sp`` (:mod:`hpcodegen.generate.checks.sp_check`, the sharded-sequence
+run; :mod:`hpcodegen.generate.layouts.token_dims`, which dim holds the tokens), ``generate --cp``
+(:mod:`hpcodegen.generate.layouts.cp_probe`: attention calls, token mixing outside them, each
+boundary's sequence dim) and generate's plan cost (:mod:`hpcodegen.generate.layouts.cost`).
 """

@@ -20,7 +20,7 @@ import pytest
 from hpcodegen.checkpoint.record import RECORD_NAME, file_sha256, write_record
 from hpcodegen.errors import InputError
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [pytest.mark.timeout(400), pytest.mark.filterwarnings("ignore::UserWarning")]
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
 
@@ -78,7 +78,7 @@ def _codes(exc: InputError) -> list[str]:
 def _export_cli(ckpt: Path, out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hpcodegen", "export", str(ckpt), "-o",
                            str(out), "--json"], capture_output=True, text=True, cwd=REPO,
-                          timeout=200)
+                          timeout=300)
 
 
 def _shared_chunks_metadata(n_keys: int, n_chunks: int):

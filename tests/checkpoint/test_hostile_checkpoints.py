@@ -22,7 +22,7 @@ import pytest
 from hpcodegen.checkpoint.record import RECORD_NAME, file_sha256, write_record
 from hpcodegen.errors import InputError
 
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [pytest.mark.timeout(400),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
@@ -224,7 +224,7 @@ def test_export_cli_reports_a_damaged_checkpoint_as_json_and_keeps_others_files(
     (partial / "keep").write_text("mine")
     run = subprocess.run([sys.executable, "-m", "hpcodegen", "export", str(ckpt), "-o",
                           str(tmp_path / "hf"), "--json"], capture_output=True, text=True,
-                         cwd=REPO, timeout=100)
+                         cwd=REPO, timeout=300)
     doc = json.loads(run.stdout)
     assert run.returncode == 2 and doc["exit_code"] == 2 and doc["verb"] == "export"
     assert [f["code"] for f in doc["findings"]] == ["checkpoint.corrupted"]

@@ -89,7 +89,7 @@ class Lane:
     def create(cls, name: str, base: Path, wheel: Path) -> Lane:
         venv = base / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                       timeout=120)
+                       timeout=300)
         return cls(name, venv, wheel)
 
     @property
@@ -119,7 +119,7 @@ class Lane:
     def installed(self) -> dict[str, str]:
         proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
                                "--python", str(self.python), "list", "--format", "json"],
-                              check=True, capture_output=True, text=True, timeout=120)
+                              check=True, capture_output=True, text=True, timeout=300)
         return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"]
                 for p in json.loads(proc.stdout)}
 

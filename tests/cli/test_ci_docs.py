@@ -24,7 +24,7 @@ _SHA = re.compile(r"[0-9a-f]{40}")
 
 
 def _git(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, timeout=60,
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, timeout=300,
                           **kw)
 
 
@@ -84,7 +84,7 @@ def _pinned_tree(ref: str, dest: Path) -> Path:
     archive = dest / "src.tar"
     with open(archive, "wb") as out:
         assert subprocess.run(["git", "-C", str(ROOT), "archive", ref], stdout=out,
-                              timeout=120).returncode == 0
+                              timeout=300).returncode == 0
     src = dest / "src"
     with tarfile.open(archive) as tar:  # our own history: trusted, but filtered where we can
         try:
@@ -130,7 +130,7 @@ def test_the_actions_job_runs_as_written_at_the_pinned_commit(tmp_path: Path) ->
     env.pop("HPCODEGEN_DEBUG", None)
     where = subprocess.run([sys.executable, "-c", "import hpcodegen; print(hpcodegen.__file__)"],
                            env={**env, "PYTHONPATH": str(pkg)}, capture_output=True, text=True,
-                           timeout=60, cwd=tmp_path)
+                           timeout=300, cwd=tmp_path)
     assert where.stdout.startswith(str(pkg)), where  # the pinned code runs, not the checkout's
     # the layout the page describes, generated as a user would with the pinned commit
     repo = tmp_path / "repo"

@@ -20,9 +20,9 @@ EXE = Path(sys.executable).with_name("hpcodegen")
 def _verbs() -> list[str]:
     """Every registered verb (a verb added later is held to the same conventions)."""
     import typer.main
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
 
-    _register()
+    register_verbs()
     return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
 
 
@@ -38,7 +38,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str | Path, columns: int = 80, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=_env(COLUMNS=str(columns)), **kw)
+                          timeout=300, cwd=ROOT, env=_env(COLUMNS=str(columns)), **kw)
 
 
 def cli_many(commands: list[list[str | Path]]) -> list[subprocess.CompletedProcess[str]]:
@@ -202,7 +202,7 @@ def test_closed_pipe_ends_silently_with_the_verbs_code(broken: Path) -> None:
     def piped(args: str, reader: str) -> tuple[int, str]:
         script = f"{EXE} {args} 2>err.txt | {reader}; echo ${{PIPESTATUS[0]}}"
         run = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
-                             timeout=60, cwd=broken.parent, env=_env(COLUMNS="80"))
+                             timeout=300, cwd=broken.parent, env=_env(COLUMNS="80"))
         return int(run.stdout.strip().splitlines()[-1]), (broken.parent / "err.txt").read_text()
 
     for reader in ("head -1 >/dev/null", "true"):
@@ -214,7 +214,7 @@ def test_closed_pipe_ends_silently_with_the_verbs_code(broken: Path) -> None:
 
 
 def test_shell_completion_is_on() -> None:
-    run = subprocess.run([str(EXE)], capture_output=True, text=True, timeout=60,
+    run = subprocess.run([str(EXE)], capture_output=True, text=True, timeout=300,
                          env=_env(_HPCODEGEN_COMPLETE="complete_bash",
                                   COMP_WORDS="hpcodegen insp", COMP_CWORD="1"))
     assert run.returncode == 0 and "inspect-plan" in run.stdout
@@ -254,7 +254,7 @@ def _on_tty(args: list[str], cwd: Path) -> tuple[int, str]:
             break
         chunks.append(data)
     os.close(master)
-    return proc.wait(timeout=120), b"".join(chunks).decode("utf-8", "replace")
+    return proc.wait(timeout=300), b"".join(chunks).decode("utf-8", "replace")
 
 
 def test_progress_on_a_terminal_only(batch) -> None:

@@ -26,7 +26,7 @@ main()
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", BLOCKED, *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+                          text=True, timeout=300, cwd=ROOT)
 
 
 @pytest.mark.parametrize("args", [
@@ -54,7 +54,7 @@ def test_hub_id_without_huggingface_hub_names_the_hub_extra() -> None:
     code = BLOCKED.replace('"psutil")', '"psutil", "huggingface_hub")')
     proc = subprocess.run([sys.executable, "-c", code, "verify", str(EXAMPLE), "--hf-config",
                            "some-org/some-model", "--skip", "model"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+                          text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2 and "hpcodegen[hub]" in proc.stdout + proc.stderr
 
 
@@ -100,7 +100,7 @@ def rule_file_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _core_only(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", CORE_ONLY, *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+                          text=True, timeout=300, cwd=ROOT)
 
 
 def test_gate_verbs_need_only_the_core_for_a_rule_file_family(rule_file_artifact: Path

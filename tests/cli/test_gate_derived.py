@@ -17,24 +17,24 @@ import pytest
 
 from hpcodegen.artifact.digest import meta_signature
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(400)
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "configs" / "llama"
 
 
 def _cli(*args: Any) -> tuple[int, dict]:
     """The CLI in this process (torch and transformers load once for the whole file)."""
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
     from typer.testing import CliRunner
 
-    _register()
+    register_verbs()
     res = CliRunner().invoke(app, [*map(str, args), "--json"], catch_exceptions=False)
     return res.exit_code, json.loads(res.stdout)
 
 
 def _launch(*args: Any) -> tuple[int, dict]:
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch", *map(str, args),
-                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=150,
+                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "NO_COLOR": "1"})
     return proc.returncode, json.loads(proc.stdout)
 

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _cli(*args: Any) -> tuple[int, dict]:
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
     from typer.testing import CliRunner
 
-    _register()
+    register_verbs()
     res = CliRunner().invoke(app, [*map(str, args), "--json"], catch_exceptions=False)
     return res.exit_code, json.loads(res.stdout)
 

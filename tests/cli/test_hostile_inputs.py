@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.timeout(60)
-_register()
+register_verbs()
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
 EXAMPLE = REPO / "examples" / "llama_tp2"
@@ -62,7 +62,7 @@ def test_a_recipe_fifo_is_refused_without_opening_it(tmp_path) -> None:
 
 
 def test_many_double_star_globs_match_in_bounded_time() -> None:
-    from hpcodegen.generate.globs import fqn_matches
+    from hpcodegen.generate.sources.globs import fqn_matches
 
     glob = ".".join(["**"] * 200 + ["z"])
     assert not fqn_matches(glob, ".".join("abcdefghijklmnopqrstuvwxy"))

@@ -42,7 +42,7 @@ def cli(hf_home: Path, *args: str | Path, cwd: Path = ROOT) -> subprocess.Comple
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     env.pop("HF_HUB_CACHE", None)
     return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
-                          timeout=180, cwd=cwd, env=env)
+                          timeout=300, cwd=cwd, env=env)
 
 
 def test_cached_hub_id_works_offline_for_every_option(hf_home: Path, tmp_path: Path) -> None:

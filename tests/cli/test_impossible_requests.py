@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.timeout(300)
-_register()
+register_verbs()
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
 EXAMPLE = REPO / "examples" / "llama_tp2"
@@ -175,7 +175,7 @@ def test_yaml_merge_keys_are_supported(tmp_path) -> None:
     plain.write_text(
         "- match: 'model.layers.*.self_attn'\n  injections: {inner_wrapper: sdpa_hf}\n"
         "- match: 'model.layers.0.self_attn'\n  injections: {inner_wrapper: sdpa_hf}\n")
-    from hpcodegen.generate.recipe import load_recipe
+    from hpcodegen.generate.sources.recipe import load_recipe
 
     assert load_recipe(merged) == load_recipe(plain)
     code_a, _ = _run(*RECIPE_ARGS, "--recipe", merged, "-o", tmp_path / "a")

@@ -44,12 +44,12 @@ print("PROBE", json.dumps({"code": code, "heavy": sorted(
 
 def probe(*args: str) -> tuple[dict[str, Any], str]:
     proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+                          timeout=300, cwd=ROOT)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")][-1]
     return json.loads(line[len("PROBE "):]), proc.stdout + proc.stderr
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("args", [[SP], [SP, "--json", "--expand"], [SP, "--mesh", "tp=1"]])
 def test_cli_runs_without_importing_torch(args: list[str]) -> None:
     result, output = probe(*args)
@@ -57,13 +57,13 @@ def test_cli_runs_without_importing_torch(args: list[str]) -> None:
     assert "Traceback" not in output
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(400)
 def test_cli_unreadable_input_exits_2_without_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "codegen_meta.json"
     bad.write_text("{not json")
     for target in (str(tmp_path / "missing"), str(bad)):
         proc = subprocess.run([sys.executable, "-m", "hpcodegen", "inspect-plan", target],
-                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and target in proc.stderr
 

@@ -31,14 +31,14 @@ REAL = {**{name: FIXTURES / "configs" / bf.CONFIG_DIR for name in bf.BUNDLES},
         **{name: FIXTURES / "configs" / cfg for name, cfg in vf.CONFIG_OF.items()}}
 FILE_CHECKS = ("outputs", "source")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(400)
 
 
 def verify(*args: str | Path) -> tuple[int, dict[str, Any]]:
     allow = [a for p in vf.REFERENCE_TARGETS for a in ("--allow-target", p)]
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", *map(str, args),
                            *allow, "--json"], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=250)
+                          env={**os.environ, "NO_COLOR": "1"}, timeout=300)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -154,7 +154,7 @@ def test_inspect_plan_reads_a_bare_meta(tmp_path) -> None:
     folder = _crowded_folder(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "inspect-plan",
                            str(folder / "qwen3_moe_g3.json"), "--json"], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+                          text=True, cwd=REPO, timeout=300)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0, doc
     assert "torch" not in proc.stderr
@@ -165,6 +165,6 @@ def test_launch_refuses_a_bare_meta_before_anything_else(tmp_path) -> None:
     shutil.copy(ARTIFACTS / "qwen3_moe_g2" / "codegen_meta.json", path)
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch", str(path), "--nproc",
                            "2", "--dry-run", "--json"], capture_output=True, text=True,
-                          cwd=REPO, timeout=200)
+                          cwd=REPO, timeout=300)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 2 and [f["code"] for f in doc["findings"]] == ["load.bare_meta"]

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = FIXTURES / "configs" / bf.CONFIG_DIR
 BUNDLES = [FIXTURES / "artifacts" / name for name in bf.BUNDLES]
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(400)
 
 
 def verify(*args: str | Path, trust: bool = True) -> tuple[int, dict[str, Any]]:
@@ -38,7 +38,7 @@ def verify(*args: str | Path, trust: bool = True) -> tuple[int, dict[str, Any]]:
     allow = [a for p in vf.REFERENCE_TARGETS for a in ("--allow-target", p)] if trust else []
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", *map(str, args),
                            *allow, "--json"], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=200)
+                          env={**os.environ, "NO_COLOR": "1"}, timeout=300)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -108,7 +108,7 @@ def test_untrusted_bundles_pass_the_gate_with_a_warning_and_never_run() -> None:
     code, doc = verify(BUNDLES[0], "--strict", trust=False)
     assert code == 1  # --strict: a target nobody trusted is not a clean pass
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "inspect-plan", str(BUNDLES[0])],
-                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = "".join((proc.stdout + proc.stderr).split())
@@ -146,7 +146,7 @@ def test_pure_verify_of_a_bundle_never_imports_torch() -> None:
              f"allow_target={vf.REFERENCE_TARGETS!r});"
              "print(c, 'torch' in sys.modules, 'transformers' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+                          cwd=REPO, timeout=300)
     assert proc.stdout.split() == ["0", "False", "False"], proc.stderr
 
 

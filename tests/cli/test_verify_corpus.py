@@ -276,7 +276,7 @@ def batch(corpus: dict[str, Path]) -> tuple[subprocess.CompletedProcess[str], di
     proc = subprocess.run(
         [sys.executable, "-m", "hpcodegen", "verify", *map(str, corpus.values()),
          "--hf-config", str(CONFIG), "--json"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     doc = json.loads(proc.stdout)
     return proc, {a["path"]: a for a in doc["artifacts"]}
 

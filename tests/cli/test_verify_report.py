@@ -121,7 +121,7 @@ def test_junit_write_failure_is_a_usage_error(tmp_path: Path, monkeypatch) -> No
     def refuse(path, render):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(verify_mod, "_write_atomic", refuse)
+    monkeypatch.setattr(verify_mod, "write_atomic", refuse)
     out, err = io.StringIO(), io.StringIO()
     code = run_verify([str(REPO / "examples" / "llama_tp2")], junit=tmp_path / "v.xml",
                       stdout=out, stderr=err)

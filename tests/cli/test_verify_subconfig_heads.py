@@ -39,7 +39,7 @@ def blt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _verify(art: Path, config: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", str(art),
                            "--hf-config", str(config), "--json", *extra],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stderr + proc.stdout
     (doc,) = json.loads(proc.stdout)["artifacts"]
     return proc.returncode, doc["checks"], proc.stderr
@@ -49,7 +49,7 @@ def _heads(check: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in check["findings"] if f["code"] == "model.heads_not_divisible"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_verify_refuses_a_stack_config_whose_heads_tp_cannot_divide(
         blt: dict[str, Path]) -> None:
     code, checks, _ = _verify(blt["art"], blt["good"])
@@ -64,7 +64,7 @@ def test_verify_refuses_a_stack_config_whose_heads_tp_cannot_divide(
     assert "model.global_transformer.layers.0.self_attn" in found["message"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_foreign_modeling_code_still_gets_the_config_rule(blt: dict[str, Path],
                                                           tmp_path: Path) -> None:
     """Foreign modeling code is never built: the pure rule alone fails it; a config that

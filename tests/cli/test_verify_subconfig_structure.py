@@ -22,7 +22,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(400)
 
 DRIFTS = [("text_config", "num_hidden_layers", 3), ("text_config", "hidden_size", 128),
           ("text_config", "vocab_size", 512), ("text_config", "num_attention_heads", 8),
@@ -49,7 +49,7 @@ def _verify(art: Path, config: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     transformers."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpcodegen", "verify",
                            str(art), "--hf-config", str(config), "--json", *extra],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stdout
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}

@@ -94,7 +94,7 @@ def test_cli_generates_verifies_and_inspects(tmp_path) -> None:
     run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
                           str(CONFIGS / "mistral_swa"), "--tp", "2", "--cp", "2",
                           "--cp-layout", "contiguous", "-o", str(out)],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
     assert _meta(out)["parallel_dims"]["cp_layout"] == "contiguous"
     assert run_verify([out], hf_config=CONFIGS / "mistral_swa", stdout=io.StringIO()) == 0

@@ -157,7 +157,7 @@ def test_tied_parameters_planned_two_sharded_ways_are_refused() -> None:
     import torch
     from torch import nn
 
-    from hpcodegen.generate.tied import tied_pairs, unify_tied_placements
+    from hpcodegen.generate.layouts.tied import tied_pairs, unify_tied_placements
 
     class Tiny(nn.Module):
         def __init__(self) -> None:
@@ -196,8 +196,8 @@ def test_local_params_style_on_an_attention_with_sinks() -> None:
 
 
 def test_local_params_outside_a_region_is_refused() -> None:
-    from hpcodegen.generate.hf_plan import expand_rules
-    from hpcodegen.generate.lift import lift_plan
+    from hpcodegen.generate.layouts.lift import lift_plan
+    from hpcodegen.generate.sources.hf_plan import expand_rules
     from hpcodegen.hf import build_meta_model
 
     model = build_meta_model(family("bert"))
@@ -241,7 +241,7 @@ def test_output_heads_in_a_module_list_are_replicated_not_refused(
     """MusicGen's decoder has one LM head per codebook (a ModuleList): with no rule naming
     them (here: without musicgen.yaml), no boundary can be placed on the list, so its heads
     are planned replicated like any unnamed parameter."""
-    import hpcodegen.generate.plan_sources as sources
+    import hpcodegen.generate.sources.plan_sources as sources
 
     monkeypatch.setattr(sources, "package_rules", lambda *a, **k: None)
     plan = meta_of(family("musicgen"))["param_plan"]
@@ -270,7 +270,7 @@ def test_a_composite_config_is_planned_by_the_hf_plan_of_the_part_it_builds() ->
 def test_rules_are_chosen_by_the_sub_config_the_model_is_built_from() -> None:
     from types import SimpleNamespace
 
-    from hpcodegen.generate.plan_sources import rules_scope
+    from hpcodegen.generate.sources.plan_sources import rules_scope
 
     text = {"model_type": "llama4_text", "hidden_size": 8}
     composite = {"model_type": "llama4", "text_config": text}

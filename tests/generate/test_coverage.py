@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.validate import check_coverage
+from hpcodegen.generate.checks.validate import check_coverage
 from hpcodegen.plan.coverage import is_covered, uncovered
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcodegen.generate.emit import ClassPlan, emit_modeling
+from hpcodegen.generate.emit.emit import ClassPlan, emit_modeling
 from hpcodegen.plan.classify import classify_boundary
 from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.types import PlanEntry

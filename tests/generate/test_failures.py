@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.hf_plan import expand_rules
+from hpcodegen.generate.sources.hf_plan import expand_rules
 
 pytestmark = pytest.mark.slow
-_register()
+register_verbs()
 
 
 def invoke(*args: str):
@@ -35,7 +35,7 @@ def test_indivisible_heads_names_config_fields(tmp_path: Path, make_config) -> N
 def test_divisibility_is_verify_rule_and_refuses_its_warnings_too() -> None:
     """generate refuses what verify's model check reports: heads (errors), and the sharded
     dims verify only warns about (an uneven MLP or vocab is never emitted), text_config too."""
-    from hpcodegen.generate.validate import check_divisible
+    from hpcodegen.generate.checks.validate import check_divisible
     from hpcodegen.plan.tp_divisible import tp_divisibility
 
     config = {"vocab_size": 255, "text_config": {"num_attention_heads": 6,

@@ -15,7 +15,7 @@ import pytest
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.api import GenerateArgs, build_bundle, run_generate
-from hpcodegen.generate.package_rules import PackageRules, _holds, package_rules
+from hpcodegen.generate.sources.package_rules import PackageRules, _holds, package_rules
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow
@@ -210,8 +210,8 @@ def test_package_rules_and_recipe_enter_the_input_digest() -> None:
 
 def test_unpaired_rowwise_still_refused() -> None:
     """A colwise child with no closer anywhere is still an error naming the rule."""
-    from hpcodegen.generate.hf_plan import expand_rules
-    from hpcodegen.generate.lift import lift_plan
+    from hpcodegen.generate.layouts.lift import lift_plan
+    from hpcodegen.generate.sources.hf_plan import expand_rules
     from hpcodegen.hf import build_meta_model
 
     config, _ = read_hf_config(FAMILIES / "phi3")

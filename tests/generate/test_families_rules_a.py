@@ -15,7 +15,7 @@ import pytest
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.api import build_bundle
-from hpcodegen.generate.package_rules import package_rules
+from hpcodegen.generate.sources.package_rules import package_rules
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ LAYER0 = {
     "musicgen": "model.decoder.layers.0", "musicgen_melody": "model.decoder.layers.0",
     "moshi": "model.layers.0", "xlstm": "backbone.blocks.0",
 }
-#: the families whose layout the structural seeds find (hpcodegen/generate/seeds.py; OPT,
+#: the families whose layout the structural seeds find (hpcodegen/generate/seeds/seeds.py; OPT,
 #: BioGPT and XGLM with the dataflow's, pair_seeds.py and attention_seeds.py), and the row
 #: order of a fused projection the traced forward reads (fused_seeds.py)
 SEEDED = frozenset({"stablelm", "bitnet", "modernbert-decoder", "opt", "biogpt", "xglm",
@@ -103,7 +103,7 @@ def test_head_counts_read_by_a_helper_method_are_divided() -> None:
 def test_head_count_attrs_follow_self_method_calls() -> None:
     import torch
 
-    from hpcodegen.generate.module_facts import head_count_attrs
+    from hpcodegen.generate.seeds.module_facts import head_count_attrs
 
     class Attn(torch.nn.Module):
         def __init__(self) -> None:
@@ -186,7 +186,7 @@ def test_when_indivisible_reads_the_tp_size() -> None:
 
 
 def test_when_indivisible_must_name_positive_factors(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpcodegen.generate import package_rules as pr
+    from hpcodegen.generate.sources import package_rules as pr
 
     data = {"tp_plan": {}, "variants": [{"when_indivisible": {"num_key_value_heads": 0}}]}
     monkeypatch.setattr(pr, "_read", lambda _t: ("rules/x.yaml", data))

@@ -17,7 +17,12 @@ import pytest
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.api import build_bundle
-from hpcodegen.generate.package_rules import PackageRules, package_rules, rerooted, unsplit_fields
+from hpcodegen.generate.sources.package_rules import (
+    PackageRules,
+    package_rules,
+    rerooted,
+    unsplit_fields,
+)
 from hpcodegen.hf import read_hf_config
 from hpcodegen.plan.tp_divisible import tp_divisibility
 
@@ -60,7 +65,7 @@ def test_package_rules_split_the_decoder_layers(family: str, tp: int) -> None:
     notes: list[str] = []
     plan = plan_of(family, tp, notes)
     assert len(notes) == 1 + (family in FUSED), notes
-    # found by the structural seeds (hpcodegen/generate/seeds.py), else a rule file's
+    # found by the structural seeds (hpcodegen/generate/seeds/seeds.py), else a rule file's
     assert notes[0].startswith("structural seeds:") if family in SEEDED else \
         "no base_model_tp_plan" in notes[0], notes
     split = _layer_split(plan)

@@ -1,5 +1,5 @@
 """The row order of a fused projection read from the traced forward
-(hpcodegen/generate/fused_seeds.py): each verdict once found, once not.
+(hpcodegen/generate/seeds/fused_seeds.py): each verdict once found, once not.
 
 Tiny torch modules on the meta device, one process; the families whose rule files this
 replaced (GPT-2, OpenAI-GPT, Persimmon, Falcon, GPT-NeoX Japanese) are checked in
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.fused_seeds import fused_seeds
-from hpcodegen.generate.styles import Kind
+from hpcodegen.generate.seeds.fused_seeds import fused_seeds
+from hpcodegen.generate.sources.styles import Kind
 
 WIDTH, HEADS, HD = 8, 2, 4
 
@@ -151,7 +151,7 @@ ModelLinear.__module__ = "transformers.models.tiny.modeling_tiny"
 
 def test_a_block_kept_whole_is_left_to_the_other_seeds_unless_its_class_is_split_elsewhere(
         ) -> None:
-    from hpcodegen.generate.hf_plan import Assignment
+    from hpcodegen.generate.sources.hf_plan import Assignment
 
     def plan(cls: type) -> tuple[Any, dict, dict]:
         root = nn.Module()

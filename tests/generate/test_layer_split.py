@@ -1,6 +1,6 @@
 """A plan that splits no layer over tp is a warning of generate (``--strict``: exit 1).
 
-The rule reads the module tree (:mod:`hpcodegen.generate.layer_split`): unit cases on a
+The rule reads the module tree (:mod:`hpcodegen.generate.checks.layer_split`): unit cases on a
 hand-built torch module, then the CLI path on BERT (no HF plan, no package rule) and on
 Llama (split: no warning).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpcodegen.generate.api import GenerateArgs, run_generate
-from hpcodegen.generate.layer_split import fold_blocks, layer_blocks, unsplit_layers
+from hpcodegen.generate.checks.layer_split import fold_blocks, layer_blocks, unsplit_layers
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 LLAMA = Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama"

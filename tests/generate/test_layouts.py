@@ -1,4 +1,5 @@
-"""Megatron's layouts where the HF plan replicates or gathers (hpcodegen/generate/layouts.py).
+"""Megatron's layouts where the HF plan replicates or gathers
+(hpcodegen/generate/layouts/layouts.py).
 
 Plans here (meta device, one process); numerics in tests/runtime/test_layout_parity.py.
 """
@@ -76,7 +77,7 @@ def test_whole_width_qk_norms_split_with_the_heads() -> None:
 def test_rms_norm_variant_reads_the_module_arithmetic() -> None:
     import torch
 
-    from hpcodegen.generate.layouts import rms_norm_variant
+    from hpcodegen.generate.layouts.layouts import rms_norm_variant
 
     class LastCast(torch.nn.Module):  # OLMo-2: (w * x).to(dtype)
         def __init__(self) -> None:
@@ -143,8 +144,8 @@ def test_structural_rules_split_only_what_they_know() -> None:
     sinks split with the heads."""
     from torch import nn
 
-    from hpcodegen.generate.layouts import Kind, mla_assignments
-    from hpcodegen.generate.seeds import block_styles, children
+    from hpcodegen.generate.layouts.layouts import Kind, mla_assignments
+    from hpcodegen.generate.seeds.seeds import block_styles, children
 
     class Mla(nn.Module):
         def __init__(self, gate: bool) -> None:

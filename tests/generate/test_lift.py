@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.hf_plan import expand_rules, hf_rules
-from hpcodegen.generate.lift import lift_plan
+from hpcodegen.generate.layouts.lift import lift_plan
+from hpcodegen.generate.sources.hf_plan import expand_rules, hf_rules
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_the_base_plan_is_prefixed_where_the_base_model_actually_sits() -> None:
     model (Llama-4's causal LM: prefix ``language_model``, decoder held as ``model``)."""
     from torch import nn
 
-    from hpcodegen.generate.hf_plan import base_model_fqn
+    from hpcodegen.generate.sources.hf_plan import base_model_fqn
 
     by_prefix = _pretrained("ForCausalLM", {"model": _pretrained("Base"),
                                             "lm_head": nn.Linear(2, 2)})

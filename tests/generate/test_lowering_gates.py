@@ -17,8 +17,8 @@ from pathlib import Path
 
 from hpcodegen.artifact.bundle import render_bundle
 from hpcodegen.artifact.load import META_NAME
-from hpcodegen.generate.emit import emit_modeling
-from hpcodegen.generate.modeling_text import class_plans
+from hpcodegen.generate.emit.emit import emit_modeling
+from hpcodegen.generate.emit.modeling_text import class_plans
 from hpcodegen.plan.classify import classify_boundary
 from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.lowering import class_forwards, forward_signature, lowering_gates

@@ -1,4 +1,4 @@
-"""The module-tree facts generate reads (hpcodegen/generate/module_facts.py): each once
+"""The module-tree facts generate reads (hpcodegen/generate/seeds/module_facts.py): each once
 found, once not, on tiny torch modules (CPU, one process)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hpcodegen.generate.module_facts import is_lookup_embedding, is_norm
+from hpcodegen.generate.seeds.module_facts import is_lookup_embedding, is_norm
 
 
 class FamilyRMSNorm(nn.Module):
@@ -92,7 +92,7 @@ class TwoCounts(nn.Module):
 
 
 def test_fused_blocks_reads_the_last_dim_chunk_count_of_the_forward() -> None:
-    from hpcodegen.generate.module_facts import fused_blocks
+    from hpcodegen.generate.seeds.module_facts import fused_blocks
 
     assert fused_blocks(GatedChunk()) == 2  # found through a method the forward calls
     assert fused_blocks(ChunkOnBatch()) == 1  # the batch dim is not a projection's blocks

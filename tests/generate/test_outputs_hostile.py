@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 from hpcodegen.artifact.bundle import (
@@ -19,7 +19,7 @@ from hpcodegen.artifact.bundle import (
 )
 from hpcodegen.artifact.load import META_NAME
 
-_register()
+register_verbs()
 
 
 def _bundle(text: str) -> dict[str, bytes]:

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.attention_seeds import attention_by_use, may_be_attention
-from hpcodegen.generate.hf_plan import Assignment
-from hpcodegen.generate.pair_seeds import dataflow_seeds
-from hpcodegen.generate.seeds import SEED_RULE, is_linear
-from hpcodegen.generate.styles import Kind
+from hpcodegen.generate.seeds.attention_seeds import attention_by_use, may_be_attention
+from hpcodegen.generate.seeds.pair_seeds import dataflow_seeds
+from hpcodegen.generate.seeds.seeds import SEED_RULE, is_linear
+from hpcodegen.generate.sources.hf_plan import Assignment
+from hpcodegen.generate.sources.styles import Kind
 from hpcodegen.tracer.dataflow import linear_flow
 
 W, INNER = 8, 16
@@ -252,7 +252,7 @@ class BertAttention(nn.Module):
 
 
 def test_an_attention_over_two_sibling_modules_gets_a_boundary_per_projection() -> None:
-    from hpcodegen.generate.attention_seeds import split_attentions
+    from hpcodegen.generate.seeds.attention_seeds import split_attentions
 
     model, flow = _flow(BertAttention())
     found = split_attentions(dict(model.named_modules()), flow, [])
@@ -266,7 +266,7 @@ def test_an_attention_over_two_sibling_modules_gets_a_boundary_per_projection() 
 def test_the_linears_a_forward_never_calls_are_kept_from_the_layouts() -> None:
     """A vision tower a text forward never runs: the dataflow names its Linears, and
     plan_sources hands them to the Megatron layouts as taken (not split by name)."""
-    from hpcodegen.generate.layouts import unplanned_blocks
+    from hpcodegen.generate.layouts.layouts import unplanned_blocks
 
     class Tower(nn.Module):
         def __init__(self) -> None:
@@ -289,7 +289,7 @@ def test_the_linears_a_forward_never_calls_are_kept_from_the_layouts() -> None:
 def test_a_sequence_gathering_parent_refuses_sequence_sharded_boundaries_inside() -> None:
     """OPT's decoder layer gathers the sequence for fc1/fc2 (its forward flattens batch and
     sequence); the attention region inside it must not gather it again (--sp)."""
-    from hpcodegen.generate.sp_nesting import check_nested_gathers
+    from hpcodegen.generate.checks.sp_nesting import check_nested_gathers
 
     def entry(src: str, dst: str) -> dict:
         return {"in_src": {"x": {"tp": src}}, "in_dst": {"x": {"tp": dst}},

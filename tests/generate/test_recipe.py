@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.recipe import apply_recipe, recipe_schema, validate_recipe
+from hpcodegen.generate.sources.recipe import apply_recipe, recipe_schema, validate_recipe
 from hpcodegen.placement import PLACEMENT_PATTERN
 
 FQNS = ["", "model", "model.layers.0.mlp", "model.layers.0.mlp.down_proj",

@@ -13,7 +13,7 @@ import pytest
 
 from hpcodegen.errors import InputError
 from hpcodegen.generate.api import GenerateArgs, run_generate
-from hpcodegen.generate.recipe import load_recipe
+from hpcodegen.generate.sources.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
@@ -58,7 +58,7 @@ def test_unregistered_injection_target_is_refused_before_writing(tmp_path: Path)
 
 
 @pytest.mark.gloo
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(DOCUMENTED)
@@ -69,7 +69,7 @@ def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Pat
 
     def cli(*args: object) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
-                              timeout=200, cwd=tmp_path)
+                              timeout=300, cwd=tmp_path)
 
     verify = cli("verify", art, "--hf-config", LLAMA)
     assert verify.returncode == 0, verify.stdout + verify.stderr

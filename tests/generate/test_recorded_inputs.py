@@ -9,20 +9,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hpcodegen.cli.app import _register, app
+from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
 from hpcodegen.artifact.digest import meta_signature
 from hpcodegen.errors import UsageError
 from hpcodegen.generate.api import GenerateArgs
-from hpcodegen.generate.recorded import complete_args, generation_record
+from hpcodegen.generate.sources.recorded import complete_args, generation_record
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
 FOREIGN = REPO / "tests" / "fixtures" / "artifacts" / "llama_hp"
 RECIPE = '- match: "model.layers.*.self_attn"\n  injections: {inner_wrapper: sdpa_hf}\n'
 
-_register()
+register_verbs()
 
 
 def _cli(*args: object, cwd: Path | None = None) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""The structural seeds (hpcodegen/generate/seeds.py): each rule once found, once not.
+"""The structural seeds (hpcodegen/generate/seeds/seeds.py): each rule once found, once not.
 
 Tiny torch modules on CPU, one process; the families the seeds replace rule files for are
 checked in test_families_rules_a/b, test_families_hybrid and test_families_ssm, their
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from hpcodegen.generate.seeds import (
+from hpcodegen.generate.seeds.seeds import (
     SEED_RULE,
     block_assignments,
     block_styles,
@@ -24,7 +24,7 @@ from hpcodegen.generate.seeds import (
     seeds_note,
     structural_seeds,
 )
-from hpcodegen.generate.styles import Kind
+from hpcodegen.generate.sources.styles import Kind
 
 
 def _styles(module: nn.Module, by_shape: bool = True) -> dict[str, Kind] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hpcodegen.artifact.digest import bytes_digest
-from hpcodegen.generate.source import ModelingSource
+from hpcodegen.generate.emit.source import ModelingSource
 
 
 def test_line_count_is_the_digest_count() -> None:

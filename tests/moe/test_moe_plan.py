@@ -103,8 +103,8 @@ def test_tp_split_experts_refuse_a_whole_expert_parameter(tmp_path: Path) -> Non
     bias-free families) would add each whole ``down_proj_bias`` once per rank: refused."""
     import torch
 
-    from hpcodegen.generate.hf_plan import expand_rules
-    from hpcodegen.generate.lift import lift_plan
+    from hpcodegen.generate.layouts.lift import lift_plan
+    from hpcodegen.generate.sources.hf_plan import expand_rules
     from hpcodegen.hf import load_transformers_config, model_class_for
 
     config = json.loads((write_model_dir(tmp_path / "m", "gpt_oss") / "config.json").read_text())

@@ -31,7 +31,7 @@ def _inspect(*args):
             f"c = run_inspect(InspectOptions(path={args[0]!r}, **{dict(args[1:])!r}));"
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(c)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=300)
 
 
 def test_text_shows_each_stage_and_the_bubble(pp_dir):

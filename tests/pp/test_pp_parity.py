@@ -29,7 +29,7 @@ HIDDEN, FP32 = 64, 4
 @pytest.fixture(scope="module")
 def pp_artifacts(tmp_path_factory):
     from hpcodegen.generate.api import GenerateArgs, run_generate
-    from hpcodegen.generate.pipeline import PipelineArgs
+    from hpcodegen.generate.layouts.pipeline import PipelineArgs
 
     made: dict[tuple, Path] = {}
 

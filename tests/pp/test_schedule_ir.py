@@ -136,7 +136,7 @@ def test_the_schedule_ir_imports_no_torch():
             "from hpcodegen.plan.schedule_sim import simulate;"
             "simulate(build_actions('ZBVZeroBubble', 4, 8), pp=4, n_stages=8, "
             "n_microbatches=8, style='v'); assert 'torch' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 def _torch_compute(name, pp, m, v):

@@ -38,10 +38,10 @@ def _foreign(tmp: Path) -> Path:
 
 
 def test_verify_says_the_runtime_sums_what_a_foreign_meta_leaves_out(tmp_path) -> None:
-    from hpcodegen.cli.app import _register, app
+    from hpcodegen.cli.app import app, register_verbs
     from typer.testing import CliRunner
 
-    _register()
+    register_verbs()
     res = CliRunner().invoke(app, ["verify", str(_foreign(tmp_path)), "--json"],
                              catch_exceptions=False)
     doc = json.loads(res.stdout)

@@ -143,10 +143,10 @@ def test_tracer_imports_torch_lazily() -> None:
     code = ("import sys\n"
             "import hpcodegen.tracer.model, hpcodegen.tracer.hooks, hpcodegen.tracer.ops\n"
             "import hpcodegen.tracer.loss_parallel, hpcodegen.tracer.attention\n"
-            "import hpcodegen.inspect.trace, hpcodegen.generate.cp_probe\n"
+            "import hpcodegen.inspect.trace, hpcodegen.generate.layouts.cp_probe\n"
             "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 def test_hooks_name_arguments_and_positions() -> None:

@@ -14,11 +14,11 @@ which the launcher sends to the log dir, never to the console.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.atomic import write_atomic
 from hpcodegen.launch import env
 
 FAILURES_NAME = "torchrun.json"
@@ -41,9 +41,7 @@ def failure_records(failures: dict[int, Any]) -> list[dict[str, Any]]:
 
 
 def _write(run_dir: Path, payload: dict[str, Any]) -> None:
-    tmp = run_dir / f".{FAILURES_NAME}.tmp"
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, run_dir / FAILURES_NAME)
+    write_atomic(run_dir / FAILURES_NAME, json.dumps(payload, indent=2))
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,115 @@
+"""The ``param_plan`` entry of an ``experts`` module (HF ``moe_tp_experts``; lazy torch).
+
+Split out of :mod:`hpcodegen.generate.layouts.lift`, which builds every other entry: an experts
+region holds every expert parameter, and its transitions depend on whether a rule splits
+the experts over tp and on sequence parallelism (docs/moe.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.layouts.entries import SEQ
+from hpcodegen.generate.seeds.module_facts import direct_params
+from hpcodegen.plan.codec import entry_from_json
+
+
+def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
+              once: list[str] = ()) -> dict[str, Any]:
+    """An ``experts`` region (HF ``moe_tp_experts``): every expert parameter placed (those
+    no rule names replicated) and the transitions of :func:`moe_transitions`.
+
+    When a rule splits the experts over tp, each rank computes a partial output of every
+    expert. A per-expert bias of the row-split projection (``once``: a rowwise rule on an
+    ``[E, n]`` parameter, GPT-OSS's ``down_proj_bias``) is added inside each expert before
+    the routing weight, so it stays whole and only tp rank 0 applies it
+    (``tp_rank0_params``): the reduction counts it once, and its gradient, rank 0's, is
+    all-reduced like any partial one. Any other parameter left whole there would be applied
+    once per rank: refused. With no parameter split the experts compute whole on every tp
+    rank and the output is already replicated (the region then only dispatches over ep).
+
+    Raises:
+        PlanError: a tp-split experts module holds a replicated parameter no rule declares
+            a row-split bias.
+    """
+    own = direct_params(module)
+    for name in own:
+        params.setdefault(name, {"tp": "R"})
+    split = entry_from_json(fqn, {"params": params}).splits_compute()
+    whole = sorted(n for n in own if split and params[n].get("tp") == "R" and n not in once)
+    if whole:
+        raise PlanError([error(
+            "generate.moe_replicated_expert_param", f"{fqn}.{whole[0]}",
+            f"{type(module).__name__} is split over tp but {', '.join(whole)} "
+            f"{'is' if len(whole) == 1 else 'are'} left whole: each rank would apply "
+            f"{'it' if len(whole) == 1 else 'them'} to its partial expert output, so the tp "
+            "reduction would count it once per rank; not exact",
+            expected="every expert parameter sharded with the experts, or none",
+            hint="shard it with the experts (colwise on a per-expert vector), declare "
+                 "the row-split projection's bias with a rowwise rule (tp rank 0 adds it), "
+                 "or keep the experts whole over tp (no rule on their parameters)")])
+    entry = {"params": params, **moe_transitions(module, sp, split)}
+    if split and once:
+        entry["tp_rank0_params"] = sorted(once)
+        entry["partial_grad_params"] = sorted(once)
+    elif sp and not split and own:  # whole experts computing this rank's slice of tokens
+        entry["partial_grad_params"] = sorted(own)
+    return entry
+
+
+def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]:
+    """An ``experts`` region (HF ``moe_tp_experts``, ``forward(hidden_states, top_k_index,
+    top_k_weights)``): its transitions.
+
+    Without ``sp`` the hidden states and routing weights arrive replicated; with the compute
+    ``split`` over tp both inputs' gradients are partial and all-reduced in the backward
+    (the classifier's rule for a replicated input of a compute-splitting boundary), as HF's
+    ``MoeExpertsParallel`` does, and the partial output is all-reduced; unsplit, the output
+    is whole on every rank (replicated). The integer expert indices carry no gradient and
+    pass through untouched.
+
+    With ``sp`` every rank routes its own slice of the tokens (routing is per token), so the
+    three inputs arrive sharded on the token dim (``S(1)`` here; generate's token-dim pass,
+    :mod:`hpcodegen.generate.layouts.token_dims`, makes it the traced dim). A split compute gathers
+    them (the indices too: ``no_grad_inputs``, an all_gather without backward) and
+    reduce-scatters its partial output back onto the slice, the layout of Megatron's
+    all-gather token dispatcher; unsplit, the experts compute the slice whole (identity).
+    ``--ep`` turns this into the dispatch on the slice (:func:`hpcodegen.generate.layouts.experts.
+    shard_experts`).
+
+    Raises:
+        PlanError: with ``sp``, the forward takes no (indices, weights) routing: its rows
+            are not tokens (Llama-4's experts take every token stacked once per expert).
+    """
+    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if sp:
+        return _moe_sp_transitions(module, names[:3], split)
+    # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...)
+    names = [names[0], *names[2:3]] if names else names
+    in_src = {name: {"tp": "R"} for name in names}
+    return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
+            "out_src": {"output": {"tp": "P(sum)" if split else "R"}},
+            "out_dst": {"output": {"tp": "R"}},
+            "out_names": ["output"], "is_boundary": True}
+
+
+def _moe_sp_transitions(module: Any, names: list[str], split: bool) -> dict[str, Any]:
+    if len(names) < 3:
+        raise PlanError([error(
+            "generate.moe_sp_unrouted", type(module).__name__,
+            f"{type(module).__name__}.forward({', '.join(names)}) takes no expert indices and "
+            "routing weights: its rows are not one per token (the tokens come stacked once "
+            "per expert, pre-scaled by the router), so sequence parallelism (--sp) cannot "
+            "hand it one rank's slice of the tokens",
+            expected="forward(hidden_states, expert_indices, routing_weights)",
+            hint="generate without --sp")])
+    inner = "R" if split else SEQ
+    return {"in_src": {n: {"tp": SEQ} for n in names},
+            "in_dst": {n: {"tp": inner} for n in names},
+            "out_src": {"output": {"tp": "P(sum)" if split else SEQ}},
+            "out_dst": {"output": {"tp": SEQ}},
+            "out_names": ["output"], "is_boundary": True,
+            "no_grad_inputs": [names[1]]}

@@ -1,0 +1,2 @@
+"""Writing the bundle to ``-o`` and reporting generate's result.
+"""
