@@ -13,6 +13,10 @@ The swap is read at call time, so it follows whatever tensor the module holds th
 unsharded parameter under ``fully_shard`` (set by FSDP's pre-forward, which runs first), a
 parameter a boundary scaled or hid (they run inside the forward, on the local view), or one
 a ``module.to(...)`` swapped. A module called again inside its own forward keeps its views.
+
+A forward may also read a child's parameter without calling the child (a short
+convolution's ``F.conv1d(x, self.conv1d.weight)``), so each module's forward also swaps its
+direct children's parameters; a child then called inside finds its views in place.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from torch import nn
 
 _STACK = "_hp_local_views"
 _HOOKED = "_hp_local_view_hooks"
+_HOLDERS = "_hp_local_view_holders"
+_SWAPPED = "_hp_local_view_of"
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -32,10 +38,14 @@ def _is_dtensor(value: Any) -> bool:
 
 
 def _to_local(module: nn.Module, _args: Any) -> None:
-    params = module._parameters
-    saved = [(name, value) for name, value in params.items() if _is_dtensor(value)]
-    for name, value in saved:
-        params[name] = value.to_local()
+    saved = []
+    for holder in module.__dict__[_HOLDERS]:
+        for name, value in holder._parameters.items():
+            if _is_dtensor(value):
+                saved.append((holder, name, value))
+    for holder, name, value in saved:
+        holder._parameters[name] = value.to_local()
+        holder.__dict__.setdefault(_SWAPPED, {})[name] = value
     module.__dict__.setdefault(_STACK, []).append(saved)
 
 
@@ -43,9 +53,19 @@ def _restore(module: nn.Module, _args: Any, _output: Any) -> None:
     stack = module.__dict__.get(_STACK)
     if not stack:
         return
-    params = module._parameters
-    for name, value in stack.pop():
-        params[name] = value
+    for holder, name, value in reversed(stack.pop()):
+        holder._parameters[name] = value
+        del holder.__dict__[_SWAPPED][name]
+
+
+def held(module: nn.Module, name: str) -> Any:
+    """``module``'s parameter ``name`` as the forward's caller set it: the DTensor (or
+    FSDP2's unsharded parameter) whose view a parent's forward swapped in, else the
+    attribute itself. For pre-hooks that hook the tensor a forward really uses."""
+    swapped = module.__dict__.get(_SWAPPED)
+    if swapped and name in swapped:
+        return swapped[name]
+    return getattr(module, name)
 
 
 def local_view(value: Any) -> Any:
@@ -60,13 +80,19 @@ def local_shape(value: Any) -> tuple[int, ...]:
     return tuple(value._local_tensor.shape if _is_dtensor(value) else value.shape)
 
 
+def _owns_dtensor(module: nn.Module) -> bool:
+    return any(_is_dtensor(p) for p in module._parameters.values())
+
+
 def install_local_views(model: nn.Module) -> int:
-    """Hook every module owning a DTensor parameter (module docstring); the count."""
+    """Hook every module owning a DTensor parameter or parenting one that does (module
+    docstring); the count."""
     count = 0
     for module in model.modules():
-        if module.__dict__.get(_HOOKED) or not any(
-                _is_dtensor(p) for p in module._parameters.values()):
+        holders = [m for m in (module, *module.children()) if _owns_dtensor(m)]
+        if module.__dict__.get(_HOOKED) or not holders:
             continue
+        module.__dict__[_HOLDERS] = holders
         module.register_forward_pre_hook(_to_local)
         module.register_forward_hook(_restore, always_call=True)
         module.__dict__[_HOOKED] = True
