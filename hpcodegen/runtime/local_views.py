@@ -15,8 +15,9 @@ parameter a boundary scaled or hid (they run inside the forward, on the local vi
 a ``module.to(...)`` swapped. A module called again inside its own forward keeps its views.
 
 A forward may also read a child's parameter without calling the child (a short
-convolution's ``F.conv1d(x, self.conv1d.weight)``), so each module's forward also swaps its
-direct children's parameters; a child then called inside finds its views in place.
+convolution's ``F.conv1d(x, self.conv1d.weight)``), so each module's forward (the root's
+excepted) also swaps its direct children's parameters; a child then called inside finds its
+views in place.
 """
 
 from __future__ import annotations
@@ -38,31 +39,33 @@ def _is_dtensor(value: Any) -> bool:
 
 
 def _to_local(module: nn.Module, _args: Any) -> None:
+    # attributes set at install, read as attributes and mutated in place: no __dict__
+    # writes in a forward (torch.compile breaks the graph on those)
     saved = []
-    for holder in module.__dict__[_HOLDERS]:
+    for holder in getattr(module, _HOLDERS):
         for name, value in holder._parameters.items():
             if _is_dtensor(value):
                 saved.append((holder, name, value))
     for holder, name, value in saved:
         holder._parameters[name] = value.to_local()
-        holder.__dict__.setdefault(_SWAPPED, {})[name] = value
-    module.__dict__.setdefault(_STACK, []).append(saved)
+        getattr(holder, _SWAPPED)[name] = value
+    getattr(module, _STACK).append(saved)
 
 
 def _restore(module: nn.Module, _args: Any, _output: Any) -> None:
-    stack = module.__dict__.get(_STACK)
+    stack = getattr(module, _STACK)
     if not stack:
         return
     for holder, name, value in reversed(stack.pop()):
         holder._parameters[name] = value
-        del holder.__dict__[_SWAPPED][name]
+        getattr(holder, _SWAPPED).pop(name, None)
 
 
 def held(module: nn.Module, name: str) -> Any:
     """``module``'s parameter ``name`` as the forward's caller set it: the DTensor (or
     FSDP2's unsharded parameter) whose view a parent's forward swapped in, else the
     attribute itself. For pre-hooks that hook the tensor a forward really uses."""
-    swapped = module.__dict__.get(_SWAPPED)
+    swapped = getattr(module, _SWAPPED, None)
     if swapped and name in swapped:
         return swapped[name]
     return getattr(module, name)
@@ -89,10 +92,15 @@ def install_local_views(model: nn.Module) -> int:
     docstring); the count."""
     count = 0
     for module in model.modules():
-        holders = [m for m in (module, *module.children()) if _owns_dtensor(m)]
+        # not the root's children: its hooks run at a compiled forward's edge (a graph break)
+        kids = () if module is model else tuple(module.children())
+        holders = [m for m in (module, *kids) if _owns_dtensor(m)]
         if module.__dict__.get(_HOOKED) or not holders:
             continue
         module.__dict__[_HOLDERS] = holders
+        module.__dict__[_STACK] = []
+        for holder in holders:
+            holder.__dict__.setdefault(_SWAPPED, {})
         module.register_forward_pre_hook(_to_local)
         module.register_forward_hook(_restore, always_call=True)
         module.__dict__[_HOOKED] = True
