@@ -1,85 +1,76 @@
-"""Gradient clipping by the global norm of a tensor-parallel model, exactly.
+"""Gradient clipping by the global norm of a tensor-parallel model: torch's own, per mesh.
 
-The runtime's parameters are DTensors, so ``torch.nn.utils.clip_grad_norm_`` on them gives
-this same norm where every parameter shares one mesh. This one also covers parameters on
-several meshes (expert parameters on the expert mesh beside the dense ones) and works from
-the local gradients: a sharded gradient contributes its local ``sum |g|^p`` summed over the
-mesh axes that shard it (plain or strided shards, e.g. a fused ``gate_up_proj`` over tp;
-expert parameters over their ``(ep, tp)`` mesh), a replicated one contributes once (every
-rank holds the same values, partial gradients were reduced by the runtime), and tied
-parameters count once. The result equals the unsharded model's total norm, and the clip
-coefficient is torch's: ``min(1, max_norm / (total + 1e-6))``.
+The runtime's parameters are DTensors, so ``torch.nn.utils.clip_grad_norm_`` on
+``model.parameters()`` already gives the unsharded model's norm when every parameter
+shares one mesh. torch cannot stack norms of DTensors on different meshes (expert
+parameters on the ``(ep, tp)`` mesh beside the dense ones on ``tp``), and its collectives
+must match on every rank even where an expert no token reached has no gradient on one
+rank only. So: parameters grouped by mesh, ``torch.nn.utils.get_total_norm`` per group (a
+missing gradient counts as zeros of the parameter's placements, as torch counts it 0),
+the groups' norms combined as one p-norm, and ``torch.nn.utils.clip_grads_with_norm_``
+scales the gradients: nothing here re-implements torch's arithmetic.
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 import torch
 from torch import nn
 
 from hpcodegen.checkpoint.layout import ShardLayout
-from hpcodegen.runtime.shards import local_grad, splits
 
 
-def _reduced(value: torch.Tensor, mesh: Any, sharded: tuple[bool, ...],
-             op: str) -> torch.Tensor:
-    """``value`` reduced (sum or max) over the axes of ``mesh`` flagged in ``sharded``."""
-    if mesh is None or not any(sharded):
-        return value
-    from torch.distributed.tensor import DTensor, Partial, Replicate
+def _by_mesh(model: nn.Module, layout: ShardLayout) -> list[list[torch.Tensor]]:
+    """The layout's parameters, one list per mesh, in the layout's order (the same on
+    every rank, so every rank issues the same collectives)."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for fqn, spec in layout.params.items():
+        groups.setdefault(id(spec.mesh), []).append(model.get_parameter(fqn))
+    return list(groups.values())
 
-    spec = [Partial(op) if s else Replicate() for s in sharded]
-    return DTensor.from_local(value, mesh, spec, run_check=False).full_tensor()
+
+def _grad_or_zeros(param: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient; zeros of its placements where it has none on this rank (an
+    expert no token reached), so the mesh's reduction still sees every parameter."""
+    grad = param.grad
+    return (grad if grad is not None else torch.zeros_like(param)).detach()
+
+
+def _full(norm: torch.Tensor) -> torch.Tensor:
+    """A norm as a plain tensor (a DTensor norm is reduced over its mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def total_grad_norm(model: nn.Module, norm_type: float = 2.0, *,
                     layout: ShardLayout | None = None) -> torch.Tensor:
-    """The unsharded model's gradient norm, computed from the local shards (collective).
+    """The unsharded model's gradient norm (collective: every rank of the model's meshes).
 
     ``layout`` defaults to the one the runtime recorded on ``model``
-    (:meth:`ShardLayout.of`).
-
-    Parameters are grouped by (mesh, axes that split them): one reduction per group, over
-    exactly those axes. Every parameter of the layout joins its group whether or not it has
-    a gradient here (an expert no token reached has none on its rank only), so every rank
-    issues the same collectives; a missing gradient contributes 0, as in torch.
+    (:meth:`ShardLayout.of`); tied parameters count once.
     """
     norm_type = float(norm_type)
     if not (norm_type > 0):  # 0, negative and -inf norms are no norms to clip by
         raise ValueError(f"clip_grad_norm_: norm_type {norm_type} is not supported "
                          "(expected a p > 0, or inf for the max norm)")
-    inf = math.isinf(norm_type)
     layout = layout if layout is not None else ShardLayout.of(model)
-    groups: dict[tuple[int, tuple[bool, ...]], tuple[Any, list[torch.Tensor]]] = {}
-    for fqn, spec in layout.params.items():
-        param = model.get_parameter(fqn)
-        key = (id(spec.mesh), tuple(splits(p) for p in spec.placements))
-        mesh, norms = groups.setdefault(key, (spec.mesh, []))
-        grad = local_grad(param)
-        if grad is None or not grad.numel():
-            norms.append(torch.zeros((), dtype=torch.float32, device=param.device))
-        else:  # torch's own per-tensor norm, as torch.nn.utils.get_total_norm takes it
-            norms.append(torch.linalg.vector_norm(grad.detach(), norm_type,
-                                                  dtype=torch.float32))
-    parts = []
-    for (_, sharded), (mesh, norms) in groups.items():
-        stacked = torch.stack(norms)
-        local = stacked.max() if inf else stacked.pow(norm_type).sum()
-        parts.append(_reduced(local, mesh, sharded, "max" if inf else "sum").cpu())
+    parts = [_full(torch.nn.utils.get_total_norm([_grad_or_zeros(p) for p in params],
+                                                 norm_type)).float().cpu()
+             for params in _by_mesh(model, layout)]
     if not parts:
         return torch.zeros((), dtype=torch.float32)
-    if inf:
-        return torch.stack(parts).max()
-    return torch.stack(parts).sum().pow(1.0 / norm_type)
+    if len(parts) == 1:
+        return parts[0]
+    return torch.linalg.vector_norm(torch.stack(parts), norm_type)
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0, *,
                     layout: ShardLayout | None = None) -> torch.Tensor:
-    """Scale every gradient by ``min(1, max_norm / (global norm + 1e-6))``; returns the norm.
+    """Scale every gradient by ``min(1, max_norm / (global norm + 1e-6))`` (torch's
+    coefficient); returns the norm. Collective: every rank of the model's meshes calls it.
 
-    Collective: every rank of the model's mesh calls it.
+    With every parameter on one mesh this is ``torch.nn.utils.clip_grad_norm_(
+    model.parameters(), max_norm)``.
 
     Example::
 
@@ -89,9 +80,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0, *
     """
     layout = layout if layout is not None else ShardLayout.of(model)
     total = total_grad_norm(model, norm_type, layout=layout)
-    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    for fqn in layout.params:
-        grad = local_grad(model.get_parameter(fqn))
-        if grad is not None:
-            grad.detach().mul_(coef.to(grad.device, grad.dtype))
+    for params in _by_mesh(model, layout):  # torch's foreach ops take one mesh at a time
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+

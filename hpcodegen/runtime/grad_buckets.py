@@ -39,7 +39,7 @@ from torch import nn
 
 from hpcodegen.runtime.collectives.comm import Comm
 from hpcodegen.runtime.collectives.ops import reduce
-from hpcodegen.runtime.local_views import hooked_tensor
+from hpcodegen.runtime.local_views import held
 from hpcodegen.runtime.param_hooks import HookedParams, on_local, on_refresh
 from hpcodegen.runtime.params import param_owner
 from hpcodegen.runtime.shards import local_grad
@@ -144,7 +144,7 @@ def install_partial_grad_sync(model: nn.Module, fqns: Iterable[str], group: Any
         def pre_hook(module: nn.Module, _args: Any, names: list[str] = names,
                      registered: dict[str, Any] = registered) -> None:
             for name in names:
-                value = hooked_tensor(module, name)
+                value = held(module, name)  # not a view a parent swapped in
                 if isinstance(value, torch.Tensor):
                     sync.on_used(registered[name], value)
         owner.register_forward_pre_hook(pre_hook)

@@ -26,7 +26,7 @@ from torch import nn
 
 from hpcodegen.runtime.collectives.comm import Comm
 from hpcodegen.runtime.collectives.ops import reduce
-from hpcodegen.runtime.local_views import hooked_tensor
+from hpcodegen.runtime.local_views import held
 from hpcodegen.runtime.param_hooks import HookedParams, on_local, on_refresh
 from hpcodegen.runtime.params import param_owner
 
@@ -45,7 +45,7 @@ def install_grad_hook(model: nn.Module, fqns: Iterable[str],
 
         def pre_hook(module: nn.Module, _args: Any, names: list[str] = names) -> None:
             for name in names:
-                value = hooked_tensor(module, name)
+                value = held(module, name)  # not a view a parent swapped in
                 if isinstance(value, torch.Tensor):
                     hooked.hook_once(value, lambda t: t.register_hook(hook))
         owner.register_forward_pre_hook(pre_hook)

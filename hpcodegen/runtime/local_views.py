@@ -3,13 +3,9 @@
 The generated forwards and the lowered collectives work on plain local shards (no DTensor
 dispatch per op: the runtime's speed). The parameters are DTensors
 (:func:`hpcodegen.runtime.shards.as_local_param`) so that torch's tools see the unsharded
-model. The bridge: for the duration of a module's forward, each DTensor parameter of the
-module *and of its direct children* is replaced in its owner's ``_parameters`` by its
-local view (``param.to_local()``: the same storage, one autograd node), and put back when
-the forward returns or raises. The children too, because forwards read their children's
-parameters without calling them (``nn.MultiheadAttention`` reads ``out_proj.weight``, hub
-kernels read ``conv1d.weight``, Gemma-3n calls ``altup.forward`` directly); parameters an
-enclosing forward already swapped are left as they are. Autograd then
+model. The bridge: for the duration of a module's forward, each of its DTensor parameters
+is replaced in ``module._parameters`` by its local view (``param.to_local()``: the same
+storage, one autograd node), and put back when the forward returns or raises. Autograd then
 accumulates the gradient of every use into the DTensor parameter's ``.grad``, a DTensor with
 the parameter's placements.
 
@@ -17,6 +13,11 @@ The swap is read at call time, so it follows whatever tensor the module holds th
 unsharded parameter under ``fully_shard`` (set by FSDP's pre-forward, which runs first), a
 parameter a boundary scaled or hid (they run inside the forward, on the local view), or one
 a ``module.to(...)`` swapped. A module called again inside its own forward keeps its views.
+
+A forward may also read a child's parameter without calling the child (a short
+convolution's ``F.conv1d(x, self.conv1d.weight)``), so each module's forward (the root's
+excepted) also swaps its direct children's parameters; a child then called inside finds its
+views in place.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any
 from torch import nn
 
 _STACK = "_hp_local_views"
-#: on an owner: parameter name -> (the local view in place now, the DTensor parameter)
-_SWAPPED = "_hp_swapped_params"
 _HOOKED = "_hp_local_view_hooks"
+_HOLDERS = "_hp_local_view_holders"
+_SWAPPED = "_hp_local_view_of"
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -38,34 +39,36 @@ def _is_dtensor(value: Any) -> bool:
 
 
 def _to_local(module: nn.Module, _args: Any) -> None:
-    saved = [(owner, name, value) for owner in _scope(module)
-             for name, value in owner._parameters.items() if _is_dtensor(value)]
-    for owner, name, value in saved:
-        view = owner._parameters[name] = value.to_local()
-        owner.__dict__.setdefault(_SWAPPED, {})[name] = (view, value)
-    module.__dict__.setdefault(_STACK, []).append(saved)
-
-
-def _scope(module: nn.Module) -> tuple[nn.Module, ...]:
-    """The module and its direct children: whose parameters its forward may read."""
-    return (module, *module.children())
+    # attributes set at install, read as attributes and mutated in place: no __dict__
+    # writes in a forward (torch.compile breaks the graph on those)
+    saved = []
+    for holder in getattr(module, _HOLDERS):
+        for name, value in holder._parameters.items():
+            if _is_dtensor(value):
+                saved.append((holder, name, value))
+    for holder, name, value in saved:
+        holder._parameters[name] = value.to_local()
+        getattr(holder, _SWAPPED)[name] = value
+    getattr(module, _STACK).append(saved)
 
 
 def _restore(module: nn.Module, _args: Any, _output: Any) -> None:
-    stack = module.__dict__.get(_STACK)
+    stack = getattr(module, _STACK)
     if not stack:
         return
-    for owner, name, value in stack.pop():
-        owner._parameters[name] = value
+    for holder, name, value in reversed(stack.pop()):
+        holder._parameters[name] = value
+        getattr(holder, _SWAPPED).pop(name, None)
 
 
-def hooked_tensor(module: nn.Module, name: str) -> Any:
-    """The tensor a gradient hook for ``module.<name>`` belongs on: the DTensor parameter
-    when an enclosing forward swapped in its local view (hooked once, it sees every use),
-    else whatever the module holds (a parameter, FSDP's unsharded one)."""
-    value = getattr(module, name)
-    swapped = module.__dict__.get(_SWAPPED, {}).get(name)
-    return swapped[1] if swapped is not None and swapped[0] is value else value
+def held(module: nn.Module, name: str) -> Any:
+    """``module``'s parameter ``name`` as the forward's caller set it: the DTensor (or
+    FSDP2's unsharded parameter) whose view a parent's forward swapped in, else the
+    attribute itself. For pre-hooks that hook the tensor a forward really uses."""
+    swapped = getattr(module, _SWAPPED, None)
+    if swapped and name in swapped:
+        return swapped[name]
+    return getattr(module, name)
 
 
 def local_view(value: Any) -> Any:
@@ -80,16 +83,24 @@ def local_shape(value: Any) -> tuple[int, ...]:
     return tuple(value._local_tensor.shape if _is_dtensor(value) else value.shape)
 
 
+def _owns_dtensor(module: nn.Module) -> bool:
+    return any(_is_dtensor(p) for p in module._parameters.values())
+
+
 def install_local_views(model: nn.Module) -> int:
-    """Hook every module owning a DTensor parameter or with a child that does (module
-    docstring); the count. One level, not the subtree: a forward high above (the model's)
-    would hold the views across code that rescales deeper parameters in place (RWKV's
-    layer rescaling), which autograd forbids on these views."""
+    """Hook every module owning a DTensor parameter or parenting one that does (module
+    docstring); the count."""
     count = 0
     for module in model.modules():
-        if module.__dict__.get(_HOOKED) or not any(
-                _is_dtensor(p) for owner in _scope(module) for p in owner._parameters.values()):
+        # not the root's children: its hooks run at a compiled forward's edge (a graph break)
+        kids = () if module is model else tuple(module.children())
+        holders = [m for m in (module, *kids) if _owns_dtensor(m)]
+        if module.__dict__.get(_HOOKED) or not holders:
             continue
+        module.__dict__[_HOLDERS] = holders
+        module.__dict__[_STACK] = []
+        for holder in holders:
+            holder.__dict__.setdefault(_SWAPPED, {})
         module.register_forward_pre_hook(_to_local)
         module.register_forward_hook(_restore, always_call=True)
         module.__dict__[_HOOKED] = True
