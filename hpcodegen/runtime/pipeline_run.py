@@ -69,12 +69,21 @@ class PipelineRunner:
     """
 
     def __init__(self, model: torch.nn.Module, pipe: Pipeline, pp_rank: int, group: Any,
-                 device: Any, tp_size: int = 1) -> None:
+                 device: Any, tp_size: int = 1, dp_mesh: Any = None) -> None:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
         self.model, self.pipe, self.pp_rank, self.group = model, pipe, pp_rank, group
         self.modules = build_stage_modules(model, pipe, pp_rank, tp_size)
+        self.fsdp = dp_mesh is not None and dp_mesh.size() > 1
+        """FSDP2 over ``dp_mesh`` (:mod:`hpcodegen.runtime.pipeline_fsdp`)."""
+        self._dp_group = dp_mesh.get_group() if self.fsdp else None
+        if self.fsdp:
+            from hpcodegen.runtime.pipeline_fsdp import shard_stage
+
+            for index, module in self.modules:
+                shard_stage(module, [model.get_submodule(f)
+                                     for f in pipe.stages[index].modules], dp_mesh)
         stages = [PipelineStage(module, index, pipe.n_stages, device, group=group)
                   for index, module in self.modules]
         self._normalizer: list[float] = [1.0]
@@ -82,6 +91,11 @@ class PipelineRunner:
                                                  loss_fn=self._loss, scale_grads=False)
         actions = {int(r): [_Action.from_str(a) for a in acts]
                    for r, acts in (pipe.actions or {}).items()}
+        if self.fsdp:
+            from hpcodegen.runtime.pipeline_fsdp import with_fsdp_actions
+
+            actions = {r: with_fsdp_actions(acts, pipe.n_microbatches)
+                       for r, acts in actions.items()}
         self.schedule._prepare_schedule_with_comms(actions, format="compute_comms")
         self.first = any(i == 0 for i, _ in self.modules)
         self.last = any(i == pipe.n_stages - 1 for i, _ in self.modules)
@@ -96,12 +110,17 @@ class PipelineRunner:
         """The distinct parameters this rank's stages train."""
         return stage_parameters(m for _, m in self.modules)
 
-    def step(self, input_ids: torch.Tensor, labels: torch.Tensor
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor,
+             valid_tokens: int | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """One forward and backward of the global batch. Returns ``(loss, logits)`` on the
-        rank running the last stage (the unsharded mean cross entropy, and the whole
-        batch's logits), ``(None, None)`` elsewhere; the gradients are on the parameters."""
-        self._normalizer[0] = float(max(int((labels != IGNORE_INDEX).sum()), 1))
+        """One forward and backward of the global batch (with FSDP, this dp rank's rows of
+        it, and ``valid_tokens`` the whole batch's count of valid labels). Returns
+        ``(loss, logits)`` on the rank running the last stage (the unsharded mean cross
+        entropy, or this rank's share of it under FSDP, and the rows' logits),
+        ``(None, None)`` elsewhere; the gradients are on the parameters."""
+        if valid_tokens is None:
+            valid_tokens = int((labels != IGNORE_INDEX).sum())
+        self._normalizer[0] = float(max(valid_tokens, 1))
         losses: list[torch.Tensor] = []
         args = (input_ids,) if self.first else ()
         logits = self.schedule.step(*args, target=labels if self.last else None,
@@ -125,6 +144,9 @@ class PipelineRunner:
                 continue
             grad = param.grad if held else None
             local = _local(grad) if grad is not None else torch.zeros_like(_local(param))
+            if grad is None and self.fsdp and not held:  # a holder's gradient is dp-sharded
+                local = local.chunk(dist.get_world_size(self._dp_group))[
+                    dist.get_rank(self._dp_group)].contiguous()
             summed = local.clone()
             dist.all_reduce(summed, group=self.group)
             if held and grad is not None:

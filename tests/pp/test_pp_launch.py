@@ -114,3 +114,36 @@ def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(tmp_path):
     _losses(_launch(tp, "llama4", 2, "--steps", "2", "--save", str(tmp_path / "b")))
     back = _losses(_launch(pp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "b")))
     assert back[0] == pytest.approx(straight[2], abs=1e-5)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("config", "tp", "schedule"), [
+    ("llama4", 1, "1F1B"), ("gemma2_tied4", 2, "Interleaved1F1B")])
+def test_fsdp_over_dp_with_pp_is_exact(tmp_path, config, tp, schedule):
+    """``pp 2 x dp 2 (x tp)``: each stage FSDP2-sharded over its dp ranks, each dp rank
+    its rows of the global batch; the gradients reduced over dp once per step (one
+    reduce-scatter per sharded unit, after the last microbatch), summed: the loss, the
+    logits of the rank's rows, every gradient (Gemma-2's embedding tied across stages
+    too) and two AdamW steps equal the unsharded model's."""
+    art = _generate(tmp_path, config, tp, schedule)
+    proc = _launch(art, config, 4 * tp, "--check-parity", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["mesh"] == {"pp": 2, "dp": 2, "tp": tp} if tp > 1 else {"pp": 2, "dp": 2}
+    for rank in doc["ranks"]:
+        parity = rank["parity"]
+        assert parity["fsdp_dp"] == 2, parity
+        assert parity["grad_max_diff"] <= 1e-5 and parity["loss_max_diff"] <= 1e-5, parity
+        assert not parity["mismatched_params"] and parity["params_compared"] > 0, parity
+        assert parity["dp_reduce_scatters"] == parity["stage_units"], parity
+        assert parity["p2p"]["measured"] == parity["p2p"]["predicted"], parity
+        assert len(rank["losses"]) == 2
+    assert any(r["parity"].get("logits_max_diff") is not None for r in doc["ranks"])
+
+
+@pytest.mark.timeout(300)
+def test_a_zero_bubble_pipeline_on_a_dp_world_is_a_usage_error(tmp_path):
+    art = _generate(tmp_path, "llama4", 1, "ZBVZeroBubble")
+    proc = _launch(art, "llama4", 4)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the split backward differentiates the sharded ones" in proc.stdout

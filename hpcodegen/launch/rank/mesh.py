@@ -6,8 +6,9 @@ data-parallel size is whatever is left of the world: ``dp = world / (pp * cp * t
 launcher checks this *before* any process starts, so an impossible world size is an exit-2
 usage error, not N tracebacks. A pipeline (``pp_size > 1``) runs only from a frozen
 ``pipeline`` section; its mesh is ``pp x dp x tp`` with pp outermost (a stage's ranks are
-consecutive, and ``ep`` is carved from its dp ranks as without a pipeline); cp does not
-compose with pp yet (refused here, before any process starts).
+consecutive, and ``ep`` is carved from its dp ranks as without a pipeline; without ep its
+dp ranks run FSDP2, :mod:`hpcodegen.runtime.pipeline_fsdp`); cp, and a zero-bubble list
+under FSDP, do not compose with pp yet (refused here, before any process starts).
 """
 
 from __future__ import annotations
@@ -120,9 +121,29 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
             f"a pipeline on cp={size_of['cp']}: pipeline stages run on pp x dp x tp ranks "
             "only (cp does not compose with pp yet)",
             expected="cp_size 1 with pp_size > 1")])
+    if (plan.pipeline is not None and size_of["dp"] > 1 and ep <= 1
+            and _splits_backward(plan.pipeline)):
+        raise UsageError([error(
+            "launch.pp_compose", "/pipeline/actions",
+            f"a zero-bubble pipeline ({plan.pipeline.schedule}, backward split into I and W) "
+            f"on dp={size_of['dp']}: FSDP over dp gathers a stage's parameters for its "
+            "forward, and the split backward differentiates the sharded ones",
+            expected="GPipe, 1F1B or Interleaved1F1B with dp > 1",
+            hint=f"use --nproc {model} (no dp), or generate another --pp-schedule")])
     ordered_plan = tuple(a for a in names if a in plan_axes)
     return MeshLayout(names=names, sizes=tuple(size_of[n] for n in names),
                       plan_axes=ordered_plan, ep=ep)
+
+
+def _splits_backward(pipe: Any) -> bool:
+    """The frozen list has input/weight gradient actions (``I``/``W``)."""
+    from hpcodegen.plan.schedule import parse_action
+
+    try:
+        return any(parse_action(a).kind in ("I", "W")
+                   for acts in (pipe.actions or {}).values() for a in acts)
+    except ValueError:
+        return False  # verify names a list it cannot read
 
 
 def build_device_mesh(layout: MeshLayout, device_type: str) -> Any:

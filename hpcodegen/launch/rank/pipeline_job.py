@@ -25,6 +25,7 @@ memory check is skipped (it models whole-model ranks).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.launch import env
@@ -67,42 +68,76 @@ def _ref_step(ref: Any, ids: Any, labels: Any) -> tuple[Any, Any]:
     return loss.detach(), logits.detach()
 
 
-def _shared(loss: Any, group: Any, device: Any) -> float:
-    """The last stage's loss on every pp rank (exactly one rank holds it)."""
+@dataclass(frozen=True)
+class _Feed:
+    """The global batch, the rows this rank runs (all of them, or under FSDP its dp rank's
+    share), the whole batch's count of valid labels, and the groups a loss is summed over
+    (pp: one rank holds the last stage; dp under FSDP: each holds its rows' share)."""
+
+    ids: Any
+    labels: Any
+    rows: slice
+    valid: int
+    groups: tuple[Any, ...]
+
+    def step(self, runner: Any) -> tuple[Any, Any]:
+        return runner.step(self.ids[self.rows], self.labels[self.rows], self.valid)
+
+
+def _feed(ids: Any, labels: Any, ctx: RankContext, fsdp: bool) -> _Feed:
+    rows, groups = slice(None), (ctx.mesh.get_group("pp"),)
+    if fsdp:
+        from hpcodegen.runtime.pipeline_fsdp import dp_rows
+
+        dp = ctx.mesh["dp"]
+        rows = dp_rows(ids.shape[0], dp.size(), dp.get_local_rank())
+        groups = (*groups, dp.get_group())
+    return _Feed(ids, labels, rows, int((labels != -100).sum()), groups)
+
+
+def _shared(loss: Any, feed: _Feed, device: Any) -> float:
+    """The step's loss on every rank: the last stage's, summed over the feed's groups."""
     import torch
     import torch.distributed as dist
 
     value = torch.zeros((), device=device) if loss is None else loss.float().clone()
-    dist.all_reduce(value, group=group)
+    for group in feed.groups:
+        dist.all_reduce(value, group=group)
     return float(value)
 
 
-def _parity(runner: Any, built: Any, ref: Any, ids: Any, labels: Any, ctx: RankContext,
+def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
             pp_rank: int) -> dict[str, Any]:
     from hpcodegen.parity.gather import max_param_diff
     from hpcodegen.plan.schedule import parse_action
+    from hpcodegen.runtime.pipeline_fsdp import count_reduce_scatters
     from hpcodegen.runtime.pipeline_run import count_p2p
     from hpcodegen.runtime.pipeline_stage import owned_parameters
 
     pipe = ctx.meta.plan.pipeline
-    with count_p2p() as seen:
-        loss, logits = runner.step(ids, labels)
-    ref_loss, ref_logits = _ref_step(ref.model, ids, labels)
+    with count_p2p() as seen, count_reduce_scatters() as reduced:
+        loss, logits = feed.step(runner)
+    ref_loss, ref_logits = _ref_step(ref.model, feed.ids, feed.labels)
     names = set(owned_parameters(built.model, pipe, pp_rank))
-    grad, worst, odd = max_param_diff(built.model, ref.model, ctx.meta.plan, built.active,
-                                      lambda p: p.grad, expert=built.expert, names=names)
+    grad, worst, odd = max_param_diff(
+        built.model, ref.model, ctx.meta.plan, built.active,
+        lambda p: p.grad, expert=built.expert,  # a DTensor over (dp, tp): full_tensor()
+        names=names)
     mine = [parse_action(a) for a in pipe.actions[str(pp_rank)]]
     predicted = {"isend": sum(a.kind.startswith("SEND") for a in mine),
                  "irecv": sum(a.kind.startswith("RECV") for a in mine)}
     measured = {"isend": seen["isend"], "irecv": seen["irecv"]}
-    shared = _shared(loss, ctx.mesh.get_group("pp"), ctx.device)
+    shared = _shared(loss, feed, ctx.device)
     out = {"grad_max_diff": grad, "worst_grad": worst, "mismatched_params": odd,
            "loss": shared, "ref_loss": float(ref_loss), "params_compared": len(names),
            "ep": built.expert.ep_size if built.expert is not None else 1,
+           "dp_reduce_scatters": reduced["reduce_scatter"],
+           "stage_units": sum(len(pipe.stages[i].modules) for i in pipe.ranks_stages(pp_rank)),
            "p2p": {"measured": measured, "predicted": predicted,
                    "bytes_sent": seen["isend_bytes"]}}
     if logits is not None:
-        out["logits_max_diff"] = float((logits.float() - ref_logits.float()).abs().max())
+        out["logits_max_diff"] = float((logits.float() - ref_logits[feed.rows].float())
+                                       .abs().max())
     out["loss_max_diff"] = abs(shared - float(ref_loss))
     built.model.zero_grad(set_to_none=True)
     ref.model.zero_grad(set_to_none=True)
@@ -121,16 +156,16 @@ def _optimizers(built: Any, ref: Any) -> list[Any]:
     return opts
 
 
-def _train(runner: Any, ref: Any, opts: list[Any], ids: Any, labels: Any, steps: int,
+def _train(runner: Any, ref: Any, opts: list[Any], feed: _Feed, steps: int,
            first: int, ctx: RankContext, reporter: RankReporter) -> None:
     for k in range(1, steps + 1):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
-        loss, _ = runner.step(ids, labels)
+        loss, _ = feed.step(runner)
         opts[0].step()
-        reporter.record.losses.append(_shared(loss, ctx.mesh.get_group("pp"), ctx.device))
+        reporter.record.losses.append(_shared(loss, feed, ctx.device))
         if ref is not None:
-            ref_loss, _ = _ref_step(ref.model, ids, labels)
+            ref_loss, _ = _ref_step(ref.model, feed.ids, feed.labels)
             opts[1].step()
             reporter.record.ref_losses.append(float(ref_loss))
         reporter.update(phase=f"step {first + k}/{first + steps}")
@@ -152,6 +187,10 @@ def _broadcast_owned(model: Any, ctx: RankContext) -> None:
             seen.add(id(param))
             local = param.to_local() if hasattr(param, "to_local") else param
             dist.broadcast(local.data, src=src, group=group)
+
+
+def _local(param: Any) -> Any:
+    return param.to_local() if hasattr(param, "to_local") else param
 
 
 def _failure(parity: dict[str, Any] | None, tol: float) -> str | None:
@@ -183,8 +222,16 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     built = build_parallel_model(directory, ctx, seed, dtype)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
-    opts = _optimizers(built, ref)
+    sizes = dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True))
+    fsdp = sizes.get("dp", 1) > 1 and ctx.layout.ep <= 1
     save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
+    if fsdp and (save_dir or resume_dir):
+        raise RuntimeError("--save/--resume of a pipeline with FSDP over dp is not supported "
+                           "yet (launch it on pp x tp ranks)")
+    pp_rank = ctx.mesh.get_local_rank("pp")
+    runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
+                            sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None)
+    opts = _optimizers(built, ref)  # after FSDP: its sharded parameters
     first = 0
     if resume_dir:
         from hpcodegen.checkpoint.dcp_io import resume
@@ -193,22 +240,21 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         first = resume(resume_dir, built.model, optimizer=opts[0])
         if ref is not None:
             resume(resume_dir, ref.model, optimizer=opts[1])
-    pp_rank = ctx.mesh.get_local_rank("pp")
-    tp = dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True)).get("tp", 1)
-    runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
-                            tp)
-    ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches, ctx.world_size,
-                         built.hf_config, seed, ctx.device)
+    dp = sizes.get("dp", 1) if fsdp else 1
+    ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches * dp,
+                         ctx.world_size, built.hf_config, seed, ctx.device)
+    feed = _feed(ids, labels, ctx, fsdp)
     reporter.update(phase="forward", weights=built.weights,
                     local_param_bytes=sum(p.numel() * p.element_size()
-                                          for p in runner.parameters()))
+                                          for p in map(_local, runner.parameters())))
     parity = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(runner, built, ref, ids, labels, ctx, pp_rank), "tolerance": tol}
+        parity = {**_parity(runner, built, ref, feed, ctx, pp_rank), "tolerance": tol,
+                  "fsdp_dp": dp}
         reporter.update(parity=parity)
     if steps:
-        _train(runner, ref, opts, ids, labels, steps, first, ctx, reporter)
+        _train(runner, ref, opts, feed, steps, first, ctx, reporter)
         if parity is not None:
             rec = reporter.record
             diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
