@@ -84,7 +84,9 @@ def bundle_digests(root: Path = REPO) -> dict[str, dict[str, str]]:
         if code != 0:
             raise RuntimeError(f"{ex.out} does not regenerate byte-identical:\n{text.getvalue()}")
         out[ex.out] = _digests(root / ex.out)
-    with tempfile.TemporaryDirectory(prefix="hpcodegen-digests-") as tmp:
+    # inside the checkout: the meta records its inputs relative to the bundle
+    # (``generator.inputs``), which is then the same wherever the repository lies
+    with tempfile.TemporaryDirectory(prefix=".hpcodegen-digests-", dir=root) as tmp:
         for sampled in SAMPLE:
             dest = Path(tmp) / sampled.name
             stdout, stderr = io.StringIO(), io.StringIO()
