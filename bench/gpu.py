@@ -159,6 +159,11 @@ def _predicted(meta: dict) -> tuple[Counter, Counter]:
     return +fwd, +bwd
 
 
+def _local_tensor(tensor: Any) -> Any:
+    """This rank's part: a DTensor parameter's local tensor, any other tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _local_shape(shape: tuple[int, ...], placements: tuple, world: int) -> tuple[int, ...]:
     from hpcodegen.checkpoint.layout import splits
 
@@ -191,9 +196,10 @@ def fake_step(device: str, dtype: Any, names: list[str] | None) -> list[list[Any
         with CommDebugMode() as bwd_mode:
             logits.float().pow(2).mean().backward()
         torch.optim.AdamW(gen.parameters(), lr=1e-3).step()
+        local = {n: _local_tensor(p) for n, p in gen.named_parameters()}  # DTensor params
         wrong = [n for n, p in gen.named_parameters()
                  if p.dtype != dtype or p.grad is None or p.grad.shape != p.shape
-                 or tuple(p.shape) != _local_shape(shapes[n], info[n][0], world)]
+                 or tuple(local[n].shape) != _local_shape(shapes[n], info[n][0], world)]
         want_fwd, want_bwd = _predicted(meta)
         counts_ok = _counts(fwd_mode) == want_fwd and _counts(bwd_mode) == want_bwd
         vocab = config["vocab_size"] // (world if meta["parallel_dims"].get("loss_parallel")
