@@ -225,6 +225,14 @@ def transition_findings(forms: Mapping[str, Any] | None) -> Iterator[Finding]:
                             expected="a destination that is not Partial")
 
 
+def _declared_outputs(plan: Plan) -> Iterator[tuple[str, str, str, NamedPlacement]]:
+    """``(fqn, side, name, placement)`` of every declared output placement."""
+    for fqn, entry in plan.entries.items():
+        for side in ("out_src", "out_dst"):
+            for name, named in (getattr(entry, side, None) or {}).items():
+                yield fqn, side, name, named
+
+
 def derived_findings(plan: Plan, forms: Mapping[str, Any] | None, ours: bool
                      ) -> Iterator[Finding]:
     """Every rule of the module docstring; ``ours``: hpcodegen wrote the meta. Over a tp
@@ -233,6 +241,13 @@ def derived_findings(plan: Plan, forms: Mapping[str, Any] | None, ours: bool
     if plan.dims.size(TP) > 1:
         yield from grad_findings(plan, ours)
         yield from output_findings(plan)
+    elif not ours and any(isinstance(named.get(TP), Partial) for _f, _s, _n, named
+                          in _declared_outputs(plan)):
+        yield info("plan.tp_one_grads_whole", pointer("parallel_dims", "tp_size"),
+                   "tp_size is 1: the declared P(sum) outputs over tp are sums of one term "
+                   "and no gradient is partial over tp; every gradient is whole on its rank "
+                   "before the data-parallel reduction, in hpcodegen's runtime and in the "
+                   "existing system's alike (nothing to sum over tp)")
     yield from ep_findings(plan, ours)
     yield from transition_findings(forms)
     yield from nesting_findings(plan)

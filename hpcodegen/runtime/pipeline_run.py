@@ -152,7 +152,18 @@ class PipelineRunner:
             if held and grad is not None:
                 local.copy_(summed)
             elif held:
-                param.grad = summed
+                param.grad = _like_param(summed, param)
+
+
+def _like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``local`` as a gradient of ``param``: a DTensor with its mesh, placements and shape
+    when the parameter is one (a plain gradient on a DTensor parameter raises)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return local
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
