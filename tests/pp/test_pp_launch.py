@@ -99,7 +99,9 @@ def _losses(proc: subprocess.CompletedProcess) -> list[float]:
 @pytest.mark.timeout(900)
 def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(tmp_path):
     """Three steps at pp 2 against two steps at pp 2, saved, and the third at tp 2 (no
-    pipeline) from the checkpoint; then two at tp 2, saved, and the third at pp 2."""
+    pipeline) from the checkpoint; that checkpoint exported to HF holds the trained weights
+    (a tp 2 run from the export starts at the third step's loss); then two at tp 2, saved,
+    and the third at pp 2."""
     pp = tmp_path / "pp"
     subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o", str(pp),
                     "--tp", "1", "--pp", "2", "--microbatches", "2"], check=True,
@@ -111,6 +113,16 @@ def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(tmp_path):
     _losses(_launch(pp, "llama4", 2, "--steps", "2", "--save", str(tmp_path / "a")))
     third = _losses(_launch(tp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "a")))
     assert third[0] == pytest.approx(straight[2], abs=1e-5)
+    hf = tmp_path / "hf"  # the pipeline's checkpoint exported to HF: the trained weights
+    exported = subprocess.run([*HPC, "export", str(tmp_path / "a"), "-o", str(hf)],
+                              capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    proc = subprocess.run([*HPC, "launch", str(tp), "--nproc", "2", "--model-dir", str(hf),
+                           "--json", "--steps", "1"], capture_output=True, text=True,
+                          timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["ranks"][0]["losses"][0] == pytest.approx(straight[2],
+                                                                             abs=1e-5)
     _losses(_launch(tp, "llama4", 2, "--steps", "2", "--save", str(tmp_path / "b")))
     back = _losses(_launch(pp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "b")))
     assert back[0] == pytest.approx(straight[2], abs=1e-5)
