@@ -42,6 +42,10 @@ def verify(
     changed_files: bool = typer.Option(
         False, "--changed-files",
         help="PATHs are changed files (pre-commit): verify the artifact dir each lies in."),
+    mesh: Optional[str] = typer.Option(
+        None, "--mesh", metavar="AXIS=N,...",
+        help="Re-derive the plan at these axis sizes, e.g. tp=4 (the model check; needs "
+             "--hf-config). An axis of size 1 moves nothing and is no error."),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX",
         help="Trust injection targets under this module prefix (repeatable); others must be "
@@ -55,4 +59,4 @@ def verify(
         paths or [], hf_config=hf_config, only=only, skip=skip,
         output="json" if json_out else "text", junit=junit, strict=strict,
         verbose=verbose and not quiet, quiet=quiet, allow_target=allow_target,
-        changed_files=changed_files), as_json=json_out))
+        changed_files=changed_files, mesh=mesh), as_json=json_out))

@@ -58,8 +58,10 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
                     hf_config_path: Path | None = None,
                     config_problem: Sequence[Finding] = (),
                     strict: bool = False,
-                    allowed_targets: Sequence[str] = ()) -> ArtifactResult:
-    """Load one artifact and run the named checks; never raises for bad input."""
+                    allowed_targets: Sequence[str] = (),
+                    mesh: str | None = None) -> ArtifactResult:
+    """Load one artifact and run the named checks; never raises for bad input (an axis of
+    ``mesh`` the plan cannot have is a :class:`UsageError`, as in ``inspect-plan``)."""
     art = ArtifactResult(str(path))
     try:
         loaded = load_meta(path)
@@ -70,6 +72,12 @@ def verify_artifact(path: str | os.PathLike[str], names: Sequence[str], *,
         return art
     ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None, hf_config_path,
                        allowed_targets=tuple(allowed_targets))
+    if mesh is not None:
+        from hpcodegen.inspect.options import parse_mesh
+        from hpcodegen.inspect.run import check_mesh_axes
+
+        axes, ctx.live_sizes = parse_mesh(mesh)
+        check_mesh_axes(ctx.plan, mesh, axes, verb="verify")
     if config_problem:
         art.unreadable = True
         for name in names:
@@ -150,6 +158,7 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
                strict: bool = False, verbose: bool = False, quiet: bool = False,
                changed_files: bool = False,
                allow_target: Sequence[str] = (),
+               mesh: str | None = None,
                stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Verify artifacts and report; returns the exit code (0 ok, 1 failed, 2 usage/unreadable).
 
@@ -166,6 +175,8 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
         changed_files: ``paths`` are changed files (a pre-commit hook's list); verify the
             artifacts they lie in (:func:`artifacts_of_changed`).
         allow_target: trusted module prefixes for injection targets (the ``targets`` check).
+        mesh: live axis sizes (``"tp=4"``) the model check re-derives at instead of the
+            frozen ``parallel_dims`` (needs ``hf_config``); an unknown axis is a usage error.
         stdout / stderr: where reports and usage errors go (default: the process's).
 
     Example::
@@ -189,6 +200,10 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     try:
         names = select_checks(only, skip)
         trusted = trusted_prefixes(allow_target)
+        if mesh is not None:
+            from hpcodegen.inspect.options import parse_mesh
+
+            parse_mesh(mesh)
     except UsageError as exc:
         return _usage(str(exc), stderr, json_out, exc.findings)
     if output not in REPORTERS or output == "junit":
@@ -217,10 +232,13 @@ def run_verify(paths: Sequence[str | os.PathLike[str]], *,
     config, config_path, problem = _read_config(hf_config, names)
     result = VerifyResult(strict=strict)
     for path in artifact_paths(paths):
-        result.artifacts.append(verify_artifact(path, names, hf_config=config,
-                                                hf_config_path=config_path,
-                                                config_problem=problem, strict=strict,
-                                                allowed_targets=trusted))
+        try:
+            result.artifacts.append(verify_artifact(path, names, hf_config=config,
+                                                    hf_config_path=config_path,
+                                                    config_problem=problem, strict=strict,
+                                                    allowed_targets=trusted, mesh=mesh))
+        except UsageError as exc:  # an axis of --mesh this plan cannot have
+            return _usage(str(exc), stderr, json_out, exc.findings)
     try:
         REPORTERS[output].write(result, stdout, verbose=verbose, quiet=quiet)
         stdout.flush()

@@ -37,6 +37,8 @@ class CheckContext:
         cache: per-artifact memo shared by checks (e.g. the schema errors).
         allowed_targets: module prefixes the user trusts for injection targets
             (``--allow-target``), besides the registry of :mod:`hpcodegen.targets`.
+        live_sizes: ``--mesh`` axis sizes the model check re-derives at (None: the frozen
+            ``parallel_dims``).
     """
 
     loaded: LoadedMeta
@@ -44,6 +46,7 @@ class CheckContext:
     hf_config_path: Path | None = None
     cache: dict[str, Any] = field(default_factory=dict)
     allowed_targets: tuple[str, ...] = ()
+    live_sizes: dict[str, int] | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -65,6 +68,11 @@ class CheckContext:
         meta the schema accepts)."""
         _ = self.plan
         return self.cache["plan_left_out"]
+
+    def sizes(self) -> dict[str, int]:
+        """The axis sizes the plan is judged at: the frozen ones, with ``--mesh`` over them
+        (an axis of size 1 splits nothing, and is no error)."""
+        return {**self.plan.dims.sizes, **(self.live_sizes or {})}
 
     @property
     def artifact_dir(self) -> Path:

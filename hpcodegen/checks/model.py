@@ -450,10 +450,12 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
         raise SkipCheck("param_plan, parallel_dims, boundary_classes or module_overrides "
                         "violate the schema")
     # param_plan and parallel_dims are schema-valid: the Plan holds them whole
-    tp, entries = ctx.plan.dims.size("tp"), ctx.plan.entries
+    live = ctx.live_sizes is not None and "tp" in ctx.live_sizes
+    tp, entries = ctx.sizes().get("tp", 1), ctx.plan.entries
     # pure (config JSON + plan): holds for foreign modeling code too, which is never built;
     # the plan says which heads it splits (no rule file is read: the gate needs no YAML)
-    sizes = tp_divisibility(config, tp, "model", pointer("parallel_dims", "tp_size"),
+    sizes = tp_divisibility(config, tp, "model",
+                            "--mesh" if live else pointer("parallel_dims", "tp_size"),
                             plan=entries)
     from hpcodegen.checks.cp import config_heads_findings
 
@@ -508,6 +510,7 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
         advance("deriving placements and gradients by propagation (fake process group)")
         findings += derivation_findings(
             ctx.plan, config, is_hpcodegen_meta(ctx.meta),
+            sizes=ctx.sizes() if ctx.live_sizes is not None else None,
             replaced={fqn: f"replaced by {o.target} (module_overrides)"
                       for fqn, o in replaced.items()})
     yield from findings

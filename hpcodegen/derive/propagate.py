@@ -100,6 +100,8 @@ class _Run:
                             for fqn, e in plan.entries.items()
                             if e.region_dispatch is False and fqn not in self.opaque})
         self.opaque.update({fqn: why for fqn, why in replaced.items() if fqn not in self.opaque})
+        #: boundary -> the placements its first strided-sharded input arrived with
+        self.rows: dict[str, tuple] = {}
 
     # -- placements ----------------------------------------------------------------------
     def torch_placements(self, named: Mapping[str, Placement] | None, ndim: int,
@@ -131,6 +133,21 @@ class _Run:
         return DTensor.from_local(local, self.mesh, placements, run_check=False,
                                   shape=value.shape,
                                   stride=torch.empty(value.shape, device="meta").stride())
+
+    def as_arrived(self, fqn: str, placements: tuple) -> tuple:
+        """``placements`` with a declared ``S(d)`` read as the rows this boundary's input
+        arrived with where that was ``SS(d,k)`` (tokens flattened from a sequence shard:
+        each rank's rows interleaved across the batch). The runtime gathers and splits such
+        rows in rank order, so ``S(d)`` there means each rank's own rows again, not a
+        contiguous block of the global order."""
+        from torch.distributed.tensor import Shard as TShard
+
+        rows = self.rows.get(fqn)
+        if rows is None:
+            return placements
+        return tuple(r if type(p) is TShard and type(r).__name__ == "_StridedShard"
+                     and r.dim == p.dim else p
+                     for p, r in zip(placements, rows, strict=False))
 
     def fence(self, value: Any) -> Any:
         """``value`` as the runtime hands it on at a transition: the same placements, and in
@@ -199,9 +216,11 @@ class _Run:
         dst = (entry.in_dst or EMPTY).get(name, src)
         if isinstance(value, DTensor):
             self.record.inputs.setdefault((fqn, name), _named(value.placements, self.axes))
+            if any(type(p).__name__ == "_StridedShard" for p in value.placements):
+                self.rows.setdefault(fqn, tuple(value.placements))
         else:
             value = self.placed(value, self.torch_placements(src, value.dim()))
-        want = self.torch_placements(dst, value.dim())
+        want = self.as_arrived(fqn, self.torch_placements(dst, value.dim()))
         if any(isinstance(p, Partial) for p in (dst or EMPTY).values()):
             return self.fence(value)  # refused by the plan check (plan.invalid_redistribute)
         if tuple(value.placements) != want:
@@ -307,12 +326,13 @@ class _Run:
                 if not isinstance(value, torch.Tensor):
                     continue
                 if fqn in self.opaque or not isinstance(value, DTensor):
-                    value = self.placed(value, self.torch_placements(src, value.dim()))
+                    value = self.placed(value, self.as_arrived(
+                        fqn, self.torch_placements(src, value.dim())))
                 else:
                     self.record.outputs.setdefault(
                         (fqn, name), (_named(value.placements, self.axes), value.dim()))
                 dst = (entry.out_dst or EMPTY).get(name, src)
-                want = self.torch_placements(dst, value.dim())
+                want = self.as_arrived(fqn, self.torch_placements(dst, value.dim()))
                 if tuple(value.placements) != want and not any(
                         isinstance(p, Partial) for p in (dst or EMPTY).values()):
                     value = value.redistribute(self.mesh, want)
@@ -377,7 +397,8 @@ class _Run:
         local_rules = {aten.slice.Tensor: _strided_slice, aten.split.Tensor: _strided_split,
                        aten.new_empty.default: _like_self, aten.new_zeros.default: _like_self,
                        aten.new_ones.default: _like_self, aten.new_full.default: _like_self,
-                       aten.mul.Tensor: _scaled_partial}
+                       aten.mul.Tensor: _scaled_partial,
+                       **dict.fromkeys(_row_ops(aten), _rowwise_strided)}
         OpDispatcher.redistribute_local_args = staticmethod(watched)
         handlers.update(local_rules)
         _CURRENT.append(self)
@@ -456,6 +477,72 @@ def _strided_split(op_call: Any, args: tuple, kwargs: dict) -> Any:
                                    shape=tuple(shape), stride=piece.stride())
                 for piece in pieces]
     return _default(op_call, args, kwargs)
+
+
+def _row_ops(aten: Any) -> list[Any]:
+    """Ops an MoE router runs on tokens flattened from a sequence shard (``SS(0,b)``: the
+    rows of each rank interleaved across the batch), for which DTensor has no strided rule
+    and would gather the rows first (:func:`_rowwise_strided`)."""
+    return [aten.topk.default, aten.sort.default, aten.sort.stable, aten.max.dim,
+            aten.argmax.default, aten.scatter.src, aten.scatter.value,
+            aten.scatter_add.default, aten.gather.default, aten.one_hot.default,
+            aten.mm.default]
+
+
+def _rowwise_strided(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """An op on rows sharded ``SS(d,k)`` as each rank's local code runs it: on its own rows.
+
+    A strided shard holds the same number of rows per rank as ``S(d)``, only other ones (a
+    permutation of the rows). If DTensor's rule for the op keeps ``S(d)`` operands where
+    they are (no collective), the op is row-wise on ``d``: it gives each rank's rows the
+    same answer whichever rows they are, so the result is the ``S(d)`` result with its
+    ``d`` read back as ``SS(d,k)``. Otherwise (or without a strided operand) DTensor's own
+    rule runs, and a gather it needs is recorded as before."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    dtensors = [t for t in leaves if isinstance(t, DTensor)]
+    strided = {(i, p.dim): p for t in dtensors
+               for i, p in enumerate(t.placements) if isinstance(p, _StridedShard)}
+    factors = {i: p.split_factor for (i, _), p in strided.items()}
+    # every operand split over a mesh dim of a strided operand holds its rows the same way
+    # (one split factor, no plain shard beside it): their local rows then pair up
+    consistent = all(
+        isinstance(p, _StridedShard) and p.split_factor == factors[i]
+        for t in dtensors for i, p in enumerate(t.placements)
+        if i in factors and (isinstance(p, (TShard, _StridedShard))))
+    run = _CURRENT[-1] if _CURRENT else None
+    if not strided or run is None or not consistent:
+        return _default(op_call, args, kwargs)
+
+    def as_rows(t: Any) -> Any:
+        if not isinstance(t, DTensor):
+            return t
+        placements = tuple(TShard(p.dim) if isinstance(p, _StridedShard) else p
+                           for p in t.placements)
+        return DTensor.from_local(t._local_tensor, t.device_mesh, placements,
+                                  run_check=False, shape=t.shape, stride=t.stride())
+
+    marks = (len(run.record.implicit), run.record.backward_reductions)
+    trial_args, trial_kwargs = pytree.tree_unflatten([as_rows(t) for t in leaves], spec)
+    out = _default(op_call, trial_args, trial_kwargs)
+    moved = (len(run.record.implicit), run.record.backward_reductions) != marks
+    del run.record.implicit[marks[0]:]
+    run.record.backward_reductions = marks[1]
+    if moved:
+        return _default(op_call, args, kwargs)
+
+    def back(t: Any) -> Any:
+        if not isinstance(t, DTensor):
+            return t
+        placements = tuple(strided.get((i, p.dim), p) if type(p) is TShard else p
+                           for i, p in enumerate(t.placements))
+        return DTensor.from_local(t._local_tensor, t.device_mesh, placements,
+                                  run_check=False, shape=t.shape, stride=t.stride())
+    return pytree.tree_map(back, out)
 
 
 def _like_self(op_call: Any, args: tuple, kwargs: dict) -> Any:

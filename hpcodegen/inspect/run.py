@@ -209,7 +209,8 @@ def known_mesh_axes(plan: Plan) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*named, *sorted(FSDP_AXES)]))
 
 
-def check_mesh_axes(plan: Plan, mesh: str, live_axes: Sequence[str]) -> None:
+def check_mesh_axes(plan: Plan, mesh: str, live_axes: Sequence[str],
+                    verb: str = "inspect") -> None:
     """An axis of ``--mesh`` the plan cannot have (a typo such as ``pt=4``) is a usage
     error (exit 2) naming the axes the plan has: a prediction over it would silently show
     a mesh that communicates nothing."""
@@ -219,7 +220,7 @@ def check_mesh_axes(plan: Plan, mesh: str, live_axes: Sequence[str]) -> None:
         return
     own = list(dict.fromkeys([*plan.axes, *(a for a, n in plan.dims.sizes.items() if n > 1)]))
     raise UsageError([error(
-        "inspect.unknown_mesh_axis", "--mesh",
+        f"{verb}.unknown_mesh_axis", "--mesh",
         f"--mesh {mesh}: unknown axis {', '.join(repr(a) for a in unknown)}; the plan's "
         f"axes are {', '.join(own) or '(none)'}",
         expected=f"axes among {', '.join(known)}",

@@ -3,8 +3,9 @@ install and train wrong, or cannot run, fail ``verify --strict --hf-config`` thr
 derivation by propagation (:mod:`hpcodegen.derive`), each with a ``derive.*`` finding at
 the JSON pointer of the declaration and the derived value; the unedited artifacts pass.
 
-The artifacts are generated here from tiny configs of three families (Qwen3 with
-sequence parallelism, GPT-OSS with per-expert biases, Qwen3-MoE with experts over ep).
+The artifacts are generated here from tiny configs of four plans (Qwen3 with sequence
+parallelism, GPT-OSS with per-expert biases, Qwen3-MoE with experts over ep, and Qwen3-MoE
+with sequence parallelism, whose router runs on tokens flattened from a sequence shard).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ FAMILIES = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM", ["--tp", "2", "--sp"]),
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2"]),
     "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--ep", "2"]),
+    "qwen3_moe_sp": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--sp"]),
 }
 
 
@@ -123,6 +125,9 @@ HOSTILE = {
     "output projection split S(0)": (
         "qwen3", _o_proj_rows, "derive.output",
         "/param_plan/model.layers.0.self_attn/out_src/output/tp"),
+    "output projection split S(0) in an MoE under sp": (
+        "qwen3_moe_sp", _o_proj_rows, "derive.output",
+        "/param_plan/model.layers.0.self_attn/out_src/output/tp"),
     "ep experts without the dispatch injection": (
         "qwen3_moe", _no_dispatch, "plan.ep_dispatch_mismatch",
         "/param_plan/model.layers.0.mlp.experts"),
@@ -170,6 +175,9 @@ def test_generated_artifacts_pass_with_every_boundary_derived(family, generated)
     assert code == 0, [f for f in _findings(doc) if f["severity"] != "info"]
     summary = [f for f in _findings(doc) if f["code"] == "derive.summary"]
     assert summary and "derived by propagation at tp=2" in summary[0]["message"]
+    # nothing left to the rules: the router's top-k on a sequence shard flattened into
+    # tokens is derived row by row, as each rank's local code runs it
+    assert not [f for f in _findings(doc) if f["code"] == "derive.rule_gap"]
 
 
 def test_partial_over_a_tp_axis_of_one_rank_is_not_an_error(tmp_path) -> None:
