@@ -51,7 +51,7 @@ def test_launch_check_parity_and_steps(tmp_path, config, tp, schedule):
     assert any(r["parity"].get("logits_max_diff") is not None for r in ranks)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_a_pipeline_on_a_world_it_does_not_divide_is_a_usage_error(tmp_path):
     art = _generate(tmp_path, "llama4", 1, "1F1B")
     proc = _launch(art, "llama4", 3)
@@ -153,7 +153,7 @@ def test_fsdp_over_dp_with_pp_is_exact(tmp_path, config, tp, schedule):
     assert any(r["parity"].get("logits_max_diff") is not None for r in doc["ranks"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_a_zero_bubble_pipeline_on_a_dp_world_is_a_usage_error(tmp_path):
     art = _generate(tmp_path, "llama4", 1, "ZBVZeroBubble")
     proc = _launch(art, "llama4", 4)
