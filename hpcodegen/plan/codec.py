@@ -37,6 +37,8 @@ __all__ = [
     "PlanFormatError",
     "as_plan",
     "entries_from_json",
+    "entry_field_from_json",
+    "entry_field_name",
     "entry_from_json",
     "injection_from_json",
     "plan_from_meta",
@@ -279,6 +281,20 @@ def entry_from_json(fqn: str, value: Any, where: JsonPath | None = None) -> Plan
     """One ``param_plan`` entry (``where`` defaults to ``("param_plan", fqn)``)."""
     where = ("param_plan", fqn) if where is None else where
     return PlanEntry(fqn=fqn, **_read(_ENTRY, value, where))
+
+
+def entry_field_from_json(key: str, value: Any, where: JsonPath) -> Any:
+    """One ``param_plan`` entry key's JSON value as its :class:`PlanEntry` field holds it
+    (the draft plan validates each value it is given so); ``None`` for a key the entry
+    does not model, which the entry keeps verbatim in its ``extra``."""
+    spec = _ENTRY.get(key)
+    return None if spec is None or value is None else spec[1](value, (*where, key))
+
+
+def entry_field_name(key: str) -> str | None:
+    """The :class:`PlanEntry` field of an entry's JSON key (``None``: an ``extra`` key)."""
+    spec = _ENTRY.get(key)
+    return None if spec is None else spec[0]
 
 
 def entry_to_json(entry: PlanEntry) -> dict[str, Any]:
