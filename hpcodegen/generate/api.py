@@ -82,6 +82,7 @@ from hpcodegen.generate.sources.package_rules import PackageRules
 from hpcodegen.generate.sources.plan_sources import model_rules, plan_sources, tied_pairs_of
 from hpcodegen.generate.sources.recipe import load_recipe, recipe_target_findings
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
+from hpcodegen.plan.codec import plan_from_meta
 from hpcodegen.plan.draft import DraftPlan
 from hpcodegen.plan.entry import is_boundary
 from hpcodegen.plan.frozen import FrozenMap
@@ -205,7 +206,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if pipeline is not None:
         from hpcodegen.generate.layouts.pipeline import pipeline_section
 
-        section = pipeline_section(model, plan, tp, sp, pipeline, tied, notes)
+        section = pipeline_section(model, entries, tp, sp, pipeline, tied, notes)
     meta = build_meta(config=config, tp=tp, sp=sp, entries=entries, classes=classes,
                       injections=injections, tied_pairs=tied,
                       source=source_record(config, src, source_from_config(config)),
@@ -213,12 +214,13 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
                       loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
                       cp_method=cp_method if ulysses is None else f"{cp_method}:{ulysses}",
                       inputs=inputs, pipeline=section)
+    frozen = plan_from_meta(meta)  # the meta's one reading: emit and the cost note share it
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
-        notes.append(cost_note(model, config, meta, kept, tp, sp, ep))
+        notes.append(cost_note(model, config, frozen, kept, tp, sp, ep))
     name = modeling_file_name(meta["model_name"])
-    text, _ = emit_modeling(src.text, src.module_name, class_plans(meta, classes),
+    text, _ = emit_modeling(src.text, src.module_name, class_plans(frozen, classes),
                             banner_lines(label, meta, src))
     files = {
         name: text.encode("utf-8"),
@@ -255,7 +257,6 @@ def _check_loss_parallel(model: Any, entries: FrozenMap[str, PlanEntry], tp: int
                          ep: int, loss_parallel: bool, notes: list[str] | None) -> None:
     """verify's loss-parallel rules (:mod:`hpcodegen.plan.loss_parallel`) on the frozen
     plan. Last: the meta forward switches the model to eager attention."""
-    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.loss_parallel import plan_findings
     from hpcodegen.tracer.loss_parallel import check_declared, check_loss_parallel
 
