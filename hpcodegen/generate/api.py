@@ -221,7 +221,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
         notes.append(cost_note(model, config, frozen, kept, tp, sp, ep))
     name = modeling_file_name(meta["model_name"])
     text, _ = emit_modeling(src.text, src.module_name, class_plans(frozen, classes),
-                            banner_lines(label, meta, src))
+                            banner_lines(label, frozen, src))
     files = {
         name: text.encode("utf-8"),
         f"{name}.diff": unified_diff(src.text, text, src.file_path, name).encode("utf-8"),
@@ -358,7 +358,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
 
         sys.stderr.write(fold_text(f"hpcodegen generate: {finding.severity}: "
                                    f"{finding.render()}") + "\n")
-    report_text(args, rendered, meta, drifted, stdout)
+    report_text(args, rendered, meta["signature"], drifted, stdout)
     return code
 
 

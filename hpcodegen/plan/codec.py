@@ -36,6 +36,7 @@ from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Targe
 __all__ = [
     "PlanFormatError",
     "as_plan",
+    "dims_to_json",
     "entries_from_json",
     "entry_field_from_json",
     "entry_field_name",
@@ -336,6 +337,11 @@ def _dims(value: Any, where: JsonPath) -> ParallelDims:
         else:
             extra[key] = freeze_json(item)
     return ParallelDims(sizes=FrozenMap(sizes), extra=FrozenMap.adopt(extra), **flags)
+
+
+def dims_to_json(dims: ParallelDims) -> dict[str, Any]:
+    """``parallel_dims`` as the meta writes it (the generated module's banner shows it)."""
+    return _write_dims(dims)
 
 
 def _write_dims(dims: ParallelDims) -> dict[str, Any]:
