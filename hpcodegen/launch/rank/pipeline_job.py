@@ -18,8 +18,14 @@ so every rank holds the whole trained model, and the usual DCP checkpoint is wri
 are the model's own, the optimizer's state comes from each parameter's owner): it resumes
 on any mesh, pp or not (``--resume``, also into a pipeline).
 
-Not yet with a pipeline (refused with the reason): ``--compile``, ``--max-grad-norm``; the
-memory check is skipped (it models whole-model ranks).
+With ``--max-grad-norm`` the gradients are clipped by the whole model's norm before each
+step (:meth:`~hpcodegen.runtime.pipeline_run.PipelineRunner.clip_grad_norm_`: each stage's
+owned parameters' norm over tp/dp, combined over pp, a tied parameter counted once); with
+parity the reference clips by torch's own, the clipped gradients are compared and the
+norms of every step too (``grad_norm_max_diff``).
+
+Not yet with a pipeline (refused with the reason): ``--compile``; the memory check is
+skipped (it models whole-model ranks).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from hpcodegen.launch.rank.reporter import RankReporter
 
 LEARNING_RATE = 1e-3
 #: launch options a pipeline does not run yet, by their environment variable
-_NOT_YET = {env.COMPILE: "--compile", env.MAX_GRAD_NORM: "--max-grad-norm"}
+_NOT_YET = {env.COMPILE: "--compile"}
 
 
 def _batch(vocab: int, rows: int, world: int, hf_config: Any, seed: int,
@@ -106,8 +112,21 @@ def _shared(loss: Any, feed: _Feed, device: Any) -> float:
     return float(value)
 
 
+def _clip(runner: Any, ref: Any, max_norm: float | None) -> tuple[float, float] | None:
+    """With ``--max-grad-norm``: the pipeline's gradients clipped by the whole model's norm
+    and the reference's by torch's own; the two norms."""
+    if max_norm is None:
+        return None
+    import torch
+
+    norm = float(runner.clip_grad_norm_(max_norm))
+    ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.model.parameters(), max_norm)) \
+        if ref is not None else math.nan
+    return norm, ref_norm
+
+
 def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
-            pp_rank: int) -> dict[str, Any]:
+            pp_rank: int, max_norm: float | None) -> dict[str, Any]:
     from hpcodegen.parity.gather import max_param_diff
     from hpcodegen.plan.schedule import parse_action
     from hpcodegen.runtime.pipeline_fsdp import count_reduce_scatters
@@ -118,6 +137,7 @@ def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
     with count_p2p() as seen, count_reduce_scatters() as reduced:
         loss, logits = feed.step(runner)
     ref_loss, ref_logits = _ref_step(ref.model, feed.ids, feed.labels)
+    norms = _clip(runner, ref, max_norm)  # the gradients compared are the clipped ones
     names = set(owned_parameters(built.model, pipe, pp_rank))
     grad, worst, odd = max_param_diff(
         built.model, ref.model, ctx.meta.plan, built.active,
@@ -139,6 +159,9 @@ def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
         out["logits_max_diff"] = float((logits.float() - ref_logits[feed.rows].float())
                                        .abs().max())
     out["loss_max_diff"] = abs(shared - float(ref_loss))
+    if norms is not None:
+        out["grad_norms"] = [norms[0]]
+        out["ref_grad_norms"] = [norms[1]]
     built.model.zero_grad(set_to_none=True)
     ref.model.zero_grad(set_to_none=True)
     return out
@@ -157,18 +180,25 @@ def _optimizers(built: Any, ref: Any) -> list[Any]:
 
 
 def _train(runner: Any, ref: Any, opts: list[Any], feed: _Feed, steps: int,
-           first: int, ctx: RankContext, reporter: RankReporter) -> None:
+           first: int, ctx: RankContext, reporter: RankReporter,
+           max_norm: float | None) -> list[tuple[float, float]]:
+    """``steps`` AdamW steps (clipped with ``--max-grad-norm``); the norms per step."""
+    norms = []
     for k in range(1, steps + 1):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         loss, _ = feed.step(runner)
-        opts[0].step()
-        reporter.record.losses.append(_shared(loss, feed, ctx.device))
         if ref is not None:
             ref_loss, _ = _ref_step(ref.model, feed.ids, feed.labels)
-            opts[1].step()
             reporter.record.ref_losses.append(float(ref_loss))
+        clipped = _clip(runner, ref, max_norm)
+        if clipped is not None:
+            norms.append(clipped)
+        for opt in opts:
+            opt.step()
+        reporter.record.losses.append(_shared(loss, feed, ctx.device))
         reporter.update(phase=f"step {first + k}/{first + steps}")
+    return norms
 
 
 def _broadcast_owned(model: Any, ctx: RankContext) -> None:
@@ -215,6 +245,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     parity_on = env.get(env.CHECK_PARITY) == "1"
     steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
     tol = float(env.get(env.TOLERANCE, "1e-5"))
+    max_norm = float(env.get(env.MAX_GRAD_NORM)) if env.get(env.MAX_GRAD_NORM) else None
     dtype = env.get(env.DTYPE, "fp32")
     pipe = ctx.meta.plan.pipeline
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
@@ -250,16 +281,26 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     parity = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(runner, built, ref, feed, ctx, pp_rank), "tolerance": tol,
+        parity = {**_parity(runner, built, ref, feed, ctx, pp_rank, max_norm), "tolerance": tol,
                   "fsdp_dp": dp}
         reporter.update(parity=parity)
     if steps:
-        _train(runner, ref, opts, feed, steps, first, ctx, reporter)
+        norms = _train(runner, ref, opts, feed, steps, first, ctx, reporter, max_norm)
         if parity is not None:
             rec = reporter.record
             diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
             parity["loss_max_diff"] = max([parity["loss_max_diff"], *diffs])
+            for norm, ref_norm in norms:
+                parity["grad_norms"].append(norm)
+                parity["ref_grad_norms"].append(ref_norm)
             reporter.update(parity=parity)
+    if parity is not None and max_norm is not None:
+        from hpcodegen.launch.rank.smoke import _nan_max
+
+        parity["grad_norm_max_diff"] = _nan_max(
+            [abs(a - b) / max(1.0, abs(b))
+             for a, b in zip(parity["grad_norms"], parity["ref_grad_norms"], strict=True)])
+        reporter.update(parity=parity)
     if save_dir:
         from hpcodegen.checkpoint.dcp_io import save
         from hpcodegen.launch.rank.smoke import _checkpoint_record
