@@ -52,3 +52,21 @@ def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
         for norm, ref in zip(norms, ref_norms, strict=True):
             assert abs(norm - ref) <= 1e-5 * max(1.0, ref), (norms, ref_norms)
         assert len(rank["losses"]) == 2
+
+
+@pytest.mark.timeout(900)
+def test_compile_layers_with_a_pipeline_is_exact_on_two_ranks(tmp_path):
+    """``--compile``: each stage's decoder layers compiled; loss, logits, every
+    gradient and two AdamW steps equal the unsharded (eager) model's."""
+    art = _generate(tmp_path, "llama4", 1, "1F1B")
+    proc = _launch(art, "llama4", 2, "--check-parity", "--steps", "2", "--compile")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = json.loads(proc.stdout)["ranks"]
+    assert len(ranks) == 2
+    for rank in ranks:
+        parity = rank["parity"]
+        assert parity["grad_max_diff"] <= 1e-5 and parity["loss_max_diff"] <= 1e-5, parity
+        assert parity["p2p"]["measured"] == parity["p2p"]["predicted"], parity
+        assert parity["compiled_graphs"] > 0, parity  # the stage's layers ran compiled
+        assert len(rank["losses"]) == 2
+    assert any(r["parity"].get("logits_max_diff") is not None for r in ranks)

@@ -24,8 +24,11 @@ owned parameters' norm over tp/dp, combined over pp, a tied parameter counted on
 parity the reference clips by torch's own, the clipped gradients are compared and the
 norms of every step too (``grad_norm_max_diff``).
 
-Not yet with a pipeline (refused with the reason): ``--compile``; the memory check is
-skipped (it models whole-model ranks).
+``--compile`` (scope ``layers``) compiles each decoder layer before the stages are cut
+(each stage runs its layers compiled); ``--compile-scope model`` is refused (no stage runs
+the whole forward).
+
+The memory check is skipped (it models whole-model ranks).
 """
 
 from __future__ import annotations
@@ -45,8 +48,6 @@ from hpcodegen.launch.rank.model import (
 from hpcodegen.launch.rank.reporter import RankReporter
 
 LEARNING_RATE = 1e-3
-#: launch options a pipeline does not run yet, by their environment variable
-_NOT_YET = {env.COMPILE: "--compile"}
 
 
 def _batch(vocab: int, rows: int, world: int, hf_config: Any, seed: int,
@@ -110,6 +111,23 @@ def _shared(loss: Any, feed: _Feed, device: Any) -> float:
     for group in feed.groups:
         dist.all_reduce(value, group=group)
     return float(value)
+
+
+def _compile(model: Any, scope: str | None) -> None:
+    """``--compile`` (scope ``layers``): each decoder layer compiled in place, as without a pipeline
+    (:func:`~hpcodegen.runtime.compile.compile_parallelized`) and before the stages are cut,
+    so each stage runs its layers compiled (compilation is lazy: a rank compiles only the
+    layers its stages run). ``--compile-scope model`` compiles a forward no stage calls:
+    refused."""
+    if not scope:
+        return
+    if scope != "layers":
+        raise RuntimeError(f"--compile-scope {scope} with a pipelined artifact: each stage "
+                           "runs a part of the model; use --compile-scope layers (each "
+                           "stage's decoder layers compiled)")
+    from hpcodegen.runtime.compile import compile_parallelized
+
+    compile_parallelized(model, scope)
 
 
 def _clip(runner: Any, ref: Any, max_norm: float | None) -> tuple[float, float] | None:
@@ -239,9 +257,6 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     from hpcodegen.launch.rank.smoke import vocab_size_of
     from hpcodegen.runtime.pipeline_run import PipelineRunner
 
-    for var, flag in _NOT_YET.items():
-        if env.get(var):
-            raise RuntimeError(f"{flag} with a pipelined artifact is not supported yet")
     parity_on = env.get(env.CHECK_PARITY) == "1"
     steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
     tol = float(env.get(env.TOLERANCE, "1e-5"))
@@ -260,6 +275,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         raise RuntimeError("--save/--resume of a pipeline with FSDP over dp is not supported "
                            "yet (launch it on pp x tp ranks)")
     pp_rank = ctx.mesh.get_local_rank("pp")
+    _compile(built.model, env.get(env.COMPILE))
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
                             sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None)
     opts = _optimizers(built, ref)  # after FSDP: its sharded parameters
@@ -283,6 +299,10 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         reporter.update(phase="parity")
         parity = {**_parity(runner, built, ref, feed, ctx, pp_rank, max_norm), "tolerance": tol,
                   "fsdp_dp": dp}
+        if env.get(env.COMPILE):
+            from torch._dynamo.utils import counters
+
+            parity["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
         reporter.update(parity=parity)
     if steps:
         norms = _train(runner, ref, opts, feed, steps, first, ctx, reporter, max_norm)
