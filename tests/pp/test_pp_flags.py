@@ -1,7 +1,8 @@
 """``hpcodegen launch`` flags with a pipelined artifact, exact against the unsharded model:
 ``--max-grad-norm`` clips by the whole model's norm (each stage's owned parameters' norm
-over tp, combined over pp, a tied embedding counted once), so the clipped gradients, the
-norm of every step and the losses of the clipped steps equal torch's on the reference."""
+over tp and, under FSDP, dp, combined over pp, a tied embedding counted once), so the
+clipped gradients, the norm of every step and the losses of the clipped steps equal
+torch's on the reference; ``--compile`` runs each stage's layers compiled, exactly."""
 
 from __future__ import annotations
 
@@ -31,17 +32,19 @@ def _launch(art: Path, config: str, nproc: int, *extra: str) -> subprocess.Compl
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("config", "tp", "schedule"), [
-    ("gemma2_tied4", 1, "1F1B"), ("llama_bias4", 2, "Interleaved1F1B")])
+@pytest.mark.parametrize(("config", "tp", "dp", "schedule"), [
+    ("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved1F1B"),
+    ("llama4", 1, 2, "1F1B")])  # dp 2: FSDP over each stage's dp ranks
 def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
-        tmp_path, config, tp, schedule):
+        tmp_path, config, tp, dp, schedule):
     art = _generate(tmp_path, config, tp, schedule)
     # a max norm far below the gradients' norm: every step is clipped
-    proc = _launch(art, config, 2 * tp, "--check-parity", "--steps", "2",
+    proc = _launch(art, config, 2 * tp * dp, "--check-parity", "--steps", "2",
                    "--max-grad-norm", "0.05")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = json.loads(proc.stdout)["ranks"]
-    assert len(ranks) == 2 * tp
+    assert len(ranks) == 2 * tp * dp
+    assert all(r["parity"]["fsdp_dp"] == dp for r in ranks)
     for rank in ranks:
         parity = rank["parity"]
         assert parity["grad_max_diff"] <= 1e-5 and parity["loss_max_diff"] <= 1e-5, parity
