@@ -26,6 +26,12 @@ class SkipCheck(Exception):
     """Raised by a check (before yielding) when it cannot run; the message says why."""
 
 
+#: What verify cannot check without a model config, in one line (the model check's skip
+#: reason; here so the registry can say it without importing that check's torch-side module).
+NEEDS_CONFIG = ("needs --hf-config PATH: derived outputs, partial gradients, tp_rank0_params, "
+                "ops needing a collective, model class and uncovered parameters")
+
+
 @dataclass
 class CheckContext:
     """Inputs of one artifact's checks.
