@@ -97,6 +97,11 @@ def _without(path: list[str], name: str) -> Edit:
     return edit
 
 
+def _injected(meta: dict) -> set[str]:
+    """Boundaries whose compute an injection replaces (the ep dispatch): not propagated."""
+    return {r["match"] for r in meta.get("injections") or () if isinstance(r.get("match"), str)}
+
+
 def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
     """(label, edit, JSON pointer prefixes an error must name): every plan edit that trains
     wrong or cannot run, derived from the meta (one of a kind per entry of the first layer)."""
@@ -121,6 +126,8 @@ def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
         for rel in (entry.get("tp_rank0_params") or [])[:1]:
             yield (f"{fqn}: tp_rank0 {rel} dropped",
                    _without(["param_plan", fqn, "tp_rank0_params"], rel), (at,))
+        if fqn in _injected(meta):
+            continue  # opaque compute: see test_output_of_an_injected_compute_is_derived
         for name, placed in (entry.get("out_src") or {}).items():
             other = "R" if placed.get("tp") != "R" else "P(sum)"
             yield (f"{fqn}: output {name} {placed.get('tp')} -> {other}",
@@ -175,3 +182,20 @@ def test_every_kind_of_edit_was_tried(generated) -> None:
     for kind in ("S(0) -> S(1)", "S(1) -> S(0)", "partial gradient", "tp_rank0",
                  "output", "ep_size"):
         assert any(kind in label for label in labels), kind
+
+
+@pytest.mark.xfail(strict=True, reason="derivation gap (issue 34): an injected compute (the ep "
+                   "dispatch) is opaque to propagation, and no rule derives the output of tp-"
+                   "split experts; every layer's experts declared R (no all-reduce) passes")
+def test_output_of_an_injected_compute_is_derived(generated, tmp_path) -> None:
+    cfg, src = generated["qwen3_moe_ep"]
+    meta = json.loads((src / "codegen_meta.json").read_text())
+
+    def every_expert_output_whole(m: dict) -> None:
+        for fqn in _injected(m):
+            for placed in m["param_plan"][fqn]["out_src"].values():
+                placed["tp"] = "R"
+
+    code, doc = _cli("verify", "--strict", "--hf-config", cfg,
+                     _edited(tmp_path, src, meta, every_expert_output_whole))
+    assert code == 1 and any("/out_src/" in str(f["path"]) for f in _errors(doc))
