@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.append(str(Path(__file__).resolve().parent))
-from test_check_pipeline import errors, pp_meta  # noqa: E402
+from test_check_pipeline import errors, pp_meta
 
 from hpcodegen.inspect.pipeline import activation_elements
 from hpcodegen.plan.codec import plan_from_meta
 from hpcodegen.plan.pipeline import boundary_placements
+
+HERE = str(Path(__file__).resolve().parent)
 
 CP_WHERE = "/pipeline/boundary/placements/cp"
 CONFIG = {"hidden_size": 64}
@@ -65,7 +65,8 @@ def test_p2p_bytes_divide_by_every_axis_the_boundary_shards():
 
 
 def test_the_cp_boundary_rule_imports_no_torch():
-    code = ("import sys; sys.path.append(%r); from test_check_pipeline import errors, pp_meta;"
+    code = (f"import sys; sys.path.append({HERE!r});"
+            "from test_check_pipeline import errors, pp_meta;"
             "m = pp_meta(); m['parallel_dims']['cp_size'] = 2; errors(m);"
-            "assert 'torch' not in sys.modules") % str(Path(__file__).resolve().parent)
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
