@@ -70,3 +70,30 @@ def test_the_cp_boundary_rule_imports_no_torch():
             "m = pp_meta(); m['parallel_dims']['cp_size'] = 2; errors(m);"
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_pp_cp_with_sequence_parallelism_is_refused_before_any_rank():
+    from hpcodegen.errors import UsageError
+    from hpcodegen.launch.rank.mesh import resolve_mesh_layout
+
+    meta = _with_cp(2, {"tp": "S(1)", "cp": "S(1)"})
+    assert meta["parallel_dims"]["sequence_parallel"] is True
+    tp = meta["parallel_dims"]["tp_size"]
+    with pytest.raises(UsageError) as exc:
+        resolve_mesh_layout(plan_from_meta(meta), 2 * 2 * tp)
+    assert "sequence parallelism" in str(exc.value.findings[0].message)
+    meta["parallel_dims"]["sequence_parallel"] = False
+    meta["pipeline"]["boundary"]["placements"] = {"cp": "S(1)"}
+    layout = resolve_mesh_layout(plan_from_meta(meta), 2 * 2 * tp)
+    assert layout.names[0] == "pp" and "cp" in layout.names
+
+
+def test_generate_pp_cp_sp_is_refused_by_name(tmp_path):
+    config = Path(__file__).parent / "configs" / "llama4"
+    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
+                           str(config), "-o", str(tmp_path / "out"), "--tp", "2", "--sp",
+                           "--cp", "2", "--pp", "2", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--sp" in proc.stdout and "cp" in proc.stdout
+    assert not (tmp_path / "out").exists()
