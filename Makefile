@@ -8,6 +8,7 @@ STAMP  := $(VENV)/.hpcodegen-installed
 EXAMPLE ?= examples/llama_tp2
 # pytest-xdist workers of `make test`: two fit the 2-core, 24 GiB CI machine (each worker
 # keeps at most one gloo world and runs one torchrun job at a time)
+# --durations=20 prints the slowest tests: the figures of docs/testing.md's table
 TEST_WORKERS ?= 2
 
 .PHONY: venv test demo lint examples check-examples bench gpu clean
@@ -22,7 +23,7 @@ venv: $(STAMP)
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20
 
 demo: venv
 	$(BIN)/hpcodegen verify $(EXAMPLE) --hf-config examples/configs/llama

@@ -200,9 +200,10 @@ def layer_bytes_by_method(work: Path, cp: int = 8, seq: int = 8192) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter sequences")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: short sequences (the figures are indicative)")
     args = parser.parse_args(argv)
-    seq = 1024 if args.quick else 8192
+    seq = 256 if args.quick else 8192
     headtail, per_ht = balance(seq, "headtail")
     contiguous, per_c = balance(seq, "contiguous")
     print(f"causal work per rank, max/mean at sequence {seq}:")
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_ratio, ours, expanded = kv_bytes_ratio(Path(tmp) / "kv")
         print(f"K/V gathered per forward: {ours} bytes at 8 kv heads; {expanded} expanded "
               "to 32 query heads")
-        act_ratio, one, two = activation_ratio(Path(tmp) / "act", 512 if args.quick else 2048)
+        act_ratio, one, two = activation_ratio(Path(tmp) / "act", 128 if args.quick else 2048)
         print(f"saved for backward, one rank: cp1 {one} bytes, cp2 {two} bytes")
         per_layer = layer_bytes_by_method(Path(tmp) / "methods")
         print("Llama-3.1-8B attention layer at cp 8, seq 8192, bf16, per rank forward + "

@@ -82,6 +82,7 @@ def measure(name: str, model_dir: Path, seq: int, with_ep: bool) -> list[Row]:
     from hpcodegen.generate.layouts.cost import ABOVE
     from hpcodegen.generate.layouts.megatron_shape import model_shape
     from hpcodegen.hf import build_meta_model, read_hf_config
+    from hpcodegen.plan.codec import entries_from_json
     from hpcodegen.plan.megatron import comm_bytes, param_bytes, plan_param_bytes
 
     config, _ = read_hf_config(model_dir)
@@ -103,7 +104,7 @@ def measure(name: str, model_dir: Path, seq: int, with_ep: bool) -> list[Row]:
             rows.append(Row(name, label, note="tp 1: nothing to compare"))
             continue
         comm = plan_bytes(meta, model_dir, seq) / (fwd + bwd)
-        param = plan_param_bytes(meta["param_plan"], numels, tp, ep, ELEM) \
+        param = plan_param_bytes(entries_from_json(meta["param_plan"]), numels, tp, ep, ELEM) \
             / param_bytes(shape, tp, ep, ELEM)
         above = [n for n in notes if n.startswith(ABOVE)]
         rows.append(Row(name, label, comm, param, above[0] if above else ""))

@@ -2,7 +2,7 @@
 ids and full-length masks (the runtime installs them; ``generate --sp`` runs with them).
 
 With sequence parallelism the token embedding's output leaves sharded on dim 1
-(:func:`hpcodegen.plan.entry.output_sequence_sharded` of a
+(:meth:`hpcodegen.plan.types.PlanEntry.output_sequence_sharded` of a
 :func:`~hpcodegen.plan.entry.takes_token_ids` class), and HF's ``*Model.forward`` derives
 default ``position_ids`` from ``inputs_embeds.shape[1]`` (now the local length). The parent
 forward is wrapped to pass the global ``arange(seq_len)`` built from ``input_ids``

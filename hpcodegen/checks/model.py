@@ -35,6 +35,7 @@ from typing import Any
 
 from hpcodegen.artifact.digest import is_hpcodegen_meta
 from hpcodegen.checks.context import (
+    NEEDS_CONFIG,
     CheckContext,
     SkipCheck,
     as_dict,
@@ -65,9 +66,6 @@ from hpcodegen.plan.types import PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 from hpcodegen.tracer.loss_parallel import model_findings
 
-#: What verify cannot check without a model config, in one line (the skip reason).
-NEEDS_CONFIG = ("needs --hf-config PATH: derived outputs, partial gradients, tp_rank0_params, "
-                "ops needing a collective, model class and uncovered parameters")
 #: At most this many uncovered parameters are listed one by one.
 MAX_LISTED = 20
 

@@ -61,13 +61,14 @@ def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
         if not entry.params:
             continue  # no parameter: nothing to sum (most boundaries of a generated plan)
         declared = set(entry.partial_grad_params or ())
-        synced = set(entry.effective_partial_grad_params())
-        summed = set(runtime_summed(plan, fqn))
+        synced: set[str] | None = None  # built for the first partial parameter only
         for rel in entry.params or EMPTY:
             kind = verdict(entries, fqn, rel, sp)
+            if kind == "partial" and synced is None:
+                synced = set(entry.effective_partial_grad_params())
             if (kind == "sharded" and rel not in declared) or kind == "either" \
                     or (kind == "full" and rel not in declared) \
-                    or (kind == "partial" and rel in synced):
+                    or (kind == "partial" and rel in (synced or ())):
                 continue  # agrees with the rule: no finding (the common case, kept cheap)
             where = pointer("param_plan", fqn, "partial_grad_params")
             name = f"{fqn}.{rel}" if fqn else rel
@@ -82,7 +83,7 @@ def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
                             "whole data, so its gradient is whole on every rank; listed as "
                             "partial it would be summed over tp (multiplied by tp_size)",
                             hint="drop it from partial_grad_params")
-            elif kind == "partial" and rel not in summed:
+            elif kind == "partial" and rel not in runtime_summed(plan, fqn):
                 make = error if ours else warning
                 yield make("plan.partial_grad_missing", where,
                            f"{name} is replicated but computed on each rank's share of the "
@@ -90,7 +91,7 @@ def grad_findings(plan: Plan, ours: bool) -> Iterator[Finding]:
                            "partial gradient; unlisted it is never summed over tp: the "
                            "runtime would train it wrong silently",
                            expected=f"{rel!r} in partial_grad_params")
-            elif kind == "partial" and rel not in synced:
+            elif kind == "partial" and rel not in (synced or ()):
                 yield info("plan.partial_grad_derived", where,
                            f"{name}: its gradient is partial over tp and this meta does not "
                            "list it; hpcodegen's runtime sums it when it runs this plan (it "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from hpcodegen.checks.context import CheckContext, SkipCheck
+from hpcodegen.checks.context import NEEDS_CONFIG, CheckContext, SkipCheck
 from hpcodegen.checks.outputs import check_outputs
 from hpcodegen.checks.plan import check_plan
 from hpcodegen.checks.result import CheckResult, status_of
@@ -38,7 +38,10 @@ class Check:
 
 def _check_model(ctx: CheckContext) -> Iterator[Finding]:
     """:func:`hpcodegen.checks.model.check_model`, imported when it runs: the module pulls
-    in the tracer, logging and threading, which the pure gate never needs."""
+    in the tracer, logging and threading, which the pure gate never needs (nor without a
+    config, when the check is skipped before the import)."""
+    if ctx.hf_config is None:
+        raise SkipCheck(NEEDS_CONFIG)
     from hpcodegen.checks.model import check_model
 
     return check_model(ctx)

@@ -44,6 +44,11 @@ from hpcodegen.plan.types import TP, Plan, PlanEntry
 
 #: ops whose local form on a shard DTensor has no rule for (it would gather instead)
 UNEXPRESSED = frozenset({"aten.repeat", "aten.repeat_interleave"})
+#: ops whose operand narrowed from replicated to a shard is a shape error in the local run:
+#: the runtime feeds a matmul the whole activation the derivation calls replicated (a
+#: row-wise split weight then meets a full-width input), never one local code cut to size
+CONTRACTIONS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm",
+                          "aten.matmul", "aten.linear"})
 #: the run in progress (its watcher's handlers reach its state through this)
 _CURRENT: list[Any] = []
 #: axes whose ranks hold different data (or stages), not a split of one compute
@@ -367,14 +372,15 @@ class _Run:
                 wanted = (tuple(pytree.tree_leaves(schema.args_schema))
                           if op_info.args_tree_spec is not None else schema.args_schema)
                 moves = []
+                name = op_name((op_info.schema or schema).op)
+                contracting = name in CONTRACTIONS
                 for i, spec in enumerate(op_info.flat_args_schema):
                     if isinstance(spec, DTensorSpec) and i < len(wanted) \
                             and spec != wanted[i] and not _masked_lookup(
                             op_info.local_args[i], wanted[i]) \
-                            and not _narrowing(spec, wanted[i]):
+                            and (contracting or not _narrowing(spec, wanted[i])):
                         who = run.param_names.get(id(op_info.local_args[i]))
                         moves.append(_move(spec, wanted[i], run.axes, who))
-                name = op_name((op_info.schema or schema).op)
                 unexpressed = name in UNEXPRESSED or any(
                     "SS(" in m.split(" -> ")[0] for m in moves)
                 if moves and unexpressed and run.stack:

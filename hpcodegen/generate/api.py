@@ -82,8 +82,12 @@ from hpcodegen.generate.sources.package_rules import PackageRules
 from hpcodegen.generate.sources.plan_sources import model_rules, plan_sources, tied_pairs_of
 from hpcodegen.generate.sources.recipe import load_recipe, recipe_target_findings
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
+from hpcodegen.plan.codec import plan_from_meta
+from hpcodegen.plan.draft import DraftPlan
 from hpcodegen.plan.entry import is_boundary
+from hpcodegen.plan.frozen import FrozenMap
 from hpcodegen.plan.tp_divisible import HEAD_FIELDS
+from hpcodegen.plan.types import PlanEntry
 from hpcodegen.report.envelope import emit
 
 
@@ -187,7 +191,9 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if cp > 1:
         injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes,
                                          (cp_method, ulysses, cp, tp), notes)
-    _check_loss_parallel(model, plan, tp, sp, ep, loss_parallel, notes)
+    # the passes are done: the plan is frozen once, the rest reads the typed entries
+    entries = DraftPlan.from_json(plan).freeze()
+    _check_loss_parallel(model, entries, tp, sp, ep, loss_parallel, notes)
     degenerate = unsplit_layers(model, plan, tp, rules_in_use(
         model, hf_rules(model), rules.file if rules is not None else None, recipe))
     if degenerate is not None and warnings is not None:
@@ -200,21 +206,22 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if pipeline is not None:
         from hpcodegen.generate.layouts.pipeline import pipeline_section
 
-        section = pipeline_section(model, plan, tp, sp, pipeline, tied, notes, cp=cp)
-    meta = build_meta(config=config, tp=tp, sp=sp, plan=plan, classes=classes,
+        section = pipeline_section(model, entries, tp, sp, pipeline, tied, notes, cp=cp)
+    meta = build_meta(config=config, tp=tp, sp=sp, entries=entries, classes=classes,
                       injections=injections, tied_pairs=tied,
                       source=source_record(config, src, source_from_config(config)),
                       recipe=_digest_recipe(recipe, rules), ep=ep,
                       loss_parallel=loss_parallel, cp=cp, cp_layout=cp_layout,
                       cp_method=cp_method if ulysses is None else f"{cp_method}:{ulysses}",
                       inputs=inputs, pipeline=section)
+    frozen = plan_from_meta(meta)  # the meta's one reading: emit and the cost note share it
     kept = {fqn: why for fqn, why in layouts.kept.items() if fqn in plan or any(
         f.startswith(f"{fqn}.") for f in plan)}
     if kept and tp > 1 and notes is not None:
-        notes.append(cost_note(model, config, meta, kept, tp, sp, ep))
+        notes.append(cost_note(model, config, frozen, kept, tp, sp, ep))
     name = modeling_file_name(meta["model_name"])
-    text, _ = emit_modeling(src.text, src.module_name, class_plans(meta, classes),
-                            banner_lines(label, meta, src))
+    text, _ = emit_modeling(src.text, src.module_name, class_plans(frozen, classes),
+                            banner_lines(label, frozen, src))
     files = {
         name: text.encode("utf-8"),
         f"{name}.diff": unified_diff(src.text, text, src.file_path, name).encode("utf-8"),
@@ -246,15 +253,15 @@ def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, An
             layout or default_layout(probe))
 
 
-def _check_loss_parallel(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
+def _check_loss_parallel(model: Any, entries: FrozenMap[str, PlanEntry], tp: int, sp: bool,
                          ep: int, loss_parallel: bool, notes: list[str] | None) -> None:
-    """verify's loss-parallel rules (:mod:`hpcodegen.plan.loss_parallel`) on the plan to be
-    frozen. Last: the meta forward switches the model to eager attention."""
-    from hpcodegen.plan.codec import plan_from_meta
+    """verify's loss-parallel rules (:mod:`hpcodegen.plan.loss_parallel`) on the frozen
+    plan. Last: the meta forward switches the model to eager attention."""
     from hpcodegen.plan.loss_parallel import plan_findings
     from hpcodegen.tracer.loss_parallel import check_declared, check_loss_parallel
 
-    typed = plan_from_meta({"param_plan": plan, "parallel_dims": parallel_dims(tp, sp, ep, True)})
+    dims = plan_from_meta({"parallel_dims": parallel_dims(tp, sp, ep, True)})
+    typed = replace(dims, param_plan=entries)
     if not loss_parallel:
         if tp > 1:  # with one rank the logits are whole
             check_declared(model, typed.entries)
@@ -351,7 +358,7 @@ def generate_artifact(args: GenerateArgs, stdout: TextIO | None = None) -> int:
 
         sys.stderr.write(fold_text(f"hpcodegen generate: {finding.severity}: "
                                    f"{finding.render()}") + "\n")
-    report_text(args, rendered, meta, drifted, stdout)
+    report_text(args, rendered, meta["signature"], drifted, stdout)
     return code
 
 

@@ -35,7 +35,7 @@ from hpcodegen.errors import (
 )
 from hpcodegen.gc_pause import paused_gc
 from hpcodegen.inspect.options import Inspection, InspectOptions, parse_mesh
-from hpcodegen.plan.classify import classify_plan
+from hpcodegen.plan.classify import BoundaryForm, classify_plan, size_one_axis
 from hpcodegen.plan.codec import readable_plan as codec_readable_plan
 from hpcodegen.plan.fold import fold
 from hpcodegen.plan.predict import (
@@ -123,6 +123,7 @@ def gate_findings(loaded: LoadedMeta, hf_config: str | None = None,
         findings.extend(run_check(CHECKS[name], ctx, strict=False).findings)
     if keep is not None and "plan" in ctx.cache:  # the typed plan the checks built, reused
         keep["plan"] = (ctx.cache["plan"], ctx.cache["plan_left_out"])
+        keep["forms"] = ctx.cache.get("forms")  # the plan check's classification (or None)
     return [f for f in findings if f.severity is not Severity.INFO]
 
 
@@ -162,14 +163,19 @@ def mesh_fit_findings(plan: Plan, opts: InspectOptions) -> list[Finding]:
             for f in tp_divisibility(config, tp, "inspect", where, plan=plan.entries)]
 
 
-def classify_meta(plan: Plan, mesh: str | None) -> Inspection:
+def classify_meta(plan: Plan, mesh: str | None,
+                  forms: dict[str, BoundaryForm] | None = None) -> Inspection:
     """Classify and predict every entry, over the frozen mesh or over ``--mesh`` (then
-    re-validated: which boundaries change form there, as the runtime decides)."""
+    re-validated: which boundaries change form there, as the runtime decides).
+
+    ``forms``: the plan check's classification of this plan over its own axes, reused when
+    no axis has size 1 (then the sizes change nothing: :func:`size_one_axis`)."""
     frozen_axes = plan.axes
     sizes = dict(plan.dims.sizes)
     if mesh is None:
         # a size-1 axis runs nothing (the runtime drops it): classified as such
-        frozen = classify_plan(plan, sizes=sizes)
+        frozen = forms if forms is not None and not size_one_axis(frozen_axes, sizes) \
+            else classify_plan(plan, sizes=sizes)
         tp_live = "tp" in frozen_axes and sizes.get("tp", 1) > 1
         preds = predict_forms(plan, frozen, tp_live=tp_live)
         problems = unreduced_grad_findings(plan, preds, tp_live)
@@ -269,9 +275,10 @@ def readable_plan(meta: Mapping[str, Any], built: tuple[Plan, list[Any]] | None 
     return plan, findings
 
 
-def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions) -> Inspection:
-    """Steps 2-4 on a typed plan (no rendering)."""
-    result = classify_meta(plan, opts.mesh)
+def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions,
+                 forms: dict[str, BoundaryForm] | None = None) -> Inspection:
+    """Steps 2-4 on a typed plan (no rendering); ``forms`` as in :func:`classify_meta`."""
+    result = classify_meta(plan, opts.mesh, forms)
     result.meta_path = meta_path
     result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
     result.findings.extend(result.summary.problems)
@@ -352,7 +359,7 @@ def _run_inspect(opts: InspectOptions, out: TextIO, err: TextIO) -> int:
         # shown; they are reported too when the meta-device trace itself fails
         fit = mesh_fit_findings(plan, opts)
         try:
-            result = inspect_plan(plan, str(loaded.meta_path), opts)
+            result = inspect_plan(plan, str(loaded.meta_path), opts, kept.get("forms"))
         except HpcodegenError as exc:
             return _emit_failure([*fit, *ignored, *exc.findings], opts.as_json, out, err,
                                  exc.exit_code)

@@ -129,6 +129,12 @@ def _note(name: str, src: NamedPlacement, dst: NamedPlacement, what: str) -> str
     return f"{name}: {', '.join(parts)} ==> {what}" if parts else ""
 
 
+def size_one_axis(axes: Sequence[str], sizes: Mapping[str, int] | None) -> bool:
+    """Some axis of ``axes`` has size 1 in ``sizes``: only then does classifying with
+    ``sizes`` differ from classifying without (:func:`_degenerate`)."""
+    return sizes is not None and any(sizes.get(a, 2) == 1 for a in axes)
+
+
 def _degenerate(placements: tuple[Placement, ...], axes: Sequence[str],
                 sizes: Mapping[str, int] | None) -> tuple[Placement, ...]:
     """On a size-1 axis every placement is Replicate (DTensor's shortcut)."""

@@ -36,7 +36,10 @@ from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry, Targe
 __all__ = [
     "PlanFormatError",
     "as_plan",
+    "dims_to_json",
     "entries_from_json",
+    "entry_field_from_json",
+    "entry_field_name",
     "entry_from_json",
     "injection_from_json",
     "plan_from_meta",
@@ -281,6 +284,20 @@ def entry_from_json(fqn: str, value: Any, where: JsonPath | None = None) -> Plan
     return PlanEntry(fqn=fqn, **_read(_ENTRY, value, where))
 
 
+def entry_field_from_json(key: str, value: Any, where: JsonPath) -> Any:
+    """One ``param_plan`` entry key's JSON value as its :class:`PlanEntry` field holds it
+    (the draft plan validates each value it is given so); ``None`` for a key the entry
+    does not model, which the entry keeps verbatim in its ``extra``."""
+    spec = _ENTRY.get(key)
+    return None if spec is None or value is None else spec[1](value, (*where, key))
+
+
+def entry_field_name(key: str) -> str | None:
+    """The :class:`PlanEntry` field of an entry's JSON key (``None``: an ``extra`` key)."""
+    spec = _ENTRY.get(key)
+    return None if spec is None else spec[0]
+
+
 def entry_to_json(entry: PlanEntry) -> dict[str, Any]:
     """The entry as the meta writes it."""
     return _write(_ENTRY, entry)
@@ -320,6 +337,11 @@ def _dims(value: Any, where: JsonPath) -> ParallelDims:
         else:
             extra[key] = freeze_json(item)
     return ParallelDims(sizes=FrozenMap(sizes), extra=FrozenMap.adopt(extra), **flags)
+
+
+def dims_to_json(dims: ParallelDims) -> dict[str, Any]:
+    """``parallel_dims`` as the meta writes it (the generated module's banner shows it)."""
+    return _write_dims(dims)
 
 
 def _write_dims(dims: ParallelDims) -> dict[str, Any]:

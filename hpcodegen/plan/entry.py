@@ -1,16 +1,16 @@
-"""Reading a loaded meta's plan: entries, boundary-ness, output names, injections (pure).
+"""Reading a meta dict's plan where no typed Plan exists yet: boundary-ness, the contract
+rule, injections, FQNs (pure).
 
-The meta stays a plain dict (it is validated by the schema first); these helpers are the one
-place that knows how its plan fields are read, so classify, predict, checks, generate and the
-runtime read them alike.
+What an entry *means* (its outputs' order, which deferred biases are partial, whether it
+leaves the sequence sharded) is read from the typed :class:`~hpcodegen.plan.types.PlanEntry`
+only; these are the dict readers verify's schema-level checks still need before the
+codec has parsed the meta, and the identifiers of the generated code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any
-
-from hpcodegen.placement import Shard, parse_placement
 
 #: Both naming generations of the generated-code identifiers (decisions.md, item 1).
 FORM_MARKERS: tuple[str, ...] = ("_hp_boundary_form", "_hyper_boundary_form")
@@ -31,15 +31,6 @@ def is_boundary(entry: Mapping[str, Any]) -> bool:
     if isinstance(flag, bool):
         return flag
     return any(entry.get(key) for key in TRANSITION_FIELDS)
-
-
-def out_names(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    """Tuple-position order of the outputs: ``out_names``, else the ``out_src`` key order."""
-    names = entry.get("out_names")
-    if isinstance(names, list) and names:  # another shape is the schema check's finding
-        return tuple(n if isinstance(n, str) else "" for n in names)
-    src = entry.get("out_src")
-    return tuple(src) if isinstance(src, Mapping) else ()
 
 
 def contract_differences(entry: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
@@ -75,57 +66,11 @@ def passes_through(entry: Mapping[str, Any]) -> bool:
 _ABSENT = object()
 
 
-def output_index(entry: Mapping[str, Any], name: str) -> int:
-    """Position of output ``name`` in the forward's tuple; an unknown name is index 0."""
-    names = out_names(entry)
-    return names.index(name) if name in names else 0
-
-
-def partial_deferred_biases(entry: Any) -> tuple[str, ...]:
-    """The entry's ``deferred_bias_params`` whose gradient is partial over tp.
-
-    A deferred bias is added once to the boundary's first output after its output
-    transition; when that output leaves sharded on tp (an SP reduce_scatter), each rank adds
-    the bias to its shard only, so its gradient is the rank's share (decisions.md item 6).
-    The generator derives the ``partial_grad_params`` it writes from it (on the dicts it
-    builds); the typed twin for a frozen plan is :meth:`PlanEntry.partial_deferred_biases`.
-    """
-    if not isinstance(entry, Mapping):
-        return ()
-    names = entry.get("deferred_bias_params")
-    biases = tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-    dst_map = entry.get("out_dst")
-    if not biases or not isinstance(dst_map, Mapping):
-        return ()
-    first = [n for n in sorted(dst_map) if output_index(entry, n) == 0]
-    named = dst_map.get(first[0]) if first else None
-    text = named.get("tp") if isinstance(named, Mapping) else None
-    try:
-        sharded = isinstance(text, str) and isinstance(parse_placement(text), Shard)
-    except ValueError:  # the schema / plan checks report a bad placement
-        sharded = False
-    return biases if sharded else ()
-
-
 def takes_token_ids(cls: str | None) -> bool:
     """The boundary's class is a token embedding (its name ends in ``Embedding``, as
     ``nn.Embedding`` and HF's ``*Embedding`` classes): its input is integer token ids, with
     no gradient, and its output is the model's first activation."""
     return bool(cls) and cls.endswith("Embedding")
-
-
-def output_sequence_sharded(entry: Any) -> bool:
-    """Some output of the entry leaves sharded on tp along the sequence dim (``S(1)``): the
-    next module sees only its rank's slice of the sequence (sequence parallelism)."""
-    dst_map = entry.get("out_dst") if isinstance(entry, Mapping) else None
-    for named in (dst_map or {}).values() if isinstance(dst_map, Mapping) else ():
-        text = named.get("tp") if isinstance(named, Mapping) else None
-        try:
-            if isinstance(text, str) and parse_placement(text) == Shard(1):
-                return True
-        except ValueError:  # the schema / plan checks report a bad placement
-            continue
-    return False
 
 
 def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:

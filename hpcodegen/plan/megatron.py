@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from hpcodegen.plan.moe import dispatch_volume
+from hpcodegen.plan.types import PlanEntry
 
 
 @dataclass(frozen=True)
@@ -117,24 +117,22 @@ def param_bytes(shape: ModelShape, tp: int, ep: int, elem: int) -> float:
                    + shape.whole_params)
 
 
-def plan_param_bytes(plan: Mapping[str, Any], numels: Mapping[str, int], tp: int, ep: int,
-                     elem: int) -> float:
-    """Parameter bytes per rank of a frozen plan: each parameter's elements divided by the
-    sizes of the axes its placement shards (``tp``, ``ep``); ``numels`` maps every
-    parameter FQN of the model (tied ones once) to its element count."""
-    from hpcodegen.placement import is_shard, parse_placement
+def plan_param_bytes(entries: Mapping[str, PlanEntry], numels: Mapping[str, int], tp: int,
+                     ep: int, elem: int) -> float:
+    """Parameter bytes per rank of a frozen plan's entries: each parameter's elements
+    divided by the sizes of the axes its placement shards (``tp``, ``ep``); ``numels`` maps
+    every parameter FQN of the model (tied ones once) to its element count."""
+    from hpcodegen.placement import REPLICATE, is_shard
 
     total = 0.0
-    for fqn, entry in plan.items():
-        params = entry.get("params") if isinstance(entry, Mapping) else None
-        for rel, named in (params or {}).items():
+    for fqn, entry in entries.items():
+        for rel, named in (entry.params or {}).items():
             name = f"{fqn}.{rel}" if fqn and rel else (fqn or rel)
-            if name not in numels or not isinstance(named, Mapping):
+            if name not in numels:
                 continue
             split = 1
             for axis, size in (("tp", tp), ("ep", ep)):
-                text = named.get(axis)
-                if isinstance(text, str) and is_shard(parse_placement(text)):
+                if is_shard(named.get(axis, REPLICATE)):
                     split *= size
             total += numels[name] / split
     return total * elem

@@ -52,13 +52,12 @@ def nested_gathers(entries: Mapping[str, PlanEntry]) -> Iterator[tuple[str, list
     if not gathering:
         return
     inside: dict[str, list[str]] = {}
-    for fqn, entry in entries.items():  # each mover's ancestors: linear in the plan
-        if not moves_sequence(entry):
-            continue
+    for fqn, entry in entries.items():  # each entry's ancestors: linear in the plan
         parts = fqn.split(".")
-        for depth in range(1, len(parts)):
-            parent = ".".join(parts[:depth])
-            if parent in gathering:
+        parents = [p for p in (".".join(parts[:d]) for d in range(1, len(parts)))
+                   if p in gathering]
+        if parents and moves_sequence(entry):  # the cheap test first: most have no such parent
+            for parent in parents:
                 inside.setdefault(parent, []).append(fqn)
     for parent in sorted(inside):
         yield parent, sorted(inside[parent])

@@ -167,6 +167,8 @@ class PlanEntry:
         when that output leaves sharded on tp (an SP reduce_scatter), each rank adds it to
         its shard only, so its gradient is the rank's share (decisions.md item 6).
         """
+        if not self.deferred_bias_params:  # the common case: no output walk
+            return ()
         first = self.first_output_dst()
         sharded = first is not None and isinstance(first.get(TP), Shard)
         return _names(self.deferred_bias_params) if sharded else ()
@@ -176,6 +178,8 @@ class PlanEntry:
         ``partial_grad_params``, then the :meth:`partial_deferred_biases` and
         ``tp_rank0_params`` not declared (another generator may omit the derived ones)."""
         declared = _names(self.partial_grad_params)
+        if not self.deferred_bias_params and not self.tp_rank0_params:
+            return declared  # nothing derived (most entries): no walk
         derived = self.partial_deferred_biases() + _names(self.tp_rank0_params)
         return declared + tuple(dict.fromkeys(n for n in derived if n not in declared))
 

@@ -13,7 +13,9 @@ Steps of :class:`PipelineRunner`:
    before the split), and ``scale_grads=False``, so the summed microbatch losses are the
    unsharded mean loss and every gradient equals the unsharded one;
 4. after the schedule, tied parameters owned by different stages get their gradients
-   summed over the pp group (ranks holding no copy add zeros).
+   summed over the pp group (ranks holding no copy add zeros);
+5. optionally (:meth:`PipelineRunner.clip_grad_norm_`) the gradients clipped by the whole
+   model's norm, the stages' norms combined over pp.
 
 Point-to-point traffic is counted as it is posted (:func:`count_p2p`), so a test can
 hold it against ``inspect-plan``'s prediction.
@@ -109,6 +111,19 @@ class PipelineRunner:
     def parameters(self) -> list[Any]:
         """The distinct parameters this rank's stages train."""
         return stage_parameters(m for _, m in self.modules)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip this rank's gradients by the whole model's norm (after :meth:`step`;
+        collective over the pp group and the stages' tp/dp meshes): each parameter counted
+        once, by the stage owning its canonical FQN, the ranks' norms combined over pp
+        (:func:`hpcodegen.checkpoint.clip.clip_pipeline_grad_norm_`). Returns the norm,
+        equal to torch's ``clip_grad_norm_`` on the unsharded model."""
+        from hpcodegen.checkpoint.clip import clip_pipeline_grad_norm_
+        from hpcodegen.runtime.pipeline_stage import owned_parameters
+
+        names = set(owned_parameters(self.model, self.pipe, self.pp_rank))
+        return clip_pipeline_grad_norm_(self.model, self.parameters(), names, self.group,
+                                        max_norm, norm_type)
 
     def step(self, input_ids: torch.Tensor, labels: torch.Tensor,
              valid_tokens: int | None = None

@@ -273,7 +273,7 @@ def test_the_genuine_checkpoint_still_exports_and_resumes(genuine, tmp_path) -> 
 
 def test_launch_resume_refuses_the_shared_chunk_metadata_before_any_rank(genuine,
                                                                          tmp_path) -> None:
-    """The pre-start check of ``launch --resume --timeout 20`` reads the hostile metadata:
+    """The pre-start check of ``launch --resume --timeout 300`` reads the hostile metadata:
     one exit-2 finding, no rank started, well inside its timeout (the budget, not a clock,
     stops it: the timeout would say launch.timeout)."""
     from hpcodegen.checkpoint import metadata as md_mod
@@ -285,8 +285,8 @@ def test_launch_resume_refuses_the_shared_chunk_metadata_before_any_rank(genuine
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch",
                            str(REPO / "examples" / "llama_tp2"), "--nproc", "2",
                            "--model-dir", str(LLAMA), "--resume", str(ckpt), "--steps", "1",
-                           "--timeout", "20", "--log-dir", str(tmp_path / "logs"), "--json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=200)
+                           "--timeout", "300", "--log-dir", str(tmp_path / "logs"), "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=400)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 2, doc
     assert [f["code"] for f in doc["findings"]] == ["checkpoint.limit"]

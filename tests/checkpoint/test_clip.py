@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(400)
 
 
 def _pair():

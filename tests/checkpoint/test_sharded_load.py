@@ -10,7 +10,7 @@ import pytest
 
 from hpcodegen.errors import PlanError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(400)
 
 
 class Tied:

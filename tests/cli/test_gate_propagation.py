@@ -3,9 +3,10 @@ install and train wrong, or cannot run, fail ``verify --strict --hf-config`` thr
 derivation by propagation (:mod:`hpcodegen.derive`), each with a ``derive.*`` finding at
 the JSON pointer of the declaration and the derived value; the unedited artifacts pass.
 
-The artifacts are generated here from tiny configs of four plans (Qwen3 with sequence
-parallelism, GPT-OSS with per-expert biases, Qwen3-MoE with experts over ep, and Qwen3-MoE
-with sequence parallelism, whose router runs on tokens flattened from a sequence shard).
+The artifacts are generated here from tiny configs of five plans (Qwen3 with sequence
+parallelism, GPT-OSS with per-expert biases, Qwen3-MoE with experts over ep, Qwen3-MoE
+with sequence parallelism, whose router runs on tokens flattened from a sequence shard, and
+DeepSeek-V3's latent attention).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ FAMILIES = {
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2"]),
     "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--ep", "2"]),
     "qwen3_moe_sp": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--sp"]),
+    "deepseek_v3": ("deepseek_v3", "DeepseekV3ForCausalLM", ["--tp", "2"]),
 }
 
 
@@ -101,6 +103,12 @@ def _o_proj_rows(meta: dict) -> None:
     _plan(meta)["model.layers.0.self_attn"]["params"]["o_proj.weight"]["tp"] = "S(0)"
 
 
+def _q_b_rows(meta: dict) -> None:
+    """MLA's latent query up-projection split row-wise: its whole-width input (the
+    replicated latent) then meets a weight of half the width on each rank."""
+    _plan(meta)["model.layers.0.self_attn"]["params"]["q_b_proj.weight"]["tp"] = "S(1)"
+
+
 def _no_dispatch(meta: dict) -> None:
     meta["injections"] = []
 
@@ -128,6 +136,9 @@ HOSTILE = {
     "output projection split S(0) in an MoE under sp": (
         "qwen3_moe_sp", _o_proj_rows, "derive.output",
         "/param_plan/model.layers.0.self_attn/out_src/output/tp"),
+    "a latent query projection split row-wise (MLA)": (
+        "deepseek_v3", _q_b_rows, "derive.local_compute",
+        "/param_plan/model.layers.0.self_attn"),
     "ep experts without the dispatch injection": (
         "qwen3_moe", _no_dispatch, "plan.ep_dispatch_mismatch",
         "/param_plan/model.layers.0.mlp.experts"),

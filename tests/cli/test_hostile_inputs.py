@@ -11,7 +11,7 @@ import pytest
 from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(400)
 register_verbs()
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"

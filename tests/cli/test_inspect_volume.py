@@ -28,7 +28,7 @@ def volume(meta: str, **kw: Any) -> tuple[int, dict[str, Any]]:
     return code, json.loads(out.getvalue())
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_bytes_per_rank_for_sequence_parallel_llama() -> None:
     batch, seq = 2, 16
     code, doc = volume("llama_tp2_sp", batch=batch, seq=seq, dtype="bf16", link_gbps=100.0)
@@ -58,7 +58,7 @@ def test_bytes_per_rank_for_sequence_parallel_llama() -> None:
     assert [o["direction"] for o in rows["model.embed_tokens"]["ops"]] == ["forward", "backward"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_live_mesh_sizes_and_dtype_change_the_bytes() -> None:
     batch, seq = 1, 8
     code, doc = volume("llama_tp2", batch=batch, seq=seq, dtype="fp32", mesh="tp=4")
@@ -82,7 +82,7 @@ def test_live_mesh_sizes_and_dtype_change_the_bytes() -> None:
     assert lp["gather_bytes_saved"] == pytest.approx(logits * 3 / 4)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_plan_for_another_model_names_the_missing_module() -> None:
     code, doc = volume("moe_cp2_tp2", batch=1, seq=4, checks=False)
     assert code == 1
@@ -90,7 +90,7 @@ def test_plan_for_another_model_names_the_missing_module() -> None:
     assert [f["path"] for f in missing] == ["model.layers.2.self_attn"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_config_problems_are_findings(tmp_path: Path) -> None:
     out = io.StringIO()
     missing = run_inspect(InspectOptions(path=str(FIXTURES / "llama_tp2_sp"), as_json=True,

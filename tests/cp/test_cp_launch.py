@@ -44,7 +44,7 @@ def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
 def _run(artifact: Path, nproc: int, *extra: str | Path):
     run = run_cli(artifact, "--nproc", str(nproc), "--device", "cpu", "--model-dir",
                   LLAMA_CONFIG, "--max-grad-norm", MAX_NORM, "--check-parity", *extra,
-                  "--json", timeout=200)
+                  "--json", timeout=300)
     assert run.code == 0, run.stdout + run.stderr
     doc = run.json()
     for rank in doc["ranks"]:

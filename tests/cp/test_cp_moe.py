@@ -45,13 +45,13 @@ def _launch(artifact: Path, nproc: int) -> dict:
     return doc
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_moe_dp2_ep2_cp2(tmp_path) -> None:
     doc = _launch(_artifact(tmp_path, tp=1, sp=False, ep=2, cp=2), 4)
     assert doc["mesh"] == {"dp": 2, "cp": 2, "tp": 1}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_moe_dp2_ep2_cp2_ulysses(tmp_path) -> None:
     """Qwen3-MoE ``--cp 2 --ep 2 --cp-method ulysses`` on 4 ranks: exact."""
     artifact = _artifact(tmp_path, tp=1, sp=False, ep=2, cp=2, cp_method="ulysses")

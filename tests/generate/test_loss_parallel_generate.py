@@ -148,7 +148,7 @@ def _generate(model_dir: Path, out: Path) -> tuple[int, dict]:
     return code, json.loads(buf.getvalue())
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_rowwise_head_refused_at_generate(tmp_path) -> None:
     """Inkling's HF plan shards ``lm_head`` rowwise (its output is all-reduced): nothing
     stays vocab-sharded, so --loss-parallel is refused rather than silently ignored."""
@@ -162,7 +162,7 @@ def test_rowwise_head_refused_at_generate(tmp_path) -> None:
     assert not (tmp_path / "out" / "codegen_meta.json").exists()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_opt_mlp_is_not_a_loss_parallel_head(tmp_path) -> None:
     code, doc = _generate(FAMILIES / "opt", tmp_path / "opt")
     assert code == 0, doc["findings"]

@@ -20,7 +20,7 @@ from hpcodegen.artifact.load import META_NAME
 from hpcodegen.generate.emit.emit import emit_modeling
 from hpcodegen.generate.emit.modeling_text import class_plans
 from hpcodegen.plan.classify import classify_boundary
-from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.plan.codec import entry_from_json, plan_from_meta
 from hpcodegen.plan.lowering import class_forwards, forward_signature, lowering_gates
 from hpcodegen.verify import run_verify
 
@@ -41,8 +41,8 @@ def _regenerate(example: Path, out: Path, edit) -> tuple[str, dict[str, str]]:
     meta = json.loads((example / META_NAME).read_text())
     source = edit(_transformers_source(meta))
     name = next(example.glob("modeling_*_gen_npu.py")).name
-    text, forms = emit_modeling(source, meta["source"]["module_name"],
-                                class_plans(meta, meta["boundary_classes"]), ["test"])
+    plans = class_plans(plan_from_meta(meta), meta["boundary_classes"])
+    text, forms = emit_modeling(source, meta["source"]["module_name"], plans, ["test"])
     files = {p.name: p.read_bytes() for p in example.iterdir() if p.name != META_NAME}
     files[name] = text.encode("utf-8")
     roles = {name: "modeling", f"{name}.diff": "diff", "__init__.py": "init"}

@@ -69,12 +69,12 @@ def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Pat
 
     def cli(*args: object) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
-                              timeout=300, cwd=tmp_path)
+                              timeout=400, cwd=tmp_path)
 
     verify = cli("verify", art, "--hf-config", LLAMA)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     run = cli("launch", art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA,
-              "--check-parity", "--json", "--timeout", "180")
+              "--check-parity", "--json", "--timeout", "300")
     doc = json.loads(run.stdout)
     assert run.returncode == 0 and doc["status"] == "ok", doc["message"]
     assert all(r["status"] == "ok" for r in doc["ranks"])

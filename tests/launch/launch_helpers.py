@@ -28,7 +28,7 @@ class CliRun:
         return json.loads(self.stdout)
 
 
-def run_cli(*args: str | Path, timeout: float = 120, env: dict | None = None) -> CliRun:
+def run_cli(*args: str | Path, timeout: float = 300, env: dict | None = None) -> CliRun:
     """``python -m hpcodegen launch ARGS`` as the user would run it."""
     import os
 

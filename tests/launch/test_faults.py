@@ -22,7 +22,7 @@ assert os.environ["HPCODEGEN_ARTIFACT"]
 if rank == 1:
     time.sleep(1)
     raise ValueError("boom from rank one")
-time.sleep(300)   # a rank blocked forever, as in a collective its peer never joins
+time.sleep(900)   # a rank blocked forever, as in a collective its peer never joins
 pathlib.Path(sys.argv[1], "finished").write_text("the launcher let rank 0 run to its end")
 """
 
@@ -31,9 +31,9 @@ import os, pathlib, subprocess, sys, time
 rank = int(os.environ["RANK"])
 pathlib.Path(sys.argv[1], f"pid{rank}").write_text(str(os.getpid()))
 if rank == 0:   # a grandchild in the rank's session must be ended too
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
     pathlib.Path(sys.argv[1], "child").write_text(str(child.pid))
-time.sleep(300)
+time.sleep(900)
 """
 
 
@@ -58,12 +58,12 @@ def _wait_for_ranks(pids: Path, proc, count: int = 3) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(400)  # below rank 0's 300 s sleep: ending at all is ending early
+@pytest.mark.timeout(400)  # below rank 0's 900 s sleep: ending at all is ending early
 def test_raising_rank_ends_the_job(tmp_path):
     script, pids = _script(tmp_path, RAISE_ON_1)
     logs = tmp_path / "logs"
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--log-dir", logs, "--",
-                  script, pids, timeout=220)
+                  script, pids, timeout=300)
     assert run.code == 1
     failure = [line for line in run.stderr.splitlines() if line.startswith("rank 1 failed")]
     assert len(failure) == 1, run.stderr
@@ -81,7 +81,7 @@ def test_injected_fault_in_the_smoke_job(tmp_path):
     (and would then wait in its first collective for gloo's 30-minute timeout)."""
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--json", "--log-dir", tmp_path / "logs",
-                  env={"HPCODEGEN_FAULT": "raise:1"}, timeout=220)
+                  env={"HPCODEGEN_FAULT": "raise:1"}, timeout=300)
     assert run.code == 1
     doc = run.json()
     assert doc["message"].startswith("rank 1 failed: InjectedFault")

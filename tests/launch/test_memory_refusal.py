@@ -32,11 +32,11 @@ def huge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return base / "art", base / "cfg"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_a_job_that_cannot_fit_is_refused_with_the_figures(huge) -> None:
     artifact, config = huge
     run = run_cli(artifact, "--nproc", "2", "--device", "cpu", "--model-dir", config,
-                  "--check-parity", "--steps", "1", "--json", timeout=280)
+                  "--check-parity", "--steps", "1", "--json", timeout=300)
     assert run.code == 2, run.stdout + run.stderr
     doc = run.json()
     message = doc["message"]

@@ -25,7 +25,7 @@ def test_two_nodes_one_rank_each(tmp_path):
         [sys.executable, "-m", "hpcodegen", "launch", str(EXAMPLE), "--nproc", "1",
          "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
          "--master-port", port, "--device", "cpu", "--model-dir", str(LLAMA_CONFIG),
-         "--check-parity", "--timeout", "120", "--json", "--log-dir", str(tmp_path / str(node))],
+         "--check-parity", "--timeout", "300", "--json", "--log-dir", str(tmp_path / str(node))],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for node in (0, 1)]
     docs = []

@@ -28,11 +28,11 @@ def _check(doc: dict, steps: int) -> None:
         assert doc["ranks"][0]["parity"]["loss_max_diff"] <= 1e-5
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(400)
 def test_check_parity_two_ranks(tmp_path):
     """Text mode (the `make demo` command); the numbers come from the kept result files."""
     run = run_cli(EXAMPLE, "--nproc", "2", "--model-dir", LLAMA_CONFIG, "--check-parity",
-                  "--log-dir", tmp_path, timeout=140)
+                  "--log-dir", tmp_path, timeout=300)
     assert run.code == 0, run.stdout + run.stderr
     for column in ("rank", "device", "local params", "forward", "logits diff", "grad diff",
                    "status"):
@@ -45,10 +45,10 @@ def test_check_parity_two_ranks(tmp_path):
     assert sorted(p.parent.name for p in tmp_path.glob("*/attempt_0/*/stderr.log")) == ["0", "1"]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(400)
 def test_check_parity_with_three_steps():
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--check-parity", "--steps", "3", "--json", timeout=140)
+                  "--check-parity", "--steps", "3", "--json", timeout=300)
     assert run.code == 0, run.stdout + run.stderr
     doc = run.json()
     _check(doc, steps=3)

@@ -48,14 +48,14 @@ def _artifact(base: Path, model_type: str, cls: str, extra: dict) -> tuple[Path,
     return base / "art", base / "cfg", window
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize(("model_type", "cls", "extra"), FAMILIES,
                          ids=[f[0] for f in FAMILIES])
 def test_a_default_window_keeps_the_smoke_batch_small(tmp_path: Path, model_type: str,
                                                       cls: str, extra: dict) -> None:
     artifact, config, window = _artifact(tmp_path, model_type, cls, extra)
     run = run_cli(artifact, "--nproc", "2", "--device", "cpu", "--model-dir", config,
-                  "--check-parity", "--json", timeout=220)
+                  "--check-parity", "--json", timeout=300)
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = run.json()
     for rank in doc["ranks"]:
@@ -75,7 +75,7 @@ WIDE_SCORES = {"hidden_size": 64, "num_attention_heads": 2**16, "num_key_value_h
                "vocab_size": 256, "sliding_window": 64, "max_position_embeddings": 4096}
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_activations_that_cannot_fit_are_refused_before_the_build(tmp_path: Path) -> None:
     from hpcodegen.families.tiny import tiny_config
     from hpcodegen.generate.api import GenerateArgs, run_generate
@@ -86,7 +86,7 @@ def test_activations_that_cannot_fit_are_refused_before_the_build(tmp_path: Path
     assert run_generate(GenerateArgs(tmp_path / "cfg", 2, tmp_path / "art",
                                      verbosity=-1)) == 0
     run = run_cli(tmp_path / "art", "--nproc", "2", "--device", "cpu", "--model-dir",
-                  tmp_path / "cfg", "--check-parity", "--json", timeout=220)
+                  tmp_path / "cfg", "--check-parity", "--json", timeout=300)
     assert run.code == 2, run.stdout[-3000:] + run.stderr[-3000:]
     doc = run.json()
     message = doc["message"]

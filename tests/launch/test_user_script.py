@@ -76,7 +76,7 @@ def _llama_state(config: dict) -> dict:
 
 
 @pytest.mark.gloo
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(400)
 def test_setup_in_user_script_loads_safetensors(tmp_path):
     from safetensors.torch import save_file
 
@@ -89,7 +89,7 @@ def test_setup_in_user_script_loads_safetensors(tmp_path):
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
                   "--json", "--", script, model_dir / "model.safetensors", tmp_path / "ckpt",
                   "--lr", "3e-4",
-                  timeout=140)
+                  timeout=300)
     assert run.code == 0, run.stdout + run.stderr
     doc = run.json()
     assert [r["status"] for r in doc["ranks"]] == ["ok", "ok"]

@@ -23,7 +23,7 @@ def _explain(model, ids):
     return torch._dynamo.explain(model)(input_ids=ids)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("example", ["llama_tp2", pytest.param("llama_tp2_sp", marks=(
     pytest.mark.xfail(strict=True, reason=(
         "DTensor parameters: with sequence parallelism the local-view swap still breaks "

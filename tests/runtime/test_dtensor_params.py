@@ -15,7 +15,7 @@ ARTIFACTS = ("llama_tp2", "llama_tp2_sp")
 
 
 @pytest.mark.gloo
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("artifact", ARTIFACTS)
 def test_torch_tools_on_dtensor_parameters(gloo, tmp_path, artifact) -> None:
     results = gloo(2, torch_tools, artifact, str(tmp_path / "dcp"))
@@ -35,7 +35,7 @@ def test_torch_tools_on_dtensor_parameters(gloo, tmp_path, artifact) -> None:
 
 @pytest.mark.gloo
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("artifact", ARTIFACTS)
 def test_fsdp2_over_dp_on_dtensor_parameters(gloo, artifact) -> None:
     for rank, r in enumerate(gloo(4, fsdp_tools, artifact)):

@@ -1,12 +1,13 @@
-"""The embedding rules, each in one home: ``takes_token_ids`` (class name) and
-``output_sequence_sharded`` (entry) in ``hpcodegen.plan.entry``, the instance check
+"""The embedding rules, each in one home: ``takes_token_ids`` (class name) in
+``hpcodegen.plan.entry``, ``output_sequence_sharded`` on the typed ``PlanEntry``, the instance check
 ``row_sharded_vocab_start`` in the runtime. No process group needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpcodegen.plan.entry import output_sequence_sharded, takes_token_ids
+from hpcodegen.plan.codec import PlanFormatError, entry_from_json
+from hpcodegen.plan.entry import takes_token_ids
 
 
 def _entry(src: str, dst: str) -> dict:
@@ -30,12 +31,13 @@ def test_takes_token_ids_is_the_class_name_rule(cls, want) -> None:
 def test_output_sequence_sharded_reads_only_the_exit_placement(src, dst, want) -> None:
     """Regression: the SP position-ids fix keyed on ``P -> S(1)`` and so missed a
     column-sharded embedding whose output also leaves sequence-sharded."""
-    assert output_sequence_sharded(_entry(src, dst)) is want
+    assert entry_from_json("embed", _entry(src, dst)).output_sequence_sharded() is want
 
 
-def test_a_bad_placement_reads_as_not_sharded() -> None:
-    assert output_sequence_sharded(_entry("P(sum)", "S(x)")) is False
-    assert output_sequence_sharded({"out_dst": ["not", "a", "map"]}) is False
+def test_a_bad_placement_is_refused_before_it_is_read() -> None:
+    for raw in (_entry("P(sum)", "S(x)"), {"out_dst": ["not", "a", "map"]}):
+        with pytest.raises(PlanFormatError):
+            entry_from_json("embed", raw)
 
 
 def test_row_sharded_vocab_start_needs_an_embedding_instance_sharded_by_rows() -> None:

@@ -39,7 +39,7 @@ def _artifact(root: Path, family: str) -> tuple[str, str, str]:
     return name, str(root / name), str(FAMILIES / family)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_family_parity_robustness(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
     results = gloo(2, parity_models, models, 2)

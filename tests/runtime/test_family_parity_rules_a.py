@@ -78,7 +78,7 @@ def _artifact(root: Path, name: str, family: str, overrides: dict) -> tuple[str,
     return name, str(root / name), str(config_dir)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_package_rule_families_match_the_unsharded_model(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, *m) for m in MODELS]
     results = gloo(2, parity_models, models, 2)

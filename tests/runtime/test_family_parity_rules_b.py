@@ -46,7 +46,7 @@ def _artifact(root: Path, family: str, sp: bool = False) -> tuple[str, str, str]
     return name, str(root / name), str(FAMILIES / family)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_family_parity_package_rules_b(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
     models += [_artifact(tmp_path, f, sp=True) for f in SP]

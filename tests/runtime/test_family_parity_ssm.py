@@ -43,7 +43,7 @@ def _artifact(root: Path, family: str, dtype: str = "float32") -> tuple[str, ...
     return name, str(root / name), str(FAMILIES / family), dtype
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_ssm_family_parity_tp2(tmp_path: Path, gloo) -> None:
     models = [_artifact(tmp_path, f) for f in TP2]
     models += [_artifact(tmp_path, f, "float64") for f in FLOAT64]

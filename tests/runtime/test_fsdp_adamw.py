@@ -15,7 +15,7 @@ TOL = 1e-5
 
 @pytest.mark.gloo
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_adamw_step_dp2_tp2_matches_single_process(gloo) -> None:
     artifacts = ["llama_tp2_sp", "llama_bias_tp2"]
     results = gloo(4, fsdp_many, artifacts, 2, 2)

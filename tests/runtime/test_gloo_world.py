@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.gloo, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.gloo, pytest.mark.timeout(400)]
 
 
 def _sum_of_ranks() -> dict:

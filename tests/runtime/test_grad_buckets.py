@@ -63,7 +63,7 @@ def _backward_all_reduces(out: Path, model_dir: Path) -> tuple[int, int, int]:
     return ran["allreduce_"], predicted, summary.grad_sync_params
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 @pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
 def test_sixteen_layers_sync_in_one_collective(tmp_path: Path, fake_world) -> None:
     small = _llama(tmp_path, 2)
@@ -76,7 +76,7 @@ def test_sixteen_layers_sync_in_one_collective(tmp_path: Path, fake_world) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_sixteen_layers_accumulate_exactly(tmp_path: Path, gloo) -> None:
     from grad_workers import accumulate_case
 

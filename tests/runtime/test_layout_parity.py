@@ -66,7 +66,7 @@ def _artifact(root: Path, name: str, sp: bool) -> tuple[str, str]:
     return str(out), str(model)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 @pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
 def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     import torch
@@ -101,7 +101,7 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
         assert summary.per_forward[("all_reduce", "tp", None)] >= norms == 4
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_layouts_match_unsharded(tmp_path: Path, gloo) -> None:
     from moe_workers import parity_cases
 
@@ -113,7 +113,7 @@ def test_layouts_match_unsharded(tmp_path: Path, gloo) -> None:
             assert r["loss_diff"] <= TOL, (name, r)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_vision_tower_split_matches_unsharded_with_images(tmp_path: Path, gloo) -> None:
     """Gemma-3's composite: transformers plans the text model only; the SigLIP vision
     tower's attention and MLPs are split like any (Megatron layout), exact with images."""

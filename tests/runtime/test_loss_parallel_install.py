@@ -17,7 +17,7 @@ from hpcodegen.runtime.loader import package_name
 sys.path.append(str(Path(__file__).resolve().parents[1] / "fixtures"))
 import loss_parallel_fixtures as lpf
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(400)
 FLAG = "/parallel_dims/loss_parallel"
 
 

@@ -15,7 +15,7 @@ from rt_workers import EXAMPLES, batch, build_pair, hf_config
 from hpcodegen.errors import PlacementMismatchError, PlanError
 from hpcodegen.runtime.loader import package_name
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(400)
 
 
 def _codes(exc: PlanError) -> list[str]:

@@ -13,7 +13,7 @@ from rt_workers import build_pair
 from hpcodegen.errors import PlanError
 from hpcodegen.runtime.loader import import_generated_module, package_name
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(400)
 
 
 def _legacy_cp_meta(meta) -> None:

@@ -28,7 +28,7 @@ import verify_fixtures as vf  # noqa: E402
 from hpcodegen.checks.schema import meta_schema  # noqa: E402
 from hpcodegen.verify import run_verify  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(400)
 
 
 SETTINGS = settings(deadline=None, derandomize=True,

@@ -26,7 +26,7 @@ import verify_fixtures as vf  # noqa: E402
 
 from hpcodegen.verify import run_verify  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(400)
 FLAG = "/parallel_dims/loss_parallel"
 LLAMA_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama"
 

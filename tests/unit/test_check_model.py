@@ -12,7 +12,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.append(str(FIXTURES))
 import verify_fixtures as vf  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(400)
 MLP = "model.layers.0.mlp"
 
 

@@ -30,7 +30,7 @@ import verify_fixtures as vf  # noqa: E402
 from hpcodegen.placement import PLACEMENT_PATTERN  # noqa: E402
 from hpcodegen.verify import run_verify  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(400)
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow,

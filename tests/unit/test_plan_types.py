@@ -189,9 +189,7 @@ def test_derived_views_read_like_the_dict_helpers(path: Path) -> None:
     for fqn, raw in dict_rules.param_plan(meta).items():
         entry: PlanEntry = plan.entries[fqn]
         assert entry.boundary == dict_rules.is_boundary(raw)
-        assert entry.output_names == dict_rules.out_names(raw)
         assert entry.passes_through() == dict_rules.passes_through(raw)
-        assert entry.output_sequence_sharded() == dict_rules.output_sequence_sharded(raw)
 
 
 def test_injection_fans_out() -> None:

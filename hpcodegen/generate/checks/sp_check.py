@@ -27,30 +27,26 @@ from typing import Any
 
 from hpcodegen.binding import InputBinder, apply_outputs
 from hpcodegen.errors import PlanError, error
-from hpcodegen.plan.entry import (
-    is_boundary,
-    out_names,
-    output_sequence_sharded,
-    takes_token_ids,
-)
+from hpcodegen.placement import Shard
+from hpcodegen.plan.codec import entries_from_json
+from hpcodegen.plan.entry import takes_token_ids
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import TP, PlanEntry
 from hpcodegen.tracer.hooks import outputs_of, removed
 from hpcodegen.tracer.model import forward
 
 #: the sequence-sharded placements: ``(batch, seq, ...)`` activations and token rows
-SEQ_DIMS = {"S(1)": 1, "S(0)": 0}
+SEQ_DIMS = {Shard(1): 1, Shard(0): 0}
 
 
-def _tp(named: Any) -> str | None:
-    return named.get("tp") if isinstance(named, Mapping) else None
-
-
-def _seq_fns(entry: Mapping[str, Any], side: str, tp: int) -> dict[str, Callable[[Any], Any]]:
+def _seq_fns(entry: PlanEntry, side: str, tp: int) -> dict[str, Callable[[Any], Any]]:
     """``{name: shape function}`` of the entry's sequence transitions on ``side``."""
-    src = entry.get(f"{side}_src") or {}
-    dst = entry.get(f"{side}_dst") or {}
+    src = (entry.in_src if side == "in" else entry.out_src) or EMPTY
+    dst = (entry.in_dst if side == "in" else entry.out_dst) or EMPTY
     fns: dict[str, Callable[[Any], Any]] = {}
     for name in set(src) | set(dst):
-        s, d = SEQ_DIMS.get(_tp(src.get(name))), SEQ_DIMS.get(_tp(dst.get(name)))
+        s = SEQ_DIMS.get(src.get(name, EMPTY).get(TP))
+        d = SEQ_DIMS.get(dst.get(name, EMPTY).get(TP))
         if s is not None and d != s:
             fns[name] = lambda x, dim=s: _resize(x, dim, x.shape[dim] * tp) \
                 if _has_dim(x, dim) else x
@@ -122,7 +118,7 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
         if not _matches(_shapes(out), ref, tp):
             first_wrong.append(fqn)
 
-    handles, wrapped = _shard_sequence(modules, plan, tp, classes)
+    handles, wrapped = _shard_sequence(modules, entries_from_json(plan), tp, classes)
     for m in modules.values():  # after the plan's hooks: they see the resized shapes
         handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
         handles.append(m.register_forward_hook(leave))
@@ -143,7 +139,7 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
     _refuse(where, modules.get(where, model), failure, logits, ref_logits)
 
 
-def _shard_sequence(modules: Mapping[str, Any], plan: Mapping[str, Mapping[str, Any]],
+def _shard_sequence(modules: Mapping[str, Any], entries: Mapping[str, PlanEntry],
                     tp: int, classes: Mapping[str, str]) -> tuple[list[Any], list[Any]]:
     """Hooks applying each boundary's sequence transitions to the shapes, bound as the
     runtime binds them, and the parents given the runtime's default position ids; returns
@@ -152,8 +148,8 @@ def _shard_sequence(modules: Mapping[str, Any], plan: Mapping[str, Mapping[str, 
 
     handles: list[Any] = []
     wrapped: list[Any] = []
-    for fqn, entry in plan.items():
-        if not is_boundary(entry) or fqn not in modules:
+    for fqn, entry in entries.items():
+        if not entry.boundary or fqn not in modules:
             continue
         module = modules[fqn]
         ins, outs = _seq_fns(entry, "in", tp), _seq_fns(entry, "out", tp)
@@ -162,11 +158,12 @@ def _shard_sequence(modules: Mapping[str, Any], plan: Mapping[str, Mapping[str, 
             handles.append(module.register_forward_pre_hook(
                 lambda _m, a, kw, b=binder, f=ins: b.apply(a, kw, f), with_kwargs=True))
         if outs:
-            order = list(out_names(entry)) or ["output"]
+            order = list(entry.output_names) or ["output"]
             pos = [(order.index(n) if n in order else 0, fn) for n, fn in outs.items()]
             handles.append(module.register_forward_hook(
                 lambda _m, _a, out, p=pos: apply_outputs(out, p)))
-        if takes_token_ids(classes.get(fqn)) and output_sequence_sharded(entry) and "." in fqn:
+        if takes_token_ids(classes.get(fqn)) and entry.output_sequence_sharded() \
+                and "." in fqn:
             parent = modules[fqn.rpartition(".")[0]]
             if "forward" not in parent.__dict__ and install_default_position_ids(parent):
                 wrapped.append(parent)

@@ -15,7 +15,10 @@ from typing import Any
 from hpcodegen import GENERATOR_NAME, __version__
 from hpcodegen.artifact.digest import canonical_json, meta_signature
 from hpcodegen.generate.emit.source import ModelingSource
-from hpcodegen.plan.entry import ENTRYPOINTS, is_boundary, join_fqn
+from hpcodegen.placement import REPLICATE
+from hpcodegen.plan.draft import entries_to_json
+from hpcodegen.plan.entry import ENTRYPOINTS, join_fqn
+from hpcodegen.plan.types import PlanEntry
 
 CODEGEN_VERSION = "0.1.1"
 NOT_COVERED: tuple[str, ...] = ("mesh", "fsdp2", "pp", "activation_checkpoint", "compile")
@@ -60,13 +63,13 @@ def inputs_digest(config: Mapping[str, Any], tp: int, sp: bool, recipe: Any,
     return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
 
 
-def frozen_sharded_params(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def frozen_sharded_params(entries: Mapping[str, PlanEntry]) -> list[str]:
     """Sorted unique ``<entry>.<param>`` FQNs with a non-``R`` placement on some axis."""
     return sorted({
         join_fqn(fqn, rel)
-        for fqn, entry in plan.items()
-        for rel, named in (entry.get("params") or {}).items()
-        if any(p != "R" for p in named.values())
+        for fqn, entry in entries.items()
+        for rel, named in (entry.params or {}).items()
+        if any(p != REPLICATE for p in named.values())
     })
 
 
@@ -78,14 +81,16 @@ def source_record(config: Mapping[str, Any], src: ModelingSource,
             "transformers_version": src.transformers_version}
 
 
-def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, Any],
+def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool,
+               entries: Mapping[str, PlanEntry],
                classes: Mapping[str, str], injections: list[dict[str, Any]],
                tied_pairs: list[list[str]], source: dict[str, Any], recipe: Any,
                ep: int = 1, loss_parallel: bool = False, cp: int = 1,
                cp_layout: str | None = None, cp_method: str | None = None,
                inputs: Mapping[str, Any] | None = None,
                pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole meta except ``outputs`` (the bundle writer adds them); ``cp_method`` (as
+    """The whole meta except ``outputs`` (the bundle writer adds them), its ``param_plan``
+    written by the codec from the frozen draft's ``entries``; ``cp_method`` (as
     given, ``auto`` included, with the hybrid's degree) only enters the inputs digest;
     ``inputs`` is the generation record (:mod:`hpcodegen.generate.sources.recorded`), kept under
     ``generator``; with a ``pipeline`` section (:mod:`hpcodegen.generate.layouts.pipeline`) also
@@ -102,12 +107,12 @@ def build_meta(*, config: Mapping[str, Any], tp: int, sp: bool, plan: dict[str, 
         "parallel_dims": parallel_dims(tp, sp, ep, loss_parallel, cp, cp_layout),
         "model_name": model_name,
         "model_class": source.get("architecture"),
-        "param_plan": plan,
+        "param_plan": entries_to_json(entries),
         "injections": injections,
         "tied_pairs": tied_pairs,
         "special_handlers": {},
-        "frozen_sharded_params": frozen_sharded_params(plan),
-        "boundary_classes": {f: classes[f] for f in sorted(plan) if is_boundary(plan[f])},
+        "frozen_sharded_params": frozen_sharded_params(entries),
+        "boundary_classes": {f: classes[f] for f in sorted(entries) if entries[f].boundary},
         "entrypoints": {"parallelize": ENTRYPOINTS[0]},
         "module_overrides": [],
         "skipped_overrides": [],

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from hpcodegen.plan.types import Plan
+
 #: how the note starts (bench/plan_quality.py recognises it)
 ABOVE = "plan above Megatron's layout"
 
@@ -26,18 +28,18 @@ def _folded(kept: Mapping[str, str]) -> list[str]:
     return [f"{pattern}: {why}" for pattern, why in seen]
 
 
-def cost_note(model: Any, config: Mapping[str, Any], meta: Mapping[str, Any],
+def cost_note(model: Any, config: Mapping[str, Any], plan: Plan,
               kept: Mapping[str, str], tp: int, sp: bool, ep: int) -> str:
-    """The note for a plan with modules kept above Megatron's layout."""
+    """The note for a (frozen) plan with modules kept above Megatron's layout."""
     from hpcodegen.generate.layouts.megatron_shape import model_shape
     from hpcodegen.plan.megatron import comm_bytes, param_bytes, plan_param_bytes
 
     shape = model_shape(model, dict(config))
     seq = 16 * tp
-    fwd, bwd = plan_bytes(dict(meta), dict(config), 1, seq)
+    fwd, bwd = plan_bytes(plan, dict(config), 1, seq)
     ref_fwd, ref_bwd = comm_bytes(shape, tp, sp, ep, 1, seq, 2)
     numels = {name: p.numel() for name, p in model.named_parameters()}
-    params = plan_param_bytes(meta["param_plan"], numels, tp, ep, 2)
+    params = plan_param_bytes(plan.entries, numels, tp, ep, 2)
     ref_params = param_bytes(shape, tp, ep, 2)
     comm = (fwd + bwd) / (ref_fwd + ref_bwd) if ref_fwd + ref_bwd else float("nan")
     return (f"{ABOVE}: {comm:.2f}x its bytes per rank (forward and backward), "
@@ -45,18 +47,16 @@ def cost_note(model: Any, config: Mapping[str, Any], meta: Mapping[str, Any],
             f"plans it: {'; '.join(_folded(kept))}")
 
 
-def plan_bytes(meta: dict[str, Any], config: dict[str, Any], batch: int, seq: int,
+def plan_bytes(plan: Plan, config: dict[str, Any], batch: int, seq: int,
                dtype: str = "bf16") -> tuple[float, float]:
-    """``(forward, backward)`` bytes per rank of a meta on its frozen mesh, as inspect-plan
+    """``(forward, backward)`` bytes per rank of a frozen plan on its mesh, as inspect-plan
     counts them, traced from a config dict."""
     from hpcodegen.inspect.run import classify_meta
     from hpcodegen.inspect.trace import trace_boundaries
     from hpcodegen.inspect.volume import boundary_volumes, trace_targets
-    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.plan.moe import EP
     from hpcodegen.plan.volume import dtype_bytes
 
-    plan = plan_from_meta(meta)
     result = classify_meta(plan, None)
     entries = plan.entries
     trace = trace_boundaries(config, trace_targets(result, entries), batch, seq)

@@ -43,7 +43,7 @@ from hpcodegen.generate.seeds.module_facts import (
 from hpcodegen.generate.sources.globs import parent_of, relative_to
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind, param_shard, shard
-from hpcodegen.plan.entry import partial_deferred_biases
+from hpcodegen.plan.codec import entry_from_json
 
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
 ABSORBED = (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE)
@@ -212,7 +212,7 @@ class Lifter:
         if deferred:
             entry["deferred_bias_params"] = sorted(deferred)
             # added after the SP reduce_scatter: each rank sees its sequence slice
-            partial.extend(partial_deferred_biases(entry))
+            partial.extend(entry_from_json(fqn, entry).partial_deferred_biases())
         if partial:
             entry["partial_grad_params"] = sorted(set(partial))
         return entry
@@ -262,8 +262,9 @@ class Lifter:
                      **transitions(first_arg(module), "R", "S(-1)", "P(sum)", seq)}
             if deferred:
                 entry["deferred_bias_params"] = sorted(deferred)
-                if partial_deferred_biases(entry):
-                    entry["partial_grad_params"] = sorted(partial_deferred_biases(entry))
+                biases = entry_from_json(a.fqn, entry).partial_deferred_biases()
+                if biases:
+                    entry["partial_grad_params"] = sorted(biases)
             return entry
         if a.kind is Kind.EMBED_VOCAB and not_lookup_only(module) and not self.sp:
             # transformers' default ``embedding_rowwise`` on an embedding that does more

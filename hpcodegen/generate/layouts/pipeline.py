@@ -18,7 +18,7 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, UsageError, error
 from hpcodegen.generate.checks.layer_split import layer_blocks
-from hpcodegen.placement import is_shard, parse_placement
+from hpcodegen.placement import REPLICATE, is_shard
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.pipeline import boundary_placements, fold_modules
 from hpcodegen.plan.pipeline_build import (
@@ -30,6 +30,7 @@ from hpcodegen.plan.pipeline_build import (
     stage_param_counts,
 )
 from hpcodegen.plan.schedule import SCHEDULES
+from hpcodegen.plan.types import TP, PlanEntry
 
 
 @dataclass(frozen=True)
@@ -135,15 +136,12 @@ def _check_base(model: Any, base: str) -> None:
                                "stage after the first cannot feed it hidden states")])
 
 
-def _per_rank(units: Sequence[Unit], model: Any, plan: Mapping[str, Mapping[str, Any]],
+def _per_rank(units: Sequence[Unit], model: Any, entries: Mapping[str, PlanEntry],
               tp: int, stages: Sequence[Sequence[str]]) -> list[int]:
     """Parameters one rank of each stage holds: a tp-sharded parameter counts 1/tp."""
-    sharded: set[str] = set()
-    for fqn, entry in plan.items():
-        for rel, named in (entry.get("params") or {}).items():
-            tp_place = named.get("tp")
-            if tp_place is not None and is_shard(parse_placement(tp_place)):
-                sharded.add(join_fqn(fqn, rel))
+    sharded = {join_fqn(fqn, rel) for fqn, entry in entries.items()
+               for rel, named in (entry.params or {}).items()
+               if is_shard(named.get(TP, REPLICATE))}
     out = []
     for mods in stages:
         total = 0
@@ -156,16 +154,15 @@ def _per_rank(units: Sequence[Unit], model: Any, plan: Mapping[str, Mapping[str,
     return out
 
 
-def pipeline_section(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int, sp: bool,
+def pipeline_section(model: Any, entries: Mapping[str, PlanEntry], tp: int, sp: bool,
                      args: PipelineArgs, tied: Sequence[Sequence[str]],
                      notes: list[str] | None, *, cp: int = 1) -> dict[str, Any]:
-    """The ``pipeline`` section for ``model``; a note says how it split."""
+    """The ``pipeline`` section for ``model`` and its frozen plan ``entries``; a note says
+    how it split."""
     units, replicated, base = model_units(model)
     _check_base(model, base)
     spec = SCHEDULES[args.schedule]
-    from hpcodegen.plan.codec import entries_from_json
-
-    partial = split_backward_partials(entries_from_json(plan), args.schedule, tp)
+    partial = split_backward_partials(entries, args.schedule, tp)
     if partial:
         raise PlanError([error("generate.pp_split_backward", "--pp-schedule",
                                split_backward_message(args.schedule, partial),
@@ -183,7 +180,7 @@ def pipeline_section(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
     stages = [s["modules"] for s in section["stages"]]
     counts = stage_param_counts(units, stages)
     for stage, total, local in zip(section["stages"], counts,
-                                   _per_rank(units, model, plan, tp, stages), strict=True):
+                                   _per_rank(units, model, entries, tp, stages), strict=True):
         stage["params"], stage["params_per_rank"] = total, local
     if notes is not None:
         notes.append(split_note(section, counts, args.layout is None))

@@ -23,7 +23,8 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.sources.globs import relative_to
-from hpcodegen.plan.entry import is_boundary, output_index
+from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.plan.entry import is_boundary
 from hpcodegen.tracer.hooks import Recording, record_tensors, removed
 from hpcodegen.tracer.model import forward
 
@@ -87,10 +88,11 @@ def retarget_token_dims(model: Any, plan: dict[str, dict[str, Any]],
     problems = []
     for fqn in wanted:
         entry = plan[fqn]
+        typed = entry_from_json(fqn, entry)
         dims = {}
         for side in ("in", "out"):
             for name in _seq_names(entry, side):
-                key = name if side == "in" else output_index(entry, name)
+                key = name if side == "in" else typed.output_index(name)
                 dims[(side, name)] = token_dim(shapes.get((fqn, side, key)))
         if not any(d == 0 for d in dims.values()):
             continue

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from hpcodegen.artifact.bundle import BundleTargetError, check_target, write_bundle
 from hpcodegen.errors import Finding, UsageError, error
@@ -45,7 +45,7 @@ def publish(out: Path, rendered: Mapping[str, bytes] | None) -> None:
                                 + (f" ({exc.filename})" if exc.filename else ""))]) from None
 
 
-def report_text(args: GenerateArgs, rendered: Mapping[str, bytes], meta: Mapping[str, Any],
+def report_text(args: GenerateArgs, rendered: Mapping[str, bytes], signature: str,
                  drifted: Sequence[str], stdout: TextIO) -> None:
     from hpcodegen.report.terminal import fold_text, human_bytes
 
@@ -57,7 +57,7 @@ def report_text(args: GenerateArgs, rendered: Mapping[str, bytes], meta: Mapping
     if args.check and not drifted:
         stdout.write(fold_text(f"{out}: up to date") + "\n")
     elif not args.check:
-        stdout.write(fold_text(f"wrote {out} (signature {meta['signature']})") + "\n")
+        stdout.write(fold_text(f"wrote {out} (signature {signature})") + "\n")
     if args.verbosity > 0:
         for name, data in sorted(rendered.items()):
             stdout.write(fold_text(f"  {name}  {human_bytes(len(data))}") + "\n")

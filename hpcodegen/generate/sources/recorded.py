@@ -188,16 +188,15 @@ def complete_args(args: GenerateArgs) -> GenerateArgs:
             degree if isinstance(degree, int) and not isinstance(degree, bool) else None),
         sp=args.sp or dims.get("sequence_parallel") is True,
         loss_parallel=args.loss_parallel or dims.get("loss_parallel") is True,
-        pipeline=args.pipeline or _recorded_pipeline(meta, record))
+        pipeline=args.pipeline or _recorded_pipeline(meta.get("pipeline"), record))
 
 
-def _recorded_pipeline(meta: Mapping[str, Any], record: Mapping[str, Any]) -> Any:
+def _recorded_pipeline(section: Any, record: Mapping[str, Any]) -> Any:
     """The ``--pp`` options of a pipelined artifact, from its ``pipeline`` section (pp size,
     schedule, microbatches, stages per rank) and the recorded ``--pp-layout``; None for an
     artifact without a pipeline. Values of the wrong type fall back to the defaults, and
     the regenerated section is compared with the recorded one, so a hand-edit shows as
     drift."""
-    section = meta.get("pipeline")
     if not isinstance(section, Mapping):
         return None
     from hpcodegen.generate.layouts.pipeline import PipelineArgs

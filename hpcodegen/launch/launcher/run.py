@@ -29,13 +29,15 @@ from hpcodegen.launch.rank.device import resolve_device
 from hpcodegen.launch.rank.mesh import MeshLayout, resolve_mesh_layout
 
 
-def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
+def _prepare(opts: LaunchOptions, began: float) -> tuple[MeshLayout, str, LaunchOptions]:
     """Every pre-start check; returns the mesh layout, device kind and completed options.
 
     The artifact is checked as the runtime will check it on every rank (schema, plan,
     output hashes; architecture, structure and signature against the config when there is
     one), so a drifted artifact or a config of another model is refused once, here,
-    instead of N times.
+    instead of N times. With a config, verify's model check runs last, in a child process
+    (:mod:`hpcodegen.launch.launcher.model_check`), inside what is left of ``--timeout``
+    since ``began``; ``--dry-run`` starts nothing and skips it.
     """
     from hpcodegen.extras import require
     from hpcodegen.verify import RUNTIME_CHECKS, load_checked_meta, refuse_bare
@@ -45,7 +47,7 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     loaded = load_meta(opts.artifact)  # unreadable input: exit 2 before any check runs
     refuse_bare(loaded)  # a meta file alone: nothing to run
     model_dir = opts.model_dir or (None if opts.script else loaded.artifact_dir)
-    config = None
+    config, config_path = None, None
     if model_dir is not None:  # a Hub id becomes its cached snapshot dir (weights included)
         from hpcodegen.checkpoint.weight_files import weight_files
 
@@ -67,6 +69,8 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
         check_same_model(read_record(opts.resume, checked=False), config or {}, opts.resume)
         open_checkpoint(opts.resume, digests="none")  # the ranks share hashing the files
     device = resolve_device(opts.device, opts.nproc)
+    if config is not None and not opts.dry_run:  # last: the only check that takes seconds
+        _model_check(opts, meta.artifact_dir, config_path, began)
     if device.note and not opts.json and opts.verbosity >= 0:
         print(f"[launch] note: {device.note}", file=sys.stderr)
     crowded = _oversubscribed(opts, device.kind)
@@ -75,6 +79,21 @@ def _prepare(opts: LaunchOptions) -> tuple[MeshLayout, str, LaunchOptions]:
     opts = replace(opts, artifact=meta.artifact_dir,
                    model_dir=Path(model_dir) if model_dir is not None else None)
     return layout, device.kind, opts
+
+
+def _model_check(opts: LaunchOptions, artifact: Path, config_path: Path, began: float) -> None:
+    """verify's model check in a child process; its warnings on stderr when it passes."""
+    from hpcodegen.launch.launcher.deadline import left
+    from hpcodegen.launch.launcher.model_check import run_model_check
+
+    if not opts.json and opts.verbosity >= 0:
+        print("[launch] model check (hpcodegen verify --only model) before any rank starts",
+              file=sys.stderr, flush=True)
+    warnings = run_model_check(artifact, config_path, opts.allow_target,
+                               timeout=left(opts.timeout, began))
+    if opts.verbosity >= 0:
+        for finding in warnings:
+            print(f"[launch] warning: {finding.render()}", file=sys.stderr)
 
 
 def _model_config(model_dir: str | Path, *, given: bool) -> tuple[dict, Path]:
@@ -166,7 +185,7 @@ def run_launch(opts: LaunchOptions) -> int:
     began = time.monotonic()
     try:
         with deadline(opts.timeout if not opts.dry_run else None):
-            layout, device, opts = _prepare(opts)
+            layout, device, opts = _prepare(opts, began)
     except HpcodegenError as exc:
         return _refuse(exc, opts, err)
     try:

@@ -18,8 +18,17 @@ so every rank holds the whole trained model, and the usual DCP checkpoint is wri
 are the model's own, the optimizer's state comes from each parameter's owner): it resumes
 on any mesh, pp or not (``--resume``, also into a pipeline).
 
-Not yet with a pipeline (refused with the reason): ``--compile``, ``--max-grad-norm``; the
-memory check is skipped (it models whole-model ranks).
+With ``--max-grad-norm`` the gradients are clipped by the whole model's norm before each
+step (:meth:`~hpcodegen.runtime.pipeline_run.PipelineRunner.clip_grad_norm_`: each stage's
+owned parameters' norm over tp/dp, combined over pp, a tied parameter counted once); with
+parity the reference clips by torch's own, the clipped gradients are compared and the
+norms of every step too (``grad_norm_max_diff``).
+
+``--compile`` (scope ``layers``) compiles each decoder layer before the stages are cut
+(each stage runs its layers compiled); ``--compile-scope model`` is refused (no stage runs
+the whole forward).
+
+The memory check is skipped (it models whole-model ranks).
 """
 
 from __future__ import annotations
@@ -39,8 +48,6 @@ from hpcodegen.launch.rank.model import (
 from hpcodegen.launch.rank.reporter import RankReporter
 
 LEARNING_RATE = 1e-3
-#: launch options a pipeline does not run yet, by their environment variable
-_NOT_YET = {env.COMPILE: "--compile", env.MAX_GRAD_NORM: "--max-grad-norm"}
 
 
 def _batch(vocab: int, rows: int, world: int, hf_config: Any, seed: int,
@@ -126,8 +133,38 @@ def _shared(loss: Any, feed: _Feed, device: Any) -> float:
     return float(value)
 
 
+def _compile(model: Any, scope: str | None) -> None:
+    """``--compile`` (scope ``layers``): each decoder layer compiled in place, as without a pipeline
+    (:func:`~hpcodegen.runtime.compile.compile_parallelized`) and before the stages are cut,
+    so each stage runs its layers compiled (compilation is lazy: a rank compiles only the
+    layers its stages run). ``--compile-scope model`` compiles a forward no stage calls:
+    refused."""
+    if not scope:
+        return
+    if scope != "layers":
+        raise RuntimeError(f"--compile-scope {scope} with a pipelined artifact: each stage "
+                           "runs a part of the model; use --compile-scope layers (each "
+                           "stage's decoder layers compiled)")
+    from hpcodegen.runtime.compile import compile_parallelized
+
+    compile_parallelized(model, scope)
+
+
+def _clip(runner: Any, ref: Any, max_norm: float | None) -> tuple[float, float] | None:
+    """With ``--max-grad-norm``: the pipeline's gradients clipped by the whole model's norm
+    and the reference's by torch's own; the two norms."""
+    if max_norm is None:
+        return None
+    import torch
+
+    norm = float(runner.clip_grad_norm_(max_norm))
+    ref_norm = float(torch.nn.utils.clip_grad_norm_(ref.model.parameters(), max_norm)) \
+        if ref is not None else math.nan
+    return norm, ref_norm
+
+
 def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
-            pp_rank: int) -> dict[str, Any]:
+            pp_rank: int, max_norm: float | None) -> dict[str, Any]:
     from hpcodegen.parity.gather import max_param_diff
     from hpcodegen.plan.schedule import parse_action
     from hpcodegen.runtime.pipeline_fsdp import count_reduce_scatters
@@ -138,6 +175,7 @@ def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
     with count_p2p() as seen, count_reduce_scatters() as reduced:
         loss, logits = feed.step(runner)
     ref_loss, ref_logits = _ref_step(ref.model, feed.ids, feed.labels)
+    norms = _clip(runner, ref, max_norm)  # the gradients compared are the clipped ones
     names = set(owned_parameters(built.model, pipe, pp_rank))
     grad, worst, odd = max_param_diff(
         built.model, ref.model, ctx.meta.plan, built.active,
@@ -159,6 +197,9 @@ def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
         out["logits_max_diff"] = float((logits.float() - ref_logits[feed.rows].float())
                                        .abs().max())
     out["loss_max_diff"] = abs(shared - float(ref_loss))
+    if norms is not None:
+        out["grad_norms"] = [norms[0]]
+        out["ref_grad_norms"] = [norms[1]]
     built.model.zero_grad(set_to_none=True)
     ref.model.zero_grad(set_to_none=True)
     return out
@@ -177,18 +218,25 @@ def _optimizers(built: Any, ref: Any) -> list[Any]:
 
 
 def _train(runner: Any, ref: Any, opts: list[Any], feed: _Feed, steps: int,
-           first: int, ctx: RankContext, reporter: RankReporter) -> None:
+           first: int, ctx: RankContext, reporter: RankReporter,
+           max_norm: float | None) -> list[tuple[float, float]]:
+    """``steps`` AdamW steps (clipped with ``--max-grad-norm``); the norms per step."""
+    norms = []
     for k in range(1, steps + 1):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         loss, _ = feed.step(runner)
-        opts[0].step()
-        reporter.record.losses.append(_shared(loss, feed, ctx.device))
         if ref is not None:
             ref_loss, _ = _ref_step(ref.model, feed.ids, feed.labels)
-            opts[1].step()
             reporter.record.ref_losses.append(float(ref_loss))
+        clipped = _clip(runner, ref, max_norm)
+        if clipped is not None:
+            norms.append(clipped)
+        for opt in opts:
+            opt.step()
+        reporter.record.losses.append(_shared(loss, feed, ctx.device))
         reporter.update(phase=f"step {first + k}/{first + steps}")
+    return norms
 
 
 def _broadcast_owned(model: Any, ctx: RankContext) -> None:
@@ -229,12 +277,10 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     from hpcodegen.launch.rank.smoke import vocab_size_of
     from hpcodegen.runtime.pipeline_run import PipelineRunner
 
-    for var, flag in _NOT_YET.items():
-        if env.get(var):
-            raise RuntimeError(f"{flag} with a pipelined artifact is not supported yet")
     parity_on = env.get(env.CHECK_PARITY) == "1"
     steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
     tol = float(env.get(env.TOLERANCE, "1e-5"))
+    max_norm = float(env.get(env.MAX_GRAD_NORM)) if env.get(env.MAX_GRAD_NORM) else None
     dtype = env.get(env.DTYPE, "fp32")
     pipe = ctx.meta.plan.pipeline
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
@@ -249,6 +295,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         raise RuntimeError("--save/--resume of a pipeline with FSDP over dp is not supported "
                            "yet (launch it on pp x tp ranks)")
     pp_rank = ctx.mesh.get_local_rank("pp")
+    _compile(built.model, env.get(env.COMPILE))
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
                             sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None)
     opts = _optimizers(built, ref)  # after FSDP: its sharded parameters
@@ -270,16 +317,30 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     parity = None
     if ref is not None:
         reporter.update(phase="parity")
-        parity = {**_parity(runner, built, ref, feed, ctx, pp_rank), "tolerance": tol,
+        parity = {**_parity(runner, built, ref, feed, ctx, pp_rank, max_norm), "tolerance": tol,
                   "fsdp_dp": dp}
+        if env.get(env.COMPILE):
+            from torch._dynamo.utils import counters
+
+            parity["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
         reporter.update(parity=parity)
     if steps:
-        _train(runner, ref, opts, feed, steps, first, ctx, reporter)
+        norms = _train(runner, ref, opts, feed, steps, first, ctx, reporter, max_norm)
         if parity is not None:
             rec = reporter.record
             diffs = [abs(a - b) for a, b in zip(rec.losses, rec.ref_losses, strict=True)]
             parity["loss_max_diff"] = max([parity["loss_max_diff"], *diffs])
+            for norm, ref_norm in norms:
+                parity["grad_norms"].append(norm)
+                parity["ref_grad_norms"].append(ref_norm)
             reporter.update(parity=parity)
+    if parity is not None and max_norm is not None:
+        from hpcodegen.launch.rank.smoke import _nan_max
+
+        parity["grad_norm_max_diff"] = _nan_max(
+            [abs(a - b) / max(1.0, abs(b))
+             for a, b in zip(parity["grad_norms"], parity["ref_grad_norms"], strict=True)])
+        reporter.update(parity=parity)
     if save_dir:
         from hpcodegen.checkpoint.dcp_io import save
         from hpcodegen.launch.rank.smoke import _checkpoint_record
