@@ -32,8 +32,8 @@ from typing import Any
 
 from hpcodegen.checks.context import CheckContext, as_dict
 from hpcodegen.errors import Finding, error, pointer, warning
-from hpcodegen.placement import REPLICATE, Partial, Shard
-from hpcodegen.plan.pipeline import Pipeline, owning_stage
+from hpcodegen.placement import REPLICATE, Partial, parse_placement
+from hpcodegen.plan.pipeline import Pipeline, boundary_placements, owning_stage
 from hpcodegen.plan.pipeline_build import split_backward_message, split_backward_partials
 from hpcodegen.plan.schedule import (
     actions_digest,
@@ -62,7 +62,7 @@ def check_pipeline(ctx: CheckContext) -> Iterator[Finding]:
         return
     yield from _shape(pipe, pp)
     yield from _split(pipe, ctx)
-    yield from _boundary(pipe, plan.dims.sequence_parallel is True)
+    yield from _boundary(pipe, plan.dims.sequence_parallel is True, plan.dims.size("cp"))
     yield from _tied(pipe, plan.tied_pairs or ())
     yield from _loss(pipe)
     partial = split_backward_partials(plan.entries, pipe.schedule, plan.dims.size("tp"))
@@ -194,7 +194,7 @@ def _planned(pipe: Pipeline, ctx: CheckContext) -> Iterator[Finding]:
         yield error("plan.pp_entry_stage", pointer("param_plan", fqn), f"{fqn or '<root>'} {what}")
 
 
-def _boundary(pipe: Pipeline, sp: bool) -> Iterator[Finding]:
+def _boundary(pipe: Pipeline, sp: bool, cp: int) -> Iterator[Finding]:
     where = pointer(_P, "boundary")
     if pipe.boundary is None:
         yield error("plan.pp_boundary", where, "no boundary: what crosses a stage boundary "
@@ -206,12 +206,16 @@ def _boundary(pipe: Pipeline, sp: bool) -> Iterator[Finding]:
             yield error("plan.pp_boundary", pointer(_P, "boundary", "placements", axis),
                         f"the activation is sent {placement} on {axis}: a partial value "
                         "cannot cross a stage boundary", expected="R or S(n)")
-    sent = placements.get("tp", REPLICATE)
-    want = Shard(1) if sp else REPLICATE
-    if sent != want:
-        yield error("plan.pp_boundary", pointer(_P, "boundary", "placements", "tp"),
-                    f"activation tp {sent} but sequence_parallel is {sp}: between layers "
-                    f"the hidden states are {want} on tp", expected=str(want))
+    want = boundary_placements(sp=sp, cp=cp)
+    for axis in ("tp", "cp"):
+        sent = placements.get(axis, REPLICATE)
+        wanted = parse_placement(want[axis]) if axis in want else REPLICATE
+        if sent != wanted:
+            why = (f"sequence_parallel is {sp}" if axis == "tp"
+                   else f"cp_size is {cp}")
+            yield error("plan.pp_boundary", pointer(_P, "boundary", "placements", axis),
+                        f"activation {axis} {sent} but {why}: between layers the hidden "
+                        f"states are {wanted} on {axis}", expected=str(wanted))
 
 
 def _tied(pipe: Pipeline, pairs: Any) -> Iterator[Finding]:

@@ -160,7 +160,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if pipeline is not None:
         from hpcodegen.generate.layouts.pipeline import check_pp_args
 
-        check_pp_args(pipeline, cp=cp, loss_parallel=loss_parallel)
+        check_pp_args(pipeline, loss_parallel=loss_parallel, cp_with_sp=cp > 1 and sp)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)
@@ -206,7 +206,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if pipeline is not None:
         from hpcodegen.generate.layouts.pipeline import pipeline_section
 
-        section = pipeline_section(model, entries, tp, sp, pipeline, tied, notes)
+        section = pipeline_section(model, entries, tp, sp, pipeline, tied, notes, cp=cp)
     meta = build_meta(config=config, tp=tp, sp=sp, entries=entries, classes=classes,
                       injections=injections, tied_pairs=tied,
                       source=source_record(config, src, source_from_config(config)),

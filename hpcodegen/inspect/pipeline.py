@@ -49,10 +49,12 @@ def activation_elements(plan: Plan, pipe: Pipeline, config: Mapping[str, Any],
                                 f"into {pipe.n_microbatches} microbatches",
                                 expected=f"a multiple of {pipe.n_microbatches}")])
     mb = batch // pipe.n_microbatches
-    local_seq = seq // plan.dims.size("cp")
     placements = (pipe.boundary.placements if pipe.boundary else None) or {}
-    tp = plan.dims.size("tp") if placements.get("tp") == Shard(1) else 1
-    return mb * local_seq * hidden // tp
+    shards = 1  # the frozen boundary says which axes cut the sequence (tp under sp, cp)
+    for axis, placement in placements.items():
+        if placement == Shard(1):
+            shards *= plan.dims.size(axis)
+    return mb * seq * hidden // shards
 
 
 def pipeline_report(plan: Plan, *, config: Mapping[str, Any] | None = None,

@@ -39,6 +39,22 @@ LOSS_REDUCTION = "sum"
 LOSS_NORMALIZER = "global_valid_tokens"
 
 
+def boundary_placements(*, sp: bool, cp: int) -> dict[str, str]:
+    """How the hidden states cross a stage boundary, per mesh axis (absent = ``R``).
+
+    Between decoder layers the hidden states are sequence-sharded (``S(1)``) over tp under
+    sequence parallelism and over cp whenever cp > 1 (each cp rank holds its own positions
+    of the sequence, in the frozen cp layout's order): a stage sends what its last layer
+    holds, so the boundary is sharded the same way. generate writes this and verify
+    compares with it (one rule for both)."""
+    out: dict[str, str] = {}
+    if sp:
+        out["tp"] = "S(1)"
+    if cp > 1:
+        out["cp"] = "S(1)"
+    return out
+
+
 def owning_stage(fqn: str, owner: Mapping[str, int]) -> int | None:
     """The stage of the longest prefix of ``fqn`` in ``owner`` (module FQN -> stage);
     None when no prefix is owned. A parameter belongs to the stage owning its module."""

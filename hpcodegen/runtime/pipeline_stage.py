@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from hpcodegen.plan.pipeline import Pipeline
+from hpcodegen.runtime.cp.context import cp_call, cp_state
 
 
 class PassThrough(nn.Module):
@@ -76,6 +77,8 @@ def _shell(module: nn.Module) -> nn.Module:
     if getattr(module, "_hp_position_ids_wrapped", False):
         del clone.forward
         clone._hp_position_ids_wrapped = False
+    if cp_state(module) is not None and "forward" in clone.__dict__:
+        del clone.forward  # the cp root wrapper: StageModule reads the batch view itself
     return clone
 
 
@@ -116,6 +119,9 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kwargs: dict[str, Any] = {"input_ids": x} if self.first else {"inputs_embeds": x}
         kwargs["use_cache"] = False
+        state = cp_state(self.top)
+        if state is not None:  # x holds this cp rank's positions (the frozen layout's)
+            return cp_call(state, lambda **kw: self._run(kw), kwargs)
         if self.seq_shards == 1:
             return self._run(kwargs)
         from hpcodegen.sp_positions import full_sequence

@@ -59,7 +59,6 @@ def test_a_layout_places_the_layers_as_asked(tmp_path):
     (["--pp", "3", "--pp-layout", "2,0,2"], "--pp-layout", "stage 1 would own no module"),
     (["--pp", "2", "--pp-layout", "2,1"], "--pp-layout", "summing to 4"),
     (["--pp", "2", "--pp-schedule", "DualPipeV"], "--pp-schedule", "unknown schedule"),
-    (["--pp", "2", "--cp", "2"], "--cp", "not supported yet"),
     (["--pp", "2", "--sp", "--pp-schedule", "ZBVZeroBubble"], "--pp-schedule",
      "partial over tp"),
     (["--pp", "2", "--pp-layout", "x"], "--pp-layout", "cannot read"),

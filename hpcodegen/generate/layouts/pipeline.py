@@ -20,7 +20,7 @@ from hpcodegen.errors import PlanError, UsageError, error
 from hpcodegen.generate.checks.layer_split import layer_blocks
 from hpcodegen.placement import REPLICATE, is_shard
 from hpcodegen.plan.entry import join_fqn
-from hpcodegen.plan.pipeline import fold_modules
+from hpcodegen.plan.pipeline import boundary_placements, fold_modules
 from hpcodegen.plan.pipeline_build import (
     SplitError,
     Unit,
@@ -61,15 +61,19 @@ def parse_layout(text: str | None) -> tuple[int, ...] | None:
 
 #: what ``--pp`` does not compose with yet, and why (refused, never run inexactly)
 NOT_WITH_PP: dict[str, str] = {
-    "--cp": "the stage runtime does not cut the batch over cp ranks",
     "--loss-parallel": "the last stage's loss takes whole logits",
+    "--sp": "with --cp, a stage's received hidden states are sharded over both cp and tp, "
+            "and the stages do not yet rebuild the cp batch view from such a shard",
 }
 
 
-def check_pp_args(args: PipelineArgs, *, cp: int = 1, loss_parallel: bool = False) -> None:
+def check_pp_args(args: PipelineArgs, *, loss_parallel: bool = False,
+                  cp_with_sp: bool = False) -> None:
     """Usage errors before the model is built (``--ep`` composes: its ranks are carved
-    inside each stage's data-parallel ranks, see :mod:`hpcodegen.launch.rank.mesh`)."""
-    given = {"--cp": cp > 1, "--loss-parallel": loss_parallel}
+    inside each stage's data-parallel ranks, see :mod:`hpcodegen.launch.rank.mesh`; ``--cp``
+    composes: the boundary is sequence-sharded over cp, see
+    :func:`hpcodegen.plan.pipeline.boundary_placements`)."""
+    given = {"--loss-parallel": loss_parallel, "--sp": cp_with_sp}
     for flag, on in given.items():
         if on:
             raise UsageError([error("generate.pp_compose", flag, f"--pp with {flag} is not "
@@ -152,7 +156,7 @@ def _per_rank(units: Sequence[Unit], model: Any, entries: Mapping[str, PlanEntry
 
 def pipeline_section(model: Any, entries: Mapping[str, PlanEntry], tp: int, sp: bool,
                      args: PipelineArgs, tied: Sequence[Sequence[str]],
-                     notes: list[str] | None) -> dict[str, Any]:
+                     notes: list[str] | None, *, cp: int = 1) -> dict[str, Any]:
     """The ``pipeline`` section for ``model`` and its frozen plan ``entries``; a note says
     how it split."""
     units, replicated, base = model_units(model)
@@ -168,7 +172,7 @@ def pipeline_section(model: Any, entries: Mapping[str, PlanEntry], tp: int, sp: 
     try:
         section = build_pipeline(units, pp=args.pp, schedule=args.schedule, n_microbatches=m,
                                  stages_per_rank=v, layout=args.layout, replicated=replicated,
-                                 placements={"tp": "S(1)"} if sp and tp > 1 else {},
+                                 placements=boundary_placements(sp=sp and tp > 1, cp=cp),
                                  tied=tied)
     except SplitError as exc:
         flag = "--pp-layout" if args.layout is not None else "--pp"

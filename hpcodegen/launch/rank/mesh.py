@@ -5,10 +5,11 @@ The artifact freezes the non-data-parallel sizes (``parallel_dims``: ``tp_size``
 data-parallel size is whatever is left of the world: ``dp = world / (pp * cp * tp)``. The
 launcher checks this *before* any process starts, so an impossible world size is an exit-2
 usage error, not N tracebacks. A pipeline (``pp_size > 1``) runs only from a frozen
-``pipeline`` section; its mesh is ``pp x dp x tp`` with pp outermost (a stage's ranks are
-consecutive, and ``ep`` is carved from its dp ranks as without a pipeline; without ep its
-dp ranks run FSDP2, :mod:`hpcodegen.runtime.pipeline_fsdp`); cp, and a zero-bubble list
-under FSDP, do not compose with pp yet (refused here, before any process starts).
+``pipeline`` section; its mesh is ``pp x dp x cp x tp`` with pp outermost (a stage's ranks
+are consecutive, and ``ep`` is carved from its dp ranks as without a pipeline; without ep its
+dp ranks run FSDP2, :mod:`hpcodegen.runtime.pipeline_fsdp`; each stage runs its cp ranks'
+shares of the sequence). A zero-bubble list under FSDP does not compose with pp yet
+(refused here, before any process starts).
 """
 
 from __future__ import annotations
@@ -115,12 +116,15 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
             f"(world {world_size} / {model} model-parallel ranks): ep ranks are carved from dp",
             expected=f"--nproc x --nnodes a multiple of {model * ep}",
             hint=f"use --nproc {model * ep} (or a multiple)")])
-    if sizes.get(PP, 1) > 1 and size_of["cp"] > 1:
+    if (plan.pipeline is not None and size_of["cp"] > 1
+            and plan.dims.sequence_parallel is True):
         raise UsageError([error(
-            "launch.pp_compose", "/parallel_dims",
-            f"a pipeline on cp={size_of['cp']}: pipeline stages run on pp x dp x tp ranks "
-            "only (cp does not compose with pp yet)",
-            expected="cp_size 1 with pp_size > 1")])
+            "launch.pp_compose", "/parallel_dims/sequence_parallel",
+            f"a pipeline on cp={size_of['cp']} with sequence parallelism: a stage's received "
+            "hidden states are sharded over both cp and tp, and the stages do not yet "
+            "rebuild the cp batch view from such a shard",
+            expected="sequence_parallel false with cp_size > 1 and a pipeline",
+            hint="generate --pp --cp without --sp")])
     if (plan.pipeline is not None and size_of["dp"] > 1 and ep <= 1
             and _splits_backward(plan.pipeline)):
         raise UsageError([error(

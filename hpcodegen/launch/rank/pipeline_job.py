@@ -79,19 +79,32 @@ def _ref_step(ref: Any, ids: Any, labels: Any) -> tuple[Any, Any]:
 class _Feed:
     """The global batch, the rows this rank runs (all of them, or under FSDP its dp rank's
     share), the whole batch's count of valid labels, and the groups a loss is summed over
-    (pp: one rank holds the last stage; dp under FSDP: each holds its rows' share)."""
+    (pp: one rank holds the last stage; dp under FSDP: each holds its rows' share; cp: each
+    holds its positions' share). Under cp, ``cp`` is this rank's share of the batch
+    (:func:`hpcodegen.runtime.cp.shard_batch`, the frozen layout's order, made once before
+    stage 0): the stages run its tokens, the loss is taken on its labels, and the
+    gradients are summed over ``cp_group`` after the step."""
 
     ids: Any
     labels: Any
     rows: slice
     valid: int
     groups: tuple[Any, ...]
+    cp: Any = None
+    cp_group: Any = None
 
     def step(self, runner: Any) -> tuple[Any, Any]:
-        return runner.step(self.ids[self.rows], self.labels[self.rows], self.valid)
+        if self.cp is None:
+            return runner.step(self.ids[self.rows], self.labels[self.rows], self.valid)
+        from hpcodegen.runtime.cp import all_reduce_gradients
+
+        loss, logits = runner.step(self.cp.inputs["input_ids"][self.rows],
+                                   self.cp.labels[self.rows], self.valid)
+        all_reduce_gradients(runner.model, [self.cp_group])
+        return loss, None if logits is None else self.cp.gather(logits)
 
 
-def _feed(ids: Any, labels: Any, ctx: RankContext, fsdp: bool) -> _Feed:
+def _feed(ids: Any, labels: Any, ctx: RankContext, fsdp: bool, model: Any = None) -> _Feed:
     rows, groups = slice(None), (ctx.mesh.get_group("pp"),)
     if fsdp:
         from hpcodegen.runtime.pipeline_fsdp import dp_rows
@@ -99,7 +112,14 @@ def _feed(ids: Any, labels: Any, ctx: RankContext, fsdp: bool) -> _Feed:
         dp = ctx.mesh["dp"]
         rows = dp_rows(ids.shape[0], dp.size(), dp.get_local_rank())
         groups = (*groups, dp.get_group())
-    return _Feed(ids, labels, rows, int((labels != -100).sum()), groups)
+    valid = int((labels != -100).sum())
+    if "cp" not in ctx.layout.names or model is None:
+        return _Feed(ids, labels, rows, valid, groups)
+    from hpcodegen.runtime.cp import shard_batch
+
+    cp_group = ctx.mesh.get_group("cp")
+    return _Feed(ids, labels, rows, valid, (*groups, cp_group),
+                 shard_batch(model, input_ids=ids, shift_labels=labels), cp_group)
 
 
 def _shared(loss: Any, feed: _Feed, device: Any) -> float:
@@ -290,7 +310,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     dp = sizes.get("dp", 1) if fsdp else 1
     ids, labels = _batch(vocab_size_of(built.hf_config), pipe.n_microbatches * dp,
                          ctx.world_size, built.hf_config, seed, ctx.device)
-    feed = _feed(ids, labels, ctx, fsdp)
+    feed = _feed(ids, labels, ctx, fsdp, built.model)
     reporter.update(phase="forward", weights=built.weights,
                     local_param_bytes=sum(p.numel() * p.element_size()
                                           for p in map(_local, runner.parameters())))

@@ -131,6 +131,15 @@ def _cp_forward(original: Any, state: CPState, names: list[str], accepts: set[st
     return hp_cp_forward
 
 
+def cp_call(state: CPState, fn: Any, kwargs: dict[str, Any]) -> Any:
+    """``fn(**kwargs)`` as the cp root wrapper runs the model: the batch view recorded from
+    this call's tokens (``input_ids`` or ``inputs_embeds``: a pipeline stage after the first
+    feeds hidden states), default position ids at the layout's positions, the state
+    active. A pipeline stage (a cut of the root model) calls this instead of the root's
+    wrapper, which would run the whole model."""
+    return _cp_forward(fn, state, [], {"use_cache"})(**kwargs)
+
+
 def watch_packed_detection() -> None:
     """Have transformers' packed-sequence detection tell the cp state when the model asks
     for it, instead of running on this rank's position ids (once per process).
@@ -231,4 +240,4 @@ def install_context_parallel(model: nn.Module, attention: Iterable[str], group: 
     return state
 
 
-__all__ = ["STATE_ATTR", "batch_view", "cp_state", "install_context_parallel"]
+__all__ = ["STATE_ATTR", "batch_view", "cp_call", "cp_state", "install_context_parallel"]
