@@ -62,7 +62,8 @@ def _alias(param: Any) -> Any:
     made = getattr(param, _ALIAS, None)
     if made is not None and made[0] is local:
         return made[1]
-    alias = local.detach().requires_grad_(True)
+    # a Parameter: code reading a swapped-in view by ``get_parameter`` (a deferred bias) works
+    alias = nn.Parameter(local.detach(), requires_grad=True)
     alias.register_hook(_before_accumulate(param, alias))
     alias.register_post_accumulate_grad_hook(_after_accumulate(param))
     setattr(param, _ALIAS, (local, alias))
