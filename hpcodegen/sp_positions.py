@@ -65,19 +65,27 @@ def full_length_masks(namespace: dict[str, Any]) -> list[str]:
 
 
 def _full_length_builder(fn: Any, arg: str) -> Any:
-    sig = inspect.signature(fn)
+    params = inspect.signature(fn).parameters
+    positional = [n for n, p in params.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # the slot found once, not ``Signature.bind`` per call: torch.compile breaks the graph on
+    # a Signature's mapping proxy once a forward pre-hook has mutated a module's dicts
+    slot = positional.index(arg) if arg in positional else None
 
     @functools.wraps(fn)
     def full_length_mask(*args: Any, **kwargs: Any) -> Any:
         full = _FULL_SEQUENCE[0]
         if full is None:
             return fn(*args, **kwargs)
-        bound = sig.bind(*args, **kwargs)
-        embeds = bound.arguments.get(arg)
+        in_args = arg not in kwargs and slot is not None and slot < len(args)
+        embeds = args[slot] if in_args else kwargs.get(arg)
         if isinstance(embeds, torch.Tensor) and embeds.dim() >= 2 and embeds.shape[1] != full:
-            bound.arguments[arg] = embeds[:, :1].expand(embeds.shape[0], full,
-                                                        *embeds.shape[2:])
-        return fn(*bound.args, **bound.kwargs)
+            embeds = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])
+            if in_args:
+                args = (*args[:slot], embeds, *args[slot + 1:])
+            else:
+                kwargs = {**kwargs, arg: embeds}
+        return fn(*args, **kwargs)
 
     full_length_mask._hp_full_length = True  # type: ignore[attr-defined]
     return full_length_mask
@@ -114,13 +122,22 @@ def install_default_position_ids(parent: nn.Module) -> bool:
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     index = positional.index("position_ids") if "position_ids" in positional else None
 
+    # names looked up by position, not ``sig.bind_partial``: torch.compile breaks the graph
+    # on a Signature's mapping proxy once a forward pre-hook has mutated a module's dicts
+    slots = {name: i for i, name in enumerate(positional)}
+
+    def argument(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        slot = slots.get(name)
+        return args[slot] if slot is not None and slot < len(args) else None
+
     def sp_position_ids_forward(*args: Any, **kwargs: Any) -> Any:
-        bound = sig.bind_partial(*args, **kwargs)
-        input_ids = bound.arguments.get("input_ids")
+        input_ids = argument("input_ids", args, kwargs)
         if input_ids is None:
             return original(*args, **kwargs)
-        if bound.arguments.get("position_ids") is None:
-            cache = bound.arguments.get("past_key_values")
+        if argument("position_ids", args, kwargs) is None:
+            cache = argument("past_key_values", args, kwargs)
             seen = cache.get_seq_length() if cache is not None else 0
             ids = (torch.arange(input_ids.shape[-1], device=input_ids.device)
                    + seen).unsqueeze(0)

@@ -5,9 +5,20 @@ dispatch per op: the runtime's speed). The parameters are DTensors
 (:func:`hpcodegen.runtime.shards.as_local_param`) so that torch's tools see the unsharded
 model. The bridge: for the duration of a module's forward, each of its DTensor parameters
 is replaced in ``module._parameters`` by its local view (``param.to_local()``: the same
-storage, one autograd node), and put back when the forward returns or raises. Autograd then
-accumulates the gradient of every use into the DTensor parameter's ``.grad``, a DTensor with
-the parameter's placements.
+storage), and put back when the forward returns or raises.
+
+The view of a parameter the runtime made (one with a recorded spec) is its *local alias*: a
+leaf tensor sharing the local shard's storage, made once per shard (:func:`_alias`). Autograd
+accumulates every use's gradient into the alias's plain ``.grad``, so a backward does no DTensor
+dispatch per parameter (``to_local``'s backward wrapped each gradient in a DTensor, then
+accumulated DTensors: about half the backward's overhead). The alias's hooks keep the DTensor
+parameter the one users see: before accumulation its ``.grad`` is taken from the parameter's
+(``None`` after ``zero_grad``, a DTensor's local shard otherwise) and the parameter's own
+gradient hooks run on the local gradient (:func:`hpcodegen.runtime.param_hooks.on_local`
+hooks directly, any other on a DTensor); after accumulation the parameter's ``.grad`` is a
+DTensor over the alias's ``.grad`` (same storage: in-place changes through either are seen by
+both) and the parameter's post-accumulate hooks run. Other parameters (FSDP2's, a frozen one)
+use ``to_local()``: autograd then accumulates into the DTensor ``.grad`` itself.
 
 The swap is read at call time, so it follows whatever tensor the module holds then: FSDP2's
 unsharded parameter under ``fully_shard`` (set by FSDP's pre-forward, which runs first), a
@@ -38,6 +49,68 @@ def _is_dtensor(value: Any) -> bool:
     return isinstance(value, DTensor)
 
 
+_ALIAS = "_hp_local_alias"
+_SPEC = "_hp_shard_spec"  # hpcodegen.runtime.shards.remember's mark
+
+
+def _alias(param: Any) -> Any:
+    """``param``'s local alias (module docstring), made when missing or when the parameter's
+    shard changed (a ``module.to(...)`` swap); None for a parameter without one."""
+    if not param.requires_grad or getattr(param, _SPEC, None) is None:
+        return None
+    local = param._local_tensor
+    made = getattr(param, _ALIAS, None)
+    if made is not None and made[0] is local:
+        return made[1]
+    # a Parameter: code reading a swapped-in view by ``get_parameter`` (a deferred bias) works
+    alias = nn.Parameter(local.detach(), requires_grad=True)
+    alias.register_hook(_before_accumulate(param, alias))
+    alias.register_post_accumulate_grad_hook(_after_accumulate(param))
+    setattr(param, _ALIAS, (local, alias))
+    return alias
+
+
+def _before_accumulate(param: Any, alias: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    def hook(grad: Any) -> Any:
+        for fn in tuple((getattr(param, "_backward_hooks", None) or {}).values()):
+            local_fn = getattr(fn, "local_fn", None)
+            if local_fn is not None:
+                out = local_fn(grad)
+            else:
+                out = fn(DTensor(grad, param._spec, requires_grad=False))
+                out = out._local_tensor if isinstance(out, DTensor) else out
+            grad = grad if out is None else out
+        # after the parameter's hooks: one may clear .grad for this backward (grad buckets)
+        held_grad = param.grad
+        if held_grad is None:
+            if alias.grad is not None:
+                alias.grad = None
+        elif held_grad._local_tensor is not alias.grad:
+            alias.grad = held_grad._local_tensor
+        return grad
+    return hook
+
+
+def _after_accumulate(param: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    def hook(alias: Any) -> None:
+        grad = alias.grad
+        held_grad = param.grad
+        if held_grad is None or held_grad._local_tensor is not grad:
+            param.grad = DTensor(grad, param._spec, requires_grad=False)
+        for fn in tuple((getattr(param, "_post_accumulate_grad_hooks", None) or {}).values()):
+            fn(param)
+    return hook
+
+
+def _view(value: Any) -> Any:
+    alias = _alias(value)
+    return value.to_local() if alias is None else alias
+
+
 def _to_local(module: nn.Module, _args: Any) -> None:
     # attributes set at install, read as attributes and mutated in place: no __dict__
     # writes in a forward (torch.compile breaks the graph on those)
@@ -47,7 +120,7 @@ def _to_local(module: nn.Module, _args: Any) -> None:
             if _is_dtensor(value):
                 saved.append((holder, name, value))
     for holder, name, value in saved:
-        holder._parameters[name] = value.to_local()
+        holder._parameters[name] = _view(value)
         getattr(holder, _SWAPPED)[name] = value
     getattr(module, _STACK).append(saved)
 
@@ -74,7 +147,7 @@ def held(module: nn.Module, name: str) -> Any:
 def local_view(value: Any) -> Any:
     """A DTensor's local view (differentiable), anything else unchanged: for runtime code
     that reads a parameter of another module than the one running (a deferred bias)."""
-    return value.to_local() if _is_dtensor(value) else value
+    return _view(value) if _is_dtensor(value) else value
 
 
 def local_shape(value: Any) -> tuple[int, ...]:
@@ -105,4 +178,7 @@ def install_local_views(model: nn.Module) -> int:
         module.register_forward_hook(_restore, always_call=True)
         module.__dict__[_HOOKED] = True
         count += 1
+    for param in model.parameters():  # now: a compiled forward finds them made
+        if _is_dtensor(param):
+            _alias(param)
     return count

@@ -77,6 +77,8 @@ def on_local(fn: Callable[[torch.Tensor], torch.Tensor]
         out = fn(grad._local_tensor)
         return DTensor.from_local(out, grad.device_mesh, grad.placements, run_check=False,
                                   shape=grad.shape, stride=grad.stride())
+    # the local alias of a parameter (hpcodegen.runtime.local_views) calls fn directly
+    hook.local_fn = fn  # type: ignore[attr-defined]
     return hook
 
 

@@ -126,10 +126,6 @@ def test_kv_at_their_head_count_and_mask_rows(cp_artifact, fake_world) -> None:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.xfail(strict=True, reason=(
-    "DTensor parameters: the local-view swap writes module._parameters inside a "
-    "whole-model torch.compile, a graph break per module owning parameters (known, "
-    "docs/own-loop.md)"))
 def test_no_graph_break_of_its_own_under_compile(fake_world) -> None:
     import torch
 

@@ -24,12 +24,7 @@ def _explain(model, ids):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("example", ["llama_tp2", pytest.param("llama_tp2_sp", marks=(
-    pytest.mark.xfail(strict=True, reason=(
-        "DTensor parameters: with sequence parallelism the local-view swap still breaks "
-        "the graph once (a dictionary mutation dynamo sees in LlamaModel.forward's "
-        "binding); known, docs/own-loop.md")))),
-])
+@pytest.mark.parametrize("example", ["llama_tp2", "llama_tp2_sp"])
 def test_no_graph_break_beyond_the_plain_model(example, fake_world) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
