@@ -37,7 +37,7 @@ def test_the_estimate_counts_stage_state_and_activations_in_flight():
 
     need = memory.estimate_pipeline(_shape(in_flight=10_000))
     parts = dict(need.parts)
-    assert parts["stage parameters"] == 2000 * 4
+    assert parts["parameters held"] == 2000 * 4
     assert parts["gradients"] == 1000 * 4 and parts["AdamW state"] == 2 * 1000 * 4
     assert parts["activations in flight"] == 10_000
     assert need.device == 2000 * 4 + 3 * 1000 * 4 + 10_000
@@ -53,7 +53,7 @@ def test_a_tiny_budget_refuses_with_the_figures():
     need = memory.estimate_pipeline(_shape(in_flight=3 * 2**30))
     message = memory.check(need, 2, (2**30, "a test budget"), None)
     assert message is not None
-    assert "activations in flight 3.0 GiB" in message and "stage parameters" in message
+    assert "activations in flight 3.0 GiB" in message and "parameters held" in message
     assert "1.0 GiB is available (a test budget)" in message
     assert memory.check(need, 2, (2 * need.device, "enough"), None) is None
 
@@ -106,7 +106,7 @@ def test_a_pipeline_that_cannot_fit_is_refused_before_it_is_built(tmp_path):
     doc = json.loads(proc.stdout)
     message = doc["message"]
     assert message.startswith("refused before building the model: rank "), message
-    assert "stage parameters" in message and "AdamW state" in message, message
+    assert "parameters held" in message and "AdamW state" in message, message
     assert "activations in flight" in message and "is available (" in message, message
     statuses = sorted(r["status"] for r in doc["ranks"])
     assert "refused" in statuses and set(statuses) <= {"refused", "ended"}

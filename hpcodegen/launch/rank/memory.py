@@ -160,8 +160,8 @@ class PipelineShape:
 
     Attributes:
         job: the rank's :class:`JobShape`; its ``local_numel`` is what the rank holds
-            (its stages' parameters after tp) and its ``logits_numel`` the whole batch's
-            logits on the last stage's rank, 0 on the others.
+            after tp (today the whole tp-sharded model: its stages share it) and its
+            ``logits_numel`` the whole batch's logits on the last stage's rank, 0 elsewhere.
         owned_numel: parameters this rank's stages own (they get gradients and AdamW state).
         in_flight_bytes: activations this rank's stages keep at their peak under the frozen
             schedule (:func:`hpcodegen.inspect.pipeline.activations_in_flight`, summed over
@@ -174,7 +174,7 @@ class PipelineShape:
 
 
 def estimate_pipeline(shape: PipelineShape) -> MemoryNeed:
-    """The peak bytes of one pp rank: its stages' parameters, their gradients and AdamW
+    """The peak bytes of one pp rank: the parameters it holds, its stages' gradients and AdamW
     state, the activations the frozen schedule keeps in flight on its stages, the logits
     on the last stage's rank; with ``--check-parity`` the unsharded reference beside it
     (whole model, whole batch, as :func:`estimate` counts it); the builds as there."""
@@ -182,7 +182,7 @@ def estimate_pipeline(shape: PipelineShape) -> MemoryNeed:
     held, full = job.local_numel * job.dtype_bytes, job.full_numel * job.dtype_bytes
     owned = shape.owned_numel * job.dtype_bytes
     init = job.full_numel * 4 if job.seeded else 0
-    steady: list[tuple[str, int]] = [("stage parameters", held)]
+    steady: list[tuple[str, int]] = [("parameters held", held)]
     if job.parity:
         steady.append(("unsharded reference", full))
     if job.parity or job.steps:
