@@ -37,6 +37,23 @@ def simulate_pipeline(pipe: Pipeline) -> Simulation:
                     n_microbatches=pipe.n_microbatches, style=pipe.style)
 
 
+def activations_in_flight(pipe: Pipeline, per_microbatch: Mapping[int, int] | int,
+                          sim: Simulation | None = None) -> dict[int, int | None]:
+    """Bytes of activations each stage holds at its peak under the frozen schedule: the
+    microbatches it holds at once (the simulation's ``in_flight``) times one microbatch's
+    bytes (one figure for every stage, or ``{stage index: bytes}``); None where the action
+    list cannot be simulated. ``inspect-plan`` (boundary activations) and the launch's
+    memory check (a stage's whole activations) both read it, so the count is one rule."""
+    sim = sim if sim is not None else simulate_pipeline(pipe)
+    out: dict[int, int | None] = {}
+    for stage in pipe.stages:
+        held = sim.in_flight.get(stage.index)
+        each = per_microbatch if isinstance(per_microbatch, int) \
+            else per_microbatch.get(stage.index, 0)
+        out[stage.index] = None if held is None else held * each
+    return out
+
+
 def activation_elements(plan: Plan, pipe: Pipeline, config: Mapping[str, Any],
                         batch: int, seq: int) -> int:
     """Elements of one microbatch's boundary activation on one rank."""
@@ -68,6 +85,7 @@ def pipeline_report(plan: Plan, *, config: Mapping[str, Any] | None = None,
     act_bytes = None
     if config is not None and batch is not None and seq is not None:
         act_bytes = activation_elements(plan, pipe, config, batch, seq) * element_bytes
+    held = activations_in_flight(pipe, act_bytes, sim) if act_bytes is not None else {}
     stages = []
     for stage in pipe.stages:
         sends = {k: sum(1 for a in pipe.actions.get(str(stage.rank), ())
@@ -80,8 +98,8 @@ def pipeline_report(plan: Plan, *, config: Mapping[str, Any] | None = None,
         if act_bytes is not None:
             row["p2p_forward_bytes_per_microbatch"] = act_bytes if sends["SEND_F"] else 0
             row["p2p_backward_bytes_per_microbatch"] = act_bytes if sends["SEND_B"] else 0
-            if row["in_flight"] is not None:
-                row["activation_bytes_in_flight"] = row["in_flight"] * act_bytes
+            if held.get(stage.index) is not None:
+                row["activation_bytes_in_flight"] = held[stage.index]
         stages.append(row)
     return {"schedule": pipe.schedule, "pp": pipe.pp_size, "style": pipe.style,
             "stages_per_rank": pipe.stages_per_rank, "n_microbatches": pipe.n_microbatches,

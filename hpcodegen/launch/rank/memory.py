@@ -141,11 +141,64 @@ def estimate(job: JobShape) -> MemoryNeed:
     phases = {"steady": sum(n for _, n in steady),
               "building the sharded model": whole if job.seeded else sharded,
               "building the reference": sharded + (max(full, whole) if job.parity else 0)}
+    return _peak(phases, steady, job.seeded, init if job.accelerator else 0)
+
+
+def _peak(phases: dict[str, int], steady: list[tuple[str, int]], seeded: bool,
+          host: int) -> MemoryNeed:
+    """The largest phase, with the steady state's parts named when it is the peak."""
     peak_phase = max(phases, key=lambda k: phases[k])
     parts = tuple(steady) if peak_phase == "steady" \
-        else ((peak_phase + (" (float32, whole)" if job.seeded else ""), phases[peak_phase]),)
-    host = init if job.accelerator else 0
+        else ((peak_phase + (" (float32, whole)" if seeded else ""), phases[peak_phase]),)
     return MemoryNeed(device=phases[peak_phase], host=host, parts=parts)
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """What a pipelined rank's estimate needs (``meta.pipeline``; see
+    :func:`estimate_pipeline`).
+
+    Attributes:
+        job: the rank's :class:`JobShape`; its ``local_numel`` is what the rank holds
+            after tp (today the whole tp-sharded model: its stages share it) and its
+            ``logits_numel`` the whole batch's logits on the last stage's rank, 0 elsewhere.
+        owned_numel: parameters this rank's stages own (they get gradients and AdamW state).
+        in_flight_bytes: activations this rank's stages keep at their peak under the frozen
+            schedule (:func:`hpcodegen.inspect.pipeline.activations_in_flight`, summed over
+            the rank's stages, tp-sharded already).
+    """
+
+    job: JobShape
+    owned_numel: int
+    in_flight_bytes: int
+
+
+def estimate_pipeline(shape: PipelineShape) -> MemoryNeed:
+    """The peak bytes of one pp rank: the parameters it holds, its stages' gradients and AdamW
+    state, the activations the frozen schedule keeps in flight on its stages, the logits
+    on the last stage's rank; with ``--check-parity`` the unsharded reference beside it
+    (whole model, whole batch, as :func:`estimate` counts it); the builds as there."""
+    job = shape.job
+    held, full = job.local_numel * job.dtype_bytes, job.full_numel * job.dtype_bytes
+    owned = shape.owned_numel * job.dtype_bytes
+    init = job.full_numel * 4 if job.seeded else 0
+    steady: list[tuple[str, int]] = [("parameters held", held)]
+    if job.parity:
+        steady.append(("unsharded reference", full))
+    if job.parity or job.steps:
+        steady.append(("gradients", owned + (full if job.parity else 0)))
+    if job.steps:
+        steady.append(("AdamW state", ADAM_STATES * (owned + (full if job.parity else 0))))
+    models = 2 if job.parity else 1
+    steady.append(("logits", job.logits_numel * LOGIT_BYTES * models))
+    steady.append(("activations in flight", shape.in_flight_bytes))
+    if job.parity and job.activations:
+        steady.append(("reference activations", job.activations))
+    whole = full if job.accelerator else init
+    phases = {"steady": sum(n for _, n in steady),
+              "building the sharded model": whole if job.seeded else held,
+              "building the reference": held + (max(full, whole) if job.parity else 0)}
+    return _peak(phases, steady, job.seeded, init if job.accelerator else 0)
 
 
 def gib(n: int) -> str:

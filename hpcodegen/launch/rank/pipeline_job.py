@@ -28,7 +28,10 @@ norms of every step too (``grad_norm_max_diff``).
 (each stage runs its layers compiled); ``--compile-scope model`` is refused (no stage runs
 the whole forward).
 
-The memory check is skipped (it models whole-model ranks).
+Before the build, the memory check of a pipelined rank
+(:func:`hpcodegen.launch.rank.preflight.check_pipeline_memory`): what the rank holds, its
+stages' gradients and AdamW state, and the activations the frozen schedule keeps in flight
+on its stages; a rank that cannot fit refuses the whole job before anything is built.
 """
 
 from __future__ import annotations
@@ -274,7 +277,8 @@ def _failure(parity: dict[str, Any] | None, tol: float) -> str | None:
 
 def run(reporter: RankReporter, ctx: RankContext) -> None:
     """The pipeline job for this rank; the final record says ok or what failed."""
-    from hpcodegen.launch.rank.smoke import vocab_size_of
+    from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
+    from hpcodegen.launch.rank.smoke import _fits, vocab_size_of
     from hpcodegen.runtime.pipeline_run import PipelineRunner
 
     parity_on = env.get(env.CHECK_PARITY) == "1"
@@ -284,13 +288,17 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     dtype = env.get(env.DTYPE, "fp32")
     pipe = ctx.meta.plan.pipeline
     directory = resolve_model_dir(None, ctx.meta.artifact_dir)
+    sizes = dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True))
+    fsdp = sizes.get("dp", 1) > 1 and ctx.layout.ep <= 1
+    save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
+    if not _fits(reporter, directory, ctx, pipeline=True, dtype=dtype, parity=parity_on,
+                 steps=steps, seeded=not resume_dir and not SafetensorsCheckpoint(directory),
+                 dp=sizes.get("dp", 1) if fsdp else 1):
+        return
     reporter.update(phase="build")
     built = build_parallel_model(directory, ctx, seed, dtype)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
-    sizes = dict(zip(ctx.layout.names, ctx.layout.sizes, strict=True))
-    fsdp = sizes.get("dp", 1) > 1 and ctx.layout.ep <= 1
-    save_dir, resume_dir = env.get(env.SAVE), env.get(env.RESUME)
     if fsdp and (save_dir or resume_dir):
         raise RuntimeError("--save/--resume of a pipeline with FSDP over dp is not supported "
                            "yet (launch it on pp x tp ranks)")

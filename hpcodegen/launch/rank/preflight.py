@@ -113,8 +113,70 @@ def agree(ctx: Any, refused: bool) -> int | None:
 def check_memory(directory: Path, ctx: Any, *, dtype: str, parity: bool, steps: int,
                  seeded: bool) -> Verdict:
     """Estimate, compare with this node's and this device's memory, agree with the others."""
-    need = memory.estimate(job_shape(directory, ctx, dtype=dtype, parity=parity, steps=steps,
-                                     seeded=seeded))
+    return _verdict(memory.estimate(job_shape(directory, ctx, dtype=dtype, parity=parity,
+                                              steps=steps, seeded=seeded)), ctx)
+
+
+def _verdict(need: memory.MemoryNeed, ctx: Any) -> Verdict:
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     refusal = memory.check(need, ranks_here, memory.host_free(), memory.device_free(ctx.device))
     return Verdict(refusal, agree(ctx, refusal is not None))
+
+
+def _local_numel(param: Any) -> int:
+    return param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+
+
+def pipeline_shape(directory: Path, ctx: Any, *, dtype: str, parity: bool, steps: int,
+                   seeded: bool, dp: int = 1) -> memory.PipelineShape:
+    """This pp rank's :class:`~hpcodegen.launch.rank.memory.PipelineShape`, from the model
+    built and installed on the meta device: what it holds after tp, what its stages own
+    (:func:`~hpcodegen.runtime.pipeline_stage.owned_parameters`), and its stages'
+    activations in flight under the frozen schedule
+    (:func:`~hpcodegen.inspect.pipeline.activations_in_flight`) for one microbatch of the
+    batch the pipeline job feeds (``n_microbatches`` rows per dp rank, each microbatch a
+    stage's layers' share of :func:`~hpcodegen.launch.rank.memory.activation_bytes`)."""
+    from hpcodegen.inspect.pipeline import activations_in_flight
+    from hpcodegen.runtime.pipeline_stage import owned_parameters
+
+    pipe = ctx.meta.plan.pipeline
+    model, hf_config, config = build_on_meta(directory, ctx.meta.artifact_dir)
+    full = sum(p.numel() for p in model.parameters())
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = int(head.weight.shape[0]) if getattr(head, "weight", None) is not None \
+        else int(config.get("vocab_size") or 0)
+    hidden, inter, heads, layers = _dims(model, hf_config)
+    parallelize(model, ctx, checked_artifact(ctx.meta.artifact_dir, config))
+    pp_rank = ctx.mesh.get_local_rank("pp")
+    held = sum(_local_numel(p) for p in model.parameters())
+    owned = sum(_local_numel(p) for p in
+                {id(p): p for p in owned_parameters(model, pipe, pp_rank).values()}.values())
+    length = smoke_length(ctx.world_size, hf_config).length
+    width = model_dtype_bytes(dtype)
+    tp = int(ctx.meta.plan.dims.sizes.get("tp") or 1)
+    mb_rows, backward = 1, parity or bool(steps)
+    per_mb = {}
+    for stage in pipe.stages:
+        n = sum(1 for fqn in stage.modules if fqn.rpartition(".")[2].isdigit())
+        act = memory.activation_bytes(memory.ActivationShape(
+            mb_rows, length, hidden, inter, heads, n), width) if n and backward else 0
+        per_mb[stage.index] = -(-act // tp)
+    in_flight = activations_in_flight(pipe, per_mb)
+    mine = pipe.ranks_stages(pp_rank)
+    rows = pipe.n_microbatches * dp
+    last = pipe.n_stages - 1 in mine
+    reference = memory.activation_bytes(memory.ActivationShape(
+        rows, length, hidden, inter, heads, layers), width) if parity else 0
+    job = memory.JobShape(full_numel=full, local_numel=held, dtype_bytes=width, seeded=seeded,
+                          parity=parity, steps=steps,
+                          logits_numel=pipe.n_microbatches * length * vocab if last else 0,
+                          accelerator=ctx.device.type != "cpu", activations=reference, tp=tp)
+    return memory.PipelineShape(job=job, owned_numel=owned,
+                                in_flight_bytes=sum(in_flight[i] or 0 for i in mine))
+
+
+def check_pipeline_memory(directory: Path, ctx: Any, *, dtype: str, parity: bool, steps: int,
+                          seeded: bool, dp: int = 1) -> Verdict:
+    """:func:`check_memory` for a pipelined rank (:func:`pipeline_shape`)."""
+    return _verdict(memory.estimate_pipeline(pipeline_shape(
+        directory, ctx, dtype=dtype, parity=parity, steps=steps, seeded=seeded, dp=dp)), ctx)

@@ -191,14 +191,16 @@ def _resume(directory: str, runs: list[tuple[BuiltModel, Any]], reporter: RankRe
     return steps.pop()
 
 
-def _fits(reporter: RankReporter, directory: Path, ctx: RankContext, **job: Any) -> bool:
-    """The memory check; False (and this rank's final state written) when the job is
-    refused: ``refused`` with the figures on a rank that cannot fit, ``ended`` elsewhere."""
-    from hpcodegen.launch.rank.preflight import check_memory
+def _fits(reporter: RankReporter, directory: Path, ctx: RankContext, *,
+          pipeline: bool = False, **job: Any) -> bool:
+    """The memory check (a pipelined rank's with ``pipeline``); False (and this rank's
+    final state written) when the job is refused: ``refused`` with the figures on a rank
+    that cannot fit, ``ended`` elsewhere."""
+    from hpcodegen.launch.rank.preflight import check_memory, check_pipeline_memory
     from hpcodegen.launch.results import STATUS_ENDED
 
     reporter.update(phase="memory check")
-    verdict = check_memory(directory, ctx, **job)
+    verdict = (check_pipeline_memory if pipeline else check_memory)(directory, ctx, **job)
     if verdict.first_refused is None:
         return True
     if verdict.refusal is not None:
