@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gate_cases import cli_json as _cli
+from gate_cases import generate_families
 
 from hpcodegen.artifact.digest import meta_signature
 
@@ -40,31 +42,12 @@ FAMILIES: dict[str, tuple[str, str, list[str]]] = {
 Edit = Callable[[dict], None]
 
 
-def _cli(*args: Any) -> tuple[int, dict]:
-    from hpcodegen.cli.app import app, register_verbs
-    from typer.testing import CliRunner
-
-    register_verbs()
-    res = CliRunner().invoke(app, [*map(str, args), "--json"], catch_exceptions=False)
-    return res.exit_code, json.loads(res.stdout)
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """{family: (config dir, artifact dir)}, generated once for the module."""
-    from hpcodegen.families.tiny import tiny_config
-
-    root = tmp_path_factory.mktemp("families")
-    out = {}
-    for name, (model_type, cls, flags) in FAMILIES.items():
-        cfg = root / f"cfg_{name}"
-        cfg.mkdir()
-        (cfg / "config.json").write_text(json.dumps(tiny_config(model_type, cls)))
-        art = root / f"art_{name}"
-        code, doc = _cli("generate", "--model", cfg, *flags, "-o", art)
-        assert code == 0, (name, doc)
-        out[name] = (cfg, art)
-    return out
+    return generate_families(tmp_path_factory.mktemp("families"), FAMILIES)
 
 
 def _errors(doc: dict) -> list[dict]:

@@ -7,28 +7,10 @@ torch's on the reference; ``--compile`` runs each stage's layers compiled, exact
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-CONFIGS = Path(__file__).parent / "configs"
-HPC = [sys.executable, "-m", "hpcodegen"]
-
-
-def _generate(tmp_path: Path, config: str, tp: int, schedule: str) -> Path:
-    out = tmp_path / f"{config}_{schedule}_tp{tp}"
-    subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(out),
-                    "--tp", str(tp), "--pp", "2", "--pp-schedule", schedule,
-                    "--microbatches", "4"], check=True, capture_output=True, timeout=300)
-    return out
-
-
-def _launch(art: Path, config: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*HPC, "launch", str(art), "--nproc", str(nproc), "--model-dir",
-                           str(CONFIGS / config), "--json", *extra],
-                          capture_output=True, text=True, timeout=500)
+from pp_launching import generate_pp as _generate
+from pp_launching import launch_json as _launch
 
 
 @pytest.mark.timeout(900)

@@ -9,27 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-CONFIGS = Path(__file__).parent / "configs"
-HPC = [sys.executable, "-m", "hpcodegen"]
-
-
-def _generate(tmp_path: Path, config: str, tp: int, schedule: str) -> Path:
-    out = tmp_path / f"{config}_{schedule}_tp{tp}"
-    subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(out),
-                    "--tp", str(tp), "--pp", "2", "--pp-schedule", schedule,
-                    "--microbatches", "4"], check=True, capture_output=True, timeout=300)
-    return out
-
-
-def _launch(art: Path, config: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*HPC, "launch", str(art), "--nproc", str(nproc), "--model-dir",
-                           str(CONFIGS / config), "--json", *extra],
-                          capture_output=True, text=True, timeout=500)
+from pp_launching import CONFIGS, HPC, assert_rank_exact
+from pp_launching import generate_pp as _generate
+from pp_launching import launch_json as _launch
 
 
 @pytest.mark.timeout(900)
@@ -43,11 +27,7 @@ def test_launch_check_parity_and_steps(tmp_path, config, tp, schedule):
     ranks = doc["ranks"]
     assert len(ranks) == 2 * tp
     for rank in ranks:
-        parity = rank["parity"]
-        assert parity["grad_max_diff"] <= 1e-5 and parity["loss_max_diff"] <= 1e-5, parity
-        assert parity["p2p"]["measured"] == parity["p2p"]["predicted"], parity
-        assert parity["params_compared"] > 0
-        assert len(rank["losses"]) == 2
+        assert_rank_exact(rank, 2)
     assert any(r["parity"].get("logits_max_diff") is not None for r in ranks)
 
 

@@ -1,0 +1,37 @@
+"""What the gate's hostile-plan tests share: the CLI in-process with ``--json``, and one
+artifact per tiny family config generated under a folder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def cli_json(*args: Any) -> tuple[int, dict]:
+    """``hpcodegen ARGS... --json`` in this process: (exit code, the JSON envelope)."""
+    from hpcodegen.cli.app import app, register_verbs
+    from typer.testing import CliRunner
+
+    register_verbs()
+    res = CliRunner().invoke(app, [*map(str, args), "--json"], catch_exceptions=False)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def generate_families(root: Path, families: Mapping[str, tuple[str, str, Sequence[str]]]
+                      ) -> dict[str, tuple[Path, Path]]:
+    """``{name: (config dir, artifact dir)}`` for ``{name: (model_type, class, flags)}``,
+    each generated from ``hpcodegen.families.tiny``'s config of that family."""
+    from hpcodegen.families.tiny import tiny_config
+
+    out = {}
+    for name, (model_type, cls, flags) in families.items():
+        cfg = root / f"cfg_{name}"
+        cfg.mkdir()
+        (cfg / "config.json").write_text(json.dumps(tiny_config(model_type, cls)))
+        art = root / f"art_{name}"
+        code, doc = cli_json("generate", "--model", cfg, *flags, "-o", art)
+        assert code == 0, (name, doc)
+        out[name] = (cfg, art)
+    return out
