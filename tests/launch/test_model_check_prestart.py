@@ -68,7 +68,7 @@ def test_timeout_kills_the_model_check_and_starts_nothing(tmp_path) -> None:
         run_model_check(EXAMPLE, LLAMA_CONFIG / "config.json", timeout=0.2)
     assert "model check" in caught.value.findings[0].message
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--timeout", "1", "--json", timeout=100)
+                  "--timeout", "1", "--json", timeout=300)
     assert run.code == 1, (run.stdout, run.stderr)
     doc = run.json()
     assert [f["code"] for f in doc["findings"]] == ["launch.timeout"], doc

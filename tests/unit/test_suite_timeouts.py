@@ -15,7 +15,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 MIN_WAIT_S = 300
 MIN_TEST_S = 400
-LAUNCH_OWN_TIMEOUT = {"LaunchOptions"}
+LAUNCH_OWN_TIMEOUT = {"LaunchOptions", "run_model_check"}
 
 
 def _number(node: ast.expr) -> float | None:
