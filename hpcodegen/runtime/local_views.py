@@ -51,12 +51,14 @@ def _is_dtensor(value: Any) -> bool:
 
 _ALIAS = "_hp_local_alias"
 _SPEC = "_hp_shard_spec"  # hpcodegen.runtime.shards.remember's mark
+_NO_ALIAS = "_hp_no_local_alias"
 
 
 def _alias(param: Any) -> Any:
     """``param``'s local alias (module docstring), made when missing or when the parameter's
     shard changed (a ``module.to(...)`` swap); None for a parameter without one."""
-    if not param.requires_grad or getattr(param, _SPEC, None) is None:
+    if not param.requires_grad or getattr(param, _SPEC, None) is None \
+            or getattr(param, _NO_ALIAS, False):
         return None
     local = param._local_tensor
     made = getattr(param, _ALIAS, None)
@@ -104,6 +106,17 @@ def _after_accumulate(param: Any) -> Any:
         for fn in tuple((getattr(param, "_post_accumulate_grad_hooks", None) or {}).values()):
             fn(param)
     return hook
+
+
+def without_aliases(params: Any) -> None:
+    """Let ``params`` use ``to_local()`` views, so autograd differentiates the DTensor
+    parameters themselves: for code that asks autograd for gradients with respect to the
+    parameters it holds (a pipeline schedule's split backward, ``W`` steps), which an alias
+    the parameter never enters the graph through would leave without one."""
+    for param in params:
+        setattr(param, _NO_ALIAS, True)
+        if hasattr(param, _ALIAS):
+            delattr(param, _ALIAS)
 
 
 def _view(value: Any) -> Any:

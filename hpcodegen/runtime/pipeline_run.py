@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from hpcodegen.plan.pipeline import Pipeline
+from hpcodegen.plan.schedule import schedule_spec
 from hpcodegen.runtime.pipeline_stage import build_stage_modules, stage_parameters
 
 IGNORE_INDEX = -100
@@ -77,6 +78,10 @@ class PipelineRunner:
 
         self.model, self.pipe, self.pp_rank, self.group = model, pipe, pp_rank, group
         self.modules = build_stage_modules(model, pipe, pp_rank, tp_size)
+        if schedule_spec(pipe.schedule).split_backward:
+            from hpcodegen.runtime.local_views import without_aliases
+
+            without_aliases(stage_parameters(m for _, m in self.modules))
         self.fsdp = dp_mesh is not None and dp_mesh.size() > 1
         """FSDP2 over ``dp_mesh`` (:mod:`hpcodegen.runtime.pipeline_fsdp`)."""
         self._dp_group = dp_mesh.get_group() if self.fsdp else None
