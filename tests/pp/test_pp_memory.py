@@ -44,7 +44,16 @@ def test_the_estimate_counts_stage_state_and_activations_in_flight():
     more = memory.estimate_pipeline(_shape(in_flight=20_000))
     assert more.device - need.device == 10_000
     assert "AdamW state" not in dict(memory.estimate_pipeline(_shape(0, steps=0)).parts)
-    assert "torch" not in sys.modules
+
+
+def test_the_estimate_imports_no_torch():
+    """In a fresh process: a pytest worker may have imported torch for another test."""
+    code = ("import sys; from hpcodegen.launch.rank import memory; "
+            "job = memory.JobShape(full_numel=4, local_numel=2, dtype_bytes=4, seeded=False, "
+            "parity=False, steps=1, logits_numel=0, accelerator=False); "
+            "memory.estimate_pipeline(memory.PipelineShape(job=job, owned_numel=1, "
+            "in_flight_bytes=8)); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 def test_a_tiny_budget_refuses_with_the_figures():
