@@ -17,9 +17,12 @@ Three measurements of what ``generate --pp`` freezes and ``inspect-plan`` predic
    and backward) divided by ``b x s x h x dtype bytes`` for the 8B shape at pp 4, m 8,
    b 8, s 4096, bf16 (1.0 = exactly the formula).
 
+DualPipeV's list is torch's order with each overlapped ``F B`` pair as its two halves
+(what torch's runtime runs); with these unit costs its bubble equals ZBV's.
+
 Run: ``python bench/pp.py``; the last line is ``pp: bubble_1f1b_p4m8=...
 bubble_interleaved_p4m8=... bubble_zbv_p4m8=... stage_param_balance_llama8b_pp4=...
-p2p_bytes_vs_formula=...``.
+p2p_bytes_vs_formula=... bubble_dualpipev_p4m8=...``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 SHAPES = ((4, 8), (4, 16), (8, 16), (8, 32))
-SCHEDULES = (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2))
+SCHEDULES = (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2),
+             ("DualPipeV", 2))
 
 
 def ours(name: str, pp: int, m: int, v: int) -> float:
@@ -51,13 +55,13 @@ def torchs(name: str, pp: int, m: int, v: int) -> str:
         from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
     except ImportError:
         return "n/a"
-    from hpcodegen.plan.schedule import add_comms, parse_action, schedule_spec
+    from hpcodegen.plan.schedule import add_comms, expand_action, schedule_spec
     from hpcodegen.plan.schedule_sim import simulate
 
     spec = schedule_spec(name)
     ops = get_schedule_ops(name, pp, m, v if v > 1 else None, with_comms=False)
-    compute = {r: [parse_action(str(a)) for a in row if a is not None and "REDUCE" not in str(a)]
-               for r, row in enumerate(ops)}
+    compute = {r: [x for a in row if a is not None and "REDUCE" not in str(a)
+                   for x in expand_action(str(a))] for r, row in enumerate(ops)}
     try:
         acts = add_comms(compute, pp, spec.style)
     except ValueError:
@@ -124,7 +128,8 @@ def main() -> int:
     print(f"pp: bubble_1f1b_p4m8={ours('1F1B', 4, 8, 1):.3f} "
           f"bubble_interleaved_p4m8={ours('Interleaved1F1B', 4, 8, 2):.3f} "
           f"bubble_zbv_p4m8={ours('ZBVZeroBubble', 4, 8, 2):.3f} "
-          f"stage_param_balance_llama8b_pp4={default:.3f} p2p_bytes_vs_formula={ratio:.3f}")
+          f"stage_param_balance_llama8b_pp4={default:.3f} p2p_bytes_vs_formula={ratio:.3f} "
+          f"bubble_dualpipev_p4m8={ours('DualPipeV', 4, 8, 2):.3f}")
     return 0
 
 

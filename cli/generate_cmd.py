@@ -72,7 +72,7 @@ def generate(
                                 "ranks (docs/pp.md)."),
     pp_schedule: str = typer.Option(
         "1F1B", "--pp-schedule", metavar="NAME",
-        help="GPipe, 1F1B, Interleaved1F1B or ZBVZeroBubble."),
+        help="GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble or DualPipeV."),
     microbatches: Optional[int] = typer.Option(
         None, "--microbatches", metavar="M",
         help="Microbatches per step (default: the number of stages)."),

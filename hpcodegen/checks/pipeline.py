@@ -91,6 +91,10 @@ def _shape(pipe: Pipeline, pp: int) -> Iterator[Finding]:
         yield error("plan.pp_stages_per_rank", pointer(_P, "stages_per_rank"),
                     f"{pipe.schedule} runs {want if want else '2 or more'} stage(s) per rank, "
                     f"not {pipe.stages_per_rank}", expected=str(want or ">= 2"))
+    problem = spec.microbatch_problem(pipe.pp_size, pipe.n_microbatches, pipe.stages_per_rank)
+    if problem:
+        yield error("plan.pp_microbatches", pointer(_P, "n_microbatches"), problem,
+                    expected=f">= {pipe.pp_size * (want or pipe.stages_per_rank)}")
     n = pipe.pp_size * pipe.stages_per_rank
     if pipe.n_stages != n:
         yield error("plan.pp_stage_count", pointer(_P, "stages"), f"{pipe.n_stages} stages, "

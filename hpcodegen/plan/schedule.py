@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -63,6 +64,15 @@ def parse_action(text: str) -> Action:
     return Action(int(match[1]), match[2], int(match[3]))
 
 
+def expand_action(text: str) -> list[Action]:
+    """One action of torch's text form as the compute it runs, in order: ``"2F0"`` ->
+    ``[Action(2, "F", 0)]``; an overlapped pair ``"(0F3;3B1)OVERLAP_F_B"`` (DualPipeV) ->
+    its halves, which torch's runtime runs one after the other. ``ValueError`` otherwise."""
+    if isinstance(text, str) and text.startswith("(") and text.endswith(")OVERLAP_F_B"):
+        return [parse_action(part) for part in text[1:-len(")OVERLAP_F_B")].split(";")]
+    return [parse_action(text)]
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleSpec:
     """What a schedule name means: its stage map and how it orders compute."""
@@ -76,6 +86,16 @@ class ScheduleSpec:
     """Backward runs as ``I`` then ``W`` (zero bubble) instead of one ``B``."""
     build: Callable[[int, int, int], Actions]
     """``(pp, n_microbatches, stages_per_rank) -> compute-only actions per rank``."""
+    microbatches_per_stage: bool = False
+    """The order needs at least one microbatch per stage (``n_microbatches >= n_stages``)."""
+
+    def microbatch_problem(self, pp: int, n_microbatches: int, stages_per_rank: int) -> str:
+        """Why ``n_microbatches`` cannot run this schedule at ``pp``; empty when it can."""
+        n_stages = pp * (self.stages_per_rank or stages_per_rank)
+        if self.microbatches_per_stage and n_microbatches < n_stages:
+            return (f"{self.name} needs at least one microbatch per stage: {n_stages} "
+                    f"stages at pp={pp}, got {n_microbatches} microbatches")
+        return ""
 
 
 def stage_rank(stage: int, pp: int, style: str) -> int:
@@ -190,6 +210,76 @@ def _zbv(pp: int, m: int, _v: int) -> Actions:
     return _greedy(pp, m, 2 * pp)
 
 
+def _dualpipe_v(pp: int, m: int, _v: int) -> Actions:
+    """DeepSeek's DualPipeV in torch 2.13's order (``ScheduleDualPipeV``), per rank.
+
+    Rank ``r`` holds stage ``lo = r`` and ``hi = 2pp-1-r``. Phases: ``2(pp-1-r)``
+    forwards of ``lo``; ``r+1`` pairs of forwards ``lo, hi``; ``pp-1-r`` rounds of
+    ``I(hi)``, a deferred ``W``, ``F(hi)``; the steady state of ``m-2pp+r+1`` rounds of
+    ``F(lo) B(hi)`` then ``F(hi) B(lo)``; ``pp-1-r`` rounds of ``B(hi) F(hi) B(lo)``; ``r+1``
+    pairs of backwards ``hi, lo``, the later ones split into ``I`` (odd ranks switch before
+    ``hi`` of the middle pair, even ranks after it); ``pp-1-r`` rounds of a deferred ``W``
+    then a backward of ``lo``; the remaining ``W``. torch marks each steady-state ``F B``
+    pair ``OVERLAP_F_B`` and its runtime runs the pair as the forward then the backward:
+    the frozen list holds the two halves as consecutive actions, so the checks and the
+    simulation see each one, and the runtime computes the same steps in the same order.
+    """
+    return {r: _dualpipe_v_rank(pp, m, r) for r in range(pp)}
+
+
+def _dualpipe_v_rank(pp: int, m: int, r: int) -> list[Action]:
+    lo, hi = r, 2 * pp - 1 - r
+    out: list[Action] = []
+    fwd_next, back_next = {lo: 0, hi: 0}, {lo: 0, hi: 0}
+    weights: deque[Action] = deque()
+
+    def forward(s: int) -> None:
+        out.append(Action(s, "F", fwd_next[s]))
+        fwd_next[s] += 1
+
+    def backward(s: int, split: bool) -> None:
+        mb = back_next[s]
+        back_next[s] += 1
+        out.append(Action(s, "I" if split else "B", mb))
+        if split:
+            weights.append(Action(s, "W", mb))
+
+    def deferred_weight() -> None:
+        if weights:
+            out.append(weights.popleft())
+
+    for _ in range(2 * (pp - 1 - r)):
+        forward(lo)
+    for _ in range(r + 1):
+        forward(lo)
+        forward(hi)
+    for _ in range(pp - 1 - r):
+        backward(hi, True)
+        deferred_weight()
+        forward(hi)
+    for _ in range(m - 2 * pp + r + 1):
+        forward(lo)
+        backward(hi, False)
+        forward(hi)
+        backward(lo, False)
+    for _ in range(pp - 1 - r):
+        backward(hi, False)
+        forward(hi)
+        backward(lo, False)
+    split, middle = False, (r + 1) // 2
+    for i in range(r + 1):
+        split = split or (i == middle and r % 2 == 1)
+        backward(hi, split)
+        split = split or (i == middle and r % 2 == 0)
+        backward(lo, split)
+    for _ in range(pp - 1 - r):
+        deferred_weight()
+        backward(lo, split)
+    for _ in range(r + 1):
+        deferred_weight()
+    return out
+
+
 SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec(name="GPipe", style="loop", stages_per_rank=1, split_backward=False,
                  build=_gpipe),
@@ -199,6 +289,8 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
                  split_backward=False, build=_interleaved),
     ScheduleSpec(name="ZBVZeroBubble", style="v", stages_per_rank=2, split_backward=True,
                  build=_zbv),
+    ScheduleSpec(name="DualPipeV", style="v", stages_per_rank=2, split_backward=True,
+                 build=_dualpipe_v, microbatches_per_stage=True),
 )}
 
 
@@ -288,6 +380,9 @@ def build_actions(schedule: str, pp: int, n_microbatches: int,
                          f"not {stages_per_rank}")
     if spec.stages_per_rank is None and v < 2:
         raise ValueError(f"{schedule} needs 2 or more stages per rank, got {v}")
+    problem = spec.microbatch_problem(pp, n_microbatches, v)
+    if problem:
+        raise ValueError(problem)
     return add_comms(spec.build(pp, n_microbatches, v), pp, spec.style)
 
 

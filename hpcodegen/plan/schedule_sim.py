@@ -300,13 +300,15 @@ def simulate(actions: Mapping[int, Sequence[Action]], *, pp: int, n_stages: int,
 
 
 def _in_flight(timeline: Sequence[Span], n_stages: int) -> dict[int, int]:
-    split = {s.action.stage for s in timeline if s.action.kind == "W"}
+    # a microbatch's activations go with its last backward step: W when split, else B
+    # (a schedule may split some microbatches of a stage and not others: DualPipeV)
+    split = {(s.action.stage, s.action.mb) for s in timeline if s.action.kind == "W"}
     events: list[tuple[float, int, int]] = []  # (time, release first, stage)
     for s in timeline:
         a = s.action
         if a.kind == "F":
             events.append((s.end, 1, a.stage))
-        elif a.kind == ("W" if a.stage in split else "B"):
+        elif a.kind == ("W" if (a.stage, a.mb) in split else "B"):
             events.append((s.end, 0, a.stage))
     held, peak = Counter(), dict.fromkeys(range(n_stages), 0)
     for _t, grow, stage in sorted(events):

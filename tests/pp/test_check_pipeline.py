@@ -52,11 +52,12 @@ def _redigest(meta: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("schedule", "pp", "v"), [
-    ("1F1B", 2, 1), ("GPipe", 2, 1), ("Interleaved1F1B", 2, 2), ("ZBVZeroBubble", 2, 2)])
+    ("1F1B", 2, 1), ("GPipe", 2, 1), ("Interleaved1F1B", 2, 2), ("ZBVZeroBubble", 2, 2),
+    ("DualPipeV", 2, 2)])
 def test_a_built_pipeline_passes_schema_and_plan(schedule, pp, v):
     meta = pp_meta(schedule, pp, 4, v)
     assert errors(meta, "schema") == {}
-    if schedule == "ZBVZeroBubble":  # the fixture's SP norms have tp-partial gradients
+    if schedule in ("ZBVZeroBubble", "DualPipeV"):  # the fixture's SP norms: tp-partial grads
         assert errors(meta) == {"plan.pp_split_backward": ["/pipeline/schedule"]}
         return
     assert errors(meta) == {}
@@ -234,3 +235,46 @@ def test_declared_sizes_the_list_cannot_hold_are_refused_without_the_work():
     meta["pipeline"]["n_microbatches"] = 65536
     found = errors(meta)
     assert found["plan.pp_actions_missing"] == ["/pipeline/actions"]
+
+
+def _split_backward_meta(schedule: str, m: int = 4) -> dict[str, Any]:
+    """A pipeline whose tp plan has no tp-partial gradients (a split backward is exact)."""
+    meta = pp_meta(schedule, m=m, v=2)
+    for entry in meta["param_plan"].values():
+        entry.pop("partial_grad_params", None)
+    meta["parallel_dims"]["sequence_parallel"] = False
+    meta["pipeline"]["boundary"]["placements"] = {}
+    return meta
+
+
+def _swap(acts: list[str], a: str, b: str) -> int:
+    i, j = acts.index(a), acts.index(b)
+    acts[i], acts[j] = acts[j], acts[i]
+    return min(i, j)
+
+
+def test_a_dualpipev_pipeline_passes_and_its_hand_edits_are_refused_at_their_path():
+    found = errors(_split_backward_meta("DualPipeV"))
+    assert not [code for code in found if code.startswith("plan.pp")], found
+
+    meta = _split_backward_meta("DualPipeV")  # stage 3 runs B1 before F1 (rank 0)
+    where = _swap(meta["pipeline"]["actions"]["0"], "3F1", "3B1")
+    _redigest(meta)
+    assert f"/pipeline/actions/0/{where}" in errors(meta)["plan.pp_actions_order"]
+
+    meta = _split_backward_meta("DualPipeV")  # a weight gradient before its input gradient
+    where = _swap(meta["pipeline"]["actions"]["1"], "2I3", "2W3")
+    _redigest(meta)
+    found = errors(meta)["plan.pp_actions_order"]
+    assert f"/pipeline/actions/1/{where}" in found
+
+    meta = _split_backward_meta("DualPipeV")  # a send whose receive was deleted
+    meta["pipeline"]["actions"]["1"].remove("1RECV_F2")
+    _redigest(meta)
+    assert errors(meta)["plan.pp_actions_comm"] == ["/pipeline/actions/1"]
+
+
+def test_a_dualpipev_pipeline_with_fewer_microbatches_than_stages():
+    meta = _split_backward_meta("DualPipeV")
+    meta["pipeline"]["n_microbatches"] = 3
+    assert errors(meta)["plan.pp_microbatches"] == ["/pipeline/n_microbatches"]

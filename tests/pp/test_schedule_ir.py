@@ -14,6 +14,7 @@ from hpcodegen.plan.schedule import (
     actions_digest,
     add_comms,
     build_actions,
+    expand_action,
     parse_action,
     schedule_spec,
 )
@@ -32,7 +33,8 @@ def _sim(name, pp, m, v=1, actions=None):
 
 @pytest.mark.parametrize(("name", "v", "p4m8", "p8m32"), [
     ("GPipe", 1, 3 / 11, 7 / 39), ("1F1B", 1, 3 / 11, 7 / 39),
-    ("Interleaved1F1B", 2, 0.158, 0.099), ("ZBVZeroBubble", 2, 0.059, 0.035)])
+    ("Interleaved1F1B", 2, 0.158, 0.099), ("ZBVZeroBubble", 2, 0.059, 0.035),
+    ("DualPipeV", 2, 0.059, 0.035)])
 def test_bubble_fractions_match_the_measured_facts(name, v, p4m8, p8m32):
     assert _sim(name, 4, 8, v).bubble == pytest.approx(p4m8, abs=1e-3)
     assert _sim(name, 8, 32, v).bubble == pytest.approx(p8m32, abs=1e-3)
@@ -144,8 +146,8 @@ def _torch_compute(name, pp, m, v):
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
     ops = get_schedule_ops(name, pp, m, v if v > 1 else None, with_comms=False)
-    return {r: [parse_action(str(a)) for a in row if a is not None and "REDUCE" not in str(a)]
-            for r, row in enumerate(ops)}
+    return {r: [x for a in row if a is not None and "REDUCE" not in str(a)
+                for x in expand_action(str(a))] for r, row in enumerate(ops)}
 
 
 @pytest.mark.parametrize(("name", "pp", "m", "v"), [
@@ -172,3 +174,81 @@ def test_torchs_zbv_order_passes_our_validator_with_the_same_bubble():
     theirs = add_comms(_torch_compute("ZBVZeroBubble", 4, 8, 2), 4, "v")
     sim = _sim("ZBVZeroBubble", 4, 8, actions=theirs)
     assert sim.ok and sim.bubble == pytest.approx(_sim("ZBVZeroBubble", 4, 8).bubble, abs=1e-9)
+
+
+DUALPIPEV_SHAPES = [(2, 4), (2, 7), (3, 6), (3, 10), (4, 8), (4, 11), (8, 16)]
+
+
+@pytest.mark.parametrize(("pp", "m"), DUALPIPEV_SHAPES)
+def test_dualpipev_lists_are_valid_and_mix_whole_and_split_backwards(pp, m):
+    sim = _sim("DualPipeV", pp, m)
+    assert sim.ok, sim.problems[:3]
+    n_cross = 2 * pp - 2  # every boundary but the V's middle one
+    assert sim.sends == {"SEND_F": n_cross * m, "SEND_B": n_cross * m}
+    kinds = {a.kind for acts in build_actions("DualPipeV", pp, m).values() for a in acts}
+    assert {"B", "I", "W"} <= kinds
+    # stage s holds 2pp - s microbatches at its peak, whatever m: a whole backward B
+    # releases its microbatch as a W does (the count must not grow with m)
+    assert sim.in_flight == {s: 2 * pp - s for s in range(2 * pp)}
+
+
+@pytest.mark.parametrize(("pp", "m"), DUALPIPEV_SHAPES)
+def test_our_dualpipev_compute_order_is_torchs_with_overlaps_expanded(pp, m):
+    ours = build_actions("DualPipeV", pp, m)
+    assert {r: [a for a in ours[r] if a.is_compute] for r in ours} == \
+        _torch_compute("DualPipeV", pp, m, 2)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (3, 7), (4, 8)])
+def test_torchs_own_dualpipev_comms_pass_our_validator_with_our_bubble(pp, m):
+    """torch places an overlapped pair's sends after both halves; our list sends each half's
+    output as soon as it is computed. Both are valid and time the same."""
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    ops = get_schedule_ops("DualPipeV", pp, m, 2, with_comms=True)
+    skip = ("SHARD", "REDUCE")  # FSDP steps torch adds
+    theirs = {r: [x for a in row if a is not None and not any(k in str(a) for k in skip)
+                  for x in expand_action(str(a))] for r, row in enumerate(ops)}
+    sim = _sim("DualPipeV", pp, m, actions=theirs)
+    assert sim.ok and sim.bubble == pytest.approx(_sim("DualPipeV", pp, m).bubble, abs=1e-9)
+
+
+def test_an_overlapped_pair_expands_to_its_halves_in_order():
+    assert expand_action("(0F3;3B1)OVERLAP_F_B") == [Action(0, "F", 3), Action(3, "B", 1)]
+    assert expand_action("2I0") == [Action(2, "I", 0)]
+    with pytest.raises(ValueError, match="not an action"):
+        expand_action("(0F3;3X1)OVERLAP_F_B")
+
+
+def test_dualpipev_needs_a_microbatch_per_stage():
+    with pytest.raises(ValueError, match="at least one microbatch per stage: 8 stages at pp=4, "
+                                         "got 7"):
+        build_actions("DualPipeV", 4, 7)
+
+
+def _dualpipev_edit(fn):
+    acts = build_actions("DualPipeV", 2, 4)
+    return _sim("DualPipeV", 2, 4, actions={r: fn(r, list(a)) for r, a in acts.items()})
+
+
+def test_hand_edited_dualpipev_lists_are_refused():
+    def w_first(r, a):  # rank 1's last W before its I
+        if r == 1:
+            i, j = a.index(Action(1, "I", 3)), a.index(Action(1, "W", 3))
+            a[i], a[j] = a[j], a[i]
+        return a
+    assert any(p.code == "order" and "weight gradient before" in p.message
+               for p in _dualpipev_edit(w_first).problems)
+
+    def b_first(r, a):  # stage 3's whole backward of microbatch 1 before its forward
+        if r == 0:
+            i, j = a.index(Action(3, "F", 1)), a.index(Action(3, "B", 1))
+            a[i], a[j] = a[j], a[i]
+        return a
+    assert any(p.code == "order" and p.rank == 0 for p in _dualpipev_edit(b_first).problems)
+
+    def no_recv(r, a):  # a send with no receive
+        return [x for x in a if str(x) != "1RECV_F2"] if r == 1 else a
+    assert any(p.code == "comm" and "1RECV_F2 is missing" in p.message
+               for p in _dualpipev_edit(no_recv).problems)

@@ -85,11 +85,15 @@ def check_pp_args(args: PipelineArgs, *, loss_parallel: bool = False,
     if args.schedule not in SCHEDULES:
         raise UsageError([error("generate.pp_schedule", "--pp-schedule",
                                 f"unknown schedule {args.schedule!r}",
-                                expected=", ".join(SCHEDULES),
-                                hint="DualPipeV is not frozen yet (its B/F overlap has no "
-                                     "distinct order in this cost model)")])
+                                expected=", ".join(SCHEDULES))])
     if args.microbatches is not None and args.microbatches < 1:
         raise UsageError([error("generate.pp", "--microbatches", "must be >= 1")])
+    if args.microbatches is not None:
+        problem = SCHEDULES[args.schedule].microbatch_problem(args.pp, args.microbatches,
+                                                             args.stages_per_rank)
+        if problem:
+            raise UsageError([error("generate.pp_microbatches", "--microbatches", problem,
+                                    hint="leave --microbatches out for one per stage")])
 
 
 def _param_count(module: Any) -> int:
