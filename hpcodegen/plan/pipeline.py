@@ -167,7 +167,8 @@ class Pipeline:
     pp_size: int
     """``pp_size``: pipeline ranks (equals ``parallel_dims.pp_size``)."""
     schedule: str
-    """``schedule``: ``"GPipe"``, ``"1F1B"``, ``"Interleaved1F1B"`` or ``"ZBVZeroBubble"``."""
+    """``schedule``: ``"GPipe"``, ``"1F1B"``, ``"Interleaved1F1B"``, ``"ZBVZeroBubble"`` or
+    ``"DualPipeV"``."""
     style: str
     """``style``: the stage -> rank map, ``"loop"`` (rank + s*pp) or ``"v"``."""
     stages_per_rank: int

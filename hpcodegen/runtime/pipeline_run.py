@@ -7,7 +7,9 @@ Steps of :class:`PipelineRunner`:
    ``PipelineStage`` on the pp process group;
 2. hand torch's IR runtime (``_PipelineScheduleRuntime``) the *frozen* action list, sends
    and receives included (``compute_comms``): what runs is what verify simulated, not
-   torch's own order (torch 2.13's 1F1B order fails its own validator);
+   torch's own order (torch 2.13's 1F1B order fails its own validator); DualPipeV's
+   overlapped ``F B`` pairs are frozen as their two halves, which is how torch's runtime
+   runs an ``OVERLAP_F_B`` action (the forward, then the backward);
 3. per step, the loss contract of the section: each microbatch's loss is the sum of its
    token losses divided by the global count of valid labels (counted on the whole batch
    before the split), and ``scale_grads=False``, so the summed microbatch losses are the

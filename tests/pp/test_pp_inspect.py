@@ -76,3 +76,19 @@ def test_a_broken_action_list_read_without_checks_is_reported_not_a_traceback(tm
     gated = _inspect(str(d), ("as_json", True))
     assert gated.returncode == 1
     assert any(f["code"] == "plan.pp_actions" for f in json.loads(gated.stdout)["findings"])
+
+
+def test_dualpipev_in_flight_and_bubble_come_from_its_frozen_list(pp_dir, tmp_path):
+    """DualPipeV at pp 2, m 6: stage s holds 2pp - s microbatches (a whole backward B
+    releases its microbatch as a W does), the bubble is its simulated 1/37, and the
+    timeline draws its whole and split backwards."""
+    trace = tmp_path / "dpv.json"
+    proc = _inspect(str(pp_dir("DualPipeV", 2, 6)), ("checks", False), ("as_json", True),
+                    ("timeline", str(trace)))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["pipeline"]["schedule"] == "DualPipeV"
+    assert [s["in_flight"] for s in doc["pipeline"]["stages"]] == [4, 3, 2, 1]
+    assert doc["summary"]["bubble"] == pytest.approx(1 / 37, abs=1e-6)
+    kinds = {e["cat"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert kinds == {"F", "B", "I", "W"}
