@@ -68,7 +68,7 @@ def test_a_tiny_budget_refuses_with_the_figures():
 
 
 @pytest.mark.parametrize(("schedule", "v"), [("1F1B", 1), ("ZBVZeroBubble", 2),
-                                             ("Interleaved1F1B", 2)])
+                                             ("Interleaved1F1B", 2), ("DualPipeV", 2)])
 def test_in_flight_activations_are_the_ones_inspect_plan_shows(tmp_path, schedule, v):
     from hpcodegen.inspect.pipeline import (
         activation_elements,
