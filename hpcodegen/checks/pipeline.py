@@ -3,8 +3,9 @@
 With a ``pipeline`` section (:mod:`hpcodegen.plan.pipeline`):
 
 * the shape: ``pp_size`` equals ``parallel_dims.pp_size``; the schedule is known and its
-  stage -> rank map (``style``), stages per rank and stage count agree; each stage has
-  its index and the rank the map gives it;
+  stage -> rank map (``style``), stages per rank, stage count and microbatch count
+  (DualPipeV: one per stage at least) agree; each stage has its index and the rank the
+  map gives it;
 * the split: every unit of ``module_order`` is owned by exactly one stage, the stages
   read in order give back ``module_order``, no stage is empty, repeated layers run in
   index order from 0 (their count is ``source.structure.num_hidden_layers`` when known),
