@@ -61,19 +61,19 @@ def parse_layout(text: str | None) -> tuple[int, ...] | None:
 
 #: what ``--pp`` does not compose with yet, and why (refused, never run inexactly)
 NOT_WITH_PP: dict[str, str] = {
-    "--loss-parallel": "the last stage's loss takes whole logits",
     "--sp": "with --cp, a stage's received hidden states are sharded over both cp and tp, "
             "and the stages do not yet rebuild the cp batch view from such a shard",
 }
 
 
-def check_pp_args(args: PipelineArgs, *, loss_parallel: bool = False,
-                  cp_with_sp: bool = False) -> None:
+def check_pp_args(args: PipelineArgs, *, cp_with_sp: bool = False) -> None:
     """Usage errors before the model is built (``--ep`` composes: its ranks are carved
     inside each stage's data-parallel ranks, see :mod:`hpcodegen.launch.rank.mesh`; ``--cp``
     composes: the boundary is sequence-sharded over cp, see
-    :func:`hpcodegen.plan.pipeline.boundary_placements`)."""
-    given = {"--loss-parallel": loss_parallel, "--sp": cp_with_sp}
+    :func:`hpcodegen.plan.pipeline.boundary_placements`; ``--loss-parallel`` composes: the
+    last stage takes the loss on its vocabulary slice of the logits, see
+    :class:`hpcodegen.runtime.pipeline_run.PipelineRunner`)."""
+    given = {"--sp": cp_with_sp}
     for flag, on in given.items():
         if on:
             raise UsageError([error("generate.pp_compose", flag, f"--pp with {flag} is not "
