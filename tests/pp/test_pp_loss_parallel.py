@@ -4,7 +4,10 @@ pipeline's loss contract; ``launch --nproc 4 --check-parity --steps 2`` is exact
 the unsharded model (loss, the logits gathered over tp, every owned gradient, p2p as
 frozen); verify accepts the artifact and inspect-plan lists the loss's all-reduces on the
 last stage. A dense family under 1F1B, and Gemma-2 (embedding tied to the head across
-stages, soft-capped logits) under Interleaved1F1B with 4 microbatches."""
+stages, soft-capped logits) under Interleaved1F1B with 4 microbatches.
+
+Then pp x cp x sp on 8 ranks (``generate --pp 2 --cp 2 --tp 2 --sp``, with and without
+``--loss-parallel``): the boundary sharded over cp and tp, exact, p2p bytes as predicted."""
 
 from __future__ import annotations
 
@@ -72,3 +75,50 @@ def test_inspect_lists_the_loss_all_reduces_on_the_last_stage(tmp_path):
     # the whole-model figure is the same rule on the whole batch
     assert doc["volume"]["loss_parallel"]["loss_allreduce_bytes"] == \
         4 * lp["bytes_per_microbatch"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("config", "schedule", "layout", "loss_parallel"), [
+    ("llama4", "1F1B", "headtail", False), ("qwen3_4", "Interleaved1F1B", "contiguous", True)])
+def test_pp2_cp2_tp2_sp_is_exact_on_eight_ranks(tmp_path, config, schedule, layout,
+                                                loss_parallel):
+    """pp x cp x sp: a stage receives hidden states sharded over cp and over tp (its cp
+    shard's sequence, cut again by sequence parallelism), rebuilds its cp batch view for the
+    whole cp shard, and the run equals the unsharded model; each send carries
+    1/(cp x tp) of a microbatch's hidden states, as inspect-plan predicts."""
+    from hpcodegen.launch.rank.model import SEQ_LEN
+
+    art = tmp_path / "art"
+    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(art),
+                          "--tp", "2", "--sp", "--cp", "2", "--cp-layout", layout,
+                          "--pp", "2", "--pp-schedule", schedule, "--microbatches", "4",
+                          *(["--loss-parallel"] if loss_parallel else [])],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
+    meta = json.loads((art / "codegen_meta.json").read_text())
+    assert meta["pipeline"]["boundary"]["placements"] == {"tp": "S(1)", "cp": "S(1)"}
+    ver = subprocess.run([*HPC, "verify", str(art)], capture_output=True, text=True,
+                         timeout=300)
+    assert ver.returncode == 0, ver.stdout[-2000:]
+    insp = subprocess.run([*HPC, "inspect-plan", str(art), "--json", "--hf-config",
+                           str(CONFIGS / config), "--batch", "4", "--seq", str(SEQ_LEN),
+                           "--dtype", "fp32"], capture_output=True, text=True, timeout=300)
+    assert insp.returncode == 0, insp.stdout[-2000:] + insp.stderr[-2000:]
+    predicted = json.loads(insp.stdout)["pipeline"]["stages"][0][
+        "p2p_forward_bytes_per_microbatch"]
+    assert predicted == 1 * SEQ_LEN * 64 * 4 // 4  # one row, hidden 64, fp32, / (cp x tp)
+
+    proc = subprocess.run([*HPC, "launch", str(art), "--nproc", "8", "--model-dir",
+                           str(CONFIGS / config), "--json", "--check-parity", "--steps", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = json.loads(proc.stdout)["ranks"]
+    assert len(ranks) == 8
+    for rank in ranks:
+        assert_rank_exact(rank, 2)
+        p2p = rank["parity"]["p2p"]
+        assert p2p["bytes_sent"] == predicted * p2p["measured"]["isend"], p2p
+        assert rank["parity"]["loss_parallel"] is loss_parallel
+    logits = [r["parity"]["logits_max_diff"] for r in ranks
+              if r["parity"].get("logits_max_diff") is not None]
+    assert len(logits) == 4 and max(logits) <= 1e-5, logits  # last stage: cp 2 x tp 2

@@ -13,6 +13,15 @@ Steps (each a ``phase`` the launcher shows):
 3. ``step k/K``: AdamW steps of the stages' parameters (the reference steps identically);
    the loss is shared over the pp group so every rank reports it.
 
+Every axis of the artifact composes with the pipeline. Under loss parallelism
+(``parallel_dims.loss_parallel``: the head's output ``S(-1)`` on tp, the same test as
+without pp, :func:`hpcodegen.parity.step.loss_parallel_head`) the last stage takes each
+microbatch's loss on its vocabulary slice of the logits (the runner's ``vocab``), and the
+parity check gathers the logits over tp before comparing them. Under cp (with or without
+sequence parallelism, the boundary sharded over cp and tp alike) the batch is cut once
+before stage 0, each later stage rebuilds the cp batch view of the shard it receives, the
+gradients are summed over cp after the step and the logits gathered over cp.
+
 With ``--save DIR`` each stage's owner broadcasts its parameters over the pp group first,
 so every rank holds the whole trained model, and the usual DCP checkpoint is written (FQNs
 are the model's own, the optimizer's state comes from each parameter's owner): it resumes
