@@ -160,7 +160,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if pipeline is not None:
         from hpcodegen.generate.layouts.pipeline import check_pp_args
 
-        check_pp_args(pipeline, loss_parallel=loss_parallel, cp_with_sp=cp > 1 and sp)
+        check_pp_args(pipeline)
     advance("building the model on the meta device")
     model = build_meta_model(config)
     rules = model_rules(config, model, tp)

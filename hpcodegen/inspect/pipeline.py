@@ -7,7 +7,9 @@ the meta records them): the bubble fraction, the microbatches each stage holds
 activations for at once, and the sends. Bytes need a microbatch shape: with
 ``--hf-config --batch --seq`` one activation is ``batch/microbatches x seq/cp x hidden``
 elements, divided by tp when the boundary is sequence-sharded on tp (``S(1)``); its
-gradient comes back the same size.
+gradient comes back the same size. Under loss parallelism the last stage's row lists the
+vocab-parallel cross entropy's all-reduces over tp, per microbatch (the non-pipelined
+report's ``volume.loss_parallel`` figure, for one microbatch's tokens).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from hpcodegen.placement import Shard
 from hpcodegen.plan.pipeline import Pipeline, fold_modules
 from hpcodegen.plan.schedule import parse_action
 from hpcodegen.plan.schedule_sim import Problem, Simulation, simulate
-from hpcodegen.plan.types import Plan
+from hpcodegen.plan.types import TP, Plan
+from hpcodegen.plan.volume import LOSS_PARALLEL_REDUCES, loss_parallel_reduce_bytes
 
 
 def simulate_pipeline(pipe: Pipeline) -> Simulation:
@@ -74,6 +77,24 @@ def activation_elements(plan: Plan, pipe: Pipeline, config: Mapping[str, Any],
     return mb * seq * hidden // shards
 
 
+def loss_collectives(plan: Plan, pipe: Pipeline, batch: int | None,
+                     seq: int | None) -> list[dict[str, Any]]:
+    """The last stage's collectives over tp under loss parallelism (none without): the
+    cross entropy's all-reduces per microbatch, with bytes when the shape is known (one
+    microbatch's tokens on a rank: ``batch/m x seq/cp``; the head's output keeps the whole
+    sequence of the rank's cp shard, sequence parallel or not)."""
+    heads = plan.vocab_sharded_heads()
+    if not heads:
+        return []
+    row: dict[str, Any] = {"kind": "all_reduce", "axis": TP, "direction": "forward",
+                           "why": "loss_parallel", "heads": heads,
+                           "count_per_microbatch": LOSS_PARALLEL_REDUCES}
+    if batch is not None and seq is not None and batch % pipe.n_microbatches == 0:
+        tokens = batch // pipe.n_microbatches * seq // plan.dims.size("cp")
+        row["bytes_per_microbatch"] = loss_parallel_reduce_bytes(tokens, plan.dims.size(TP))
+    return [row]
+
+
 def pipeline_report(plan: Plan, *, config: Mapping[str, Any] | None = None,
                     batch: int | None = None, seq: int | None = None,
                     element_bytes: int = 2) -> dict[str, Any] | None:
@@ -94,7 +115,9 @@ def pipeline_report(plan: Plan, *, config: Mapping[str, Any] | None = None,
                "modules_folded": fold_modules(stage.modules),
                "params": stage.params, "params_per_rank": stage.params_per_rank,
                "in_flight": sim.in_flight.get(stage.index),
-               "sends_per_step": sends}
+               "sends_per_step": sends,
+               "collectives": loss_collectives(plan, pipe, batch, seq)
+               if stage.index == pipe.n_stages - 1 else []}
         if act_bytes is not None:
             row["p2p_forward_bytes_per_microbatch"] = act_bytes if sends["SEND_F"] else 0
             row["p2p_backward_bytes_per_microbatch"] = act_bytes if sends["SEND_B"] else 0
@@ -169,6 +192,11 @@ def text_lines(report: Mapping[str, Any]) -> list[str]:
                       f"bwd {s['p2p_backward_bytes_per_microbatch']:,} B")
         lines.append(f"  stage {s['index']} (rank {s['rank']}): {s['modules_folded']}{params}, "
                      f"{s['in_flight']} microbatch(es) of activations in flight{bytes_}")
+        for c in s.get("collectives", ()):
+            size = (f", {c['bytes_per_microbatch']:,.0f} B" if "bytes_per_microbatch" in c
+                    else "")
+            lines.append(f"    {c['why']}: {c['count_per_microbatch']} {c['kind']} over "
+                         f"{c['axis']} per microbatch{size}")
     for p in report["p2p"]:
         lines.append(f"  pp {p['direction']}: {p['count_per_step']} send/recv per step"
                      + (f", {p['bytes_per_step']:,} B" if "bytes_per_step" in p else ""))

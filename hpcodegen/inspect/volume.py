@@ -25,6 +25,7 @@ from hpcodegen.plan.volume import (
     BoundaryVolume,
     OpVolume,
     dtype_bytes,
+    loss_parallel_reduce_bytes,
     ring_factor,
     seconds,
     transition_volume,
@@ -364,7 +365,7 @@ def loss_parallel_saving(result: Inspection, config: Any, opts: InspectOptions,
     batch, seq, n = opts.batch or 1, opts.seq or 1, result.sizes.get("tp", 1)
     logits = float(batch * seq * vocab * float_bytes)
     saved = ring_factor("all_gather", n) * logits * len(result.loss_parallel_heads)
-    added = 3 * ring_factor("all_reduce", n) * batch * seq * 4.0
+    added = loss_parallel_reduce_bytes(batch * seq, n)
     return {"heads": result.loss_parallel_heads, "logits_shape": [batch, seq, vocab],
             "gather_bytes_saved": saved, "loss_allreduce_bytes": added}
 

@@ -73,7 +73,7 @@ def forward_loss(model: Any, inputs: Mapping[str, Any], labels: Any, plan: Plan,
     kwargs, batch = model_inputs(model, inputs, active, labels)
     logits = model(**kwargs).logits
     if batch is not None:
-        if _loss_parallel_head(model, plan, active):
+        if loss_parallel_head(model, plan, active):
             loss = batch.loss(logits, vocab_group=active.tp_group(), vocab_size=vocab)
         else:
             loss = batch.loss(full_logits(logits, model, plan, active))
@@ -88,7 +88,7 @@ def loss_of_logits(logits: Any, labels: Any, model: Any, plan: Plan,
     import torch
     import torch.nn.functional as F
 
-    if _loss_parallel_head(model, plan, active):
+    if loss_parallel_head(model, plan, active):
         from hpcodegen.runtime.loss import vocab_parallel_cross_entropy
 
         return vocab_parallel_cross_entropy(logits, labels, active.tp_group(),
@@ -100,8 +100,9 @@ def loss_of_logits(logits: Any, labels: Any, model: Any, plan: Plan,
     return F.cross_entropy(flat, labels.flatten()), logits
 
 
-def _loss_parallel_head(model: Any, plan: Plan, active: Any | None) -> bool:
-    """The sharded model's output head leaves its logits vocab-sharded for the loss."""
+def loss_parallel_head(model: Any, plan: Plan, active: Any | None) -> bool:
+    """The sharded model's output head leaves its logits vocab-sharded for the loss (the
+    one test: the pipeline's last stage asks it too)."""
     return active is not None and output_module_fqn(model) in plan.vocab_sharded_heads()
 
 
@@ -121,5 +122,5 @@ def sync_gradients(model: Any, active: Any) -> None:
         all_reduce_gradients(model, [active.cp_group()])
 
 
-__all__ = ["Forward", "cp_active", "forward_loss", "loss_of_logits", "model_inputs",
-           "sync_gradients", "whole_logits"]
+__all__ = ["Forward", "cp_active", "forward_loss", "loss_of_logits", "loss_parallel_head",
+           "model_inputs", "sync_gradients", "whole_logits"]

@@ -62,6 +62,17 @@ def ring_factor(kind: str, n: int) -> float:
     return 0.0
 
 
+#: all-reduces of one fp32 value per token that the vocab-parallel cross entropy runs over
+#: tp (:mod:`hpcodegen.runtime.loss`: row maximum, sum of exponentials, target logit)
+LOSS_PARALLEL_REDUCES = 3
+
+
+def loss_parallel_reduce_bytes(tokens: int, n: int) -> float:
+    """Bytes one rank sends for the vocab-parallel cross entropy of ``tokens`` tokens over
+    a tp group of ``n`` (in place of the logits' all_gather)."""
+    return LOSS_PARALLEL_REDUCES * ring_factor("all_reduce", n) * tokens * 4.0
+
+
 def step_bytes(step: Step, current: Sequence[Placement], axes: Sequence[str],
                sizes: Mapping[str, int], full_bytes: float) -> float:
     """Bytes one rank sends for ``step`` while the tensor has placements ``current``."""

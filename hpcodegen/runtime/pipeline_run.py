@@ -13,7 +13,11 @@ Steps of :class:`PipelineRunner`:
 3. per step, the loss contract of the section: each microbatch's loss is the sum of its
    token losses divided by the global count of valid labels (counted on the whole batch
    before the split), and ``scale_grads=False``, so the summed microbatch losses are the
-   unsharded mean loss and every gradient equals the unsharded one;
+   unsharded mean loss and every gradient equals the unsharded one. Under loss
+   parallelism (``vocab``: the tp group and the head's full vocabulary) the last stage's
+   logits are this tp rank's vocabulary slice and the token losses come from
+   :func:`hpcodegen.runtime.loss.vocab_parallel_token_losses` (three all-reduces per
+   microbatch over tp, no gather of the logits): the same sum, the same normalizer;
 4. after the schedule, tied parameters owned by different stages get their gradients
    summed over the pp group (ranks holding no copy add zeros);
 5. optionally (:meth:`PipelineRunner.clip_grad_norm_`) the gradients clipped by the whole
@@ -74,11 +78,15 @@ class PipelineRunner:
     """
 
     def __init__(self, model: torch.nn.Module, pipe: Pipeline, pp_rank: int, group: Any,
-                 device: Any, tp_size: int = 1, dp_mesh: Any = None) -> None:
+                 device: Any, tp_size: int = 1, dp_mesh: Any = None,
+                 vocab: tuple[Any, int | None] | None = None) -> None:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
         self.model, self.pipe, self.pp_rank, self.group = model, pipe, pp_rank, group
+        self.vocab = vocab
+        """``(tp group, full vocabulary)`` when the head's logits stay vocab-sharded (loss
+        parallelism); None: the last stage's logits are whole."""
         self.modules = build_stage_modules(model, pipe, pp_rank, tp_size)
         if schedule_spec(pipe.schedule).split_backward:
             from hpcodegen.runtime.local_views import without_aliases
@@ -110,6 +118,13 @@ class PipelineRunner:
         self.last = any(i == pipe.n_stages - 1 for i, _ in self.modules)
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.vocab is not None:
+            from hpcodegen.runtime.loss import vocab_parallel_token_losses
+
+            group, size = self.vocab
+            total = vocab_parallel_token_losses(logits, target, group, vocab_size=size,
+                                                ignore_index=IGNORE_INDEX).sum()
+            return total / self._normalizer[0]
         flat = logits.reshape(-1, logits.shape[-1]).float()
         total = torch.nn.functional.cross_entropy(flat, target.reshape(-1), reduction="sum",
                                                   ignore_index=IGNORE_INDEX)
@@ -138,7 +153,8 @@ class PipelineRunner:
         """One forward and backward of the global batch (with FSDP, this dp rank's rows of
         it, and ``valid_tokens`` the whole batch's count of valid labels). Returns
         ``(loss, logits)`` on the rank running the last stage (the unsharded mean cross
-        entropy, or this rank's share of it under FSDP, and the rows' logits),
+        entropy, or this rank's share of it under FSDP, and the rows' logits: this tp
+        rank's vocabulary slice of them under loss parallelism),
         ``(None, None)`` elsewhere; the gradients are on the parameters."""
         if valid_tokens is None:
             valid_tokens = int((labels != IGNORE_INDEX).sum())

@@ -120,15 +120,21 @@ class StageModule(nn.Module):
         kwargs: dict[str, Any] = {"input_ids": x} if self.first else {"inputs_embeds": x}
         kwargs["use_cache"] = False
         state = cp_state(self.top)
-        if state is not None:  # x holds this cp rank's positions (the frozen layout's)
-            return cp_call(state, lambda **kw: self._run(kw), kwargs)
-        if self.seq_shards == 1:
+        shards = 1 if self.first else self.seq_shards  # token ids are never tp-sharded
+        if state is None and self.seq_shards == 1:
             return self._run(kwargs)
+        if state is not None and self.seq_shards == 1:  # this cp rank's positions
+            return cp_call(state, lambda **kw: self._run(kw), kwargs)
         from hpcodegen.sp_positions import full_sequence
 
-        length = x.shape[1] * (1 if self.first else self.seq_shards)
-        kwargs["position_ids"] = torch.arange(length, device=x.device).unsqueeze(0)
+        # sequence parallel: the masks (and, without cp, the positions) span the rank's
+        # whole sequence, as the first stage's forward sees it; under cp that is its cp
+        # shard, whose positions the cp batch view gives
+        length = x.shape[1] * shards
         with full_sequence(length):
+            if state is not None:
+                return cp_call(state, lambda **kw: self._run(kw), kwargs, shards)
+            kwargs["position_ids"] = torch.arange(length, device=x.device).unsqueeze(0)
             return self._run(kwargs)
 
     def _run(self, kwargs: dict[str, Any]) -> torch.Tensor:

@@ -72,28 +72,14 @@ def test_the_cp_boundary_rule_imports_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
-def test_pp_cp_with_sequence_parallelism_is_refused_before_any_rank():
-    from hpcodegen.errors import UsageError
+def test_pp_cp_with_sequence_parallelism_gets_a_pp_cp_tp_mesh():
+    """pp x cp x sp composes (``tests/pp/test_pp_loss_parallel.py`` runs it exactly): the
+    launch lays out pp outermost, then cp and tp, as for pp x cp."""
     from hpcodegen.launch.rank.mesh import resolve_mesh_layout
 
     meta = _with_cp(2, {"tp": "S(1)", "cp": "S(1)"})
     assert meta["parallel_dims"]["sequence_parallel"] is True
     tp = meta["parallel_dims"]["tp_size"]
-    with pytest.raises(UsageError) as exc:
-        resolve_mesh_layout(plan_from_meta(meta), 2 * 2 * tp)
-    assert "sequence parallelism" in str(exc.value.findings[0].message)
-    meta["parallel_dims"]["sequence_parallel"] = False
-    meta["pipeline"]["boundary"]["placements"] = {"cp": "S(1)"}
     layout = resolve_mesh_layout(plan_from_meta(meta), 2 * 2 * tp)
-    assert layout.names[0] == "pp" and "cp" in layout.names
-
-
-def test_generate_pp_cp_sp_is_refused_by_name(tmp_path):
-    config = Path(__file__).parent / "configs" / "llama4"
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                           str(config), "-o", str(tmp_path / "out"), "--tp", "2", "--sp",
-                           "--cp", "2", "--pp", "2", "--json"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "--sp" in proc.stdout and "cp" in proc.stdout
-    assert not (tmp_path / "out").exists()
+    assert layout.names[0] == "pp" and layout.names.index("cp") < layout.names.index("tp")
+    assert dict(zip(layout.names, layout.sizes, strict=True))["cp"] == 2

@@ -59,27 +59,15 @@ def parse_layout(text: str | None) -> tuple[int, ...] | None:
     return counts
 
 
-#: what ``--pp`` does not compose with yet, and why (refused, never run inexactly)
-NOT_WITH_PP: dict[str, str] = {
-    "--loss-parallel": "the last stage's loss takes whole logits",
-    "--sp": "with --cp, a stage's received hidden states are sharded over both cp and tp, "
-            "and the stages do not yet rebuild the cp batch view from such a shard",
-}
-
-
-def check_pp_args(args: PipelineArgs, *, loss_parallel: bool = False,
-                  cp_with_sp: bool = False) -> None:
-    """Usage errors before the model is built (``--ep`` composes: its ranks are carved
-    inside each stage's data-parallel ranks, see :mod:`hpcodegen.launch.rank.mesh`; ``--cp``
-    composes: the boundary is sequence-sharded over cp, see
-    :func:`hpcodegen.plan.pipeline.boundary_placements`)."""
-    given = {"--loss-parallel": loss_parallel, "--sp": cp_with_sp}
-    for flag, on in given.items():
-        if on:
-            raise UsageError([error("generate.pp_compose", flag, f"--pp with {flag} is not "
-                                    f"supported yet: {NOT_WITH_PP[flag]}",
-                                    hint=f"generate with --pp and --tp only, or {flag} "
-                                         "without --pp")])
+def check_pp_args(args: PipelineArgs) -> None:
+    """Usage errors before the model is built. Every other axis composes: ``--ep`` (its
+    ranks are carved inside each stage's data-parallel ranks, see
+    :mod:`hpcodegen.launch.rank.mesh`), ``--cp`` and ``--sp`` (the boundary is
+    sequence-sharded over cp and over tp, see
+    :func:`hpcodegen.plan.pipeline.boundary_placements`; each stage rebuilds its cp batch
+    view from the shard it receives, :class:`hpcodegen.runtime.pipeline_stage.StageModule`),
+    ``--loss-parallel`` (the last stage takes the loss on its vocabulary slice of the
+    logits, :class:`hpcodegen.runtime.pipeline_run.PipelineRunner`)."""
     if args.pp < 2:
         raise UsageError([error("generate.pp", "--pp", f"--pp must be >= 2, got {args.pp}")])
     if args.schedule not in SCHEDULES:

@@ -116,15 +116,6 @@ def resolve_mesh_layout(plan: Plan, world_size: int) -> MeshLayout:
             f"(world {world_size} / {model} model-parallel ranks): ep ranks are carved from dp",
             expected=f"--nproc x --nnodes a multiple of {model * ep}",
             hint=f"use --nproc {model * ep} (or a multiple)")])
-    if (plan.pipeline is not None and size_of["cp"] > 1
-            and plan.dims.sequence_parallel is True):
-        raise UsageError([error(
-            "launch.pp_compose", "/parallel_dims/sequence_parallel",
-            f"a pipeline on cp={size_of['cp']} with sequence parallelism: a stage's received "
-            "hidden states are sharded over both cp and tp, and the stages do not yet "
-            "rebuild the cp batch view from such a shard",
-            expected="sequence_parallel false with cp_size > 1 and a pipeline",
-            hint="generate --pp --cp without --sp")])
     if (plan.pipeline is not None and size_of["dp"] > 1 and ep <= 1
             and _splits_backward(plan.pipeline)):
         raise UsageError([error(

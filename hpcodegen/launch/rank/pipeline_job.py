@@ -13,6 +13,15 @@ Steps (each a ``phase`` the launcher shows):
 3. ``step k/K``: AdamW steps of the stages' parameters (the reference steps identically);
    the loss is shared over the pp group so every rank reports it.
 
+Every axis of the artifact composes with the pipeline. Under loss parallelism
+(``parallel_dims.loss_parallel``: the head's output ``S(-1)`` on tp, the same test as
+without pp, :func:`hpcodegen.parity.step.loss_parallel_head`) the last stage takes each
+microbatch's loss on its vocabulary slice of the logits (the runner's ``vocab``), and the
+parity check gathers the logits over tp before comparing them. Under cp (with or without
+sequence parallelism, the boundary sharded over cp and tp alike) the batch is cut once
+before stage 0, each later stage rebuilds the cp batch view of the shard it receives, the
+gradients are summed over cp after the step and the logits gathered over cp.
+
 With ``--save DIR`` each stage's owner broadcasts its parameters over the pp group first,
 so every rank holds the whole trained model, and the usual DCP checkpoint is written (FQNs
 are the model's own, the optimizer's state comes from each parameter's owner): it resumes
@@ -136,6 +145,26 @@ def _shared(loss: Any, feed: _Feed, device: Any) -> float:
     return float(value)
 
 
+def _vocab(built: Any, ctx: RankContext) -> tuple[Any, int | None] | None:
+    """``(tp group, the head's full vocabulary)`` when the plan keeps the head's logits
+    vocab-sharded (loss parallelism: the last stage takes the loss on its slice), else
+    None."""
+    from hpcodegen.launch.rank.smoke import head_vocab
+    from hpcodegen.parity.step import loss_parallel_head
+
+    if not loss_parallel_head(built.model, ctx.meta.plan, built.active):
+        return None
+    return built.active.tp_group(), head_vocab(built)
+
+
+def _whole(logits: Any, built: Any, ctx: RankContext) -> Any:
+    """The last stage's logits with the whole vocabulary (gathered over tp under loss
+    parallelism, as the plan places the head's output), for the parity check."""
+    from hpcodegen.parity.gather import full_logits
+
+    return full_logits(logits, built.model, ctx.meta.plan, built.active)
+
+
 def _compile(model: Any, scope: str | None) -> None:
     """``--compile`` (scope ``layers``): each decoder layer compiled in place, as without a pipeline
     (:func:`~hpcodegen.runtime.compile.compile_parallelized`) and before the stages are cut,
@@ -192,11 +221,13 @@ def _parity(runner: Any, built: Any, ref: Any, feed: _Feed, ctx: RankContext,
     out = {"grad_max_diff": grad, "worst_grad": worst, "mismatched_params": odd,
            "loss": shared, "ref_loss": float(ref_loss), "params_compared": len(names),
            "ep": built.expert.ep_size if built.expert is not None else 1,
+           "loss_parallel": runner.vocab is not None,
            "dp_reduce_scatters": reduced["reduce_scatter"],
            "stage_units": sum(len(pipe.stages[i].modules) for i in pipe.ranks_stages(pp_rank)),
            "p2p": {"measured": measured, "predicted": predicted,
                    "bytes_sent": seen["isend_bytes"]}}
     if logits is not None:
+        logits = _whole(logits, built, ctx)
         out["logits_max_diff"] = float((logits.float() - ref_logits[feed.rows].float())
                                        .abs().max())
     out["loss_max_diff"] = abs(shared - float(ref_loss))
@@ -305,7 +336,8 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     pp_rank = ctx.mesh.get_local_rank("pp")
     _compile(built.model, env.get(env.COMPILE))
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
-                            sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None)
+                            sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None,
+                            _vocab(built, ctx))
     opts = _optimizers(built, ref)  # after FSDP: its sharded parameters
     first = 0
     if resume_dir:

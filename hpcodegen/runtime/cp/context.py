@@ -97,9 +97,12 @@ def _gather_rows(x: torch.Tensor, state: CPState, order: torch.Tensor) -> torch.
     return gather(x.contiguous(), 1, state.comm)[:, order]
 
 
-def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any) -> BatchView:
-    """The global view of one forward's batch (see the module docstring)."""
-    local = tokens.shape[1]
+def batch_view(state: CPState, tokens: torch.Tensor, mask: Any, positions: Any,
+               seq_shards: int = 1) -> BatchView:
+    """The global view of one forward's batch (see the module docstring); ``seq_shards``:
+    the rank's positions are ``seq_shards`` times the tokens given (hidden states received
+    sequence-sharded over tp as well, by a pipeline stage under sequence parallelism)."""
+    local = tokens.shape[1] * seq_shards
     seq = local * state.size
     q_index, kv_index = state.indices(seq, tokens.device)
     view = BatchView(q_index, kv_index, state.query_rows(seq, tokens.device))
@@ -131,13 +134,20 @@ def _cp_forward(original: Any, state: CPState, names: list[str], accepts: set[st
     return hp_cp_forward
 
 
-def cp_call(state: CPState, fn: Any, kwargs: dict[str, Any]) -> Any:
+def cp_call(state: CPState, fn: Any, kwargs: dict[str, Any], seq_shards: int = 1) -> Any:
     """``fn(**kwargs)`` as the cp root wrapper runs the model: the batch view recorded from
     this call's tokens (``input_ids`` or ``inputs_embeds``: a pipeline stage after the first
     feeds hidden states), default position ids at the layout's positions, the state
     active. A pipeline stage (a cut of the root model) calls this instead of the root's
-    wrapper, which would run the whole model."""
-    return _cp_forward(fn, state, [], {"use_cache"})(**kwargs)
+    wrapper, which would run the whole model. ``seq_shards``: the tokens given are
+    ``1/seq_shards`` of this cp rank's positions (hidden states received sharded over tp
+    too, under sequence parallelism): the view and the position ids cover all of them."""
+    kwargs = _cp_inputs(state, [], {"use_cache"}, (), kwargs, seq_shards)
+    ACTIVE.append(state)
+    try:
+        return fn(**kwargs)
+    finally:
+        ACTIVE.pop()
 
 
 def watch_packed_detection() -> None:
@@ -167,7 +177,7 @@ def watch_packed_detection() -> None:
 
 
 def _cp_inputs(state: CPState, names: list[str], accepts: set[str], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> dict[str, Any]:
+               kwargs: dict[str, Any], seq_shards: int = 1) -> dict[str, Any]:
     """This forward's keyword arguments under cp (see the module docstring)."""
     kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
     if kwargs.get("labels") is not None:
@@ -188,7 +198,7 @@ def _cp_inputs(state: CPState, names: list[str], accepts: set[str], args: tuple[
                                "under context parallelism attention_mask must be the 2-D "
                                "[batch, local seq] padding mask")])
     positions = kwargs.get("position_ids")
-    state.batch = batch_view(state, tokens, mask, positions)
+    state.batch = batch_view(state, tokens, mask, positions, seq_shards)
     state.packed_requested = False
     if positions is None:
         kwargs["position_ids"] = state.batch.q_index.unsqueeze(0).expand(tokens.shape[0], -1)
