@@ -40,6 +40,7 @@ from hpcodegen.derive.world import fake_mesh, live_axes
 from hpcodegen.placement import REPLICATE, Partial, Placement
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.moe import gathers_over_tp, is_ep_dispatch
 from hpcodegen.plan.types import TP, Plan, PlanEntry
 
 #: ops whose local form on a shard DTensor has no rule for (it would gather instead)
@@ -98,13 +99,22 @@ class _Run:
         self.swapped: dict[str, list[tuple[Any, str, Any]]] = {}
         #: injected compute (``local_compute_fn``) or a declared black-box local region
         #: (``region_dispatch: false``) -> why it is not derived
+        #: (hpcodegen's ep dispatch is not among them: :attr:`dispatch`)
         self.opaque = {fqn: "its compute is an injected local_compute_fn"
                        for inj in plan.injections or () if inj.local_compute_fn is not None
-                       for fqn in inj.fqns}
+                       and not is_ep_dispatch(inj) for fqn in inj.fqns}
         self.opaque.update({fqn: "a black-box local region (region_dispatch: false)"
                             for fqn, e in plan.entries.items()
                             if e.region_dispatch is False and fqn not in self.opaque})
         self.opaque.update({fqn: why for fqn, why in replaced.items() if fqn not in self.opaque})
+        #: experts region whose compute is hpcodegen's ep dispatch -> whether the dispatch
+        #: gathers its rows over tp (:func:`~hpcodegen.plan.moe.gathers_over_tp`). Over the
+        #: derived axes the dispatch is its module's own compute: the ep exchange permutes
+        #: tokens between ranks of an axis that is not meshed (placements over tp pass
+        #: through it), so the experts' tp-split compute propagates as it does without ep
+        self.dispatch = {fqn: TP in self.axes and gathers_over_tp(plan.entries.get(fqn))
+                         for inj in plan.injections or () if is_ep_dispatch(inj)
+                         for fqn in inj.fqns if fqn not in self.opaque}
         #: boundary -> the placements its first strided-sharded input arrived with
         self.rows: dict[str, tuple] = {}
 
@@ -154,6 +164,15 @@ class _Run:
                      and r.dim == p.dim else p
                      for p, r in zip(placements, rows, strict=False))
 
+    def as_declared(self, fqn: str, placements: tuple) -> Named:
+        """``placements`` named, with the rows this boundary's input arrived with
+        (``SS(d,k)``, :meth:`as_arrived`) read as the ``S(d)`` a plan declares for them."""
+        from torch.distributed.tensor import Shard as TShard
+
+        rows = self.rows.get(fqn) or ()
+        return _named(tuple(TShard(p.dim) if p in rows and type(p).__name__ == "_StridedShard"
+                            else p for p in placements), self.axes)
+
     def fence(self, value: Any) -> Any:
         """``value`` as the runtime hands it on at a transition: the same placements, and in
         backward the gradient redistributed to them (the transition's own backward
@@ -200,7 +219,7 @@ class _Run:
     def hook(self, model: Any) -> list[Any]:
         handles = []
         targets = [f for f, e in self.plan.entries.items() if e.boundary]
-        for fqn in [*targets, *(f for f in self.opaque if f not in targets)]:
+        for fqn in dict.fromkeys([*targets, *self.opaque, *self.dispatch]):
             try:
                 module = model.get_submodule(fqn) if fqn else model
             except AttributeError:
@@ -269,9 +288,13 @@ class _Run:
                             for k, v in value.items()}
                     elif key in names or key in alias:
                         bound.arguments[key] = self._to_input(fqn, alias.get(key, key), value)
+                if fqn in self.dispatch:
+                    self._paired_rows(fqn, bound.arguments)
                 args, kwargs = bound.args, bound.kwargs
             if fqn in self.opaque:
                 return self._enter_opaque(fqn, module, args, kwargs)
+            if self.dispatch.get(fqn):
+                return self._gather_rows(fqn, args, kwargs)
             return args, kwargs
         return pre
 
@@ -298,6 +321,54 @@ class _Run:
         def plain(value: Any) -> Any:
             return value.full_tensor() if isinstance(value, DTensor) else value
         return tuple(map(plain, args)), {k: plain(v) for k, v in kwargs.items()}
+
+    def _paired_rows(self, fqn: str, inputs: Mapping[str, Any]) -> None:
+        """The dispatch pairs its inputs row by row (each token's hidden state with its
+        expert indices and routing weights, gathered over tp alike): an input laid out over
+        tp otherwise than the first (one gathered whole beside a split one) pairs the rows
+        of different tokens, a shape error or wrong routing in the runtime's dispatch."""
+        from torch.distributed.tensor import DTensor
+
+        tp = self.axes.index(TP) if TP in self.axes else None
+        placed = [(name, show(v.placements[tp])) for name, v in inputs.items()
+                  if tp is not None and isinstance(v, DTensor)]
+        moves = tuple(f"{name} {got} on tp beside {placed[0][0]} {placed[0][1]}"
+                      for name, got in placed[1:] if got != placed[0][1])
+        if moves and self.recording:
+            self.record.implicit.append(ImplicitComm(
+                fqn, "ep_dispatch", moves, "hpcodegen.runtime.moe.ep_dispatch (its rows)"))
+
+    def _gather_rows(self, fqn: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The dispatch's ``tp_gather``: every tensor input sharded over tp (each tp rank
+        routed its own rows) gathered whole over tp before its tp-split experts run; the
+        layout its first DTensor input arrived with is kept for :meth:`_scatter_rows`."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import Replicate as TReplicate
+
+        tp = self.axes.index(TP)
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, DTensor)), None)
+        self.region_in[fqn] = None if first is None else tuple(first.placements)
+
+        def whole(value: Any) -> Any:
+            if not isinstance(value, DTensor) or value.placements[tp].is_replicate():
+                return value
+            want = list(value.placements)
+            want[tp] = TReplicate()
+            return self.fence(value.redistribute(self.mesh, tuple(want)))
+        return tuple(map(whole, args)), {k: whole(v) for k, v in kwargs.items()}
+
+    def _scatter_rows(self, fqn: str, value: Any) -> Any:
+        """The dispatch's ``tp_scatter``: the experts' partial results summed back onto the
+        rows each tp rank routed (the layout :meth:`_gather_rows` kept). A result that is
+        not partial over tp is left as computed (the scatter would sum tp whole copies:
+        the output's comparison with the declaration refuses it)."""
+        from torch.distributed.tensor import DTensor
+
+        rows = self.region_in.get(fqn)
+        if not isinstance(value, DTensor) or rows is None \
+                or not value.placements[self.axes.index(TP)].is_partial():
+            return value
+        return value.redistribute(self.mesh, rows)
 
     def _post(self, fqn: str) -> Any:
         entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
@@ -334,8 +405,10 @@ class _Run:
                     value = self.placed(value, self.as_arrived(
                         fqn, self.torch_placements(src, value.dim())))
                 else:
+                    if self.dispatch.get(fqn):
+                        value = self._scatter_rows(fqn, value)
                     self.record.outputs.setdefault(
-                        (fqn, name), (_named(value.placements, self.axes), value.dim()))
+                        (fqn, name), (self.as_declared(fqn, value.placements), value.dim()))
                 dst = (entry.out_dst or EMPTY).get(name, src)
                 want = self.as_arrived(fqn, self.torch_placements(dst, value.dim()))
                 if tuple(value.placements) != want and not any(

@@ -37,6 +37,7 @@ FAMILIES: dict[str, tuple[str, str, list[str]]] = {
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2"]),
     "qwen3_moe_ep": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--ep", "2"]),
     "mixtral_sp": ("mixtral", "MixtralForCausalLM", ["--tp", "2", "--sp"]),
+    "gpt_oss_ep_sp": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2", "--ep", "2", "--sp"]),
 }
 
 Edit = Callable[[dict], None]
@@ -100,9 +101,11 @@ def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
             if rel is not None:
                 yield (f"{fqn}: {rel} {old} -> {new}",
                        _set(["param_plan", fqn, "params", rel, "tp"], new), (at,))
-        # a tp_rank0 parameter's gradient is summed whether listed or not (the runtime
-        # derives it): dropping it from partial_grad_params changes nothing
-        rank0 = set(entry.get("tp_rank0_params") or ())
+        # a tp_rank0 parameter's gradient (and a deferred bias's) is summed whether listed
+        # or not (the runtime derives it): dropping it from partial_grad_params changes
+        # nothing
+        rank0 = {*(entry.get("tp_rank0_params") or ()), *(entry.get("deferred_bias_params")
+                                                         or ())}
         for rel in [r for r in entry.get("partial_grad_params") or () if r not in rank0][:1]:
             yield (f"{fqn}: partial gradient {rel} dropped",
                    _without(["param_plan", fqn, "partial_grad_params"], rel), (at,))
@@ -110,7 +113,13 @@ def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
             yield (f"{fqn}: tp_rank0 {rel} dropped",
                    _without(["param_plan", fqn, "tp_rank0_params"], rel), (at,))
         if fqn in _injected(meta):
-            continue  # opaque compute: see test_output_of_an_injected_compute_is_derived
+            # the ep dispatch's inputs: taken whole, each rank's experts would run every
+            # token of the group (with --sp: the dispatch would not gather its tp peers'
+            # rows); split, each tp rank would compute on half the rows
+            for name, placed in (entry.get("in_dst") or {}).items():
+                other = "R" if placed.get("tp") != "R" else "S(0)"
+                yield (f"{fqn}: input {name} {placed.get('tp')} -> {other}",
+                       _set(["param_plan", fqn, "in_dst", name, "tp"], other), (at,))
         for name, placed in (entry.get("out_src") or {}).items():
             other = "R" if placed.get("tp") != "R" else "P(sum)"
             yield (f"{fqn}: output {name} {placed.get('tp')} -> {other}",
@@ -167,18 +176,23 @@ def test_every_kind_of_edit_was_tried(generated) -> None:
         assert any(kind in label for label in labels), kind
 
 
-@pytest.mark.xfail(strict=True, reason="derivation gap (issue 34): an injected compute (the ep "
-                   "dispatch) is opaque to propagation, and no rule derives the output of tp-"
-                   "split experts; every layer's experts declared R (no all-reduce) passes")
-def test_output_of_an_injected_compute_is_derived(generated, tmp_path) -> None:
-    cfg, src = generated["qwen3_moe_ep"]
+@pytest.mark.parametrize("family", ["qwen3_moe_ep", "gpt_oss_ep_sp"])
+def test_output_of_an_injected_compute_is_derived(family, generated, tmp_path) -> None:
+    """The ep dispatch is derived, not taken on trust: its tp-split experts' output
+    declared whole (no all-reduce; under --sp no reduce-scatter of the partial rows) on
+    every layer is refused at each layer's ``out_src`` pointer."""
+    cfg, src = generated[family]
     meta = json.loads((src / "codegen_meta.json").read_text())
+    experts = sorted(_injected(meta))
+    assert len(experts) >= 2, experts  # one dispatch per MoE layer
 
     def every_expert_output_whole(m: dict) -> None:
-        for fqn in _injected(m):
+        for fqn in experts:
             for placed in m["param_plan"][fqn]["out_src"].values():
                 placed["tp"] = "R"
 
     code, doc = _cli("verify", "--strict", "--hf-config", cfg,
                      _edited(tmp_path, src, meta, every_expert_output_whole))
-    assert code == 1 and any("/out_src/" in str(f["path"]) for f in _errors(doc))
+    refused = {f["path"] for f in _errors(doc) if f["code"] == "derive.output"}
+    assert code == 1 and all(f"/param_plan/{fqn}/out_src/output/tp" in refused
+                             for fqn in experts), (experts, _errors(doc))
