@@ -41,6 +41,7 @@ from hpcodegen.placement import REPLICATE, Partial, Placement
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import gathers_over_tp, is_ep_dispatch
+from hpcodegen.plan.norms import is_sharded_norm
 from hpcodegen.plan.types import TP, Plan, PlanEntry
 
 #: ops whose local form on a shard DTensor has no rule for (it would gather instead)
@@ -99,10 +100,12 @@ class _Run:
         self.swapped: dict[str, list[tuple[Any, str, Any]]] = {}
         #: injected compute (``local_compute_fn``) or a declared black-box local region
         #: (``region_dispatch: false``) -> why it is not derived
-        #: (hpcodegen's ep dispatch is not among them: :attr:`dispatch`)
+        #: (hpcodegen's ep dispatch and split norm are not among them: :attr:`dispatch`,
+        #: :attr:`norms`)
         self.opaque = {fqn: "its compute is an injected local_compute_fn"
                        for inj in plan.injections or () if inj.local_compute_fn is not None
-                       and not is_ep_dispatch(inj) for fqn in inj.fqns}
+                       and not is_ep_dispatch(inj) and not is_sharded_norm(inj)
+                       for fqn in inj.fqns}
         self.opaque.update({fqn: "a black-box local region (region_dispatch: false)"
                             for fqn, e in plan.entries.items()
                             if e.region_dispatch is False and fqn not in self.opaque})
@@ -115,6 +118,11 @@ class _Run:
         self.dispatch = {fqn: TP in self.axes and gathers_over_tp(plan.entries.get(fqn))
                          for inj in plan.injections or () if is_ep_dispatch(inj)
                          for fqn in inj.fqns if fqn not in self.opaque}
+        #: norms whose compute is hpcodegen's split RMS norm: the module's own arithmetic
+        #: (generate checks it is) with the per-token sum over tp all-reduced, so a partial
+        #: taken whole inside it is that all_reduce (:func:`_norm_sum`); nothing else moves
+        self.norms = {fqn for inj in plan.injections or () if is_sharded_norm(inj)
+                      for fqn in inj.fqns if fqn not in self.opaque}
         #: boundary -> the placements its first strided-sharded input arrived with
         self.rows: dict[str, tuple] = {}
 
@@ -219,7 +227,7 @@ class _Run:
     def hook(self, model: Any) -> list[Any]:
         handles = []
         targets = [f for f, e in self.plan.entries.items() if e.boundary]
-        for fqn in dict.fromkeys([*targets, *self.opaque, *self.dispatch]):
+        for fqn in dict.fromkeys([*targets, *self.opaque, *self.dispatch, *self.norms]):
             try:
                 module = model.get_submodule(fqn) if fqn else model
             except AttributeError:
@@ -290,6 +298,8 @@ class _Run:
                         bound.arguments[key] = self._to_input(fqn, alias.get(key, key), value)
                 if fqn in self.dispatch:
                     self._paired_rows(fqn, bound.arguments)
+                if fqn in self.norms:
+                    self._split_features(fqn, bound.arguments)
                 args, kwargs = bound.args, bound.kwargs
             if fqn in self.opaque:
                 return self._enter_opaque(fqn, module, args, kwargs)
@@ -337,6 +347,23 @@ class _Run:
         if moves and self.recording:
             self.record.implicit.append(ImplicitComm(
                 fqn, "ep_dispatch", moves, "hpcodegen.runtime.moe.ep_dispatch (its rows)"))
+
+    def _split_features(self, fqn: str, inputs: Mapping[str, Any]) -> None:
+        """The split norm's contract: its input split over tp on the features it
+        normalizes (the last dim), as its weight is; it divides by the local width times
+        tp, so on whole features it would average over tp times the width."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import Shard as TShard
+
+        x = next((v for v in inputs.values() if isinstance(v, DTensor)), None)
+        if x is None or TP not in self.axes or not self.recording:
+            return
+        got = x.placements[self.axes.index(TP)]
+        if not (type(got) is TShard and got.dim % x.dim() == x.dim() - 1):
+            self.record.implicit.append(ImplicitComm(
+                fqn, "sharded_rms_norm", (f"its input {show(got)} on tp, not split on its "
+                                          "last dim (the features it sums over tp)",),
+                "hpcodegen.runtime.norms.sharded_rms_norm"))
 
     def _gather_rows(self, fqn: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The dispatch's ``tp_gather``: every tensor input sharded over tp (each tp rank
@@ -446,7 +473,10 @@ class _Run:
                           if op_info.args_tree_spec is not None else schema.args_schema)
                 moves = []
                 name = op_name((op_info.schema or schema).op)
-                contracting = name in CONTRACTIONS
+                # a split norm computes on its local features and weight as they are:
+                # nothing is cut to size there either
+                in_norm = any(f in run.norms for f in run.stack)
+                contracting = name in CONTRACTIONS or in_norm
                 for i, spec in enumerate(op_info.flat_args_schema):
                     if isinstance(spec, DTensorSpec) and i < len(wanted) \
                             and spec != wanted[i] and not _masked_lookup(
@@ -454,6 +484,8 @@ class _Run:
                             and (contracting or not _narrowing(spec, wanted[i])):
                         who = run.param_names.get(id(op_info.local_args[i]))
                         moves.append(_move(spec, wanted[i], run.axes, who))
+                if in_norm:
+                    moves = [m for m in moves if not _norm_sum(m)]
                 unexpressed = name in UNEXPRESSED or any(
                     "SS(" in m.split(" -> ")[0] for m in moves)
                 if moves and unexpressed and run.stack:
@@ -687,6 +719,12 @@ def _default(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return op_call(*args, **kwargs)
     finally:
         handlers[op_call] = mine
+
+
+def _norm_sum(move: str) -> bool:
+    """A move a split norm makes itself: its per-token sum of squares (a partial over tp
+    where the features are split) taken whole, which is the norm's own all_reduce."""
+    return move.startswith("P(") and " -> R on tp" in move and "," not in move
 
 
 def _narrowing(spec: Any, want: Any) -> bool:

@@ -37,6 +37,7 @@ FAMILIES: dict[str, tuple[str, str, list[str]]] = {
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2"]),
     "qwen3_moe_ep": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--ep", "2"]),
     "mixtral_sp": ("mixtral", "MixtralForCausalLM", ["--tp", "2", "--sp"]),
+    "olmoe_sp": ("olmoe", "OlmoeForCausalLM", ["--tp", "2", "--sp"]),
     "gpt_oss_ep_sp": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2", "--ep", "2", "--sp"]),
 }
 
@@ -196,3 +197,42 @@ def test_output_of_an_injected_compute_is_derived(family, generated, tmp_path) -
     refused = {f["path"] for f in _errors(doc) if f["code"] == "derive.output"}
     assert code == 1 and all(f"/param_plan/{fqn}/out_src/output/tp" in refused
                              for fqn in experts), (experts, _errors(doc))
+
+
+def _split_norms(meta: dict) -> list[str]:
+    """Modules whose compute is the split RMS norm (a norm over features split over tp)."""
+    return sorted(r["match"] for r in meta.get("injections") or ()
+                  if "sharded_rms_norm" in str((r.get("local_compute_fn") or {}).get("_target_")))
+
+
+def test_a_split_norm_is_derived(generated, tmp_path) -> None:
+    """OLMoE's q/k norms normalize the whole projected heads, split over tp: they are
+    derived (not opaque), and each edit that would train wrong is refused at the norm:
+    the split norm's injection dropped (the module's own norm then averages over its
+    rank's half of the features), its input gathered whole, its output declared whole."""
+    cfg, src = generated["olmoe_sp"]
+    meta = json.loads((src / "codegen_meta.json").read_text())
+    norms = _split_norms(meta)
+    assert len(norms) >= 2, norms
+    code, doc = _cli("verify", "--strict", "--hf-config", cfg, src, "-v")
+    summary = [f["message"] for a in doc["artifacts"] for f in a["checks"]["model"]["findings"]
+               if f["code"] == "derive.summary"]
+    assert code == 0 and summary and not any(n in summary[0] for n in norms), summary
+
+    def dropped(m: dict) -> None:
+        m["injections"] = [r for r in m["injections"] if r["match"] != norms[0]]
+
+    def each(side: str, name: str) -> Edit:
+        def edit(m: dict) -> None:
+            for fqn in norms:
+                m["param_plan"][fqn][side][name]["tp"] = "R"
+        return edit
+
+    for label, edit in (("injection dropped", dropped),
+                        ("input gathered", each("in_dst", "hidden_states")),
+                        ("output declared whole", each("out_src", "output"))):
+        code, doc = _cli("verify", "--strict", "--hf-config", cfg,
+                         _edited(tmp_path, src, meta, edit))
+        at = {f["path"] for f in _errors(doc) if f["code"].startswith("derive.")}
+        assert code == 1 and any(str(p).startswith(f"/param_plan/{norms[0]}") for p in at), \
+            (label, _errors(doc))
