@@ -18,9 +18,14 @@ what each output is. What the run records (:class:`~hpcodegen.derive.record.Deri
   Parameters of ``tp_rank0_params`` are placed ``Partial`` (applied once, by one rank), so
   a missing or needless listing shows up as such a move.
 
-Modules whose compute an injection replaces (``local_compute_fn``: the expert dispatch)
-are opaque: their inputs are redistributed as declared and their outputs taken as declared
-(placements and grads inside them are left to the plan check's rules). Mixture-of-experts
+Two injected computes are hpcodegen's own and are propagated with their contract over tp:
+the expert dispatch (over tp it is the experts' own compute, since the ep exchange permutes
+tokens over an axis that is not meshed; under ``--sp`` its tp gather and reduce-scatter are
+modelled, :meth:`_Run._gather_rows`) and the split RMS norm (its own arithmetic with the
+sum over tp all-reduced, :func:`_norm_sum`). Other modules whose compute an injection
+replaces (``local_compute_fn``) are opaque: their inputs are redistributed as declared and
+their outputs taken as declared (placements and grads inside them are left to the plan
+check's rules). Mixture-of-experts
 kernels run their data-independent ``batched_mm`` form. Only axes that split the model's
 compute are derived (tp and any other non-data axis of size > 1); ``ep``, ``cp``, ``dp`` and
 ``pp`` carry different data per rank and are checked by rules. Where an op cannot be
@@ -596,6 +601,7 @@ def _row_ops(aten: Any) -> list[Any]:
     and would gather the rows first (:func:`_rowwise_strided`)."""
     return [aten.topk.default, aten.sort.default, aten.sort.stable, aten.max.dim,
             aten.argmax.default, aten.scatter.src, aten.scatter.value,
+            aten.scatter_.src, aten.scatter_.value,
             aten.scatter_add.default, aten.gather.default, aten.one_hot.default,
             aten.mm.default]
 

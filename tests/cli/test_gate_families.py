@@ -27,8 +27,8 @@ from hpcodegen.artifact.digest import meta_signature
 
 pytestmark = pytest.mark.timeout(600)
 
-#: name: (model_type, class, generate flags)
-FAMILIES: dict[str, tuple[str, str, list[str]]] = {
+#: name: (model_type, class, generate flags[, config fields])
+FAMILIES: dict[str, tuple[Any, ...]] = {
     "llama": ("llama", "LlamaForCausalLM", ["--tp", "2"]),
     "mistral": ("mistral", "MistralForCausalLM", ["--tp", "2"]),
     "qwen3_sp": ("qwen3", "Qwen3ForCausalLM", ["--tp", "2", "--sp"]),
@@ -39,6 +39,8 @@ FAMILIES: dict[str, tuple[str, str, list[str]]] = {
     "mixtral_sp": ("mixtral", "MixtralForCausalLM", ["--tp", "2", "--sp"]),
     "olmoe_sp": ("olmoe", "OlmoeForCausalLM", ["--tp", "2", "--sp"]),
     "gpt_oss_ep_sp": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2", "--ep", "2", "--sp"]),
+    "deepseek_v3_ep_sp": ("deepseek_v3", "DeepseekV3ForCausalLM",
+                          ["--tp", "2", "--ep", "2", "--sp"], {"first_k_dense_replace": 0}),
 }
 
 Edit = Callable[[dict], None]
@@ -177,7 +179,7 @@ def test_every_kind_of_edit_was_tried(generated) -> None:
         assert any(kind in label for label in labels), kind
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe_ep", "gpt_oss_ep_sp"])
+@pytest.mark.parametrize("family", ["qwen3_moe_ep", "gpt_oss_ep_sp", "deepseek_v3_ep_sp"])
 def test_output_of_an_injected_compute_is_derived(family, generated, tmp_path) -> None:
     """The ep dispatch is derived, not taken on trust: its tp-split experts' output
     declared whole (no all-reduce; under --sp no reduce-scatter of the partial rows) on
