@@ -194,9 +194,14 @@ def test_output_of_an_injected_compute_is_derived(family, generated, tmp_path) -
             for placed in m["param_plan"][fqn]["out_src"].values():
                 placed["tp"] = "R"
 
-    code, doc = _cli("verify", "--strict", "--hf-config", cfg,
-                     _edited(tmp_path, src, meta, every_expert_output_whole))
+    edited = _edited(tmp_path, src, meta, every_expert_output_whole)
+    code, doc = _cli("verify", "--strict", "--hf-config", cfg, edited)
     refused = {f["path"] for f in _errors(doc) if f["code"] == "derive.output"}
+    assert code == 1 and all(f"/param_plan/{fqn}/out_src/output/tp" in refused
+                             for fqn in experts), (experts, _errors(doc))
+    # the dispatch's contract is a rule of the plan check too: refused without a config
+    code, doc = _cli("verify", "--strict", edited)
+    refused = {f["path"] for f in _errors(doc) if f["code"] == "plan.dispatch_output"}
     assert code == 1 and all(f"/param_plan/{fqn}/out_src/output/tp" in refused
                              for fqn in experts), (experts, _errors(doc))
 
