@@ -17,6 +17,10 @@ the same rules the generator and the runtime use and refuses a disagreement:
   else the other ranks would drop them; in such an entry every
   replicated parameter of the module itself is one of them (the generator's rule:
   applied to a partial output once per rank, it would be counted tp times);
+* the output of hpcodegen's ep dispatch over tp (:func:`hpcodegen.plan.moe.
+  dispatch_output_tp`): ``P(sum)`` where its experts are split over tp on whole rows, a
+  shard where it gathers its rows over tp (``--sp``); declared whole, the experts' partial
+  sums would never be reduced;
 * ``ep_size``: expert placements (``ep: S(..)``) exactly when ``parallel_dims.ep_size`` > 1,
   each on a module whose dispatch injection names the same ``ep_size``;
 * transitions the runtime cannot execute (a redistribution *to* ``Partial``), refused
@@ -37,7 +41,7 @@ from typing import Any
 from hpcodegen.errors import Finding, error, info, pointer, warning
 from hpcodegen.placement import Partial, is_shard
 from hpcodegen.plan.frozen import EMPTY
-from hpcodegen.plan.moe import is_ep_dispatch
+from hpcodegen.plan.moe import dispatch_output_tp, is_ep_dispatch, output_agrees
 from hpcodegen.plan.partial_grads import (
     Entries,
     runtime_summed,
@@ -173,6 +177,28 @@ def _rank0_findings(entries: Entries, opaque: set[str], split_below: set[str]
                         expected=f"{whole[0]!r} in tp_rank0_params")
 
 
+def dispatch_findings(plan: Plan) -> Iterator[Finding]:
+    """``plan.dispatch_output``: each ep dispatch region's declared ``out_src`` over tp
+    against its contract (tp > 1 only)."""
+    for record in plan.injections or ():
+        if not is_ep_dispatch(record):
+            continue
+        for fqn in record.fqns:
+            entry = plan.entries.get(fqn)
+            kind = None if entry is None else dispatch_output_tp(entry)
+            for name, named in ((entry.out_src or EMPTY).items() if kind else ()):
+                if not output_agrees(kind, named):
+                    want, why = (("P(sum)", "a partial sum of whole rows")
+                                 if kind == "partial" else
+                                 ("S(0)", "the partial rows reduce-scattered back"))
+                    yield error("plan.dispatch_output",
+                                pointer("param_plan", fqn, "out_src", name, TP),
+                                f"{fqn}: the ep dispatch's experts are split over tp, so its "
+                                f"output {name!r} is {want} over tp ({why}); declared "
+                                f"{named.get(TP, 'R')}, the runtime would not reduce it "
+                                "as the math needs", expected=want)
+
+
 def _ep_sharded(named: NamedPlacement) -> bool:
     return EP in named and is_shard(named[EP])
 
@@ -242,6 +268,7 @@ def derived_findings(plan: Plan, forms: Mapping[str, Any] | None, ours: bool
     if plan.dims.size(TP) > 1:
         yield from grad_findings(plan, ours)
         yield from output_findings(plan)
+        yield from dispatch_findings(plan)
     elif not ours and any(isinstance(named.get(TP), Partial) for _f, _s, _n, named
                           in _declared_outputs(plan)):
         yield info("plan.tp_one_grads_whole", pointer("parallel_dims", "tp_size"),

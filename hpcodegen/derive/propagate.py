@@ -18,9 +18,14 @@ what each output is. What the run records (:class:`~hpcodegen.derive.record.Deri
   Parameters of ``tp_rank0_params`` are placed ``Partial`` (applied once, by one rank), so
   a missing or needless listing shows up as such a move.
 
-Modules whose compute an injection replaces (``local_compute_fn``: the expert dispatch)
-are opaque: their inputs are redistributed as declared and their outputs taken as declared
-(placements and grads inside them are left to the plan check's rules). Mixture-of-experts
+Two injected computes are hpcodegen's own and are propagated with their contract over tp:
+the expert dispatch (over tp it is the experts' own compute, since the ep exchange permutes
+tokens over an axis that is not meshed; under ``--sp`` its tp gather and reduce-scatter are
+modelled, :meth:`_Run._gather_rows`) and the split RMS norm (its own arithmetic with the
+sum over tp all-reduced, :func:`_norm_sum`). Other modules whose compute an injection
+replaces (``local_compute_fn``) are opaque: their inputs are redistributed as declared and
+their outputs taken as declared (placements and grads inside them are left to the plan
+check's rules). Mixture-of-experts
 kernels run their data-independent ``batched_mm`` form. Only axes that split the model's
 compute are derived (tp and any other non-data axis of size > 1); ``ep``, ``cp``, ``dp`` and
 ``pp`` carry different data per rank and are checked by rules. Where an op cannot be
@@ -40,6 +45,8 @@ from hpcodegen.derive.world import fake_mesh, live_axes
 from hpcodegen.placement import REPLICATE, Partial, Placement
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.moe import gathers_over_tp, is_ep_dispatch
+from hpcodegen.plan.norms import is_sharded_norm
 from hpcodegen.plan.types import TP, Plan, PlanEntry
 
 #: ops whose local form on a shard DTensor has no rule for (it would gather instead)
@@ -98,13 +105,29 @@ class _Run:
         self.swapped: dict[str, list[tuple[Any, str, Any]]] = {}
         #: injected compute (``local_compute_fn``) or a declared black-box local region
         #: (``region_dispatch: false``) -> why it is not derived
+        #: (hpcodegen's ep dispatch and split norm are not among them: :attr:`dispatch`,
+        #: :attr:`norms`)
         self.opaque = {fqn: "its compute is an injected local_compute_fn"
                        for inj in plan.injections or () if inj.local_compute_fn is not None
+                       and not is_ep_dispatch(inj) and not is_sharded_norm(inj)
                        for fqn in inj.fqns}
         self.opaque.update({fqn: "a black-box local region (region_dispatch: false)"
                             for fqn, e in plan.entries.items()
                             if e.region_dispatch is False and fqn not in self.opaque})
         self.opaque.update({fqn: why for fqn, why in replaced.items() if fqn not in self.opaque})
+        #: experts region whose compute is hpcodegen's ep dispatch -> whether the dispatch
+        #: gathers its rows over tp (:func:`~hpcodegen.plan.moe.gathers_over_tp`). Over the
+        #: derived axes the dispatch is its module's own compute: the ep exchange permutes
+        #: tokens between ranks of an axis that is not meshed (placements over tp pass
+        #: through it), so the experts' tp-split compute propagates as it does without ep
+        self.dispatch = {fqn: TP in self.axes and gathers_over_tp(plan.entries.get(fqn))
+                         for inj in plan.injections or () if is_ep_dispatch(inj)
+                         for fqn in inj.fqns if fqn not in self.opaque}
+        #: norms whose compute is hpcodegen's split RMS norm: the module's own arithmetic
+        #: (generate checks it is) with the per-token sum over tp all-reduced, so a partial
+        #: taken whole inside it is that all_reduce (:func:`_norm_sum`); nothing else moves
+        self.norms = {fqn for inj in plan.injections or () if is_sharded_norm(inj)
+                      for fqn in inj.fqns if fqn not in self.opaque}
         #: boundary -> the placements its first strided-sharded input arrived with
         self.rows: dict[str, tuple] = {}
 
@@ -154,6 +177,15 @@ class _Run:
                      and r.dim == p.dim else p
                      for p, r in zip(placements, rows, strict=False))
 
+    def as_declared(self, fqn: str, placements: tuple) -> Named:
+        """``placements`` named, with the rows this boundary's input arrived with
+        (``SS(d,k)``, :meth:`as_arrived`) read as the ``S(d)`` a plan declares for them."""
+        from torch.distributed.tensor import Shard as TShard
+
+        rows = self.rows.get(fqn) or ()
+        return _named(tuple(TShard(p.dim) if p in rows and type(p).__name__ == "_StridedShard"
+                            else p for p in placements), self.axes)
+
     def fence(self, value: Any) -> Any:
         """``value`` as the runtime hands it on at a transition: the same placements, and in
         backward the gradient redistributed to them (the transition's own backward
@@ -200,7 +232,7 @@ class _Run:
     def hook(self, model: Any) -> list[Any]:
         handles = []
         targets = [f for f, e in self.plan.entries.items() if e.boundary]
-        for fqn in [*targets, *(f for f in self.opaque if f not in targets)]:
+        for fqn in dict.fromkeys([*targets, *self.opaque, *self.dispatch, *self.norms]):
             try:
                 module = model.get_submodule(fqn) if fqn else model
             except AttributeError:
@@ -269,9 +301,15 @@ class _Run:
                             for k, v in value.items()}
                     elif key in names or key in alias:
                         bound.arguments[key] = self._to_input(fqn, alias.get(key, key), value)
+                if fqn in self.dispatch:
+                    self._paired_rows(fqn, bound.arguments)
+                if fqn in self.norms:
+                    self._split_features(fqn, bound.arguments)
                 args, kwargs = bound.args, bound.kwargs
             if fqn in self.opaque:
                 return self._enter_opaque(fqn, module, args, kwargs)
+            if self.dispatch.get(fqn):
+                return self._gather_rows(fqn, args, kwargs)
             return args, kwargs
         return pre
 
@@ -298,6 +336,71 @@ class _Run:
         def plain(value: Any) -> Any:
             return value.full_tensor() if isinstance(value, DTensor) else value
         return tuple(map(plain, args)), {k: plain(v) for k, v in kwargs.items()}
+
+    def _paired_rows(self, fqn: str, inputs: Mapping[str, Any]) -> None:
+        """The dispatch pairs its inputs row by row (each token's hidden state with its
+        expert indices and routing weights, gathered over tp alike): an input laid out over
+        tp otherwise than the first (one gathered whole beside a split one) pairs the rows
+        of different tokens, a shape error or wrong routing in the runtime's dispatch."""
+        from torch.distributed.tensor import DTensor
+
+        tp = self.axes.index(TP) if TP in self.axes else None
+        placed = [(name, show(v.placements[tp])) for name, v in inputs.items()
+                  if tp is not None and isinstance(v, DTensor)]
+        moves = tuple(f"{name} {got} on tp beside {placed[0][0]} {placed[0][1]}"
+                      for name, got in placed[1:] if got != placed[0][1])
+        if moves and self.recording:
+            self.record.implicit.append(ImplicitComm(
+                fqn, "ep_dispatch", moves, "hpcodegen.runtime.moe.ep_dispatch (its rows)"))
+
+    def _split_features(self, fqn: str, inputs: Mapping[str, Any]) -> None:
+        """The split norm's contract: its input split over tp on the features it
+        normalizes (the last dim), as its weight is; it divides by the local width times
+        tp, so on whole features it would average over tp times the width."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import Shard as TShard
+
+        x = next((v for v in inputs.values() if isinstance(v, DTensor)), None)
+        if x is None or TP not in self.axes or not self.recording:
+            return
+        got = x.placements[self.axes.index(TP)]
+        if not (type(got) is TShard and got.dim % x.dim() == x.dim() - 1):
+            self.record.implicit.append(ImplicitComm(
+                fqn, "sharded_rms_norm", (f"its input {show(got)} on tp, not split on its "
+                                          "last dim (the features it sums over tp)",),
+                "hpcodegen.runtime.norms.sharded_rms_norm"))
+
+    def _gather_rows(self, fqn: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The dispatch's ``tp_gather``: every tensor input sharded over tp (each tp rank
+        routed its own rows) gathered whole over tp before its tp-split experts run; the
+        layout its first DTensor input arrived with is kept for :meth:`_scatter_rows`."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import Replicate as TReplicate
+
+        tp = self.axes.index(TP)
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, DTensor)), None)
+        self.region_in[fqn] = None if first is None else tuple(first.placements)
+
+        def whole(value: Any) -> Any:
+            if not isinstance(value, DTensor) or value.placements[tp].is_replicate():
+                return value
+            want = list(value.placements)
+            want[tp] = TReplicate()
+            return self.fence(value.redistribute(self.mesh, tuple(want)))
+        return tuple(map(whole, args)), {k: whole(v) for k, v in kwargs.items()}
+
+    def _scatter_rows(self, fqn: str, value: Any) -> Any:
+        """The dispatch's ``tp_scatter``: the experts' partial results summed back onto the
+        rows each tp rank routed (the layout :meth:`_gather_rows` kept). A result that is
+        not partial over tp is left as computed (the scatter would sum tp whole copies:
+        the output's comparison with the declaration refuses it)."""
+        from torch.distributed.tensor import DTensor
+
+        rows = self.region_in.get(fqn)
+        if not isinstance(value, DTensor) or rows is None \
+                or not value.placements[self.axes.index(TP)].is_partial():
+            return value
+        return value.redistribute(self.mesh, rows)
 
     def _post(self, fqn: str) -> Any:
         entry = self.plan.entries.get(fqn) or PlanEntry(fqn=fqn)
@@ -334,8 +437,10 @@ class _Run:
                     value = self.placed(value, self.as_arrived(
                         fqn, self.torch_placements(src, value.dim())))
                 else:
+                    if self.dispatch.get(fqn):
+                        value = self._scatter_rows(fqn, value)
                     self.record.outputs.setdefault(
-                        (fqn, name), (_named(value.placements, self.axes), value.dim()))
+                        (fqn, name), (self.as_declared(fqn, value.placements), value.dim()))
                 dst = (entry.out_dst or EMPTY).get(name, src)
                 want = self.as_arrived(fqn, self.torch_placements(dst, value.dim()))
                 if tuple(value.placements) != want and not any(
@@ -373,7 +478,10 @@ class _Run:
                           if op_info.args_tree_spec is not None else schema.args_schema)
                 moves = []
                 name = op_name((op_info.schema or schema).op)
-                contracting = name in CONTRACTIONS
+                # a split norm computes on its local features and weight as they are:
+                # nothing is cut to size there either
+                in_norm = any(f in run.norms for f in run.stack)
+                contracting = name in CONTRACTIONS or in_norm
                 for i, spec in enumerate(op_info.flat_args_schema):
                     if isinstance(spec, DTensorSpec) and i < len(wanted) \
                             and spec != wanted[i] and not _masked_lookup(
@@ -381,6 +489,8 @@ class _Run:
                             and (contracting or not _narrowing(spec, wanted[i])):
                         who = run.param_names.get(id(op_info.local_args[i]))
                         moves.append(_move(spec, wanted[i], run.axes, who))
+                if in_norm:
+                    moves = [m for m in moves if not _norm_sum(m)]
                 unexpressed = name in UNEXPRESSED or any(
                     "SS(" in m.split(" -> ")[0] for m in moves)
                 if moves and unexpressed and run.stack:
@@ -491,6 +601,7 @@ def _row_ops(aten: Any) -> list[Any]:
     and would gather the rows first (:func:`_rowwise_strided`)."""
     return [aten.topk.default, aten.sort.default, aten.sort.stable, aten.max.dim,
             aten.argmax.default, aten.scatter.src, aten.scatter.value,
+            aten.scatter_.src, aten.scatter_.value,
             aten.scatter_add.default, aten.gather.default, aten.one_hot.default,
             aten.mm.default]
 
@@ -614,6 +725,12 @@ def _default(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return op_call(*args, **kwargs)
     finally:
         handlers[op_call] = mine
+
+
+def _norm_sum(move: str) -> bool:
+    """A move a split norm makes itself: its per-token sum of squares (a partial over tp
+    where the features are split) taken whole, which is the norm's own all_reduce."""
+    return move.startswith("P(") and " -> R on tp" in move and "," not in move
 
 
 def _narrowing(spec: Any, want: Any) -> bool:

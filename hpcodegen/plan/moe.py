@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.placement import is_shard
+from hpcodegen.placement import Partial, is_shard
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.types import Injection, NamedPlacements, PlanEntry, Target
 
@@ -150,3 +150,25 @@ def gathers_over_tp(entry: PlanEntry | None) -> bool:
 
 def _any_tp_sharded(named_map: NamedPlacements | None) -> bool:
     return any(TP in named and is_shard(named[TP]) for named in (named_map or EMPTY).values())
+
+
+def dispatch_output_tp(entry: PlanEntry) -> str | None:
+    """What the ep dispatch's output is over tp, by its contract (the derivation shows the
+    same by propagation): ``"shard"`` when it gathers its rows over tp
+    (:func:`gathers_over_tp`: the partial results are reduce-scattered back onto the rows
+    each rank routed), ``"partial"`` when its experts are split over tp and every rank
+    holds the whole rows (the down projection's row-parallel matmul leaves a sum to be
+    all-reduced), ``None`` otherwise (experts whole over tp: the rows' own layout)."""
+    if gathers_over_tp(entry):
+        return "shard"
+    return "partial" if _any_tp_sharded(entry.params) else None
+
+
+def output_agrees(kind: str | None, named: Any) -> bool:
+    """A declared output placement (``{axis: placement}``) fits :func:`dispatch_output_tp`."""
+    got = (named or EMPTY).get(TP)
+    if kind == "shard":
+        return got is not None and is_shard(got)
+    if kind == "partial":
+        return isinstance(got, Partial)
+    return True

@@ -4,7 +4,7 @@ artifact per tiny family config generated under a folder."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +19,20 @@ def cli_json(*args: Any) -> tuple[int, dict]:
     return res.exit_code, json.loads(res.stdout)
 
 
-def generate_families(root: Path, families: Mapping[str, tuple[str, str, Sequence[str]]]
+def generate_families(root: Path, families: Mapping[str, tuple[Any, ...]]
                       ) -> dict[str, tuple[Path, Path]]:
     """``{name: (config dir, artifact dir)}`` for ``{name: (model_type, class, flags)}``,
-    each generated from ``hpcodegen.families.tiny``'s config of that family."""
+    each generated from ``hpcodegen.families.tiny``'s config of that family; an optional
+    fourth item is a dict of config fields set over it (DeepSeek's tiny config has only
+    dense layers: ``first_k_dense_replace`` 0 makes every layer an MoE one)."""
     from hpcodegen.families.tiny import tiny_config
 
     out = {}
-    for name, (model_type, cls, flags) in families.items():
+    for name, (model_type, cls, flags, *fields) in families.items():
         cfg = root / f"cfg_{name}"
         cfg.mkdir()
-        (cfg / "config.json").write_text(json.dumps(tiny_config(model_type, cls)))
+        config = {**tiny_config(model_type, cls), **(fields[0] if fields else {})}
+        (cfg / "config.json").write_text(json.dumps(config))
         art = root / f"art_{name}"
         code, doc = cli_json("generate", "--model", cfg, *flags, "-o", art)
         assert code == 0, (name, doc)

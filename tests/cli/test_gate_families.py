@@ -27,8 +27,8 @@ from hpcodegen.artifact.digest import meta_signature
 
 pytestmark = pytest.mark.timeout(600)
 
-#: name: (model_type, class, generate flags)
-FAMILIES: dict[str, tuple[str, str, list[str]]] = {
+#: name: (model_type, class, generate flags[, config fields])
+FAMILIES: dict[str, tuple[Any, ...]] = {
     "llama": ("llama", "LlamaForCausalLM", ["--tp", "2"]),
     "mistral": ("mistral", "MistralForCausalLM", ["--tp", "2"]),
     "qwen3_sp": ("qwen3", "Qwen3ForCausalLM", ["--tp", "2", "--sp"]),
@@ -37,6 +37,10 @@ FAMILIES: dict[str, tuple[str, str, list[str]]] = {
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2"]),
     "qwen3_moe_ep": ("qwen3_moe", "Qwen3MoeForCausalLM", ["--tp", "2", "--ep", "2"]),
     "mixtral_sp": ("mixtral", "MixtralForCausalLM", ["--tp", "2", "--sp"]),
+    "olmoe_sp": ("olmoe", "OlmoeForCausalLM", ["--tp", "2", "--sp"]),
+    "gpt_oss_ep_sp": ("gpt_oss", "GptOssForCausalLM", ["--tp", "2", "--ep", "2", "--sp"]),
+    "deepseek_v3_ep_sp": ("deepseek_v3", "DeepseekV3ForCausalLM",
+                          ["--tp", "2", "--ep", "2", "--sp"], {"first_k_dense_replace": 0}),
 }
 
 Edit = Callable[[dict], None]
@@ -100,9 +104,11 @@ def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
             if rel is not None:
                 yield (f"{fqn}: {rel} {old} -> {new}",
                        _set(["param_plan", fqn, "params", rel, "tp"], new), (at,))
-        # a tp_rank0 parameter's gradient is summed whether listed or not (the runtime
-        # derives it): dropping it from partial_grad_params changes nothing
-        rank0 = set(entry.get("tp_rank0_params") or ())
+        # a tp_rank0 parameter's gradient (and a deferred bias's) is summed whether listed
+        # or not (the runtime derives it): dropping it from partial_grad_params changes
+        # nothing
+        rank0 = {*(entry.get("tp_rank0_params") or ()), *(entry.get("deferred_bias_params")
+                                                         or ())}
         for rel in [r for r in entry.get("partial_grad_params") or () if r not in rank0][:1]:
             yield (f"{fqn}: partial gradient {rel} dropped",
                    _without(["param_plan", fqn, "partial_grad_params"], rel), (at,))
@@ -110,7 +116,13 @@ def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
             yield (f"{fqn}: tp_rank0 {rel} dropped",
                    _without(["param_plan", fqn, "tp_rank0_params"], rel), (at,))
         if fqn in _injected(meta):
-            continue  # opaque compute: see test_output_of_an_injected_compute_is_derived
+            # the ep dispatch's inputs: taken whole, each rank's experts would run every
+            # token of the group (with --sp: the dispatch would not gather its tp peers'
+            # rows); split, each tp rank would compute on half the rows
+            for name, placed in (entry.get("in_dst") or {}).items():
+                other = "R" if placed.get("tp") != "R" else "S(0)"
+                yield (f"{fqn}: input {name} {placed.get('tp')} -> {other}",
+                       _set(["param_plan", fqn, "in_dst", name, "tp"], other), (at,))
         for name, placed in (entry.get("out_src") or {}).items():
             other = "R" if placed.get("tp") != "R" else "P(sum)"
             yield (f"{fqn}: output {name} {placed.get('tp')} -> {other}",
@@ -167,18 +179,67 @@ def test_every_kind_of_edit_was_tried(generated) -> None:
         assert any(kind in label for label in labels), kind
 
 
-@pytest.mark.xfail(strict=True, reason="derivation gap (issue 34): an injected compute (the ep "
-                   "dispatch) is opaque to propagation, and no rule derives the output of tp-"
-                   "split experts; every layer's experts declared R (no all-reduce) passes")
-def test_output_of_an_injected_compute_is_derived(generated, tmp_path) -> None:
-    cfg, src = generated["qwen3_moe_ep"]
+@pytest.mark.parametrize("family", ["qwen3_moe_ep", "gpt_oss_ep_sp", "deepseek_v3_ep_sp"])
+def test_output_of_an_injected_compute_is_derived(family, generated, tmp_path) -> None:
+    """The ep dispatch is derived, not taken on trust: its tp-split experts' output
+    declared whole (no all-reduce; under --sp no reduce-scatter of the partial rows) on
+    every layer is refused at each layer's ``out_src`` pointer."""
+    cfg, src = generated[family]
     meta = json.loads((src / "codegen_meta.json").read_text())
+    experts = sorted(_injected(meta))
+    assert len(experts) >= 2, experts  # one dispatch per MoE layer
 
     def every_expert_output_whole(m: dict) -> None:
-        for fqn in _injected(m):
+        for fqn in experts:
             for placed in m["param_plan"][fqn]["out_src"].values():
                 placed["tp"] = "R"
 
-    code, doc = _cli("verify", "--strict", "--hf-config", cfg,
-                     _edited(tmp_path, src, meta, every_expert_output_whole))
-    assert code == 1 and any("/out_src/" in str(f["path"]) for f in _errors(doc))
+    edited = _edited(tmp_path, src, meta, every_expert_output_whole)
+    code, doc = _cli("verify", "--strict", "--hf-config", cfg, edited)
+    refused = {f["path"] for f in _errors(doc) if f["code"] == "derive.output"}
+    assert code == 1 and all(f"/param_plan/{fqn}/out_src/output/tp" in refused
+                             for fqn in experts), (experts, _errors(doc))
+    # the dispatch's contract is a rule of the plan check too: refused without a config
+    code, doc = _cli("verify", "--strict", edited)
+    refused = {f["path"] for f in _errors(doc) if f["code"] == "plan.dispatch_output"}
+    assert code == 1 and all(f"/param_plan/{fqn}/out_src/output/tp" in refused
+                             for fqn in experts), (experts, _errors(doc))
+
+
+def _split_norms(meta: dict) -> list[str]:
+    """Modules whose compute is the split RMS norm (a norm over features split over tp)."""
+    return sorted(r["match"] for r in meta.get("injections") or ()
+                  if "sharded_rms_norm" in str((r.get("local_compute_fn") or {}).get("_target_")))
+
+
+def test_a_split_norm_is_derived(generated, tmp_path) -> None:
+    """OLMoE's q/k norms normalize the whole projected heads, split over tp: they are
+    derived (not opaque), and each edit that would train wrong is refused at the norm:
+    the split norm's injection dropped (the module's own norm then averages over its
+    rank's half of the features), its input gathered whole, its output declared whole."""
+    cfg, src = generated["olmoe_sp"]
+    meta = json.loads((src / "codegen_meta.json").read_text())
+    norms = _split_norms(meta)
+    assert len(norms) >= 2, norms
+    code, doc = _cli("verify", "--strict", "--hf-config", cfg, src, "-v")
+    summary = [f["message"] for a in doc["artifacts"] for f in a["checks"]["model"]["findings"]
+               if f["code"] == "derive.summary"]
+    assert code == 0 and summary and not any(n in summary[0] for n in norms), summary
+
+    def dropped(m: dict) -> None:
+        m["injections"] = [r for r in m["injections"] if r["match"] != norms[0]]
+
+    def each(side: str, name: str) -> Edit:
+        def edit(m: dict) -> None:
+            for fqn in norms:
+                m["param_plan"][fqn][side][name]["tp"] = "R"
+        return edit
+
+    for label, edit in (("injection dropped", dropped),
+                        ("input gathered", each("in_dst", "hidden_states")),
+                        ("output declared whole", each("out_src", "output"))):
+        code, doc = _cli("verify", "--strict", "--hf-config", cfg,
+                         _edited(tmp_path, src, meta, edit))
+        at = {f["path"] for f in _errors(doc) if f["code"].startswith("derive.")}
+        assert code == 1 and any(str(p).startswith(f"/param_plan/{norms[0]}") for p in at), \
+            (label, _errors(doc))

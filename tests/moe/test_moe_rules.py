@@ -10,8 +10,15 @@ import pytest
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.sources.hf_plan import expand_rules
 from hpcodegen.generate.sources.styles import Kind, param_shard
-from hpcodegen.plan.codec import injection_from_json
-from hpcodegen.plan.moe import dispatch_ops, dispatch_volume, ep_dispatch_size, expert_count
+from hpcodegen.plan.codec import entry_from_json, injection_from_json
+from hpcodegen.plan.moe import (
+    dispatch_ops,
+    dispatch_output_tp,
+    dispatch_volume,
+    ep_dispatch_size,
+    expert_count,
+    output_agrees,
+)
 
 
 def test_param_shard_reads_weights_as_out_in() -> None:
@@ -67,6 +74,26 @@ def test_dispatch_ops_run_on_the_live_axes() -> None:
     assert [o.name for o in bwd] == ["combine", "tp_scatter", "tp_gather", "dispatch"]
     fwd, bwd = dispatch_ops(ep_live=False, tp_gather=True)  # no ep group: the tp steps only
     assert {o.axis for o in fwd + bwd} == {"tp"}
+
+
+def test_the_dispatch_output_over_tp_is_its_contract() -> None:
+    """tp-split experts on whole rows: a partial sum; rows gathered over tp (--sp): the
+    rows come back sharded; experts whole over tp: no rule (the rows' own layout)."""
+    split = {"down_proj": {"ep": "S(0)", "tp": "S(2)"}, "gate_up_proj": {"ep": "S(0)",
+                                                                       "tp": "SS(1,2)"}}
+    whole = {"hidden_states": {"tp": "R"}}
+    rows = {"hidden_states": {"tp": "S(0)"}}
+    entry = entry_from_json("e", {"params": split, "in_src": whole, "in_dst": whole})
+    assert dispatch_output_tp(entry) == "partial"
+    assert output_agrees("partial", {"tp": entry_from_json("x", {"out_src": {
+        "o": {"tp": "P(sum)"}}}).out_src["o"]["tp"]})
+    assert not output_agrees("partial", {})  # R: the partial sum would never be reduced
+    entry = entry_from_json("e", {"params": split, "in_src": rows, "in_dst": rows})
+    assert dispatch_output_tp(entry) == "shard"
+    assert not output_agrees("shard", {})
+    unsplit = {k: {"ep": "S(0)"} for k in split}
+    assert dispatch_output_tp(entry_from_json("e", {"params": unsplit, "in_dst": rows})) is None
+    assert output_agrees(None, {})
 
 
 def test_plan_moe_is_pure() -> None:
