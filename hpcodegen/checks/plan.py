@@ -233,7 +233,7 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     if forms is not None:  # None: the fields it reads break the schema (reported there)
         yield from derived_findings(ctx.plan, forms, is_hpcodegen_meta(meta))
     yield from plan_findings(ctx.plan, "plan", is_hpcodegen_meta(meta))
-    yield from check_cp(meta)
+    yield from check_cp(ctx.plan)
     yield from check_pipeline(ctx)
     yield from _check_entrypoint(meta)
     yield from _check_unknown_keys(meta)

@@ -32,6 +32,7 @@ from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
 from hpcodegen.plan.entry import contract_differences, join_fqn, takes_token_ids
 from hpcodegen.plan.overrides import read_overrides
+from hpcodegen.plan.types import Plan
 from hpcodegen.plan.vocab import vocab_parallel_findings
 
 MAX_SCAN_BYTES = 32 * 1024 * 1024
@@ -196,9 +197,9 @@ def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> It
                             f"{name!r} is not an input of {fqn} (in_src / in_dst)")
 
 
-def _overrides(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _overrides(plan: Plan) -> Iterator[Finding]:
     first: dict[str, int] = {}
-    for override in read_overrides(meta):
+    for override in read_overrides(plan):
         if not override.fqns and not override.globs:
             yield warning("plan.override_selects_nothing", override.where, "this module_overrides "
                           "record names no module (no fqns, fqn or match); it replaces nothing")
@@ -220,11 +221,10 @@ def check_references(ctx: CheckContext) -> Iterator[Finding]:
     yield from _tied_pairs(meta, params)
     yield from _frozen_sharded(meta, params)
     yield from _entry_param_lists(meta, params)
-    yield from _overrides(meta)
-    yield from vocab_parallel_findings(meta, _named_embeddings(meta), "plan")
+    yield from _overrides(ctx.plan)
+    yield from vocab_parallel_findings(ctx.plan, _named_embeddings(ctx.plan), "plan")
 
 
-def _named_embeddings(meta: Mapping[str, Any]) -> list[str]:
+def _named_embeddings(plan: Plan) -> list[str]:
     """Boundaries whose class is a token embedding by name (the runtime's rule)."""
-    return [fqn for fqn, cls in as_dict(meta.get("boundary_classes")).items()
-            if isinstance(cls, str) and takes_token_ids(cls)]
+    return [fqn for fqn, cls in (plan.boundary_classes or {}).items() if takes_token_ids(cls)]
