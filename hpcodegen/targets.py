@@ -39,6 +39,7 @@ from functools import reduce
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer, warning
+from hpcodegen.plan.types import Plan, Target
 
 ENTRY_POINT_GROUP = "hpcodegen.injection_targets"
 
@@ -188,17 +189,23 @@ def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = (), *,
                 hint=f"to run it: --allow-target {package} (allowed_target_prefixes= in "
                      f"Python), with {package} installed"))
             continue
-        hint = (f"if you trust it, pass --allow-target {shown.rpartition('.')[0]} "
-                f"(allowed_target_prefixes= in Python)" if shown and "." in shown
-                else f"register it under entry point group {ENTRY_POINT_GROUP}")
-        out.append(error("plan.foreign_target", where,
-                         f"injection target {shown!r} is not in the injection registry"
-                         if shown is not None else
-                         f"injection target is not a registered name ({type(name).__name__})",
-                         expected="a name hpcodegen registers, an entry point of group "
-                                  f"{ENTRY_POINT_GROUP}, or a path under --allow-target",
-                         hint=hint))
+        out.append(_unregistered(where, name))
     return out
+
+
+def _unregistered(where: str, name: object) -> Finding:
+    """The error for a target outside the registry and the trusted prefixes."""
+    shown = name if isinstance(name, str) and len(name) <= 200 else None
+    hint = (f"if you trust it, pass --allow-target {shown.rpartition('.')[0]} "
+            f"(allowed_target_prefixes= in Python)" if shown and "." in shown
+            else f"register it under entry point group {ENTRY_POINT_GROUP}")
+    return error("plan.foreign_target", where,
+                 f"injection target {shown!r} is not in the injection registry"
+                 if shown is not None else
+                 f"injection target is not a registered name ({type(name).__name__})",
+                 expected="a name hpcodegen registers, an entry point of group "
+                          f"{ENTRY_POINT_GROUP}, or a path under --allow-target",
+                 hint=hint)
 
 
 def check_targets(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> None:
@@ -220,31 +227,38 @@ def _load(spec: str, where: str) -> Callable[..., Any]:
     return found
 
 
-def resolve_injections(meta: Mapping[str, Any], prefixes: Iterable[str] = ()
+def resolve_injections(plan: Plan, prefixes: Iterable[str] = ()
                        ) -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]:
-    """``{fqn: {field: (factory, kwargs)}}`` for every injection target of ``meta``.
+    """``{fqn: {field: (factory, kwargs)}}`` for every injection target of ``plan``.
 
-    Checks every target first (:func:`check_targets`), then loads each through its registry
-    spec. Only registered modules and modules under a trusted prefix are imported.
+    Checks every target first (the rule of :func:`check_targets`, on the typed records),
+    then loads each through its registry spec. Only registered modules and modules under a
+    trusted prefix are imported.
     """
-    from hpcodegen.plan.entry import expand_injections
+    from hpcodegen.plan.frozen import thaw_json
 
     prefixes = trusted_prefixes(tuple(prefixes))
-    check_targets(meta, prefixes)
     known = registry()
+    found = [_unregistered(pointer("injections", i, key, *(("_target_",) if isinstance(
+                 value, Target) else ())), _target_name(value))
+             for i, record in enumerate(plan.injections or ())
+             for key, value in record.targets.items()
+             if target_spec(_target_name(value), prefixes, known) is None]
+    if found:
+        raise PlanError(found)
     out: dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]] = {}
-    for fqn, record in expand_injections(meta).items():
-        for key in TARGET_FIELDS:
-            value = record.get(key)
-            if value is None:
-                continue
-            name = value.get("_target_") if isinstance(value, Mapping) else value
-            kwargs = ({k: v for k, v in value.items() if k != "_target_"}
-                      if isinstance(value, Mapping) else {})
-            spec = target_spec(name, prefixes, known)
-            assert spec is not None  # check_targets passed
+    for fqn, record in plan.injections_by_fqn().items():
+        for key, value in record.targets.items():
+            kwargs = thaw_json(value.kwargs) if isinstance(value, Target) else {}
+            spec = target_spec(_target_name(value), prefixes, known)
+            assert spec is not None  # checked above
             out.setdefault(fqn, {})[key] = (_load(spec, f"injections[{fqn}].{key}"), kwargs)
     return out
+
+
+def _target_name(value: Target | str) -> str:
+    """The registered name or dotted path a typed target names."""
+    return value.path if isinstance(value, Target) else value
 
 
 __all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "FOREIGN_SYSTEM_PACKAGES", "TARGET_FIELDS",

@@ -157,7 +157,7 @@ def test_the_existing_systems_names_resolve_to_ours_without_importing_it() -> No
     assert target_spec("hyper_parallel.codegen.inner.flex_qkv") is None  # another algorithm
     foreign = json.loads((REFERENCE / "qwen3_moe_g3" / "codegen_meta.json").read_text())
     foreign["injections"] = [r for r in foreign["injections"] if "inner_wrapper" in r]
-    resolved = resolve_injections(foreign)
+    resolved = resolve_injections(plan_from_meta(foreign))
     assert {f.__name__ for t in resolved.values() for f, _ in t.values()} == {"sdpa_qkv"}
     assert "hyper_parallel" not in sys.modules
 
