@@ -36,10 +36,13 @@ import importlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer, warning
 from hpcodegen.plan.types import Plan, Target
+
+if TYPE_CHECKING:
+    from hpcodegen.artifact.load import LoadedMeta
 
 ENTRY_POINT_GROUP = "hpcodegen.injection_targets"
 
@@ -154,32 +157,37 @@ def iter_targets(meta: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
                 yield pointer("injections", i, key), value
 
 
-def _foreign_system_target(meta: Mapping[str, Any], name: object) -> bool:
+def _foreign_system_target(name: object, foreign_meta: bool) -> bool:
     """A factory of the system that wrote this (foreign) meta, e.g. ``hyper_parallel.…``."""
-    from hpcodegen.artifact.digest import is_hpcodegen_meta
-
     return (isinstance(name, str) and name.split(".", 1)[0] in FOREIGN_SYSTEM_PACKAGES
-            and "." in name and not is_hpcodegen_meta(meta))
+            and "." in name and foreign_meta)
 
 
-def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = (), *,
+def target_findings(loaded: LoadedMeta, prefixes: Iterable[str] = (), *,
                     to_run: bool = False) -> list[Finding]:
     """A finding for every target outside the registry, at its JSON pointer; imports nothing.
 
-    Errors, except a foreign meta's own-system factory (:data:`FOREIGN_SYSTEM_PACKAGES`),
-    which is a warning for the gate and an error when the targets are about to run
-    (``to_run``): the runtime imports nothing the user did not trust.
+    The targets are read off the JSON as it is (:func:`iter_targets`: a record the codec
+    would refuse still names its target), not off the typed plan. Errors, except a foreign
+    meta's own-system factory (:data:`FOREIGN_SYSTEM_PACKAGES`), which is a warning for the
+    gate and an error when the targets are about to run (``to_run``): the runtime imports
+    nothing the user did not trust.
     """
+    from hpcodegen.artifact.digest import is_hpcodegen_meta
+
     prefixes = tuple(prefixes)
     known: Mapping[str, str] | None = None  # read on the first target (most metas have none)
     out: list[Finding] = []
-    for where, name in iter_targets(meta):
+    foreign: bool | None = None
+    for where, name in iter_targets(loaded.data):
         if known is None:
             known = registry()
         if target_spec(name, prefixes, known) is not None:
             continue
         shown = name if isinstance(name, str) and len(name) <= 200 else None
-        if not to_run and _foreign_system_target(meta, name):
+        if foreign is None:
+            foreign = not is_hpcodegen_meta(loaded.data)
+        if not to_run and _foreign_system_target(name, foreign):
             package = name.split(".", 1)[0]
             out.append(warning(
                 "plan.foreign_system_target", where,
@@ -208,9 +216,9 @@ def _unregistered(where: str, name: object) -> Finding:
                  hint=hint)
 
 
-def check_targets(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> None:
+def check_targets(loaded: LoadedMeta, prefixes: Iterable[str] = ()) -> None:
     """Raise PlanError for any target outside the registry (before any code is imported)."""
-    found = target_findings(meta, trusted_prefixes(tuple(prefixes)), to_run=True)
+    found = target_findings(loaded, trusted_prefixes(tuple(prefixes)), to_run=True)
     if found:
         raise PlanError(found)
 
