@@ -154,7 +154,7 @@ def _method(plan: Plan, index: int, fqn: str, record: Injection) -> Iterator[Fin
 
 
 def _records(plan: Plan) -> Iterator[tuple[int, str, Injection]]:
-    for i, record in enumerate(plan.injections):
+    for i, record in enumerate(plan.injections or ()):
         for fqn in record.fqns:
             yield i, fqn, record
 
