@@ -65,7 +65,8 @@ _STANDALONE = frozenset({Kind.COLWISE_GATHER, Kind.ROWWISE_SPLIT, Kind.EMBED_VOC
 
 
 class Lifter:
-    """Builds ``param_plan`` entries from expanded HF assignments (one instance per model)."""
+    """Builds ``param_plan`` entries from expanded HF assignments (one instance per model),
+    into a :class:`~hpcodegen.plan.draft.DraftPlan` with placement objects."""
 
     def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool,
                  loss_parallel: bool = False) -> None:
