@@ -36,9 +36,13 @@ import importlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.errors import Finding, PlanError, UsageError, error, pointer, warning
+from hpcodegen.plan.types import Plan, Target
+
+if TYPE_CHECKING:
+    from hpcodegen.artifact.load import LoadedMeta
 
 ENTRY_POINT_GROUP = "hpcodegen.injection_targets"
 
@@ -153,32 +157,37 @@ def iter_targets(meta: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
                 yield pointer("injections", i, key), value
 
 
-def _foreign_system_target(meta: Mapping[str, Any], name: object) -> bool:
+def _foreign_system_target(name: object, foreign_meta: bool) -> bool:
     """A factory of the system that wrote this (foreign) meta, e.g. ``hyper_parallel.…``."""
-    from hpcodegen.artifact.digest import is_hpcodegen_meta
-
     return (isinstance(name, str) and name.split(".", 1)[0] in FOREIGN_SYSTEM_PACKAGES
-            and "." in name and not is_hpcodegen_meta(meta))
+            and "." in name and foreign_meta)
 
 
-def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = (), *,
+def target_findings(loaded: LoadedMeta, prefixes: Iterable[str] = (), *,
                     to_run: bool = False) -> list[Finding]:
     """A finding for every target outside the registry, at its JSON pointer; imports nothing.
 
-    Errors, except a foreign meta's own-system factory (:data:`FOREIGN_SYSTEM_PACKAGES`),
-    which is a warning for the gate and an error when the targets are about to run
-    (``to_run``): the runtime imports nothing the user did not trust.
+    The targets are read off the JSON as it is (:func:`iter_targets`: a record the codec
+    would refuse still names its target), not off the typed plan. Errors, except a foreign
+    meta's own-system factory (:data:`FOREIGN_SYSTEM_PACKAGES`), which is a warning for the
+    gate and an error when the targets are about to run (``to_run``): the runtime imports
+    nothing the user did not trust.
     """
+    from hpcodegen.artifact.digest import is_hpcodegen_meta
+
     prefixes = tuple(prefixes)
     known: Mapping[str, str] | None = None  # read on the first target (most metas have none)
     out: list[Finding] = []
-    for where, name in iter_targets(meta):
+    foreign: bool | None = None
+    for where, name in iter_targets(loaded.data):
         if known is None:
             known = registry()
         if target_spec(name, prefixes, known) is not None:
             continue
         shown = name if isinstance(name, str) and len(name) <= 200 else None
-        if not to_run and _foreign_system_target(meta, name):
+        if foreign is None:
+            foreign = not is_hpcodegen_meta(loaded.data)
+        if not to_run and _foreign_system_target(name, foreign):
             package = name.split(".", 1)[0]
             out.append(warning(
                 "plan.foreign_system_target", where,
@@ -188,22 +197,28 @@ def target_findings(meta: Mapping[str, Any], prefixes: Iterable[str] = (), *,
                 hint=f"to run it: --allow-target {package} (allowed_target_prefixes= in "
                      f"Python), with {package} installed"))
             continue
-        hint = (f"if you trust it, pass --allow-target {shown.rpartition('.')[0]} "
-                f"(allowed_target_prefixes= in Python)" if shown and "." in shown
-                else f"register it under entry point group {ENTRY_POINT_GROUP}")
-        out.append(error("plan.foreign_target", where,
-                         f"injection target {shown!r} is not in the injection registry"
-                         if shown is not None else
-                         f"injection target is not a registered name ({type(name).__name__})",
-                         expected="a name hpcodegen registers, an entry point of group "
-                                  f"{ENTRY_POINT_GROUP}, or a path under --allow-target",
-                         hint=hint))
+        out.append(_unregistered(where, name))
     return out
 
 
-def check_targets(meta: Mapping[str, Any], prefixes: Iterable[str] = ()) -> None:
+def _unregistered(where: str, name: object) -> Finding:
+    """The error for a target outside the registry and the trusted prefixes."""
+    shown = name if isinstance(name, str) and len(name) <= 200 else None
+    hint = (f"if you trust it, pass --allow-target {shown.rpartition('.')[0]} "
+            f"(allowed_target_prefixes= in Python)" if shown and "." in shown
+            else f"register it under entry point group {ENTRY_POINT_GROUP}")
+    return error("plan.foreign_target", where,
+                 f"injection target {shown!r} is not in the injection registry"
+                 if shown is not None else
+                 f"injection target is not a registered name ({type(name).__name__})",
+                 expected="a name hpcodegen registers, an entry point of group "
+                          f"{ENTRY_POINT_GROUP}, or a path under --allow-target",
+                 hint=hint)
+
+
+def check_targets(loaded: LoadedMeta, prefixes: Iterable[str] = ()) -> None:
     """Raise PlanError for any target outside the registry (before any code is imported)."""
-    found = target_findings(meta, trusted_prefixes(tuple(prefixes)), to_run=True)
+    found = target_findings(loaded, trusted_prefixes(tuple(prefixes)), to_run=True)
     if found:
         raise PlanError(found)
 
@@ -220,31 +235,38 @@ def _load(spec: str, where: str) -> Callable[..., Any]:
     return found
 
 
-def resolve_injections(meta: Mapping[str, Any], prefixes: Iterable[str] = ()
+def resolve_injections(plan: Plan, prefixes: Iterable[str] = ()
                        ) -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]:
-    """``{fqn: {field: (factory, kwargs)}}`` for every injection target of ``meta``.
+    """``{fqn: {field: (factory, kwargs)}}`` for every injection target of ``plan``.
 
-    Checks every target first (:func:`check_targets`), then loads each through its registry
-    spec. Only registered modules and modules under a trusted prefix are imported.
+    Checks every target first (the rule of :func:`check_targets`, on the typed records),
+    then loads each through its registry spec. Only registered modules and modules under a
+    trusted prefix are imported.
     """
-    from hpcodegen.plan.entry import expand_injections
+    from hpcodegen.plan.frozen import thaw_json
 
     prefixes = trusted_prefixes(tuple(prefixes))
-    check_targets(meta, prefixes)
     known = registry()
+    found = [_unregistered(pointer("injections", i, key, *(("_target_",) if isinstance(
+                 value, Target) else ())), _target_name(value))
+             for i, record in enumerate(plan.injections or ())
+             for key, value in record.targets.items()
+             if target_spec(_target_name(value), prefixes, known) is None]
+    if found:
+        raise PlanError(found)
     out: dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]] = {}
-    for fqn, record in expand_injections(meta).items():
-        for key in TARGET_FIELDS:
-            value = record.get(key)
-            if value is None:
-                continue
-            name = value.get("_target_") if isinstance(value, Mapping) else value
-            kwargs = ({k: v for k, v in value.items() if k != "_target_"}
-                      if isinstance(value, Mapping) else {})
-            spec = target_spec(name, prefixes, known)
-            assert spec is not None  # check_targets passed
+    for fqn, record in plan.injections_by_fqn().items():
+        for key, value in record.targets.items():
+            kwargs = thaw_json(value.kwargs) if isinstance(value, Target) else {}
+            spec = target_spec(_target_name(value), prefixes, known)
+            assert spec is not None  # checked above
             out.setdefault(fqn, {})[key] = (_load(spec, f"injections[{fqn}].{key}"), kwargs)
     return out
+
+
+def _target_name(value: Target | str) -> str:
+    """The registered name or dotted path a typed target names."""
+    return value.path if isinstance(value, Target) else value
 
 
 __all__ = ["BUILTIN_TARGETS", "ENTRY_POINT_GROUP", "FOREIGN_SYSTEM_PACKAGES", "TARGET_FIELDS",

@@ -115,25 +115,23 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def plan_entries(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """``param_plan`` entries that are objects (others are schema errors)."""
-    return {fqn: e for fqn, e in as_dict(meta.get("param_plan")).items() if isinstance(e, Mapping)}
+def plan_entries(param_plan: Any) -> dict[str, Mapping[str, Any]]:
+    """The entries of a ``param_plan`` JSON value that are objects (others are schema
+    errors; a value that is no object has none)."""
+    return {fqn: e for fqn, e in as_dict(param_plan).items() if isinstance(e, Mapping)}
 
 
-def planned_params(meta: Mapping[str, Any]) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
-    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` over well-formed entries.
+def planned_params(entries: Mapping[str, Mapping[str, Any]]
+                   ) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
+    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` over :func:`plan_entries`.
 
-    Built on :func:`hpcodegen.plan.entry.iter_params`, fed only the object-shaped parts so a
-    schema-invalid meta cannot make it fail.
+    Only the object-shaped parts are read, so a schema-invalid meta cannot make it fail; a
+    parameter two entries plan keeps the first (the ``plan.param_twice`` finding's case).
     """
-    from hpcodegen.plan.entry import iter_params
+    from hpcodegen.plan.entry import join_fqn
 
-    sane = {
-        fqn: {"params": {rel: as_dict(named) for rel, named in as_dict(e.get("params")).items()}}
-        for fqn, e in plan_entries(meta).items()
-    }
     out: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
-    for param_fqn, entry_fqn, named in iter_params({"param_plan": sane}):
-        rel = param_fqn[len(entry_fqn) + 1:] if param_fqn != entry_fqn else ""
-        out.setdefault(param_fqn, (entry_fqn, rel, named))
+    for fqn, entry in entries.items():
+        for rel, named in as_dict(entry.get("params")).items():
+            out.setdefault(join_fqn(fqn, rel), (fqn, rel, as_dict(named)))
     return out

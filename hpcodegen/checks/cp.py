@@ -27,10 +27,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hpcodegen.checks.context import as_dict, plan_entries, pointer
+from hpcodegen.checks.context import as_dict, pointer
 from hpcodegen.errors import Finding, error, warning
-from hpcodegen.placement import parse_placement
-from hpcodegen.plan.codec import PlanFormatError, injection_from_json
+from hpcodegen.placement import REPLICATE, Placement
 from hpcodegen.plan.cp import (
     ALLGATHER,
     CP,
@@ -45,29 +44,24 @@ from hpcodegen.plan.cp import (
     method_transitions,
     ulysses_degree,
 )
-from hpcodegen.plan.entry import axis_sizes
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import Injection, NamedPlacement, Plan
 
 _LAYER = re.compile(r"\.\d+(?=\.|$)")
 
 
-def _cp_text(named: Any) -> Any:
-    return as_dict(named).get(CP, "R")
+def _cp(named: NamedPlacement | None) -> Placement:
+    return (named or EMPTY).get(CP, REPLICATE)
 
 
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return parse_placement(a) == parse_placement(b)
-    except (ValueError, TypeError):
-        return a == b  # a bad placement is the placements check's finding
-
-
-def _moves(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    for fqn, entry in plan_entries(meta).items():
+def _moves(plan: Plan) -> Iterator[Finding]:
+    for fqn, entry in plan.entries.items():
         for side in ("in", "out"):
-            src, dst = as_dict(entry.get(f"{side}_src")), as_dict(entry.get(f"{side}_dst"))
+            src = getattr(entry, f"{side}_src") or EMPTY
+            dst = getattr(entry, f"{side}_dst") or EMPTY
             for name in sorted(set(src) | set(dst)):
-                a, b = _cp_text(src.get(name)), _cp_text(dst.get(name))
-                if not _same(a, b):
+                a, b = _cp(src.get(name)), _cp(dst.get(name))
+                if a != b:
                     yield error(
                         "plan.cp_moves_sequence", pointer("param_plan", fqn, f"{side}_dst", name),
                         f"{fqn}: {side}put {name!r} goes cp {a} -> {b}: a boundary that moves "
@@ -76,42 +70,37 @@ def _moves(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         hint="only the attention's inner K/V all-gather leaves the cp chunk")
 
 
-def _params(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    for fqn, entry in plan_entries(meta).items():
-        for name, named in as_dict(entry.get("params")).items():
-            text = _cp_text(named)
-            if not _same(text, "R"):
+def _params(plan: Plan) -> Iterator[Finding]:
+    for fqn, entry in plan.entries.items():
+        for name, named in (entry.params or EMPTY).items():
+            placement = _cp(named)
+            if placement != REPLICATE:
                 yield error("plan.cp_param", pointer("param_plan", fqn, "params", name, CP),
-                            f"parameter placement cp {text}: parameters are replicated over "
-                            "cp (each rank runs every weight on its own tokens)",
+                            f"parameter placement cp {placement}: parameters are replicated "
+                            "over cp (each rank runs every weight on its own tokens)",
                             expected="cp R")
 
 
-def _kv(meta: Mapping[str, Any], fqn: str, index: int, record: Mapping[str, Any]
-        ) -> Iterator[Finding]:
-    src, dst = record.get("inner_in_src"), record.get("inner_in_dst")
+def _kv(fqn: str, index: int, record: Injection) -> Iterator[Finding]:
+    src, dst = record.inner_in_src, record.inner_in_dst
     if src is None and dst is None:
         return
     where = pointer("injections", index)
-    if record.get("inner_wrapper") is None:
+    if record.inner_wrapper is None:
         yield error("plan.cp_kv", where, f"{fqn}: inner_in_src/inner_in_dst without an "
                     "inner_wrapper: nothing runs the declared transition")
-    if set(as_dict(src)) != set(as_dict(dst)):
-        yield error("plan.cp_kv", where, f"{fqn}: inner_in_src names {sorted(as_dict(src))} "
-                    f"but inner_in_dst names {sorted(as_dict(dst))}")
+    if set(src or EMPTY) != set(dst or EMPTY):
+        yield error("plan.cp_kv", where, f"{fqn}: inner_in_src names {sorted(src or EMPTY)} "
+                    f"but inner_in_dst names {sorted(dst or EMPTY)}")
     for side, values in (("inner_in_src", src), ("inner_in_dst", dst)):
-        for name, named in as_dict(values).items():
-            extra = sorted(set(as_dict(named)) - set(CP_AXES))
+        for name, named in (values or EMPTY).items():
+            extra = sorted(set(named) - set(CP_AXES))
             if extra:
                 yield error("plan.cp_kv", pointer("injections", index, side, name),
                             f"{fqn}: the inner {name} transition names axes {extra}; it "
                             "runs over cp only", expected=" or ".join(CP_AXES))
-    try:
-        typed = injection_from_json(record, ("injections", index))
-    except PlanFormatError:  # a shape the schema check reports
-        return
-    got = _shape(kv_transitions(typed))
-    method = cp_method(typed)
+    got = _shape(kv_transitions(record))
+    method = cp_method(record)
     allowed = [method] if method is not None else list(METHODS)
     if not any(got == _implied(m) for m in allowed):
         want = _implied(allowed[0])
@@ -138,29 +127,24 @@ def _describe(shape: set[tuple[str, str, str, str, str]]) -> str:
         or "no transition"
 
 
-def _method(meta: Mapping[str, Any], index: int, fqn: str, record: Mapping[str, Any]
-            ) -> Iterator[Finding]:
+def _method(plan: Plan, index: int, fqn: str, record: Injection) -> Iterator[Finding]:
     """The method against the mesh (the hybrid's degree divides cp) and the heads rule on
     the heads the record froze (``cp_heads``)."""
-    try:
-        typed = injection_from_json(record, ("injections", index))
-    except PlanFormatError:
-        return
-    method, cp = cp_method(typed), cp_size(meta)
+    method, cp = cp_method(record), cp_size(plan)
     if method is None or method == ALLGATHER:
         return
-    degree = ulysses_degree(typed, cp)
+    degree = ulysses_degree(record, cp)
     if method == HYBRID and (degree < 2 or degree >= cp or cp % degree):
         yield error("plan.cp_method", pointer("injections", index, "inner_wrapper",
                                               ULYSSES_DEGREE),
                     f"{fqn}: a hybrid with ulysses_degree {degree or '(missing)'} on cp "
                     f"{cp}", expected="an integer U with 1 < U < cp_size dividing it")
         return
-    heads = as_dict(record.get("cp_heads"))
+    heads = as_dict(record.cp_heads)
     q, kv = heads.get("query"), heads.get("key_value")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (q, kv)):
         return  # a foreign Ulysses meta names no heads: the runtime checks them
-    tp = max(axis_sizes(meta).get("tp", 1), 1)
+    tp = max(plan.dims.size("tp"), 1)
     why = heads_problem(q, kv, tp, degree)
     if why is not None:
         yield error("plan.cp_ulysses_heads", pointer("injections", index, "cp_heads"),
@@ -169,35 +153,25 @@ def _method(meta: Mapping[str, Any], index: int, fqn: str, record: Mapping[str, 
                              "into it (replicated)")
 
 
-def _records(meta: Mapping[str, Any]) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
-    injections = meta.get("injections")
-    for i, record in enumerate(injections if isinstance(injections, list) else ()):
-        if not isinstance(record, Mapping):
-            continue
-        match = record.get("match")
-        fqns = [match] if isinstance(match, str) else match if isinstance(match, list) else []
-        for fqn in fqns:
-            if isinstance(fqn, str):  # other shapes are the schema check's findings
-                yield i, fqn, record
+def _records(plan: Plan) -> Iterator[tuple[int, str, Injection]]:
+    for i, record in enumerate(plan.injections or ()):
+        for fqn in record.fqns:
+            yield i, fqn, record
 
 
-def _attention(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _attention(plan: Plan) -> Iterator[Finding]:
     wrapped: dict[str, int] = {}
     methods: dict[tuple[str | None, int], str] = {}
     seen: set[int] = set()
-    for index, fqn, record in _records(meta):
+    for index, fqn, record in _records(plan):
         if index not in seen:
             seen.add(index)
-            yield from _kv(meta, fqn, index, record)
-            yield from _method(meta, index, fqn, record)
-            try:
-                typed = injection_from_json(record, ("injections", index))
-            except PlanFormatError:
-                typed = None
-            if cp_method(typed) is not None:
-                key = (cp_method(typed), ulysses_degree(typed, cp_size(meta)))
+            yield from _kv(fqn, index, record)
+            yield from _method(plan, index, fqn, record)
+            if cp_method(record) is not None:
+                key = (cp_method(record), ulysses_degree(record, cp_size(plan)))
                 methods.setdefault(key, fqn)
-        if record.get("inner_wrapper") is not None:
+        if record.inner_wrapper is not None:
             wrapped[fqn] = index  # another system's wrapper may run cp its own way
     if len(methods) > 1:
         yield error("plan.cp_method", pointer("injections"),
@@ -207,12 +181,12 @@ def _attention(meta: Mapping[str, Any]) -> Iterator[Finding]:
                     expected="one method and Ulysses degree for every CP attention")
     if not wrapped:
         yield error("plan.cp_no_attention", pointer("injections"),
-                    f"cp_size is {cp_size(meta)} but no attention has an inner_wrapper that "
+                    f"cp_size is {cp_size(plan)} but no attention has an inner_wrapper that "
                     "all-gathers K/V over cp: every token would only see its rank's chunk",
                     hint="regenerate the artifact with --cp")
         return
     kinds = {_LAYER.sub(".{}", fqn) for fqn in wrapped}
-    for fqn in plan_entries(meta):
+    for fqn in plan.entries:
         if fqn not in wrapped and _LAYER.sub(".{}", fqn) in kinds:
             yield error("plan.cp_unwrapped_attention", pointer("param_plan", fqn),
                         f"{fqn} is the same attention as {sorted(wrapped)[0]} but has no cp "
@@ -232,49 +206,43 @@ def _config_heads(config: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def config_heads_findings(meta: Mapping[str, Any], config: Mapping[str, Any]
-                          ) -> Iterator[Finding]:
-    """With ``--hf-config`` (pure: config JSON and meta): each Ulysses / hybrid record's
+def config_heads_findings(plan: Plan, config: Mapping[str, Any]) -> Iterator[Finding]:
+    """With ``--hf-config`` (pure: config JSON and plan): each Ulysses / hybrid record's
     frozen ``cp_heads`` must be the config's heads, and those heads must pass the heads rule
     at the plan's tp and Ulysses degree; a foreign Ulysses meta names no heads and gets the
     rule on the config's."""
     heads = _config_heads(config)
-    cp = cp_size(meta)
+    cp = cp_size(plan)
     if heads is None or cp <= 1:
         return
-    tp = max(axis_sizes(meta).get("tp", 1), 1)
-    for index, fqn, record in _records(meta):
-        try:
-            typed = injection_from_json(record, ("injections", index))
-        except PlanFormatError:
-            continue
-        method = cp_method(typed)
+    tp = max(plan.dims.size("tp"), 1)
+    for index, fqn, record in _records(plan):
+        method = cp_method(record)
         if method in (None, ALLGATHER):
             continue
-        frozen = as_dict(record.get("cp_heads"))
+        frozen = as_dict(record.cp_heads)
         if frozen and (frozen.get("query"), frozen.get("key_value")) != heads:
             yield error("model.cp_heads", pointer("injections", index, "cp_heads"),
                         f"{fqn}: cp_heads says {frozen.get('query')} query / "
                         f"{frozen.get('key_value')} kv heads; the config has {heads[0]} / "
                         f"{heads[1]}", expected=f"query {heads[0]}, key_value {heads[1]}")
-        why = heads_problem(*heads, tp, ulysses_degree(typed, cp))
+        why = heads_problem(*heads, tp, ulysses_degree(record, cp))
         if why is not None:
             yield error("model.cp_ulysses_heads", pointer("injections", index),
                         f"{fqn}: {method} (the config's heads): {why}")
         return  # one record speaks for the model's heads
 
 
-def check_cp(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    """The cp rules (module docstring); nothing without a cp axis."""
-    dims = as_dict(meta.get("parallel_dims"))
-    if cp_size(meta) <= 1:
-        if dims.get("cp_layout") is not None:
+def check_cp(plan: Plan) -> Iterator[Finding]:
+    """The cp rules (module docstring) on the typed plan; nothing without a cp axis."""
+    if cp_size(plan) <= 1:
+        if plan.dims.cp_layout is not None:
             yield warning("plan.cp_layout_unused", pointer("parallel_dims", "cp_layout"),
                           "cp_layout is set but cp_size is 1: nothing is cut over cp")
         return
-    yield from _moves(meta)
-    yield from _params(meta)
-    yield from _attention(meta)
+    yield from _moves(plan)
+    yield from _params(plan)
+    yield from _attention(plan)
 
 
 __all__ = ["check_cp", "config_heads_findings"]

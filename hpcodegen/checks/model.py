@@ -38,10 +38,6 @@ from hpcodegen.checks.context import (
     NEEDS_CONFIG,
     CheckContext,
     SkipCheck,
-    as_dict,
-    as_list,
-    plan_entries,
-    planned_params,
     pointer,
 )
 from hpcodegen.checks.model_derived import input_name_findings, leaf_form_findings
@@ -50,9 +46,9 @@ from hpcodegen.checks.source import read_modeling_tree
 from hpcodegen.checks.source_scan import kept_attributes, scan_module
 from hpcodegen.errors import Finding, HpcodegenError, error, info, warning
 from hpcodegen.hf import EXPERT_COUNT_FIELDS
-from hpcodegen.placement import Shard, StridedShard, parse_placement
+from hpcodegen.placement import REPLICATE, Shard, StridedShard
 from hpcodegen.plan.coverage import trainable_names, uncovered
-from hpcodegen.plan.entry import axis_sizes, join_fqn, param_plan, takes_token_ids
+from hpcodegen.plan.entry import join_fqn, takes_token_ids
 from hpcodegen.plan.loss_parallel import declared
 from hpcodegen.plan.overrides import Override, class_matches, read_overrides, replaced_by
 from hpcodegen.plan.overrides import replaced_modules as select_replaced
@@ -62,7 +58,7 @@ from hpcodegen.plan.tp_divisible import (
     divide_attr_findings,
     tp_divisibility,
 )
-from hpcodegen.plan.types import PlanEntry
+from hpcodegen.plan.types import Plan, PlanEntry, PlannedParam
 from hpcodegen.plan.vocab import vocab_parallel_findings
 from hpcodegen.tracer.loss_parallel import model_findings
 
@@ -119,7 +115,16 @@ class _Scope:
         return None
 
 
-def ep_stacks(meta: Mapping[str, Any]) -> dict[str, tuple[str, list[str]]]:
+def _planned(plan: Plan) -> dict[str, PlannedParam]:
+    """Each planned parameter FQN with the first entry that plans it (a second one is the
+    plan check's ``plan.param_twice``)."""
+    out: dict[str, PlannedParam] = {}
+    for param in plan.parameters():
+        out.setdefault(param.fqn, param)
+    return out
+
+
+def ep_stacks(plan: Plan) -> dict[str, tuple[str, list[str]]]:
     """``{stacked param FQN: (pointer, [source param FQNs])}`` from the injections' ``ep_stack``.
 
     ``ep_stack`` (``{stacked rel path: [per-expert source paths]}``, relative to the injection's
@@ -128,17 +133,10 @@ def ep_stacks(meta: Mapping[str, Any]) -> dict[str, tuple[str, list[str]]]:
     consumed by it.
     """
     out: dict[str, tuple[str, list[str]]] = {}
-    injections = as_list(meta.get("injections"))
-    for i, record in enumerate(injections):
-        stack = record.get("ep_stack") if isinstance(record, Mapping) else None
-        if not isinstance(stack, Mapping):
-            continue
-        match = record.get("match")
-        fqns = [match] if isinstance(match, str) else [m for m in as_list(match)
-                                                       if isinstance(m, str)]
-        for fqn in fqns:
-            for rel, sources in stack.items():
-                srcs = [join_fqn(fqn, x) for x in as_list(sources) if isinstance(x, str)]
+    for i, record in enumerate(plan.injections or ()):
+        for fqn in record.fqns:
+            for rel, sources in (record.ep_stack or {}).items():
+                srcs = [join_fqn(fqn, x) for x in sources]
                 out.setdefault(join_fqn(fqn, rel),
                                (pointer("injections", i, "ep_stack", rel), srcs))
     return out
@@ -176,14 +174,15 @@ def _shape(model: Any, scope: _Scope, param_fqn: str) -> tuple[int, ...] | None:
     return None if shape is None else tuple(shape)
 
 
-def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
-    for fqn in param_plan(meta):
+def _fqns(plan: Plan, model: Any, scope: _Scope) -> Iterator[Finding]:
+    for fqn in plan.entries:
         hf = scope.hf_name(fqn)
         if hf is not None and _resolve(model, hf) is None:
             yield error("model.unknown_module", pointer("param_plan", fqn),
                         f"plan FQN {fqn!r} matches no module of {type(model).__name__}"
                         + (f" (it is {hf} of the replaced module)" if hf != fqn else ""))
-    for param_fqn, (entry, rel, _) in planned_params(meta).items():
+    for param_fqn, param in _planned(plan).items():
+        entry, rel = param.entry, param.name
         hf, hf_entry = scope.hf_name(param_fqn), scope.hf_name(entry)
         if param_fqn in scope.stacks:
             continue  # made by stacking its sources (checked by _stack_sources)
@@ -195,7 +194,7 @@ def _fqns(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Findin
             kept = f" (kept as {hf})" if hf != param_fqn else ""
             yield error("model.missing_param", pointer("param_plan", entry, "params", rel),
                         f"planned parameter {param_fqn}{kept} {what}")
-    for fqn, cls in as_dict(meta.get("boundary_classes")).items():
+    for fqn, cls in (plan.boundary_classes or {}).items():
         hf = scope.hf_name(fqn)
         module = None if hf is None else _resolve(model, hf)
         if module is not None and type(module).__name__ != cls:
@@ -222,9 +221,9 @@ def _divide_attrs(entries: Mapping[str, PlanEntry], model: Any, tp: int,
                                                           i))
 
 
-def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
+def _coverage(plan: Plan, model: Any, scope: _Scope) -> Iterator[Finding]:
     names = [n for n in map(scope.covering_name, trainable_names(model)) if n is not None]
-    planned = planned_params(meta)
+    planned = _planned(plan)
     stacked = [src for fqn, (_, srcs) in scope.stacks.items() if fqn in planned for src in srcs]
     missing = uncovered(names, [*planned, *stacked])
     for name in missing[:MAX_LISTED]:
@@ -235,24 +234,20 @@ def _coverage(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Fi
                     "parameters are not covered")
 
 
-def _divisibility(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
-    sizes = axis_sizes(meta)
-    for param_fqn, (entry, rel, named) in planned_params(meta).items():
+def _divisibility(plan: Plan, model: Any, scope: _Scope) -> Iterator[Finding]:
+    sizes = plan.dims.sizes
+    for param_fqn, param in _planned(plan).items():
         shape = _shape(model, scope, param_fqn)
         if shape is None:
             continue
-        for axis, text in named.items():
-            try:
-                p = parse_placement(text)
-            except ValueError:
-                continue
+        for axis, p in param.placements.items():
             size = sizes.get(axis, 1)
             if not isinstance(p, (Shard, StridedShard)) or size <= 1:
                 continue
-            where = pointer("param_plan", entry, "params", rel, axis)
+            where = pointer("param_plan", param.entry, "params", param.name, axis)
             dim = p.dim + len(shape) if p.dim < 0 else p.dim
             if not 0 <= dim < len(shape):
-                yield error("model.shard_dim_out_of_range", where, f"{param_fqn}: {text} needs "
+                yield error("model.shard_dim_out_of_range", where, f"{param_fqn}: {p} needs "
                             f"dim < {len(shape)} ({len(shape)}-D tensor {tuple(shape)})",
                             hint="S(-1) names the last dim")
                 continue
@@ -267,12 +262,11 @@ def _mro(module: Any) -> list[tuple[str, str]]:
     return [(c.__module__, c.__qualname__) for c in type(module).__mro__]
 
 
-def _planned_below(meta: Mapping[str, Any], scope: _Scope) -> dict[str, tuple[int, int]]:
+def _planned_below(plan: Plan, scope: _Scope) -> dict[str, tuple[int, int]]:
     """Per replaced module: how many plan names (entries, parameters, boundary classes) at or
     below it are (checkable, not checkable)."""
     count: dict[str, tuple[int, int]] = {}
-    names = [*param_plan(meta), *planned_params(meta),
-             *as_dict(meta.get("boundary_classes"))]
+    names = [*plan.entries, *_planned(plan), *(plan.boundary_classes or {})]
     for name in names:
         owner = replaced_by(name, scope.replaced)
         if owner is not None:
@@ -287,7 +281,7 @@ def _kept_children(ctx: CheckContext, model: Any,
     """Children each replacement keeps from the original, read from its class in the modeling
     file (``boundary_classes`` names it) and confirmed on the live original; nothing is
     imported."""
-    classes = as_dict(ctx.meta.get("boundary_classes"))
+    classes = ctx.plan.boundary_classes or {}
     wanted = {fqn: classes.get(fqn) for fqn in replaced}
     if not any(isinstance(c, str) for c in wanted.values()):
         return {}
@@ -308,9 +302,9 @@ def _kept_children(ctx: CheckContext, model: Any,
     return out
 
 
-def _overrides(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[Finding]:
+def _overrides(plan: Plan, model: Any, scope: _Scope) -> Iterator[Finding]:
     """Each replaced module exists and has the declared type; the rest is reported once."""
-    planned = _planned_below(meta, scope)
+    planned = _planned_below(plan, scope)
     for fqn, override in scope.replaced.items():
         module = _resolve(model, fqn)
         where = pointer("module_overrides", override.index)
@@ -338,11 +332,11 @@ def _overrides(meta: Mapping[str, Any], model: Any, scope: _Scope) -> Iterator[F
                        f"{type(module).__name__}{also})")
 
 
-def _experts_divide_ep(config: Mapping[str, Any], meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _experts_divide_ep(config: Mapping[str, Any], plan: Plan) -> Iterator[Finding]:
     """Experts sharded over ``ep`` need a whole number of experts per rank."""
-    ep = axis_sizes(meta).get("ep", 1)
-    if ep <= 1 or not any("ep" in named and named["ep"] != "R"
-                          for _, _, named in planned_params(meta).values()):
+    ep = plan.dims.size("ep")
+    if ep <= 1 or not any(param.placements.get("ep", REPLICATE) != REPLICATE
+                          for param in _planned(plan).values()):
         return
     for key in EXPERT_COUNT_FIELDS:
         size = config_size(config, key)
@@ -386,26 +380,26 @@ def _wrapper_args(plan: Any, modules: Mapping[str, Any], replaced: Mapping[str, 
                             "after the ranks have started")
 
 
-def _foreign_source(meta: Mapping[str, Any]) -> str | None:
+def _foreign_source(plan: Plan) -> str | None:
     """The modeling module when it is not part of transformers (never built here)."""
-    name = as_dict(meta.get("source")).get("module_name")
+    source = plan.provenance.source
+    name = None if source is None else source.module_name
     if isinstance(name, str) and name and name != "transformers" \
             and not name.startswith("transformers."):
         return name
     return None
 
 
-def _vocab_parallel(meta: Mapping[str, Any], modules: Mapping[str, Any]) -> Iterator[Finding]:
+def _vocab_parallel(plan: Plan, modules: Mapping[str, Any]) -> Iterator[Finding]:
     """Every ``nn.Embedding`` instance (any class name) that is row-sharded must reduce its
     partial lookup itself (:mod:`hpcodegen.plan.vocab`); the plan check covers the
     ``*Embedding``-named boundary classes already."""
     from torch import nn
 
-    named = {fqn for fqn, cls in as_dict(meta.get("boundary_classes")).items()
-             if isinstance(cls, str) and takes_token_ids(cls)}
+    named = {fqn for fqn, cls in (plan.boundary_classes or {}).items() if takes_token_ids(cls)}
     embeddings = [fqn for fqn, m in modules.items() if fqn not in named and (
         isinstance(m, nn.Embedding) or takes_token_ids(type(m).__name__))]
-    yield from vocab_parallel_findings(meta, embeddings, "model")
+    yield from vocab_parallel_findings(plan, embeddings, "model")
 
 
 def _pipeline_units(ctx: CheckContext, model: Any) -> Iterator[Finding]:
@@ -457,8 +451,8 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                             plan=entries)
     from hpcodegen.checks.cp import config_heads_findings
 
-    sizes = [*sizes, *config_heads_findings(ctx.meta, config)]
-    foreign = _foreign_source(ctx.meta)
+    sizes = [*sizes, *config_heads_findings(ctx.plan, config)]
+    foreign = _foreign_source(ctx.plan)
     if foreign is not None:
         why = (f"the modeling source {foreign} is not a transformers module; its structure "
                "is not checkable here (signature still compares architecture and structure)")
@@ -487,18 +481,19 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
             return
         advance("fitting the plan to the model")
         modules = dict(model.named_modules())
-        replaced = select_replaced(read_overrides(ctx.meta), modules, _mro)
-        scope = _Scope(replaced, _kept_children(ctx, model, replaced), ep_stacks(ctx.meta))
-        findings = [*_overrides(ctx.meta, model, scope),
-                    *_experts_divide_ep(config, ctx.meta),
-                    *_fqns(ctx.meta, model, scope),
+        plan = ctx.plan
+        replaced = select_replaced(read_overrides(plan), modules, _mro)
+        scope = _Scope(replaced, _kept_children(ctx, model, replaced), ep_stacks(plan))
+        findings = [*_overrides(plan, model, scope),
+                    *_experts_divide_ep(config, plan),
+                    *_fqns(plan, model, scope),
                     *_stack_sources(model, scope),
                     *_divide_attrs(entries, model, tp, scope),
-                    *_coverage(ctx.meta, model, scope),
-                    *_divisibility(ctx.meta, model, scope),
-                    *_vocab_parallel(ctx.meta, modules),
-                    *leaf_form_findings(ctx.meta, modules, plan_entries(ctx.meta)),
-                    *input_name_findings(plan_entries(ctx.meta), modules, set(replaced)),
+                    *_coverage(plan, model, scope),
+                    *_divisibility(plan, model, scope),
+                    *_vocab_parallel(plan, modules),
+                    *leaf_form_findings(plan, modules),
+                    *input_name_findings(plan.entries, modules, set(replaced)),
                     *_pipeline_units(ctx, model),
                     *_wrapper_args(ctx.plan, modules, replaced)]
         if declared(ctx.plan):

@@ -35,23 +35,20 @@ from hpcodegen.errors import Finding, error, pointer
 from hpcodegen.placement import (
     REPLICATE,
     Partial,
+    Placement,
     Replicate,
     Shard,
     StridedShard,
-    parse_placement,
 )
-from hpcodegen.plan.entry import is_boundary
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import NamedPlacement, Plan, PlanEntry
 
 #: activations are (batch, sequence, hidden): the rank the dims of S(d) resolve against
 ACTIVATION_RANK = 3
 
 
-def _tp(named: Any) -> Any:
-    text = named.get("tp", "R") if isinstance(named, Mapping) else "R"
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
+def _tp(named: NamedPlacement | None) -> Placement:
+    return (named or EMPTY).get("tp", REPLICATE)
 
 
 def _dim(p: Any, rank: int) -> int | None:
@@ -84,29 +81,24 @@ def expected_output(kind: str, weight: Any, inp: Any) -> tuple[Any, str] | None:
     return (inp if isinstance(inp, Shard) else REPLICATE), ""
 
 
-def leaf_form_findings(meta: Mapping[str, Any], modules: Mapping[str, Any],
-                       plan: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+def leaf_form_findings(plan: Plan, modules: Mapping[str, Any]) -> Iterator[Finding]:
     """An error for every Linear/Embedding boundary whose declared output is not the one
     its weight and input make (see the module docstring)."""
     from torch import nn
 
-    opaque: set[str] = set()
-    for record in meta.get("injections") or []:
-        match = record.get("match") if isinstance(record, Mapping) else None
-        opaque.update(m for m in ([match] if isinstance(match, str) else match or [])
-                      if isinstance(m, str))
-    for fqn, entry in plan.items():
+    opaque = {fqn for record in plan.injections or () for fqn in record.fqns}
+    for fqn, entry in plan.entries.items():
         module = modules.get(fqn)
         kind = ("Linear" if isinstance(module, nn.Linear)
                 else "Embedding" if isinstance(module, nn.Embedding) else None)
-        ins, outs = entry.get("in_dst"), entry.get("out_src")
-        if kind is None or fqn in opaque or not isinstance(ins, Mapping) \
-                or not isinstance(outs, Mapping) or len(ins) != 1 or len(outs) != 1:
+        ins, outs = entry.in_dst, entry.out_src
+        if kind is None or fqn in opaque or ins is None or outs is None \
+                or len(ins) != 1 or len(outs) != 1:
             continue
-        weight = _tp((entry.get("params") or {}).get("weight"))
+        weight = _tp((entry.params or EMPTY).get("weight"))
         inp, (name, declared) = _tp(next(iter(ins.values()))), next(iter(outs.items()))
         out = _tp(declared)
-        if weight is None or inp is None or out is None or isinstance(weight, StridedShard):
+        if isinstance(weight, StridedShard):
             continue
         want, why = expected_output(kind, weight, inp)
         if want is None or not _same(want, out, ACTIVATION_RANK):
@@ -118,7 +110,7 @@ def leaf_form_findings(meta: Mapping[str, Any], modules: Mapping[str, Any],
                         hint="regenerate the artifact; its placements contradict the math")
 
 
-def input_name_findings(plan: Mapping[str, Mapping[str, Any]], modules: Mapping[str, Any],
+def input_name_findings(plan: Mapping[str, PlanEntry], modules: Mapping[str, Any],
                         replaced: set[str]) -> Iterator[Finding]:
     """Boundary inputs the module's forward does not take (and no ``**kwargs`` catches):
     the runtime's binder refuses them at install; refused here, by the same rule, first."""
@@ -126,9 +118,9 @@ def input_name_findings(plan: Mapping[str, Mapping[str, Any]], modules: Mapping[
 
     for fqn, entry in plan.items():
         module = modules.get(fqn)
-        if module is None or fqn in replaced or not is_boundary(entry):
+        if module is None or fqn in replaced or not entry.boundary:
             continue
-        names = sorted({*(entry.get("in_src") or {}), *(entry.get("in_dst") or {})})
+        names = sorted({*(entry.in_src or EMPTY), *(entry.in_dst or EMPTY)})
         try:
             params = list(inspect.signature(type(module).forward).parameters.values())[1:]
         except (TypeError, ValueError):

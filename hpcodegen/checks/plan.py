@@ -16,7 +16,7 @@ check's (:mod:`hpcodegen.checks.targets`); the context-parallel rules are
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from hpcodegen.artifact.digest import is_hpcodegen_meta
@@ -39,10 +39,11 @@ ALWAYS_KNOWN_AXES: frozenset[str] = frozenset({"ep", "dp"})
 DENSE_AXES: tuple[str, ...] = ("cp", "tp")
 
 
-def known_axes(meta: Mapping[str, Any]) -> set[str]:
-    """Axis names a placement key may use: mesh_dim_names, parallel_dims axes, ep, dp."""
-    names = {n for n in as_list(meta.get("mesh_dim_names")) if isinstance(n, str)}
-    sizes = {k[: -len("_size")] for k in as_dict(meta.get("parallel_dims")) if k.endswith("_size")}
+def known_axes(mesh_dim_names: Any, parallel_dims: Any) -> set[str]:
+    """Axis names a placement key may use: mesh_dim_names, parallel_dims axes, ep, dp (the
+    two JSON values as the meta holds them)."""
+    names = {n for n in as_list(mesh_dim_names) if isinstance(n, str)}
+    sizes = {k[: -len("_size")] for k in as_dict(parallel_dims) if k.endswith("_size")}
     return names | sizes | ALWAYS_KNOWN_AXES
 
 
@@ -65,13 +66,13 @@ def _parsed(text: Any, memo: dict[Any, Any]) -> Any:
     return value
 
 
-def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    axes = known_axes(meta)
+def _check_placements(entries: Mapping[str, Mapping[str, Any]], axes: set[str]
+                      ) -> Iterator[Finding]:
     memo: dict[Any, Any] = {}
     #: (field kind, axis, raw type and text) -> its problems, or () when the leaf is fine: a plan
     #: repeats a few dozen such leaves tens of thousands of times
     verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]] = {}
-    for fqn, entry in plan_entries(meta).items():
+    for fqn, entry in entries.items():
         for field_name in _LEAF_FIELDS:  # every (field, name, axis) leaf: ~100k in 10k entries
             is_param = field_name == "params"
             for name, named in as_dict(entry.get(field_name)).items():
@@ -129,9 +130,8 @@ def _leaf_findings(problems: tuple[Any, ...], where: str, axis: Any, text: Any,
                        f"{-dim - 1}")
 
 
-def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    names = meta.get("mesh_dim_names")
-    dims = as_dict(meta.get("parallel_dims"))
+def _check_mesh(names: Any, parallel_dims: Any) -> Iterator[Finding]:
+    dims = as_dict(parallel_dims)
     if not isinstance(names, list):
         return
     seen: set[str] = set()
@@ -161,8 +161,8 @@ def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         expected=f"{axis!r} among {names}")
 
 
-def _check_outputs_names(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    for fqn, entry in plan_entries(meta).items():
+def _check_outputs_names(entries: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+    for fqn, entry in entries.items():
         names = entry.get("out_names")
         if not isinstance(names, list) or not names:
             continue
@@ -174,10 +174,9 @@ def _check_outputs_names(meta: Mapping[str, Any]) -> Iterator[Finding]:
                                 expected="one of " + ", ".join(map(str, names)))
 
 
-def _check_coverage(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    plan = meta.get("param_plan")
-    empty = not isinstance(plan, Mapping) or not plan
-    covered = as_dict(meta.get("covered")).get("sharding_plan")
+def _check_coverage(param_plan: Any, covered_record: Any) -> Iterator[Finding]:
+    empty = not isinstance(param_plan, Mapping) or not param_plan
+    covered = as_dict(covered_record).get("sharding_plan")
     if empty and covered is True:
         yield error("plan.covered_but_empty", pointer("covered", "sharding_plan"),
                     "covered.sharding_plan is true but param_plan is empty",
@@ -190,16 +189,16 @@ def _check_coverage(meta: Mapping[str, Any]) -> Iterator[Finding]:
                    "covered.sharding_plan is false although param_plan is not empty")
 
 
-def _check_params_once(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    for full, first, second in params_planned_twice(plan_entries(meta)):
+def _check_params_once(entries: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+    for full, first, second in params_planned_twice(entries):
         yield error("plan.param_twice", pointer("param_plan", second, "params"),
                     f"parameter {full!r} is planned by both {first!r} and {second!r}",
                     expected="each parameter in one entry's params",
                     hint="keep the placement in one entry")
 
 
-def _check_entrypoint(meta: Mapping[str, Any]) -> Iterator[Finding]:
-    name = as_dict(meta.get("entrypoints")).get("parallelize")
+def _check_entrypoint(entrypoints: Any) -> Iterator[Finding]:
+    name = as_dict(entrypoints).get("parallelize")
     if name is None:
         yield warning("plan.no_entrypoint", pointer("entrypoints", "parallelize"),
                       "entrypoints.parallelize is missing; the reference runtime refuses such "
@@ -210,30 +209,35 @@ def _check_entrypoint(meta: Mapping[str, Any]) -> Iterator[Finding]:
                    expected=" or ".join(ENTRYPOINTS))
 
 
-def _check_unknown_keys(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _check_unknown_keys(keys: Iterable[str]) -> Iterator[Finding]:
     from hpcodegen.checks.schema import top_level_keys
 
     known = top_level_keys()
-    for key in meta:
+    for key in keys:
         if key not in known:
             yield info("plan.unknown_key", pointer(key), f"top-level key {key!r} is not part of "
                        "the meta format; it is ignored")
 
 
 def check_plan(ctx: CheckContext) -> Iterator[Finding]:
-    """Semantic rules of the frozen plan (see the module docstring)."""
+    """Semantic rules of the frozen plan (see the module docstring). The rules before
+    ``check_references`` judge the JSON as it is (a meta the schema rejects still gets them,
+    field by field): the meta is read here once and each rule gets the fields it judges;
+    the rest read the typed :attr:`CheckContext.plan`."""
     meta = ctx.meta
-    yield from _check_coverage(meta)
-    yield from _check_params_once(meta)
-    yield from _check_placements(meta)
-    yield from _check_mesh(meta)
-    yield from _check_outputs_names(meta)
+    entries = plan_entries(meta.get("param_plan"))
+    yield from _check_coverage(meta.get("param_plan"), meta.get("covered"))
+    yield from _check_params_once(entries)
+    yield from _check_placements(entries, known_axes(meta.get("mesh_dim_names"),
+                                                     meta.get("parallel_dims")))
+    yield from _check_mesh(meta.get("mesh_dim_names"), meta.get("parallel_dims"))
+    yield from _check_outputs_names(entries)
     yield from check_references(ctx)
     forms = classified(ctx)
     if forms is not None:  # None: the fields it reads break the schema (reported there)
         yield from derived_findings(ctx.plan, forms, is_hpcodegen_meta(meta))
     yield from plan_findings(ctx.plan, "plan", is_hpcodegen_meta(meta))
-    yield from check_cp(meta)
+    yield from check_cp(ctx.plan)
     yield from check_pipeline(ctx)
-    yield from _check_entrypoint(meta)
+    yield from _check_entrypoint(meta.get("entrypoints"))
     yield from _check_unknown_keys(meta)

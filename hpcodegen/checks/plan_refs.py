@@ -32,6 +32,7 @@ from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
 from hpcodegen.plan.entry import contract_differences, join_fqn, takes_token_ids
 from hpcodegen.plan.overrides import read_overrides
+from hpcodegen.plan.types import Plan
 from hpcodegen.plan.vocab import vocab_parallel_findings
 
 MAX_SCAN_BYTES = 32 * 1024 * 1024
@@ -57,8 +58,8 @@ def file_classes(ctx: CheckContext) -> set[str] | None:
 
 
 def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
-    meta, plan = ctx.meta, plan_entries(ctx.meta)
-    classes = as_dict(meta.get("boundary_classes"))
+    plan = plan_entries(ctx.meta.get("param_plan"))
+    classes = as_dict(ctx.meta.get("boundary_classes"))
     defined = file_classes(ctx)
     first_of: dict[str, str] = {}
     for fqn, cls in classes.items():
@@ -88,9 +89,9 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
                           "its class", hint="regenerate the artifact")
 
 
-def _injections(meta: Mapping[str, Any], plan: Mapping[str, Any]) -> Iterator[Finding]:
+def _injections(records: Any, plan: Mapping[str, Any]) -> Iterator[Finding]:
     seen: dict[str, str] = {}
-    for i, record in enumerate(as_list(meta.get("injections"))):
+    for i, record in enumerate(as_list(records)):
         match = as_dict(record).get("match")
         if isinstance(match, str):
             targets = [(pointer("injections", i, "match"), match)]
@@ -107,9 +108,9 @@ def _injections(meta: Mapping[str, Any], plan: Mapping[str, Any]) -> Iterator[Fi
             seen.setdefault(fqn, where)
 
 
-def _special_handlers(meta: Mapping[str, Any], params: Mapping[str, Any],
+def _special_handlers(handlers: Any, params: Mapping[str, Any],
                       plan: Mapping[str, Any]) -> Iterator[Finding]:
-    for key in as_dict(meta.get("special_handlers")):
+    for key in as_dict(handlers):
         module = key.rpartition(".")[0]
         if key not in params and module not in plan:
             yield error("plan.special_handler_unplanned", pointer("special_handlers", key),
@@ -117,8 +118,8 @@ def _special_handlers(meta: Mapping[str, Any], params: Mapping[str, Any],
                         "parameter of a planned module")
 
 
-def _tied_pairs(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
-    for i, pair in enumerate(as_list(meta.get("tied_pairs"))):
+def _tied_pairs(pairs: Any, params: Mapping[str, Any]) -> Iterator[Finding]:
+    for i, pair in enumerate(as_list(pairs)):
         pair = as_list(pair)
         for j, fqn in enumerate(pair):
             if isinstance(fqn, str) and fqn not in params:
@@ -148,8 +149,7 @@ def _is_sharded(named: Mapping[str, Any]) -> bool:
     return False
 
 
-def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
-    listed = meta.get("frozen_sharded_params")
+def _frozen_sharded(listed: Any, params: Mapping[str, Any]) -> Iterator[Finding]:
     if not isinstance(listed, list):
         return
     listed_set = {f for f in listed if isinstance(f, str)}
@@ -169,8 +169,9 @@ def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Itera
                           f"{fqn} is sharded but not listed in frozen_sharded_params")
 
 
-def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
-    for fqn, entry in plan_entries(meta).items():
+def _entry_param_lists(entries: Mapping[str, Mapping[str, Any]],
+                       params: Mapping[str, Any]) -> Iterator[Finding]:
+    for fqn, entry in entries.items():
         for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
             for i, rel in enumerate(as_list(entry.get(key))):
                 if not isinstance(rel, str):
@@ -196,9 +197,9 @@ def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> It
                             f"{name!r} is not an input of {fqn} (in_src / in_dst)")
 
 
-def _overrides(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _overrides(plan: Plan) -> Iterator[Finding]:
     first: dict[str, int] = {}
-    for override in read_overrides(meta):
+    for override in read_overrides(plan):
         if not override.fqns and not override.globs:
             yield warning("plan.override_selects_nothing", override.where, "this module_overrides "
                           "record names no module (no fqns, fqn or match); it replaces nothing")
@@ -211,20 +212,22 @@ def _overrides(meta: Mapping[str, Any]) -> Iterator[Finding]:
 
 
 def check_references(ctx: CheckContext) -> Iterator[Finding]:
-    """All cross-reference rules of the module docstring."""
-    meta, plan = ctx.meta, plan_entries(ctx.meta)
-    params = planned_params(meta)
+    """All cross-reference rules of the module docstring. They judge the JSON as it is (a
+    meta the schema rejects still gets them, field by field): the meta is read here once and
+    each rule gets the field it judges."""
+    meta = ctx.meta
+    plan = plan_entries(meta.get("param_plan"))
+    params = planned_params(plan)
     yield from _boundary_classes(ctx)
-    yield from _injections(meta, plan)
-    yield from _special_handlers(meta, params, plan)
-    yield from _tied_pairs(meta, params)
-    yield from _frozen_sharded(meta, params)
-    yield from _entry_param_lists(meta, params)
-    yield from _overrides(meta)
-    yield from vocab_parallel_findings(meta, _named_embeddings(meta), "plan")
+    yield from _injections(meta.get("injections"), plan)
+    yield from _special_handlers(meta.get("special_handlers"), params, plan)
+    yield from _tied_pairs(meta.get("tied_pairs"), params)
+    yield from _frozen_sharded(meta.get("frozen_sharded_params"), params)
+    yield from _entry_param_lists(plan, params)
+    yield from _overrides(ctx.plan)
+    yield from vocab_parallel_findings(ctx.plan, _named_embeddings(ctx.plan), "plan")
 
 
-def _named_embeddings(meta: Mapping[str, Any]) -> list[str]:
+def _named_embeddings(plan: Plan) -> list[str]:
     """Boundaries whose class is a token embedding by name (the runtime's rule)."""
-    return [fqn for fqn, cls in as_dict(meta.get("boundary_classes")).items()
-            if isinstance(cls, str) and takes_token_ids(cls)]
+    return [fqn for fqn, cls in (plan.boundary_classes or {}).items() if takes_token_ids(cls)]

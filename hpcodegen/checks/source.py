@@ -140,7 +140,7 @@ def _check_classes(ctx: CheckContext, scan: ModuleScan, file: str,
     if forms is None:
         yield info("source.unclassified", "", UNCLASSIFIABLE)
         return
-    plan = plan_entries(ctx.meta)
+    plan = plan_entries(ctx.meta.get("param_plan"))
     by_class: dict[str, str] = {}
     for fqn, cls_name in sorted(as_dict(ctx.meta.get("boundary_classes")).items()):
         if isinstance(cls_name, str) and fqn in forms:

@@ -17,4 +17,4 @@ from hpcodegen.targets import target_findings
 
 def check_targets(ctx: CheckContext) -> Iterator[Finding]:
     """A finding per injection target outside the registry and the trusted prefixes."""
-    yield from target_findings(ctx.meta, ctx.allowed_targets)
+    yield from target_findings(ctx.loaded, ctx.allowed_targets)

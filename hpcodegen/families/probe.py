@@ -16,6 +16,9 @@ from typing import Any
 
 from hpcodegen.families.catalog import family_kind, hf_styles, is_moe
 from hpcodegen.families.tiny import ALIASES, tiny_config
+from hpcodegen.placement import REPLICATE
+from hpcodegen.plan.codec import plan_from_meta
+from hpcodegen.plan.types import Plan
 
 RULES = Path(__file__).resolve().parents[1] / "generate" / "rules"
 
@@ -49,15 +52,11 @@ def _reason(text: str, work: Path | None = None) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
-def layers_split(meta: Mapping[str, Any]) -> bool:
+def layers_split(plan: Plan) -> bool:
     """Some parameter below the first decoder layer is sharded on tp."""
-    for fqn, entry in (meta.get("param_plan") or {}).items():
-        for rel, named in (entry.get("params") or {}).items():
-            full = f"{fqn}.{rel}" if fqn and rel else fqn or rel
-            if re.search(r"\.(layers|h|layer|blocks|block|decoder\.layers)\.\d+\.", "." + full) \
-                    and str((named or {}).get("tp", "R")) != "R":
-                return True
-    return False
+    return any(re.search(r"\.(layers|h|layer|blocks|block|decoder\.layers)\.\d+\.",
+                         "." + param.fqn) and param.placements.get("tp", REPLICATE) != REPLICATE
+               for param in plan.parameters())
 
 
 def check_family(model_type: str, class_name: str, work: Path,
@@ -120,8 +119,8 @@ def check_family(model_type: str, class_name: str, work: Path,
         if code != 0:
             row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text, work)}
             continue
-        meta = json.loads((out / "codegen_meta.json").read_text())
-        row[variant] = {"ok": True, "dir": str(out), "split": layers_split(meta),
+        plan = plan_from_meta(json.loads((out / "codegen_meta.json").read_text()))
+        row[variant] = {"ok": True, "dir": str(out), "split": layers_split(plan),
                         "package": packaged or uses_package_rules(model_type),
                         "seeded": seeded}
         if variant == "tp2":

@@ -84,7 +84,6 @@ from hpcodegen.generate.sources.recipe import load_recipe, recipe_target_finding
 from hpcodegen.hf import is_hub_id, read_hf_config, source_from_config
 from hpcodegen.plan.codec import plan_from_meta
 from hpcodegen.plan.draft import DraftPlan
-from hpcodegen.plan.entry import is_boundary
 from hpcodegen.plan.frozen import FrozenMap
 from hpcodegen.plan.tp_divisible import HEAD_FIELDS
 from hpcodegen.plan.types import PlanEntry
@@ -181,26 +180,27 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     if sp:
         retarget_token_dims(model, plan, moe_blocks)
     classes = {fqn: type(modules[fqn]).__name__ for fqn in plan}
-    check_coverage(model, plan)
-    check_divisible(config, tp, rules.unsplit_fields if rules is not None else (), plan)
-    check_even_shards(model, plan, tp)
+    typed = plan.view()  # the typed entries the checks read (the draft stays open)
+    check_coverage(model, typed)
+    check_divisible(config, tp, rules.unsplit_fields if rules is not None else (), typed)
+    check_even_shards(model, typed, tp)
     if sp:
-        check_sequence_parallel(plan, classes, moe_blocks)
-        check_nested_gathers(plan)
-        check_sp_shapes(model, plan, tp, classes)
+        check_sequence_parallel(typed, classes, moe_blocks)
+        check_nested_gathers(typed)
+        check_sp_shapes(model, typed, tp, classes)
     if cp > 1:
         injections, cp_layout = _with_cp(model, config, plan, injections, cp_layout, classes,
                                          (cp_method, ulysses, cp, tp), notes)
     # the passes are done: the plan is frozen once, the rest reads the typed entries
-    entries = DraftPlan.from_json(plan).freeze()
+    entries = plan.freeze()
     _check_loss_parallel(model, entries, tp, sp, ep, loss_parallel, notes)
-    degenerate = unsplit_layers(model, plan, tp, rules_in_use(
+    degenerate = unsplit_layers(model, entries, tp, rules_in_use(
         model, hf_rules(model), rules.file if rules is not None else None, recipe))
     if degenerate is not None and warnings is not None:
         warnings.append(degenerate)
     advance("emitting the modeling module")
     src = modeling_source(type(model))
-    check_class_contracts(plan, classes, defined_classes(src.text))
+    check_class_contracts(entries, classes, defined_classes(src.text))
     tied = tied_pairs_of(config, model)
     section = None
     if pipeline is not None:
@@ -233,7 +233,7 @@ def build_bundle(config: Mapping[str, Any], tp: int, sp: bool,
     return rendered
 
 
-def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, Any]],
+def _with_cp(model: Any, config: Mapping[str, Any], plan: DraftPlan,
              injections: list[dict[str, Any]], layout: str | None,
              classes: Mapping[str, str], method: tuple[str, int | None, int, int],
              notes: list[str] | None) -> tuple[list[dict[str, Any]], str]:
@@ -243,7 +243,7 @@ def _with_cp(model: Any, config: Mapping[str, Any], plan: dict[str, dict[str, An
     from hpcodegen.generate.layouts.cp_method import choose_method
     from hpcodegen.generate.layouts.cp_probe import probe_cp
 
-    boundaries = [fqn for fqn, entry in plan.items() if is_boundary(entry)]
+    boundaries = [fqn for fqn, entry in plan.items() if entry.boundary]
     probe = probe_cp(model, config, boundaries)
     check_cp_model(model, config, probe)
     chosen = choose_method(probe, *method)

@@ -248,17 +248,17 @@ def _size1_warning(axes: Sequence[str], preds: Sequence[Any]) -> Finding:
                    "given live mesh")
 
 
-def readable_plan(meta: Mapping[str, Any], built: tuple[Plan, list[Any]] | None = None
+def readable_plan(loaded: LoadedMeta, built: tuple[Plan, list[Any]] | None = None
                   ) -> tuple[Plan, list[Finding]]:
     """The typed plan inspect-plan reads, and what had to be left out to build it.
 
     A meta verify's gate let through builds at once. With ``--no-checks`` a part the codec
-    refuses is left out (:func:`hpcodegen.plan.codec.readable_plan`) rather than crashing a
-    reader: a ``param_plan`` entry as an error (``inspect.bad_entry``: it is not
-    predicted), an injection record or another top-level field as a warning
-    (``inspect.ignored_field``, once per field).
+    refuses is left out (:func:`hpcodegen.plan.codec.readable_plan`, the one reader of the
+    JSON) rather than crashing a reader: a ``param_plan`` entry as an error
+    (``inspect.bad_entry``: it is not predicted), an injection record or another top-level
+    field as a warning (``inspect.ignored_field``, once per field).
     """
-    plan, left_out = built if built is not None else codec_readable_plan(meta)
+    plan, left_out = built if built is not None else codec_readable_plan(loaded.data)
     findings: list[Finding] = []
     ignored: set[str] = set()
     for exc in left_out:
@@ -308,7 +308,7 @@ def _pipeline(plan: Plan, opts: InspectOptions) -> dict[str, Any] | None:
 
 def inspect_meta(loaded: LoadedMeta, opts: InspectOptions) -> Inspection:
     """:func:`inspect_plan` on a loaded meta (its :func:`readable_plan`)."""
-    plan, ignored = readable_plan(loaded.data)
+    plan, ignored = readable_plan(loaded)
     result = inspect_plan(plan, str(loaded.meta_path), opts)
     result.findings[:0] = ignored
     return result
@@ -354,7 +354,7 @@ def _run_inspect(opts: InspectOptions, out: TextIO, err: TextIO) -> int:
                           file=str(loaded.meta_path))
             return _emit_failure([empty], opts.as_json, out, err, EXIT_FAILED)
         # built once (by the gate's checks when they ran), read by every step below
-        plan, ignored = readable_plan(loaded.data, kept.get("plan"))
+        plan, ignored = readable_plan(loaded, kept.get("plan"))
         # heads vs the shown tp: errors fail the run (exit 1) but the prediction is still
         # shown; they are reported too when the meta-device trace itself fails
         fit = mesh_fit_findings(plan, opts)

@@ -31,19 +31,19 @@ def uncovered(names: Iterable[str], planned: Iterable[str]) -> list[str]:
     return [name for name in names if not is_covered(name, keys)]
 
 
-def params_planned_twice(
-    plan: Mapping[str, Mapping[str, Any]],
-) -> list[tuple[str, str, str]]:
+def params_planned_twice(plan: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """``(param_fqn, first entry FQN, second entry FQN)`` for each parameter two entries plan.
 
     ``{"a": {"params": {"b.weight": ...}}}`` and ``{"a.b": {"params": {"weight": ...}}}`` name
     the same parameter; which placement would win is undefined, so both generate and verify
-    refuse it.
+    refuse it. An entry is a :class:`~hpcodegen.plan.types.PlanEntry` (generate's draft)
+    or its JSON object (verify reads a meta that may not parse).
     """
     owner: dict[str, str] = {}
     twice: list[tuple[str, str, str]] = []
     for fqn, entry in plan.items():
-        params = entry.get("params") if isinstance(entry, Mapping) else None
+        params = entry.get("params") if isinstance(entry, Mapping) else \
+            getattr(entry, "params", None)
         for rel in params if isinstance(params, Mapping) else ():
             full = join_fqn(fqn, rel)
             if full in owner:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.placement import REPLICATE, Partial, Placement
-from hpcodegen.plan.entry import axis_sizes
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import target_name
 from hpcodegen.plan.steps import Step, redistribute_steps
@@ -77,11 +76,9 @@ WRAPPER_METHODS: dict[str, str] = {
 CP_WRAPPER_NAMES = frozenset(WRAPPER_METHODS)
 
 
-def cp_size(meta: Mapping[str, Any]) -> int:
+def cp_size(plan: Plan) -> int:
     """The frozen ``parallel_dims.cp_size`` (1 when absent or unreadable)."""
-    if not isinstance(meta.get("parallel_dims", {}), Mapping):
-        return 1  # the schema check reports it
-    return max(axis_sizes(meta).get(CP, 1), 1)
+    return max(plan.dims.size(CP), 1)
 
 
 def cp_layout(plan: Plan) -> str:

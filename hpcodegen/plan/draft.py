@@ -13,7 +13,7 @@ no pass can edit a plan that was already handed on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from hpcodegen.placement import Partial, Placement, Replicate, Shard, StridedShard
@@ -82,6 +82,25 @@ class DraftEntry:
             checked[axis] = value
         self._fields.setdefault(field, {})[name] = checked
 
+    def set_placements(self, field: str,
+                       placements: Mapping[str, Mapping[str, Placement]]) -> None:
+        """Set the whole of ``field`` to ``{name: {axis: placement}}`` (an empty mapping
+        declares the field empty: ``"params": {}`` in the meta)."""
+        self._writable()
+        if field not in PLACEMENT_FIELDS:
+            raise DraftError(f"{self._where(field)}: not a placement field "
+                             f"(one of {', '.join(PLACEMENT_FIELDS)})")
+        self._fields[field] = {}
+        for name, named in placements.items():
+            self.place(field, name, named)
+
+    def unplace(self, field: str, name: str) -> None:
+        """Remove ``field[name]`` (the field itself stays, possibly empty)."""
+        self._writable()
+        held = self._fields.get(field)
+        if held is not None:
+            held.pop(name, None)
+
     def placement(self, field: str, name: str) -> Mapping[str, Placement] | None:
         """``field[name]`` as set (``None``: not set)."""
         held = self._fields.get(field)
@@ -114,6 +133,25 @@ class DraftEntry:
         """A field's value as set (``None``: not set)."""
         return self._fields.get(field)
 
+    def clear(self, field: str) -> None:
+        """Remove a field of any kind (absent from the meta afterwards)."""
+        self._writable()
+        self._fields.pop(field, None)
+
+    def add_names(self, field: str, names: Iterable[str]) -> None:
+        """Add ``names`` to a name field, kept sorted and once each."""
+        self.set(field, tuple(sorted({*(self.get(field) or ()), *names})))
+
+    def remove_name(self, field: str, name: str) -> None:
+        """Remove ``name`` from a name field; a field left empty is removed."""
+        kept = tuple(n for n in self.get(field) or () if n != name)
+        self.set(field, kept or None)
+
+    @property
+    def boundary(self) -> bool:
+        """The entry is a boundary (:attr:`PlanEntry.boundary`, the one rule)."""
+        return self.view().boundary
+
     def update_json(self, entry: Mapping[str, Any]) -> None:
         """Merge a ``param_plan`` entry as JSON (a recipe's, another generator's): each key
         read by the codec, the one reader; a key the entry does not model is kept verbatim.
@@ -132,6 +170,11 @@ class DraftEntry:
             if name in PLACEMENT_FIELDS:
                 parsed = {n: dict(p) for n, p in parsed.items()}
             self._fields[name] = parsed
+
+    def view(self) -> PlanEntry:
+        """The :class:`PlanEntry` of what is set now (a snapshot; the draft stays open):
+        the typed readers (:meth:`PlanEntry.splits_compute` ...) answer for a pass."""
+        return self.freeze()
 
     def freeze(self) -> PlanEntry:
         """The :class:`PlanEntry` of what was set."""
@@ -172,11 +215,49 @@ class DraftPlan:
             held = self._entries[fqn] = DraftEntry(fqn, self)
         return held
 
+    def param_entry(self, fqn: str) -> DraftEntry:
+        """The entry of ``fqn``; one added here is parameter-only (``params: {}``,
+        ``is_boundary: false``) until a pass says more."""
+        if fqn not in self._entries:
+            added = self.entry(fqn)
+            added.set_placements("params", {})
+            added.set("is_boundary", False)
+        return self._entries[fqn]
+
+    def reset(self, fqn: str) -> DraftEntry:
+        """A new, empty entry for ``fqn`` in place of any it had (at the same position)."""
+        if self.frozen:
+            raise FrozenDraftError(f"param_plan[{fqn!r}]: the plan was frozen; read-only")
+        held = self._entries[fqn] = DraftEntry(fqn, self)
+        return held
+
     def drop(self, fqn: str) -> None:
         """Remove ``fqn``'s entry (a pass found it plans nothing)."""
         if self.frozen:
             raise FrozenDraftError(f"param_plan[{fqn!r}]: the plan was frozen; read-only")
         self._entries.pop(fqn, None)
+
+    def get(self, fqn: str) -> DraftEntry | None:
+        """The entry of ``fqn`` or ``None`` (nothing added)."""
+        return self._entries.get(fqn)
+
+    def items(self) -> Iterator[tuple[str, DraftEntry]]:
+        """``(fqn, entry)`` in the plan's order (a copy: a pass may add while it reads)."""
+        return iter(list(self._entries.items()))
+
+    def sort(self) -> None:
+        """Order the entries by FQN (the order generate hands the plan on in)."""
+        if self.frozen:
+            raise FrozenDraftError("param_plan: the plan was frozen; read-only")
+        self._entries = {fqn: self._entries[fqn] for fqn in sorted(self._entries)}
+
+    def view(self) -> FrozenMap[str, PlanEntry]:
+        """Every entry as a :class:`PlanEntry` now (a snapshot; the draft stays open), for
+        the typed rules a pass consults while it fills the plan."""
+        return FrozenMap.adopt({fqn: e.view() for fqn, e in self._entries.items()})
+
+    def __getitem__(self, fqn: str) -> DraftEntry:
+        return self._entries[fqn]
 
     def __contains__(self, fqn: object) -> bool:
         return fqn in self._entries

@@ -1,15 +1,16 @@
-"""Reading a meta dict's plan where no typed Plan exists yet: boundary-ness, the contract
-rule, injections, FQNs (pure).
+"""The contract rule on entries as JSON, FQN helpers and the generated code's identifiers
+(pure).
 
-What an entry *means* (its outputs' order, which deferred biases are partial, whether it
-leaves the sequence sharded) is read from the typed :class:`~hpcodegen.plan.types.PlanEntry`
-only; these are the dict readers verify's schema-level checks still need before the
-codec has parsed the meta, and the identifiers of the generated code.
+What an entry *means* (boundary-ness, its outputs' order, which deferred biases are
+partial, whether it leaves the sequence sharded) is read from the typed
+:class:`~hpcodegen.plan.types.PlanEntry` only. The contract rule compares two entries as
+the meta writes them (verify reads them so before the codec parsed the meta; generate
+gives it its draft entries through the codec's writer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 #: Both naming generations of the generated-code identifiers (decisions.md, item 1).
@@ -23,14 +24,6 @@ TRANSITION_FIELDS: tuple[str, ...] = ("in_src", "in_dst", "out_src", "out_dst")
 #: Injection fields naming a callable by ``_target_`` (the runtime imports them through an
 #: allowlist; inspect-plan lists them as opaque communication).
 INJECTED_CALLABLES: tuple[str, ...] = ("local_compute_fn", "inner_wrapper")
-
-
-def is_boundary(entry: Mapping[str, Any]) -> bool:
-    """An entry is a boundary when it says so, else when it declares any in/out placement."""
-    flag = entry.get("is_boundary")
-    if isinstance(flag, bool):
-        return flag
-    return any(entry.get(key) for key in TRANSITION_FIELDS)
 
 
 def contract_differences(entry: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
@@ -73,22 +66,6 @@ def takes_token_ids(cls: str | None) -> bool:
     return bool(cls) and cls.endswith("Embedding")
 
 
-def param_plan(meta: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
-    """``meta['param_plan']`` or an empty mapping."""
-    plan = meta.get("param_plan")
-    return plan if isinstance(plan, Mapping) else {}
-
-
-def iter_params(meta: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, str]]]:
-    """Yield ``(param_fqn, entry_fqn, named placement)`` for every planned parameter.
-
-    A parameter name ``""`` means the entry's module itself is the parameter.
-    """
-    for fqn, entry in param_plan(meta).items():
-        for rel, named in (entry.get("params") or {}).items():
-            yield join_fqn(fqn, rel), fqn, named
-
-
 def join_fqn(prefix: str, name: str) -> str:
     """``a.b`` + ``c`` -> ``a.b.c``; either side may be empty (the root)."""
     return f"{prefix}.{name}" if prefix and name else prefix or name
@@ -97,27 +74,3 @@ def join_fqn(prefix: str, name: str) -> str:
 def fqn_depth(fqn: str) -> int:
     """Nesting depth of a module FQN (the root is 0); boundaries install deepest first."""
     return 0 if not fqn else fqn.count(".") + 1
-
-
-def expand_injections(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Map each module FQN to its injection record; a list ``match`` fans out to every FQN."""
-    out: dict[str, dict[str, Any]] = {}
-    for record in meta.get("injections") or ():
-        if not isinstance(record, Mapping):
-            continue
-        match = record.get("match")
-        fqns = [match] if isinstance(match, str) else list(match or ())
-        payload = {k: v for k, v in record.items() if k != "match"}
-        for fqn in fqns:
-            out[fqn] = payload
-    return out
-
-
-def axis_sizes(meta: Mapping[str, Any]) -> dict[str, int]:
-    """Frozen mesh axis sizes from ``parallel_dims`` (``tp_size`` -> ``{"tp": n}``)."""
-    dims = meta.get("parallel_dims") or {}
-    return {
-        key[: -len("_size")]: value
-        for key, value in dims.items()
-        if key.endswith("_size") and isinstance(value, int) and not isinstance(value, bool)
-    }

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcodegen.errors import pointer
+from hpcodegen.plan.types import Plan
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,15 @@ class Override:
 def _strings(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # a frozen JSON array is a tuple
         return tuple(v for v in value if isinstance(v, str))
     return ()
 
 
-def read_overrides(meta: Mapping[str, Any]) -> list[Override]:
-    """The well-formed part of each ``module_overrides`` record, in order."""
-    records = meta.get("module_overrides")
+def read_overrides(plan: Plan) -> list[Override]:
+    """The well-formed part of each ``module_overrides`` record (frozen JSON), in order."""
     out = []
-    for i, record in enumerate(records if isinstance(records, list) else ()):
+    for i, record in enumerate(plan.module_overrides or ()):
         if not isinstance(record, Mapping):
             continue
         fqns = _strings(record.get("fqns")) or _strings(record.get("fqn"))

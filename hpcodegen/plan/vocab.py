@@ -12,38 +12,26 @@ verify refuses it: the plan check for classes named ``*Embedding``, the model ch
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 from hpcodegen.errors import Finding, error, pointer
-from hpcodegen.placement import Partial, Shard, parse_placement
-from hpcodegen.plan.entry import is_boundary, join_fqn, param_plan
+from hpcodegen.placement import REPLICATE, Partial, Shard
+from hpcodegen.plan.frozen import EMPTY
+from hpcodegen.plan.types import Plan
 
 
-def _tp(named: Any) -> Any:
-    text = named.get("tp") if isinstance(named, Mapping) else None
-    try:
-        return parse_placement(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def vocab_parallel_findings(meta: Mapping[str, Any], embeddings: Iterable[str],
+def vocab_parallel_findings(plan: Plan, embeddings: Iterable[str],
                             check: str) -> Iterator[Finding]:
     """One error per token embedding (module FQNs in ``embeddings``) whose weight is
     row-sharded on tp but whose partial lookup no boundary of its own reduces."""
     wanted = {f"{fqn}.weight" if fqn else "weight": fqn for fqn in embeddings}
-    plan = param_plan(meta)
-    for entry_fqn, entry in plan.items():  # a malformed entry is the schema check's finding
-        params = entry.get("params") if isinstance(entry, Mapping) else None
-        for rel, named in params.items() if isinstance(params, Mapping) else ():
-            param = join_fqn(entry_fqn, rel)
-            module = wanted.get(param)
-            if module is not None and _tp(named) == Shard(0):
-                yield from _check_one(plan, entry_fqn, param, module, check)
+    for param in plan.parameters():
+        module = wanted.get(param.fqn)
+        if module is not None and param.placements.get("tp") == Shard(0):
+            yield from _check_one(plan, param.entry, param.fqn, module, check)
 
 
-def _check_one(plan: Mapping[str, Any], entry_fqn: str, param: str, module: str,
+def _check_one(plan: Plan, entry_fqn: str, param: str, module: str,
                check: str) -> Iterator[Finding]:
     where = pointer("param_plan", entry_fqn, "params")
     if entry_fqn != module:
@@ -53,14 +41,10 @@ def _check_one(plan: Mapping[str, Any], entry_fqn: str, param: str, module: str,
                     f"boundary on {module} itself reduces it",
                     expected=f"a param_plan entry {module!r} holding 'weight'")
         return
-    entry = plan[entry_fqn]
-    names = entry.get("out_names")
-    outs = entry.get("out_src")
-    if not isinstance(names, list) or not names:
-        names = list(outs) if isinstance(outs, Mapping) else []
-    first = outs.get(names[0]) if names and isinstance(outs, Mapping) \
-        and isinstance(names[0], str) else None
-    if not is_boundary(entry) or not isinstance(_tp(first), Partial):
+    entry = plan.entries[entry_fqn]
+    names = entry.output_names
+    first = (entry.out_src or EMPTY).get(names[0]) if names else None
+    if not entry.boundary or not isinstance((first or EMPTY).get("tp", REPLICATE), Partial):
         yield error(f"{check}.vocab_parallel_output", pointer("param_plan", module),
                     f"{module} looks up row-sharded vocabulary (weight S(0)): each rank's "
                     "output is a partial sum, so its first output must be declared "

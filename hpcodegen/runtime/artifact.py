@@ -265,7 +265,7 @@ class Artifact:
             raise PlanError(misfit)
         meta = self.loaded.data
         handlers = check_handlers(self.plan)
-        injections = resolve_injections(meta, self.allowed_target_prefixes)
+        injections = resolve_injections(self.plan, self.allowed_target_prefixes)
         check_loss_parallel_install(model, self.plan, is_hpcodegen_meta(meta))
         return Resolved(handlers, injections)
 

@@ -193,7 +193,7 @@ def import_verified_module(loaded: LoadedMeta, *,
         art = Artifact.load("examples/llama_tp2")     # calls this as art.module()
         cls = generated_model_class(art.plan, art.module())
     """
-    check_targets(loaded.data, allowed_target_prefixes)
+    check_targets(loaded, allowed_target_prefixes)
     absdir = Path(loaded.artifact_dir).resolve()
     modeling = find_modeling_file(absdir)
     outputs = loaded.data.get("outputs")

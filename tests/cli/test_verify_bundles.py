@@ -85,6 +85,7 @@ def test_untrusted_bundles_pass_the_gate_with_a_warning_and_never_run() -> None:
     """Without ``--allow-target`` the existing system's own factories are a warning per target
     (the gate still checks everything else and inspect-plan reads the plan); the runtime's
     check refuses them, and the same names in a meta hpcodegen wrote stay errors."""
+    from hpcodegen.artifact.load import LoadedMeta
     from hpcodegen.errors import PlanError
     from hpcodegen.targets import check_targets, target_findings
 
@@ -96,15 +97,20 @@ def test_untrusted_bundles_pass_the_gate_with_a_warning_and_never_run() -> None:
         assert gate and {(f["code"], f["severity"]) for f in gate} == {
             ("plan.foreign_system_target", "warning")}
         meta = vf.read_meta(directory)
-        assert len(gate) == len(target_findings(meta))
+
+        def loaded(data: dict, where: Path = Path(directory)) -> LoadedMeta:
+            return LoadedMeta(data, where / "codegen_meta.json", where)
+
+        assert len(gate) == len(target_findings(loaded(meta)))
         with pytest.raises(PlanError, match="not in the injection registry"):
-            check_targets(meta)
-        check_targets(meta, vf.REFERENCE_TARGETS)  # trusted: resolvable, nothing imported
+            check_targets(loaded(meta))
+        # trusted: resolvable, nothing imported
+        check_targets(loaded(meta), vf.REFERENCE_TARGETS)
         ours = dict(meta, generator={"name": "hpcodegen", "version": "0"})
-        assert {f.severity.value for f in target_findings(ours)} == {"error"}
+        assert {f.severity.value for f in target_findings(loaded(ours))} == {"error"}
         evil = copy.deepcopy(meta)
         evil["injections"][0]["local_compute_fn"] = {"_target_": "os.system"}
-        assert "error" in {f.severity.value for f in target_findings(evil)}
+        assert "error" in {f.severity.value for f in target_findings(loaded(evil))}
     code, doc = verify(BUNDLES[0], "--strict", trust=False)
     assert code == 1  # --strict: a target nobody trusted is not a clean pass
     proc = subprocess.run([sys.executable, "-m", "hpcodegen", "inspect-plan", str(BUNDLES[0])],

@@ -13,7 +13,7 @@ from conftest import REPO
 
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.placement import REPLICATE, Shard
-from hpcodegen.plan.codec import injection_from_json, plan_from_meta
+from hpcodegen.plan.codec import injection_from_json, plan_from_meta, readable_plan
 from hpcodegen.plan.cp import (
     causal_work,
     cp_layout,
@@ -35,7 +35,7 @@ def _meta() -> dict:
 
 
 def _codes(meta: dict) -> set[tuple[str, str, str]]:
-    return {(f.code, f.severity.value, f.where) for f in check_cp(meta)}
+    return {(f.code, f.severity.value, f.where) for f in check_cp(readable_plan(meta)[0])}
 
 
 @pytest.mark.parametrize("layout,cp,want", [
@@ -126,7 +126,7 @@ def test_attention_without_the_kv_gather_is_an_error() -> None:
 def test_bad_kv_declarations_are_errors(edit, needle: str) -> None:
     meta = _meta()
     edit(meta["injections"][0])
-    found = [f for f in check_cp(meta) if f.code == "plan.cp_kv"]
+    found = [f for f in check_cp(readable_plan(meta)[0]) if f.code == "plan.cp_kv"]
     assert found and any(needle in f.message for f in found), [f.message for f in found]
 
 
@@ -157,7 +157,7 @@ def test_the_existing_systems_names_resolve_to_ours_without_importing_it() -> No
     assert target_spec("hyper_parallel.codegen.inner.flex_qkv") is None  # another algorithm
     foreign = json.loads((REFERENCE / "qwen3_moe_g3" / "codegen_meta.json").read_text())
     foreign["injections"] = [r for r in foreign["injections"] if "inner_wrapper" in r]
-    resolved = resolve_injections(foreign)
+    resolved = resolve_injections(plan_from_meta(foreign))
     assert {f.__name__ for t in resolved.values() for f, _ in t.values()} == {"sdpa_qkv"}
     assert "hyper_parallel" not in sys.modules
 
@@ -169,7 +169,7 @@ def test_verify_and_inspect_of_a_cp_artifact_import_no_torch() -> None:
             "from hpcodegen.plan.codec import plan_from_meta; "
             f"m = json.loads(pathlib.Path({str(EXAMPLE / 'codegen_meta.json')!r}).read_text()); "
             "predict_plan(plan_from_meta(m)); from hpcodegen.checks.cp import check_cp; "
-            "list(check_cp(m)); "
+            "list(check_cp(plan_from_meta(m))); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, cwd=REPO)

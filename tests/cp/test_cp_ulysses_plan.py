@@ -16,7 +16,7 @@ from conftest import CONFIGS, REPO
 
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.errors import PlanError, UsageError
-from hpcodegen.plan.codec import injection_from_json
+from hpcodegen.plan.codec import injection_from_json, readable_plan
 from hpcodegen.plan.cp import (
     heads_problem,
     kv_replicas,
@@ -108,17 +108,17 @@ def test_generate_freezes_the_exchange_in_the_plans_vocabulary(ulysses_meta) -> 
     assert record["inner_out_src"] == {"output": {"cp": "S(2)"}}
     assert record["inner_out_dst"] == {"output": {"cp": "S(1)"}}
     assert record["cp_heads"] == {"query": 8, "key_value": 2}
-    assert not [f for f in check_cp(ulysses_meta)]
+    assert not [f for f in check_cp(readable_plan(ulysses_meta)[0])]
 
 
 def _codes(meta: dict) -> set[str]:
-    return {f.code for f in check_cp(meta) if f.severity.value == "error"}
+    return {f.code for f in check_cp(readable_plan(meta)[0]) if f.severity.value == "error"}
 
 
 def test_verify_checks_the_method_against_the_mesh_and_heads(ulysses_meta) -> None:
     meta = copy.deepcopy(ulysses_meta)
     meta["injections"][-1]["cp_heads"] = {"query": 12, "key_value": 3}
-    found = [f for f in check_cp(meta) if f.code == "plan.cp_ulysses_heads"]
+    found = [f for f in check_cp(readable_plan(meta)[0]) if f.code == "plan.cp_ulysses_heads"]
     assert found and "12 query heads" in found[0].message
     assert found[0].where.endswith("/cp_heads")
 
@@ -151,7 +151,7 @@ def test_verify_and_inspect_of_a_ulysses_meta_import_no_torch(ulysses_meta, tmp_
             "from hpcodegen.plan.codec import plan_from_meta; "
             "from hpcodegen.checks.cp import check_cp; "
             f"m = json.loads(pathlib.Path({str(path)!r}).read_text()); "
-            "p = predict_plan(plan_from_meta(m)); list(check_cp(m)); "
+            "p = predict_plan(plan_from_meta(m)); list(check_cp(plan_from_meta(m))); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, cwd=REPO)
@@ -245,13 +245,14 @@ def test_verify_with_the_config_checks_its_heads(ulysses_meta) -> None:
     from hpcodegen.checks.cp import config_heads_findings
 
     config = _config()
-    assert not list(config_heads_findings(ulysses_meta, config))
+    plan = readable_plan(ulysses_meta)[0]
+    assert not list(config_heads_findings(plan, config))
     lied = {**config, "num_attention_heads": 16}
-    assert {f.code for f in config_heads_findings(ulysses_meta, lied)} == {"model.cp_heads"}
+    assert {f.code for f in config_heads_findings(plan, lied)} == {"model.cp_heads"}
     foreign = copy.deepcopy(ulysses_meta)
     for record in foreign["injections"]:
         record.pop("cp_heads", None)
     bad = {**config, "num_attention_heads": 6, "num_key_value_heads": 6}  # 6 over tp2*cp2
-    found = list(config_heads_findings(foreign, bad))
+    found = list(config_heads_findings(readable_plan(foreign)[0], bad))
     assert [f.code for f in found] == ["model.cp_ulysses_heads"]
     assert "6 query heads" in found[0].message

@@ -169,21 +169,25 @@ def test_tied_parameters_planned_two_sharded_ways_are_refused() -> None:
     with torch.device("meta"):
         model = Tiny()
     assert tied_pairs(model) == [["emb.weight", "head.weight"]]
+    from hpcodegen.plan.draft import DraftPlan, entries_to_json
+
     plan = {"emb": {"params": {"weight": {"tp": "S(0)"}}, "is_boundary": True},
             "head": {"params": {"weight": {"tp": "S(1)"}}, "is_boundary": True}}
     with pytest.raises(PlanError) as exc:
-        unify_tied_placements(model, plan)
+        unify_tied_placements(model, DraftPlan.from_json(plan))
     assert exc.value.findings[0].code == "generate.tied_placements"
     assert "different sharded placements" in exc.value.findings[0].message
     # a replicated alias a boundary computes with cannot take the shard either
     plan["head"]["params"]["weight"] = {"tp": "R"}
     with pytest.raises(PlanError, match="replicated inside the boundary head"):
-        unify_tied_placements(model, plan)
+        unify_tied_placements(model, DraftPlan.from_json(plan))
     # a parameter-only alias (no rule named it) takes the shard, its partial grad dropped
     plan["head"] = {"params": {"weight": {"tp": "R"}}, "is_boundary": False,
                     "partial_grad_params": ["weight"]}
-    assert unify_tied_placements(model, plan) == ["head.weight"]
-    assert plan["head"] == {"params": {"weight": {"tp": "S(0)"}}, "is_boundary": False}
+    draft = DraftPlan.from_json(plan)
+    assert unify_tied_placements(model, draft) == ["head.weight"]
+    assert entries_to_json(draft.view())["head"] == {"params": {"weight": {"tp": "S(0)"}},
+                                                     "is_boundary": False}
 
 
 def test_local_params_style_on_an_attention_with_sinks() -> None:

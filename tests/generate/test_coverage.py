@@ -7,6 +7,7 @@ import pytest
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.checks.validate import check_coverage
+from hpcodegen.plan.codec import entries_from_json
 from hpcodegen.plan.coverage import is_covered, uncovered
 
 
@@ -38,7 +39,7 @@ def test_generate_accepts_what_verify_accepts_and_names_the_rest() -> None:
     plan = {"emb": {"params": {"weight": {"tp": "S(0)"}}},
             "block": {"params": {"0": {"tp": "R"}}}}  # block.0 covers block.0.weight/.bias
     with pytest.raises(PlanError) as exc:
-        check_coverage(model, plan)
+        check_coverage(model, entries_from_json(plan))
     # before: block.0.* and the tied head.weight were "not covered" too (exact names, aliases)
     assert {(f.code, f.where) for f in exc.value.findings} == {
         ("generate.param_not_covered", "block.1.weight"),
@@ -47,4 +48,5 @@ def test_generate_accepts_what_verify_accepts_and_names_the_rest() -> None:
     }
     plan["block"]["params"] = {"0.weight": {"tp": "R"}, "0.bias": {"tp": "R"},
                                "1.weight": {"tp": "R"}, "1.bias": {"tp": "R"}}
-    check_coverage(model, plan)  # frozen.* is not trainable; head.weight is emb.weight
+    # frozen.* is not trainable; head.weight is emb.weight
+    check_coverage(model, entries_from_json(plan))

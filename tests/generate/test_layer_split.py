@@ -15,6 +15,9 @@ import pytest
 
 from hpcodegen.generate.api import GenerateArgs, run_generate
 from hpcodegen.generate.checks.layer_split import fold_blocks, layer_blocks, unsplit_layers
+from hpcodegen.plan.codec import entries_from_json
+from hpcodegen.plan.frozen import FrozenMap
+from hpcodegen.plan.types import PlanEntry
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 LLAMA = Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama"
@@ -40,14 +43,14 @@ def _net():
     return Net()
 
 
-def _plan(**split: str) -> dict:
+def _plan(**split: str) -> FrozenMap[str, PlanEntry]:
     """``emb`` and both heads sharded on tp, every layer replicated, plus ``split``."""
     plan = {"emb": {"params": {"weight": {"tp": "S(0)"}}},
             "heads": {"params": {"0.weight": {"tp": "S(0)"}, "1.weight": {"tp": "S(0)"}}},
             "layers": {"params": {"0.attn.weight": {"tp": "R"}}}}
     for fqn, placement in split.items():
         plan[fqn.replace("__", ".")] = {"params": {"weight": {"tp": placement}}}
-    return plan
+    return entries_from_json(plan)
 
 
 def test_layers_are_the_outermost_repeated_blocks() -> None:

@@ -8,6 +8,7 @@ from hpcodegen.errors import PlanError
 from hpcodegen.generate.layouts.lift import lift_plan
 from hpcodegen.generate.sources.hf_plan import expand_rules, hf_rules
 from hpcodegen.hf import read_hf_config
+from hpcodegen.plan.draft import entries_to_json
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def llama(llama_dir):
 
 def _lift(model, rules, sp):
     fqns = [name for name, _ in model.named_modules()]
-    return lift_plan(model, expand_rules(rules, fqns), sp)
+    return entries_to_json(lift_plan(model, expand_rules(rules, fqns), sp).view())
 
 
 @pytest.mark.parametrize("sp", [False, True])

@@ -289,7 +289,11 @@ def test_the_linears_a_forward_never_calls_are_kept_from_the_layouts() -> None:
 def test_a_sequence_gathering_parent_refuses_sequence_sharded_boundaries_inside() -> None:
     """OPT's decoder layer gathers the sequence for fc1/fc2 (its forward flattens batch and
     sequence); the attention region inside it must not gather it again (--sp)."""
-    from hpcodegen.generate.checks.sp_nesting import check_nested_gathers
+    from hpcodegen.generate.checks.sp_nesting import check_nested_gathers as typed_check
+    from hpcodegen.plan.codec import entries_from_json
+
+    def check_nested_gathers(plan: dict) -> None:
+        typed_check(entries_from_json(plan))
 
     def entry(src: str, dst: str) -> dict:
         return {"in_src": {"x": {"tp": src}}, "in_dst": {"x": {"tp": dst}},

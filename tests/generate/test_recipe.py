@@ -7,6 +7,7 @@ import pytest
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.sources.recipe import apply_recipe, recipe_schema, validate_recipe
 from hpcodegen.placement import PLACEMENT_PATTERN
+from hpcodegen.plan.draft import DraftPlan, entries_to_json
 
 FQNS = ["", "model", "model.layers.0.mlp", "model.layers.0.mlp.down_proj",
         "model.layers.1.mlp", "model.layers.1.mlp.down_proj", "lm_head"]
@@ -38,7 +39,7 @@ def test_valid_recipe_passes_and_invalid_one_names_pointers() -> None:
 
 
 def test_rules_apply_in_order_and_win_over_the_hf_plan() -> None:
-    plan = _plan()
+    draft = DraftPlan.from_json(_plan())
     rules = [
         {"match": "model.layers.*.mlp", "out_dst": {"output": {"tp": "R"}}},
         {"match": "model.layers.*.mlp.down_proj",
@@ -46,7 +47,8 @@ def test_rules_apply_in_order_and_win_over_the_hf_plan() -> None:
         {"match": "lm_head", "injections": {"inner_target": "self"}},
         {"match": "lm_head", "injections": {"inner_wrapper": "sdpa_hf"}},
     ]
-    injections = apply_recipe(plan, rules, FQNS)
+    injections = apply_recipe(draft, rules, FQNS)
+    plan = entries_to_json(draft.view())
     assert plan["model.layers.0.mlp"] == {"params": {}, "is_boundary": True,
                                           "out_dst": {"output": {"tp": "R"}}}
     assert plan["model.layers.1.mlp.down_proj"]["params"]["bias"] == {"tp": "R"}
@@ -56,4 +58,5 @@ def test_rules_apply_in_order_and_win_over_the_hf_plan() -> None:
 
 def test_rule_matching_nothing_names_index() -> None:
     with pytest.raises(PlanError, match=r"recipe rule 1 \(match 'model\.nope'\)"):
-        apply_recipe(_plan(), [{"match": "lm_head"}, {"match": "model.nope"}], FQNS)
+        apply_recipe(DraftPlan.from_json(_plan()),
+                     [{"match": "lm_head"}, {"match": "model.nope"}], FQNS)

@@ -260,16 +260,17 @@ def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
 
 def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
     """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
-    from hpcodegen.checks.context import planned_params
+    from hpcodegen.checks.context import plan_entries, planned_params
     from hpcodegen.checks.plan_refs import _entry_param_lists
     from hpcodegen.plan.codec import entry_from_json
 
     _, _, meta = _generate(tmp_path, "gpt_oss", 2)
     entry = meta["param_plan"]["model.layers.0.mlp.experts"]
-    assert not list(_entry_param_lists(meta, planned_params(meta)))
+    entries = plan_entries(meta["param_plan"])
+    assert not list(_entry_param_lists(entries, planned_params(entries)))
     # another generator may omit the derived partial list: the gradient is still synced
     without = entry_from_json("experts", {**entry, "partial_grad_params": []})
     assert without.effective_partial_grad_params() == ("down_proj_bias",)
     entry["tp_rank0_params"] = ["down_proj_bias", "no_such_bias"]
-    codes = [f.code for f in _entry_param_lists(meta, planned_params(meta))]
+    codes = [f.code for f in _entry_param_lists(entries, planned_params(entries))]
     assert codes == ["plan.tp_rank0_params_unplanned"]

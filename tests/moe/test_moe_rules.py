@@ -22,11 +22,15 @@ from hpcodegen.plan.moe import (
 
 
 def test_param_shard_reads_weights_as_out_in() -> None:
-    assert param_shard(Kind.COLWISE, 3, 2) == ("SS(1,2)", False)   # [E, 2I, H] packed
-    assert param_shard(Kind.ROWWISE, 3, 1) == ("S(2)", False)      # [E, H, I]
-    assert param_shard(Kind.ROWWISE, 3, 2) == ("SS(2,2)", False)   # llama4 [E, H, 2I]
-    assert param_shard(Kind.COLWISE, 1, 1) == ("S(0)", False)      # a per-head vector
-    assert param_shard(Kind.ROWWISE, 1, 1) == ("R", True)          # a rowwise bias
+    def shown(kind: Kind, ndim: int, factor: int) -> tuple[str, bool]:
+        placement, rowwise_bias = param_shard(kind, ndim, factor)
+        return str(placement), rowwise_bias
+
+    assert shown(Kind.COLWISE, 3, 2) == ("SS(1,2)", False)   # [E, 2I, H] packed
+    assert shown(Kind.ROWWISE, 3, 1) == ("S(2)", False)      # [E, H, I]
+    assert shown(Kind.ROWWISE, 3, 2) == ("SS(2,2)", False)   # llama4 [E, H, 2I]
+    assert shown(Kind.COLWISE, 1, 1) == ("S(0)", False)      # a per-head vector
+    assert shown(Kind.ROWWISE, 1, 1) == ("R", True)          # a rowwise bias
 
 
 def test_rules_on_parameters_become_parameter_assignments() -> None:

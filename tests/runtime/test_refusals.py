@@ -90,28 +90,30 @@ def test_registry_resolution_never_imports_by_path(monkeypatch) -> None:
     import os.path
 
     from hpcodegen import targets
+    from hpcodegen.plan.codec import plan_from_meta
     from hpcodegen.runtime.identity import no_deferred_bias
 
     meta = {"injections": [{"match": "a", "local_compute_fn": {"_target_": "os.path.join",
                                                                  "k": 1}}]}
     with pytest.raises(PlanError) as info:  # not registered, not trusted
-        targets.resolve_injections(meta)
+        targets.resolve_injections(plan_from_meta(meta))
     assert _codes(info.value) == ["plan.foreign_target"]
     # hpcodegen's own modules are not trusted by prefix either, only by registration
     own = {"injections": [{"match": "a", "inner_wrapper": {
         "_target_": "hpcodegen.runtime.identity.no_deferred_bias"}}]}
     with pytest.raises(PlanError):
-        targets.resolve_injections(own)
-    assert targets.resolve_injections(meta, ("os.path",)) == {
+        targets.resolve_injections(plan_from_meta(own))
+    assert targets.resolve_injections(plan_from_meta(meta), ("os.path",)) == {
         "a": {"local_compute_fn": (os.path.join, {"k": 1})}}
     monkeypatch.setitem(targets.BUILTIN_TARGETS, "nobias",
                         "hpcodegen.runtime.identity:no_deferred_bias")
     short = {"injections": [{"match": "a", "inner_wrapper": "nobias"}]}
-    assert targets.resolve_injections(short)["a"]["inner_wrapper"][0] is no_deferred_bias
-    assert targets.resolve_injections(own)["a"]["inner_wrapper"][0] is no_deferred_bias
+    for record in (short, own):
+        resolved = targets.resolve_injections(plan_from_meta(record))
+        assert resolved["a"]["inner_wrapper"][0] is no_deferred_bias
     missing = {"injections": [{"match": "a", "inner_wrapper": "os.path.nothing_here"}]}
     with pytest.raises(PlanError) as info:
-        targets.resolve_injections(missing, ("os",))
+        targets.resolve_injections(plan_from_meta(missing), ("os",))
     assert _codes(info.value) == ["runtime.missing_target"]
 
 

@@ -96,6 +96,38 @@ def test_the_draft_freezes_once_and_then_refuses_changes() -> None:
     assert draft.entry("lm_head") is entry  # reading stays allowed
 
 
+def test_a_pass_edits_the_draft_in_place_and_reads_its_typed_view() -> None:
+    """What generate's passes do: a fresh entry per module (at its old position), a whole
+    field set (an empty one declared), names added sorted once and removed (an emptied list
+    goes), a parameter-only entry on demand, the plan sorted by FQN; the typed view is a
+    snapshot that leaves the draft open."""
+    draft = DraftPlan.from_json({"b": {"params": {"w": {"tp": "R"}}, "is_boundary": False},
+                                 "a": {"params": {"w": {"tp": "S(0)"}}}})
+    fresh = draft.reset("b")
+    fresh.set_placements("params", {})
+    fresh.set_placements("in_src", {"x": {"tp": Shard(1)}})
+    fresh.add_names("partial_grad_params", ["w", "v", "w"])
+    fresh.remove_name("partial_grad_params", "v")
+    assert fresh.get("partial_grad_params") == ("w",)
+    fresh.remove_name("partial_grad_params", "w")
+    assert fresh.get("partial_grad_params") is None
+    assert list(draft) == ["b", "a"] and fresh.boundary
+    assert draft.param_entry("c").placements("params") == {}
+    assert draft.param_entry("a") is draft["a"]  # an existing entry is kept as it is
+    draft["a"].unplace("params", "w")
+    view = draft.view()
+    assert view["b"].in_src["x"]["tp"] == Shard(1) and not view["c"].boundary
+    draft.sort()
+    assert list(draft) == ["a", "b", "c"] and not draft.frozen
+    assert entries_to_json(draft.freeze()) == {
+        "a": {"params": {}}, "b": {"params": {}, "in_src": {"x": {"tp": "S(1)"}}},
+        "c": {"params": {}, "is_boundary": False}}
+    with pytest.raises(FrozenDraftError):
+        draft.reset("a")
+    with pytest.raises(DraftError, match=r"param_plan\['a'\]\.params: not a"):
+        DraftPlan().entry("a").set("params", ("w",))
+
+
 def test_the_draft_loads_no_torch() -> None:
     code = ("import json, sys; from hpcodegen.plan.draft import DraftPlan, entries_to_json;"
             f"m = json.load(open({str(ROOT / 'examples/llama_tp2/codegen_meta.json')!r}));"

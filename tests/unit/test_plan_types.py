@@ -176,19 +176,12 @@ def test_strided_shards_and_partials_parse() -> None:
 
 @pytest.mark.parametrize("path", METAS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_derived_views_read_like_the_dict_helpers(path: Path) -> None:
-    """One rule, two readers while the consumers migrate: the typed views agree with
-    :mod:`hpcodegen.plan.entry` on every meta the repository holds."""
+    """The typed ``passes_through`` agrees with the contract rule's JSON reader
+    (:mod:`hpcodegen.plan.entry`) on every meta the repository holds."""
     meta = _load(path)[1]
     plan = plan_from_meta(meta)
-    assert dict(plan.dims.sizes) == dict_rules.axis_sizes(meta)
-    assert [(p.fqn, p.entry, {a: str(x) for a, x in p.placements.items()})
-            for p in plan.parameters()] == [(f, e, dict(n)) for f, e, n in
-                                            dict_rules.iter_params(meta)]
-    records = dict_rules.expand_injections(meta)
-    assert sorted(plan.injections_by_fqn()) == sorted(records)
-    for fqn, raw in dict_rules.param_plan(meta).items():
+    for fqn, raw in meta.get("param_plan", {}).items():
         entry: PlanEntry = plan.entries[fqn]
-        assert entry.boundary == dict_rules.is_boundary(raw)
         assert entry.passes_through() == dict_rules.passes_through(raw)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hpcodegen.artifact.load import LoadedMeta
 from hpcodegen.inspect.run import readable_plan
 from hpcodegen.plan.codec import plan_from_meta
 from hpcodegen.plan.fold import fold, format_ranges
@@ -88,7 +89,7 @@ def test_unreadable_entry_is_a_finding() -> None:
         "c": {"in_src": {"x": "S(1)"}, "in_dst": {"x": {"tp": "R"}}},
         "d": {"in_src": {"x": {"tp": "S(1)"}}, "in_dst": {"x": {"tp": "R"}}},
     }}
-    plan, problems = readable_plan(meta)
+    plan, problems = readable_plan(LoadedMeta(meta, Path("m.json"), Path(".")))
     assert list(plan.entries) == ["d"]
     assert [f.where for f in problems] == ["/param_plan/a", "/param_plan/b", "/param_plan/c"]
     assert all(f.code == "inspect.bad_entry" for f in problems)

@@ -45,9 +45,8 @@ def verify_frozen(meta_bytes: bytes, classes: set[str],
     ctx.cache["file_classes"] = set(classes)
     found = [f for r in run_checks(ctx, FROZEN_CHECKS).values() for f in r.findings]
     if modules is not None:
-        plan = data["param_plan"]
-        found += [*leaf_form_findings(data, modules, plan),
-                  *input_name_findings(plan, modules, set())]
+        found += [*leaf_form_findings(ctx.plan, modules),
+                  *input_name_findings(ctx.plan.entries, modules, set())]
     if config is not None and not any(f.severity is Severity.ERROR for f in found):
         from hpcodegen.checks.model import derivation_findings
 

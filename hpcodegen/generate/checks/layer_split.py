@@ -21,12 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcodegen.errors import Finding, warning
-from hpcodegen.placement import PlacementSyntaxError, is_shard, parse_placement
+from hpcodegen.placement import is_shard
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.fold import format_ranges
-
-#: the mesh axis the check is about
-TP = "tp"
+from hpcodegen.plan.types import TP, PlanEntry
 
 
 def layer_blocks(model: Any) -> dict[str, str]:
@@ -48,18 +46,11 @@ def _inside(fqn: str, blocks: Mapping[str, str]) -> bool:
     return any(fqn.startswith(block + ".") or fqn == block for block in blocks)
 
 
-def tp_split_params(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def tp_split_params(plan: Mapping[str, PlanEntry]) -> list[str]:
     """Every parameter FQN the plan shards on tp (``S(d)``, ``SS(d,f)``)."""
-    split = []
-    for fqn, entry in plan.items():
-        for rel, named in (entry.get("params") or {}).items():
-            text = named.get(TP) if isinstance(named, Mapping) else None
-            try:
-                if text is not None and is_shard(parse_placement(text)):
-                    split.append(join_fqn(fqn, rel))
-            except PlacementSyntaxError:
-                continue
-    return split
+    return [join_fqn(fqn, rel) for fqn, entry in plan.items()
+            for rel, named in (entry.params or {}).items()
+            if named.get(TP) is not None and is_shard(named[TP])]
 
 
 def fold_blocks(blocks: Mapping[str, str]) -> list[str]:
@@ -82,7 +73,7 @@ def fold_blocks(blocks: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def unsplit_layers(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
+def unsplit_layers(model: Any, plan: Mapping[str, PlanEntry], tp: int,
                    rules_in_use: Sequence[str]) -> Finding | None:
     """A warning when ``tp > 1`` and no parameter of any layer is split over tp, else None.
 

@@ -28,7 +28,6 @@ from typing import Any
 from hpcodegen.binding import InputBinder, apply_outputs
 from hpcodegen.errors import PlanError, error
 from hpcodegen.placement import Shard
-from hpcodegen.plan.codec import entries_from_json
 from hpcodegen.plan.entry import takes_token_ids
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.types import TP, PlanEntry
@@ -84,7 +83,7 @@ def _run(model: Any, length: int) -> Any:
     return _logits(forward(model, 2, length, fake=True))
 
 
-def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
+def check_sp_shapes(model: Any, plan: Mapping[str, PlanEntry], tp: int,
                     classes: Mapping[str, str]) -> None:
     """Refuse ``plan`` (PlanError ``generate.sp_shapes``) when the model's forward does not
     run on sequence-sharded activations; see the module docstring."""
@@ -118,7 +117,7 @@ def check_sp_shapes(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int,
         if not _matches(_shapes(out), ref, tp):
             first_wrong.append(fqn)
 
-    handles, wrapped = _shard_sequence(modules, entries_from_json(plan), tp, classes)
+    handles, wrapped = _shard_sequence(modules, plan, tp, classes)
     for m in modules.values():  # after the plan's hooks: they see the resized shapes
         handles.append(m.register_forward_pre_hook(enter, with_kwargs=True))
         handles.append(m.register_forward_hook(leave))

@@ -5,17 +5,15 @@ applies to hand-edited plans too)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.sp_nesting import describe, nested_gathers
+from hpcodegen.plan.types import PlanEntry
 
 
-def check_nested_gathers(plan: Mapping[str, Mapping[str, Any]]) -> None:
+def check_nested_gathers(entries: Mapping[str, PlanEntry]) -> None:
     """PlanError ``generate.sp_nested_gather``, one finding per gathering parent, naming
     its first sequence-sharded boundary inside."""
-    entries = {fqn: entry_from_json(fqn, entry) for fqn, entry in plan.items()}
     problems = [error("generate.sp_nested_gather", inner[0], describe(parent, inner),
                       hint="generate without --sp")
                 for parent, inner in nested_gathers(entries)]

@@ -11,14 +11,18 @@ from dataclasses import replace
 from typing import Any
 
 from hpcodegen.errors import Finding, PlanError, Severity, error
-from hpcodegen.plan.codec import entries_from_json
+from hpcodegen.plan.codec import entry_to_json
 from hpcodegen.plan.coverage import params_planned_twice, trainable_names, uncovered
-from hpcodegen.plan.entry import contract_differences, is_boundary, join_fqn
+from hpcodegen.plan.entry import contract_differences, join_fqn
 from hpcodegen.plan.tp_divisible import MISSING, divide_attr_findings, tp_divisibility
+from hpcodegen.plan.types import PlanEntry
+
+#: the typed entries of generate's draft plan (:meth:`hpcodegen.plan.draft.DraftPlan.view`)
+Entries = Mapping[str, PlanEntry]
 
 
 def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str] = (),
-                    plan: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                    plan: Entries | None = None) -> None:
     """Refuse a config whose sizes do not divide ``tp``: PlanError naming the fields.
 
     The rule is :func:`hpcodegen.plan.tp_divisible.tp_divisibility`, the one verify's
@@ -28,12 +32,12 @@ def check_divisible(config: Mapping[str, Any], tp: int, unsplit: Collection[str]
     """
     problems = [replace(f, severity=Severity.ERROR)
                 for f in tp_divisibility(config, tp, "generate", unsplit=unsplit,
-                                         plan=None if plan is None else entries_from_json(plan))]
+                                         plan=plan)]
     if problems:
         raise PlanError(problems)
 
 
-def check_even_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) -> None:
+def check_even_shards(model: Any, plan: Entries, tp: int) -> None:
     """Refuse a plan with a tp shard of uneven size (:func:`uneven_shards`) or a
     ``tp_divide_attrs`` count tp does not divide (:func:`indivisible_attrs`): PlanError."""
     problems = uneven_shards(model, plan, tp) + indivisible_attrs(model, plan, tp)
@@ -41,7 +45,7 @@ def check_even_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
         raise PlanError(problems)
 
 
-def uneven_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) -> list[Finding]:
+def uneven_shards(model: Any, plan: Entries, tp: int) -> list[Finding]:
     """An error for every parameter the plan shards on tp (``S(d)``, ``SS(d,f)``) whose dim
     does not divide evenly (``SS(d,f)``: into ``f`` blocks, each split over tp).
 
@@ -49,21 +53,17 @@ def uneven_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) ->
     packed projection of unequal blocks, Mamba-2's ``in_proj``); torch would shard them
     unevenly and a gathered output could not be all-gathered (gloo aborts the rank).
     """
-    from hpcodegen.placement import StridedShard, parse_placement, shard_dim
+    from hpcodegen.placement import StridedShard, shard_dim
 
     found: list[Finding] = []
     params = dict(model.named_parameters(remove_duplicate=False))
     for fqn, entry in plan.items():
-        for rel, named in (entry.get("params") or {}).items():
-            text = (named or {}).get("tp") if isinstance(named, Mapping) else None
+        for rel, named in (entry.params or {}).items():
+            placement = named.get("tp")
             param = params.get(join_fqn(fqn, rel))
-            if text is None or param is None:
+            if placement is None or param is None:
                 continue
-            try:
-                placement = parse_placement(text)
-                dim = shard_dim(placement)
-            except (ValueError, TypeError):
-                continue
+            dim = shard_dim(placement)
             if dim is None or tp < 2 or not -param.dim() <= dim < param.dim():
                 continue
             factor = placement.split_factor if isinstance(placement, StridedShard) else 1
@@ -72,15 +72,14 @@ def uneven_shards(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int) ->
                 blocks = f" in {factor} blocks" if factor > 1 else ""
                 found.append(error(
                     "generate.uneven_shard", join_fqn(fqn, rel),
-                    f"{text} splits dim {dim} of size {size}{blocks} over tp_size = {tp} "
+                    f"{placement} splits dim {dim} of size {size}{blocks} over tp_size = {tp} "
                     "unevenly; the generator only emits even shards",
                     expected=f"a size divisible by {factor * tp}",
                     hint="choose a tp size that divides it"))
     return found
 
 
-def indivisible_attrs(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
-                      ) -> list[Finding]:
+def indivisible_attrs(model: Any, plan: Entries, tp: int) -> list[Finding]:
     """An error for every ``tp_divide_attrs`` count of the built model that is missing or
     that tp does not divide: :func:`hpcodegen.plan.tp_divisible.divide_attr_findings`, the
     rule verify's ``model`` check and the runtime apply, on the modules themselves (BLT's
@@ -96,10 +95,10 @@ def indivisible_attrs(model: Any, plan: Mapping[str, Mapping[str, Any]], tp: int
 
     if tp <= 1:
         return []
-    return divide_attr_findings(entries_from_json(plan), tp, resolve, "generate")
+    return divide_attr_findings(plan, tp, resolve, "generate")
 
 
-def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
+def check_coverage(model: Any, plan: Entries) -> None:
     """Every planned parameter is planned once and exists; every trainable one is covered.
 
     Coverage is :func:`hpcodegen.plan.coverage.uncovered` (the reference's rule: equal to a
@@ -111,7 +110,7 @@ def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
         for full, first, second in params_planned_twice(plan)
     ]
     planned = {join_fqn(fqn, rel): fqn for fqn, entry in plan.items()
-               for rel in entry.get("params") or {}}
+               for rel in entry.params or ()}
     for name in uncovered(trainable_names(model), planned):
         problems.append(error(
             "generate.param_not_covered", name,
@@ -126,18 +125,19 @@ def check_coverage(model: Any, plan: Mapping[str, Mapping[str, Any]]) -> None:
         raise PlanError(problems)
 
 
-def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
+def check_class_contracts(plan: Entries,
                           classes: Mapping[str, str], defined: Set[str] | None = None) -> None:
     """Every boundary FQN of one class carries the same contract (the emitter writes one).
 
     The rule is :func:`hpcodegen.plan.entry.contract_differences`, the one verify applies,
     to the classes the modeling file defines (``defined``; None: every class). A class it
     does not define (``nn.Linear``) is wrapped per instance, so its FQNs may differ.
+    The rule compares the entries as the meta will write them (the codec's JSON).
     """
     first: dict[str, str] = {}
     problems = []
     for fqn, entry in plan.items():
-        if not is_boundary(entry):
+        if not entry.boundary:
             continue
         cls = classes[fqn]
         if defined is not None and cls not in defined:
@@ -146,7 +146,7 @@ def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
             first[cls] = fqn
             continue
         other = plan[first[cls]]
-        diff = contract_differences(entry, other)
+        diff = contract_differences(entry_to_json(entry), entry_to_json(other))
         if diff:
             problems.append(error(
                 "generate.class_contract", fqn,
@@ -157,7 +157,7 @@ def check_class_contracts(plan: Mapping[str, Mapping[str, Any]],
         raise PlanError(problems)
 
 
-def check_sequence_parallel(plan: Mapping[str, Mapping[str, Any]],
+def check_sequence_parallel(plan: Entries,
                             classes: Mapping[str, str], per_token: Collection[str] = ()
                             ) -> None:
     """With ``--sp``: refuse a module whose replicated compute would see only its rank's

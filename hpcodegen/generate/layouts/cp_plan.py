@@ -25,6 +25,7 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, UsageError, error
 from hpcodegen.generate.layouts.cp_probe import BATCH, CPProbe
+from hpcodegen.placement import REPLICATE, Shard
 from hpcodegen.plan.cp import (
     ALLGATHER,
     CONTIGUOUS,
@@ -34,7 +35,8 @@ from hpcodegen.plan.cp import (
     ULYSSES_DEGREE,
     method_transitions,
 )
-from hpcodegen.plan.entry import TRANSITION_FIELDS, is_boundary
+from hpcodegen.plan.draft import DraftPlan
+from hpcodegen.plan.entry import TRANSITION_FIELDS
 
 #: config fields of attention patterns the mask rows cannot reproduce
 CHUNKED_FIELDS: tuple[str, ...] = ("attention_chunk_size",)
@@ -117,12 +119,12 @@ def check_layout(layout: str | None) -> None:
                                 f"unknown layout {layout!r}", expected=", ".join(LAYOUTS))])
 
 
-def _seq_placement(shape: tuple[int, ...] | None, length: int) -> str:
+def _seq_placement(shape: tuple[int, ...] | None, length: int) -> Shard:
     """``S(d)`` for the value's sequence dim (``length``, or ``BATCH x length`` flattened)."""
     for i, n in enumerate(shape or ()):
         if n in (length, BATCH * length):
-            return f"S({i})"
-    return "S(1)"
+            return Shard(i)
+    return Shard(1)
 
 
 def _kernel(probe: CPProbe, fqn: str) -> str:
@@ -130,7 +132,7 @@ def _kernel(probe: CPProbe, fqn: str) -> str:
     return "eager_hf" if call.softcap or probe.implementation == "eager" else "sdpa_hf"
 
 
-def add_cp_axis(plan: dict[str, dict[str, Any]], injections: list[dict[str, Any]],
+def add_cp_axis(plan: DraftPlan, injections: list[dict[str, Any]],
                 probe: CPProbe, classes: Mapping[str, str] | None = None,
                 method: str = ALLGATHER, ulysses: int = 1) -> list[dict[str, Any]]:
     """The cp placements on every entry (in place) and the injections with one CP
@@ -144,18 +146,19 @@ def add_cp_axis(plan: dict[str, dict[str, Any]], injections: list[dict[str, Any]
     and on flattened tokens in another (a dense MLP reused as MoE shared experts) is
     identity on cp either way; the placement only names the dim.
     """
-    chosen: dict[tuple[str, str, str], str] = {}
-    for fqn, entry in sorted(plan.items()):
-        for named in (entry.get("params") or {}).values():
-            named["cp"] = "R"
-        if not is_boundary(entry):
+    chosen: dict[tuple[str, str, str], Shard] = {}
+    for fqn, entry in sorted(plan.items(), key=lambda item: item[0]):
+        for name, named in entry.placements("params").items():
+            entry.place("params", name, {**named, "cp": REPLICATE})
+        if not entry.boundary:
             continue
         cls = (classes or {}).get(fqn, fqn)
         for key in TRANSITION_FIELDS:
             side = key.split("_")[0]
-            for name, named in (entry.get(key) or {}).items():
+            for name, named in entry.placements(key).items():
                 seen = _seq_placement(probe.shapes.get((fqn, side, name)), probe.length)
-                named["cp"] = chosen.setdefault((cls, key, name), seen)
+                entry.place(key, name, {**named, "cp": chosen.setdefault((cls, key, name),
+                                                                           seen)})
     taken = {fqn for record in injections for fqn in _matches(record)}
     clash = sorted(taken & set(probe.attention))
     if clash:
@@ -165,7 +168,7 @@ def add_cp_axis(plan: dict[str, dict[str, Any]], injections: list[dict[str, Any]
                                        "eager kernel themselves)")
     groups: dict[tuple[str, bool, int, int], list[str]] = {}
     for fqn in sorted(probe.attention):
-        plan.setdefault(fqn, {"params": {}, "is_boundary": False})
+        plan.param_entry(fqn)
         call = probe.attention[fqn]
         heads = (call.query[1], call.key[1]) if method != ALLGATHER else (0, 0)
         groups.setdefault((_kernel(probe, fqn), call.is_causal, *heads), []).append(fqn)

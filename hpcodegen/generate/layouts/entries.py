@@ -1,5 +1,6 @@
 """The transitions of one boundary entry, and the standalone entries that need no lifter
-state: a split norm, a vocab-parallel embedding (pure: dicts in, dicts out, except
+state: a split norm, a vocab-parallel embedding, written into a
+:class:`~hpcodegen.plan.draft.DraftEntry` with placement objects (pure, except
 :func:`not_lookup_only`, which reads a module's children).
 
 Split out of :mod:`hpcodegen.generate.layouts.lift`.
@@ -11,32 +12,42 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.seeds.module_facts import direct_params, first_arg
+from hpcodegen.placement import REPLICATE, Partial, Placement, Shard
+from hpcodegen.plan.draft import DraftEntry
 
-SEQ = "S(1)"
+#: the sequence-sharded activation (``S(1)``), the last dim (``S(-1)``), the first (``S(0)``)
+SEQ = Shard(1)
+LAST = Shard(-1)
+FIRST = Shard(0)
+#: the partial sum a row-split compute leaves (``P(sum)``)
+PARTIAL = Partial("sum")
 
 
-def _named(name: str, src: str, dst: str) -> tuple[dict, dict]:
-    return {name: {"tp": src}}, {name: {"tp": dst}}
+def tp(placement: Placement) -> dict[str, Placement]:
+    """``{"tp": placement}``: a placement on the tp axis alone."""
+    return {"tp": placement}
 
 
-def transitions(in_name: str, in_src: str, in_dst: str, out_src: str, out_dst: str) -> dict:
+def set_transitions(entry: DraftEntry, in_name: str, in_src: Placement, in_dst: Placement,
+                    out_src: Placement, out_dst: Placement) -> None:
     """The in/out fields of one boundary with a single input and the output ``output``."""
-    in_s, in_d = _named(in_name, in_src, in_dst)
-    out_s, out_d = _named("output", out_src, out_dst)
-    return {"in_src": in_s, "in_dst": in_d, "out_src": out_s, "out_dst": out_d,
-            "out_names": ["output"], "is_boundary": True}
+    entry.set_placements("in_src", {in_name: tp(in_src)})
+    entry.set_placements("in_dst", {in_name: tp(in_dst)})
+    entry.set_placements("out_src", {"output": tp(out_src)})
+    entry.set_placements("out_dst", {"output": tp(out_dst)})
+    entry.set("out_names", ("output",))
+    entry.set("is_boundary", True)
 
 
-def sharded_norm_entry(module: Any) -> dict[str, Any]:
+def sharded_norm_entry(entry: DraftEntry, module: Any) -> None:
     """A norm over a colwise projection's features, run on this rank's features (weight
     ``S(0)``, input and output ``S(-1)``); its injected compute sums the squares over tp
     (:mod:`hpcodegen.runtime.norms`)."""
-    seq = "S(-1)"
-    return {"params": {p: {"tp": "S(0)"} for p in direct_params(module)},
-            **transitions(first_arg(module), seq, seq, seq, seq)}
+    entry.set_placements("params", {p: tp(FIRST) for p in direct_params(module)})
+    set_transitions(entry, first_arg(module), LAST, LAST, LAST, LAST)
 
 
-def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
+def embedding_transitions(entry: DraftEntry, module: Any, sp: bool) -> None:
     """A vocab-parallel embedding boundary: token ids in replicated, the partial lookup
     reduced (with ``sp``: reduce-scattered onto the sequence).
 
@@ -48,7 +59,8 @@ def embedding_transitions(module: Any, sp: bool) -> dict[str, Any]:
     if reason:
         raise PlanError([error("generate.embedding_not_lookup", type(module).__name__, reason,
                                hint="replicate the embedding with a recipe rule")])
-    return transitions(first_arg(module), "R", "R", "P(sum)", SEQ if sp else "R")
+    set_transitions(entry, first_arg(module), REPLICATE, REPLICATE, PARTIAL,
+                    SEQ if sp else REPLICATE)
 
 
 def not_lookup_only(module: Any) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
+from hpcodegen.placement import REPLICATE, Shard
+from hpcodegen.plan.draft import DraftPlan
 
 #: the registered dispatch factory (``hpcodegen.runtime.moe``)
 EP_DISPATCH_TARGET = "hpcodegen.runtime.moe.ep_dispatch"
@@ -25,7 +27,7 @@ def moe_experts(assignments: Mapping[str, Assignment]) -> list[str]:
     return sorted(a.fqn for a in assignments.values() if a.kind is Kind.MOE_EXPERTS)
 
 
-def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str], ep: int,
+def shard_experts(model: Any, plan: DraftPlan, experts: list[str], ep: int,
                   injections: list[dict[str, Any]], sp: bool = False) -> list[dict[str, Any]]:
     """Add ``ep: S(0)`` to every expert parameter and the dispatch injection (in place);
     returns the injection list, sorted by module.
@@ -49,18 +51,19 @@ def shard_experts(model: Any, plan: dict[str, dict[str, Any]], experts: list[str
     for fqn in experts:
         module = model.get_submodule(fqn)
         routed_inputs_check(fqn, module, ep)
-        entry = plan.setdefault(fqn, {})
-        params = entry.setdefault("params", {})
+        entry = plan.entry(fqn)
+        params = entry.placements("params")
         for name, p in module.named_parameters(recurse=False):
             if p.dim() == 0 or p.shape[0] % ep:
                 raise PlanError([error(
                     "generate.ep_indivisible", f"{fqn}.{name}",
                     f"{int(p.shape[0]) if p.dim() else 0} experts do not divide over "
                     f"--ep {ep}", expected=f"an expert count divisible by {ep}")])
-            params[name] = {**params.get(name, {"tp": "R"}), "ep": "S(0)"}
+            params[name] = {**params.get(name, {"tp": REPLICATE}), "ep": Shard(0)}
+        entry.set_placements("params", params)
         if sp:
-            entry["in_dst"] = {n: dict(v) for n, v in (entry.get("in_src") or {}).items()}
-            entry["out_src"] = {n: dict(v) for n, v in (entry.get("out_dst") or {}).items()}
+            entry.set_placements("in_dst", entry.placements("in_src"))
+            entry.set_placements("out_src", entry.placements("out_dst"))
         record = by_match.setdefault(fqn, {"match": fqn})
         record["local_compute_fn"] = {"_target_": EP_DISPATCH_TARGET}
         record["ep_size"] = ep

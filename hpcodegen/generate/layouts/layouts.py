@@ -41,6 +41,7 @@ from hpcodegen.generate.seeds.seeds import (
 from hpcodegen.generate.sources.globs import parent_of
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
+from hpcodegen.plan.draft import DraftPlan
 
 #: MLA attention children: required, and the styles DeepSeek-V2's plan gives them
 MLA_REQUIRED = ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
@@ -64,14 +65,14 @@ class LayoutReport:
     #: norms run split over tp -> the kwargs of their local compute
     sharded_norms: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def injections(self, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def injections(self, plan: DraftPlan) -> list[dict[str, Any]]:
         """The local compute of every split norm still in the plan (a recipe may have
         placed it otherwise)."""
         from hpcodegen.plan.norms import SHARDED_NORM_TARGET
 
         return [{"match": fqn, "local_compute_fn": {"_target_": SHARDED_NORM_TARGET, **kw}}
                 for fqn, kw in sorted(self.sharded_norms.items())
-                if (plan.get(fqn) or {}).get("is_boundary")]
+                if fqn in plan and plan[fqn].get("is_boundary")]
 
     def notes(self) -> list[str]:
         out = []

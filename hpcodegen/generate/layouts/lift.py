@@ -22,12 +22,16 @@ from typing import Any
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.layouts.entries import (
+    FIRST,
+    LAST,
+    PARTIAL,
     PER_TOKEN_EMBEDDING,
     SEQ,
     embedding_transitions,
     not_lookup_only,
+    set_transitions,
     sharded_norm_entry,
-    transitions,
+    tp,
 )
 from hpcodegen.generate.seeds.module_facts import (
     call_model,
@@ -43,7 +47,8 @@ from hpcodegen.generate.seeds.module_facts import (
 from hpcodegen.generate.sources.globs import parent_of, relative_to
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind, param_shard, shard
-from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.placement import REPLICATE, Placement, Shard
+from hpcodegen.plan.draft import DraftEntry, DraftPlan
 
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
 ABSORBED = (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE)
@@ -52,10 +57,16 @@ ABSORBED = (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.LOCAL_COLWISE, Kind.LOCAL_
 #: transformers' name of a fused gate|up expert weight (Llama-4's ``down_proj`` is colwise
 #: too, [E, in, out] under bmm, and is not what its forward chunks)
 _FUSED_NAME = re.compile(r"gate_?up|up_?gate")
+#: a parameter path -> its placement on each axis, while an entry is assembled
+Params = dict[str, dict[str, Placement]]
+#: the kinds :meth:`Lifter.standalone_entry` places on their own
+_STANDALONE = frozenset({Kind.COLWISE_GATHER, Kind.ROWWISE_SPLIT, Kind.EMBED_VOCAB,
+                         Kind.EMBED_HIDDEN, Kind.NORM, Kind.REPLICATE, Kind.REPLICATE_GRAD})
 
 
 class Lifter:
-    """Builds ``param_plan`` entries from expanded HF assignments (one instance per model)."""
+    """Builds ``param_plan`` entries from expanded HF assignments (one instance per model),
+    into a :class:`~hpcodegen.plan.draft.DraftPlan` with placement objects."""
 
     def __init__(self, model: Any, assignments: Mapping[str, Assignment], sp: bool,
                  loss_parallel: bool = False) -> None:
@@ -67,7 +78,7 @@ class Lifter:
         #: with loss parallelism the output head's logits stay vocab-sharded (no gather)
         self.sharded_head = next((f for f, m in self.modules.items() if m is head), None) \
             if loss_parallel and head is not None else None
-        self.plan: dict[str, dict[str, Any]] = {}
+        self.plan = DraftPlan()
         #: ``experts`` modules (HF ``moe_tp_experts``): regions over all their inputs
         self.moe_experts = {a.fqn for a in self.assign.values() if a.kind is Kind.MOE_EXPERTS}
 
@@ -113,7 +124,7 @@ class Lifter:
                 self.assign[a.fqn] = a
         return groups
 
-    def _shard_params(self, entry_fqn: str, a: Assignment, out: dict, deferred: list,
+    def _shard_params(self, entry_fqn: str, a: Assignment, out: Params, deferred: list,
                       divide: list | None = None) -> None:
         rel = relative_to(a.fqn, entry_fqn)
         if a.param and entry_fqn in self.moe_experts \
@@ -122,9 +133,9 @@ class Lifter:
             # projection's output; rowwise is the bias of a row-split projection, added to
             # each rank's partial output: whole, applied by tp rank 0 only (counted once)
             if a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE):
-                out[rel] = {"tp": shard(1, a.factor)}
+                out[rel] = tp(shard(1, a.factor))
             else:
-                out[rel] = {"tp": "R"}
+                out[rel] = tp(REPLICATE)
                 deferred.append(rel)
             return
         if a.param:  # a rule on the parameter itself: a packed expert weight [E, out, in]
@@ -135,7 +146,7 @@ class Lifter:
                     "generate.rowwise_param_bias", a.fqn,
                     f"HF plan rule {a.rule!r} ({a.style}) shards a 1-D parameter rowwise; "
                     "it would be added once per rank", hint="place it with a recipe rule")])
-            out[rel] = {"tp": placement}
+            out[rel] = tp(placement)
             return
         module = self.modules[a.fqn]
         col = a.kind in (Kind.COLWISE, Kind.LOCAL_COLWISE, Kind.COLWISE_GATHER)
@@ -143,12 +154,12 @@ class Lifter:
         for pname in direct_params(module):
             key = f"{rel}.{pname}" if rel else pname
             if pname == "bias" and not col:
-                out[key] = {"tp": "R"}
+                out[key] = tp(REPLICATE)
                 deferred.append(key)
             elif pname == "bias":
-                out[key] = {"tp": shard(0, a.factor)}
+                out[key] = tp(shard(0, a.factor))
             else:
-                out[key] = {"tp": shard(out_dim if col else in_dim, a.factor)}
+                out[key] = tp(shard(out_dim if col else in_dim, a.factor))
         if col and divide is not None and isinstance(getattr(module, "nf", None), int):
             divide.append(f"{rel}.nf" if rel else "nf")  # Conv1D sizes its output by nf
 
@@ -165,7 +176,7 @@ class Lifter:
             return a.factor
         return fused_blocks(self.modules[entry_fqn])
 
-    def _absorb(self, entry_fqn: str, params: dict, deferred: list, partial: list,
+    def _absorb(self, entry_fqn: str, params: Params, deferred: list, partial: list,
                 divide: list) -> None:
         """Put every assignment inside ``entry_fqn`` into its params."""
         for a in self.assign.values():
@@ -179,7 +190,7 @@ class Lifter:
                 names = [rel] if a.param else [
                     f"{rel}.{pname}" for pname in direct_params(self.modules[a.fqn])]
                 for name in names:
-                    params[name] = {"tp": "R"}
+                    params[name] = tp(REPLICATE)
                     if a.kind is not Kind.REPLICATE:
                         partial.append(name)
             elif a.kind in (Kind.LOCAL_PARAMS, Kind.SHARDED_NORM):
@@ -191,33 +202,35 @@ class Lifter:
                     f"HF plan rule {a.rule!r} ({a.style}) declares a boundary inside the "
                     f"region {entry_fqn}", hint="override one of them with a recipe rule")])
 
-    def region_entry(self, fqn: str) -> dict[str, Any]:
+    def region_entry(self, fqn: str) -> None:
         """One region boundary: gather the input once, reduce the partial output once."""
-        params: dict[str, Any] = {}
+        params: Params = {}
         deferred: list[str] = []
         partial: list[str] = []
         divide: list[str] = []
         self._absorb(fqn, params, deferred, partial, divide)
         module = self.modules[fqn]
+        entry = self.plan.reset(fqn)
         if fqn in self.moe_experts:
             from hpcodegen.generate.layouts.moe_entry import moe_entry
 
-            return moe_entry(fqn, module, params, self.sp, once=deferred)
-        entry = {"params": params, **transitions(
-            first_arg(module), SEQ if self.sp else "R", "R", "P(sum)", SEQ if self.sp else "R")}
+            moe_entry(entry, module, params, self.sp, once=deferred)
+            return
+        seq = SEQ if self.sp else REPLICATE
+        entry.set_placements("params", params)
+        set_transitions(entry, first_arg(module), seq, REPLICATE, PARTIAL, seq)
         a = self.assign.get(fqn)
         if a is not None and a.kind is Kind.REDUCE_OUTPUT:
             self._declare_extra_inputs(fqn, module, entry)
-        entry["tp_divide_attrs"] = sorted(set(head_count_attrs(module)) | set(divide))
+        entry.set("tp_divide_attrs", tuple(sorted(set(head_count_attrs(module)) | set(divide))))
         if deferred:
-            entry["deferred_bias_params"] = sorted(deferred)
+            entry.set("deferred_bias_params", tuple(sorted(deferred)))
             # added after the SP reduce_scatter: each rank sees its sequence slice
-            partial.extend(entry_from_json(fqn, entry).partial_deferred_biases())
+            partial.extend(entry.view().partial_deferred_biases())
         if partial:
-            entry["partial_grad_params"] = sorted(set(partial))
-        return entry
+            entry.set("partial_grad_params", tuple(sorted(set(partial))))
 
-    def _declare_extra_inputs(self, fqn: str, module: Any, entry: dict[str, Any]) -> None:
+    def _declare_extra_inputs(self, fqn: str, module: Any, entry: DraftEntry) -> None:
         """Declare every further required input of an ``all_reduce`` region replicated.
 
         Its forward computes on tp shards, so a replicated input it multiplies in (Inkling's
@@ -236,71 +249,73 @@ class Lifter:
                 "besides the gathered first one; with sequence parallelism (--sp) they would "
                 "arrive as this rank's slice of the sequence", hint="generate without --sp")])
         for name in extra:
-            entry["in_src"][name] = {"tp": "R"}
-            entry["in_dst"][name] = {"tp": "R"}
+            entry.place("in_src", name, tp(REPLICATE))
+            entry.place("in_dst", name, tp(REPLICATE))
 
     # -- standalone entries ----------------------------------------------------------------
-    def standalone_entry(self, a: Assignment, seq_sharded: bool = True) -> dict[str, Any]:
-        """An entry for a module whose own style says what it does (``seq_sharded``: its
+    def standalone_entry(self, a: Assignment, seq_sharded: bool = True) -> None:
+        """The entry of a module whose own style says what it does (``seq_sharded``: its
         activations are sequence-sharded with ``sp``; not inside a gathering parent)."""
         module = self.modules[a.fqn]
         names = direct_params(module)
-        seq = SEQ if self.sp and seq_sharded else "R"
+        seq: Placement = SEQ if self.sp and seq_sharded else REPLICATE
+        if a.kind not in _STANDALONE and a.rule != PER_TOKEN_EMBEDDING:
+            what = ("has no colwise/rowwise children of its own, so no region runs its "
+                    "forward on local shards" if a.kind is Kind.LOCAL_PARAMS else
+                    "needs an enclosing region (a colwise/rowwise parent or a gather/"
+                    "all_reduce module)")
+            raise PlanError([error(
+                "generate.unsupported_style", a.fqn,
+                f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} {what}",
+                hint="declare the boundary with a recipe rule (--recipe)")])
+        entry = self.plan.reset(a.fqn)
+        whole = {p: tp(REPLICATE) for p in names}
         if a.kind is Kind.COLWISE_GATHER:
-            params: dict[str, Any] = {}
+            params: Params = {}
             divide: list[str] = []
             self._shard_params(a.fqn, a, params, [], divide)
-            out = "S(-1)" if a.fqn == self.sharded_head else "R"
-            entry = {"params": params, **transitions(first_arg(module), seq, "R", "S(-1)", out)}
+            out = LAST if a.fqn == self.sharded_head else REPLICATE
+            entry.set_placements("params", params)
+            set_transitions(entry, first_arg(module), seq, REPLICATE, LAST, out)
             if divide:
-                entry["tp_divide_attrs"] = divide
-            return entry
-        if a.kind is Kind.ROWWISE_SPLIT:
+                entry.set("tp_divide_attrs", tuple(divide))
+        elif a.kind is Kind.ROWWISE_SPLIT:
             params, deferred = {}, []
             self._shard_params(a.fqn, a, params, deferred)
-            entry = {"params": params,
-                     **transitions(first_arg(module), "R", "S(-1)", "P(sum)", seq)}
+            entry.set_placements("params", params)
+            set_transitions(entry, first_arg(module), REPLICATE, LAST, PARTIAL, seq)
             if deferred:
-                entry["deferred_bias_params"] = sorted(deferred)
-                biases = entry_from_json(a.fqn, entry).partial_deferred_biases()
+                entry.set("deferred_bias_params", tuple(sorted(deferred)))
+                biases = entry.view().partial_deferred_biases()
                 if biases:
-                    entry["partial_grad_params"] = sorted(biases)
-            return entry
-        if a.kind is Kind.EMBED_VOCAB and not_lookup_only(module) and not self.sp:
+                    entry.set("partial_grad_params", tuple(sorted(biases)))
+        elif a.kind is Kind.EMBED_VOCAB and not_lookup_only(module) and not self.sp:
             # transformers' default ``embedding_rowwise`` on an embedding that does more
             # than the lookup: kept whole, the exact plan (under sp it is refused below:
             # its submodules would see the whole sequence while planned on a slice)
-            return {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
-        if a.kind is Kind.EMBED_VOCAB:
-            params = {p: {"tp": "S(0)"} for p in names}
-            return {"params": params, **embedding_transitions(module, self.sp and seq_sharded)}
-        if a.kind is Kind.EMBED_HIDDEN:
-            params = {p: {"tp": "S(1)"} for p in names}
-            return {"params": params, **transitions(first_arg(module), "R", "R", "S(-1)", seq)}
-        if a.kind is Kind.NORM:
-            entry = {"params": {p: {"tp": "R"} for p in names},
-                     **transitions(first_arg(module), seq, seq, seq, seq)}
+            entry.set_placements("params", whole)
+            entry.set("is_boundary", False)
+        elif a.kind is Kind.EMBED_VOCAB:
+            entry.set_placements("params", {p: tp(FIRST) for p in names})
+            embedding_transitions(entry, module, self.sp and seq_sharded)
+        elif a.kind is Kind.EMBED_HIDDEN:
+            entry.set_placements("params", {p: tp(Shard(1)) for p in names})
+            set_transitions(entry, first_arg(module), REPLICATE, REPLICATE, LAST, seq)
+        elif a.kind is Kind.NORM:
+            entry.set_placements("params", whole)
+            set_transitions(entry, first_arg(module), seq, seq, seq, seq)
             if seq == SEQ and names:  # each rank normalises its slice of the sequence
-                entry["partial_grad_params"] = sorted(names)
-            return entry
-        if a.rule == PER_TOKEN_EMBEDDING:
+                entry.set("partial_grad_params", tuple(sorted(names)))
+        elif a.rule == PER_TOKEN_EMBEDDING:
             # computed whole on every rank (replicated weight, full gradient), then this
             # rank's slice of the sequence taken: the output's backward all-gathers
-            return {"params": {p: {"tp": "R"} for p in names},
-                    **transitions(first_arg(module), "R", "R", "R", seq)}
-        if a.kind in (Kind.REPLICATE, Kind.REPLICATE_GRAD):
-            entry = {"params": {p: {"tp": "R"} for p in names}, "is_boundary": False}
+            entry.set_placements("params", whole)
+            set_transitions(entry, first_arg(module), REPLICATE, REPLICATE, REPLICATE, seq)
+        else:  # REPLICATE, REPLICATE_GRAD
+            entry.set_placements("params", whole)
+            entry.set("is_boundary", False)
             if a.kind is Kind.REPLICATE_GRAD and names:
-                entry["partial_grad_params"] = sorted(names)
-            return entry
-        what = ("has no colwise/rowwise children of its own, so no region runs its forward "
-                "on local shards" if a.kind is Kind.LOCAL_PARAMS else
-                "needs an enclosing region (a colwise/rowwise parent or a gather/all_reduce "
-                "module)")
-        raise PlanError([error(
-            "generate.unsupported_style", a.fqn,
-            f"HF plan rule {a.rule!r}: style {a.style!r} on {a.fqn} {what}",
-            hint="declare the boundary with a recipe rule (--recipe)")])
+                entry.set("partial_grad_params", tuple(sorted(names)))
 
     # -- the whole plan --------------------------------------------------------------------
     def _defaults(self) -> list[Assignment]:
@@ -329,16 +344,16 @@ class Lifter:
                                         PER_TOKEN_EMBEDDING))
         return extra
 
-    def run(self) -> dict[str, dict[str, Any]]:
+    def run(self) -> DraftPlan:
         """Lift every assignment (and the defaults) into ``param_plan`` entries."""
         regions = list(self.region_parents())
         regions += [a.fqn for a in self.assign.values()
                     if a.kind in (Kind.REDUCE_OUTPUT, Kind.MOE_EXPERTS) and a.fqn not in regions]
         for fqn in regions:
-            self.plan[fqn] = self.region_entry(fqn)
+            self.region_entry(fqn)
         for a in self.assign.values():
             if a.kind is Kind.SHARDED_NORM:
-                self.plan[a.fqn] = sharded_norm_entry(self.modules[a.fqn])
+                sharded_norm_entry(self.plan.reset(a.fqn), self.modules[a.fqn])
 
         def inside(fqn: str) -> bool:
             return any(relative_to(fqn, r) not in (None, "") for r in regions)
@@ -348,7 +363,7 @@ class Lifter:
         gathered = self._sp_gathered_parents(pending, inside)
         for a in pending:
             if not inside(a.fqn):
-                self.plan[a.fqn] = self.standalone_entry(a, parent_of(a.fqn) not in gathered)
+                self.standalone_entry(a, parent_of(a.fqn) not in gathered)
         return self.plan
 
     def _sp_gathered_parents(self, pending: list[Assignment], inside: Any) -> set[str]:
@@ -362,13 +377,14 @@ class Lifter:
         parents = {parent_of(a.fqn) for a in pending if a.kind is Kind.ROWWISE_SPLIT}
         parents = {p for p in parents if p and p not in self.plan and not inside(p)}
         for fqn in parents:
-            self.plan[fqn] = {"params": {}, **transitions(
-                first_arg(self.modules[fqn]), SEQ, "R", "R", SEQ)}
+            entry = self.plan.reset(fqn)
+            entry.set_placements("params", {})
+            set_transitions(entry, first_arg(self.modules[fqn]), SEQ, REPLICATE, REPLICATE, SEQ)
         return parents
 
 
 def lift_plan(model: Any, assignments: Mapping[str, Assignment], sp: bool,
-              loss_parallel: bool = False) -> dict[str, dict]:
+              loss_parallel: bool = False) -> DraftPlan:
     """``param_plan`` entries for a meta-device model from its expanded HF assignments;
     with ``loss_parallel`` the output head keeps its logits sharded on the vocabulary."""
     return Lifter(model, assignments, sp, loss_parallel).run()

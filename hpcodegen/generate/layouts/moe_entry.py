@@ -8,16 +8,18 @@ the experts over tp and on sequence parallelism (docs/moe.md).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
-from hpcodegen.generate.layouts.entries import SEQ
+from hpcodegen.generate.layouts.entries import PARTIAL, SEQ, tp
 from hpcodegen.generate.seeds.module_facts import direct_params
-from hpcodegen.plan.codec import entry_from_json
+from hpcodegen.placement import REPLICATE, Placement
+from hpcodegen.plan.draft import DraftEntry
 
 
-def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
-              once: list[str] = ()) -> dict[str, Any]:
+def moe_entry(entry: DraftEntry, module: Any, params: dict[str, dict[str, Placement]],
+              sp: bool, once: Sequence[str] = ()) -> None:
     """An ``experts`` region (HF ``moe_tp_experts``): every expert parameter placed (those
     no rule names replicated) and the transitions of :func:`moe_transitions`.
 
@@ -34,11 +36,14 @@ def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
         PlanError: a tp-split experts module holds a replicated parameter no rule declares
             a row-split bias.
     """
+    fqn = entry.fqn
     own = direct_params(module)
     for name in own:
-        params.setdefault(name, {"tp": "R"})
-    split = entry_from_json(fqn, {"params": params}).splits_compute()
-    whole = sorted(n for n in own if split and params[n].get("tp") == "R" and n not in once)
+        params.setdefault(name, tp(REPLICATE))
+    entry.set_placements("params", params)
+    split = entry.view().splits_compute()
+    whole = sorted(n for n in own if split and params[n].get("tp") == REPLICATE
+                   and n not in once)
     if whole:
         raise PlanError([error(
             "generate.moe_replicated_expert_param", f"{fqn}.{whole[0]}",
@@ -50,16 +55,15 @@ def moe_entry(fqn: str, module: Any, params: dict[str, Any], sp: bool,
             hint="shard it with the experts (colwise on a per-expert vector), declare "
                  "the row-split projection's bias with a rowwise rule (tp rank 0 adds it), "
                  "or keep the experts whole over tp (no rule on their parameters)")])
-    entry = {"params": params, **moe_transitions(module, sp, split)}
+    moe_transitions(entry, module, sp, split)
     if split and once:
-        entry["tp_rank0_params"] = sorted(once)
-        entry["partial_grad_params"] = sorted(once)
+        entry.set("tp_rank0_params", tuple(sorted(once)))
+        entry.set("partial_grad_params", tuple(sorted(once)))
     elif sp and not split and own:  # whole experts computing this rank's slice of tokens
-        entry["partial_grad_params"] = sorted(own)
-    return entry
+        entry.set("partial_grad_params", tuple(sorted(own)))
 
 
-def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]:
+def moe_transitions(entry: DraftEntry, module: Any, sp: bool, split: bool = True) -> None:
     """An ``experts`` region (HF ``moe_tp_experts``, ``forward(hidden_states, top_k_index,
     top_k_weights)``): its transitions.
 
@@ -86,17 +90,20 @@ def moe_transitions(module: Any, sp: bool, split: bool = True) -> dict[str, Any]
     params = list(inspect.signature(type(module).forward).parameters.values())[1:]
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if sp:
-        return _moe_sp_transitions(module, names[:3], split)
+        _moe_sp_transitions(entry, module, names[:3], split)
+        return
     # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...)
     names = [names[0], *names[2:3]] if names else names
-    in_src = {name: {"tp": "R"} for name in names}
-    return {"in_src": in_src, "in_dst": {n: dict(v) for n, v in in_src.items()},
-            "out_src": {"output": {"tp": "P(sum)" if split else "R"}},
-            "out_dst": {"output": {"tp": "R"}},
-            "out_names": ["output"], "is_boundary": True}
+    entry.set_placements("in_src", {name: tp(REPLICATE) for name in names})
+    entry.set_placements("in_dst", {name: tp(REPLICATE) for name in names})
+    entry.set_placements("out_src", {"output": tp(PARTIAL if split else REPLICATE)})
+    entry.set_placements("out_dst", {"output": tp(REPLICATE)})
+    entry.set("out_names", ("output",))
+    entry.set("is_boundary", True)
 
 
-def _moe_sp_transitions(module: Any, names: list[str], split: bool) -> dict[str, Any]:
+def _moe_sp_transitions(entry: DraftEntry, module: Any, names: list[str],
+                        split: bool) -> None:
     if len(names) < 3:
         raise PlanError([error(
             "generate.moe_sp_unrouted", type(module).__name__,
@@ -106,10 +113,11 @@ def _moe_sp_transitions(module: Any, names: list[str], split: bool) -> dict[str,
             "hand it one rank's slice of the tokens",
             expected="forward(hidden_states, expert_indices, routing_weights)",
             hint="generate without --sp")])
-    inner = "R" if split else SEQ
-    return {"in_src": {n: {"tp": SEQ} for n in names},
-            "in_dst": {n: {"tp": inner} for n in names},
-            "out_src": {"output": {"tp": "P(sum)" if split else SEQ}},
-            "out_dst": {"output": {"tp": SEQ}},
-            "out_names": ["output"], "is_boundary": True,
-            "no_grad_inputs": [names[1]]}
+    inner = REPLICATE if split else SEQ
+    entry.set_placements("in_src", {n: tp(SEQ) for n in names})
+    entry.set_placements("in_dst", {n: tp(inner) for n in names})
+    entry.set_placements("out_src", {"output": tp(PARTIAL if split else SEQ)})
+    entry.set_placements("out_dst", {"output": tp(SEQ)})
+    entry.set("out_names", ("output",))
+    entry.set("is_boundary", True)
+    entry.set("no_grad_inputs", (names[1],))

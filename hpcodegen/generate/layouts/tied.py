@@ -20,7 +20,9 @@ from torch import nn
 
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.layouts.entries import embedding_transitions
-from hpcodegen.plan.entry import is_boundary, join_fqn
+from hpcodegen.placement import REPLICATE, Shard
+from hpcodegen.plan.draft import DraftPlan
+from hpcodegen.plan.entry import join_fqn
 
 
 def tied_groups(model: Any) -> list[list[str]]:
@@ -37,8 +39,7 @@ def tied_pairs(model: Any) -> list[list[str]]:
     return sorted([names[0], alias] for names in tied_groups(model) for alias in names[1:])
 
 
-def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]],
-                          sp: bool = False) -> list[str]:
+def unify_tied_placements(model: Any, plan: DraftPlan, sp: bool = False) -> list[str]:
     """Give every alias of a tied parameter the one sharded placement its names carry;
     returns the aliases changed.
 
@@ -52,13 +53,15 @@ def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]],
     """
     where: dict[str, tuple[str, str]] = {}
     for fqn, entry in plan.items():
-        for rel in entry.get("params") or {}:
+        for rel in entry.placements("params"):
             where[join_fqn(fqn, rel)] = (fqn, rel)
     changed: list[str] = []
     problems = []
     for names in tied_groups(model):
-        planned = {n: dict(plan[where[n][0]]["params"][where[n][1]]) for n in names if n in where}
-        sharded = {_key(p): p for p in planned.values() if any(v != "R" for v in p.values())}
+        planned = {n: dict(plan[where[n][0]].placement("params", where[n][1]) or {})
+                   for n in names if n in where}
+        sharded = {_key(p): p for p in planned.values()
+                   if any(v != REPLICATE for v in p.values())}
         if not sharded or len({_key(p) for p in planned.values()}) == 1:
             continue
         listed = ", ".join(f"{n} {_show(p)}" for n, p in planned.items())
@@ -71,7 +74,7 @@ def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]],
             continue
         target = next(iter(sharded.values()))
         blocked = [n for n, p in planned.items()
-                   if p != target and is_boundary(plan[where[n][0]])]
+                   if p != target and plan[where[n][0]].boundary]
         if blocked:
             problems.append(error(
                 "generate.tied_placements", blocked[0],
@@ -85,15 +88,11 @@ def unify_tied_placements(model: Any, plan: dict[str, dict[str, Any]],
             if placement != target:
                 fqn, rel = where[name]
                 entry = plan[fqn]
-                entry["params"][rel] = dict(target)
-                if rel == "weight" and target.get("tp") == "S(0)" and not is_boundary(entry) \
+                entry.place("params", rel, target)
+                if rel == "weight" and target.get("tp") == Shard(0) and not entry.boundary \
                         and isinstance(model.get_submodule(fqn), nn.Embedding):
-                    entry.update(embedding_transitions(model.get_submodule(fqn), sp))
-                partial = [p for p in entry.get("partial_grad_params") or () if p != rel]
-                if partial:
-                    entry["partial_grad_params"] = partial
-                else:
-                    entry.pop("partial_grad_params", None)
+                    embedding_transitions(entry, model.get_submodule(fqn), sp)
+                entry.remove_name("partial_grad_params", rel)
                 changed.append(name)
     if problems:
         raise PlanError(problems)

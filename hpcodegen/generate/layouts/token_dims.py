@@ -18,18 +18,19 @@ layout, the plan is refused (``generate.sp_token_dim``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
+from hpcodegen.generate.layouts.entries import SEQ
 from hpcodegen.generate.sources.globs import relative_to
-from hpcodegen.plan.codec import entry_from_json
-from hpcodegen.plan.entry import is_boundary
+from hpcodegen.placement import Shard
+from hpcodegen.plan.draft import DraftEntry, DraftPlan
 from hpcodegen.tracer.hooks import Recording, record_tensors, removed
 from hpcodegen.tracer.model import forward
 
-SEQ = "S(1)"
-ROWS = "S(0)"
+#: token rows (``(batch*seq, ...)``): the tokens on dim 0
+ROWS = Shard(0)
 #: the traced batch and length: their product is no other size of a tiny or real model
 BATCH, LENGTH = 3, 7
 
@@ -58,13 +59,13 @@ def token_dim(shape: tuple[int, ...] | None) -> int | None:
     return None
 
 
-def _seq_names(entry: Mapping[str, Any], side: str) -> list[str]:
+def _seq_names(entry: DraftEntry, side: str) -> list[str]:
     return sorted({name for key in (f"{side}_src", f"{side}_dst")
-                   for name, named in (entry.get(key) or {}).items()
-                   if isinstance(named, Mapping) and named.get("tp") == SEQ})
+                   for name, named in entry.placements(key).items()
+                   if named.get("tp") == SEQ})
 
 
-def retarget_token_dims(model: Any, plan: dict[str, dict[str, Any]],
+def retarget_token_dims(model: Any, plan: DraftPlan,
                         moe_blocks: Iterable[str]) -> list[str]:
     """Rewrite each sequence-sharded transition to the dim its traced tensor holds tokens on
     (in place); returns the FQNs whose transitions now shard rows (dim 0).
@@ -76,7 +77,7 @@ def retarget_token_dims(model: Any, plan: dict[str, dict[str, Any]],
         PlanError: a transition's tensor is neither ``(batch, seq, ...)`` nor token rows, or
             holds rows outside a mixture-of-experts block (``generate.sp_token_dim``).
     """
-    wanted = [f for f, e in plan.items() if is_boundary(e)
+    wanted = [f for f, e in plan.items() if e.boundary
               and (_seq_names(e, "in") or _seq_names(e, "out"))]
     blocks = list(moe_blocks)
     if not wanted or not blocks:  # only MoE blocks flatten tokens in the plans we write
@@ -88,7 +89,7 @@ def retarget_token_dims(model: Any, plan: dict[str, dict[str, Any]],
     problems = []
     for fqn in wanted:
         entry = plan[fqn]
-        typed = entry_from_json(fqn, entry)
+        typed = entry.view()
         dims = {}
         for side in ("in", "out"):
             for name in _seq_names(entry, side):
@@ -109,9 +110,9 @@ def retarget_token_dims(model: Any, plan: dict[str, dict[str, Any]],
             continue
         for (side, name), dim in dims.items():
             for key in (f"{side}_src", f"{side}_dst"):
-                named = (entry.get(key) or {}).get(name)
-                if dim == 0 and isinstance(named, Mapping) and named.get("tp") == SEQ:
-                    named["tp"] = ROWS
+                named = entry.placement(key, name)
+                if dim == 0 and named is not None and named.get("tp") == SEQ:
+                    entry.place(key, name, {**named, "tp": ROWS})
         rows.append(fqn)
     if problems:
         raise PlanError(problems)

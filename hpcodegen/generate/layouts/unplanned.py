@@ -14,16 +14,14 @@ from typing import Any
 
 from hpcodegen.generate.layouts.entries import SEQ
 from hpcodegen.generate.sources.globs import parent_of, relative_to
-from hpcodegen.placement import parse_placement
+from hpcodegen.placement import REPLICATE
+from hpcodegen.plan.draft import DraftPlan
 from hpcodegen.plan.entry import fqn_depth, join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.types import PlanEntry
 
-#: the sequence-sharded placement on tp (``SEQ``, parsed)
-SEQ_SHARD = parse_placement(SEQ)
 
-
-def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -> list[str]:
+def replicate_uncovered(model: Any, plan: DraftPlan, sp: bool) -> list[str]:
     """Plan every trainable parameter no rule names as replicated (``R``); returns them.
 
     The parameter joins the deepest entry enclosing its module, else a parameter-only entry
@@ -39,15 +37,13 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
     each must be planned (:func:`hpcodegen.generate.layouts.tied.unify_tied_placements` then gives
     them one placement).
     """
-    from hpcodegen.plan.codec import entries_from_json
     from hpcodegen.plan.coverage import uncovered
     from hpcodegen.plan.partial_grads import verdict
 
     # the rule reads the typed entries; the ones added below are parameter-only and
     # replicated, which changes no verdict (boundaries and their placements stay as typed)
-    typed = entries_from_json(plan)
-    planned = {join_fqn(fqn, rel) for fqn, entry in plan.items()
-               for rel in entry.get("params") or {}}
+    typed = plan.view()
+    planned = {join_fqn(fqn, rel) for fqn, entry in typed.items() for rel in entry.params or ()}
     added: list[str] = []
     names = [n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
     for name in uncovered(names, planned):
@@ -58,16 +54,16 @@ def replicate_uncovered(model: Any, plan: dict[str, dict[str, Any]], sp: bool) -
             entry = plan[fqn]
         else:
             fqn = owner
-            entry = plan.setdefault(fqn, {"params": {}, "is_boundary": False})
+            entry = plan.param_entry(fqn)
         rel = relative_to(name, fqn) or name
-        entry.setdefault("params", {})[rel] = {"tp": "R"}
+        entry.place("params", rel, {"tp": REPLICATE})
         if verdict(typed, fqn, rel, sp) != "full":  # the rule verify checks the meta by
-            entry["partial_grad_params"] = sorted({*entry.get("partial_grad_params", ()), rel})
+            entry.add_names("partial_grad_params", (rel,))
         added.append(name)
     return added
 
 
-def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def sequence_sharded_compute(typed: Mapping[str, PlanEntry]) -> list[str]:
     """With ``sp``: the parameter-only entries whose module runs on sequence-sharded
     activations (no enclosing boundary gathers the sequence first).
 
@@ -76,10 +72,8 @@ def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]
     be wrong, and nothing tells which modules are per-token. Norms and per-token embeddings
     are planned as boundaries of their own, so they are not listed.
     """
-    from hpcodegen.plan.codec import entries_from_json
     from hpcodegen.plan.partial_grads import governing_boundary
 
-    typed = entries_from_json(plan)
     out = []
     for fqn, entry in typed.items():
         if entry.boundary or not entry.params:
@@ -91,4 +85,4 @@ def sequence_sharded_compute(plan: Mapping[str, Mapping[str, Any]]) -> list[str]
 
 
 def _sequence_sharded_input(entry: PlanEntry) -> bool:
-    return any(named.get("tp") == SEQ_SHARD for named in (entry.in_dst or EMPTY).values())
+    return any(named.get("tp") == SEQ for named in (entry.in_dst or EMPTY).values())

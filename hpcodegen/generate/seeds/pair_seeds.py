@@ -37,10 +37,12 @@ from hpcodegen.generate.seeds.seeds import SEED_RULE, is_linear
 from hpcodegen.generate.sources.globs import parent_of
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
+from hpcodegen.placement import Shard
+from hpcodegen.plan.draft import DraftPlan
 from hpcodegen.tracer.dataflow import Flow
 
 #: the shard a pair's first Linear keeps on its output and its second reads
-LAST_DIM = {"tp": "S(-1)"}
+LAST_DIM = {"tp": Shard(-1)}
 _REGION = (Kind.COLWISE, Kind.ROWWISE)
 
 
@@ -163,26 +165,27 @@ def dataflow_seeds(model: Any, seeds: Mapping[str, Assignment], taken: Collectio
     return result
 
 
-def finish_plan(plan: dict[str, dict[str, Any]], changes: PairSeeds) -> None:
+def finish_plan(plan: DraftPlan, changes: PairSeeds) -> None:
     """After the lift: each pair's first Linear keeps its output sharded on the last dim,
     and its second takes that shard (the entries the lifter wrote gather and split it
     again); an attention's width attributes are divided with its head counts."""
     for fqn, attrs in changes.divide.items():
         if fqn in plan and attrs:
-            plan[fqn]["tp_divide_attrs"] = sorted({*plan[fqn].get("tp_divide_attrs", ()),
-                                                   *attrs})
+            plan[fqn].add_names("tp_divide_attrs", attrs)
     for fqn, names in changes.inputs.items():
-        entry = plan.get(fqn, {})
+        entry = plan.get(fqn)
         for side in ("in_src", "in_dst"):
-            first = next(iter((entry.get(side) or {}).values()), None)
+            first = None if entry is None else next(iter(entry.placements(side).values()),
+                                                    None)
             if first is not None:
-                entry[side].update({n: dict(first) for n in names})
+                for name in names:
+                    entry.place(side, name, first)
     for a, b in changes.flows:
         if a in plan and b in plan:
-            for name in plan[a].get("out_dst") or {}:
-                plan[a]["out_dst"][name] = dict(LAST_DIM)
-            for name in plan[b].get("in_src") or {}:
-                plan[b]["in_src"][name] = dict(LAST_DIM)
+            for name in plan[a].placements("out_dst"):
+                plan[a].place("out_dst", name, LAST_DIM)
+            for name in plan[b].placements("in_src"):
+                plan[b].place("in_src", name, LAST_DIM)
 
 
 def refined_seeds(model: Any, hf: Any, replaced: bool, taken: Collection[str],

@@ -28,6 +28,7 @@ from hpcodegen.generate.sources.package_rules import (
     rerooted,
 )
 from hpcodegen.generate.sources.recipe import apply_recipe, recipe_modules
+from hpcodegen.plan.draft import DraftPlan
 
 
 def tied_pairs_of(config: Mapping[str, Any], model: Any) -> list[list[str]]:
@@ -52,10 +53,11 @@ def rules_scope(config: Mapping[str, Any], model: Any) -> Mapping[str, Any]:
 def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | None,
                  rules: PackageRules | None, ep: int = 1, loss_parallel: bool = False,
                  notes: list[str] | None = None
-                 ) -> tuple[dict[str, dict[str, Any]], list, list[str], LayoutReport]:
-    """The lifted plan and injection records: HF plan, package rules, recipe, in that order
-    of precedence (last wins); experts split over ``ep``; every trainable parameter no rule
-    names is replicated; the aliases of a tied parameter take its one sharded placement.
+                 ) -> tuple[DraftPlan, list, list[str], LayoutReport]:
+    """The lifted plan (a draft, ordered by FQN) and injection records: HF plan, package
+    rules, recipe, in that order of precedence (last wins); experts split over ``ep``;
+    every trainable parameter no rule names is replicated; the aliases of a tied parameter
+    take its one sharded placement.
     The third value lists the ``experts`` modules (HF ``moe_tp_experts``), the fourth what
     the Megatron layouts pass split and kept (:mod:`hpcodegen.generate.layouts.layouts`).
 
@@ -97,8 +99,7 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     finish_plan(plan, paired)
     for fqn, attrs in layouts.config_heads.items():
         if fqn in plan and attrs:
-            entry = plan[fqn]
-            entry["tp_divide_attrs"] = sorted({*entry.get("tp_divide_attrs", ()), *attrs})
+            plan[fqn].add_names("tp_divide_attrs", attrs)
     injections = apply_recipe(plan, list(rules.recipe) if rules else [], fqns)
     injections += apply_recipe(plan, recipe or [], fqns)
     injections += layouts.injections(plan)
@@ -107,7 +108,8 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
         injections = shard_experts(model, plan, experts, ep, injections, sp)
     replicate_uncovered(model, plan, sp)
     unify_tied_placements(model, plan, sp)
-    return {fqn: plan[fqn] for fqn in sorted(plan)}, injections, experts, layouts
+    plan.sort()
+    return plan, injections, experts, layouts
 
 
 def model_rules(config: Mapping[str, Any], model: Any, tp: int) -> PackageRules | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from hpcodegen.errors import InputError, PlanError, error, pointer
 from hpcodegen.generate.sources.globs import fqn_matches
+from hpcodegen.plan.draft import DraftEntry, DraftPlan
 from hpcodegen.plan.entry import join_fqn
 
 REPLACED_FIELDS = ("in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary",
@@ -290,39 +291,50 @@ def recipe_modules(rules: Sequence[Mapping[str, Any]], fqns: Sequence[str]) -> s
     return {fqn for index, rule in enumerate(rules) for fqn in _matches(index, rule, fqns)}
 
 
-def apply_recipe(plan: dict[str, dict[str, Any]], rules: Sequence[Mapping[str, Any]],
+def apply_recipe(plan: DraftPlan, rules: Sequence[Mapping[str, Any]],
                  fqns: Sequence[str]) -> list[dict[str, Any]]:
-    """Apply every rule to ``plan`` in order (in place); returns the injection records."""
+    """Apply every rule to ``plan`` in order (in place); returns the injection records.
+
+    A rule's values enter the draft through the plan's codec (the one reader of a
+    placement string); one it refuses is a finding naming the rule.
+    """
+    from hpcodegen.plan.codec import PlanFormatError
+
     injections: dict[str, dict[str, Any]] = {}
     for index, rule in enumerate(rules):
         for fqn in _matches(index, rule, fqns):
-            entry = plan.setdefault(fqn, {})
-            params = rule.get("params")
-            if params is not None:
-                entry["params"] = {**(entry.get("params") or {}), **params}
-                for rel in params:
-                    _drop_elsewhere(plan, fqn, join_fqn(fqn, rel))
-            for key in REPLACED_FIELDS:
-                if key in rule:
-                    entry[key] = rule[key]
+            entry = plan.entry(fqn)
+            try:
+                _apply_rule(plan, entry, rule)
+            except PlanFormatError as exc:
+                raise PlanError([error("recipe.invalid_value", f"/{index}{exc.where}",
+                                       f"rule {index} on {fqn}: {exc.message}")]) from None
             if rule.get("injections"):
                 injections.setdefault(fqn, {}).update(rule["injections"])
     return [{"match": fqn, **injections[fqn]} for fqn in sorted(injections)]
 
 
-def _drop_elsewhere(plan: dict[str, dict[str, Any]], keep: str, full: str) -> None:
+def _apply_rule(plan: DraftPlan, entry: DraftEntry, rule: Mapping[str, Any]) -> None:
+    """One rule's ``params`` (merged) and replaced fields on one entry."""
+    from hpcodegen.plan.codec import entry_field_from_json
+
+    params = rule.get("params")
+    if params is not None:
+        parsed = entry_field_from_json("params", params, ())
+        entry.set_placements("params", {**entry.placements("params"), **parsed})
+        for rel in params:
+            _drop_elsewhere(plan, entry.fqn, join_fqn(entry.fqn, rel))
+    entry.update_json({key: rule[key] for key in REPLACED_FIELDS if key in rule})
+
+
+def _drop_elsewhere(plan: DraftPlan, keep: str, full: str) -> None:
     """Remove ``full`` from every entry but ``keep`` (the recipe's placement wins)."""
     for fqn, entry in plan.items():
-        params = entry.get("params") or {}
         if fqn == keep:
             continue
-        for rel in list(params):
+        for rel in list(entry.placements("params")):
             if join_fqn(fqn, rel) != full:
                 continue
-            del params[rel]
+            entry.unplace("params", rel)
             for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
-                names = [n for n in entry.get(key) or () if n != rel]
-                if names:
-                    entry[key] = names
-                else:
-                    entry.pop(key, None)
+                entry.remove_name(key, rel)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from hpcodegen.placement import REPLICATE, Placement, Shard, StridedShard
+
 
 class Kind(str, Enum):
     """What a style does to its module, in terms the lifter understands."""
@@ -111,7 +113,7 @@ def style_kind(style: str) -> tuple[Kind, int] | None:
     return STYLE_KINDS.get(style)
 
 
-def param_shard(kind: Kind, ndim: int, factor: int) -> tuple[str, bool]:
+def param_shard(kind: Kind, ndim: int, factor: int) -> tuple[Placement, bool]:
     """The placement HF gives a parameter of ``ndim`` dims, and whether it is a rowwise bias.
 
     HF reads every weight as ``[..., out, in]``: colwise shards dim ``ndim-2`` (a 1-D bias its
@@ -120,10 +122,10 @@ def param_shard(kind: Kind, ndim: int, factor: int) -> tuple[str, bool]:
     """
     col = kind in (Kind.COLWISE, Kind.LOCAL_COLWISE)
     if ndim <= 1:
-        return ("S(0)", False) if col else ("R", True)
+        return (Shard(0), False) if col else (REPLICATE, True)
     return shard(ndim - 2 if col else ndim - 1, factor), False
 
 
-def shard(dim: int, factor: int) -> str:
+def shard(dim: int, factor: int) -> Placement:
     """``S(dim)``, or the strided ``SS(dim,factor)`` of a packed (fused) weight."""
-    return f"S({dim})" if factor == 1 else f"SS({dim},{factor})"
+    return Shard(dim) if factor == 1 else StridedShard(dim, factor)
