@@ -13,10 +13,12 @@ Steps (each a ``phase`` the launcher shows):
 3. ``step k/K``: AdamW steps of the stages' parameters (the reference steps identically);
    the loss is shared over the pp group so every rank reports it.
 
-With ``--save DIR`` each stage's owner broadcasts its parameters over the pp group first,
-so every rank holds the whole trained model, and the usual DCP checkpoint is written (FQNs
-are the model's own, the optimizer's state comes from each parameter's owner): it resumes
-on any mesh, pp or not (``--resume``, also into a pipeline).
+With ``--save DIR`` the usual DCP checkpoint is written, each rank writing only the
+parameters its stages own and their optimizer state (DCP's plan is the union over the
+ranks): FQNs are the model's own, each parameter comes from its owner as the DTensor it
+holds (under FSDP2 over dp, its shard over dp and tp; no gather), and the checkpoint
+resumes on any mesh, pp or not, FSDP or not (``--resume``: each rank reads only its
+stages' parameters and their state, resharded by DCP to what it holds).
 
 With ``--max-grad-norm`` the gradients are clipped by the whole model's norm before each
 step (:meth:`~hpcodegen.runtime.pipeline_run.PipelineRunner.clip_grad_norm_`: each stage's
@@ -242,24 +244,6 @@ def _train(runner: Any, ref: Any, opts: list[Any], feed: _Feed, steps: int,
     return norms
 
 
-def _broadcast_owned(model: Any, ctx: RankContext) -> None:
-    """Every stage's parameters from the pp rank running it to the others (local tp
-    shards: a pp group holds one tp coordinate), in stage order on every rank."""
-    import torch.distributed as dist
-
-    pipe = ctx.meta.plan.pipeline
-    group = ctx.mesh.get_group("pp")
-    seen: set[int] = set()
-    for stage in pipe.stages:
-        src = dist.get_global_rank(group, stage.rank)
-        for fqn, param in model.named_parameters(remove_duplicate=False):
-            if id(param) in seen or pipe.owner(fqn) != stage.index:
-                continue
-            seen.add(id(param))
-            local = param.to_local() if hasattr(param, "to_local") else param
-            dist.broadcast(local.data, src=src, group=group)
-
-
 def _local(param: Any) -> Any:
     return param.to_local() if hasattr(param, "to_local") else param
 
@@ -280,6 +264,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
     from hpcodegen.launch.rank.smoke import _fits, vocab_size_of
     from hpcodegen.runtime.pipeline_run import PipelineRunner
+    from hpcodegen.runtime.pipeline_stage import owned_parameters
 
     parity_on = env.get(env.CHECK_PARITY) == "1"
     steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
@@ -299,20 +284,20 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     built = build_parallel_model(directory, ctx, seed, dtype)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
-    if fsdp and (save_dir or resume_dir):
-        raise RuntimeError("--save/--resume of a pipeline with FSDP over dp is not supported "
-                           "yet (launch it on pp x tp ranks)")
     pp_rank = ctx.mesh.get_local_rank("pp")
     _compile(built.model, env.get(env.COMPILE))
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
                             sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None)
     opts = _optimizers(built, ref)  # after FSDP: its sharded parameters
     first = 0
+    # the parameters this rank's stages own (a tied one under each FQN naming it): what it
+    # reads from a checkpoint and writes to one
+    mine = set(owned_parameters(built.model, pipe, pp_rank))
     if resume_dir:
         from hpcodegen.checkpoint.dcp_io import resume
 
         reporter.update(phase="resume")
-        first = resume(resume_dir, built.model, optimizer=opts[0])
+        first = resume(resume_dir, built.model, optimizer=opts[0], params=mine)
         if ref is not None:
             resume(resume_dir, ref.model, optimizer=opts[1])
     dp = sizes.get("dp", 1) if fsdp else 1
@@ -354,9 +339,8 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         from hpcodegen.launch.rank.smoke import _checkpoint_record
 
         reporter.update(phase="save")
-        _broadcast_owned(built.model, ctx)
         save(save_dir, built.model, optimizer=opts[0], step=first + steps,
-             record=_checkpoint_record(ctx, built))
+             record=_checkpoint_record(ctx, built), params=mine)
     bad = [k for k, x in enumerate(reporter.record.losses, 1) if not math.isfinite(x)]
     reporter.finish(_failure(parity, tol) or (f"non-finite loss at step {bad[0]}" if bad
                                               else None))

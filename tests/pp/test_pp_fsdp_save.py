@@ -1,0 +1,61 @@
+"""``--save``/``--resume`` of a pipeline whose stages run FSDP2 over dp, exact.
+
+A checkpoint saved at ``pp 2 x dp 2`` (each stage's parameters and AdamW state sharded
+over its dp ranks, each written by its owners as the DTensor it is) resumes at ``tp 2``
+(no pipeline, no FSDP) and gives the third step's loss of an uninterrupted run; that
+``tp 2`` checkpoint, saved again, resumes into ``pp 2 x dp 2`` and gives the fourth step's
+loss, with parity (loss, logits and every gradient of the resumed pipeline against the
+unsharded model resumed from the same checkpoint). The losses of a run are the unsharded
+model's at any mesh: the pipeline's four rows (2 microbatches x dp 2) are the two-row smoke
+batch repeated, whose mean loss and gradients are the two rows', so one uninterrupted
+``tp 2`` run is the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pp_launching import CONFIGS, HPC, assert_rank_exact
+from pp_launching import launch_json as _launch
+
+
+def _generate(out: Path, *flags: str) -> Path:
+    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o",
+                          str(out), *flags], capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
+    return out
+
+
+def _doc(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _losses(proc: subprocess.CompletedProcess) -> list[float]:
+    return _doc(proc)["ranks"][0]["losses"]
+
+
+@pytest.mark.timeout(1200)
+def test_a_pp2_dp2_fsdp_checkpoint_resumes_exactly_at_tp2_and_back(tmp_path):
+    pp = _generate(tmp_path / "pp", "--tp", "1", "--pp", "2", "--microbatches", "2")
+    tp = _generate(tmp_path / "tp", "--tp", "2")
+    straight = _losses(_launch(tp, "llama4", 2, "--steps", "4", timeout=600))
+    saved = _doc(_launch(pp, "llama4", 4, "--steps", "2", "--save", str(tmp_path / "a"),
+                         timeout=600))
+    assert (saved["mesh"]["pp"], saved["mesh"]["dp"]) == (2, 2)
+    assert saved["ranks"][0]["losses"] == pytest.approx(straight[:2], abs=1e-5)
+    record = json.loads((tmp_path / "a" / "hpcodegen_checkpoint.json").read_text())
+    assert record["step"] == 2
+    third = _losses(_launch(tp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "a"),
+                            "--save", str(tmp_path / "b"), timeout=600))
+    assert third[0] == pytest.approx(straight[2], abs=1e-5)
+    back = _doc(_launch(pp, "llama4", 4, "--steps", "1", "--resume", str(tmp_path / "b"),
+                        "--check-parity", timeout=600))
+    assert (back["mesh"]["pp"], back["mesh"]["dp"]) == (2, 2)
+    for rank in back["ranks"]:
+        assert rank["parity"]["fsdp_dp"] == 2
+        assert_rank_exact(rank, 1)
+        assert rank["losses"][0] == pytest.approx(straight[3], abs=1e-5)
