@@ -22,8 +22,8 @@ from pp_launching import CONFIGS, HPC, assert_rank_exact
 from pp_launching import launch_json as _launch
 
 
-def _generate(out: Path, *flags: str) -> Path:
-    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o",
+def _generate(out: Path, *flags: str, config: str = "llama4") -> Path:
+    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o",
                           str(out), *flags], capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
     return out
@@ -59,3 +59,33 @@ def test_a_pp2_dp2_fsdp_checkpoint_resumes_exactly_at_tp2_and_back(tmp_path):
         assert rank["parity"]["fsdp_dp"] == 2
         assert_rank_exact(rank, 1)
         assert rank["losses"][0] == pytest.approx(straight[3], abs=1e-5)
+
+
+def _param_bytes(config: str) -> tuple[int, int]:
+    """The unsharded model's float32 parameter bytes (tied weights once), and the bytes
+    of its input embedding when the head is tied to it (else 0)."""
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(CONFIGS / config)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    tied = model.get_input_embeddings().weight.numel() * 4 \
+        if model.get_output_embeddings().weight is model.get_input_embeddings().weight else 0
+    return sum(p.numel() * 4 for p in model.parameters()), tied
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("config", ["llama4", "gemma2_tied4"])
+def test_each_pp_rank_builds_only_its_stages_parameters_and_stays_exact(tmp_path, config):
+    """Each pp rank materialises only its stages' parameters (the rest stay on meta): the
+    bytes held over the two ranks add up to the whole model (Gemma-2's embedding, tied to
+    the head on the other stage, held by both), each rank holds less, and parity is exact
+    (the seeded init sliced to the stages is the reference's)."""
+    art = _generate(tmp_path / "pp", "--tp", "1", "--pp", "2", "--microbatches", "2",
+                    config=config)
+    doc = _doc(_launch(art, config, 2, "--check-parity", "--steps", "1", timeout=600))
+    full, tied = _param_bytes(config)
+    held = [rank["local_param_bytes"] for rank in doc["ranks"]]
+    for rank in doc["ranks"]:
+        assert_rank_exact(rank, 1)
+    assert all(0 < h < full for h in held), (held, full)
+    assert sum(held) == full + tied, (held, full, tied)

@@ -2,8 +2,10 @@
 
 Steps (each a ``phase`` the launcher shows):
 
-1. ``build``: the model parallelized over tp as for any artifact, then this pp rank's
-   stages cut out of it and the frozen schedule set up
+1. ``build``: the model built on the meta device and parallelized over tp as for any
+   artifact, only this pp rank's stages' parameters materialised (from the weights, or
+   from the seeded init the reference builds; the rest stay on meta), then its stages cut
+   out of it and the frozen schedule set up
    (:class:`hpcodegen.runtime.pipeline_run.PipelineRunner`); with parity, the unsharded
    reference from the same weights;
 2. ``parity``: one pipelined forward/backward of the global batch (``n_microbatches``
@@ -47,6 +49,7 @@ from hpcodegen.launch.rank.context import RankContext
 from hpcodegen.launch.rank.model import (
     build_model,
     build_parallel_model,
+    local_param_bytes,
     resolve_model_dir,
     smoke_length,
 )
@@ -244,10 +247,6 @@ def _train(runner: Any, ref: Any, opts: list[Any], feed: _Feed, steps: int,
     return norms
 
 
-def _local(param: Any) -> Any:
-    return param.to_local() if hasattr(param, "to_local") else param
-
-
 def _failure(parity: dict[str, Any] | None, tol: float) -> str | None:
     if parity is None:
         return None
@@ -281,10 +280,12 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
                  dp=sizes.get("dp", 1) if fsdp else 1):
         return
     reporter.update(phase="build")
-    built = build_parallel_model(directory, ctx, seed, dtype)
+    pp_rank = ctx.mesh.get_local_rank("pp")
+    stages = set(pipe.ranks_stages(pp_rank))
+    built = build_parallel_model(directory, ctx, seed, dtype,
+                                 owns=lambda fqn: pipe.owner(fqn) in stages)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
-    pp_rank = ctx.mesh.get_local_rank("pp")
     _compile(built.model, env.get(env.COMPILE))
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
                             sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None)
@@ -305,8 +306,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
                          ctx.world_size, built.hf_config, seed, ctx.device)
     feed = _feed(ids, labels, ctx, fsdp, built.model)
     reporter.update(phase="forward", weights=built.weights,
-                    local_param_bytes=sum(p.numel() * p.element_size()
-                                          for p in map(_local, runner.parameters())))
+                    local_param_bytes=local_param_bytes(built.model))
     parity = None
     if ref is not None:
         reporter.update(phase="parity")
