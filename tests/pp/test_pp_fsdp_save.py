@@ -89,3 +89,25 @@ def test_each_pp_rank_builds_only_its_stages_parameters_and_stays_exact(tmp_path
         assert_rank_exact(rank, 1)
     assert all(0 < h < full for h in held), (held, full)
     assert sum(held) == full + tied, (held, full, tied)
+
+
+@pytest.mark.timeout(1200)
+def test_pp2_cp2_with_fsdp_over_dp2_on_eight_ranks_is_exact(tmp_path):
+    """``generate --pp 2 --cp 2`` launched on 8 ranks: a ``pp 2 x dp 2 x cp 2`` mesh, each
+    stage FSDP2-sharded over its dp ranks, each dp rank its rows, each cp rank its
+    positions of them; the loss, the logits, every gradient (reduce-scattered over dp,
+    summed over cp) and an AdamW step equal the unsharded model's."""
+    art = _generate(tmp_path / "pp", "--tp", "1", "--cp", "2", "--pp", "2",
+                    "--microbatches", "2")
+    doc = _doc(_launch(art, "llama4", 8, "--check-parity", "--steps", "1", timeout=900))
+    assert (doc["mesh"]["pp"], doc["mesh"]["dp"], doc["mesh"]["cp"]) == (2, 2, 2)
+    ranks = doc["ranks"]
+    assert len(ranks) == 8
+    for rank in ranks:
+        parity = rank["parity"]
+        assert parity["fsdp_dp"] == 2, parity
+        assert parity["dp_reduce_scatters"] == parity["stage_units"], parity
+        assert_rank_exact(rank, 1)
+    logits = [r["parity"]["logits_max_diff"] for r in ranks
+              if r["parity"].get("logits_max_diff") is not None]
+    assert len(logits) == 4 and max(logits) <= 1e-5, logits

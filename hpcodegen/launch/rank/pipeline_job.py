@@ -15,6 +15,11 @@ Steps (each a ``phase`` the launcher shows):
 3. ``step k/K``: AdamW steps of the stages' parameters (the reference steps identically);
    the loss is shared over the pp group so every rank reports it.
 
+On dp ranks (no ep) each stage runs FSDP2 over dp
+(:mod:`hpcodegen.runtime.pipeline_fsdp`), each dp rank its rows of the global batch; with
+cp each cp rank runs its positions of them and the gradients are summed over cp after the
+step (``pp x dp x cp x tp``).
+
 With ``--save DIR`` the usual DCP checkpoint is written, each rank writing only the
 parameters its stages own and their optimizer state (DCP's plan is the union over the
 ranks): FQNs are the model's own, each parameter comes from its owner as the DTensor it
