@@ -4,7 +4,8 @@ Steps (each a ``phase`` the launcher shows):
 
 1. ``build``: the model built on the meta device and parallelized over tp as for any
    artifact, only this pp rank's stages' parameters materialised (from the weights, or
-   from the seeded init the reference builds; the rest stay on meta), then its stages cut
+   from the seeded init the reference builds, or left empty for ``--resume`` to fill; the
+   rest stay on meta), then its stages cut
    out of it and the frozen schedule set up
    (:class:`hpcodegen.runtime.pipeline_run.PipelineRunner`); with parity, the unsharded
    reference from the same weights;
@@ -287,7 +288,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     reporter.update(phase="build")
     pp_rank = ctx.mesh.get_local_rank("pp")
     stages = set(pipe.ranks_stages(pp_rank))
-    built = build_parallel_model(directory, ctx, seed, dtype,
+    built = build_parallel_model(directory, ctx, seed, dtype, empty=bool(resume_dir),
                                  owns=lambda fqn: pipe.owner(fqn) in stages)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
