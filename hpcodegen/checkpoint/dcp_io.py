@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +57,17 @@ def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
 def save(directory: str | os.PathLike[str], model: nn.Module,
          layout: ShardLayout | None = None, *,
          optimizer: torch.optim.Optimizer | None = None, step: int = 0,
-         record: Mapping[str, Any] | None = None) -> Path:
+         record: Mapping[str, Any] | None = None,
+         params: Collection[str] | None = None) -> Path:
     """Write a DCP checkpoint of ``model`` (and ``optimizer``, ``step``) to ``directory``.
 
-    Collective: every rank calls it. The files go to a new hidden sibling
+    Collective: every rank calls it. ``params`` (canonical FQNs) are the parameters this
+    rank writes, with their optimizer state (default all): a pipeline rank writes only its
+    stages' and DCP's plan is the union over the ranks, so the checkpoint holds the whole
+    model under its own FQNs, each parameter from its owner, as DTensors of whatever
+    placements the rank holds (an FSDP2 shard over dp and tp included).
+
+    The files go to a new hidden sibling
     (``.<name>.<random>.partial``, created here, so nothing else is ever removed) and the
     directory appears under its name only once every rank wrote its part and rank 0 added
     ``hpcodegen_checkpoint.json`` (``record`` plus the step, dtype, optimizer class, the
@@ -78,10 +85,11 @@ def save(directory: str | os.PathLike[str], model: nn.Module,
     _refuse_strided(layout)
     stage = _new_stage(target)
     try:
+        mine = _mine(layout, params)
         state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
-            fqn, model.get_parameter(fqn)) for fqn in layout.params}
+            fqn, model.get_parameter(fqn)) for fqn in mine}
         if optimizer is not None:
-            state.update(optimizer_entries(model, layout, optimizer))
+            state.update(optimizer_entries(model, layout, optimizer, set(mine)))
         state[STEP] = int(step)
         dcp.save(state, checkpoint_id=str(stage))
         digests = _gathered_digests(stage)
@@ -96,6 +104,17 @@ def save(directory: str | os.PathLike[str], model: nn.Module,
         raise
     _barrier()
     return target
+
+
+def _mine(layout: ShardLayout, params: Collection[str] | None) -> list[str]:
+    """The canonical FQNs of ``params`` (all of the layout's when None), in layout order."""
+    if params is None:
+        return list(layout.params)
+    wanted = {layout.aliases.get(fqn, fqn) for fqn in params}
+    unknown = sorted(wanted - set(layout.params))
+    if unknown:
+        raise ValueError(f"not parameters of the model: {unknown[:3]}")
+    return [fqn for fqn in layout.params if fqn in wanted]
 
 
 def _new_stage(target: Path) -> Path:
@@ -176,8 +195,12 @@ def _check_params(layout: ShardLayout, metadata: Mapping[str, Any], directory: P
 
 def resume(directory: str | os.PathLike[str], model: nn.Module,
            layout: ShardLayout | None = None, *,
-           optimizer: torch.optim.Optimizer | None = None) -> int:
+           optimizer: torch.optim.Optimizer | None = None,
+           params: Collection[str] | None = None) -> int:
     """Load a checkpoint saved by :func:`save` (any tp, any dp) into ``model`` in place.
+
+    ``params`` (FQNs; default all) are the parameters this rank loads, with their optimizer
+    state: a pipeline rank's stages' (the checkpoint must still hold the whole model).
 
     Collective. The checkpoint is untrusted input: its record and metadata are read as
     plain data and checked against each other and against ``layout`` (every parameter
@@ -202,12 +225,13 @@ def resume(directory: str | os.PathLike[str], model: nn.Module,
     checked = open_checkpoint(path, digests="share")
     metadata = checked.metadata
     _check_params(layout, metadata, path)
+    mine = _mine(layout, params)
     state: dict[str, Any] = {f"{MODEL}{fqn}": layout.to_dtensor(
-        fqn, model.get_parameter(fqn).detach()) for fqn in layout.params}
+        fqn, model.get_parameter(fqn).detach()) for fqn in mine}
     entries = metadata.state_dict_metadata
     has_optim = optimizer is not None and GROUPS in entries
     if has_optim:
-        state.update(optim_state.placeholders(model, layout, entries, path))
+        state.update(optim_state.placeholders(model, layout, entries, path, set(mine)))
     state.update(optim_state.plain_items(entries, path, with_groups=has_optim))
     load(state, path, metadata)
     step = state[STEP]

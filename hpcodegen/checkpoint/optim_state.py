@@ -11,7 +11,7 @@ what ``load_state_dict`` receives is data the optimizer already understands.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,12 @@ def fqn_of(model: nn.Module, layout: ShardLayout) -> dict[int, str]:
     return {k: layout.aliases.get(v, v) for k, v in by_id.items()}
 
 
-def entries(model: nn.Module, layout: ShardLayout,
-            optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state as flat DCP items (see the module docstring); a state the
-    optimizer's own ``state_dict`` already gives as a DTensor (the runtime's hooks,
-    :mod:`hpcodegen.runtime.state_dict`) goes in as it is."""
+def entries(model: nn.Module, layout: ShardLayout, optimizer: torch.optim.Optimizer,
+            params: Collection[str] | None = None) -> dict[str, Any]:
+    """The optimizer's state as flat DCP items (see the module docstring), of the
+    parameters ``params`` (canonical FQNs; default all) only; a state the optimizer's own
+    ``state_dict`` already gives as a DTensor (the runtime's hooks,
+    :mod:`hpcodegen.runtime.state_dict`, or FSDP2's sharded parameters) goes in as it is."""
     from torch.distributed.tensor import DTensor
 
     fqns = fqn_of(model, layout)
@@ -46,6 +47,8 @@ def entries(model: nn.Module, layout: ShardLayout,
     out: dict[str, Any] = {}
     for index, state in sd["state"].items():
         fqn = ordered[index]
+        if params is not None and fqn not in params:
+            continue
         local = model.get_parameter(fqn)
         for key, value in state.items():
             if torch.is_tensor(value) and not isinstance(value, DTensor) and value.dim() \
@@ -73,8 +76,11 @@ def _owner(key: str, fqns: list[str]) -> str | None:
 
 
 def placeholders(model: nn.Module, layout: ShardLayout, metadata: Mapping[str, Any],
-                 path: Path) -> dict[str, Any]:
-    """Empty tensors (DTensors for parameter-shaped ones) for every saved optimizer state.
+                 path: Path, params: Collection[str] | None = None) -> dict[str, Any]:
+    """Empty tensors (DTensors for parameter-shaped ones) for every saved optimizer state
+    of the parameters ``params`` (canonical FQNs; default all); a parameter-shaped state of
+    a DTensor parameter takes that parameter's own mesh and placements (FSDP2's shard over
+    dp and tp: DCP reads the chunks it needs, whatever mesh saved them).
 
     Raises:
         InputError: a state of a parameter the model does not have, of a dtype no
@@ -90,6 +96,8 @@ def placeholders(model: nn.Module, layout: ShardLayout, metadata: Mapping[str, A
         fqn = _owner(key, fqns)
         if fqn is None:
             raise _bad(path, key, "optimizer state of a parameter the model does not have")
+        if params is not None and fqn not in params:
+            continue
         if not isinstance(md, TensorStorageMetadata):
             out[key] = None
             continue
@@ -99,8 +107,11 @@ def placeholders(model: nn.Module, layout: ShardLayout, metadata: Mapping[str, A
         if dtype not in _STATE_DTYPES or numel > max(1, int(torch.Size(spec.global_shape).numel())):
             raise _bad(path, key, f"a {dtype} state of shape {size} for a parameter of "
                                   f"shape {spec.global_shape}")
-        device = model.get_parameter(fqn).device
-        if size == spec.global_shape and size:
+        param = model.get_parameter(fqn)
+        device = param.device
+        if size == spec.global_shape and size and hasattr(param, "device_mesh"):
+            out[key] = torch.empty_like(param.detach(), dtype=dtype)
+        elif size == spec.global_shape and size:
             out[key] = layout.to_dtensor(fqn, torch.empty(layout.local_shape(fqn),
                                                           dtype=dtype, device=device))
         else:

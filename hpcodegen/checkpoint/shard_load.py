@@ -10,7 +10,7 @@ a safetensors checkpoint (only this rank's slice is read), or left empty for a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -122,7 +122,9 @@ def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
 
 def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
-                device: Any, checkpoint: SafetensorsCheckpoint | None = None) -> None:
+                device: Any, checkpoint: SafetensorsCheckpoint | None = None,
+                params: Collection[str] | None = None, source: nn.Module | None = None
+                ) -> None:
     """Allocate every parameter's local shard; fill it from ``checkpoint`` when given.
 
     Collective when the layout has strided shards (``SS(d,f)``): those are read whole and
@@ -131,25 +133,40 @@ def materialize(model: nn.Module, layout: ShardLayout, *, dtype: torch.dtype,
     Floating-point tensors become ``dtype``; persistent buffers found in the checkpoint
     are loaded whole. Each local shard is allocated first, then filled through
     :func:`copy_into` (one tensor read at a time). Without a checkpoint the shards are
-    uninitialised (for :func:`hpcodegen.checkpoint.resume`).
+    uninitialised (for :func:`hpcodegen.checkpoint.resume`), or filled from ``source``: a
+    model of the same class holding every parameter whole (the seeded init the unsharded
+    reference builds), sliced as a checkpoint would be.
+
+    ``params`` (FQNs, tied aliases allowed; default all) are the parameters allocated: a
+    pipeline rank's stages' own. The others stay on the meta device as built, never read,
+    never allocated.
     """
     sources = _check_names(model, layout, checkpoint) if checkpoint is not None else {}
+    wanted = None if params is None else {layout.aliases.get(f, f) for f in params}
     for fqn in layout.params:
         param = model.get_parameter(fqn)
         want = dtype if param.is_floating_point() else param.dtype
+        if wanted is not None and fqn not in wanted:
+            continue  # another pipeline stage's: stays on meta
         _install(model, fqn, torch.empty(layout.local_shape(fqn), dtype=want, device=device))
-        if checkpoint is None:
+        if checkpoint is None and source is None:
             continue
+
+        def read(index: tuple[slice, ...] | None, fqn: str = fqn, want: Any = want) -> Any:
+            if checkpoint is not None:
+                return checkpoint.read(sources[fqn], index, dtype=want, device=device)
+            whole = source.get_parameter(fqn).detach()  # type: ignore[union-attr]
+            return (whole if index is None else whole[index]).to(dtype=want, device=device)
+
         if layout.is_strided(fqn):  # f pieces, not one slice: torch cuts them (collective)
             from torch.distributed.tensor import distribute_tensor
 
             spec = layout.params[fqn]
-            full = checkpoint.read(sources[fqn], dtype=want, device=device)
+            full = read(None)
             local = distribute_tensor(full, spec.mesh, list(spec.placements)).to_local()
             del full
         else:
-            local = checkpoint.read(sources[fqn], layout.local_slices(fqn), dtype=want,
-                                    device=device)
+            local = read(layout.local_slices(fqn))
         copy_into(model.get_parameter(fqn), local)
         del local
     from hpcodegen.runtime.param_hooks import refresh_param_hooks

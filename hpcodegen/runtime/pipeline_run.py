@@ -87,6 +87,7 @@ class PipelineRunner:
         self.vocab = vocab
         """``(tp group, full vocabulary)`` when the head's logits stay vocab-sharded (loss
         parallelism); None: the last stage's logits are whole."""
+        self.device = device
         self.modules = build_stage_modules(model, pipe, pp_rank, tp_size)
         if schedule_spec(pipe.schedule).split_backward:
             from hpcodegen.runtime.local_views import without_aliases
@@ -181,7 +182,8 @@ class PipelineRunner:
             if param is None:
                 continue
             grad = param.grad if held else None
-            local = _local(grad) if grad is not None else torch.zeros_like(_local(param))
+            local = _local(grad) if grad is not None else torch.zeros(
+                _local(param).shape, dtype=param.dtype, device=self.device)  # param: on meta
             if grad is None and self.fsdp and not held:  # a holder's gradient is dp-sharded
                 local = local.chunk(dist.get_world_size(self._dp_group))[
                     dist.get_rank(self._dp_group)].contiguous()

@@ -160,9 +160,10 @@ class PipelineShape:
 
     Attributes:
         job: the rank's :class:`JobShape`; its ``local_numel`` is what the rank holds
-            after tp (today the whole tp-sharded model: its stages share it) and its
+            after tp (its stages' parameters only, as ``owned_numel``) and its
             ``logits_numel`` the whole batch's logits on the last stage's rank, 0 elsewhere.
-        owned_numel: parameters this rank's stages own (they get gradients and AdamW state).
+        owned_numel: parameters this rank's stages own: the only ones it builds, and they
+            get gradients and AdamW state.
         in_flight_bytes: activations this rank's stages keep at their peak under the frozen
             schedule (:func:`hpcodegen.inspect.pipeline.activations_in_flight`, summed over
             the rank's stages, tp-sharded already).
@@ -174,13 +175,16 @@ class PipelineShape:
 
 
 def estimate_pipeline(shape: PipelineShape) -> MemoryNeed:
-    """The peak bytes of one pp rank: the parameters it holds, its stages' gradients and AdamW
-    state, the activations the frozen schedule keeps in flight on its stages, the logits
-    on the last stage's rank; with ``--check-parity`` the unsharded reference beside it
-    (whole model, whole batch, as :func:`estimate` counts it); the builds as there."""
+    """The peak bytes of one pp rank: the parameters its stages own (the only ones it
+    builds: :func:`hpcodegen.launch.rank.model.build_parallel_model` with ``owns``), their
+    gradients and AdamW state, the activations the frozen schedule keeps in flight on its
+    stages, the logits on the last stage's rank; with ``--check-parity`` the unsharded
+    reference beside it (whole model, whole batch, as :func:`estimate` counts it). A seeded
+    build makes the whole model in float32 on the host (sliced, then dropped): on an
+    accelerator that is host memory, on the cpu it is the build's peak."""
     job = shape.job
-    held, full = job.local_numel * job.dtype_bytes, job.full_numel * job.dtype_bytes
-    owned = shape.owned_numel * job.dtype_bytes
+    full = job.full_numel * job.dtype_bytes
+    held = owned = shape.owned_numel * job.dtype_bytes
     init = job.full_numel * 4 if job.seeded else 0
     steady: list[tuple[str, int]] = [("parameters held", held)]
     if job.parity:
@@ -196,7 +200,7 @@ def estimate_pipeline(shape: PipelineShape) -> MemoryNeed:
         steady.append(("reference activations", job.activations))
     whole = full if job.accelerator else init
     phases = {"steady": sum(n for _, n in steady),
-              "building the sharded model": whole if job.seeded else held,
+              "building the sharded model": held + (0 if job.accelerator else init),
               "building the reference": held + (max(full, whole) if job.parity else 0)}
     return _peak(phases, steady, job.seeded, init if job.accelerator else 0)
 

@@ -12,6 +12,7 @@ without weights every rank builds the same seeded model and shards it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,13 +139,20 @@ def build_model(directory: Path, artifact: Path, seed: int, device: Any,
 
 
 def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp32", *,
-                         empty: bool = False) -> BuiltModel:
+                         empty: bool = False,
+                         owns: Callable[[str], bool] | None = None) -> BuiltModel:
     """The model parallelized from the artifact, each rank holding only its shards.
 
     With safetensors weights (or ``empty``, for a checkpoint resume) the model is built
     with its parameters on the meta device, the plan is installed, and only then is each
     local shard allocated and read from the files: a rank never holds the full model.
     Without weights every rank builds the same seeded model and shards it.
+
+    ``owns`` (a predicate on parameter FQNs: a pipeline rank's stages') builds only those
+    parameters: the model is always built on the meta device, and only the parameters
+    ``owns`` accepts get their local shards, from the weights, or, without any, from the
+    seeded init the unsharded reference builds (made whole on the host, sliced, dropped);
+    the others stay on meta (no stage of this rank runs them).
     """
     from hpcodegen.checkpoint.layout import ShardLayout, global_shapes
     from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
@@ -152,27 +160,41 @@ def build_parallel_model(directory: Path, ctx: Any, seed: int, dtype: str = "fp3
 
     artifact = ctx.meta.artifact_dir
     checkpoint = None if empty else SafetensorsCheckpoint(directory)
-    on_meta = empty or bool(checkpoint)
+    on_meta = empty or bool(checkpoint) or owns is not None
     model, hf_config, config = _construct(directory, artifact, on_meta=on_meta, seed=seed)
+    _cast_parameters(model, torch_dtype(dtype))  # on meta too: another stage's keep the dtype
     if not on_meta:
-        _cast_parameters(model, torch_dtype(dtype))
         model = model.to(device=ctx.device)
     shapes = global_shapes(model)
+    params = None if owns is None else [f for f in shapes if owns(f)]
     # the config as written: the artifact's signature hashes its fields, not the defaults
     # and attribute aliases ``PretrainedConfig.to_dict`` adds
     art = checked_artifact(artifact, config)
     info, active = parallelize(model, ctx, art)
     layout = ShardLayout.from_model(model, shapes, info)
     if on_meta:
+        seeded = owns is not None and not empty and not checkpoint
+        source = _construct(directory, artifact, on_meta=False, seed=seed)[0] \
+            if seeded else None
         materialize(model, layout, dtype=torch_dtype(dtype), device=ctx.device,
-                    checkpoint=checkpoint)
-        model = model.to(device=ctx.device)  # the buffers
+                    checkpoint=checkpoint or None, params=params, source=source)
+        del source
+        _buffers_to(model, ctx.device)
     model.eval()
     weights = "empty (resumed)" if empty else _weights_text(checkpoint, seed)
     from hpcodegen.runtime.experts import resolve_expert_mesh
 
     return BuiltModel(model, hf_config, config, weights, layout, active,
                       resolve_expert_mesh(art.plan, ctx.mesh))
+
+
+def _buffers_to(model: Any, device: Any) -> None:
+    """The buffers (rotary frequencies...) to ``device``; parameters left as they are (a
+    pipeline rank's other stages' stay on meta: ``Module.to`` would refuse them)."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[name] = buf.to(device)
 
 
 def parallelize(model: Any, ctx: Any, art: Any) -> tuple[dict[str, Any], Any]:
@@ -231,9 +253,11 @@ def synthetic_batch(vocab_size: int, world_size: int, seed: int, device: Any,
 
 
 def local_param_bytes(model: Any) -> int:
-    """Bytes of the parameters this rank holds (local shards; tied weights counted once)."""
+    """Bytes of the parameters this rank holds (local shards; tied weights counted once;
+    a pipeline rank's other stages' parameters, left on the meta device, are not held)."""
     total = 0
     for _, p in model.named_parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
-        total += local.numel() * local.element_size()
+        if local.device.type != "meta":
+            total += local.numel() * local.element_size()
     return total

@@ -2,8 +2,11 @@
 
 Steps (each a ``phase`` the launcher shows):
 
-1. ``build``: the model parallelized over tp as for any artifact, then this pp rank's
-   stages cut out of it and the frozen schedule set up
+1. ``build``: the model built on the meta device and parallelized over tp as for any
+   artifact, only this pp rank's stages' parameters materialised (from the weights, or
+   from the seeded init the reference builds, or left empty for ``--resume`` to fill; the
+   rest stay on meta), then its stages cut
+   out of it and the frozen schedule set up
    (:class:`hpcodegen.runtime.pipeline_run.PipelineRunner`); with parity, the unsharded
    reference from the same weights;
 2. ``parity``: one pipelined forward/backward of the global batch (``n_microbatches``
@@ -22,10 +25,16 @@ sequence parallelism, the boundary sharded over cp and tp alike) the batch is cu
 before stage 0, each later stage rebuilds the cp batch view of the shard it receives, the
 gradients are summed over cp after the step and the logits gathered over cp.
 
-With ``--save DIR`` each stage's owner broadcasts its parameters over the pp group first,
-so every rank holds the whole trained model, and the usual DCP checkpoint is written (FQNs
-are the model's own, the optimizer's state comes from each parameter's owner): it resumes
-on any mesh, pp or not (``--resume``, also into a pipeline).
+On dp ranks (no ep) each stage runs FSDP2 over dp
+(:mod:`hpcodegen.runtime.pipeline_fsdp`), each dp rank its rows of the global batch; with
+cp each cp rank runs its positions of them (``pp x dp x cp x tp``).
+
+With ``--save DIR`` the usual DCP checkpoint is written, each rank writing only the
+parameters its stages own and their optimizer state (DCP's plan is the union over the
+ranks): FQNs are the model's own, each parameter comes from its owner as the DTensor it
+holds (under FSDP2 over dp, its shard over dp and tp; no gather), and the checkpoint
+resumes on any mesh, pp or not, FSDP or not (``--resume``: each rank reads only its
+stages' parameters and their state, resharded by DCP to what it holds).
 
 With ``--max-grad-norm`` the gradients are clipped by the whole model's norm before each
 step (:meth:`~hpcodegen.runtime.pipeline_run.PipelineRunner.clip_grad_norm_`: each stage's
@@ -54,6 +63,7 @@ from hpcodegen.launch.rank.context import RankContext
 from hpcodegen.launch.rank.model import (
     build_model,
     build_parallel_model,
+    local_param_bytes,
     resolve_model_dir,
     smoke_length,
 )
@@ -273,28 +283,6 @@ def _train(runner: Any, ref: Any, opts: list[Any], feed: _Feed, steps: int,
     return norms
 
 
-def _broadcast_owned(model: Any, ctx: RankContext) -> None:
-    """Every stage's parameters from the pp rank running it to the others (local tp
-    shards: a pp group holds one tp coordinate), in stage order on every rank."""
-    import torch.distributed as dist
-
-    pipe = ctx.meta.plan.pipeline
-    group = ctx.mesh.get_group("pp")
-    seen: set[int] = set()
-    for stage in pipe.stages:
-        src = dist.get_global_rank(group, stage.rank)
-        for fqn, param in model.named_parameters(remove_duplicate=False):
-            if id(param) in seen or pipe.owner(fqn) != stage.index:
-                continue
-            seen.add(id(param))
-            local = param.to_local() if hasattr(param, "to_local") else param
-            dist.broadcast(local.data, src=src, group=group)
-
-
-def _local(param: Any) -> Any:
-    return param.to_local() if hasattr(param, "to_local") else param
-
-
 def _failure(parity: dict[str, Any] | None, tol: float) -> str | None:
     if parity is None:
         return None
@@ -311,6 +299,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
     from hpcodegen.checkpoint.safetensors_io import SafetensorsCheckpoint
     from hpcodegen.launch.rank.smoke import _fits, vocab_size_of
     from hpcodegen.runtime.pipeline_run import PipelineRunner
+    from hpcodegen.runtime.pipeline_stage import owned_parameters
 
     parity_on = env.get(env.CHECK_PARITY) == "1"
     steps, seed = env.get_int(env.STEPS, 0), env.get_int(env.SEED, 0)
@@ -327,24 +316,26 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
                  dp=sizes.get("dp", 1) if fsdp else 1):
         return
     reporter.update(phase="build")
-    built = build_parallel_model(directory, ctx, seed, dtype)
+    pp_rank = ctx.mesh.get_local_rank("pp")
+    stages = set(pipe.ranks_stages(pp_rank))
+    built = build_parallel_model(directory, ctx, seed, dtype, empty=bool(resume_dir),
+                                 owns=lambda fqn: pipe.owner(fqn) in stages)
     ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype) \
         if parity_on else None
-    if fsdp and (save_dir or resume_dir):
-        raise RuntimeError("--save/--resume of a pipeline with FSDP over dp is not supported "
-                           "yet (launch it on pp x tp ranks)")
-    pp_rank = ctx.mesh.get_local_rank("pp")
     _compile(built.model, env.get(env.COMPILE))
     runner = PipelineRunner(built.model, pipe, pp_rank, ctx.mesh.get_group("pp"), ctx.device,
                             sizes.get("tp", 1), ctx.mesh["dp"] if fsdp else None,
                             _vocab(built, ctx))
     opts = _optimizers(built, ref)  # after FSDP: its sharded parameters
     first = 0
+    # the parameters this rank's stages own (a tied one under each FQN naming it): what it
+    # reads from a checkpoint and writes to one
+    mine = set(owned_parameters(built.model, pipe, pp_rank))
     if resume_dir:
         from hpcodegen.checkpoint.dcp_io import resume
 
         reporter.update(phase="resume")
-        first = resume(resume_dir, built.model, optimizer=opts[0])
+        first = resume(resume_dir, built.model, optimizer=opts[0], params=mine)
         if ref is not None:
             resume(resume_dir, ref.model, optimizer=opts[1])
     dp = sizes.get("dp", 1) if fsdp else 1
@@ -352,8 +343,7 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
                          ctx.world_size, built.hf_config, seed, ctx.device)
     feed = _feed(ids, labels, ctx, fsdp, built.model)
     reporter.update(phase="forward", weights=built.weights,
-                    local_param_bytes=sum(p.numel() * p.element_size()
-                                          for p in map(_local, runner.parameters())))
+                    local_param_bytes=local_param_bytes(built.model))
     parity = None
     if ref is not None:
         reporter.update(phase="parity")
@@ -386,9 +376,8 @@ def run(reporter: RankReporter, ctx: RankContext) -> None:
         from hpcodegen.launch.rank.smoke import _checkpoint_record
 
         reporter.update(phase="save")
-        _broadcast_owned(built.model, ctx)
         save(save_dir, built.model, optimizer=opts[0], step=first + steps,
-             record=_checkpoint_record(ctx, built))
+             record=_checkpoint_record(ctx, built), params=mine)
     bad = [k for k, x in enumerate(reporter.record.losses, 1) if not math.isfinite(x)]
     reporter.finish(_failure(parity, tol) or (f"non-finite loss at step {bad[0]}" if bad
                                               else None))

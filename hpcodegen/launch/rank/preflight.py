@@ -148,9 +148,9 @@ def pipeline_shape(directory: Path, ctx: Any, *, dtype: str, parity: bool, steps
     hidden, inter, heads, layers = _dims(model, hf_config)
     parallelize(model, ctx, checked_artifact(ctx.meta.artifact_dir, config))
     pp_rank = ctx.mesh.get_local_rank("pp")
-    held = sum(_local_numel(p) for p in model.parameters())
     owned = sum(_local_numel(p) for p in
                 {id(p): p for p in owned_parameters(model, pipe, pp_rank).values()}.values())
+    held = owned  # a pp rank builds only its stages' parameters
     length = smoke_length(ctx.world_size, hf_config).length
     width = model_dtype_bytes(dtype)
     tp = int(ctx.meta.plan.dims.sizes.get("tp") or 1)
