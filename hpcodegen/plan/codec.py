@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpcodegen.errors import pointer
+from hpcodegen.json_key import json_key
 from hpcodegen.placement import Placement, PlacementSyntaxError, parse_placement
 from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
 from hpcodegen.plan.pipeline import (
@@ -309,8 +310,20 @@ def entries_from_json(value: Any) -> FrozenMap[str, PlanEntry]:
 
 
 def _entries(value: Any, where: JsonPath) -> FrozenMap[str, PlanEntry]:
-    return FrozenMap.adopt({fqn: entry_from_json(fqn, e, (*where, fqn))
-                      for fqn, e in _object(value, where).items()})
+    """Each entry parsed; entries of equal content (every layer repeats the ones of the
+    layer before, FQNs aside) share one parse of their fields, which are immutable."""
+    parsed: dict[str | bytes, dict[str, Any]] = {}
+    out: dict[str, PlanEntry] = {}
+    for fqn, e in _object(value, where).items():
+        key = json_key(e) if type(e) is dict else None
+        fields = parsed.get(key) if key is not None else None
+        if fields is None:
+            fields = _read(_ENTRY, e, (*where, fqn))
+            if key is not None:
+                parsed[key] = fields
+        out[fqn] = PlanEntry(fqn=fqn, **fields)
+    return FrozenMap.adopt(out)
+
 
 
 def injection_from_json(value: Any, where: JsonPath = ("injections",)) -> Injection:
