@@ -121,19 +121,17 @@ def plan_entries(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def planned_params(meta: Mapping[str, Any]) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
-    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` over well-formed entries.
+    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` over well-formed entries (the
+    first entry that plans a parameter; :func:`hpcodegen.plan.entry.join_fqn` names it).
 
-    Built on :func:`hpcodegen.plan.entry.iter_params`, fed only the object-shaped parts so a
-    schema-invalid meta cannot make it fail.
+    Reads only the object-shaped parts, so a schema-invalid meta cannot make it fail.
     """
-    from hpcodegen.plan.entry import iter_params
+    from hpcodegen.plan.entry import join_fqn
 
-    sane = {
-        fqn: {"params": {rel: as_dict(named) for rel, named in as_dict(e.get("params")).items()}}
-        for fqn, e in plan_entries(meta).items()
-    }
     out: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
-    for param_fqn, entry_fqn, named in iter_params({"param_plan": sane}):
-        rel = param_fqn[len(entry_fqn) + 1:] if param_fqn != entry_fqn else ""
-        out.setdefault(param_fqn, (entry_fqn, rel, named))
+    for fqn, e in plan_entries(meta).items():
+        for rel, named in as_dict(e.get("params")).items():
+            full = join_fqn(fqn, rel)
+            if full not in out:
+                out[full] = (fqn, rel, as_dict(named))
     return out

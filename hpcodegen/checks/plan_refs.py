@@ -73,7 +73,7 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
             continue  # wrapped per instance: each FQN keeps its own transitions
         if cls in first_of:
             other = first_of[cls]
-            if contract_differences(plan[fqn], plan[other]):
+            if plan[fqn] != plan[other] and contract_differences(plan[fqn], plan[other]):
                 yield error("plan.class_contract_differs", pointer("param_plan", fqn),
                             f"{fqn} and {other} are both {cls} but declare different "
                             "transitions; one generated class cannot serve both",
@@ -188,8 +188,10 @@ def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> It
                                 "them follows from its own compute; the runtime would act on "
                                 "it regardless)", expected=f"a key of {fqn or '<root>'}'s params",
                                 hint=f"move it to {owner}'s {key}")
-        declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst")))
-        for i, name in enumerate(as_list(entry.get("no_grad_inputs"))):
+        no_grad = as_list(entry.get("no_grad_inputs"))
+        declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst"))) \
+            if no_grad else set()
+        for i, name in enumerate(no_grad):
             if isinstance(name, str) and name not in declared:
                 yield error("plan.no_grad_inputs_undeclared",
                             pointer("param_plan", fqn, "no_grad_inputs", i),

@@ -33,14 +33,27 @@ def vocab_parallel_findings(meta: Mapping[str, Any], embeddings: Iterable[str],
     """One error per token embedding (module FQNs in ``embeddings``) whose weight is
     row-sharded on tp but whose partial lookup no boundary of its own reduces."""
     wanted = {f"{fqn}.weight" if fqn else "weight": fqn for fqn in embeddings}
+    owners = _possible_owners(wanted)
     plan = param_plan(meta)
     for entry_fqn, entry in plan.items():  # a malformed entry is the schema check's finding
+        if entry_fqn not in owners:
+            continue  # plans none of the wanted parameters (most entries: one set lookup)
         params = entry.get("params") if isinstance(entry, Mapping) else None
         for rel, named in params.items() if isinstance(params, Mapping) else ():
             param = join_fqn(entry_fqn, rel)
             module = wanted.get(param)
             if module is not None and _tp(named) == Shard(0):
                 yield from _check_one(plan, entry_fqn, param, module, check)
+
+
+def _possible_owners(params: Iterable[str]) -> set[str]:
+    """Every entry FQN that can plan one of ``params``: each dotted prefix of it, the root
+    ``""`` and the parameter itself (:func:`join_fqn` of an entry and a relative name)."""
+    out: set[str] = set()
+    for param in params:
+        parts = param.split(".")
+        out.update(".".join(parts[:depth]) for depth in range(len(parts) + 1))
+    return out
 
 
 def _check_one(plan: Mapping[str, Any], entry_fqn: str, param: str, module: str,
