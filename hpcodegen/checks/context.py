@@ -69,6 +69,18 @@ class CheckContext:
             self.cache["plan"], self.cache["plan_left_out"] = readable_plan(self.meta)
         return self.cache["plan"]
 
+    def entry_keys(self) -> dict[str, str | bytes | None]:
+        """Each object-shaped ``param_plan`` entry's :func:`~hpcodegen.json_key.json_key`,
+        computed once per artifact: the checks that judge an entry by its content alone
+        (the schema, the placement leaves) judge each distinct content once, and a
+        10,000-entry plan has a handful (every layer repeats the one before)."""
+        if "entry_keys" not in self.cache:
+            from hpcodegen.json_key import json_key
+
+            self.cache["entry_keys"] = {fqn: json_key(e)
+                                        for fqn, e in plan_entries(self.meta).items()}
+        return self.cache["entry_keys"]
+
     def plan_left_out(self) -> list[Any]:
         """The codec's refusals :attr:`plan` left out (``PlanFormatError``; empty for a
         meta the schema accepts)."""

@@ -65,30 +65,49 @@ def _parsed(text: Any, memo: dict[Any, Any]) -> Any:
     return value
 
 
-def _check_placements(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _check_placements(meta: Mapping[str, Any],
+                      entry_keys: Mapping[str, str | bytes | None]) -> Iterator[Finding]:
     axes = known_axes(meta)
     memo: dict[Any, Any] = {}
     #: (field kind, axis, raw type and text) -> its problems, or () when the leaf is fine: a plan
     #: repeats a few dozen such leaves tens of thousands of times
     verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]] = {}
+    #: an entry's content (:meth:`CheckContext.entry_keys`) -> its leaves with problems
+    by_content: dict[str | bytes, list[tuple[str, Any, Any, Any, tuple[Any, ...]]]] = {}
     for fqn, entry in plan_entries(meta).items():
-        for field_name in _LEAF_FIELDS:  # every (field, name, axis) leaf: ~100k in 10k entries
-            is_param = field_name == "params"
-            for name, named in as_dict(entry.get(field_name)).items():
-                for axis, text in as_dict(named).items():
-                    try:
-                        key: Any = (is_param, axis, type(text), text)
-                        problems = verdicts.get(key)
-                    except TypeError:  # an unhashable leaf (a schema error): judged each time
-                        key, problems = None, None
-                    if problems is None:
-                        problems = _leaf_problems(is_param, axis, text, axes, memo)
-                        if key is not None:
-                            verdicts[key] = problems
-                    if problems:
-                        yield from _leaf_findings(
-                            problems, pointer("param_plan", fqn, field_name, name, axis),
-                            axis, text, axes)
+        key = entry_keys.get(fqn)
+        bad = by_content.get(key) if key is not None else None
+        if bad is None:
+            bad = _bad_leaves(entry, axes, memo, verdicts)
+            if key is not None:
+                by_content[key] = bad
+        for field_name, name, axis, text, problems in bad:
+            yield from _leaf_findings(problems, pointer("param_plan", fqn, field_name, name,
+                                                        axis), axis, text, axes)
+
+
+def _bad_leaves(entry: Mapping[str, Any], axes: set[str], memo: dict[Any, Any],
+                verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]]
+                ) -> list[tuple[str, Any, Any, Any, tuple[Any, ...]]]:
+    """``(field, name, axis, text, problems)`` of each placement leaf of one entry that has
+    a problem, in order."""
+    out = []
+    for field_name in _LEAF_FIELDS:  # every (field, name, axis) leaf: ~100k in 10k entries
+        is_param = field_name == "params"
+        for name, named in as_dict(entry.get(field_name)).items():
+            for axis, text in as_dict(named).items():
+                try:
+                    key: Any = (is_param, axis, type(text), text)
+                    problems = verdicts.get(key)
+                except TypeError:  # an unhashable leaf (a schema error): judged each time
+                    key, problems = None, None
+                if problems is None:
+                    problems = _leaf_problems(is_param, axis, text, axes, memo)
+                    if key is not None:
+                        verdicts[key] = problems
+                if problems:
+                    out.append((field_name, name, axis, text, problems))
+    return out
 
 
 def _leaf_problems(is_param: bool, axis: Any, text: Any, axes: set[str],
@@ -161,17 +180,30 @@ def _check_mesh(meta: Mapping[str, Any]) -> Iterator[Finding]:
                         expected=f"{axis!r} among {names}")
 
 
-def _check_outputs_names(meta: Mapping[str, Any]) -> Iterator[Finding]:
+def _check_outputs_names(meta: Mapping[str, Any],
+                         entry_keys: Mapping[str, str | bytes | None]) -> Iterator[Finding]:
+    by_content: dict[str | bytes, list[tuple[str, Any, list[Any]]]] = {}
     for fqn, entry in plan_entries(meta).items():
-        names = entry.get("out_names")
-        if not isinstance(names, list) or not names:
-            continue
-        for side in ("out_src", "out_dst"):
-            for name in as_dict(entry.get(side)):
-                if name not in names:
-                    yield error("plan.unknown_output", pointer("param_plan", fqn, side, name),
-                                f"{fqn}: output {name!r} is not in out_names",
-                                expected="one of " + ", ".join(map(str, names)))
+        key = entry_keys.get(fqn)
+        bad = by_content.get(key) if key is not None else None
+        if bad is None:
+            bad = _undeclared_outputs(entry)
+            if key is not None:
+                by_content[key] = bad
+        for side, name, names in bad:
+            yield error("plan.unknown_output", pointer("param_plan", fqn, side, name),
+                        f"{fqn}: output {name!r} is not in out_names",
+                        expected="one of " + ", ".join(map(str, names)))
+
+
+def _undeclared_outputs(entry: Mapping[str, Any]) -> list[tuple[str, Any, list[Any]]]:
+    """``(side, output name, out_names)`` of each ``out_src``/``out_dst`` name that a
+    non-empty ``out_names`` lacks."""
+    names = entry.get("out_names")
+    if not isinstance(names, list) or not names:
+        return []
+    return [(side, name, names) for side in ("out_src", "out_dst")
+            for name in as_dict(entry.get(side)) if name not in names]
 
 
 def _check_coverage(meta: Mapping[str, Any]) -> Iterator[Finding]:
@@ -225,9 +257,9 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     meta = ctx.meta
     yield from _check_coverage(meta)
     yield from _check_params_once(meta)
-    yield from _check_placements(meta)
+    yield from _check_placements(meta, ctx.entry_keys())
     yield from _check_mesh(meta)
-    yield from _check_outputs_names(meta)
+    yield from _check_outputs_names(meta, ctx.entry_keys())
     yield from check_references(ctx)
     forms = classified(ctx)
     if forms is not None:  # None: the fields it reads break the schema (reported there)

@@ -64,9 +64,8 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
     for fqn, cls in classes.items():
         if not isinstance(cls, str):
             continue  # a schema error
-        where = pointer("boundary_classes", fqn)
         if fqn not in plan:
-            yield error("plan.boundary_class_unplanned", where,
+            yield error("plan.boundary_class_unplanned", pointer("boundary_classes", fqn),
                         f"boundary {fqn!r} ({cls}) has no param_plan entry")
             continue
         if defined is not None and cls not in defined:
@@ -148,25 +147,47 @@ def _is_sharded(named: Mapping[str, Any]) -> bool:
     return False
 
 
+def _sharded_params(params: Mapping[str, Any]) -> set[str]:
+    """The planned parameters some placement of which is not ``R`` (:func:`_is_sharded`,
+    judged once per distinct named placement: a plan repeats a handful)."""
+    verdicts: dict[Any, bool] = {}
+    out: set[str] = set()
+    for fqn, (_entry, _rel, named) in params.items():
+        try:
+            key: Any = tuple(named.items())
+            sharded = verdicts.get(key)
+        except TypeError:  # an unhashable placement (a schema error): judged each time
+            key, sharded = None, None
+        if sharded is None:
+            sharded = _is_sharded(named)
+            if key is not None:
+                verdicts[key] = sharded
+        if sharded:
+            out.add(fqn)
+    return out
+
+
 def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
     listed = meta.get("frozen_sharded_params")
     if not isinstance(listed, list):
         return
     listed_set = {f for f in listed if isinstance(f, str)}
+    sharded = _sharded_params(params)
     for i, fqn in enumerate(listed):
-        if not isinstance(fqn, str):
+        if not isinstance(fqn, str) or fqn in sharded:
             continue
         if fqn not in params:
             yield error("plan.frozen_sharded_unplanned", pointer("frozen_sharded_params", i),
                         f"{fqn!r} is listed as sharded but is not in param_plan")
-        elif not _is_sharded(params[fqn][2]):
+        else:
             yield warning("plan.frozen_sharded_replicated", pointer("frozen_sharded_params", i),
                           f"{fqn!r} is listed as sharded but every placement is R")
-    for fqn, (entry, rel, named) in params.items():
-        if fqn not in listed_set and _is_sharded(named):
-            where = pointer("param_plan", entry, "params", rel)
-            yield warning("plan.frozen_sharded_missing", where,
-                          f"{fqn} is sharded but not listed in frozen_sharded_params")
+    missing = sharded - listed_set
+    for fqn, (entry, rel, _named) in params.items() if missing else ():
+        if fqn not in missing:
+            continue
+        yield warning("plan.frozen_sharded_missing", pointer("param_plan", entry, "params", rel),
+                      f"{fqn} is sharded but not listed in frozen_sharded_params")
 
 
 def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:

@@ -301,7 +301,8 @@ def _rest_schema() -> dict[str, Any]:
     return schema
 
 
-def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
+def _map_findings(field: str, values: Mapping[str, Any],
+                  keys: Mapping[str, str | bytes | None] | None = None) -> Iterator[Finding]:
     """Validate each *distinct* value once: repeated layers share their verdict.
 
     A 1,000-layer plan has a handful of distinct entries, so the check stays linear in the
@@ -315,8 +316,9 @@ def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
     if _all_pass(field, "additionalProperties", values.values()):
         return
     verdicts: dict[str | bytes | None, list[Any]] = {}
+    keys = keys or {}
     for key, value in values.items():
-        seen = json_key(value)
+        seen = keys[key] if key in keys else json_key(value)
         errors = verdicts.get(seen) if seen is not None else None
         if errors is None:
             errors = verdicts[seen] = _errors(field, "additionalProperties", value)
@@ -340,13 +342,18 @@ def _item_findings(field: str, items: list[Any]) -> Iterator[Finding]:
                 yield replace(f, where=pointer(field, index) + f.where)
 
 
-def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
-    """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings)."""
+def schema_findings(meta: Mapping[str, Any],
+                    entry_keys: Mapping[str, str | bytes | None] | None = None) -> list[Finding]:
+    """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings).
+
+    ``entry_keys``: the ``param_plan`` entries' :func:`json_key` when the caller has them
+    (:meth:`CheckContext.entry_keys`)."""
     out: list[Finding] = []
     rest = dict(meta)
     for field in _UNIFORM_MAPS:
         if isinstance(meta.get(field), Mapping):
-            out.extend(_map_findings(field, meta[field]))
+            out.extend(_map_findings(field, meta[field],
+                                     entry_keys if field == "param_plan" else None))
             rest[field] = {}
     for field in _uniform_arrays():
         if isinstance(meta.get(field), list):
@@ -360,7 +367,7 @@ def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
 def cached_schema_findings(ctx: CheckContext) -> list[Finding]:
     """:func:`schema_findings` memoized on the context (other checks consult it)."""
     if "schema" not in ctx.cache:
-        ctx.cache["schema"] = schema_findings(ctx.meta)
+        ctx.cache["schema"] = schema_findings(ctx.meta, ctx.entry_keys())
     return ctx.cache["schema"]
 
 
