@@ -129,7 +129,8 @@ def as_list(value: Any) -> list[Any]:
 
 def plan_entries(meta: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """``param_plan`` entries that are objects (others are schema errors)."""
-    return {fqn: e for fqn, e in as_dict(meta.get("param_plan")).items() if isinstance(e, Mapping)}
+    return {fqn: e for fqn, e in as_dict(meta.get("param_plan")).items()
+            if type(e) is dict or isinstance(e, Mapping)}  # JSON's dicts skip the ABC check
 
 
 def planned_params(meta: Mapping[str, Any]) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
