@@ -295,6 +295,8 @@ def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions,
 
 def _pipeline(plan: Plan, opts: InspectOptions) -> dict[str, Any] | None:
     """The pipeline report (and ``--timeline`` file) of a pipelined plan."""
+    if plan.pipeline is None and opts.timeline is None:
+        return None  # the report of a plan without a pipeline (no schedule module imported)
     from hpcodegen.inspect.pipeline import pipeline_report, write_timeline
 
     if opts.timeline is not None:
