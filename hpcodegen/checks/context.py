@@ -66,7 +66,8 @@ class CheckContext:
         if "plan" not in self.cache:
             from hpcodegen.plan.codec import readable_plan
 
-            self.cache["plan"], self.cache["plan_left_out"] = readable_plan(self.meta)
+            self.cache["plan"], self.cache["plan_left_out"] = readable_plan(
+                self.meta, entry_keys=self.entry_keys())
         return self.cache["plan"]
 
     def entry_keys(self) -> dict[str, str | bytes | None]:
