@@ -190,9 +190,15 @@ def _frozen_sharded(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Itera
                       f"{fqn} is sharded but not listed in frozen_sharded_params")
 
 
+_PARAM_LISTS = ("deferred_bias_params", "partial_grad_params", "tp_rank0_params")
+_LIST_KEYS = frozenset((*_PARAM_LISTS, "no_grad_inputs"))
+
+
 def _entry_param_lists(meta: Mapping[str, Any], params: Mapping[str, Any]) -> Iterator[Finding]:
     for fqn, entry in plan_entries(meta).items():
-        for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
+        if entry.keys().isdisjoint(_LIST_KEYS):
+            continue  # names none (most entries: one C-level set test)
+        for key in _PARAM_LISTS:
             for i, rel in enumerate(as_list(entry.get(key))):
                 if not isinstance(rel, str):
                     continue
