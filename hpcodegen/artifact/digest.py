@@ -24,9 +24,14 @@ def file_digest(path: Path) -> dict[str, Any]:
     return bytes_digest(path.read_bytes())
 
 
-def canonical_json(value: Any) -> str:
-    """Sorted keys, no spaces, ASCII: the form every hash in hpcodegen is taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+def canonical_json(value: Any, *, tree: bool = False) -> str:
+    """Sorted keys, no spaces, ASCII: the form every hash in hpcodegen is taken over.
+
+    ``tree``: ``value`` is known to hold no cycle (parsed JSON), so the encoder's cycle
+    bookkeeping is skipped (a quarter of its time on a 10,000-entry plan; same text).
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      check_circular=not tree)
 
 
 def signature_payload(
@@ -59,8 +64,9 @@ def signature_payload(
 
 
 def compute_signature(payload: Mapping[str, Any]) -> str:
-    """First 12 hex chars of sha256 over the canonical JSON of ``payload``."""
-    return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()[:12]
+    """First 12 hex chars of sha256 over the canonical JSON of ``payload`` (a meta's parts
+    and a config's: JSON trees, so no cycle)."""
+    return hashlib.sha256(canonical_json(payload, tree=True).encode("utf-8")).hexdigest()[:12]
 
 
 def meta_signature(meta: Mapping[str, Any], source: Mapping[str, Any] | None = None) -> str:

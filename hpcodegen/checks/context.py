@@ -66,8 +66,21 @@ class CheckContext:
         if "plan" not in self.cache:
             from hpcodegen.plan.codec import readable_plan
 
-            self.cache["plan"], self.cache["plan_left_out"] = readable_plan(self.meta)
+            self.cache["plan"], self.cache["plan_left_out"] = readable_plan(
+                self.meta, entry_keys=self.entry_keys())
         return self.cache["plan"]
+
+    def entry_keys(self) -> dict[str, str | bytes | None]:
+        """Each object-shaped ``param_plan`` entry's :func:`~hpcodegen.json_key.json_key`,
+        computed once per artifact: the checks that judge an entry by its content alone
+        (the schema, the placement leaves) judge each distinct content once, and a
+        10,000-entry plan has a handful (every layer repeats the one before)."""
+        if "entry_keys" not in self.cache:
+            from hpcodegen.json_key import json_key
+
+            self.cache["entry_keys"] = {fqn: json_key(e)
+                                        for fqn, e in plan_entries(self.meta.get("param_plan")).items()}
+        return self.cache["entry_keys"]
 
     def plan_left_out(self) -> list[Any]:
         """The codec's refusals :attr:`plan` left out (``PlanFormatError``; empty for a
@@ -118,7 +131,8 @@ def as_list(value: Any) -> list[Any]:
 def plan_entries(param_plan: Any) -> dict[str, Mapping[str, Any]]:
     """The entries of a ``param_plan`` JSON value that are objects (others are schema
     errors; a value that is no object has none)."""
-    return {fqn: e for fqn, e in as_dict(param_plan).items() if isinstance(e, Mapping)}
+    return {fqn: e for fqn, e in as_dict(param_plan).items()
+            if type(e) is dict or isinstance(e, Mapping)}  # JSON's dicts skip the ABC check
 
 
 def planned_params(entries: Mapping[str, Mapping[str, Any]]
@@ -133,5 +147,7 @@ def planned_params(entries: Mapping[str, Mapping[str, Any]]
     out: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
     for fqn, entry in entries.items():
         for rel, named in as_dict(entry.get("params")).items():
-            out.setdefault(join_fqn(fqn, rel), (fqn, rel, as_dict(named)))
+            full = join_fqn(fqn, rel)
+            if full not in out:
+                out[full] = (fqn, rel, as_dict(named))
     return out

@@ -23,7 +23,6 @@ from hpcodegen.artifact.digest import is_hpcodegen_meta
 from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.checks.forms import classified
-from hpcodegen.checks.pipeline import check_pipeline
 from hpcodegen.checks.plan_derived import derived_findings
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
@@ -66,30 +65,48 @@ def _parsed(text: Any, memo: dict[Any, Any]) -> Any:
     return value
 
 
-def _check_placements(entries: Mapping[str, Mapping[str, Any]], axes: set[str]
-                      ) -> Iterator[Finding]:
+def _check_placements(entries: Mapping[str, Mapping[str, Any]], axes: set[str],
+                      entry_keys: Mapping[str, str | bytes | None]) -> Iterator[Finding]:
     memo: dict[Any, Any] = {}
     #: (field kind, axis, raw type and text) -> its problems, or () when the leaf is fine: a plan
     #: repeats a few dozen such leaves tens of thousands of times
     verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]] = {}
+    #: an entry's content (:meth:`CheckContext.entry_keys`) -> its leaves with problems
+    by_content: dict[str | bytes, list[tuple[str, Any, Any, Any, tuple[Any, ...]]]] = {}
     for fqn, entry in entries.items():
-        for field_name in _LEAF_FIELDS:  # every (field, name, axis) leaf: ~100k in 10k entries
-            is_param = field_name == "params"
-            for name, named in as_dict(entry.get(field_name)).items():
-                for axis, text in as_dict(named).items():
-                    try:
-                        key: Any = (is_param, axis, type(text), text)
-                        problems = verdicts.get(key)
-                    except TypeError:  # an unhashable leaf (a schema error): judged each time
-                        key, problems = None, None
-                    if problems is None:
-                        problems = _leaf_problems(is_param, axis, text, axes, memo)
-                        if key is not None:
-                            verdicts[key] = problems
-                    if problems:
-                        yield from _leaf_findings(
-                            problems, pointer("param_plan", fqn, field_name, name, axis),
-                            axis, text, axes)
+        key = entry_keys.get(fqn)
+        bad = by_content.get(key) if key is not None else None
+        if bad is None:
+            bad = _bad_leaves(entry, axes, memo, verdicts)
+            if key is not None:
+                by_content[key] = bad
+        for field_name, name, axis, text, problems in bad:
+            yield from _leaf_findings(problems, pointer("param_plan", fqn, field_name, name,
+                                                        axis), axis, text, axes)
+
+
+def _bad_leaves(entry: Mapping[str, Any], axes: set[str], memo: dict[Any, Any],
+                verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]]
+                ) -> list[tuple[str, Any, Any, Any, tuple[Any, ...]]]:
+    """``(field, name, axis, text, problems)`` of each placement leaf of one entry that has
+    a problem, in order."""
+    out = []
+    for field_name in _LEAF_FIELDS:  # every (field, name, axis) leaf: ~100k in 10k entries
+        is_param = field_name == "params"
+        for name, named in as_dict(entry.get(field_name)).items():
+            for axis, text in as_dict(named).items():
+                try:
+                    key: Any = (is_param, axis, type(text), text)
+                    problems = verdicts.get(key)
+                except TypeError:  # an unhashable leaf (a schema error): judged each time
+                    key, problems = None, None
+                if problems is None:
+                    problems = _leaf_problems(is_param, axis, text, axes, memo)
+                    if key is not None:
+                        verdicts[key] = problems
+                if problems:
+                    out.append((field_name, name, axis, text, problems))
+    return out
 
 
 def _leaf_problems(is_param: bool, axis: Any, text: Any, axes: set[str],
@@ -161,17 +178,30 @@ def _check_mesh(names: Any, parallel_dims: Any) -> Iterator[Finding]:
                         expected=f"{axis!r} among {names}")
 
 
-def _check_outputs_names(entries: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+def _check_outputs_names(entries: Mapping[str, Mapping[str, Any]],
+                         entry_keys: Mapping[str, str | bytes | None]) -> Iterator[Finding]:
+    by_content: dict[str | bytes, list[tuple[str, Any, list[Any]]]] = {}
     for fqn, entry in entries.items():
-        names = entry.get("out_names")
-        if not isinstance(names, list) or not names:
-            continue
-        for side in ("out_src", "out_dst"):
-            for name in as_dict(entry.get(side)):
-                if name not in names:
-                    yield error("plan.unknown_output", pointer("param_plan", fqn, side, name),
-                                f"{fqn}: output {name!r} is not in out_names",
-                                expected="one of " + ", ".join(map(str, names)))
+        key = entry_keys.get(fqn)
+        bad = by_content.get(key) if key is not None else None
+        if bad is None:
+            bad = _undeclared_outputs(entry)
+            if key is not None:
+                by_content[key] = bad
+        for side, name, names in bad:
+            yield error("plan.unknown_output", pointer("param_plan", fqn, side, name),
+                        f"{fqn}: output {name!r} is not in out_names",
+                        expected="one of " + ", ".join(map(str, names)))
+
+
+def _undeclared_outputs(entry: Mapping[str, Any]) -> list[tuple[str, Any, list[Any]]]:
+    """``(side, output name, out_names)`` of each ``out_src``/``out_dst`` name that a
+    non-empty ``out_names`` lacks."""
+    names = entry.get("out_names")
+    if not isinstance(names, list) or not names:
+        return []
+    return [(side, name, names) for side in ("out_src", "out_dst")
+            for name in as_dict(entry.get(side)) if name not in names]
 
 
 def _check_coverage(param_plan: Any, covered_record: Any) -> Iterator[Finding]:
@@ -219,6 +249,17 @@ def _check_unknown_keys(keys: Iterable[str]) -> Iterator[Finding]:
                        "the meta format; it is ignored")
 
 
+def _check_pipeline(ctx: CheckContext) -> Iterator[Finding]:
+    """:func:`hpcodegen.checks.pipeline.check_pipeline`, imported for a plan that has a
+    pipeline or a pp axis (it reports nothing else; its schedule simulator is ~6 ms of
+    start-up a plan without one never needs)."""
+    if ctx.plan.pipeline is None and ctx.plan.dims.size("pp") <= 1:
+        return
+    from hpcodegen.checks.pipeline import check_pipeline
+
+    yield from check_pipeline(ctx)
+
+
 def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     """Semantic rules of the frozen plan (see the module docstring). The rules before
     ``check_references`` judge the JSON as it is (a meta the schema rejects still gets them,
@@ -229,15 +270,16 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     yield from _check_coverage(meta.get("param_plan"), meta.get("covered"))
     yield from _check_params_once(entries)
     yield from _check_placements(entries, known_axes(meta.get("mesh_dim_names"),
-                                                     meta.get("parallel_dims")))
+                                                     meta.get("parallel_dims")),
+                                 ctx.entry_keys())
     yield from _check_mesh(meta.get("mesh_dim_names"), meta.get("parallel_dims"))
-    yield from _check_outputs_names(entries)
+    yield from _check_outputs_names(entries, ctx.entry_keys())
     yield from check_references(ctx)
     forms = classified(ctx)
     if forms is not None:  # None: the fields it reads break the schema (reported there)
         yield from derived_findings(ctx.plan, forms, is_hpcodegen_meta(meta))
     yield from plan_findings(ctx.plan, "plan", is_hpcodegen_meta(meta))
     yield from check_cp(ctx.plan)
-    yield from check_pipeline(ctx)
+    yield from _check_pipeline(ctx)
     yield from _check_entrypoint(meta.get("entrypoints"))
     yield from _check_unknown_keys(meta)

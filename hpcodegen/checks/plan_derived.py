@@ -109,8 +109,12 @@ def _split_modules(entries: Entries) -> set[str]:
     out: set[str] = set()
     for fqn, entry in entries.items():
         if any(tp_sharded(n) for n in (entry.params or EMPTY).values()):
-            parts = fqn.split(".") if fqn else []
-            out.update(".".join(parts[:depth]) for depth in range(len(parts) + 1))
+            prefix = fqn
+            while prefix not in out:  # a module in ``out`` has all its enclosing ones there
+                out.add(prefix)
+                if not prefix:
+                    break
+                prefix = prefix.rpartition(".")[0]
     return out
 
 

@@ -65,16 +65,15 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
     for fqn, cls in classes.items():
         if not isinstance(cls, str):
             continue  # a schema error
-        where = pointer("boundary_classes", fqn)
         if fqn not in plan:
-            yield error("plan.boundary_class_unplanned", where,
+            yield error("plan.boundary_class_unplanned", pointer("boundary_classes", fqn),
                         f"boundary {fqn!r} ({cls}) has no param_plan entry")
             continue
         if defined is not None and cls not in defined:
             continue  # wrapped per instance: each FQN keeps its own transitions
         if cls in first_of:
             other = first_of[cls]
-            if contract_differences(plan[fqn], plan[other]):
+            if plan[fqn] != plan[other] and contract_differences(plan[fqn], plan[other]):
                 yield error("plan.class_contract_differs", pointer("param_plan", fqn),
                             f"{fqn} and {other} are both {cls} but declare different "
                             "transitions; one generated class cannot serve both",
@@ -149,30 +148,58 @@ def _is_sharded(named: Mapping[str, Any]) -> bool:
     return False
 
 
+def _sharded_params(params: Mapping[str, Any]) -> set[str]:
+    """The planned parameters some placement of which is not ``R`` (:func:`_is_sharded`,
+    judged once per distinct named placement: a plan repeats a handful)."""
+    verdicts: dict[Any, bool] = {}
+    out: set[str] = set()
+    for fqn, (_entry, _rel, named) in params.items():
+        try:
+            key: Any = tuple(named.items())
+            sharded = verdicts.get(key)
+        except TypeError:  # an unhashable placement (a schema error): judged each time
+            key, sharded = None, None
+        if sharded is None:
+            sharded = _is_sharded(named)
+            if key is not None:
+                verdicts[key] = sharded
+        if sharded:
+            out.add(fqn)
+    return out
+
+
 def _frozen_sharded(listed: Any, params: Mapping[str, Any]) -> Iterator[Finding]:
     if not isinstance(listed, list):
         return
     listed_set = {f for f in listed if isinstance(f, str)}
+    sharded = _sharded_params(params)
     for i, fqn in enumerate(listed):
-        if not isinstance(fqn, str):
+        if not isinstance(fqn, str) or fqn in sharded:
             continue
         if fqn not in params:
             yield error("plan.frozen_sharded_unplanned", pointer("frozen_sharded_params", i),
                         f"{fqn!r} is listed as sharded but is not in param_plan")
-        elif not _is_sharded(params[fqn][2]):
+        else:
             yield warning("plan.frozen_sharded_replicated", pointer("frozen_sharded_params", i),
                           f"{fqn!r} is listed as sharded but every placement is R")
-    for fqn, (entry, rel, named) in params.items():
-        if fqn not in listed_set and _is_sharded(named):
-            where = pointer("param_plan", entry, "params", rel)
-            yield warning("plan.frozen_sharded_missing", where,
-                          f"{fqn} is sharded but not listed in frozen_sharded_params")
+    missing = sharded - listed_set
+    for fqn, (entry, rel, _named) in params.items() if missing else ():
+        if fqn not in missing:
+            continue
+        yield warning("plan.frozen_sharded_missing", pointer("param_plan", entry, "params", rel),
+                      f"{fqn} is sharded but not listed in frozen_sharded_params")
+
+
+_PARAM_LISTS = ("deferred_bias_params", "partial_grad_params", "tp_rank0_params")
+_LIST_KEYS = frozenset((*_PARAM_LISTS, "no_grad_inputs"))
 
 
 def _entry_param_lists(entries: Mapping[str, Mapping[str, Any]],
                        params: Mapping[str, Any]) -> Iterator[Finding]:
     for fqn, entry in entries.items():
-        for key in ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"):
+        if entry.keys().isdisjoint(_LIST_KEYS):
+            continue  # names none (most entries: one C-level set test)
+        for key in _PARAM_LISTS:
             for i, rel in enumerate(as_list(entry.get(key))):
                 if not isinstance(rel, str):
                     continue
@@ -189,8 +216,10 @@ def _entry_param_lists(entries: Mapping[str, Mapping[str, Any]],
                                 "them follows from its own compute; the runtime would act on "
                                 "it regardless)", expected=f"a key of {fqn or '<root>'}'s params",
                                 hint=f"move it to {owner}'s {key}")
-        declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst")))
-        for i, name in enumerate(as_list(entry.get("no_grad_inputs"))):
+        no_grad = as_list(entry.get("no_grad_inputs"))
+        declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst"))) \
+            if no_grad else set()
+        for i, name in enumerate(no_grad):
             if isinstance(name, str) and name not in declared:
                 yield error("plan.no_grad_inputs_undeclared",
                             pointer("param_plan", fqn, "no_grad_inputs", i),

@@ -15,16 +15,17 @@ would let ``"S(1)\n"`` through).
 from __future__ import annotations
 
 import json
+import pkgutil
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
-from importlib import resources
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, pointer
 from hpcodegen.checks.schema_fast import surely_valid
 from hpcodegen.errors import Finding, error
+from hpcodegen.json_key import json_key
 from hpcodegen.placement import PLACEMENT_PATTERN
 
 SCHEMA_NAME = "codegen_meta.schema.json"
@@ -48,8 +49,16 @@ _PATTERN_WORDS: dict[str, tuple[str, str]] = {
 
 
 def schema_text() -> str:
-    """The schema file's text, as shipped in the package (``hpcodegen schema`` prints it)."""
-    return resources.files("hpcodegen.schemas").joinpath(SCHEMA_NAME).read_text("utf-8")
+    """The schema file's text, as shipped in the package (``hpcodegen schema`` prints it).
+
+    Read through the package loader (``pkgutil.get_data``): ``importlib.resources`` would
+    import its readers (and ``zipfile`` with them): about 9 ms of the gate's start-up."""
+    data = pkgutil.get_data("hpcodegen.schemas", SCHEMA_NAME)
+    if data is None:  # a loader that cannot read data files
+        from importlib import resources
+
+        return resources.files("hpcodegen.schemas").joinpath(SCHEMA_NAME).read_text("utf-8")
+    return data.decode("utf-8")
 
 
 @lru_cache(maxsize=1)
@@ -213,13 +222,40 @@ def _has_key_rule(field: str) -> bool:
 _ANNOTATIONS = frozenset({"description", "examples", "title", "$comment"})
 
 
+@dataclass(frozen=True)
+class _StringRule:
+    """A value schema that is only a string rule (``type: string`` with ``pattern`` and
+    length bounds), judged without the validator: True exactly when it finds no error."""
+
+    regex: Any
+    low: int
+    high: int | None
+
+    def test(self, value: Any) -> bool:
+        return (type(value) is str and self.low <= len(value)
+                and (self.high is None or len(value) <= self.high)
+                and (self.regex is None or self.regex.search(value) is not None))
+
+    def all_pass(self, values: Collection[Any]) -> bool:
+        """:meth:`test` of every value, in C loops (``map``): a 10,000-entry plan's keys
+        pass in one sweep; False sends the caller to the value-by-value path."""
+        if not values:
+            return True
+        if set(map(type, values)) != {str}:
+            return False
+        lengths = set(map(len, values))
+        if min(lengths) < self.low or (self.high is not None and max(lengths) > self.high):
+            return False
+        return self.regex is None or None not in map(self.regex.search, values)
+
+
 @cache
-def _string_test(field: str, part: str) -> Any:
-    """For a value schema that is only a string rule (``type: string`` with ``pattern`` and
-    length bounds), a predicate that is True exactly when the validator finds no error;
-    else None. A 10,000-entry plan has 10,000 keys and thousands of sharded parameter
-    names: each passes through one compiled regex instead of the validator's keyword
-    dispatch, and only a value that fails is handed to the validator for its messages."""
+def _string_rule(field: str, part: str) -> _StringRule | None:
+    """The :class:`_StringRule` of one uniform map's keys or values (one array's items), or
+    None when that schema is more than a string rule. A 10,000-entry plan has 10,000 keys
+    and thousands of sharded parameter names: each passes through one compiled regex
+    instead of the validator's keyword dispatch, and only a value that fails is handed to
+    the validator for its messages."""
     sub = _resolved(meta_schema()["properties"][field][part])
     if not isinstance(sub, Mapping) or sub.get("type") != "string" \
             or not set(sub) <= {"type", "pattern", "maxLength", "minLength", *_ANNOTATIONS}:
@@ -229,25 +265,25 @@ def _string_test(field: str, part: str) -> Any:
     if not isinstance(low, int) or not isinstance(high, (int, type(None))) \
             or not isinstance(pattern, (str, type(None))):
         return None
-    regex = _ecma(pattern) if pattern is not None else None
-
-    def test(value: Any) -> bool:
-        return (type(value) is str and low <= len(value)
-                and (high is None or len(value) <= high)
-                and (regex is None or regex.search(value) is not None))
-    return test
+    return _StringRule(_ecma(pattern) if pattern is not None else None, low, high)
 
 
 def _errors(field: str, part: str, value: Any) -> list[Any]:
     """The validator's errors of one value of a uniform map or array (the validator runs
     only for a value the one-sided tests cannot pass)."""
-    test = _string_test(field, part)
-    if test is not None and test(value):
+    rule = _string_rule(field, part)
+    if rule is not None and rule.test(value):
         return []
     root = _root_schema()
     if surely_valid(root["properties"][field][part], value, root, _ecma):
         return []
     return list(_value_validator(field, part).iter_errors(value))
+
+
+def _all_pass(field: str, part: str, values: Collection[Any]) -> bool:
+    """True when every value surely passes (a string rule's sweep); False: look closer."""
+    rule = _string_rule(field, part)
+    return rule is not None and rule.all_pass(values)
 
 
 @lru_cache(maxsize=1)
@@ -265,46 +301,68 @@ def _rest_schema() -> dict[str, Any]:
     return schema
 
 
-def _map_findings(field: str, values: Mapping[str, Any]) -> Iterator[Finding]:
+def _map_findings(field: str, values: Mapping[str, Any],
+                  keys: Mapping[str, str | bytes | None] | None = None) -> Iterator[Finding]:
     """Validate each *distinct* value once: repeated layers share their verdict.
 
     A 1,000-layer plan has a handful of distinct entries, so the check stays linear in the
     number of distinct contracts rather than in the number of modules.
     """
-    if _has_key_rule(field):
+    if _has_key_rule(field) and not _all_pass(field, "propertyNames", values.keys()):
         for key in values:
             for err in _errors(field, "propertyNames", key):
                 for f in _findings_of(err):
                     yield replace(f, where=pointer(field))
-    verdicts: dict[str, list[Any]] = {}
+    if _all_pass(field, "additionalProperties", values.values()):
+        return
+    verdicts: dict[str | bytes | None, list[Any]] = {}
+    keys = keys or {}
+    if len(keys) == len(values) and keys.keys() == values.keys():
+        # one value of each distinct content (C loops): a plan whose distinct entries
+        # all pass has nothing to report, and the loop below is skipped
+        distinct = dict(zip(keys.values(), values.values(), strict=True))
+        distinct.pop(None, None)  # a value too deep to key: judged in the loop below
+        verdicts = {seen: _errors(field, "additionalProperties", value)
+                    for seen, value in distinct.items()}
+        if None not in keys.values() and not any(verdicts.values()):
+            return
     for key, value in values.items():
-        seen = repr(value)
-        if seen not in verdicts:
-            verdicts[seen] = _errors(field, "additionalProperties", value)
-        for err in verdicts[seen]:
+        seen = keys[key] if key in keys else json_key(value)
+        errors = verdicts.get(seen) if seen is not None else None
+        if errors is None:
+            errors = verdicts[seen] = _errors(field, "additionalProperties", value)
+        for err in errors:
             for f in _findings_of(err):
                 yield replace(f, where=pointer(field, key) + f.where)
 
 
 def _item_findings(field: str, items: list[Any]) -> Iterator[Finding]:
     """Validate each *distinct* item of a uniform array once, reported at every index."""
-    verdicts: dict[str, list[Any]] = {}
+    if _all_pass(field, "items", items):
+        return
+    verdicts: dict[str | bytes | None, list[Any]] = {}
     for index, item in enumerate(items):
-        seen = repr(item)
-        if seen not in verdicts:
-            verdicts[seen] = _errors(field, "items", item)
-        for err in verdicts[seen]:
+        seen = json_key(item)
+        errors = verdicts.get(seen) if seen is not None else None
+        if errors is None:
+            errors = verdicts[seen] = _errors(field, "items", item)
+        for err in errors:
             for f in _findings_of(err):
                 yield replace(f, where=pointer(field, index) + f.where)
 
 
-def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
-    """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings)."""
+def schema_findings(meta: Mapping[str, Any],
+                    entry_keys: Mapping[str, str | bytes | None] | None = None) -> list[Finding]:
+    """All schema violations of ``meta``, sorted by pointer (no duplicate-key findings).
+
+    ``entry_keys``: the ``param_plan`` entries' :func:`json_key` when the caller has them
+    (:meth:`CheckContext.entry_keys`)."""
     out: list[Finding] = []
     rest = dict(meta)
     for field in _UNIFORM_MAPS:
         if isinstance(meta.get(field), Mapping):
-            out.extend(_map_findings(field, meta[field]))
+            out.extend(_map_findings(field, meta[field],
+                                     entry_keys if field == "param_plan" else None))
             rest[field] = {}
     for field in _uniform_arrays():
         if isinstance(meta.get(field), list):
@@ -318,7 +376,7 @@ def schema_findings(meta: Mapping[str, Any]) -> list[Finding]:
 def cached_schema_findings(ctx: CheckContext) -> list[Finding]:
     """:func:`schema_findings` memoized on the context (other checks consult it)."""
     if "schema" not in ctx.cache:
-        ctx.cache["schema"] = schema_findings(ctx.meta)
+        ctx.cache["schema"] = schema_findings(ctx.meta, ctx.entry_keys())
     return ctx.cache["schema"]
 
 

@@ -26,9 +26,16 @@ from hpcodegen.checks.context import CheckContext, as_dict, pointer
 from hpcodegen.checks.forms import signable
 from hpcodegen.checks.result import CheckResult
 from hpcodegen.errors import Finding, Severity, error, info, warning
-from hpcodegen.hf import architecture_of, source_from_config, structure_value
 
 _MISSING = object()
+
+
+def _hf() -> Any:
+    """:mod:`hpcodegen.hf`, imported when a config is compared (about 4 ms of start-up the
+    gate without ``--hf-config`` never needs)."""
+    import hpcodegen.hf
+
+    return hpcodegen.hf
 
 
 def _show(value: Any) -> str:
@@ -37,7 +44,7 @@ def _show(value: Any) -> str:
 
 def _compare_identity(source: Mapping[str, Any], config: Mapping[str, Any],
                       file: str | None) -> Iterator[Finding]:
-    arch, meta_arch = architecture_of(config), source.get("architecture")
+    arch, meta_arch = _hf().architecture_of(config), source.get("architecture")
     if arch is None:
         yield warning("signature.no_architecture", "/architectures/0", "the HF config has no "
                       "architectures[0] to compare with source.architecture", file=file)
@@ -89,7 +96,7 @@ def model_gate(ctx: CheckContext, names: Sequence[str]) -> CheckResult | None:
 
 def _compare_structure(source: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[Finding]:
     for key, recorded in as_dict(source.get("structure")).items():
-        found = structure_value(config, key)
+        found = _hf().structure_value(config, key)
         where = pointer("source", "structure", key)
         if found is None:
             yield warning("signature.structure_unset", where, f"{key}: the artifact recorded "
@@ -135,7 +142,7 @@ def _recompute(ctx: CheckContext, config: Mapping[str, Any]) -> Iterator[Finding
         yield info("signature.not_recomputed", pointer("signature"), "the signature was not "
                    "recomputed: the fields it covers violate the schema (see the schema check)")
         return
-    cfg_source = source_from_config(config)
+    cfg_source = _hf().source_from_config(config)
     actual, stored = meta_signature(meta, source=cfg_source), meta.get("signature")
     if actual == stored:
         return

@@ -280,7 +280,9 @@ def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions,
     """Steps 2-4 on a typed plan (no rendering); ``forms`` as in :func:`classify_meta`."""
     result = classify_meta(plan, opts.mesh, forms)
     result.meta_path = meta_path
-    result.rows = [r for r in fold(result.preds, opts.expand) if r.pred.form != "params"]
+    # parameter-only entries have no row; they never fold with a boundary (the form is in
+    # a row's signature), so they are left out before folding, not after
+    result.rows = fold([p for p in result.preds if p.form != "params"], opts.expand)
     result.findings.extend(result.summary.problems)
     result.loss_parallel_heads = plan.vocab_sharded_heads()
     if opts.hf_config is not None:
@@ -293,6 +295,8 @@ def inspect_plan(plan: Plan, meta_path: str, opts: InspectOptions,
 
 def _pipeline(plan: Plan, opts: InspectOptions) -> dict[str, Any] | None:
     """The pipeline report (and ``--timeline`` file) of a pipelined plan."""
+    if plan.pipeline is None and opts.timeline is None:
+        return None  # the report of a plan without a pipeline (no schedule module imported)
     from hpcodegen.inspect.pipeline import pipeline_report, write_timeline
 
     if opts.timeline is not None:

@@ -144,17 +144,32 @@ def _degenerate(placements: tuple[Placement, ...], axes: Sequence[str],
                  for a, p in zip(axes, placements, strict=False))
 
 
-def enclosed_in_partial(fqn: str, entries: Mapping[str, PlanEntry]) -> bool:
+def enclosed_in_partial(fqn: str, entries: Mapping[str, PlanEntry],
+                        memo: dict[str, bool] | None = None) -> bool:
     """True when a module enclosing ``fqn`` (not ``fqn`` itself) is a boundary whose output
-    is partial over tp: every replicated value inside it then has a partial gradient."""
+    is partial over tp: every replicated value inside it then has a partial gradient.
+
+    ``memo`` (module FQN -> whether it or a module enclosing it is such a boundary), shared
+    by the calls over one plan, makes each call walk up only to the first module seen."""
     if not fqn:
         return False
-    parts = fqn.split(".")
-    for i in range(len(parts)):
-        outer = entries.get(".".join(parts[:i]))
-        if outer is not None and outer.boundary and outer.partial_output():
-            return True
-    return False
+    memo = {} if memo is None else memo
+    prefix, walked = fqn.rpartition(".")[0], []
+    while True:  # the enclosing modules, innermost first, up to the root ""
+        hit = memo.get(prefix)
+        if hit is None:
+            outer = entries.get(prefix)
+            if outer is not None and outer.boundary and outer.partial_output():
+                hit = True
+            elif not prefix:
+                hit = False
+        if hit is not None:
+            break
+        walked.append(prefix)
+        prefix = prefix.rpartition(".")[0]
+    memo[prefix] = hit
+    memo.update(dict.fromkeys(walked, hit))
+    return hit
 
 
 def _transitions(entry: PlanEntry, side: Side, axes: Sequence[str],
@@ -252,9 +267,10 @@ def classify_plan(
     injections = plan.injections_by_fqn()
     entries = plan.entries
     memo: dict[tuple[object, ...], BoundaryForm] = {}
+    enclosed: dict[str, bool] = {}
     return promote_reducing_identities({
         fqn: classify_memo(memo, fqn, entry, use_axes, injections.get(fqn), sizes,
-                           enclosed_in_partial(fqn, entries))
+                           enclosed_in_partial(fqn, entries, enclosed))
         for fqn, entry in entries.items()
     }, entries)
 

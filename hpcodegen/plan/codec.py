@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpcodegen.errors import pointer
+from hpcodegen.json_key import json_key
 from hpcodegen.placement import Placement, PlacementSyntaxError, parse_placement
 from hpcodegen.plan.frozen import FrozenMap, freeze_json, thaw_json
 from hpcodegen.plan.pipeline import (
@@ -308,9 +309,28 @@ def entries_from_json(value: Any) -> FrozenMap[str, PlanEntry]:
     return _entries(value, ("param_plan",))
 
 
-def _entries(value: Any, where: JsonPath) -> FrozenMap[str, PlanEntry]:
-    return FrozenMap.adopt({fqn: entry_from_json(fqn, e, (*where, fqn))
-                      for fqn, e in _object(value, where).items()})
+def _entries(value: Any, where: JsonPath,
+             keys: Mapping[str, str | bytes | None] | None = None) -> FrozenMap[str, PlanEntry]:
+    """Each entry parsed; entries of equal content (every layer repeats the ones of the
+    layer before, FQNs aside) share one parse of their fields, which are immutable.
+    ``keys``: the entries' :func:`json_key` by FQN, when the caller has them already."""
+    parsed: dict[str | bytes, dict[str, Any]] = {}
+    out: dict[str, PlanEntry] = {}
+    for fqn, e in _object(value, where).items():
+        if type(e) is not dict:
+            key = None
+        elif keys is not None and fqn in keys:
+            key = keys[fqn]
+        else:
+            key = json_key(e)
+        fields = parsed.get(key) if key is not None else None
+        if fields is None:
+            fields = _read(_ENTRY, e, (*where, fqn))
+            if key is not None:
+                parsed[key] = fields
+        out[fqn] = PlanEntry(fqn=fqn, **fields)
+    return FrozenMap.adopt(out)
+
 
 
 def injection_from_json(value: Any, where: JsonPath = ("injections",)) -> Injection:
@@ -470,8 +490,13 @@ _PROVENANCE: Table = {
 }
 
 
-def plan_from_meta(meta: Mapping[str, Any]) -> Plan:
+def plan_from_meta(meta: Mapping[str, Any], *,
+                   entry_keys: Mapping[str, str | bytes | None] | None = None) -> Plan:
     """Parse a meta (the JSON object of ``codegen_meta.json``) into a :class:`Plan`.
+
+    ``entry_keys``: the ``param_plan`` entries' :func:`~hpcodegen.json_key.json_key` by FQN,
+    when the caller computed them (verify's :meth:`CheckContext.entry_keys`), so the
+    entries of equal content are found without keying them again.
 
     Raises:
         PlanFormatError: a known key holds a value of the wrong shape (a placement outside
@@ -487,10 +512,16 @@ def plan_from_meta(meta: Mapping[str, Any]) -> Plan:
     kept = {k: v for k, v in _object(meta, ()).items() if k in _PROVENANCE and v is not None}
     own = {k: v for k, v in meta.items() if k not in kept}
     provenance = Provenance(**_fields(_PROVENANCE, kept, ())[0])
-    return Plan(provenance=provenance, **_read(_PLAN, own, ()))
+    table = _PLAN
+    if entry_keys is not None:  # verify's checks keyed each entry already
+        field, _parse, write = _PLAN["param_plan"]
+        table = {**_PLAN, "param_plan": (field, lambda v, w: _entries(v, w, entry_keys), write)}
+    return Plan(provenance=provenance, **_read(table, own, ()))
 
 
-def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[PlanFormatError]]:
+def readable_plan(meta: Mapping[str, Any], *,
+                  entry_keys: Mapping[str, str | bytes | None] | None = None
+                  ) -> tuple[Plan, list[PlanFormatError]]:
     """The Plan of what parses in a meta the schema may reject, and what was left out.
 
     For readers that report a broken meta instead of refusing it (verify's semantic
@@ -503,7 +534,7 @@ def readable_plan(meta: Mapping[str, Any]) -> tuple[Plan, list[PlanFormatError]]
     left_out: list[PlanFormatError] = []
     while True:
         try:
-            return plan_from_meta(view), left_out
+            return plan_from_meta(view, entry_keys=entry_keys), left_out
         except PlanFormatError as exc:
             key, *rest = exc.path or (None,)
             part = view.get(key)

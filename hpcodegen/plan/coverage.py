@@ -41,10 +41,10 @@ def params_planned_twice(plan: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """
     owner: dict[str, str] = {}
     twice: list[tuple[str, str, str]] = []
-    for fqn, entry in plan.items():
-        params = entry.get("params") if isinstance(entry, Mapping) else \
-            getattr(entry, "params", None)
-        for rel in params if isinstance(params, Mapping) else ():
+    for fqn, entry in plan.items():  # JSON's dicts skip the Mapping ABC check (per entry)
+        params = entry.get("params") if type(entry) is dict or isinstance(entry, Mapping) \
+            else getattr(entry, "params", None)
+        for rel in params if type(params) is dict or isinstance(params, Mapping) else ():
             full = join_fqn(fqn, rel)
             if full in owner:
                 twice.append((full, owner[full], fqn))

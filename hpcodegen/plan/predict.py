@@ -264,6 +264,9 @@ def predict_forms(plan: Plan, forms: Mapping[str, BoundaryForm],
     effective = effective or {}
     entries = plan.entries
     memo: dict[tuple[Any, ...], BoundaryPrediction] = {}
+    #: gathers_over_tp by the identity of the fields it reads: entries of equal content
+    #: share them (the codec parses each distinct entry once), and the plan holds them
+    gathers: dict[tuple[int, int], bool] = {}
     out: list[BoundaryPrediction] = []
     for fqn, bf in forms.items():
         cls, form, entry = classes.get(fqn), effective.get(fqn), entries.get(fqn)
@@ -271,7 +274,13 @@ def predict_forms(plan: Plan, forms: Mapping[str, BoundaryForm],
         no_grad = (entry.no_grad_inputs or ()) if entry is not None else ()
         ep = ep_live if ep_live is not None else (
             ep_dispatch_size(bf.injection) > 1 or estimated_dispatch(bf.injection) is not None)
-        dispatch = (ep, tp_live and gathers_over_tp(entry), tp_live)
+        gather = False
+        if tp_live and entry is not None:
+            seen = (id(entry.in_dst), id(entry.params))
+            gather = gathers.get(seen)
+            if gather is None:
+                gather = gathers[seen] = gathers_over_tp(entry)
+        dispatch = (ep, gather, tp_live)
         # memo classifications share their transition tuples: repeated layers predict once
         key = (id(bf.inputs), id(bf.outputs), id(bf.injection), bf.form, bf.reasons, cls, form,
                sync, no_grad, dispatch)

@@ -52,15 +52,30 @@ def nested_gathers(entries: Mapping[str, PlanEntry]) -> Iterator[tuple[str, list
     if not gathering:
         return
     inside: dict[str, list[str]] = {}
+    above: dict[str, tuple[str, ...]] = {"": ()}
     for fqn, entry in entries.items():  # each entry's ancestors: linear in the plan
-        parts = fqn.split(".")
-        parents = [p for p in (".".join(parts[:d]) for d in range(1, len(parts)))
-                   if p in gathering]
+        parents = _gathering_above(fqn.rpartition(".")[0], gathering, above)
         if parents and moves_sequence(entry):  # the cheap test first: most have no such parent
             for parent in parents:
                 inside.setdefault(parent, []).append(fqn)
     for parent in sorted(inside):
         yield parent, sorted(inside[parent])
+
+
+def _gathering_above(prefix: str, gathering: set[str],
+                     above: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The modules of ``gathering`` at or above module ``prefix`` (the root aside),
+    outermost first; ``above`` memoizes them per module, so each call walks up only to
+    the first module seen."""
+    walked = []
+    while prefix not in above:
+        walked.append(prefix)
+        prefix = prefix.rpartition(".")[0]
+    found = above[prefix]
+    for module in reversed(walked):  # outermost first
+        found = (*found, module) if module in gathering else found
+        above[module] = found
+    return found
 
 
 def describe(parent: str, inner: list[str]) -> str:

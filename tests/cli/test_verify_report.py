@@ -150,9 +150,9 @@ def test_junit_file_follows_the_umask(tmp_path: Path, mask: int) -> None:
     assert ET.parse(out).getroot().get("tests") == "7"  # one testcase per check
 
 
-def _text(result: VerifyResult, verbose: bool = False) -> str:
+def _text(result: VerifyResult, verbose: bool = False, quiet: bool = False) -> str:
     out = io.StringIO()
-    REPORTERS["text"].write(result, out, verbose=verbose)
+    REPORTERS["text"].write(result, out, verbose=verbose, quiet=quiet)
     return out.getvalue()
 
 
@@ -208,3 +208,39 @@ def test_inspect_plan_folds_identical_findings_the_same_way() -> None:
     assert "also at /injections/1/_target_," in lines[1]
     assert all(f"/injections/{i}/_target_" in err.getvalue() for i in range(8))
     assert "a note" not in err.getvalue()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_passing_report_prints_what_rich_prints(monkeypatch, quiet: bool) -> None:
+    """The plain lines a passing gate prints without importing rich are rich's lines:
+    ``TTY_COMPATIBLE=0`` (no terminal, no style) sends the same result through rich."""
+    arts = [ArtifactResult(f"examples/art {i}", {
+        "schema": CheckResult("schema", "pass", [info("plan.unknown_key", "/k", "k")]),
+        "plan": CheckResult("plan", "pass"),
+        "model": CheckResult("model", "skipped", reason="needs --hf-config")}) for i in range(3)]
+    plain = _text(VerifyResult(arts), quiet=quiet)
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")
+    assert _text(VerifyResult(arts), quiet=quiet) == plain
+    assert plain == ("" if quiet else "".join(
+        f"PASS examples/art {i}: 2 passed, 1 skipped (model)\n" for i in range(3))
+        + "3 artifacts: 3 passed, 0 failed\n")
+
+
+@pytest.mark.parametrize("columns", ["40", "80", "0"])
+def test_a_folded_passing_report_folds_as_rich_does(monkeypatch, columns: str) -> None:
+    """Lines longer than ``COLUMNS`` fold at spaces the same with or without rich."""
+    monkeypatch.setenv("COLUMNS", columns)
+    arts = [ArtifactResult("a/" + "d" * n, {"plan": CheckResult("plan", "pass"),
+                                            "model": CheckResult("model", "skipped")})
+            for n in (10, 33, 50, 70, 90)]
+    plain = _text(VerifyResult(arts))
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")
+    assert _text(VerifyResult(arts)) == plain
+    if columns == "40":
+        assert f"  a/{'d' * 50}:" in plain.splitlines()  # folded, the path whole
+
+
+def test_a_warned_report_goes_through_rich() -> None:
+    warned = ArtifactResult("art", {"outputs": CheckResult("outputs", "pass", [
+        warning("outputs.unrecorded_file", "n.txt", "n.txt unrecorded")])})
+    assert "outputs.unrecorded_file" in _text(VerifyResult([warned]))
