@@ -78,8 +78,8 @@ class CheckContext:
         if "entry_keys" not in self.cache:
             from hpcodegen.json_key import json_key
 
-            self.cache["entry_keys"] = {fqn: json_key(e)
-                                        for fqn, e in plan_entries(self.meta.get("param_plan")).items()}
+            entries = plan_entries(self.meta.get("param_plan"))
+            self.cache["entry_keys"] = {fqn: json_key(e) for fqn, e in entries.items()}
         return self.cache["entry_keys"]
 
     def plan_left_out(self) -> list[Any]:
