@@ -204,30 +204,40 @@ def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., An
 
     Inside a compiled region the hooks above are traced: dynamo guards every object they
     touch (the holders, the stacks, each DTensor parameter and its spec: about two thirds
-    of a whole model's guards) and checks those guards on every call. So before ``call``
-    each DTensor parameter under ``root`` is swapped for its view (its local alias: a plain
-    leaf, the graph's input, into which the compiled backward's gradient accumulates as in
-    eager) and put back after it returns or raises, and the hooks of the modules whose
-    parameters this covers are removed. The compiled graph then sees plain tensors only.
-    A parameter without an alias when compiled (FSDP2's, a frozen one) keeps its module's
-    hooks, read inside the forward as before.
+    of a whole model's guards) and checks those guards on every call, and a hook that reads
+    a DTensor parameter (to hook its gradient) makes it an input of the graph. So before
+    ``call`` each DTensor parameter under ``root`` is swapped for its view (its local alias:
+    a plain leaf, the graph's input, into which the compiled backward's gradient accumulates
+    as in eager) and put back after it returns or raises; the view hooks and the gradient
+    hooks' pre-hooks (:func:`~hpcodegen.runtime.param_hooks.install_use_hook`) of the
+    modules whose parameters this covers leave the traced region, the latter run here after
+    the swap. The compiled graph then sees plain tensors only. A module with a parameter
+    that has no alias when compiled (FSDP2's, a frozen one) keeps its hooks, read inside
+    the forward as before.
 
     Returns:
         the wrapped callable, to set as ``root._compiled_call_impl``.
     """
     from torch.distributed.tensor import DTensor
 
+    from hpcodegen.runtime.param_hooks import take_use_hooks
+
     slots = [(holder, name) for holder in root.modules()
              for name, value in holder._parameters.items()
              if isinstance(value, DTensor) and _alias(value) is not None]
     covered = {(id(holder), name) for holder, name in slots}
+
+    def all_covered(*modules: nn.Module) -> bool:
+        return all((id(m), name) in covered for m in modules
+                   for name, value in m._parameters.items() if isinstance(value, DTensor))
+
     for holder, _name in slots:
         holder.__dict__.setdefault(_SWAPPED, {})
+    use_hooks = [(module, hook) for module in root.modules() if all_covered(module)
+                 for hook in take_use_hooks(module)]
     for module in root.modules():
         handles = module.__dict__.get(_HANDLES)
-        if handles is not None and all(
-                (id(holder), name) in covered for holder in module.__dict__[_HOLDERS]
-                for name, value in holder._parameters.items() if isinstance(value, DTensor)):
+        if handles is not None and all_covered(*module.__dict__[_HOLDERS]):
             for handle in handles:
                 handle.remove()
             del module.__dict__[_HANDLES]
@@ -241,6 +251,8 @@ def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., An
                 holder.__dict__[_SWAPPED][name] = value
                 swapped.append((holder, name, value))
         try:
+            for module, hook in use_hooks:
+                hook(module, ())
             return call(*args, **kwargs)
         finally:
             for holder, name, value in swapped:
