@@ -40,7 +40,7 @@ from torch import nn
 from hpcodegen.runtime.collectives.comm import Comm
 from hpcodegen.runtime.collectives.ops import reduce
 from hpcodegen.runtime.local_views import held
-from hpcodegen.runtime.param_hooks import HookedParams, on_local, on_refresh
+from hpcodegen.runtime.param_hooks import HookedParams, install_use_hook, on_local
 from hpcodegen.runtime.params import param_owner
 from hpcodegen.runtime.shards import local_grad
 
@@ -147,9 +147,6 @@ def install_partial_grad_sync(model: nn.Module, fqns: Iterable[str], group: Any
                 value = held(module, name)  # not a view a parent swapped in
                 if isinstance(value, torch.Tensor):
                     sync.on_used(registered[name], value)
-        owner.register_forward_pre_hook(pre_hook)
-        # hooked now and after a swap too: a compiled forward then finds them in place
-        # (registering a hook on a parameter inside a traced region would break the graph)
-        on_refresh(model, lambda owner=owner, pre_hook=pre_hook: pre_hook(owner, ()))
+        install_use_hook(model, owner, pre_hook)
     model.__dict__["_hp_partial_grad_sync"] = sync
     return sync

@@ -27,7 +27,7 @@ from torch import nn
 from hpcodegen.runtime.collectives.comm import Comm
 from hpcodegen.runtime.collectives.ops import reduce
 from hpcodegen.runtime.local_views import held
-from hpcodegen.runtime.param_hooks import HookedParams, on_local, on_refresh
+from hpcodegen.runtime.param_hooks import HookedParams, install_use_hook, on_local
 from hpcodegen.runtime.params import param_owner
 
 
@@ -48,10 +48,7 @@ def install_grad_hook(model: nn.Module, fqns: Iterable[str],
                 value = held(module, name)  # not a view a parent swapped in
                 if isinstance(value, torch.Tensor):
                     hooked.hook_once(value, lambda t: t.register_hook(hook))
-        owner.register_forward_pre_hook(pre_hook)
-        # hooked now and after a swap too: a compiled forward then finds them in place
-        # (registering a hook on a parameter inside a traced region would break the graph)
-        on_refresh(model, lambda owner=owner, pre_hook=pre_hook: pre_hook(owner, ()))
+        install_use_hook(model, owner, pre_hook)
     return sorted(f"{p}.{n}".lstrip(".") for p, (_, ns) in by_owner.items() for n in ns)
 
 

@@ -33,6 +33,7 @@ views in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -41,6 +42,7 @@ _STACK = "_hp_local_views"
 _HOOKED = "_hp_local_view_hooks"
 _HOLDERS = "_hp_local_view_holders"
 _SWAPPED = "_hp_local_view_of"
+_HANDLES = "_hp_local_view_handles"
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -187,11 +189,73 @@ def install_local_views(model: nn.Module) -> int:
         module.__dict__[_STACK] = []
         for holder in holders:
             holder.__dict__.setdefault(_SWAPPED, {})
-        module.register_forward_pre_hook(_to_local)
-        module.register_forward_hook(_restore, always_call=True)
+        module.__dict__[_HANDLES] = (module.register_forward_pre_hook(_to_local),
+                                     module.register_forward_hook(_restore, always_call=True))
         module.__dict__[_HOOKED] = True
         count += 1
     for param in model.parameters():  # now: a compiled forward finds them made
         if _is_dtensor(param):
             _alias(param)
     return count
+
+
+def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` (``root``'s compiled forward) with the swap done around it, in eager Python.
+
+    Inside a compiled region the hooks above are traced: dynamo guards every object they
+    touch (the holders, the stacks, each DTensor parameter and its spec: about two thirds
+    of a whole model's guards) and checks those guards on every call, and a hook that reads
+    a DTensor parameter (to hook its gradient) makes it an input of the graph. So before
+    ``call`` each DTensor parameter under ``root`` is swapped for its view (its local alias:
+    a plain leaf, the graph's input, into which the compiled backward's gradient accumulates
+    as in eager) and put back after it returns or raises; the view hooks and the gradient
+    hooks' pre-hooks (:func:`~hpcodegen.runtime.param_hooks.install_use_hook`) of the
+    modules whose parameters this covers leave the traced region, the latter run here after
+    the swap. The compiled graph then sees plain tensors only. A module with a parameter
+    that has no alias when compiled (FSDP2's, a frozen one) keeps its hooks, read inside
+    the forward as before.
+
+    Returns:
+        the wrapped callable, to set as ``root._compiled_call_impl``.
+    """
+    from torch.distributed.tensor import DTensor
+
+    from hpcodegen.runtime.param_hooks import take_use_hooks
+
+    slots = [(holder, name) for holder in root.modules()
+             for name, value in holder._parameters.items()
+             if isinstance(value, DTensor) and _alias(value) is not None]
+    covered = {(id(holder), name) for holder, name in slots}
+
+    def all_covered(*modules: nn.Module) -> bool:
+        return all((id(m), name) in covered for m in modules
+                   for name, value in m._parameters.items() if isinstance(value, DTensor))
+
+    for holder, _name in slots:
+        holder.__dict__.setdefault(_SWAPPED, {})
+    use_hooks = [(module, hook) for module in root.modules() if all_covered(module)
+                 for hook in take_use_hooks(module)]
+    for module in root.modules():
+        handles = module.__dict__.get(_HANDLES)
+        if handles is not None and all_covered(*module.__dict__[_HOLDERS]):
+            for handle in handles:
+                handle.remove()
+            del module.__dict__[_HANDLES]
+
+    def swapped_call(*args: Any, **kwargs: Any) -> Any:
+        swapped = []
+        for holder, name in slots:
+            value = holder._parameters[name]
+            if isinstance(value, DTensor):  # else a parent's hook swapped it already
+                holder._parameters[name] = _view(value)
+                holder.__dict__[_SWAPPED][name] = value
+                swapped.append((holder, name, value))
+        try:
+            for module, hook in use_hooks:
+                hook(module, ())
+            return call(*args, **kwargs)
+        finally:
+            for holder, name, value in swapped:
+                holder._parameters[name] = value
+                holder.__dict__[_SWAPPED].pop(name, None)
+    return swapped_call

@@ -83,6 +83,31 @@ def on_local(fn: Callable[[torch.Tensor], torch.Tensor]
 
 
 _REFRESH = "_hp_param_hook_refreshers"
+_USE_HOOKS = "_hp_use_hooks"
+
+
+def install_use_hook(model: nn.Module, owner: nn.Module,
+                     pre_hook: Callable[[nn.Module, Any], None]) -> None:
+    """Register ``pre_hook`` (it hooks the tensors ``owner``'s forward is about to use) as
+    ``owner``'s forward pre-hook, and run it now and after every swap (:func:`on_refresh`).
+
+    Recorded on ``owner``: a compiled scope runs it eagerly around its compiled call instead
+    (:func:`take_use_hooks`), since reading a DTensor parameter inside the traced region
+    makes it an input of the graph."""
+    handle = owner.register_forward_pre_hook(pre_hook)
+    owner.__dict__.setdefault(_USE_HOOKS, []).append((handle, pre_hook))
+    # hooked now and after a swap too: a compiled forward then finds them in place
+    # (registering a hook on a parameter inside a traced region would break the graph)
+    on_refresh(model, lambda: pre_hook(owner, ()))
+
+
+def take_use_hooks(owner: nn.Module) -> list[Callable[[nn.Module, Any], None]]:
+    """Remove ``owner``'s pre-hooks of :func:`install_use_hook` and return them, for a caller
+    that runs them itself, outside a compiled region."""
+    taken = owner.__dict__.pop(_USE_HOOKS, [])
+    for handle, _hook in taken:
+        handle.remove()
+    return [hook for _handle, hook in taken]
 
 
 def on_refresh(model: nn.Module, refresh: Callable[[], None]) -> None:

@@ -1,0 +1,84 @@
+"""Rank workers of tests/runtime/test_compile_dtensor.py: a parallelized model compiled by
+``compile_parallelized`` trained as a user would (forward, backward, torch's clip, AdamW, a
+DCP round trip), each answer measured against the unsharded eager model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtensor_workers import MAX_NORM, _grads_diff, _max_diff, _params_diff
+from rt_workers import EPS, LR, _pair, batch, loss_of
+
+
+def _counting_backend(dtensor_inputs: list[int]) -> Any:
+    """aot_eager (AOTAutograd, no codegen), recording how many of each graph's inputs are
+    DTensors."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm: Any, inputs: list[Any]) -> Any:
+        dtensor_inputs.append(sum(isinstance(x, DTensor) for x in inputs))
+        return aot_eager(gm, inputs)
+    return backend
+
+
+def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, Any]:
+    """Two compiled training steps on a 1-D tp mesh against the unsharded eager model."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from hpcodegen.parity.gather import full_logits
+    from hpcodegen.parity.harness import install
+    from hpcodegen.runtime.compile import compile_parallelized
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    pair = _pair(artifact)
+    installed = install(pair, mesh)
+    gen, ref, plan = pair.sharded, pair.reference, pair.plan
+    dtensor_inputs: list[int] = []
+    compile_parallelized(gen, scope, backend=_counting_backend(dtensor_inputs))
+    ids, labels = batch(ref.config.vocab_size)
+
+    def logits_of(model: Any) -> Any:
+        return full_logits(model(input_ids=ids, use_cache=False).logits, model, plan,
+                           installed.active)
+
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR, eps=EPS)
+    opt = torch.optim.AdamW(gen.parameters(), lr=LR, eps=EPS)
+    out: dict[str, Any] = {"logits": [], "grad": [], "norm": [], "step": []}
+    for _ in range(2):  # the second step: the optimizer's update is what the graph reads
+        opt_ref.zero_grad()
+        opt.zero_grad()
+        ref_logits = ref(input_ids=ids, use_cache=False).logits
+        logits = logits_of(gen)
+        loss_of(ref_logits, labels).backward()
+        loss_of(logits, labels).backward()
+        out["logits"].append(_max_diff(logits, ref_logits))
+        out["grad"].append(_grads_diff(gen, ref))  # full_tensor(): each .grad a DTensor
+        norm_ref = torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
+        norm = torch.nn.utils.clip_grad_norm_(gen.parameters(), MAX_NORM)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        out["norm"].append((float(norm), float(norm_ref)))
+        opt_ref.step()
+        opt.step()
+        out["step"].append(_params_diff(gen, ref))
+    out["params_dtensor"] = all(isinstance(p, DTensor) for p in gen.parameters())
+    with torch.no_grad():
+        after = logits_of(gen)
+    dcp.save(get_model_state_dict(gen), checkpoint_id=checkpoint_dir)
+    with torch.no_grad():
+        for p in gen.parameters():
+            p.zero_()
+    state = get_model_state_dict(gen)
+    dcp.load(state, checkpoint_id=checkpoint_dir)
+    set_model_state_dict(gen, state)
+    with torch.no_grad():
+        out["restored"] = _max_diff(logits_of(gen), after)
+    out["dtensor_inputs"] = dtensor_inputs
+    return out
