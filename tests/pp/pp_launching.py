@@ -3,11 +3,9 @@ pp 2, a JSON launch, and the verdict of an exact ``--check-parity`` rank."""
 
 from __future__ import annotations
 
-import atexit
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +23,8 @@ def generated(tmp_path: Path, name: str, *flags: str) -> Path:
     run writes), so several tests launching the same artifact pay its generate once, and
     launch's model check passes it once (its verdict cache is keyed by these bytes). Each
     test gets its own copy to write into."""
-    if flags not in _GENERATED:
-        store = Path(tempfile.mkdtemp(prefix="hpcodegen-pp-artifact-"))
-        atexit.register(shutil.rmtree, store, ignore_errors=True)
+    if flags not in _GENERATED:  # kept beside the tests' own dirs, in pytest's basetemp
+        store = tmp_path.parent / "generated_pp" / str(len(_GENERATED))
         subprocess.run([*HPC, "generate", *flags, "-o", str(store / name)], check=True,
                        capture_output=True, timeout=300)
         _GENERATED[flags] = store / name
