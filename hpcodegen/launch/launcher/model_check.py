@@ -83,6 +83,8 @@ def run_model_check(artifact: Path, config_path: Path, allow_target: Sequence[st
     :class:`InputError` (exit 2) when the child's report is unusable or says the input is.
     """
     argv = model_check_argv(artifact, config_path, allow_target)
+    # the key of the bytes as they were before the child read them
+    before = _cache_inputs(artifact, config_path, allow_target) if cache is not None else None
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, check=False)
@@ -96,11 +98,12 @@ def run_model_check(artifact: Path, config_path: Path, allow_target: Sequence[st
     findings = _findings(proc.stdout)
     if proc.returncode == EXIT_OK and findings is not None:
         warnings = [f for f in findings if f.severity is not Severity.INFO]
-        inputs = _cache_inputs(artifact, config_path, allow_target) if cache else None
-        if cache is not None and inputs is not None:
+        # recorded only when no input changed while the child ran (it judged these bytes)
+        if cache is not None and before is not None \
+                and _cache_inputs(artifact, config_path, allow_target) == before:
             from hpcodegen.launch.launcher.check_cache import store_verdict
 
-            store_verdict(cache, inputs, [f.to_json() for f in warnings])
+            store_verdict(cache, before, [f.to_json() for f in warnings])
         return warnings
     if proc.returncode == EXIT_FAILED and findings:
         raise PlanError([f for f in findings if f.severity is not Severity.INFO])
