@@ -7,7 +7,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hpcodegen-installed
 EXAMPLE ?= examples/llama_tp2
 # pytest-xdist workers of `make test`: two fit the 2-core, 24 GiB CI machine (each worker
-# keeps at most one gloo world and runs one torchrun job at a time)
+# keeps at most one gloo world and runs one torchrun job at a time); work stealing, with the
+# multi-process modules collected first (tests/conftest.py), ends both workers on short tests
 # --durations=20 prints the slowest tests: the figures of docs/testing.md's table
 TEST_WORKERS ?= 2
 

@@ -16,11 +16,28 @@ world kept for the session (``hpcodegen.parity.ranks.GlooWorld``: the process st
 the imports are paid once per world size, not once per test; a rank that fails or a test
 that times out ends that world and the next test starts a fresh one). Every such test
 keeps its hard ``timeout`` mark.
+
+launch's pre-start model check keeps its passing verdicts in a cache keyed by the bytes it
+judged (:mod:`hpcodegen.launch.launcher.check_cache`). The suite points that cache at one
+fresh directory per run, shared by the xdist workers (they inherit the controller's
+environment): a run never reuses a verdict of an earlier run or of the user's own cache,
+and the first launch of each artifact still runs the check. A test that needs the child
+itself sets ``HPCODEGEN_CHECK_CACHE=off`` for its launch or calls ``run_model_check``
+without a cache. A ``HPCODEGEN_CHECK_CACHE`` already set (``off``) is kept.
+
+Order: the modules whose tests carry an explicit ``timeout`` mark (the suite's rule puts
+one on every test that waits on a subprocess: launches, CLI runs, gloo worlds) run first,
+the longest mark first, each module kept whole (its module fixtures are built once); the
+in-process tests follow. Under ``make test``'s work-stealing xdist workers that puts the
+long multi-process tests at the start of each worker's queue and the short ones at its end,
+so the run does not end with one worker idle while the other finishes a long launch.
 """
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -28,6 +45,23 @@ from typing import Any
 import pytest
 
 os.environ["COLUMNS"] = "400"
+
+#: the model check's verdict cache (hpcodegen.launch.launcher.check_cache.CACHE_ENV)
+CHECK_CACHE_ENV = "HPCODEGEN_CHECK_CACHE"
+_made_check_cache: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One verdict cache per run: made by the process that starts first (the xdist
+    controller, before it spawns the workers, or the only process), removed by it."""
+    if CHECK_CACHE_ENV not in os.environ:
+        os.environ[CHECK_CACHE_ENV] = tempfile.mkdtemp(prefix="hpcodegen-check-cache-")
+        _made_check_cache.append(os.environ[CHECK_CACHE_ENV])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _made_check_cache:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @cache
@@ -44,7 +78,27 @@ def cuda_devices() -> int:
         return 0
 
 
+def _timeout_mark(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    try:
+        return float(marker.args[0] if marker.args else marker.kwargs.get("timeout", 0)) \
+            if marker is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _long_first(items: list[pytest.Item]) -> None:
+    """Stable sort, module by module, by the longest explicit timeout mark of the module."""
+    weight: dict[str, float] = {}
+    for item in items:
+        weight[item.nodeid.split("::")[0]] = max(weight.get(item.nodeid.split("::")[0], 0.0),
+                                                 _timeout_mark(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]], order[id(item)]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _long_first(items)
     for item in items:
         marker = item.get_closest_marker("cuda")
         if marker is None:

@@ -20,6 +20,7 @@ from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
 from hpcodegen.artifact.digest import meta_signature
 from hpcodegen.errors import PlanError
+from hpcodegen.launch.launcher.check_cache import CACHE_ENV
 from hpcodegen.launch.launcher.deadline import PreStartTimeout
 from hpcodegen.launch.launcher.model_check import run_model_check
 
@@ -67,8 +68,9 @@ def test_timeout_kills_the_model_check_and_starts_nothing(tmp_path) -> None:
     with pytest.raises(PreStartTimeout) as caught:
         run_model_check(EXAMPLE, LLAMA_CONFIG / "config.json", timeout=0.2)
     assert "model check" in caught.value.findings[0].message
+    # the verdict cache off: the suite's other launches may have recorded a pass for EXAMPLE
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--timeout", "1", "--json", timeout=300)
+                  "--timeout", "1", "--json", timeout=300, env={CACHE_ENV: "off"})
     assert run.code == 1, (run.stdout, run.stderr)
     doc = run.json()
     assert [f["code"] for f in doc["findings"]] == ["launch.timeout"], doc

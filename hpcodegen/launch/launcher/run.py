@@ -82,15 +82,26 @@ def _prepare(opts: LaunchOptions, began: float) -> tuple[MeshLayout, str, Launch
 
 
 def _model_check(opts: LaunchOptions, artifact: Path, config_path: Path, began: float) -> None:
-    """verify's model check in a child process; its warnings on stderr when it passes."""
+    """verify's model check in a child process; its warnings on stderr when it passes.
+    A recorded pass for the same bytes (:mod:`hpcodegen.launch.launcher.check_cache`)
+    stands in for the child."""
+    from hpcodegen.launch.launcher.check_cache import CACHE_ENV, cache_dir
     from hpcodegen.launch.launcher.deadline import left
-    from hpcodegen.launch.launcher.model_check import run_model_check
+    from hpcodegen.launch.launcher.model_check import cached_model_check, run_model_check
 
-    if not opts.json and opts.verbosity >= 0:
-        print("[launch] model check (hpcodegen verify --only model) before any rank starts",
-              file=sys.stderr, flush=True)
-    warnings = run_model_check(artifact, config_path, opts.allow_target,
-                               timeout=left(opts.timeout, began))
+    cache = cache_dir()
+    talk = not opts.json and opts.verbosity >= 0
+    warnings = cached_model_check(artifact, config_path, opts.allow_target, cache)
+    if warnings is not None:
+        if talk:
+            print(f"[launch] model check: passed before for these exact bytes (verdict cached "
+                  f"in {cache}; {CACHE_ENV}=off re-checks)", file=sys.stderr, flush=True)
+    else:
+        if talk:
+            print("[launch] model check (hpcodegen verify --only model) before any rank "
+                  "starts", file=sys.stderr, flush=True)
+        warnings = run_model_check(artifact, config_path, opts.allow_target,
+                                   timeout=left(opts.timeout, began), cache=cache)
     if opts.verbosity >= 0:
         for finding in warnings:
             print(f"[launch] warning: {finding.render()}", file=sys.stderr)
