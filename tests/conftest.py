@@ -88,15 +88,23 @@ def _timeout_mark(item: pytest.Item) -> float:
 
 
 def _long_first(items: list[pytest.Item]) -> None:
-    """Stable sort, module by module, by the longest explicit timeout mark of the module."""
+    """Stable sort, module by module (each kept whole, at its first item's place among its
+    equals), by the longest explicit timeout mark of the module."""
     weight: dict[str, float] = {}
-    for item in items:
-        weight[item.nodeid.split("::")[0]] = max(weight.get(item.nodeid.split("::")[0], 0.0),
-                                                 _timeout_mark(item))
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        module = item.nodeid.split("::")[0]
+        weight[module] = max(weight.get(module, 0.0), _timeout_mark(item))
+        first.setdefault(module, i)
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]], order[id(item)]))
+
+    def key(item: pytest.Item) -> tuple[float, int, int]:
+        module = item.nodeid.split("::")[0]
+        return -weight[module], first[module], order[id(item)]
+    items.sort(key=key)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by higher-scoped fixtures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _long_first(items)
     for item in items:
