@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtensor_workers import MAX_NORM, _grads_diff, _max_diff, _params_diff
+from dtensor_workers import MAX_NORM, _grads_diff, _max_diff, _params_diff, dcp_round_trip
 from rt_workers import EPS, LR, _pair, batch, loss_of
 
 
@@ -27,8 +27,6 @@ def _counting_backend(dtensor_inputs: list[int]) -> Any:
 def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, Any]:
     """Two compiled training steps on a 1-D tp mesh against the unsharded eager model."""
     import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -71,14 +69,6 @@ def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, 
     out["params_dtensor"] = all(isinstance(p, DTensor) for p in gen.parameters())
     with torch.no_grad():
         after = logits_of(gen)
-    dcp.save(get_model_state_dict(gen), checkpoint_id=checkpoint_dir)
-    with torch.no_grad():
-        for p in gen.parameters():
-            p.zero_()
-    state = get_model_state_dict(gen)
-    dcp.load(state, checkpoint_id=checkpoint_dir)
-    set_model_state_dict(gen, state)
-    with torch.no_grad():
-        out["restored"] = _max_diff(logits_of(gen), after)
+    out["restored"] = dcp_round_trip(gen, checkpoint_dir, logits_of, after)
     out["dtensor_inputs"] = dtensor_inputs
     return out

@@ -37,12 +37,28 @@ def _params_diff(gen: Any, ref: Any) -> float:
     return max(_max_diff(p.full_tensor(), refs[f]) for f, p in gen.named_parameters())
 
 
+def dcp_round_trip(gen: Any, checkpoint_dir: str, logits_of: Any, after: Any) -> float:
+    """``get_model_state_dict`` saved with DCP, the parameters zeroed, loaded back and set:
+    the largest logit difference from ``after`` (0 when the round trip restores them)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    dcp.save(get_model_state_dict(gen), checkpoint_id=checkpoint_dir)
+    with torch.no_grad():
+        for p in gen.parameters():
+            p.zero_()
+    state = get_model_state_dict(gen)
+    dcp.load(state, checkpoint_id=checkpoint_dir)
+    set_model_state_dict(gen, state)
+    with torch.no_grad():
+        return _max_diff(logits_of(gen), after)
+
+
 def torch_tools(artifact: str, checkpoint_dir: str) -> dict[str, Any]:
     """On a 1-D tp mesh: placements, logits, every gradient, torch's clip, an AdamW step and
     a DCP round trip of ``get_model_state_dict``, each against the unsharded model."""
     import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -87,15 +103,7 @@ def torch_tools(artifact: str, checkpoint_dir: str) -> dict[str, Any]:
     step = _params_diff(gen, ref)
     with torch.no_grad():
         after = logits_of(gen)
-    dcp.save(get_model_state_dict(gen), checkpoint_id=checkpoint_dir)
-    with torch.no_grad():
-        for p in gen.parameters():
-            p.zero_()
-    state = get_model_state_dict(gen)
-    dcp.load(state, checkpoint_id=checkpoint_dir)
-    set_model_state_dict(gen, state)
-    with torch.no_grad():
-        restored = _max_diff(logits_of(gen), after)
+    restored = dcp_round_trip(gen, checkpoint_dir, logits_of, after)
     return {"wrong_placements": wrong, "sharded": sharded, "swapped": swapped,
             "logits": _max_diff(logits, ref_logits), "grad": grad, "grad_name": grad_name,
             "norm": float(norm), "norm_ref": float(norm_ref), "p_grad_norm": p_grad_diff,

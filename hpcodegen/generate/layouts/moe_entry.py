@@ -94,10 +94,19 @@ def moe_transitions(entry: DraftEntry, module: Any, sp: bool, split: bool = True
         return
     # HF's contract: forward(hidden_states, top_k_index, top_k_weights, ...)
     names = [names[0], *names[2:3]] if names else names
-    entry.set_placements("in_src", {name: tp(REPLICATE) for name in names})
-    entry.set_placements("in_dst", {name: tp(REPLICATE) for name in names})
-    entry.set_placements("out_src", {"output": tp(PARTIAL if split else REPLICATE)})
-    entry.set_placements("out_dst", {"output": tp(REPLICATE)})
+    _boundary(entry, names, arrive=REPLICATE, inner=REPLICATE,
+              out=PARTIAL if split else REPLICATE, leave=REPLICATE)
+
+
+def _boundary(entry: DraftEntry, names: list[str], *, arrive: Placement, inner: Placement,
+              out: Placement, leave: Placement) -> None:
+    """The experts block as a boundary of one output: its inputs arrive ``arrive`` and are
+    computed on as ``inner``; its output leaves the compute ``out`` and goes on ``leave``
+    (all on tp)."""
+    entry.set_placements("in_src", {n: tp(arrive) for n in names})
+    entry.set_placements("in_dst", {n: tp(inner) for n in names})
+    entry.set_placements("out_src", {"output": tp(out)})
+    entry.set_placements("out_dst", {"output": tp(leave)})
     entry.set("out_names", ("output",))
     entry.set("is_boundary", True)
 
@@ -113,11 +122,6 @@ def _moe_sp_transitions(entry: DraftEntry, module: Any, names: list[str],
             "hand it one rank's slice of the tokens",
             expected="forward(hidden_states, expert_indices, routing_weights)",
             hint="generate without --sp")])
-    inner = REPLICATE if split else SEQ
-    entry.set_placements("in_src", {n: tp(SEQ) for n in names})
-    entry.set_placements("in_dst", {n: tp(inner) for n in names})
-    entry.set_placements("out_src", {"output": tp(PARTIAL if split else SEQ)})
-    entry.set_placements("out_dst", {"output": tp(SEQ)})
-    entry.set("out_names", ("output",))
-    entry.set("is_boundary", True)
+    _boundary(entry, names, arrive=SEQ, inner=REPLICATE if split else SEQ,
+              out=PARTIAL if split else SEQ, leave=SEQ)
     entry.set("no_grad_inputs", (names[1],))
