@@ -15,7 +15,7 @@ import json
 import subprocess
 
 import pytest
-from pp_launching import CONFIGS, HPC, assert_rank_exact
+from pp_launching import CONFIGS, HPC, assert_rank_exact, launch_json
 
 BATCH, SEQ = 8, 16
 
@@ -44,9 +44,7 @@ def test_pp2_tp2_loss_parallel_is_exact(tmp_path, config, schedule):
                          capture_output=True, text=True, timeout=300)
     assert ver.returncode == 0, ver.stdout[-3000:] + ver.stderr[-2000:]
 
-    proc = subprocess.run([*HPC, "launch", str(art), "--nproc", "4", "--model-dir",
-                           str(CONFIGS / config), "--json", "--check-parity", "--steps", "2"],
-                          capture_output=True, text=True, timeout=600)
+    proc = launch_json(art, config, 4, "--check-parity", "--steps", "2", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = json.loads(proc.stdout)["ranks"]
     assert len(ranks) == 4
@@ -110,9 +108,7 @@ def test_pp2_cp2_tp2_sp_is_exact_on_eight_ranks(tmp_path, config, schedule, layo
         "p2p_forward_bytes_per_microbatch"]
     assert predicted == 1 * SEQ_LEN * 64 * 4 // 4  # one row, hidden 64, fp32, / (cp x tp)
 
-    proc = subprocess.run([*HPC, "launch", str(art), "--nproc", "8", "--model-dir",
-                           str(CONFIGS / config), "--json", "--check-parity", "--steps", "2"],
-                          capture_output=True, text=True, timeout=600)
+    proc = launch_json(art, config, 8, "--check-parity", "--steps", "2", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = json.loads(proc.stdout)["ranks"]
     assert len(ranks) == 8
