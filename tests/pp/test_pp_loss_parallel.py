@@ -30,6 +30,18 @@ def _generate(tmp_path, config: str, schedule: str, *extra: str):
     return art
 
 
+def _exact_ranks(art, config: str, nproc: int) -> list[dict]:
+    """``launch --check-parity --steps 2`` on ``nproc`` ranks: every rank's report, each
+    exact (:func:`assert_rank_exact`)."""
+    proc = launch_json(art, config, nproc, "--check-parity", "--steps", "2", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = json.loads(proc.stdout)["ranks"]
+    assert len(ranks) == nproc
+    for rank in ranks:
+        assert_rank_exact(rank, 2)
+    return ranks
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("config", "schedule"), [("llama4", "1F1B"),
                                                   ("gemma2_tied4", "Interleaved1F1B")])
@@ -44,12 +56,8 @@ def test_pp2_tp2_loss_parallel_is_exact(tmp_path, config, schedule):
                          capture_output=True, text=True, timeout=300)
     assert ver.returncode == 0, ver.stdout[-3000:] + ver.stderr[-2000:]
 
-    proc = launch_json(art, config, 4, "--check-parity", "--steps", "2", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = json.loads(proc.stdout)["ranks"]
-    assert len(ranks) == 4
+    ranks = _exact_ranks(art, config, 4)
     for rank in ranks:
-        assert_rank_exact(rank, 2)
         assert rank["parity"]["loss_parallel"] is True, rank["parity"]
     logits = [r["parity"]["logits_max_diff"] for r in ranks
               if r["parity"].get("logits_max_diff") is not None]
@@ -108,12 +116,8 @@ def test_pp2_cp2_tp2_sp_is_exact_on_eight_ranks(tmp_path, config, schedule, layo
         "p2p_forward_bytes_per_microbatch"]
     assert predicted == 1 * SEQ_LEN * 64 * 4 // 4  # one row, hidden 64, fp32, / (cp x tp)
 
-    proc = launch_json(art, config, 8, "--check-parity", "--steps", "2", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = json.loads(proc.stdout)["ranks"]
-    assert len(ranks) == 8
+    ranks = _exact_ranks(art, config, 8)
     for rank in ranks:
-        assert_rank_exact(rank, 2)
         p2p = rank["parity"]["p2p"]
         assert p2p["bytes_sent"] == predicted * p2p["measured"]["isend"], p2p
         assert rank["parity"]["loss_parallel"] is loss_parallel
