@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "min", "max", "product", "band", "bor", "bxor")
 
@@ -170,6 +170,32 @@ def is_shard(p: Placement) -> bool:
 def shard_dim(p: Placement) -> int | None:
     """The tensor dim a (strided) shard splits, else None."""
     return p.dim if isinstance(p, (Shard, StridedShard)) else None
+
+
+def with_dims_mod(p: Placement, ndim: int) -> Placement:
+    """``p`` with a negative shard dim read from the end of an ``ndim``-dim tensor, so
+    ``S(-1)`` and ``S(1)`` of a 2-dim tensor compare equal."""
+    if isinstance(p, StridedShard):
+        return StridedShard(p.dim % ndim, p.split_factor)
+    if isinstance(p, Shard):
+        return Shard(p.dim % ndim)
+    return p
+
+
+def from_torch(p: Any) -> Placement:
+    """A ``torch.distributed.tensor`` placement as an hpcodegen placement.
+
+    Read by what the object answers (a strided shard carries ``split_factor``;
+    ``is_shard``/``is_partial`` otherwise), not by importing torch: the codec stays in the
+    pure core while the runtime and the derivation hand it torch's objects. Any ``Partial``
+    kind (the embedding's masked one included) is ``P(op)``."""
+    if getattr(p, "split_factor", None) is not None:
+        return StridedShard(p.dim, p.split_factor)
+    if p.is_shard():
+        return Shard(p.dim)
+    if p.is_partial():
+        return Partial(p.reduce_op)
+    return REPLICATE
 
 
 NamedPlacement = Mapping[str, str]

@@ -26,6 +26,7 @@ from hpcodegen.checkpoint.optim_state import GROUPS, MODEL, STEP
 from hpcodegen.checkpoint.optim_state import entries as optimizer_entries
 from hpcodegen.checkpoint.record import check_target, write_record
 from hpcodegen.errors import InputError, PlanError, error
+from hpcodegen.placement import from_torch
 
 
 def _dist() -> Any:
@@ -50,7 +51,7 @@ def _placement_text(layout: ShardLayout, fqn: str) -> dict[str, str]:
     names = tuple(spec.mesh.mesh_dim_names or ()) if spec.mesh is not None else ()
     out = {}
     for name, p in zip(names, spec.placements, strict=False):
-        out[name] = f"S({p.dim})" if p.is_shard() else "R"
+        out[name] = str(from_torch(p))
     return out
 
 

@@ -25,7 +25,15 @@ from collections.abc import Iterator, Mapping
 
 from hpcodegen.derive.record import Derivation, ImplicitComm
 from hpcodegen.errors import Finding, error, info, pointer, warning
-from hpcodegen.placement import REPLICATE, Placement, Shard, StridedShard
+from hpcodegen.placement import (
+    REPLICATE,
+    Placement,
+    Shard,
+    StridedShard,
+    is_shard,
+    parse_placement,
+    with_dims_mod,
+)
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.partial_grads import runtime_summed
@@ -33,11 +41,7 @@ from hpcodegen.plan.types import TP, Plan
 
 
 def _norm(p: Placement, ndim: int) -> str:
-    if isinstance(p, StridedShard):
-        return f"SS({p.dim % ndim},{p.split_factor})"
-    if isinstance(p, Shard):
-        return f"S({p.dim % ndim})"
-    return str(p)
+    return str(with_dims_mod(p, ndim))
 
 
 def _declared(named: Mapping[str, Placement] | None, axes: list[str], ndim: int
@@ -72,8 +76,8 @@ def placement_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
         differ = [a for a in got if not _same(want[a], got[a])]
         if not differ:
             continue
-        if gap is None and all(got[a] == "R" and want[a].startswith(("S(", "SS("))
-                               for a in differ):
+        if gap is None and all(parse_placement(got[a]) == REPLICATE
+                               and is_shard(parse_placement(want[a])) for a in differ):
             gap = (order[fqn], f"{fqn}: input {name!r} derived as {_show(got)} (DTensor "
                                f"gathered it upstream), declared {_show(want)}")
         inputs.append((fqn, name, differ[0], got, want))
@@ -110,11 +114,12 @@ def _same(declared: str, derived: str) -> bool:
     (``[b, s/tp, h] -> [b*s/tp, h]``, an MoE block's tokens under --sp) is interleaved
     across the batch, which row-wise compute does not see; a transition that gathers those
     rows is judged by the output it derives."""
-    if declared == derived:
+    want, got = parse_placement(declared), parse_placement(derived)
+    if want == got:
         return True
-    if declared.startswith("S(") and derived.startswith("SS("):
-        return declared[2:-1] == derived[3:].split(",")[0]
-    return declared.startswith("S(-") and derived.startswith("S(")
+    if type(want) is Shard and type(got) is StridedShard:
+        return want.dim == got.dim
+    return type(want) is Shard and want.dim < 0 and type(got) is Shard
 
 
 def comm_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:

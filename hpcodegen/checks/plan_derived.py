@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hpcodegen.errors import Finding, error, info, pointer, warning
-from hpcodegen.placement import Partial, is_shard
+from hpcodegen.placement import REPLICATE, Partial, Shard, is_shard
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import dispatch_output_tp, is_ep_dispatch, output_agrees
 from hpcodegen.plan.partial_grads import (
@@ -192,14 +192,14 @@ def dispatch_findings(plan: Plan) -> Iterator[Finding]:
             kind = None if entry is None else dispatch_output_tp(entry)
             for name, named in ((entry.out_src or EMPTY).items() if kind else ()):
                 if not output_agrees(kind, named):
-                    want, why = (("P(sum)", "a partial sum of whole rows")
+                    want, why = ((str(Partial()), "a partial sum of whole rows")
                                  if kind == "partial" else
-                                 ("S(0)", "the partial rows reduce-scattered back"))
+                                 (str(Shard(0)), "the partial rows reduce-scattered back"))
                     yield error("plan.dispatch_output",
                                 pointer("param_plan", fqn, "out_src", name, TP),
                                 f"{fqn}: the ep dispatch's experts are split over tp, so its "
                                 f"output {name!r} is {want} over tp ({why}); declared "
-                                f"{named.get(TP, 'R')}, the runtime would not reduce it "
+                                f"{named.get(TP, REPLICATE)}, the runtime would not reduce it "
                                 "as the math needs", expected=want)
 
 

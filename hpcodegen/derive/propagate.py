@@ -42,7 +42,7 @@ from typing import Any
 
 from hpcodegen.derive.record import Derivation, ImplicitComm, Named
 from hpcodegen.derive.world import fake_mesh, live_axes
-from hpcodegen.placement import REPLICATE, Partial, Placement
+from hpcodegen.placement import REPLICATE, Partial, Placement, StridedShard, from_torch
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import gathers_over_tp, is_ep_dispatch
@@ -70,19 +70,12 @@ def derived_axes(plan: Plan, sizes: Mapping[str, int] | None = None) -> dict[str
 
 
 def show(p: Any) -> str:
-    """A torch placement as an hpcodegen placement string (any ``Partial`` kind, the
-    embedding's masked one included, is ``P(op)``)."""
-    from torch.distributed.tensor import Partial as TPartial
-    from torch.distributed.tensor import Shard as TShard
-    from torch.distributed.tensor.placement_types import _StridedShard
+    """A torch placement as an hpcodegen placement string."""
+    return str(from_torch(p))
 
-    if isinstance(p, _StridedShard):
-        return f"SS({p.dim},{p.split_factor})"
-    if isinstance(p, TShard):
-        return f"S({p.dim})"
-    if isinstance(p, TPartial):
-        return f"P({p.reduce_op})"
-    return "R"
+
+def _strided(p: Any) -> bool:
+    return isinstance(from_torch(p), StridedShard)
 
 
 def _named(placements: tuple, axes: tuple[str, ...]) -> Named:
@@ -173,8 +166,7 @@ class _Run:
         rows = self.rows.get(fqn)
         if rows is None:
             return placements
-        return tuple(r if type(p) is TShard and type(r).__name__ == "_StridedShard"
-                     and r.dim == p.dim else p
+        return tuple(r if type(p) is TShard and _strided(r) and r.dim == p.dim else p
                      for p, r in zip(placements, rows, strict=False))
 
     def as_declared(self, fqn: str, placements: tuple) -> Named:
@@ -183,8 +175,8 @@ class _Run:
         from torch.distributed.tensor import Shard as TShard
 
         rows = self.rows.get(fqn) or ()
-        return _named(tuple(TShard(p.dim) if p in rows and type(p).__name__ == "_StridedShard"
-                            else p for p in placements), self.axes)
+        return _named(tuple(TShard(p.dim) if p in rows and _strided(p) else p
+                            for p in placements), self.axes)
 
     def fence(self, value: Any) -> Any:
         """``value`` as the runtime hands it on at a transition: the same placements, and in
@@ -253,7 +245,7 @@ class _Run:
         dst = (entry.in_dst or EMPTY).get(name, src)
         if isinstance(value, DTensor):
             self.record.inputs.setdefault((fqn, name), _named(value.placements, self.axes))
-            if any(type(p).__name__ == "_StridedShard" for p in value.placements):
+            if any(_strided(p) for p in value.placements):
                 self.rows.setdefault(fqn, tuple(value.placements))
         else:
             value = self.placed(value, self.torch_placements(src, value.dim()))
@@ -676,7 +668,7 @@ def _like_self(op_call: Any, args: tuple, kwargs: dict) -> Any:
     dims = [p.dim for p in x.placements if isinstance(p, TShard)]
     if isinstance(x, DTensor) and dims and len(size) == x.dim() \
             and all(size[d] == x.shape[d] for d in dims) \
-            and not any(type(p).__name__ == "_StridedShard" or p.is_partial()
+            and not any(_strided(p) or p.is_partial()
                         for p in x.placements):
         local_shape, _ = compute_local_shape_and_global_offset(size, x.device_mesh,
                                                                x.placements)

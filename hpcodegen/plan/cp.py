@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcodegen.placement import REPLICATE, Partial, Placement
+from hpcodegen.placement import REPLICATE, Partial, Placement, Shard
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import target_name
 from hpcodegen.plan.steps import Step, redistribute_steps
@@ -123,17 +123,18 @@ def method_transitions(method: str) -> dict[str, dict[str, dict[str, str]]]:
     * hybrid: the Ulysses exchange on ``cp_ulysses``, then key/value ``S(2) -> R`` on
       ``cp_allgather``.
     """
-    seq, heads, out_seq, out_heads = (f"S({d})" for d in (KV_SEQ_DIM, HEADS_DIM, OUT_SEQ_DIM,
-                                                          OUT_HEADS_DIM))
+    seq, heads, out_seq, out_heads = (str(Shard(d)) for d in (KV_SEQ_DIM, HEADS_DIM,
+                                                              OUT_SEQ_DIM, OUT_HEADS_DIM))
+    whole = str(REPLICATE)
     if method == ALLGATHER:
         return {"inner_in_src": {n: {CP: seq} for n in KV_NAMES},
-                "inner_in_dst": {n: {CP: "R"} for n in KV_NAMES}}
+                "inner_in_dst": {n: {CP: whole} for n in KV_NAMES}}
     a2a = CP if method == ULYSSES else CP_ULYSSES
     src = {n: {a2a: seq} for n in QKV_NAMES}
     dst = {n: {a2a: heads} for n in QKV_NAMES}
     if method == HYBRID:
         for n in KV_NAMES:
-            src[n][CP_ALLGATHER], dst[n][CP_ALLGATHER] = seq, "R"
+            src[n][CP_ALLGATHER], dst[n][CP_ALLGATHER] = seq, whole
     return {"inner_in_src": src, "inner_in_dst": dst,
             "inner_out_src": {OUT_NAME: {a2a: out_heads}},
             "inner_out_dst": {OUT_NAME: {a2a: out_seq}}}

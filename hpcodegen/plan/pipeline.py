@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hpcodegen.placement import Placement
+from hpcodegen.placement import Placement, Shard
 from hpcodegen.plan.frozen import EMPTY, FrozenMap
 
 #: The loss contract hpcodegen freezes: each microbatch's loss is a *sum* over its tokens,
@@ -47,11 +47,12 @@ def boundary_placements(*, sp: bool, cp: int) -> dict[str, str]:
     of the sequence, in the frozen cp layout's order): a stage sends what its last layer
     holds, so the boundary is sharded the same way. generate writes this and verify
     compares with it (one rule for both)."""
+    seq = str(Shard(1))
     out: dict[str, str] = {}
     if sp:
-        out["tp"] = "S(1)"
+        out["tp"] = seq
     if cp > 1:
-        out["cp"] = "S(1)"
+        out["cp"] = seq
     return out
 
 

@@ -97,3 +97,24 @@ def test_parse_named_and_format() -> None:
     parsed = parse_named({"cp": "S(1)", "tp": "R"})
     assert parsed == {"cp": Shard(1), "tp": Replicate()}
     assert format_placements((Shard(1), Replicate(), Partial("sum"))) == "(S(1), R, P(sum))"
+
+
+def test_from_torch_inverts_to_torch_placements() -> None:
+    """torch's placement objects read back through the codec: every kind of the grammar
+    round-trips, and torch's masked partial (the vocab-parallel embedding) reads as P(sum)."""
+    from torch.distributed.tensor._ops._embedding_ops import _MaskPartial
+
+    from hpcodegen.placement import from_torch
+    from hpcodegen.runtime.mesh import to_torch_placements
+
+    ours = (Replicate(), Shard(1), StridedShard(0, 4), Partial("sum"), Partial("avg"))
+    assert tuple(from_torch(p) for p in to_torch_placements(ours)) == ours
+    assert from_torch(_MaskPartial()) == Partial("sum")
+
+
+def test_with_dims_mod_reads_negative_dims_from_the_end() -> None:
+    from hpcodegen.placement import with_dims_mod
+
+    assert with_dims_mod(Shard(-1), 3) == Shard(2)
+    assert with_dims_mod(StridedShard(-2, 2), 3) == StridedShard(1, 2)
+    assert with_dims_mod(Partial(), 3) == Partial()
