@@ -130,7 +130,7 @@ def comm_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
         if key in seen:
             continue
         seen.add(key)
-        if c.moves and all(m.startswith("SS(") and " -> R" in m for m in c.moves):
+        if _gathers_strided(c):
             # a strided shard (a sequence shard flattened into tokens) gathered because
             # DTensor has no strided rule for the op (top-k over the features of each
             # token): a gap of the derivation, not of the plan; row-wise local code runs
@@ -138,7 +138,7 @@ def comm_findings(plan: Plan, d: Derivation) -> Iterator[Finding]:
             yield info("derive.rule_gap", pointer("param_plan", c.boundary)
                        if c.boundary is not None else pointer("param_plan"),
                        f"{c.op} at {c.line or 'an unknown line'}: DTensor gathers "
-                       f"{'; '.join(c.moves)} (no rule for a strided shard); not judged")
+                       f"{_moves(c)} (no rule for a strided shard); not judged")
             continue
         yield _comm_finding(plan, c)
 
@@ -149,16 +149,16 @@ def _comm_finding(plan: Plan, c: ImplicitComm) -> Finding:
     inside = f"inside {c.boundary}" if c.boundary is not None else "between boundaries"
     entry = plan.entries.get(c.boundary or "")
     hint = "regenerate the artifact; its placements contradict the model's code"
-    if entry is not None and any("-> P(" in m for m in c.moves):
+    if entry is not None and any(m.to_partial for m in c.moves):
         hint = ("a replicated value is combined with a partial sum: list the parameter in "
                 "tp_rank0_params (applied once) or deferred_bias_params, or declare the "
                 "output whole")
-    elif entry is not None and any(m.startswith("P(") for m in c.moves):
+    elif entry is not None and any(m.from_partial for m in c.moves):
         hint = ("a partial sum reaches an op that needs the whole value: tp_rank0_params or "
                 "a partial output declared where nothing is split, or a missing reduction")
     return error("derive.local_compute", where,
                  f"{c.op} {inside} needs its operands redistributed first "
-                 f"({'; '.join(c.moves)}) at {c.line or 'an unknown line'}: the runtime runs "
+                 f"({_moves(c)}) at {c.line or 'an unknown line'}: the runtime runs "
                  "this code on its local shards without that collective, so it fails on "
                  "shapes or computes a wrong value", hint=hint)
 
@@ -244,8 +244,15 @@ def _rule_gap(d: Derivation) -> ImplicitComm | None:
     flattened into tokens meets an op with no strided rule, e.g. an MoE router's top-k):
     the local code runs that op on its own rows, so from there the derived placements no
     longer describe the run."""
-    return next((c for c in d.implicit if c.moves and all(
-        m.startswith("SS(") and " -> R" in m for m in c.moves)), None)
+    return next((c for c in d.implicit if _gathers_strided(c)), None)
+
+
+def _gathers_strided(c: ImplicitComm) -> bool:
+    return bool(c.moves) and all(m.gathers_strided for m in c.moves)
+
+
+def _moves(c: ImplicitComm) -> str:
+    return "; ".join(str(m) for m in c.moves)
 
 
 def derived_findings(plan: Plan, d: Derivation, ours: bool) -> list[Finding]:

@@ -22,7 +22,7 @@ Two injected computes are hpcodegen's own and are propagated with their contract
 the expert dispatch (over tp it is the experts' own compute, since the ep exchange permutes
 tokens over an axis that is not meshed; under ``--sp`` its tp gather and reduce-scatter are
 modelled, :meth:`_Run._gather_rows`) and the split RMS norm (its own arithmetic with the
-sum over tp all-reduced, :func:`_norm_sum`). Other modules whose compute an injection
+sum over tp all-reduced, :meth:`Move.is_tp_sum`). Other modules whose compute an injection
 replaces (``local_compute_fn``) are opaque: their inputs are redistributed as declared and
 their outputs taken as declared (placements and grads inside them are left to the plan
 check's rules). Mixture-of-experts
@@ -40,9 +40,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from hpcodegen.derive.record import Derivation, ImplicitComm, Named
+from hpcodegen.derive.local_ops import CURRENT, local_rules
+from hpcodegen.derive.record import Derivation, ImplicitComm, Move, Named, Step
 from hpcodegen.derive.world import fake_mesh, live_axes
-from hpcodegen.placement import REPLICATE, Partial, Placement, StridedShard, from_torch
+from hpcodegen.placement import (
+    REPLICATE,
+    Partial,
+    Placement,
+    StridedShard,
+    from_torch,
+    is_shard,
+)
 from hpcodegen.plan.entry import join_fqn
 from hpcodegen.plan.frozen import EMPTY
 from hpcodegen.plan.moe import gathers_over_tp, is_ep_dispatch
@@ -56,8 +64,6 @@ UNEXPRESSED = frozenset({"aten.repeat", "aten.repeat_interleave"})
 #: row-wise split weight then meets a full-width input), never one local code cut to size
 CONTRACTIONS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm",
                           "aten.matmul", "aten.linear"})
-#: the run in progress (its watcher's handlers reach its state through this)
-_CURRENT: list[Any] = []
 #: axes whose ranks hold different data (or stages), not a split of one compute
 DATA_AXES = frozenset({"dp", "ep", "cp", "pp", "dp_replicate", "dp_shard"})
 BATCH, SEQ = 2, 8
@@ -118,7 +124,7 @@ class _Run:
                          for fqn in inj.fqns if fqn not in self.opaque}
         #: norms whose compute is hpcodegen's split RMS norm: the module's own arithmetic
         #: (generate checks it is) with the per-token sum over tp all-reduced, so a partial
-        #: taken whole inside it is that all_reduce (:func:`_norm_sum`); nothing else moves
+        #: taken whole inside it is that all_reduce (:meth:`Move.is_tp_sum`); nothing else moves
         self.norms = {fqn for inj in plan.injections or () if is_sharded_norm(inj)
                       for fqn in inj.fqns if fqn not in self.opaque}
         #: boundary -> the placements its first strided-sharded input arrived with
@@ -339,7 +345,7 @@ class _Run:
         tp = self.axes.index(TP) if TP in self.axes else None
         placed = [(name, show(v.placements[tp])) for name, v in inputs.items()
                   if tp is not None and isinstance(v, DTensor)]
-        moves = tuple(f"{name} {got} on tp beside {placed[0][0]} {placed[0][1]}"
+        moves = tuple(Move((), note=f"{name} {got} on tp beside {placed[0][0]} {placed[0][1]}")
                       for name, got in placed[1:] if got != placed[0][1])
         if moves and self.recording:
             self.record.implicit.append(ImplicitComm(
@@ -358,8 +364,9 @@ class _Run:
         got = x.placements[self.axes.index(TP)]
         if not (type(got) is TShard and got.dim % x.dim() == x.dim() - 1):
             self.record.implicit.append(ImplicitComm(
-                fqn, "sharded_rms_norm", (f"its input {show(got)} on tp, not split on its "
-                                          "last dim (the features it sums over tp)",),
+                fqn, "sharded_rms_norm", (Move((), note=f"its input {show(got)} on tp, not "
+                                               "split on its last dim (the features it sums "
+                                               "over tp)"),),
                 "hpcodegen.runtime.norms.sharded_rms_norm"))
 
     def _gather_rows(self, fqn: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -482,9 +489,10 @@ class _Run:
                         who = run.param_names.get(id(op_info.local_args[i]))
                         moves.append(_move(spec, wanted[i], run.axes, who))
                 if in_norm:
-                    moves = [m for m in moves if not _norm_sum(m)]
-                unexpressed = name in UNEXPRESSED or any(
-                    "SS(" in m.split(" -> ")[0] for m in moves)
+                    # a split norm's per-token sum of squares (a partial over tp where the
+                    # features are split) taken whole is the norm's own all_reduce
+                    moves = [m for m in moves if not m.is_tp_sum(TP)]
+                unexpressed = name in UNEXPRESSED or any(m.from_strided for m in moves)
                 if moves and unexpressed and run.stack:
                     # a layout DTensor cannot express (a fused SS output, a repeat over a
                     # sharded dim): the boundary is left to the rules, not guessed
@@ -502,227 +510,17 @@ class _Run:
 
         handlers = DTensor._op_dispatcher._custom_op_handlers
         aten = torch.ops.aten
-        local_rules = {aten.slice.Tensor: _strided_slice, aten.split.Tensor: _strided_split,
-                       aten.new_empty.default: _like_self, aten.new_zeros.default: _like_self,
-                       aten.new_ones.default: _like_self, aten.new_full.default: _like_self,
-                       aten.mul.Tensor: _scaled_partial,
-                       **dict.fromkeys(_row_ops(aten), _rowwise_strided)}
+        rules = local_rules(aten)
         OpDispatcher.redistribute_local_args = staticmethod(watched)
-        handlers.update(local_rules)
-        _CURRENT.append(self)
+        handlers.update(rules)
+        CURRENT.append(self)
         try:
             yield
         finally:
-            _CURRENT.remove(self)
+            CURRENT.remove(self)
             OpDispatcher.redistribute_local_args = original
-            for op in local_rules:
+            for op in rules:
                 handlers.pop(op, None)
-
-
-def _strided_slice(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    """``x[..., k::step]`` over a dim sharded in chunks of a multiple of ``step``, as the
-    runtime's local code computes it: each rank takes the same stride of its own chunk
-    (interleaved pairs such as GPT-OSS ``gate_up_proj`` stay whole on every rank). DTensor
-    has no such rule and would gather the dim first; anything else takes its normal path."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import Shard as TShard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    x, dim, start, end, step = [*args, *(None, 0, None, None, 1)[len(args):]][:5]
-    dim = kwargs.get("dim", dim) % x.dim()
-    start, end = kwargs.get("start", start), kwargs.get("end", end)
-    step = kwargs.get("step", step) or 1
-    local = x._local_tensor
-    sharded = [p for p in x.placements if isinstance(p, TShard) and p.dim == dim]
-    whole = end is None or end >= x.shape[dim]
-    strided = [p for p in x.placements if isinstance(p, _StridedShard) and p.dim == dim]
-    if strided and _CURRENT and _CURRENT[-1].stack:
-        # a block of a fused weight's output (phi3's qkv[..., :q]) whose blocks DTensor
-        # cannot express: this boundary is left to the rules, not guessed
-        run = _CURRENT[-1]
-        run.opaque.setdefault(run.stack[-1], "a slice of a fused (SS) output, which "
-                              "propagation cannot express")
-    if step > 1 and sharded and whole and 0 <= (start or 0) < step \
-            and local.shape[dim] % step == 0 and x.shape[dim] % step == 0:
-        out = torch.ops.aten.slice.Tensor(local, dim, start or 0, None, step)
-        shape = list(x.shape)
-        shape[dim] = x.shape[dim] // step
-        return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False,
-                                  shape=tuple(shape), stride=out.stride())
-    return _default(op_call, args, kwargs)
-
-
-def _is_dtensor(value: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(value, DTensor)
-
-
-def _strided_split(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    """A tensor sharded ``SS(d,k)`` (k blocks, each split over the ranks: a fused
-    ``gate_up_proj``) split along ``d`` into its k blocks, as the runtime's local code
-    computes it: each rank's local tensor splits into its k local blocks, each block
-    ``S(d)``. DTensor has no such rule and would gather first; anything else takes its
-    normal path."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import Shard as TShard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    x, size = args[0], args[1]
-    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % x.dim()
-    strided = [p for p in x.placements if isinstance(p, _StridedShard) and p.dim == dim]
-    if isinstance(size, int) and len(strided) == 1 and size * strided[0].split_factor \
-            == x.shape[dim] and x._local_tensor.shape[dim] % strided[0].split_factor == 0:
-        k = strided[0].split_factor
-        pieces = torch.ops.aten.split.Tensor(x._local_tensor,
-                                             x._local_tensor.shape[dim] // k, dim)
-        placements = tuple(TShard(dim) if p is strided[0] else p for p in x.placements)
-        shape = list(x.shape)
-        shape[dim] = size
-        return [DTensor.from_local(piece, x.device_mesh, placements, run_check=False,
-                                   shape=tuple(shape), stride=piece.stride())
-                for piece in pieces]
-    return _default(op_call, args, kwargs)
-
-
-def _row_ops(aten: Any) -> list[Any]:
-    """Ops an MoE router runs on tokens flattened from a sequence shard (``SS(0,b)``: the
-    rows of each rank interleaved across the batch), for which DTensor has no strided rule
-    and would gather the rows first (:func:`_rowwise_strided`)."""
-    return [aten.topk.default, aten.sort.default, aten.sort.stable, aten.max.dim,
-            aten.argmax.default, aten.scatter.src, aten.scatter.value,
-            aten.scatter_.src, aten.scatter_.value,
-            aten.scatter_add.default, aten.gather.default, aten.one_hot.default,
-            aten.mm.default]
-
-
-def _rowwise_strided(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    """An op on rows sharded ``SS(d,k)`` as each rank's local code runs it: on its own rows.
-
-    A strided shard holds the same number of rows per rank as ``S(d)``, only other ones (a
-    permutation of the rows). If DTensor's rule for the op keeps ``S(d)`` operands where
-    they are (no collective), the op is row-wise on ``d``: it gives each rank's rows the
-    same answer whichever rows they are, so the result is the ``S(d)`` result with its
-    ``d`` read back as ``SS(d,k)``. Otherwise (or without a strided operand) DTensor's own
-    rule runs, and a gather it needs is recorded as before."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import Shard as TShard
-    from torch.distributed.tensor.placement_types import _StridedShard
-    from torch.utils import _pytree as pytree
-
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    dtensors = [t for t in leaves if isinstance(t, DTensor)]
-    strided = {(i, p.dim): p for t in dtensors
-               for i, p in enumerate(t.placements) if isinstance(p, _StridedShard)}
-    factors = {i: p.split_factor for (i, _), p in strided.items()}
-    # every operand split over a mesh dim of a strided operand holds its rows the same way
-    # (one split factor, no plain shard beside it): their local rows then pair up
-    consistent = all(
-        isinstance(p, _StridedShard) and p.split_factor == factors[i]
-        for t in dtensors for i, p in enumerate(t.placements)
-        if i in factors and (isinstance(p, (TShard, _StridedShard))))
-    run = _CURRENT[-1] if _CURRENT else None
-    if not strided or run is None or not consistent:
-        return _default(op_call, args, kwargs)
-
-    def as_rows(t: Any) -> Any:
-        if not isinstance(t, DTensor):
-            return t
-        placements = tuple(TShard(p.dim) if isinstance(p, _StridedShard) else p
-                           for p in t.placements)
-        return DTensor.from_local(t._local_tensor, t.device_mesh, placements,
-                                  run_check=False, shape=t.shape, stride=t.stride())
-
-    marks = (len(run.record.implicit), run.record.backward_reductions)
-    trial_args, trial_kwargs = pytree.tree_unflatten([as_rows(t) for t in leaves], spec)
-    out = _default(op_call, trial_args, trial_kwargs)
-    moved = (len(run.record.implicit), run.record.backward_reductions) != marks
-    del run.record.implicit[marks[0]:]
-    run.record.backward_reductions = marks[1]
-    if moved:
-        return _default(op_call, args, kwargs)
-
-    def back(t: Any) -> Any:
-        if not isinstance(t, DTensor):
-            return t
-        placements = tuple(strided.get((i, p.dim), p) if type(p) is TShard else p
-                           for i, p in enumerate(t.placements))
-        return DTensor.from_local(t._local_tensor, t.device_mesh, placements,
-                                  run_check=False, shape=t.shape, stride=t.stride())
-    return pytree.tree_map(back, out)
-
-
-def _like_self(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    """``x.new_empty(size)`` (``new_zeros``, ``new_ones``, ``new_full``) of ``x``'s shape
-    on every dim ``x`` is sharded on, as the runtime's local code makes it: a tensor of the
-    local shape, so sharded like ``x``. DTensor makes it replicated (a global tensor) and
-    the copies into it would gather; anything else takes its normal path."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import Shard as TShard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    x, size = args[0], list(args[1])
-    dims = [p.dim for p in x.placements if isinstance(p, TShard)]
-    if isinstance(x, DTensor) and dims and len(size) == x.dim() \
-            and all(size[d] == x.shape[d] for d in dims) \
-            and not any(_strided(p) or p.is_partial()
-                        for p in x.placements):
-        local_shape, _ = compute_local_shape_and_global_offset(size, x.device_mesh,
-                                                               x.placements)
-        local = op_call(x._local_tensor, list(local_shape), *args[2:], **kwargs)
-        return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False,
-                                  shape=torch.Size(size),
-                                  stride=torch.empty(size, device="meta").stride())
-    return _default(op_call, args, kwargs)
-
-
-def _scaled_partial(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    """A partial sum times a replicated scalar (one element: Gemma's ``embed_scale``) stays
-    a partial sum, as the local code computes it (the product is linear); DTensor would
-    reduce first. Anything else takes its normal path."""
-    from torch.distributed.tensor import DTensor
-
-    def is_partial(x: Any) -> bool:
-        return isinstance(x, DTensor) and any(p.is_partial() for p in x.placements)
-
-    def is_scalar(x: Any) -> bool:
-        if isinstance(x, DTensor):
-            return x.numel() == 1 and all(p.is_replicate() for p in x.placements)
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            return True
-        return hasattr(x, "numel") and x.numel() == 1
-
-    a, b = args[0], args[1]
-    if not is_partial(a):
-        a, b = b, a
-    partial, scalar = is_partial(a), is_scalar(b)
-    if partial and scalar and not kwargs:
-        other = b.to_local() if isinstance(b, DTensor) else b
-        local = op_call(a._local_tensor, other)
-        return DTensor.from_local(local, a.device_mesh, a.placements, run_check=False,
-                                  shape=local.shape, stride=local.stride())
-    return _default(op_call, args, kwargs)
-
-
-def _default(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    """DTensor's own rule for ``op_call`` (the custom handler set aside for the call)."""
-    from torch.distributed.tensor import DTensor
-
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-    mine = handlers.pop(op_call)
-    try:
-        return op_call(*args, **kwargs)
-    finally:
-        handlers[op_call] = mine
-
-
-def _norm_sum(move: str) -> bool:
-    """A move a split norm makes itself: its per-token sum of squares (a partial over tp
-    where the features are split) taken whole, which is the norm's own all_reduce."""
-    return move.startswith("P(") and " -> R on tp" in move and "," not in move
 
 
 def _narrowing(spec: Any, want: Any) -> bool:
@@ -759,10 +557,10 @@ def _model_line() -> str:
     return "" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-def _move(spec: Any, want: Any, axes: tuple[str, ...], who: str | None) -> str:
-    moved = [f"{show(a)} -> {show(b)} on {axis}"
-             for axis, a, b in zip(axes, spec.placements, want.placements, strict=False) if a != b]
-    return ", ".join(moved or ["a layout change"]) + (f" (parameter {who})" if who else "")
+def _move(spec: Any, want: Any, axes: tuple[str, ...], who: str | None) -> Move:
+    return Move(tuple(Step(axis, from_torch(a), from_torch(b))
+                      for axis, a, b in zip(axes, spec.placements, want.placements, strict=False)
+                      if a != b), who)
 
 
 def _batched_experts(model: Any) -> None:
@@ -854,14 +652,14 @@ def _grads(run: _Run, model: Any, record: Derivation) -> None:
             grad = param.grad
             kinds: dict[str, str] = {}
             for axis, p in zip(run.axes, param.placements, strict=False):
-                if show(p).startswith("S"):
+                if is_shard(from_torch(p)):
                     kinds[axis] = "sharded"  # its gradient is its shard's: never summed
                 elif rel in rank0 and axis == TP:
                     kinds[axis] = "partial"  # one rank applies it: the others' share is 0
                 elif grad is None:
                     kinds[axis] = "none"
                 else:
-                    g = show(grad.placements[run.axes.index(axis)])
-                    kinds[axis] = ("partial" if g.startswith("P") else "sharded"
-                                   if g.startswith("S") else "full")
+                    g = from_torch(grad.placements[run.axes.index(axis)])
+                    kinds[axis] = ("partial" if isinstance(g, Partial) else "sharded"
+                                   if is_shard(g) else "full")
             record.grads[(fqn, rel)] = kinds
