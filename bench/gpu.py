@@ -62,14 +62,12 @@ def require_device(kind: str) -> None:
 
 
 def fake_group(world: int, device: str) -> Any:
-    """Rank 0 of a fake process group of ``world`` ranks and its 1-D ``tp`` mesh."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    """Rank 0 of a fake process group of ``world`` ranks and its 1-D ``tp`` mesh on
+    ``device`` (an earlier group ended first)."""
+    from hpcodegen.derive.world import end_world, start_fake_mesh
 
-    common.destroy_pg()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    return init_device_mesh(device, (world,), mesh_dim_names=("tp",))
+    end_world()
+    return start_fake_mesh({"tp": world}, device=device)
 
 
 def example_pair(artifact: Path, device: str, dtype: Any) -> tuple[Any, Any, dict]:
