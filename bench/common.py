@@ -110,24 +110,21 @@ def apply_torch_tp(model: Any, mesh: Any, layers: int, *, shard_embedding: bool 
 
 # ----------------------------------------------------------------------------- process groups
 def init_fake_pg(world_size: int, rank: int = 0) -> Any:
-    """Initialise the fake process group (collectives return at once) and a 1-D tp mesh.
+    """Initialise the fake process group (collectives return at once) and a 1-D tp mesh
+    (:func:`hpcodegen.derive.world.start_fake_mesh`).
 
     What is left on the clock is the framework's own cost: dispatch, hooks, Python.
     """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from hpcodegen.derive.world import start_fake_mesh
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    return init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    return start_fake_mesh({"tp": world_size}, rank)
 
 
 def destroy_pg() -> None:
     """Tear the default process group down if one is up."""
-    import torch.distributed as dist
+    from hpcodegen.derive.world import end_world
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    end_world()
 
 
 # ----------------------------------------------------------------------------- hpcodegen arm

@@ -70,21 +70,12 @@ def balance(seq: int, layout: str) -> tuple[float, dict[int, float]]:
     return max(per_cp.values()), per_cp
 
 
-def _fake_world(world: int) -> None:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-
-
 def _parallel(config: dict[str, Any], cp: int, work: Path) -> tuple[Any, Any]:
     """The model parallelized at ``cp`` x tp 1 on the fake group (cp 1: unsharded)."""
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
 
     from hpcodegen.artifact.bundle import write_bundle
+    from hpcodegen.derive.world import end_world, start_fake_mesh
     from hpcodegen.generate.api import build_bundle
     from hpcodegen.launch.rank.model import model_class
     from hpcodegen.runtime import parallelize_from_generated
@@ -99,8 +90,8 @@ def _parallel(config: dict[str, Any], cp: int, work: Path) -> tuple[Any, Any]:
     torch.manual_seed(0)
     model = model_class(artifact, config)(hf_config)
     if cp > 1:
-        _fake_world(cp)
-        mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+        end_world()  # the previous cp's group
+        mesh = start_fake_mesh({"cp": cp})
         parallelize_from_generated(model, mesh, artifact, hf_config=hf_config)
     return model, artifact
 

@@ -28,7 +28,6 @@ import argparse
 import json
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -62,31 +61,26 @@ def require_device(kind: str) -> None:
 
 
 def fake_group(world: int, device: str) -> Any:
-    """Rank 0 of a fake process group of ``world`` ranks and its 1-D ``tp`` mesh."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    """Rank 0 of a fake process group of ``world`` ranks and its 1-D ``tp`` mesh on
+    ``device`` (an earlier group ended first)."""
+    from hpcodegen.derive.world import end_world, start_fake_mesh
 
-    common.destroy_pg()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    return init_device_mesh(device, (world,), mesh_dim_names=("tp",))
+    end_world()
+    return start_fake_mesh({"tp": world}, device=device)
 
 
-def example_pair(artifact: Path, device: str, dtype: Any) -> tuple[Any, Any, dict]:
-    """(transformers' model, the generated model) with the same seeded weights, on device."""
-    import torch
+def example_pair(artifact: Path, device: str, dtype: Any) -> Any:
+    """The parity harness's pair (:func:`hpcodegen.parity.harness.build_pair`): transformers'
+    model and the generated one with the same seeded weights, sdpa, in ``dtype`` on
+    ``device`` (training mode: a step's model)."""
+    from hpcodegen.parity.harness import build_pair, read_config
 
-    from hpcodegen.hf import load_transformers_config, model_class_for
-
-    config = json.loads((EXAMPLES / "configs" / artifact.name.rsplit("_tp", 1)[0]
-                         / "config.json").read_text())
-    hf = load_transformers_config(config)
-    hf._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    ref = model_class_for(config)(hf)
-    gen = common.generated_model_class(artifact)(hf)
-    gen.load_state_dict(ref.state_dict())
-    return ref.to(device, dtype), gen.to(device, dtype), config
+    config = read_config(EXAMPLES / "configs" / artifact.name.rsplit("_tp", 1)[0])
+    pair = build_pair(artifact, config, dtype=dtype, eval_mode=False,
+                      attn_implementation="sdpa")
+    pair.reference.to(device)
+    pair.sharded.to(device)
+    return pair
 
 
 def _ids(vocab: int, device: str, rows: int = 2, seq: int = 32) -> Any:
@@ -96,12 +90,6 @@ def _ids(vocab: int, device: str, rows: int = 2, seq: int = 32) -> Any:
     return torch.randint(0, vocab, (rows, seq), generator=gen).to(device)
 
 
-def _fwd_bwd(model: Any, ids: Any) -> Any:
-    logits = model(input_ids=ids, use_cache=False).logits
-    logits.float().pow(2).mean().backward()
-    return logits.detach()
-
-
 def examples(names: list[str] | None) -> list[Path]:
     """The shipped example artifacts (``names``: only those)."""
     found = sorted(EXAMPLES.glob("*_tp*"))
@@ -109,54 +97,28 @@ def examples(names: list[str] | None) -> list[Path]:
 
 
 def examples_at_tp1(device: str, dtype: Any, names: list[str] | None) -> list[list[Any]]:
-    """Part 1: each example installed on a 1-rank mesh equals transformers' model."""
+    """Part 1: each example installed on a 1-rank mesh equals transformers' model (the
+    parity harness's :func:`~hpcodegen.parity.harness.compare`: logits, every gradient)."""
     from hpcodegen.errors import HpcodegenError
-    from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.parity.harness import compare, install, token_batch
 
     rows = []
     for artifact in examples(names):
         mesh = fake_group(1, device)
-        ref, gen, config = example_pair(artifact, device, dtype)
+        pair = example_pair(artifact, device, dtype)
         try:
-            parallelize_from_generated(gen, mesh, artifact, hf_config=config)
+            installed = install(pair, mesh)
         except HpcodegenError as exc:  # loss parallel has no meaning at tp 1: refused
             rows.append([artifact.name, "refused", exc.findings[0].code, "-"])
             continue
-        ids = _ids(config["vocab_size"], device)
-        logits = (_fwd_bwd(ref, ids) - _fwd_bwd(gen, ids)).abs().max()
-        grads = max(float((a.grad - b.grad).abs().max())
-                    for (_, a), (_, b) in zip(ref.named_parameters(), gen.named_parameters(),
-                                              strict=True))
-        ok = float(logits) == 0.0 and grads == 0.0
-        rows.append([artifact.name, "equal" if ok else "DIFFERS", f"{float(logits):.2e}",
-                     f"{grads:.2e}"])
+        ids, labels = token_batch(pair.config_dict["vocab_size"], 2, 32)
+        r = compare(pair.sharded, pair.reference, pair.plan, installed,
+                    {"input_ids": ids.to(device), "use_cache": False}, labels.to(device))
+        ok = r.logits == 0.0 and r.grad == 0.0 and not r.odd
+        rows.append([artifact.name, "equal" if ok else "DIFFERS", f"{r.logits:.2e}",
+                     f"{r.grad:.2e}"])
     common.destroy_pg()
     return rows
-
-
-def _counts(mode: Any) -> Counter:
-    kinds = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-             "all_reduce": "all_reduce", "allreduce_": "all_reduce",
-             "_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter"}
-    out: Counter = Counter()
-    for op, n in mode.get_comm_counts().items():
-        name = str(op).split(".")[-1].split("'")[0]
-        out[kinds.get(name, name)] += n
-    return +out
-
-
-def _predicted(meta: dict) -> tuple[Counter, Counter]:
-    from hpcodegen.plan.codec import plan_from_meta
-    from hpcodegen.plan.predict import predict_plan, summarize
-
-    summary = summarize(predict_plan(plan_from_meta(meta)))
-    fwd, bwd = Counter(), Counter()
-    for (kind, _axis, _dim), n in summary.per_forward.items():
-        fwd[kind] += n
-    for table in (summary.per_backward, summary.grad_sync):
-        for (kind, _axis, _dim), n in table.items():
-            bwd[kind] += n
-    return +fwd, +bwd
 
 
 def _local_tensor(tensor: Any) -> Any:
@@ -175,38 +137,37 @@ def _local_shape(shape: tuple[int, ...], placements: tuple, world: int) -> tuple
 
 
 def fake_step(device: str, dtype: Any, names: list[str] | None) -> list[list[Any]]:
-    """Part 2: one bf16 step of each example on rank 0 of a fake group of its tp size."""
+    """Part 2: one bf16 step of each example on rank 0 of a fake group of its tp size; the
+    collectives counted and predicted by the parity harness."""
     import torch
-    from torch.distributed.tensor.debug import CommDebugMode
 
-    from hpcodegen.artifact.load import load_meta
-    from hpcodegen.runtime import parallelize_from_generated
+    from hpcodegen.parity.harness import count_collectives, install, predicted_collectives
 
     rows = []
     for artifact in examples(names):
-        meta = load_meta(artifact).data
-        world = int(meta["parallel_dims"]["tp_size"])
+        pair = example_pair(artifact, device, dtype)
+        dims = pair.plan.parallel_dims
+        world = dims.size("tp")
         mesh = fake_group(world, device)
-        ref, gen, config = example_pair(artifact, device, dtype)
+        ref, gen, vocab = pair.reference, pair.sharded, pair.config_dict["vocab_size"]
         shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
-        info = parallelize_from_generated(gen, mesh, artifact, hf_config=config)
-        ids = _ids(config["vocab_size"], device)
-        with CommDebugMode() as fwd_mode:
+        info = install(pair, mesh).info
+        ids = _ids(vocab, device)
+        with count_collectives() as fwd_seen:
             logits = gen(input_ids=ids, use_cache=False).logits
-        with CommDebugMode() as bwd_mode:
+        with count_collectives() as bwd_seen:
             logits.float().pow(2).mean().backward()
         torch.optim.AdamW(gen.parameters(), lr=1e-3).step()
         local = {n: _local_tensor(p) for n, p in gen.named_parameters()}  # DTensor params
         wrong = [n for n, p in gen.named_parameters()
                  if p.dtype != dtype or p.grad is None or p.grad.shape != p.shape
                  or tuple(local[n].shape) != _local_shape(shapes[n], info[n][0], world)]
-        want_fwd, want_bwd = _predicted(meta)
-        counts_ok = _counts(fwd_mode) == want_fwd and _counts(bwd_mode) == want_bwd
-        vocab = config["vocab_size"] // (world if meta["parallel_dims"].get("loss_parallel")
-                                         else 1)  # loss parallel: the logits stay sharded
+        fwd, bwd = +fwd_seen, +bwd_seen
+        counts_ok = (fwd, bwd) == predicted_collectives(pair.plan)
+        vocab //= world if dims.loss_parallel else 1  # loss parallel: the logits stay sharded
         status = "ok" if not wrong and counts_ok and logits.shape[-1] == vocab else "DIFFERS"
-        rows.append([artifact.name, world, status, dict(_counts(fwd_mode)),
-                     dict(_counts(bwd_mode)), ", ".join(wrong[:3]) or "-"])
+        rows.append([artifact.name, world, status, dict(fwd), dict(bwd),
+                     ", ".join(wrong[:3]) or "-"])
     common.destroy_pg()
     return rows
 

@@ -33,6 +33,33 @@ _FULL_SEQUENCE: list[int | None] = [None]
 _EMBEDS_ARGS = ("inputs_embeds", "input_embeds")
 
 
+def _slots(sig: inspect.Signature) -> dict[str, int]:
+    """``{name: position}`` of a signature's positional parameters, found once when a
+    wrapper is made: per call, ``Signature.bind`` would break torch.compile's graph on the
+    Signature's mapping proxy once a forward pre-hook has mutated a module's dicts."""
+    positional = [n for n, p in sig.parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return {name: i for i, name in enumerate(positional)}
+
+
+def _argument(name: str, slots: dict[str, int], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The value a call passes for ``name``, by keyword or at its slot; None when not passed."""
+    if name in kwargs:
+        return kwargs[name]
+    slot = slots.get(name)
+    return args[slot] if slot is not None and slot < len(args) else None
+
+
+def _with_argument(name: str, value: Any, slots: dict[str, int], args: tuple,
+                   kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` with ``name`` set to ``value`` where the call passed it (its slot
+    when given positionally), else as a keyword."""
+    slot = slots.get(name)
+    if name not in kwargs and slot is not None and slot < len(args):
+        return (*args[:slot], value, *args[slot + 1:]), kwargs
+    return args, {**kwargs, name: value}
+
+
 def full_length_masks(namespace: dict[str, Any]) -> list[str]:
     """Make the mask builders a modeling module calls size their masks by the full sequence.
 
@@ -65,26 +92,17 @@ def full_length_masks(namespace: dict[str, Any]) -> list[str]:
 
 
 def _full_length_builder(fn: Any, arg: str) -> Any:
-    params = inspect.signature(fn).parameters
-    positional = [n for n, p in params.items()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    # the slot found once, not ``Signature.bind`` per call: torch.compile breaks the graph on
-    # a Signature's mapping proxy once a forward pre-hook has mutated a module's dicts
-    slot = positional.index(arg) if arg in positional else None
+    slots = _slots(inspect.signature(fn))
 
     @functools.wraps(fn)
     def full_length_mask(*args: Any, **kwargs: Any) -> Any:
         full = _FULL_SEQUENCE[0]
         if full is None:
             return fn(*args, **kwargs)
-        in_args = arg not in kwargs and slot is not None and slot < len(args)
-        embeds = args[slot] if in_args else kwargs.get(arg)
+        embeds = _argument(arg, slots, args, kwargs)
         if isinstance(embeds, torch.Tensor) and embeds.dim() >= 2 and embeds.shape[1] != full:
             embeds = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])
-            if in_args:
-                args = (*args[:slot], embeds, *args[slot + 1:])
-            else:
-                kwargs = {**kwargs, arg: embeds}
+            args, kwargs = _with_argument(arg, embeds, slots, args, kwargs)
         return fn(*args, **kwargs)
 
     full_length_mask._hp_full_length = True  # type: ignore[attr-defined]
@@ -118,33 +136,18 @@ def install_default_position_ids(parent: nn.Module) -> bool:
         return False
     full_length_masks(inspect.unwrap(type(parent).forward).__globals__)
 
-    positional = [n for n, p in sig.parameters.items()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    index = positional.index("position_ids") if "position_ids" in positional else None
-
-    # names looked up by position, not ``sig.bind_partial``: torch.compile breaks the graph
-    # on a Signature's mapping proxy once a forward pre-hook has mutated a module's dicts
-    slots = {name: i for i, name in enumerate(positional)}
-
-    def argument(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-        if name in kwargs:
-            return kwargs[name]
-        slot = slots.get(name)
-        return args[slot] if slot is not None and slot < len(args) else None
+    slots = _slots(sig)
 
     def sp_position_ids_forward(*args: Any, **kwargs: Any) -> Any:
-        input_ids = argument("input_ids", args, kwargs)
+        input_ids = _argument("input_ids", slots, args, kwargs)
         if input_ids is None:
             return original(*args, **kwargs)
-        if argument("position_ids", args, kwargs) is None:
-            cache = argument("past_key_values", args, kwargs)
+        if _argument("position_ids", slots, args, kwargs) is None:
+            cache = _argument("past_key_values", slots, args, kwargs)
             seen = cache.get_seq_length() if cache is not None else 0
             ids = (torch.arange(input_ids.shape[-1], device=input_ids.device)
                    + seen).unsqueeze(0)
-            if index is not None and index < len(args):
-                args = (*args[:index], ids, *args[index + 1:])
-            else:
-                kwargs = {**kwargs, "position_ids": ids}
+            args, kwargs = _with_argument("position_ids", ids, slots, args, kwargs)
         outer = _FULL_SEQUENCE[0]
         _FULL_SEQUENCE[0] = int(input_ids.shape[-1])
         try:

@@ -119,17 +119,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def fake_world() -> Iterator[Callable[[int], None]]:
-    """``init(world)`` starts a fake process group of that size as rank 0; torn down after."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+def fake_world() -> Iterator[Callable[..., None]]:
+    """``init(world, rank=0)`` starts a fake process group of that size
+    (:func:`hpcodegen.derive.world.start_fake_world`); torn down after."""
+    from hpcodegen.derive.world import end_world, start_fake_world
 
-    def init(world: int) -> None:
-        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-
-    yield init
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    yield start_fake_world
+    end_world()
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ from typing import Any
 
 from hpcodegen.families.catalog import family_kind, hf_styles, is_moe
 from hpcodegen.families.tiny import ALIASES, tiny_config
-from hpcodegen.placement import REPLICATE
 from hpcodegen.plan.codec import plan_from_meta
 from hpcodegen.plan.types import Plan
 
@@ -52,11 +51,12 @@ def _reason(text: str, work: Path | None = None) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
-def layers_split(plan: Plan) -> bool:
-    """Some parameter below the first decoder layer is sharded on tp."""
-    return any(re.search(r"\.(layers|h|layer|blocks|block|decoder\.layers)\.\d+\.",
-                         "." + param.fqn) and param.placements.get("tp", REPLICATE) != REPLICATE
-               for param in plan.parameters())
+def layers_split(plan: Plan, model: Any) -> bool:
+    """Some parameter inside one of ``model``'s layers is sharded on tp: generate's own rule
+    (:func:`hpcodegen.generate.checks.layer_split.splits_a_layer`), on the meta model."""
+    from hpcodegen.generate.checks.layer_split import layer_blocks, splits_a_layer
+
+    return splits_a_layer(layer_blocks(model), plan.entries or {})
 
 
 def check_family(model_type: str, class_name: str, work: Path,
@@ -100,6 +100,7 @@ def check_family(model_type: str, class_name: str, work: Path,
         if isinstance(sub, Mapping) and kv4(sub):
             config4[name] = {**sub, **kv4(sub)}
     (cfg4_dir / "config.json").write_text(json.dumps(config4, indent=1, default=str))
+    model: Any = None
     for variant, extra in (("tp2", ["--tp", "2"]), ("tp4", ["--tp", "4"]),
                            ("sp", ["--tp", "2", "--sp"]), ("cp2", ["--tp", "1", "--cp", "2"])):
         out = work / model_type / variant
@@ -120,7 +121,11 @@ def check_family(model_type: str, class_name: str, work: Path,
             row[variant] = {"ok": False, "stage": "verify", "reason": _reason(text, work)}
             continue
         plan = plan_from_meta(json.loads((out / "codegen_meta.json").read_text()))
-        row[variant] = {"ok": True, "dir": str(out), "split": layers_split(plan),
+        if model is None:  # the structure is the same at every variant: built once
+            from hpcodegen.hf import build_meta_model
+
+            model = build_meta_model(config)
+        row[variant] = {"ok": True, "dir": str(out), "split": layers_split(plan, model),
                         "package": packaged or uses_package_rules(model_type),
                         "seeded": seeded}
         if variant == "tp2":

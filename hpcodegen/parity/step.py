@@ -102,8 +102,10 @@ def loss_of_logits(logits: Any, labels: Any, model: Any, plan: Plan,
 
 def loss_parallel_head(model: Any, plan: Plan, active: Any | None) -> bool:
     """The sharded model's output head leaves its logits vocab-sharded for the loss (the
-    one test: the pipeline's last stage asks it too)."""
-    return active is not None and output_module_fqn(model) in plan.vocab_sharded_heads()
+    one test: the pipeline's last stage asks it too). Not on a mesh with no plan axis (a
+    loss-parallel artifact on one rank: nothing was installed, the logits are whole)."""
+    return (active is not None and not active.degenerate
+            and output_module_fqn(model) in plan.vocab_sharded_heads())
 
 
 def whole_logits(fwd: Forward, model: Any, plan: Plan, active: Any) -> Any:

@@ -90,7 +90,8 @@ def token_ids(batch: int, seq: int) -> Any:
 
 
 def forward(model: Any, batch: int, seq: int, *, mask: bool = False,
-            fake: bool = False, watch: Any = None) -> Any:
+            fake: bool = False, watch: Any = None, extra: Mapping[str, Any] | None = None
+            ) -> Any:
     """One forward of ``model`` on ``(batch, seq)`` meta token ids, without a KV cache,
     under ``no_grad`` and with the experts shape-only; returns what the model returns.
 
@@ -100,6 +101,7 @@ def forward(model: Any, batch: int, seq: int, *, mask: bool = False,
             data-dependent checks); its failures are not logged.
         watch: a ``TorchDispatchMode`` entered around the model call, inside the fake
             mode (so it sees every aten op of the forward on fake tensors).
+        extra: more keyword inputs of the model call (the cp probe's ``position_ids``).
 
     Raises:
         whatever the model code raises: callers decide what a failed trace means.
@@ -118,5 +120,6 @@ def forward(model: Any, batch: int, seq: int, *, mask: bool = False,
         kwargs: dict[str, Any] = {"input_ids": ids}
         if mask:
             kwargs["attention_mask"] = torch.ones_like(ids)
+        kwargs.update(extra or {})
         with watch if watch is not None else nullcontext():
             return model(**kwargs, **no_cache_kwargs(model))

@@ -96,13 +96,11 @@ def test_sharded_files_with_index(tmp_path) -> None:
 def test_rank_slices_follow_placements(tmp_path, fake_world, rank) -> None:
     """S(0) rows and S(1) columns of a 4-way mesh, uneven (6 rows over 4 ranks)."""
     import torch
-    import torch.distributed as dist
     from safetensors.torch import save_file
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=rank, world_size=4, store=FakeStore())
+    fake_world(4, rank)
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
     state = _state()
     save_file(state, str(tmp_path / "model.safetensors"))
@@ -112,7 +110,6 @@ def test_rank_slices_follow_placements(tmp_path, fake_world, rank) -> None:
     rows = torch.tensor_split(torch.arange(6), [2, 4, 6])[rank]  # torch: ceil(6/4)=2 each
     assert torch.equal(model.proj.weight, state["proj.weight"][rows])
     assert torch.equal(model.proj.bias, state["proj.bias"])
-    dist.destroy_process_group()
 
 
 def test_garbage_safetensors_names_the_file(tmp_path) -> None:

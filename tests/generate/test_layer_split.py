@@ -120,3 +120,15 @@ def test_a_model_splitting_no_layer_warns_and_strict_refuses(tmp_path: Path) -> 
 def test_a_split_model_has_no_warning(tmp_path: Path) -> None:
     code, out, err = _generate(tmp_path, LLAMA, "json", strict=True)
     assert code == 0 and json.loads(out)["findings"] == [], err
+
+
+def test_the_coverage_probe_reads_the_same_rule() -> None:
+    """bench/coverage.py's ``split`` (docs/models.md's ok / replicated) is this rule on the
+    meta model, not a guess from parameter names."""
+    from hpcodegen.families.probe import layers_split
+    from hpcodegen.plan.types import Plan
+
+    net = _net()
+    assert not layers_split(Plan(param_plan=_plan()), net)  # split heads are no layer
+    assert layers_split(Plan(param_plan=_plan(layers__2__experts__0__0="S(1)")), net)
+    assert not layers_split(Plan(param_plan=_plan(layers__1__attn="R")), net)

@@ -53,6 +53,13 @@ def tp_split_params(plan: Mapping[str, PlanEntry]) -> list[str]:
             if named.get(TP) is not None and is_shard(named[TP])]
 
 
+def splits_a_layer(blocks: Mapping[str, str], plan: Mapping[str, PlanEntry]) -> bool:
+    """Whether the plan shards some parameter inside one of ``blocks`` (:func:`layer_blocks`)
+    on tp: the one rule for "the plan splits a layer", read by :func:`unsplit_layers` and by
+    the coverage probe (:func:`hpcodegen.families.probe.layers_split`)."""
+    return any(_inside(param, blocks) for param in tp_split_params(plan))
+
+
 def fold_blocks(blocks: Mapping[str, str]) -> list[str]:
     """``model.layers.{0..31} (LlamaDecoderLayer x32)``: one line per list of blocks."""
     groups: dict[tuple[str, str], list[int]] = {}
@@ -83,9 +90,9 @@ def unsplit_layers(model: Any, plan: Mapping[str, PlanEntry], tp: int,
     blocks = layer_blocks(model)
     if tp <= 1 or not blocks:
         return None
-    split = tp_split_params(plan)
-    if any(_inside(param, blocks) for param in split):
+    if splits_a_layer(blocks, plan):
         return None
+    split = tp_split_params(plan)
     outside = sorted({p.rpartition(".")[0] for p in split})
     what = "; ".join(fold_blocks(blocks))
     elsewhere = (f"only {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} split"

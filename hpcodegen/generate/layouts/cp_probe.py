@@ -28,7 +28,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcodegen.hf import no_cache_kwargs
 from hpcodegen.tracer.hooks import Recording
 
 BATCH = 3
@@ -272,25 +271,18 @@ def _position_kwargs(model: Any, length: int) -> dict[str, Any]:
 
 def probe_cp(model: Any, config: Mapping[str, Any], boundaries: Iterable[str]) -> CPProbe:
     """Run the probe forward (module docstring); the model is left as it was."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from hpcodegen.tracer.attention import watch_attention
     from hpcodegen.tracer.hooks import removed
-    from hpcodegen.tracer.model import experts_shape_only, quiet_fake_tensors
+    from hpcodegen.tracer.model import forward
 
     length = probe_length(config)
     rec = _Recorder(model, length)
     try:
         with removed(_shape_hooks(model, boundaries, rec) + _stack_hooks(model, rec)), \
-                experts_shape_only(model), quiet_fake_tensors(), \
-                watch_attention(model, _on_call(rec), _on_mask(rec)) as implementation, \
-                FakeTensorMode(allow_non_fake_inputs=True):
+                watch_attention(model, _on_call(rec), _on_mask(rec)) as implementation:
             rec.result.implementation = implementation
-            ids = torch.zeros((BATCH, length), dtype=torch.long)
-            with _dispatch_mode(rec):
-                model(input_ids=ids, **_position_kwargs(model, length),
-                      **no_cache_kwargs(model))
+            forward(model, BATCH, length, fake=True, watch=_dispatch_mode(rec),
+                    extra=_position_kwargs(model, length))
     except Exception as exc:  # data-dependent model code: reported as the refusal's reason
         rec.result.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     rec.result.shapes = _boundary_shapes(rec)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from hpcodegen.generate.seeds.seeds import SEED_RULE, is_linear
+from hpcodegen.generate.seeds.seeds import SEED_RULE, is_linear, self_calls_on_params
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
 from hpcodegen.tracer.dataflow import Flow
@@ -50,24 +50,11 @@ def may_be_attention(module: Any) -> bool:
 
 def forward_inputs_read(source: str) -> dict[str, str]:
     """``{child: forward parameter}`` for each ``self.<child>(<param>)`` call of a forward
-    on one of its own parameters (``self.Wq(q)`` in ``forward(self, v, k, q, ...)``)."""
-    import ast
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return {}
+    on one of its own parameters (``self.Wq(q)`` in ``forward(self, v, k, q, ...)``), the
+    first such call of each child (:func:`~.seeds.self_calls_on_params`)."""
     found: dict[str, str] = {}
-    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
-        params = {a.arg for a in fn.args.args[1:]}
-        for node in ast.walk(fn):
-            func = getattr(node, "func", None)
-            if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) \
-                    and isinstance(func.value, ast.Name) and func.value.id == "self" \
-                    and node.args and isinstance(node.args[0], ast.Name) \
-                    and node.args[0].id in params:
-                found.setdefault(func.attr, node.args[0].id)
+    for child, param, _position in self_calls_on_params(source):
+        found.setdefault(child, param)
     return found
 
 

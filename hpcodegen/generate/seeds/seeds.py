@@ -126,30 +126,38 @@ def call_order(source: str) -> list[str]:
     return order
 
 
-def input_readers(source: str) -> set[str]:
-    """The ``self.<name>`` children a forward (or a method it calls) applies to its own first
-    input: ``self.q_proj(hidden_states)`` in ``forward(self, hidden_states)``, or
-    ``self.in_proj(input_states)`` in ``torch_forward(self, input_states)``."""
+def self_calls_on_params(source: str) -> list[tuple[str, str, int]]:
+    """``(child, parameter, position)`` for each ``self.<child>(<parameter>, ...)`` call in a
+    forward's source (or a method it calls) whose first argument is one of the enclosing
+    function's own parameters, ``position`` counted after ``self``; in :func:`ast.walk`
+    order per function; [] when the source does not parse. The one walk both the input
+    readers (:func:`input_readers`) and an attention's read inputs
+    (:func:`~hpcodegen.generate.seeds.attention_seeds.forward_inputs_read`) are taken from."""
     import ast
     import textwrap
 
     try:
         tree = ast.parse(textwrap.dedent(source))
     except SyntaxError:
-        return set()
-    out: set[str] = set()
+        return []
+    found: list[tuple[str, str, int]] = []
     for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
-        args = [a.arg for a in fn.args.args[1:]]
-        if not args:
-            continue
+        params = [a.arg for a in fn.args.args[1:]]
         for node in ast.walk(fn):
             func = getattr(node, "func", None)
             if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) \
                     and isinstance(func.value, ast.Name) and func.value.id == "self" \
                     and node.args and isinstance(node.args[0], ast.Name) \
-                    and node.args[0].id == args[0]:
-                out.add(func.attr)
-    return out
+                    and node.args[0].id in params:
+                found.append((func.attr, node.args[0].id, params.index(node.args[0].id)))
+    return found
+
+
+def input_readers(source: str) -> set[str]:
+    """The ``self.<name>`` children a forward (or a method it calls) applies to its own first
+    input: ``self.q_proj(hidden_states)`` in ``forward(self, hidden_states)``, or
+    ``self.in_proj(input_states)`` in ``torch_forward(self, input_states)``."""
+    return {child for child, _param, position in self_calls_on_params(source) if position == 0}
 
 
 def _takes_second_stream(module: Any) -> bool:
