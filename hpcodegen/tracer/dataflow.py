@@ -51,6 +51,21 @@ class Flow:
     first_input: dict[str, Any] = field(default_factory=dict)
     #: the modules in the order their forwards were entered, each once
     order: list[str] = field(default_factory=list)
+    #: module -> the first tensor its first call returned (held: compared by identity)
+    first_output: dict[str, Any] = field(default_factory=dict)
+
+    def child_order(self, fqn: str) -> list[str]:
+        """The direct children of ``fqn`` (names under it) in the order their forwards
+        were first entered: the order the block runs them, as the trace saw it."""
+        prefix = f"{fqn}." if fqn else ""
+        return [f[len(prefix):] for f in self.order
+                if f.startswith(prefix) and f != fqn and "." not in f[len(prefix):]]
+
+    def reads_output(self, reader: str, producer: str) -> bool:
+        """Whether ``reader``'s first call was handed, first, the very tensor
+        ``producer``'s first call returned (``self.q_norm(self.q_proj(x))``)."""
+        given, made = self.first_input.get(reader), self.first_output.get(producer)
+        return given is not None and given is made
 
 
 #: a recorded tensor argument: rebuilt as an empty meta tensor of this shape and dtype
@@ -162,6 +177,8 @@ def _hooks(modules: Mapping[str, Any], labels: _Labels, is_linear: Callable[[Any
 
         def post(_m: Any, _args: Any, output: Any, f: str = fqn, lin: bool = linear) -> None:
             first = outputs_of(output)[:1]
+            if tensors(first) and f not in flow.first_output:
+                flow.first_output[f] = tensors(first)[0]
             if lin:
                 labels.inside -= 1
                 labels.set(output, frozenset({f}))
@@ -247,19 +264,35 @@ def _traced(model: Any, is_linear: Callable[[Any], bool], watch: Callable[[str, 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hpcodegen.hf import no_cache_kwargs
-    from hpcodegen.tracer.hooks import removed
     from hpcodegen.tracer.model import experts_shape_only, quiet_fake_tensors, token_ids
+
+    where = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.device("meta")
+
+    def run(watching: Any) -> None:
+        with experts_shape_only(model), all_on_meta(model), quiet_fake_tensors(), where:
+            ids = token_ids(2, 8)  # meta, as the weights: made inside the fake mode
+            with watching:  # innermost: it sees each op before the fake mode runs it
+                model(input_ids=ids, **no_cache_kwargs(model))
+
+    try:
+        return call_flow(model, run, is_linear, watch)
+    except Exception:  # model code may not run on fake or meta tensors (XLNet's own CPU
+        return None    # positions fail under fake)
+
+
+def call_flow(module: Any, run: Callable[[Any], Any], is_linear: Callable[[Any], bool],
+              watch: Callable[[str, Any], bool] = lambda _f, _m: False) -> Flow:
+    """The :class:`Flow` of ``run(watching)``, a call of ``module`` made inside the dispatch
+    mode ``watching`` (entered innermost, after any fake mode), its submodules hooked,
+    without gradients; what ``run`` raises propagates. :func:`linear_flow` runs a whole
+    model on meta token ids through it; a test runs a small module on CPU tensors."""
+    import torch
+
+    from hpcodegen.tracer.hooks import removed
 
     flow = Flow()
     labels = _Labels(flow)
-    where = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.device("meta")
-    try:
-        with removed(_hooks(dict(model.named_modules()), labels, is_linear, watch)), \
-                experts_shape_only(model), all_on_meta(model), quiet_fake_tensors(), \
-                torch.no_grad(), where:
-            ids = token_ids(2, 8)  # meta, as the weights: made inside the fake mode
-            with watch_ops(labels.observe):
-                model(input_ids=ids, **no_cache_kwargs(model))
-    except Exception:  # model code may not run on fake or meta tensors (XLNet's own CPU
-        return None    # positions fail under fake)
+    with removed(_hooks(dict(module.named_modules()), labels, is_linear, watch)), \
+            torch.no_grad():
+        run(watch_ops(labels.observe))
     return flow

@@ -16,6 +16,7 @@ from torch import nn
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.seeds.fused_seeds import fused_seeds
+from hpcodegen.generate.seeds.pair_seeds import seed_flow
 from hpcodegen.generate.sources.styles import Kind
 
 WIDTH, HEADS, HD = 8, 2, 4
@@ -87,7 +88,7 @@ def _seeds(block: Any, sp: bool = False, per_head: bool = False) -> Any:
     """fused_seeds of ``block()`` (built on meta, as generate's model) inside :class:`Tiny`."""
     with torch.device("meta"):
         model = Tiny(block(), per_head)
-    return fused_seeds(model, (), sp)
+    return fused_seeds(model, (), sp, seed_flow(model))
 
 
 def test_equal_blocks_on_the_last_dim_are_packed() -> None:
@@ -163,7 +164,7 @@ def test_a_block_kept_whole_is_left_to_the_other_seeds_unless_its_class_is_split
                     "attn.out": Assignment("attn.out", Kind.ROWWISE_SPLIT, 1, "r", "x")}
         return root, region, gathered
 
-    found = fused_seeds(nn.Module(), (), False)
+    found = fused_seeds(nn.Module(), (), False, None)
     found.kept["attn"] = "why"
     root, region, gathered = plan(ModelLinear)  # one class in a region and gathered
     assert found.settle(root, region, gathered) == {} and "attn" in found.kept

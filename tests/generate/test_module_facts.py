@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from hpcodegen.generate.seeds.module_facts import is_lookup_embedding, is_norm
+from hpcodegen.generate.seeds.module_facts import is_lookup_embedding
+from hpcodegen.tracer.norms import is_norm
 
 
 class FamilyRMSNorm(nn.Module):
@@ -17,6 +18,32 @@ class FamilyRMSNorm(nn.Module):
         super().__init__()
         if affine:
             self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * x if hasattr(self, "weight") else x
+
+
+class Scale(nn.Module):
+    """Named nothing like a norm, but one (decided by its forward, not its name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (1 + self.weight) * (x - x.mean(-1, keepdim=True))
+
+
+class ScaleRMSNorm(nn.Module):
+    """Named a norm, but it only scales (no reduction over the last dim): not one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x
 
 
 class LayerNorm1P(nn.LayerNorm):
@@ -32,16 +59,16 @@ class NormHead(nn.Module):
 
 
 @pytest.mark.parametrize("module", [nn.LayerNorm(4), FamilyRMSNorm(), LayerNorm1P(4),
-                                    nn.RMSNorm(4)], ids=lambda m: type(m).__name__)
+                                    nn.RMSNorm(4), Scale()], ids=lambda m: type(m).__name__)
 def test_norms_holding_a_weight_are_norms(module: nn.Module) -> None:
     assert is_norm(module)
 
 
 @pytest.mark.parametrize("module", [FamilyRMSNorm(affine=False),
                                     nn.LayerNorm(4, elementwise_affine=False), NormHead(),
-                                    nn.GroupNorm(2, 4), nn.Linear(4, 4)],
+                                    nn.GroupNorm(2, 4), nn.Linear(4, 4), ScaleRMSNorm()],
                          ids=["rmsnorm_without_weight", "layernorm_without_weight",
-                              "norm_head", "groupnorm", "linear"])
+                              "norm_head", "groupnorm", "linear", "scale_named_norm"])
 def test_other_modules_are_not(module: nn.Module) -> None:
     assert not is_norm(module)
 

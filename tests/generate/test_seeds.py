@@ -10,14 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from torch import nn
 
 from hpcodegen.generate.seeds.seeds import (
     SEED_RULE,
     block_assignments,
     block_styles,
-    call_order,
     children,
+    is_linear,
     kept_reason,
     mlp_styles,
     plans_layers,
@@ -25,12 +26,28 @@ from hpcodegen.generate.seeds.seeds import (
     structural_seeds,
 )
 from hpcodegen.generate.sources.styles import Kind
+from hpcodegen.tracer.dataflow import Flow, call_flow
+
+
+def _flow(module: nn.Module, *args: Any) -> Flow:
+    """The traced call ``module(*args)`` (CPU tensors): what orders a block's children."""
+
+    def run(watching: Any) -> None:
+        with watching:
+            module(*args)
+
+    return call_flow(module, run, is_linear)
 
 
 def _styles(module: nn.Module, by_shape: bool = True) -> dict[str, Kind] | None:
     root = nn.Module()
     root.block = module
-    return block_styles(module, children(dict(root.named_modules()), "block"), by_shape)
+    try:
+        order = _flow(module, torch.zeros(2, 8)).child_order("")
+    except TypeError:  # a forward taking a second tensor (a cross-attention): no order
+        order = []
+    return block_styles(module, children(dict(root.named_modules()), "block"), by_shape,
+                        order)
 
 
 class Mlp(nn.Module):
@@ -69,8 +86,9 @@ class Attention(nn.Module):
             self.forward = self.cross_forward  # type: ignore[method-assign]
 
     def forward(self, hidden_states: Any) -> Any:
-        q, k = self.q_norm(self.q_proj(hidden_states)), self.k_proj(hidden_states)
-        return self.o_proj(q * k * self.v_proj(hidden_states))
+        heads = (*hidden_states.shape[:-1], self.num_heads, self.head_dim)
+        q = self.q_norm(self.q_proj(hidden_states).view(heads)).flatten(-2)
+        return self.o_proj(q * self.k_proj(hidden_states) * self.v_proj(hidden_states))
 
 
 class CrossAttention(Attention):
@@ -78,10 +96,26 @@ class CrossAttention(Attention):
         return self.o_proj(self.q_proj(hidden_states) * self.k_proj(key_value_states))
 
 
-def test_call_order_is_evaluation_order() -> None:
-    src = "def forward(self, x):\n    return self.down(act(self.gate(x)) * self.up(x))\n"
-    assert call_order(src) == ["gate", "up", "down"]
-    assert call_order("not python (") == []
+def test_child_order_is_the_order_the_forward_runs_them() -> None:
+    """``down(act(gate(x)) * up(x))`` runs gate, up, down: the traced forward's order, not
+    the order the children were declared in (down first here)."""
+
+    class Swapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down, self.gate, self.up = nn.Linear(16, 8), nn.Linear(8, 16), nn.Linear(8, 16)
+
+        def forward(self, x: Any) -> Any:
+            return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+    root = nn.Module()
+    root.mlp = Swapped()
+    flow = _flow(root.mlp, torch.zeros(2, 8))
+    assert flow.child_order("") == ["gate", "up", "down"]
+    assert _styles(Swapped()) == {"gate": Kind.COLWISE, "up": Kind.COLWISE,
+                                  "down": Kind.ROWWISE}
+    # no trace, no order: the mirrored shapes alone do not say which Linear reads the input
+    assert mlp_styles(dict(Mlp().named_children()), ()) is None
 
 
 def test_an_mlp_is_found_by_its_shapes() -> None:
@@ -89,7 +123,7 @@ def test_an_mlp_is_found_by_its_shapes() -> None:
     assert _styles(Gated()) == {"a": Kind.COLWISE, "b": Kind.COLWISE, "c": Kind.ROWWISE}
     # same width in and out: not an MLP by shape (only the gathered fallback takes it)
     square = Mlp(8, 8)
-    assert mlp_styles(square, dict(square.named_children())) is None
+    assert mlp_styles(dict(square.named_children()), ["fc_in", "fc_out"]) is None
     assert _styles(square)["fc_in"] is Kind.COLWISE_GATHER
 
 
@@ -165,12 +199,17 @@ class Lm(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
+    def forward(self, x: Any) -> Any:
+        h = x + self.layers[0].attn(x)
+        return self.lm_head(h + self.layers[0].mlp(h))
+
 
 def test_seeds_only_where_transformers_plans_no_layer() -> None:
     model = Lm()
     head_only = [("lm_head", "colwise_gather_output")]
     assert not plans_layers(model, head_only)
-    seeds = structural_seeds(model, head_only, replaced=False)
+    seeds = structural_seeds(model, head_only, replaced=False,
+                             flow=_flow(model, torch.zeros(2, 8)))
     assert seeds["layers.0.attn.q_proj"].kind is Kind.COLWISE
     assert seeds["layers.0.mlp.fc_out"].kind is Kind.ROWWISE
     assert all(a.rule == SEED_RULE for a in seeds.values())
@@ -183,5 +222,7 @@ def test_seeds_only_where_transformers_plans_no_layer() -> None:
 
 @pytest.mark.parametrize("taken", ["layers.0.mlp", "layers.0.mlp.fc_in", "layers"])
 def test_modules_a_rule_places_are_left_to_it(taken: str) -> None:
-    found = block_assignments(dict(Lm().named_modules()), {taken})
+    model = Lm()
+    found = block_assignments(dict(model.named_modules()), {taken},
+                              flow=_flow(model, torch.zeros(2, 8)))
     assert not any(f.startswith("layers.0.mlp") for f in found)

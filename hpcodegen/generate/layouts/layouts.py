@@ -25,9 +25,9 @@ the split layout wherever it is exact, and name the reason where it is not:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.generate.seeds.module_facts import fused_blocks
 from hpcodegen.generate.seeds.seeds import (
@@ -42,6 +42,12 @@ from hpcodegen.generate.sources.globs import parent_of
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
 from hpcodegen.plan.draft import DraftPlan
+
+if TYPE_CHECKING:
+    from hpcodegen.tracer.dataflow import Flow
+
+#: the model's traced forward, traced on first ask (None: it does not run on meta)
+FlowOf = Callable[[], "Flow | None"]
 
 #: MLA attention children: required, and the styles DeepSeek-V2's plan gives them
 MLA_REQUIRED = ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
@@ -144,15 +150,14 @@ def config_head_attrs(module: Any) -> list[str]:
     return sorted(f"config.{n}" for n in names if isinstance(config_value(config, n), int))
 
 
-def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignment]
-                ) -> tuple[dict[str, bool], str]:
+def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignment],
+                flow_of: FlowOf) -> tuple[dict[str, bool], str]:
     """The norms between gathered head projections and the heads (OLMo-2's ``q_norm``
     over ``q_proj``'s whole width), each with its cast order, or why the projections stay
-    gathered. Every projection must produce whole heads; a norm must be an RMS norm whose
+    gathered. Every projection must produce whole heads; a norm is a child the traced
+    forward (``flow_of()``) hands a projection's output, and must be an RMS norm whose
     arithmetic :func:`hpcodegen.runtime.norms.rms_norm` reproduces."""
-    import re
-
-    from hpcodegen.generate.seeds.module_facts import forward_source, is_norm
+    from hpcodegen.tracer.norms import is_norm
 
     module = modules[parent]
     heads = head_counts(module)
@@ -161,8 +166,8 @@ def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignmen
     if heads is None:
         return {}, f"{gathered}: the module names no head counts to split them by"
     nh, nkv, hd = heads
-    source = forward_source(module)
     kids = children(modules, parent)
+    prefix = f"{parent}." if parent else ""
     norms: dict[str, bool] = {}
     for g in gathers:
         proj = g.fqn.rsplit(".", 1)[-1]
@@ -172,7 +177,8 @@ def split_norms(modules: Mapping[str, Any], parent: str, gathers: list[Assignmen
         for name, child in kids.items():
             weight = getattr(child, "weight", None)
             if is_norm(child) and getattr(weight, "numel", lambda: 0)() == width \
-                    and re.search(rf"self\.{name}\(\s*self\.{proj}\(", source):
+                    and (flow := flow_of()) is not None \
+                    and flow.reads_output(prefix + name, g.fqn):
                 cast_last = rms_norm_variant(child)
                 if cast_last is None:
                     return {}, (f"{gathered} for {name}, a norm over the whole projection "
@@ -215,8 +221,9 @@ def rms_norm_variant(module: Any) -> bool | None:
 
 
 def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment],
-                   report: LayoutReport) -> None:
-    """Rewrite gathered fused projections to their packed split (in place)."""
+                   report: LayoutReport, flow_of: FlowOf) -> None:
+    """Rewrite gathered fused projections to their packed split (in place); ``flow_of``:
+    the model's traced forward (:func:`split_norms`)."""
     parents: dict[str, list[Assignment]] = {}
     for a in assignments.values():
         if a.kind in (Kind.COLWISE_GATHER, Kind.ROWWISE_SPLIT) and not a.param:
@@ -231,7 +238,7 @@ def split_gathered(modules: Mapping[str, Any], assignments: dict[str, Assignment
             continue  # seeds gather where a head split is not exact; only a projection the
             # forward cuts into equal blocks (ModernBERT's Wi) is packed
         if len(gathers) > 1:
-            norms, why = split_norms(modules, parent, gathers)
+            norms, why = split_norms(modules, parent, gathers, flow_of)
             if why:
                 report.kept[parent] = why
                 continue
@@ -295,15 +302,24 @@ def unrouted_experts(modules: Mapping[str, Any], assignments: dict[str, Assignme
 
 
 def megatron_layouts(model: Any, assignments: dict[str, Assignment],
-                     taken: Collection[str] = ()) -> LayoutReport:
+                     taken: Collection[str] = (), flow_of: FlowOf | None = None
+                     ) -> LayoutReport:
     """Apply the module docstring's rules to the HF assignments (in place); ``taken`` are the
-    modules package rules or recipes place (they win)."""
+    modules package rules or recipes place (they win); ``flow_of``: the model's traced
+    forward, traced on first ask (default: :func:`~hpcodegen.generate.seeds.pair_seeds.seed_flow`
+    of ``model``, at most once)."""
+    import functools
+
+    from hpcodegen.generate.seeds.pair_seeds import seed_flow
+
+    if flow_of is None:
+        flow_of = functools.cache(lambda: seed_flow(model))
     modules = dict(model.named_modules())
     report = LayoutReport()
     mla = mla_assignments(modules, assignments, taken)
     assignments.update(mla)
     report.split += sorted({parent_of(f) for f in mla})
-    split_gathered(modules, assignments, report)
+    split_gathered(modules, assignments, report, flow_of)
     blocks = unplanned_blocks(modules, assignments, taken)
     assignments.update(blocks)
     report.split += sorted({parent_of(f) for f in blocks})

@@ -41,7 +41,6 @@ from hpcodegen.generate.seeds.module_facts import (
     head_count_attrs,
     holds_weight,
     is_lookup_embedding,
-    is_norm,
     linear_dims,
 )
 from hpcodegen.generate.sources.globs import parent_of, relative_to
@@ -49,6 +48,7 @@ from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind, param_shard, shard
 from hpcodegen.placement import REPLICATE, Placement, Shard
 from hpcodegen.plan.draft import DraftEntry, DraftPlan
+from hpcodegen.tracer.norms import is_norm
 
 REGION_KINDS = (Kind.COLWISE, Kind.ROWWISE)
 ABSORBED = (Kind.REPLICATE, Kind.REPLICATE_GRAD, Kind.LOCAL_COLWISE, Kind.LOCAL_ROWWISE)

@@ -84,7 +84,7 @@ def split_attention_styles(fqn: str, modules: Mapping[str, Any], flow: Flow
                            ) -> dict[str, Kind] | None:
     """Each projection its own boundary for an attention whose projections live in two
     sibling modules (module docstring), keyed by their path under ``fqn``; else None."""
-    from hpcodegen.generate.seeds.module_facts import is_norm
+    from hpcodegen.tracer.norms import is_norm
 
     prefix = f"{fqn}."
     inner = {n[len(prefix):]: m for n, m in modules.items()

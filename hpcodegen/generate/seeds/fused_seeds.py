@@ -36,10 +36,9 @@ from typing import Any
 from hpcodegen.errors import PlanError, error
 from hpcodegen.generate.seeds.fused_rank import rank_reads_alike
 from hpcodegen.generate.seeds.fused_rows import Block, Watch, settle_slices
-from hpcodegen.generate.seeds.module_facts import forward_source, is_norm
+from hpcodegen.generate.seeds.module_facts import forward_source
 from hpcodegen.generate.seeds.seeds import (
     CROSS_INPUTS,
-    call_order,
     children,
     input_readers,
     io_features,
@@ -47,15 +46,19 @@ from hpcodegen.generate.seeds.seeds import (
 )
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
+from hpcodegen.tracer.dataflow import Flow
+from hpcodegen.tracer.norms import is_norm
 
 RULE = "<fused rows>"
 #: the traced forward's batch and sequence (1 and a prime: no dim mistaken for heads)
 BATCH, SEQ = 1, 11
 
 
-def candidates(modules: Mapping[str, Any], taken: Collection[str]) -> dict[str, Block]:
+def candidates(modules: Mapping[str, Any], taken: Collection[str], flow: Flow
+               ) -> dict[str, Block]:
     """Blocks holding exactly two projections: one applied to the forward's input, the
-    other called after it mapping back to that input's width; besides them only norms."""
+    other called after it (in ``flow``, the model's traced forward) mapping back to that
+    input's width; besides them only norms."""
     out: dict[str, Block] = {}
     for fqn, module in modules.items():
         if not fqn or any(t == fqn or t.startswith(f"{fqn}.") or fqn.startswith(f"{t}.")
@@ -67,8 +70,7 @@ def candidates(modules: Mapping[str, Any], taken: Collection[str]) -> dict[str, 
         norms = sorted(n for n in held - set(linears) if is_norm(kids[n]))
         if len(linears) != 2 or held - set(linears) - set(norms):
             continue
-        source = forward_source(module)
-        readers, order = input_readers(source), call_order(source)
+        readers, order = input_readers(forward_source(module)), flow.child_order(fqn)
         for proj, last in (linears, linears[::-1]):
             if (proj in readers and last not in readers and proj in order and last in order
                     and order.index(proj) < order.index(last)
@@ -259,16 +261,18 @@ def _styles(block: Block) -> dict[str, tuple]:
     return styles
 
 
-def fused_seeds(model: Any, taken: Collection[str], sp: bool) -> FusedSeeds:
+def fused_seeds(model: Any, taken: Collection[str], sp: bool, flow: Flow | None
+                ) -> FusedSeeds:
     """Styles for every block with one fused input projection (module docstring) outside
-    the modules ``taken`` (placed by other rules). A block the trace leaves undecided (its
-    projection output is not cut: an MLP) is not named.
+    the modules ``taken`` (placed by other rules), the candidates' call order read from
+    ``flow`` (the model's traced forward; none: no candidates). A block the trace leaves
+    undecided (its projection output is not cut: an MLP) is not named.
 
     Raises:
         PlanError: with ``sp``, a block returning a parameter of its own untouched.
     """
     modules = dict(model.named_modules())
-    blocks = candidates(modules, taken)
+    blocks = candidates(modules, taken, flow) if flow is not None else {}
     found = FusedSeeds()
     if not blocks or trace(model, blocks) is not None:
         return found

@@ -2,7 +2,8 @@
 
 The structural facts generate's passes read: a forward's first input, a Linear's weight
 layout, the parameters a module holds itself, the head counts and fused blocks its forward
-(and the methods it calls) uses, and which modules are norms or per-token lookups. Split
+(and the methods it calls) uses, and which modules are per-token lookups (which are norms
+is the tracer's: :mod:`hpcodegen.tracer.norms`). Split
 out of :mod:`hpcodegen.generate.layouts.lift`; the seeds, the Megatron layouts and the lifter all
 read them from here.
 """
@@ -109,15 +110,6 @@ def call_model(model: Any, name: str) -> Any:
 
 def holds_weight(module: Any) -> bool:
     return "weight" in direct_params(module)
-
-
-def is_norm(module: Any) -> bool:
-    """RMSNorm/LayerNorm-like modules holding a weight: the class name ends in ``RMSNorm`` or
-    ``LayerNorm``, or the class derives from torch's ``LayerNorm``/``RMSNorm`` (Nemotron's
-    ``LayerNorm1P``)."""
-    names = [c.__name__ for c in type(module).__mro__]
-    return (names[0].endswith(("RMSNorm", "LayerNorm")) or "LayerNorm" in names[1:]
-            or "RMSNorm" in names[1:]) and "weight" in direct_params(module)
 
 
 def is_lookup_embedding(module: Any) -> bool:

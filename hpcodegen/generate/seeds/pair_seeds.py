@@ -188,18 +188,28 @@ def finish_plan(plan: DraftPlan, changes: PairSeeds) -> None:
                 plan[b].place("in_src", name, LAST_DIM)
 
 
-def refined_seeds(model: Any, hf: Any, replaced: bool, taken: Collection[str],
-                  seeds: Mapping[str, Assignment]) -> tuple[dict[str, Assignment], PairSeeds]:
-    """The structural ``seeds`` with the dataflow's changes applied, and those changes;
-    nothing changes where the structural seeds do not run (transformers plans the layers,
-    or a package rule file replaces its plan)."""
+def seed_flow(model: Any) -> Flow | None:
+    """THE traced forward every seed and layout pass of one generate reads (the order of a
+    block's calls, which child reads which output, Linear pairs, attentions by use): one
+    :func:`~hpcodegen.tracer.dataflow.linear_flow` of the meta model, the attentions'
+    first calls recorded; None when the model does not run on meta."""
     from hpcodegen.generate.seeds.attention_seeds import may_be_attention
-    from hpcodegen.generate.seeds.seeds import plans_layers
     from hpcodegen.tracer.dataflow import linear_flow
+
+    return linear_flow(model, is_linear, lambda _f, m: may_be_attention(m))
+
+
+def refined_seeds(model: Any, hf: Any, replaced: bool, taken: Collection[str],
+                  seeds: Mapping[str, Assignment], flow: Flow | None
+                  ) -> tuple[dict[str, Assignment], PairSeeds]:
+    """The structural ``seeds`` with the dataflow's changes (read from ``flow``,
+    :func:`seed_flow`) applied, and those changes; nothing changes where the structural
+    seeds do not run (transformers plans the layers, or a package rule file replaces its
+    plan)."""
+    from hpcodegen.generate.seeds.seeds import plans_layers
 
     if replaced or plans_layers(model, hf):
         return dict(seeds), PairSeeds()
-    flow = linear_flow(model, is_linear, lambda _f, m: may_be_attention(m))
     changes = dataflow_seeds(model, seeds, taken, flow)
     kept = {f: a for f, a in seeds.items() if parent_of(f) not in changes.dropped}
     return {**kept, **changes.add}, changes

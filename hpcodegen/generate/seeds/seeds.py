@@ -35,10 +35,13 @@ block rule to modules an HF plan leaves unnamed (by name only, as it always has)
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcodegen.generate.sources.hf_plan import Assignment
 from hpcodegen.generate.sources.styles import Kind
+
+if TYPE_CHECKING:
+    from hpcodegen.tracer.dataflow import Flow
 
 #: an attention's input projections and its output projection, in transformers' names
 ATTN_INPUTS = ("q_proj", "k_proj", "v_proj")
@@ -100,32 +103,6 @@ def _held(kids: Mapping[str, Any]) -> set[str]:
     return {n for n, m in kids.items() if any(True for _ in m.parameters())}
 
 
-def call_order(source: str) -> list[str]:
-    """The ``self.<name>(...)`` calls of a forward's source in the order Python evaluates
-    them (arguments before the call: ``self.down(act(self.gate(x)) * self.up(x))`` runs
-    gate, up, down), each name once; [] when the source does not parse."""
-    import ast
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return []
-    order: list[str] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-        func = getattr(node, "func", None)
-        if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) \
-                and isinstance(func.value, ast.Name) and func.value.id == "self" \
-                and func.attr not in order:
-            order.append(func.attr)
-
-    visit(tree)
-    return order
-
-
 def self_calls_on_params(source: str) -> list[tuple[str, str, int]]:
     """``(child, parameter, position)`` for each ``self.<child>(<parameter>, ...)`` call in a
     forward's source (or a method it calls) whose first argument is one of the enclosing
@@ -173,7 +150,8 @@ def attention_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
     projection is one of :data:`ATTN_OUTPUTS`, else (``by_shape``) the one other Linear
     that is not applied to the forward's input and maps back to the width q/k/v read
     (ModernBERT's ``Wo``)."""
-    from hpcodegen.generate.seeds.module_facts import forward_source, is_norm
+    from hpcodegen.generate.seeds.module_facts import forward_source
+    from hpcodegen.tracer.norms import is_norm
 
     out = [n for n in ATTN_OUTPUTS if is_linear(kids.get(n))]
     if not out and by_shape and is_linear(kids.get(ATTN_INPUTS[0])):
@@ -204,19 +182,18 @@ def named_mlp_styles(kids: Mapping[str, Any]) -> dict[str, Kind] | None:
     return None
 
 
-def mlp_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
+def mlp_styles(kids: Mapping[str, Any], order: Sequence[str]) -> dict[str, Kind] | None:
     """Megatron's styles for an MLP found by its shapes (module docstring), or None.
 
     One or two input projections ``h -> i`` and one output projection ``i -> h``; with one
     input projection the two shapes mirror each other, so the one the forward calls first
-    reads the input (a third projection of the input would be an attention's)."""
-    from hpcodegen.generate.seeds.module_facts import forward_source
-
+    (``order``: the block's children as the traced forward entered them,
+    :meth:`~hpcodegen.tracer.dataflow.Flow.child_order`) reads the input (a third
+    projection of the input would be an attention's)."""
     held = _held(kids)
     if len(held) not in (2, 3) or not all(is_linear(kids[n]) for n in held):
         return None
     dims = {n: io_features(kids[n]) for n in held}
-    order = call_order(forward_source(module))
     first = {n: order.index(n) if n in order else -1 for n in held}
     for row, (inner, width) in sorted(dims.items()):
         cols = held - {row}
@@ -227,7 +204,8 @@ def mlp_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
     return None
 
 
-def gathered_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | None:
+def gathered_styles(module: Any, kids: Mapping[str, Any], order: Sequence[str]
+                    ) -> dict[str, Kind] | None:
     """Each projection its own boundary, for a block that reads its input with Linears
     and writes its output with one Linear but computes between them what a split cannot
     run on shards (a norm over the whole width: BitNet's sub-norms; a fused q|k|v whose
@@ -239,19 +217,19 @@ def gathered_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | N
 
     The input projections are applied to the forward's own input (by name, in the forward
     or the method it hands its input to); the output projection is not, maps back to the
-    width they read, and is called after them. A block whose input projections feed no
-    output projection of its own (BERT's self-attention: query, key, value) has none."""
+    width they read, and is called after them (``order``: as in :func:`mlp_styles`). A
+    block whose input projections feed no output projection of its own (BERT's
+    self-attention: query, key, value) has none."""
     from hpcodegen.generate.seeds.module_facts import forward_source
 
     held = _held(kids)
     linears = {n: io_features(kids[n]) for n in held if is_linear(kids[n])}
     if len(linears) < 2:
         return None
-    source = forward_source(module)
-    order = [n for n in call_order(source) if n in held]
+    order = [n for n in order if n in held]
     if not order or order[0] not in linears:
         return None  # the block's input is not read by a projection
-    readers = input_readers(source)
+    readers = input_readers(forward_source(module))
     outs = [o for o, (_, width) in linears.items() if o not in readers
             and all(dims[0] == width and n in readers for n, dims in linears.items() if n != o)]
     outs = [o for o in outs if o in order and all(
@@ -262,12 +240,13 @@ def gathered_styles(module: Any, kids: Mapping[str, Any]) -> dict[str, Kind] | N
             outs[0]: Kind.ROWWISE_SPLIT}
 
 
-def block_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
-                 ) -> dict[str, Kind] | None:
+def block_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True,
+                 order: Sequence[str] = ()) -> dict[str, Kind] | None:
     """Megatron's styles for an attention or an MLP (``by_shape``: MLPs found by their
     shapes, else by :data:`MLP_SHAPES`), or None: not one, or not exactly splittable.
     With ``by_shape`` a block that is neither gets its projections split one by one where
-    it has them (:func:`gathered_styles`)."""
+    it has them (:func:`gathered_styles`). ``order``: the block's children in the order
+    the traced forward entered them (none: no MLP by shape, no gathered split)."""
     from hpcodegen.generate.seeds.module_facts import forward_source, fused_blocks
 
     if _takes_second_stream(module):
@@ -275,23 +254,27 @@ def block_styles(module: Any, kids: Mapping[str, Any], by_shape: bool = True
     clean = "config.num_" not in forward_source(module) and fused_blocks(module) == 1
     styles = attention_styles(module, kids, by_shape) if clean else None
     if styles is None and clean and not any(True for _ in module.parameters(recurse=False)):
-        styles = mlp_styles(module, kids) if by_shape else named_mlp_styles(kids)
+        styles = mlp_styles(kids, order) if by_shape else named_mlp_styles(kids)
     if styles is None and by_shape:
-        styles = gathered_styles(module, kids)
+        styles = gathered_styles(module, kids, order)
     return styles
 
 
 def block_assignments(modules: Mapping[str, Any], named: Collection[str],
-                      by_shape: bool = True) -> dict[str, Assignment]:
+                      by_shape: bool = True, flow: Flow | None = None
+                      ) -> dict[str, Assignment]:
     """Assignments for every attention and MLP no module of ``named`` is at, inside or
-    above (those rules win), outermost first."""
+    above (those rules win), outermost first; ``flow``: the model's traced forward, which
+    orders each block's children (without it no block is matched by the order of its
+    calls)."""
     taken = set(named)
     out: dict[str, Assignment] = {}
     for fqn, module in modules.items():
         if not fqn or any(f == fqn or f.startswith(f"{fqn}.") or fqn.startswith(f"{f}.")
                           for f in taken | set(out)):
             continue
-        styles = block_styles(module, children(modules, fqn), by_shape)
+        order = flow.child_order(fqn) if flow is not None else ()
+        styles = block_styles(module, children(modules, fqn), by_shape, order)
         own = {n for n, _ in module.named_parameters(recurse=False)}
         for name, kind in (styles or {}).items():
             child = f"{fqn}.{name}"
@@ -311,19 +294,23 @@ def plans_layers(model: Any, hf: Sequence[tuple[str, str]]) -> bool:
 
 
 def structural_seeds(model: Any, hf: Sequence[tuple[str, str]], replaced: bool,
-                     taken: Collection[str] = ()) -> dict[str, Assignment]:
+                     taken: Collection[str] = (), flow: Flow | None = None
+                     ) -> dict[str, Assignment]:
     """The seed plan of a model transformers plans no layer of (``hf`` names at most the
     output head) and no package rule file replaces that plan for: Megatron's styles for
     every attention and MLP found by structure (module docstring) outside the modules
-    ``taken`` (placed by package rules or a recipe, which win). Empty otherwise."""
+    ``taken`` (placed by package rules or a recipe, which win), the order of each block's
+    calls read from ``flow`` (:func:`hpcodegen.generate.seeds.pair_seeds.seed_flow`).
+    Empty otherwise."""
     if replaced or plans_layers(model, hf):
         return {}
-    return block_assignments(dict(model.named_modules()), taken)
+    return block_assignments(dict(model.named_modules()), taken, flow=flow)
 
 
 def kept_reason(module: Any, kids: Mapping[str, Any]) -> str:
     """Why an attention (a module holding :data:`ATTN_INPUTS`) was not split by heads."""
-    from hpcodegen.generate.seeds.module_facts import forward_source, fused_blocks, is_norm
+    from hpcodegen.generate.seeds.module_facts import forward_source, fused_blocks
+    from hpcodegen.tracer.norms import is_norm
 
     if _takes_second_stream(module):
         return "it takes keys and values from a second input, whose gradient would stay partial"

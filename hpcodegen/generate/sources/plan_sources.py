@@ -9,6 +9,7 @@ classes come from, or a composite's sub-models). Split out of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from hpcodegen.generate.layouts.lift import lift_plan
 from hpcodegen.generate.layouts.tied import tied_pairs, unify_tied_placements
 from hpcodegen.generate.layouts.unplanned import replicate_uncovered
 from hpcodegen.generate.seeds.fused_seeds import FusedSeeds, fused_seeds
-from hpcodegen.generate.seeds.pair_seeds import finish_plan, refined_seeds
+from hpcodegen.generate.seeds.pair_seeds import finish_plan, refined_seeds, seed_flow
 from hpcodegen.generate.seeds.seeds import plans_layers, seeds_note, structural_seeds
 from hpcodegen.generate.sources.hf_plan import expand_rules, hf_rules
 from hpcodegen.generate.sources.package_rules import (
@@ -77,18 +78,21 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
         notes.append(f"HF plan: {len(unmatched)} rule(s) match no module of this config and "
                      f"are skipped (as transformers skips them): {', '.join(unmatched)}")
     replaced = rules is not None and rules.replace_hf_plan
-    fused = FusedSeeds() if replaced or plans_layers(model, hf) else \
-        fused_seeds(model, overridden | shipped_modules, sp)
+    flow_of = functools.cache(lambda: seed_flow(model))  # one trace, for every pass
+    seeding = not replaced and not plans_layers(model, hf)
+    flow = flow_of() if seeding else None
+    fused = fused_seeds(model, overridden | shipped_modules, sp, flow) if seeding else \
+        FusedSeeds()
     assignments.update(fused.assignments)
     taken = overridden | shipped_modules | set(fused.assignments)
     seeds, paired = refined_seeds(model, hf, replaced, taken,
-                                  structural_seeds(model, hf, replaced, taken))
+                                  structural_seeds(model, hf, replaced, taken, flow), flow)
     seeds = fused.settle(model, assignments, seeds)
     assignments.update(seeds)
     if notes is not None:
         notes.extend(seeds_note(model, seeds, paired.notes()) + fused.notes())
     layouts = megatron_layouts(model, assignments,
-                               overridden | shipped_modules | paired.uncalled)
+                               overridden | shipped_modules | paired.uncalled, flow_of)
     layouts.config_heads.update(fused.divide)
     if notes is not None:
         notes.extend(layouts.notes())
