@@ -62,12 +62,16 @@ class CheckContext:
     @property
     def decoded(self) -> DecodedMeta:
         """Every value of the meta that decodes, and each refused leaf
-        (:func:`hpcodegen.plan.decode.decode_meta`); built once per artifact. The ``plan``
-        check's field rules read it: they report on a meta the schema rejects, leaf by leaf."""
+        (:func:`hpcodegen.plan.codec.plan_from_meta` with ``refused``); built once per
+        artifact. The ``plan`` check's field rules read it: they report on a meta the
+        schema rejects, leaf by leaf."""
         if "decoded" not in self.cache:
-            from hpcodegen.plan.decode import decode_meta
+            from hpcodegen.plan.codec import plan_from_meta
+            from hpcodegen.plan.decode import DecodedMeta
 
-            self.cache["decoded"] = decode_meta(self.meta, entry_keys=self.entry_keys())
+            refused: list[Any] = []
+            plan = plan_from_meta(self.meta, entry_keys=self.entry_keys(), refused=refused)
+            self.cache["decoded"] = DecodedMeta(plan, tuple(refused))
         return self.cache["decoded"]
 
     @property

@@ -3,7 +3,8 @@
 :func:`hpcodegen.plan.codec.plan_from_meta` refuses a meta at its first bad value, and
 :func:`~hpcodegen.plan.codec.readable_plan` leaves a refused entry out whole. verify's
 ``plan`` check reports on such a meta field by field, so it needs more: every value that
-decodes, and each one that does not, named. :func:`decode_meta` gives that: a
+decodes, and each one that does not, named. :func:`~hpcodegen.plan.codec.plan_from_meta`
+with ``refused=[]`` gives that: a
 :class:`~hpcodegen.plan.types.Plan` of everything that decodes plus one :class:`Refusal`
 per refused leaf (a placement outside the grammar, a number among FQNs, an entry that is
 no object), each with its JSON path, the value found there and what the Plan lacks for it.
@@ -34,7 +35,7 @@ from hpcodegen.plan.frozen import FrozenMap, freeze_json
 from hpcodegen.plan.provenance import Provenance
 from hpcodegen.plan.types import Injection, ParallelDims, Plan, PlanEntry
 
-__all__ = ["DecodedMeta", "Refusal", "decode_meta", "entry_json"]
+__all__ = ["DecodedMeta", "Refusal", "entry_json", "tolerant_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,10 @@ class DecodedMeta:
 
     Example::
 
-        decoded = decode_meta({"param_plan": {"a": {"params": {"w": {"tp": "S(x)"}}}}})
+        refused = []
+        plan = plan_from_meta({"param_plan": {"a": {"params": {"w": {"tp": "S(x)"}}}}},
+                              refused=refused)
+        decoded = DecodedMeta(plan, tuple(refused))
         decoded.plan.param_plan["a"].params["w"]      # {} (the leaf was refused)
         decoded.refused[0].where                      # /param_plan/a/params/w/tp
     """
@@ -119,19 +123,14 @@ class DecodedMeta:
         return [v.value if isinstance(v, Refusal) else v for _, v in self.items(path, decoded)]
 
 
-def decode_meta(meta: Mapping[str, Any], *,
-                entry_keys: Mapping[str, str | bytes | None] | None = None) -> DecodedMeta:
-    """Every value of ``meta`` that decodes, and a :class:`Refusal` for each that does not.
-
-    ``entry_keys`` as for :func:`~hpcodegen.plan.codec.plan_from_meta` (used when the
-    meta decodes whole). A meta the codec accepts gives ``DecodedMeta(plan_from_meta(meta))``.
-    """
-    try:
-        return DecodedMeta(codec.plan_from_meta(meta, entry_keys=entry_keys))
-    except PlanFormatError:
-        pass
+def tolerant_plan(document: Any, refused: list[Any]) -> Plan:
+    """The tolerant walk of :func:`~hpcodegen.plan.codec.plan_from_meta` (its ``refused``
+    branch, for a meta the strict parse refused): the Plan of every value that decodes;
+    each :class:`Refusal` is appended to ``refused`` in the meta's order."""
     walk = _Tolerant()
-    return DecodedMeta(walk.plan(meta), tuple(walk.refused))
+    plan = walk.plan(document)
+    refused.extend(walk.refused)
+    return plan
 
 
 def entry_json(decoded: DecodedMeta, fqn: str) -> dict[str, Any]:
@@ -186,12 +185,14 @@ class _Tolerant:
                 self.refuse(exc.path, exc.message, item, (*where, key), pos)
         return {**out, "extra": FrozenMap.adopt(extra)}
 
-    def plan(self, meta: Any) -> Plan:
-        if not isinstance(meta, Mapping):
-            self.refuse((), f"expected an object, got {type(meta).__name__}", meta, ())
+    def plan(self, document: Any) -> Plan:
+        if not isinstance(document, Mapping):
+            self.refuse((), f"expected an object, got {type(document).__name__}", document,
+                        ())
             return Plan()
-        kept = {k: v for k, v in meta.items() if k in codec._PROVENANCE and v is not None}
-        own = {k: v for k, v in meta.items() if k not in kept}
+        kept = {k: v for k, v in document.items()
+                if k in codec._PROVENANCE and v is not None}
+        own = {k: v for k, v in document.items() if k not in kept}
         fields = self.read(codec._PROVENANCE, kept, ())
         del fields["extra"]
         return Plan(provenance=Provenance(**fields), **self.read(codec._PLAN, own, ()))

@@ -262,11 +262,12 @@ def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
 def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
     """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
     from hpcodegen.checks.plan_refs import _entry_param_lists, planned_params
-    from hpcodegen.plan.codec import entry_from_json
-    from hpcodegen.plan.decode import decode_meta
+    from hpcodegen.plan.codec import entry_from_json, plan_from_meta
+    from hpcodegen.plan.decode import DecodedMeta
 
     def findings() -> list[Any]:
-        decoded = decode_meta(meta)
+        refused: list[Any] = []
+        decoded = DecodedMeta(plan_from_meta(meta, refused=refused), tuple(refused))
         return list(_entry_param_lists(decoded, planned_params(decoded.plan.param_plan)))
 
     _, _, meta = _generate(tmp_path, "gpt_oss", 2)
