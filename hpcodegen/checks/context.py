@@ -16,9 +16,10 @@ from hpcodegen.artifact.load import LoadedMeta
 from hpcodegen.errors import pointer
 
 if TYPE_CHECKING:
+    from hpcodegen.plan.decode import DecodedMeta
     from hpcodegen.plan.types import Plan
 
-__all__ = ["CheckContext", "SkipCheck", "as_dict", "as_list", "plan_entries", "planned_params",
+__all__ = ["CheckContext", "SkipCheck", "as_dict", "as_list", "plan_entries",
            "pointer"]
 
 
@@ -59,15 +60,35 @@ class CheckContext:
         return self.loaded.data
 
     @property
+    def decoded(self) -> DecodedMeta:
+        """Every value of the meta that decodes, and each refused leaf
+        (:func:`hpcodegen.plan.codec.plan_from_meta` with ``refused``); built once per
+        artifact. The ``plan`` check's field rules read it: they report on a meta the
+        schema rejects, leaf by leaf."""
+        if "decoded" not in self.cache:
+            from hpcodegen.plan.codec import plan_from_meta
+            from hpcodegen.plan.decode import DecodedMeta
+
+            refused: list[Any] = []
+            plan = plan_from_meta(self.meta, entry_keys=self.entry_keys(), refused=refused)
+            self.cache["decoded"] = DecodedMeta(plan, tuple(refused))
+        return self.cache["decoded"]
+
+    @property
     def plan(self) -> Plan:
         """The typed plan of the meta's parts that parse (:func:`hpcodegen.plan.codec.
         readable_plan`: what the codec refuses is left out, the schema check reports it);
-        built once per artifact. The semantic checks read it."""
+        built once per artifact. The semantic checks read it. A meta the codec accepts
+        whole is decoded once: this is :attr:`decoded`'s plan."""
         if "plan" not in self.cache:
-            from hpcodegen.plan.codec import readable_plan
+            decoded = self.decoded
+            if decoded.refused:
+                from hpcodegen.plan.codec import readable_plan
 
-            self.cache["plan"], self.cache["plan_left_out"] = readable_plan(
-                self.meta, entry_keys=self.entry_keys())
+                self.cache["plan"], self.cache["plan_left_out"] = readable_plan(
+                    self.meta, entry_keys=self.entry_keys())
+            else:
+                self.cache["plan"], self.cache["plan_left_out"] = decoded.plan, []
         return self.cache["plan"]
 
     def entry_keys(self) -> dict[str, str | bytes | None]:
@@ -133,21 +154,3 @@ def plan_entries(param_plan: Any) -> dict[str, Mapping[str, Any]]:
     errors; a value that is no object has none)."""
     return {fqn: e for fqn, e in as_dict(param_plan).items()
             if type(e) is dict or isinstance(e, Mapping)}  # JSON's dicts skip the ABC check
-
-
-def planned_params(entries: Mapping[str, Mapping[str, Any]]
-                   ) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
-    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` over :func:`plan_entries`.
-
-    Only the object-shaped parts are read, so a schema-invalid meta cannot make it fail; a
-    parameter two entries plan keeps the first (the ``plan.param_twice`` finding's case).
-    """
-    from hpcodegen.plan.entry import join_fqn
-
-    out: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
-    for fqn, entry in entries.items():
-        for rel, named in as_dict(entry.get("params")).items():
-            full = join_fqn(fqn, rel)
-            if full not in out:
-                out[full] = (fqn, rel, as_dict(named))
-    return out

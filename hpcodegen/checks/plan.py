@@ -16,20 +16,22 @@ check's (:mod:`hpcodegen.checks.targets`); the context-parallel rules are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from hpcodegen.artifact.digest import is_hpcodegen_meta
-from hpcodegen.checks.context import CheckContext, as_dict, as_list, plan_entries, pointer
+from hpcodegen.checks.context import CheckContext, pointer
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.checks.forms import classified
 from hpcodegen.checks.plan_derived import derived_findings
 from hpcodegen.checks.plan_refs import check_references
 from hpcodegen.errors import Finding, error, info, warning
-from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
+from hpcodegen.placement import Partial, Placement, Shard, StridedShard
 from hpcodegen.plan.coverage import params_planned_twice
+from hpcodegen.plan.decode import DecodedMeta, Refusal
 from hpcodegen.plan.entry import ENTRYPOINTS, TRANSITION_FIELDS
 from hpcodegen.plan.loss_parallel import plan_findings
+from hpcodegen.plan.types import ParallelDims, Plan, PlanEntry
 
 #: Axes a placement key may name besides the plan's own: ep routes to the expert mesh,
 #: dp is FSDP-owned (decisions.md item 4).
@@ -38,95 +40,96 @@ ALWAYS_KNOWN_AXES: frozenset[str] = frozenset({"ep", "dp"})
 DENSE_AXES: tuple[str, ...] = ("cp", "tp")
 
 
-def known_axes(mesh_dim_names: Any, parallel_dims: Any) -> set[str]:
-    """Axis names a placement key may use: mesh_dim_names, parallel_dims axes, ep, dp (the
-    two JSON values as the meta holds them)."""
-    names = {n for n in as_list(mesh_dim_names) if isinstance(n, str)}
-    sizes = {k[: -len("_size")] for k in as_dict(parallel_dims) if k.endswith("_size")}
-    return names | sizes | ALWAYS_KNOWN_AXES
+def known_axes(names: Iterable[str], dims: ParallelDims | None) -> set[str]:
+    """Axis names a placement key may use: mesh_dim_names, parallel_dims axes (every
+    ``*_size`` key, whatever its value), ep, dp."""
+    sizes = set(dims.sizes) | {k[: -len("_size")] for k in dims.extra
+                               if k.endswith("_size")} if dims is not None else set()
+    return set(names) | sizes | ALWAYS_KNOWN_AXES
 
 
 #: the entry fields whose leaves are named placements
 _LEAF_FIELDS = ("params", *TRANSITION_FIELDS)
+#: the entry fields the per-entry rules read: entries of equal content share their values
+_RULE_FIELDS = (*_LEAF_FIELDS, "out_names")
 
 
-def _parsed(text: Any, memo: dict[Any, Any]) -> Any:
-    """``parse_placement`` memoized per run (a plan repeats a handful of strings); the
-    exception instance stands for a string outside the grammar."""
-    key = (type(text), text) if isinstance(text, (str, int, float, bool, type(None))) else None
-    if key is not None and key in memo:
-        return memo[key]
-    try:
-        value: Any = parse_placement(text)
-    except ValueError as exc:
-        value = exc
-    if key is not None:
-        memo[key] = value
-    return value
+def _content(entry: PlanEntry) -> tuple[int, ...]:
+    """What the per-entry rules read of an entry, by identity: the codec shares one parse
+    between entries of equal content (a plan of 10,000 entries has a handful), so their
+    findings are judged once."""
+    return tuple(id(getattr(entry, f)) for f in _RULE_FIELDS)
 
 
-def _check_placements(entries: Mapping[str, Mapping[str, Any]], axes: set[str],
-                      entry_keys: Mapping[str, str | bytes | None]) -> Iterator[Finding]:
-    memo: dict[Any, Any] = {}
-    #: (field kind, axis, raw type and text) -> its problems, or () when the leaf is fine: a plan
-    #: repeats a few dozen such leaves tens of thousands of times
-    verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]] = {}
-    #: an entry's content (:meth:`CheckContext.entry_keys`) -> its leaves with problems
-    by_content: dict[str | bytes, list[tuple[str, Any, Any, Any, tuple[Any, ...]]]] = {}
-    for fqn, entry in entries.items():
-        key = entry_keys.get(fqn)
-        bad = by_content.get(key) if key is not None else None
-        if bad is None:
-            bad = _bad_leaves(entry, axes, memo, verdicts)
-            if key is not None:
-                by_content[key] = bad
+def _per_content(decoded: DecodedMeta, judge: Callable[[str, PlanEntry], list[Any]]
+                 ) -> Iterator[tuple[str, list[Any]]]:
+    """``(fqn, judge(fqn, entry))`` for each decoded entry; one verdict per content (an
+    entry with a refused value is judged alone: its refusals are its own)."""
+    verdicts: dict[tuple[int, ...], list[Any]] = {}
+    for fqn, entry in (decoded.plan.param_plan or {}).items():
+        if fqn in decoded.refused_entries:
+            yield fqn, judge(fqn, entry)
+            continue
+        key = _content(entry)
+        if key not in verdicts:
+            verdicts[key] = judge(fqn, entry)
+        yield fqn, verdicts[key]
+
+
+def _check_placements(decoded: DecodedMeta, axes: set[str]) -> Iterator[Finding]:
+    leaf_verdicts: dict[tuple[bool, str, Any], tuple[Any, ...]] = {}
+
+    def judge(fqn: str, entry: PlanEntry) -> list[Any]:
+        return _bad_leaves(decoded, fqn, entry, axes, leaf_verdicts)
+
+    for fqn, bad in _per_content(decoded, judge):
         for field_name, name, axis, text, problems in bad:
             yield from _leaf_findings(problems, pointer("param_plan", fqn, field_name, name,
                                                         axis), axis, text, axes)
 
 
-def _bad_leaves(entry: Mapping[str, Any], axes: set[str], memo: dict[Any, Any],
-                verdicts: dict[tuple[bool, str, type, Any], tuple[Any, ...]]
-                ) -> list[tuple[str, Any, Any, Any, tuple[Any, ...]]]:
+def _bad_leaves(decoded: DecodedMeta, fqn: str, entry: PlanEntry, axes: set[str],
+                verdicts: dict[tuple[bool, str, Any], tuple[Any, ...]]
+                ) -> list[tuple[str, str, str, str, tuple[Any, ...]]]:
     """``(field, name, axis, text, problems)`` of each placement leaf of one entry that has
-    a problem, in order."""
+    a problem, in the meta's order (a refused leaf stands where the meta has it)."""
     out = []
     for field_name in _LEAF_FIELDS:  # every (field, name, axis) leaf: ~100k in 10k entries
         is_param = field_name == "params"
-        for name, named in as_dict(entry.get(field_name)).items():
-            for axis, text in as_dict(named).items():
-                try:
-                    key: Any = (is_param, axis, type(text), text)
-                    problems = verdicts.get(key)
-                except TypeError:  # an unhashable leaf (a schema error): judged each time
-                    key, problems = None, None
+        path = ("param_plan", fqn, field_name)
+        for name, named in decoded.members(path, getattr(entry, field_name)):
+            if isinstance(named, Refusal):
+                continue  # a named placement that is no object: no leaves
+            for axis, leaf in decoded.members((*path, name), named):
+                key = (is_param, axis, leaf)
+                problems = verdicts.get(key) if not isinstance(leaf, Refusal) else None
                 if problems is None:
-                    problems = _leaf_problems(is_param, axis, text, axes, memo)
-                    if key is not None:
+                    problems = _leaf_problems(is_param, axis, leaf, axes)
+                    if not isinstance(leaf, Refusal):
                         verdicts[key] = problems
                 if problems:
+                    text = leaf.value if isinstance(leaf, Refusal) else str(leaf)
                     out.append((field_name, name, axis, text, problems))
     return out
 
 
-def _leaf_problems(is_param: bool, axis: Any, text: Any, axes: set[str],
-                   memo: dict[Any, Any]) -> tuple[Any, ...]:
+def _leaf_problems(is_param: bool, axis: str, leaf: Placement | Refusal,
+                   axes: set[str]) -> tuple[Any, ...]:
     """What is wrong with one placement leaf: ``("partial_param" | "bad_axis" |
-    "negative" | the parse error, ...)``; empty when nothing is."""
-    placement = _parsed(text, memo)
+    "negative" | the codec's refusal, ...)``; empty when nothing is."""
     out: list[Any] = []
-    if is_param and isinstance(placement, Partial):
+    if is_param and isinstance(leaf, Partial):
         out.append("partial_param")
     if axis not in axes:
         out.append("bad_axis")
-    if isinstance(placement, ValueError):
-        out.append(placement)
-    elif isinstance(placement, (Shard, StridedShard)) and placement.dim < 0:
-        out.append(("negative", placement))
+    if isinstance(leaf, Refusal):
+        out.append(leaf)
+    elif isinstance(leaf, (Shard, StridedShard)) and leaf.dim < 0:
+        out.append(("negative", leaf))
     return tuple(out)
 
 
-def _leaf_findings(problems: tuple[Any, ...], where: str, axis: Any, text: Any,
+def _leaf_findings(problems: tuple[Any, ...], where: str, axis: str, text: Any,
                    axes: set[str]) -> Iterator[Finding]:
     for problem in problems:
         if problem == "partial_param":
@@ -137,8 +140,8 @@ def _leaf_findings(problems: tuple[Any, ...], where: str, axis: Any, text: Any,
             yield error("plan.unknown_axis", where, f"axis {axis!r} is not a mesh axis of "
                         "this plan", expected="one of " + ", ".join(sorted(axes)),
                         hint="add it to mesh_dim_names / parallel_dims or fix the key")
-        elif isinstance(problem, ValueError):
-            yield error("plan.bad_placement", where, str(problem))
+        elif isinstance(problem, Refusal):
+            yield error("plan.bad_placement", where, problem.message)
         else:
             dim = problem[1].dim
             yield info("plan.negative_shard_dim", where,
@@ -147,19 +150,20 @@ def _leaf_findings(problems: tuple[Any, ...], where: str, axis: Any, text: Any,
                        f"{-dim - 1}")
 
 
-def _check_mesh(names: Any, parallel_dims: Any) -> Iterator[Finding]:
-    dims = as_dict(parallel_dims)
-    if not isinstance(names, list):
-        return
+def _check_mesh(decoded: DecodedMeta) -> Iterator[Finding]:
+    plan = decoded.plan
+    if plan.mesh_dim_names is None:
+        return  # absent, or no array (a schema error)
+    dims = plan.parallel_dims or ParallelDims()
     seen: set[str] = set()
-    for i, name in enumerate(names):
+    for i, name in decoded.items(("mesh_dim_names",), plan.mesh_dim_names):
         where = pointer("mesh_dim_names", i)
-        if not isinstance(name, str):
+        if isinstance(name, Refusal):
             continue  # a schema error
         if name in seen:
             yield error("plan.duplicate_axis", where, f"axis {name!r} is listed twice")
         seen.add(name)
-        size = dims.get(f"{name}_size")
+        size = dims.sizes[name] if name in dims.sizes else dims.extra.get(f"{name}_size")
         if name == "dp":
             yield warning("plan.fsdp_axis", where, "dp is an FSDP axis, not a plan axis",
                           hint="drop it from mesh_dim_names")
@@ -170,43 +174,43 @@ def _check_mesh(names: Any, parallel_dims: Any) -> Iterator[Finding]:
             yield info("plan.size_one_axis", where, f"axis {name!r} has size 1: every "
                        "transition on it is identity")
     for axis in DENSE_AXES:
-        size = dims.get(f"{axis}_size")
-        if isinstance(size, int) and size > 1 and axis not in seen:
+        size = dims.sizes.get(axis)
+        if size is not None and size > 1 and axis not in seen:
+            names = decoded.values(("mesh_dim_names",), plan.mesh_dim_names)
             yield error("plan.axis_not_in_mesh", pointer("mesh_dim_names"),
                         f"parallel_dims.{axis}_size is {size} but {axis!r} is not in "
                         "mesh_dim_names, so every placement on it would be dropped",
                         expected=f"{axis!r} among {names}")
 
 
-def _check_outputs_names(entries: Mapping[str, Mapping[str, Any]],
-                         entry_keys: Mapping[str, str | bytes | None]) -> Iterator[Finding]:
-    by_content: dict[str | bytes, list[tuple[str, Any, list[Any]]]] = {}
-    for fqn, entry in entries.items():
-        key = entry_keys.get(fqn)
-        bad = by_content.get(key) if key is not None else None
-        if bad is None:
-            bad = _undeclared_outputs(entry)
-            if key is not None:
-                by_content[key] = bad
+def _check_outputs_names(decoded: DecodedMeta) -> Iterator[Finding]:
+    def judge(fqn: str, entry: PlanEntry) -> list[Any]:
+        return _undeclared_outputs(decoded, fqn, entry)
+
+    for fqn, bad in _per_content(decoded, judge):
         for side, name, names in bad:
             yield error("plan.unknown_output", pointer("param_plan", fqn, side, name),
                         f"{fqn}: output {name!r} is not in out_names",
                         expected="one of " + ", ".join(map(str, names)))
 
 
-def _undeclared_outputs(entry: Mapping[str, Any]) -> list[tuple[str, Any, list[Any]]]:
+def _undeclared_outputs(decoded: DecodedMeta, fqn: str, entry: PlanEntry
+                        ) -> list[tuple[str, str, list[Any]]]:
     """``(side, output name, out_names)`` of each ``out_src``/``out_dst`` name that a
-    non-empty ``out_names`` lacks."""
-    names = entry.get("out_names")
-    if not isinstance(names, list) or not names:
+    non-empty ``out_names`` lacks (``out_names`` as the meta holds it)."""
+    if entry.out_names is None:
+        return []
+    names = decoded.values(("param_plan", fqn, "out_names"), entry.out_names)
+    if not names:
         return []
     return [(side, name, names) for side in ("out_src", "out_dst")
-            for name in as_dict(entry.get(side)) if name not in names]
+            for name in getattr(entry, side) or () if name not in names]
 
 
-def _check_coverage(param_plan: Any, covered_record: Any) -> Iterator[Finding]:
-    empty = not isinstance(param_plan, Mapping) or not param_plan
-    covered = as_dict(covered_record).get("sharding_plan")
+def _check_coverage(decoded: DecodedMeta) -> Iterator[Finding]:
+    plan = decoded.plan
+    empty = next(decoded.members(("param_plan",), plan.param_plan), None) is None
+    covered = (plan.provenance.covered or {}).get("sharding_plan")
     if empty and covered is True:
         yield error("plan.covered_but_empty", pointer("covered", "sharding_plan"),
                     "covered.sharding_plan is true but param_plan is empty",
@@ -219,7 +223,7 @@ def _check_coverage(param_plan: Any, covered_record: Any) -> Iterator[Finding]:
                    "covered.sharding_plan is false although param_plan is not empty")
 
 
-def _check_params_once(entries: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+def _check_params_once(entries: Mapping[str, PlanEntry]) -> Iterator[Finding]:
     for full, first, second in params_planned_twice(entries):
         yield error("plan.param_twice", pointer("param_plan", second, "params"),
                     f"parameter {full!r} is planned by both {first!r} and {second!r}",
@@ -227,8 +231,10 @@ def _check_params_once(entries: Mapping[str, Mapping[str, Any]]) -> Iterator[Fin
                     hint="keep the placement in one entry")
 
 
-def _check_entrypoint(entrypoints: Any) -> Iterator[Finding]:
-    name = as_dict(entrypoints).get("parallelize")
+def _check_entrypoint(decoded: DecodedMeta) -> Iterator[Finding]:
+    name = dict(decoded.members(("entrypoints",), decoded.plan.entrypoints)).get("parallelize")
+    if isinstance(name, Refusal):
+        name = name.value  # no string (a schema error): reported as found
     if name is None:
         yield warning("plan.no_entrypoint", pointer("entrypoints", "parallelize"),
                       "entrypoints.parallelize is missing; the reference runtime refuses such "
@@ -239,11 +245,11 @@ def _check_entrypoint(entrypoints: Any) -> Iterator[Finding]:
                    expected=" or ".join(ENTRYPOINTS))
 
 
-def _check_unknown_keys(keys: Iterable[str]) -> Iterator[Finding]:
+def _check_unknown_keys(plan: Plan) -> Iterator[Finding]:
     from hpcodegen.checks.schema import top_level_keys
 
     known = top_level_keys()
-    for key in keys:
+    for key in plan.extra:  # the keys the codec does not model (and known ones set to null)
         if key not in known:
             yield info("plan.unknown_key", pointer(key), f"top-level key {key!r} is not part of "
                        "the meta format; it is ignored")
@@ -265,21 +271,23 @@ def check_plan(ctx: CheckContext) -> Iterator[Finding]:
     ``check_references`` judge the JSON as it is (a meta the schema rejects still gets them,
     field by field): the meta is read here once and each rule gets the fields it judges;
     the rest read the typed :attr:`CheckContext.plan`."""
-    meta = ctx.meta
-    entries = plan_entries(meta.get("param_plan"))
-    yield from _check_coverage(meta.get("param_plan"), meta.get("covered"))
+    decoded = ctx.decoded
+    plan = decoded.plan
+    entries = plan.param_plan or {}
+    yield from _check_coverage(decoded)
     yield from _check_params_once(entries)
-    yield from _check_placements(entries, known_axes(meta.get("mesh_dim_names"),
-                                                     meta.get("parallel_dims")),
-                                 ctx.entry_keys())
-    yield from _check_mesh(meta.get("mesh_dim_names"), meta.get("parallel_dims"))
-    yield from _check_outputs_names(entries, ctx.entry_keys())
+    names = [n for _, n in decoded.items(("mesh_dim_names",), plan.mesh_dim_names)
+             if not isinstance(n, Refusal)]
+    yield from _check_placements(decoded, known_axes(names, plan.parallel_dims))
+    yield from _check_mesh(decoded)
+    yield from _check_outputs_names(decoded)
     yield from check_references(ctx)
+    hpcodegen_meta = is_hpcodegen_meta(ctx.meta)
     forms = classified(ctx)
     if forms is not None:  # None: the fields it reads break the schema (reported there)
-        yield from derived_findings(ctx.plan, forms, is_hpcodegen_meta(meta))
-    yield from plan_findings(ctx.plan, "plan", is_hpcodegen_meta(meta))
+        yield from derived_findings(ctx.plan, forms, hpcodegen_meta)
+    yield from plan_findings(ctx.plan, "plan", hpcodegen_meta)
     yield from check_cp(ctx.plan)
     yield from _check_pipeline(ctx)
-    yield from _check_entrypoint(meta.get("entrypoints"))
-    yield from _check_unknown_keys(meta)
+    yield from _check_entrypoint(decoded)
+    yield from _check_unknown_keys(plan)

@@ -14,25 +14,20 @@ module is replaced twice (which record wins is undefined); whether the modules e
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hpcodegen.checks.context import (
-    CheckContext,
-    as_dict,
-    as_list,
-    plan_entries,
-    planned_params,
-    pointer,
-)
+from hpcodegen.checks.context import CheckContext, pointer
 from hpcodegen.checks.files import escapes, modeling_files
 from hpcodegen.checks.forms import classified
 from hpcodegen.errors import Finding, error, warning
-from hpcodegen.placement import Partial, Shard, StridedShard, parse_placement
+from hpcodegen.placement import Partial, Shard, StridedShard
+from hpcodegen.plan.decode import DecodedMeta, Refusal, entry_json
 from hpcodegen.plan.entry import contract_differences, join_fqn, takes_token_ids
 from hpcodegen.plan.overrides import read_overrides
-from hpcodegen.plan.types import Plan
+from hpcodegen.plan.types import NamedPlacement, Plan, PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 
 MAX_SCAN_BYTES = 32 * 1024 * 1024
@@ -58,13 +53,14 @@ def file_classes(ctx: CheckContext) -> set[str] | None:
 
 
 def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
-    plan = plan_entries(ctx.meta.get("param_plan"))
-    classes = as_dict(ctx.meta.get("boundary_classes"))
+    decoded = ctx.decoded
+    plan = decoded.plan.param_plan or {}
+    classes = decoded.plan.boundary_classes or {}  # a class that is no string: a schema error
+    named = {fqn for fqn, _cls in decoded.members(("boundary_classes",),
+                                                  decoded.plan.boundary_classes)}
     defined = file_classes(ctx)
     first_of: dict[str, str] = {}
     for fqn, cls in classes.items():
-        if not isinstance(cls, str):
-            continue  # a schema error
         if fqn not in plan:
             yield error("plan.boundary_class_unplanned", pointer("boundary_classes", fqn),
                         f"boundary {fqn!r} ({cls}) has no param_plan entry")
@@ -73,7 +69,7 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
             continue  # wrapped per instance: each FQN keeps its own transitions
         if cls in first_of:
             other = first_of[cls]
-            if plan[fqn] != plan[other] and contract_differences(plan[fqn], plan[other]):
+            if _contract_differs(decoded, fqn, other):
                 yield error("plan.class_contract_differs", pointer("param_plan", fqn),
                             f"{fqn} and {other} are both {cls} but declare different "
                             "transitions; one generated class cannot serve both",
@@ -82,21 +78,40 @@ def _boundary_classes(ctx: CheckContext) -> Iterator[Finding]:
             first_of[cls] = fqn
     forms = classified(ctx) or {}
     for fqn, form in forms.items():
-        if form.form not in ("identity", "params") and fqn not in classes:
+        if form.form not in ("identity", "params") and fqn not in named:
             yield warning("plan.boundary_without_class", pointer("param_plan", fqn),
                           f"{fqn} is a {form.form} boundary but boundary_classes does not name "
                           "its class", hint="regenerate the artifact")
 
 
-def _injections(records: Any, plan: Mapping[str, Any]) -> Iterator[Finding]:
+def _contract_differs(decoded: DecodedMeta, fqn: str, other: str) -> bool:
+    """:func:`contract_differences` of two entries, as JSON only when some field differs
+    (the entries of a repeated layer share their decoded fields)."""
+    plan = decoded.plan.param_plan or {}
+    a, b = plan[fqn], plan[other]
+    if fqn not in decoded.refused_entries and other not in decoded.refused_entries and all(
+            getattr(a, f) is getattr(b, f) or getattr(a, f) == getattr(b, f)
+            for f in _ENTRY_FIELDS):
+        return False
+    return bool(contract_differences(entry_json(decoded, fqn), entry_json(decoded, other)))
+
+
+#: every PlanEntry field but its FQN (what two entries of one class may share)
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(PlanEntry) if f.name != "fqn")
+
+
+def _injections(decoded: DecodedMeta) -> Iterator[Finding]:
+    plan = decoded.plan.param_plan or {}
     seen: dict[str, str] = {}
-    for i, record in enumerate(as_list(records)):
-        match = as_dict(record).get("match")
-        if isinstance(match, str):
-            targets = [(pointer("injections", i, "match"), match)]
+    for i, record in decoded.items(("injections",), decoded.plan.injections):
+        if isinstance(record, Refusal):
+            continue  # no record, or no match (a schema error)
+        if isinstance(record.match, str):
+            targets = [(pointer("injections", i, "match"), record.match)]
         else:
-            targets = [(pointer("injections", i, "match", j), m)
-                       for j, m in enumerate(as_list(match)) if isinstance(m, str)]
+            targets = [(pointer("injections", i, "match", j), m) for j, m in
+                       decoded.items(("injections", i, "match"), record.match)
+                       if not isinstance(m, Refusal)]
         for where, fqn in targets:
             if fqn not in plan:
                 yield error("plan.injection_unplanned", where,
@@ -107,9 +122,9 @@ def _injections(records: Any, plan: Mapping[str, Any]) -> Iterator[Finding]:
             seen.setdefault(fqn, where)
 
 
-def _special_handlers(handlers: Any, params: Mapping[str, Any],
+def _special_handlers(decoded: DecodedMeta, params: Mapping[str, Any],
                       plan: Mapping[str, Any]) -> Iterator[Finding]:
-    for key in as_dict(handlers):
+    for key, _handler in decoded.members(("special_handlers",), decoded.plan.special_handlers):
         module = key.rpartition(".")[0]
         if key not in params and module not in plan:
             yield error("plan.special_handler_unplanned", pointer("special_handlers", key),
@@ -117,64 +132,63 @@ def _special_handlers(handlers: Any, params: Mapping[str, Any],
                         "parameter of a planned module")
 
 
-def _tied_pairs(pairs: Any, params: Mapping[str, Any]) -> Iterator[Finding]:
-    for i, pair in enumerate(as_list(pairs)):
-        pair = as_list(pair)
+def _tied_pairs(decoded: DecodedMeta, params: Mapping[str, Planned]) -> Iterator[Finding]:
+    for i, pair in decoded.items(("tied_pairs",), decoded.plan.tied_pairs):
+        if isinstance(pair, Refusal):  # not two FQNs (a schema error): its names still count
+            for j, fqn in enumerate(pair.value if isinstance(pair.value, list) else ()):
+                if isinstance(fqn, str) and fqn not in params:
+                    yield error("plan.tied_unplanned", pointer("tied_pairs", i, j),
+                                f"tied parameter {fqn!r} is not in param_plan")
+            continue
         for j, fqn in enumerate(pair):
-            if isinstance(fqn, str) and fqn not in params:
+            if fqn not in params:
                 yield error("plan.tied_unplanned", pointer("tied_pairs", i, j),
                             f"tied parameter {fqn!r} is not in param_plan")
-        if len(pair) != 2 or not all(isinstance(p, str) and p in params for p in pair):
+        if not all(p in params for p in pair):
             continue
         if pair[0] == pair[1]:
             yield error("plan.tied_self", pointer("tied_pairs", i),
                         f"{pair[0]!r} is tied to itself")
-        elif dict(params[pair[0]][2]) != dict(params[pair[1]][2]):
+        elif (first := _named_json(decoded, params[pair[0]])) \
+                != _named_json(decoded, params[pair[1]]):
             # the runtime makes both names one parameter object (one local shard): it
             # refuses a pair planned two ways, so the gate does too
             yield error("plan.tied_placements_differ", pointer("tied_pairs", i, 1),
                         f"{pair[1]} shares {pair[0]}'s local storage but is planned with "
                         "other placements (tied parameters are one tensor: one placement)",
-                        expected=json.dumps(dict(params[pair[0]][2])))
+                        expected=json.dumps(first))
 
 
-def _is_sharded(named: Mapping[str, Any]) -> bool:
-    for text in named.values():
-        try:
-            if isinstance(parse_placement(text), (Shard, StridedShard, Partial)):
-                return True
-        except ValueError:
-            continue
-    return False
+def _named_json(decoded: DecodedMeta, planned: Planned) -> dict[str, Any]:
+    """A planned parameter's named placement as the meta writes it (refused leaves as
+    found, in the meta's order)."""
+    entry, rel, named = planned
+    return {axis: p.value if isinstance(p, Refusal) else str(p)
+            for axis, p in decoded.members(("param_plan", entry, "params", rel), named)}
 
 
-def _sharded_params(params: Mapping[str, Any]) -> set[str]:
-    """The planned parameters some placement of which is not ``R`` (:func:`_is_sharded`,
-    judged once per distinct named placement: a plan repeats a handful)."""
-    verdicts: dict[Any, bool] = {}
+def _sharded_params(params: Mapping[str, Planned]) -> set[str]:
+    """The planned parameters some placement of which is not ``R`` (judged once per
+    distinct named placement: a plan repeats a handful, shared by the codec)."""
+    verdicts: dict[int, bool] = {}
     out: set[str] = set()
     for fqn, (_entry, _rel, named) in params.items():
-        try:
-            key: Any = tuple(named.items())
-            sharded = verdicts.get(key)
-        except TypeError:  # an unhashable placement (a schema error): judged each time
-            key, sharded = None, None
+        sharded = verdicts.get(id(named))
         if sharded is None:
-            sharded = _is_sharded(named)
-            if key is not None:
-                verdicts[key] = sharded
+            sharded = verdicts[id(named)] = any(
+                isinstance(p, (Shard, StridedShard, Partial)) for p in named.values())
         if sharded:
             out.add(fqn)
     return out
 
 
-def _frozen_sharded(listed: Any, params: Mapping[str, Any]) -> Iterator[Finding]:
-    if not isinstance(listed, list):
-        return
-    listed_set = {f for f in listed if isinstance(f, str)}
+def _frozen_sharded(decoded: DecodedMeta, params: Mapping[str, Planned]) -> Iterator[Finding]:
+    listed = decoded.plan.frozen_sharded_params
+    if listed is None:
+        return  # absent, or no array (a schema error)
     sharded = _sharded_params(params)
-    for i, fqn in enumerate(listed):
-        if not isinstance(fqn, str) or fqn in sharded:
+    for i, fqn in decoded.items(("frozen_sharded_params",), listed):
+        if isinstance(fqn, Refusal) or fqn in sharded:
             continue
         if fqn not in params:
             yield error("plan.frozen_sharded_unplanned", pointer("frozen_sharded_params", i),
@@ -182,7 +196,7 @@ def _frozen_sharded(listed: Any, params: Mapping[str, Any]) -> Iterator[Finding]
         else:
             yield warning("plan.frozen_sharded_replicated", pointer("frozen_sharded_params", i),
                           f"{fqn!r} is listed as sharded but every placement is R")
-    missing = sharded - listed_set
+    missing = sharded - set(listed)
     for fqn, (entry, rel, _named) in params.items() if missing else ():
         if fqn not in missing:
             continue
@@ -194,35 +208,35 @@ _PARAM_LISTS = ("deferred_bias_params", "partial_grad_params", "tp_rank0_params"
 _LIST_KEYS = frozenset((*_PARAM_LISTS, "no_grad_inputs"))
 
 
-def _entry_param_lists(entries: Mapping[str, Mapping[str, Any]],
-                       params: Mapping[str, Any]) -> Iterator[Finding]:
-    for fqn, entry in entries.items():
-        if entry.keys().isdisjoint(_LIST_KEYS):
-            continue  # names none (most entries: one C-level set test)
+def _entry_param_lists(decoded: DecodedMeta, params: Mapping[str, Planned]
+                       ) -> Iterator[Finding]:
+    for fqn, entry in (decoded.plan.param_plan or {}).items():
+        if fqn not in decoded.refused_entries and all(
+                getattr(entry, key) is None for key in _LIST_KEYS):
+            continue  # names none (most entries)
         for key in _PARAM_LISTS:
-            for i, rel in enumerate(as_list(entry.get(key))):
-                if not isinstance(rel, str):
+            path = ("param_plan", fqn, key)
+            for i, rel in decoded.items(path, getattr(entry, key)):
+                if isinstance(rel, Refusal):
                     continue
                 full = join_fqn(fqn, rel)
                 if full not in params:
-                    yield error(f"plan.{key}_unplanned", pointer("param_plan", fqn, key, i),
+                    yield error(f"plan.{key}_unplanned", pointer(*path, i),
                                 f"{full} is not a planned parameter",
                                 hint="paths are relative to the entry, e.g. o_proj.bias")
                 elif params[full][0] != fqn:
                     owner = params[full][0] or "<root>"
-                    yield error(f"plan.{key}_other_entry", pointer("param_plan", fqn, key, i),
+                    yield error(f"plan.{key}_other_entry", pointer(*path, i),
                                 f"{full} is planned in entry {owner}, not in {fqn or '<root>'}:"
                                 " an entry names only its own parameters (what it says of "
                                 "them follows from its own compute; the runtime would act on "
                                 "it regardless)", expected=f"a key of {fqn or '<root>'}'s params",
                                 hint=f"move it to {owner}'s {key}")
-        no_grad = as_list(entry.get("no_grad_inputs"))
-        declared = set(as_dict(entry.get("in_src"))) | set(as_dict(entry.get("in_dst"))) \
-            if no_grad else set()
-        for i, name in enumerate(no_grad):
-            if isinstance(name, str) and name not in declared:
-                yield error("plan.no_grad_inputs_undeclared",
-                            pointer("param_plan", fqn, "no_grad_inputs", i),
+        declared = set(entry.in_src or ()) | set(entry.in_dst or ())
+        path = ("param_plan", fqn, "no_grad_inputs")
+        for i, name in decoded.items(path, entry.no_grad_inputs):
+            if not isinstance(name, Refusal) and name not in declared:
+                yield error("plan.no_grad_inputs_undeclared", pointer(*path, i),
                             f"{name!r} is not an input of {fqn} (in_src / in_dst)")
 
 
@@ -244,17 +258,33 @@ def check_references(ctx: CheckContext) -> Iterator[Finding]:
     """All cross-reference rules of the module docstring. They judge the JSON as it is (a
     meta the schema rejects still gets them, field by field): the meta is read here once and
     each rule gets the field it judges."""
-    meta = ctx.meta
-    plan = plan_entries(meta.get("param_plan"))
+    decoded = ctx.decoded
+    plan = decoded.plan.param_plan or {}
     params = planned_params(plan)
     yield from _boundary_classes(ctx)
-    yield from _injections(meta.get("injections"), plan)
-    yield from _special_handlers(meta.get("special_handlers"), params, plan)
-    yield from _tied_pairs(meta.get("tied_pairs"), params)
-    yield from _frozen_sharded(meta.get("frozen_sharded_params"), params)
-    yield from _entry_param_lists(plan, params)
+    yield from _injections(decoded)
+    yield from _special_handlers(decoded, params, plan)
+    yield from _tied_pairs(decoded, params)
+    yield from _frozen_sharded(decoded, params)
+    yield from _entry_param_lists(decoded, params)
     yield from _overrides(ctx.plan)
     yield from vocab_parallel_findings(ctx.plan, _named_embeddings(ctx.plan), "plan")
+
+
+#: a planned parameter: (its entry's FQN, its name in that entry, its named placement)
+Planned = tuple[str, str, NamedPlacement]
+
+
+def planned_params(entries: Mapping[str, PlanEntry]) -> dict[str, Planned]:
+    """``{param_fqn: (entry_fqn, rel_name, named placement)}`` of the decoded entries; a
+    parameter two entries plan keeps the first (the ``plan.param_twice`` finding's case)."""
+    out: dict[str, Planned] = {}
+    for fqn, entry in entries.items():
+        for rel, named in (entry.params or {}).items():
+            full = join_fqn(fqn, rel)
+            if full not in out:
+                out[full] = (fqn, rel, named)
+    return out
 
 
 def _named_embeddings(plan: Plan) -> list[str]:

@@ -491,12 +491,16 @@ _PROVENANCE: Table = {
 
 
 def plan_from_meta(meta: Mapping[str, Any], *,
-                   entry_keys: Mapping[str, str | bytes | None] | None = None) -> Plan:
+                   entry_keys: Mapping[str, str | bytes | None] | None = None,
+                   refused: list[Any] | None = None) -> Plan:
     """Parse a meta (the JSON object of ``codegen_meta.json``) into a :class:`Plan`.
 
     ``entry_keys``: the ``param_plan`` entries' :func:`~hpcodegen.json_key.json_key` by FQN,
     when the caller computed them (verify's :meth:`CheckContext.entry_keys`), so the
-    entries of equal content are found without keying them again.
+    entries of equal content are found without keying them again. ``refused``: decode
+    tolerantly instead of raising (:mod:`hpcodegen.plan.decode`): the Plan of every value
+    that decodes, and one :class:`~hpcodegen.plan.decode.Refusal` per refused leaf
+    appended to the list.
 
     Raises:
         PlanFormatError: a known key holds a value of the wrong shape (a placement outside
@@ -508,6 +512,13 @@ def plan_from_meta(meta: Mapping[str, Any], *,
         plan = plan_from_meta(meta)
         plan.entries["lm_head"].params["weight"]["tp"]    # Shard(dim=0)
     """
+    if refused is not None:
+        try:
+            return plan_from_meta(meta, entry_keys=entry_keys)
+        except PlanFormatError:
+            from hpcodegen.plan.decode import tolerant_plan
+
+            return tolerant_plan(meta, refused)
     # provenance keys with a value go to Provenance; the rest (nulls too) to the Plan
     kept = {k: v for k, v in _object(meta, ()).items() if k in _PROVENANCE and v is not None}
     own = {k: v for k, v in meta.items() if k not in kept}

@@ -14,6 +14,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,17 +261,21 @@ def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
 
 def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
     """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
-    from hpcodegen.checks.context import plan_entries, planned_params
-    from hpcodegen.checks.plan_refs import _entry_param_lists
-    from hpcodegen.plan.codec import entry_from_json
+    from hpcodegen.checks.plan_refs import _entry_param_lists, planned_params
+    from hpcodegen.plan.codec import entry_from_json, plan_from_meta
+    from hpcodegen.plan.decode import DecodedMeta
+
+    def findings() -> list[Any]:
+        refused: list[Any] = []
+        decoded = DecodedMeta(plan_from_meta(meta, refused=refused), tuple(refused))
+        return list(_entry_param_lists(decoded, planned_params(decoded.plan.param_plan)))
 
     _, _, meta = _generate(tmp_path, "gpt_oss", 2)
     entry = meta["param_plan"]["model.layers.0.mlp.experts"]
-    entries = plan_entries(meta["param_plan"])
-    assert not list(_entry_param_lists(entries, planned_params(entries)))
+    assert not findings()
     # another generator may omit the derived partial list: the gradient is still synced
     without = entry_from_json("experts", {**entry, "partial_grad_params": []})
     assert without.effective_partial_grad_params() == ("down_proj_bias",)
     entry["tp_rank0_params"] = ["down_proj_bias", "no_such_bias"]
-    codes = [f.code for f in _entry_param_lists(entries, planned_params(entries))]
+    codes = [f.code for f in findings()]
     assert codes == ["plan.tp_rank0_params_unplanned"]

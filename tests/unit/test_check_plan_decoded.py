@@ -1,0 +1,162 @@
+"""The ``plan`` check's rules on the decoded plan report what the JSON rules reported.
+
+A differential test: ``tests/fixtures/plan_rules_before.py`` holds the rules as they read the
+raw JSON (before the tolerant decode, :mod:`hpcodegen.plan.decode`); both run on every shipped
+example, every fixture meta and a few thousand seeded mutations of them (keys dropped,
+retyped and misspelt, placements broken, references pointed elsewhere), and their finding
+lists must be equal, in order. Most mutations break the schema: that is the point (the
+rules report on such a meta field by field, and the decoded plan must not lose a field).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.append(str(FIXTURES))
+import plan_rules_before as before  # noqa: E402
+import verify_fixtures as vf  # noqa: E402
+
+from hpcodegen.artifact.load import LoadedMeta  # noqa: E402
+from hpcodegen.checks.context import CheckContext  # noqa: E402
+from hpcodegen.checks.plan import check_plan  # noqa: E402
+from hpcodegen.plan.codec import plan_from_meta  # noqa: E402
+
+#: every meta file shipped or kept as a fixture
+META_FILES = sorted(p for base in (ROOT / "examples", FIXTURES)
+                    for p in base.rglob("codegen_meta.json"))
+MUTATIONS = 2000
+
+
+def _metas() -> dict[str, dict[str, Any]]:
+    out = {str(p.relative_to(ROOT)): json.loads(p.read_text()) for p in META_FILES}
+    out.update({f"verify_fixtures:{name}": fns[0]() for name, fns in vf.FIXTURES.items()})
+    return out
+
+
+METAS = _metas()
+
+
+def _findings(rules: Any, meta: dict[str, Any], directory: Path) -> list[tuple[Any, ...]]:
+    """One rule set's findings on a fresh context (nothing cached from the other run)."""
+    loaded = LoadedMeta(meta, directory / "codegen_meta.json", directory)
+    ctx = CheckContext(loaded, allowed_targets=vf.REFERENCE_TARGETS)
+    try:
+        return [(f.code, f.severity.value, f.where, f.message, f.expected, f.hint)
+                for f in rules(ctx)]
+    except Exception as exc:  # a crash is a finding of its own: both must crash alike
+        return [("crash", type(exc).__name__, str(exc))]
+
+
+def _compare(meta: dict[str, Any], directory: Path) -> None:
+    old = _findings(before.check_plan, meta, directory)
+    new = _findings(check_plan, meta, directory)
+    assert new == old
+
+
+def test_the_metas_are_found() -> None:
+    assert len(META_FILES) >= 15 and len(METAS) >= 18
+
+
+@pytest.mark.parametrize("name", sorted(METAS))
+def test_every_shipped_and_fixture_meta_reports_the_same(name: str) -> None:
+    directory = ROOT / name if ":" not in name else Path("/nonexistent")
+    _compare(METAS[name], directory.parent if directory.name.endswith(".json") else directory)
+
+
+# -- seeded mutations --------------------------------------------------------------------
+
+JUNK: tuple[Any, ...] = (None, True, 0, 1, 2, -1, 1.0, "", "x", "R", "S(-1)", "S(x)", "P(sum)",
+                         "SS(0,2)", "tp", "cp", "ep", [], ["tp"], [1], {}, {"tp": "R"},
+                         {"tp": 5}, "lm_head", "model.norm", "lm_head.weight",
+                         "hp_parallelize", ["a", "b", "c"])
+
+
+def _slots(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The path of every value inside a JSON value (the root excluded)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, list) else ()
+    for key, value in items:
+        yield (*path, key)
+        yield from _slots(value, (*path, key))
+
+
+def _at(node: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        node = node[key]
+    return node
+
+
+def _names(meta: dict[str, Any]) -> list[str]:
+    """FQNs and names the meta uses: a reference pointed at one of them stays plausible."""
+    plan = meta.get("param_plan") if isinstance(meta.get("param_plan"), dict) else {}
+    out = list(plan)
+    for fqn, entry in plan.items():
+        if isinstance(entry, dict) and isinstance(entry.get("params"), dict):
+            out += [f"{fqn}.{p}" if fqn else p for p in entry["params"]]
+    return out or ["x"]
+
+
+def _mutate(meta: dict[str, Any], rng: random.Random) -> None:
+    """One mutation in place, at a random path."""
+    slots = list(_slots(meta))
+    path = rng.choice(slots)
+    parent, key = _at(meta, path[:-1]), path[-1]
+    kind = rng.randrange(7)
+    if kind == 0:  # drop
+        del parent[key]
+    elif kind == 1:  # retype
+        parent[key] = rng.choice(JUNK)
+    elif kind == 2 and isinstance(parent, dict):  # misspell a key
+        value = parent.pop(key)
+        parent[str(key) + rng.choice(("_", "s", "x"))] = value
+    elif kind == 3 and isinstance(parent[key], str):  # a bad placement or another name
+        parent[key] = rng.choice(("S(99x)", "P(mean)", "S(-1)", "SS(1,0)", "P(sum)", "R ",
+                                  rng.choice(_names(meta))))
+    elif kind == 4:  # a reference to something planned, or not
+        parent[key] = rng.choice(_names(meta)) + rng.choice(("", "", ".nope"))
+    elif kind == 5 and isinstance(parent, dict):  # a new sibling
+        parent[rng.choice(("tp", "ep", "zz", "out_names", "params", "match"))] = \
+            copy.deepcopy(rng.choice(JUNK))
+    elif isinstance(parent, list):  # insert into an array
+        parent.insert(key, copy.deepcopy(rng.choice(JUNK)))
+    else:
+        parent[key] = copy.deepcopy(rng.choice(JUNK))
+
+
+def _mutants(seed: int, count: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    rng = random.Random(seed)
+    names = sorted(METAS)
+    for _ in range(count):
+        name = rng.choice(names)
+        meta = copy.deepcopy(METAS[name])
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):
+            if list(_slots(meta)):
+                _mutate(meta, rng)
+        yield name, meta
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_seeded_mutations_report_the_same(seed: int) -> None:
+    directory = ROOT / "examples" / "llama_tp2"  # a real modeling file for the class rules
+    differing = []
+    invalid = 0
+    for name, meta in _mutants(seed, MUTATIONS // 6):
+        refused: list[Any] = []
+        plan_from_meta(meta, refused=refused)
+        invalid += bool(refused)
+        old = _findings(before.check_plan, meta, directory)
+        new = _findings(check_plan, meta, directory)
+        if new != old:
+            differing.append((name, meta, old, new))
+    assert not differing, differing[0]
+    assert invalid > MUTATIONS // 60  # the mutations do reach the tolerant decode
