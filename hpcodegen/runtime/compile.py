@@ -71,25 +71,27 @@ def compile_parallelized(model: nn.Module, scope: str = "layers", **options: Any
     if scope not in SCOPES:
         raise ValueError(f"compile scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if scope == "model":
-        _compile_in_place(model, options)
+        _compile_in_place(model, options, "")
         return model
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no nn.ModuleList of decoder layers: "
                          "compile it whole (scope='model')")
+    names = {id(module): fqn for fqn, module in model.named_modules()}
     for layer in layers:
-        _compile_in_place(layer, options)
+        _compile_in_place(layer, options, names[id(layer)])
     return model
 
 
-def _compile_in_place(module: nn.Module, options: dict[str, Any]) -> None:
+def _compile_in_place(module: nn.Module, options: dict[str, Any], name: str) -> None:
     """``module.compile``, its parameters' local views swapped in outside the compiled call
-    (:func:`~hpcodegen.runtime.local_views.views_outside`: no DTensor, no view hook traced)."""
+    (:func:`~hpcodegen.runtime.local_views.views_outside`: no DTensor, no view hook traced);
+    ``name``, the module's FQN, is what a refusal of that swap names."""
     from hpcodegen.runtime.local_views import views_outside
 
     bind_traced(module)
     module.compile(**options)
-    module._compiled_call_impl = views_outside(module, module._compiled_call_impl)
+    module._compiled_call_impl = views_outside(module, module._compiled_call_impl, name)
 
 
 def bind_traced(root: nn.Module) -> int:

@@ -199,7 +199,8 @@ def install_local_views(model: nn.Module) -> int:
     return count
 
 
-def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., Any]:
+def views_outside(root: nn.Module, call: Callable[..., Any],
+                  name: str = "") -> Callable[..., Any]:
     """``call`` (``root``'s compiled forward) with the swap done around it, in eager Python.
 
     Inside a compiled region the hooks above are traced: dynamo guards every object they
@@ -215,6 +216,16 @@ def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., An
     that has no alias when compiled (FSDP2's, a frozen one) keeps its hooks, read inside
     the forward as before.
 
+    The swap runs on every call, outside dynamo's guards, so it is kept to identity checks
+    (:class:`_Slots`): each slot's parameter, shard and alias are recorded here once. A
+    parameter replaced afterwards by one hpcodegen made (a ``module.to(...)``, a load) is
+    re-read; one replaced by a DTensor hpcodegen did not make (FSDP2's ``fully_shard``
+    applied after compiling, whose sharded parameter is not this rank's tp shard) is refused
+    with a :class:`~hpcodegen.errors.PlanError` naming the module.
+
+    Args:
+        name: ``root``'s FQN in the model, for that error (``""``: the model itself).
+
     Returns:
         the wrapped callable, to set as ``root._compiled_call_impl``.
     """
@@ -222,17 +233,13 @@ def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., An
 
     from hpcodegen.runtime.param_hooks import take_use_hooks
 
-    slots = [(holder, name) for holder in root.modules()
-             for name, value in holder._parameters.items()
-             if isinstance(value, DTensor) and _alias(value) is not None]
-    covered = {(id(holder), name) for holder, name in slots}
+    slots = _Slots(root, name)
+    covered = {(id(holder), key) for holder, key in slots.holders()}
 
     def all_covered(*modules: nn.Module) -> bool:
-        return all((id(m), name) in covered for m in modules
-                   for name, value in m._parameters.items() if isinstance(value, DTensor))
+        return all((id(m), key) in covered for m in modules
+                   for key, value in m._parameters.items() if isinstance(value, DTensor))
 
-    for holder, _name in slots:
-        holder.__dict__.setdefault(_SWAPPED, {})
     use_hooks = [(module, hook) for module in root.modules() if all_covered(module)
                  for hook in take_use_hooks(module)]
     for module in root.modules():
@@ -243,19 +250,91 @@ def views_outside(root: nn.Module, call: Callable[..., Any]) -> Callable[..., An
             del module.__dict__[_HANDLES]
 
     def swapped_call(*args: Any, **kwargs: Any) -> Any:
-        swapped = []
-        for holder, name in slots:
-            value = holder._parameters[name]
-            if isinstance(value, DTensor):  # else a parent's hook swapped it already
-                holder._parameters[name] = _view(value)
-                holder.__dict__[_SWAPPED][name] = value
-                swapped.append((holder, name, value))
+        swapped = slots.swap_in()
         try:
             for module, hook in use_hooks:
                 hook(module, ())
             return call(*args, **kwargs)
         finally:
-            for holder, name, value in swapped:
-                holder._parameters[name] = value
-                holder.__dict__[_SWAPPED].pop(name, None)
+            for params, key, param, swapped_of in swapped:
+                params[key] = param
+                swapped_of.pop(key, None)
     return swapped_call
+
+
+class _Slots:
+    """The DTensor parameters one compiled call swaps, recorded once (:func:`views_outside`).
+
+    A slot is a list ``[params, key, param, made, swapped_of, fqn]``: the holder's
+    ``_parameters`` dict and the key, the DTensor parameter, the ``(shard, alias)`` pair
+    :func:`_alias` recorded on it, the holder's :func:`held` record, the parameter's FQN.
+    On a call, a slot whose dict still holds ``param``, whose pair is still the recorded one
+    over the same shard and which still requires grad takes the alias straight away (four
+    identity tests, no attribute walk); any other goes through :meth:`_resolve`.
+    """
+
+    def __init__(self, root: nn.Module, name: str) -> None:
+        from torch.distributed.tensor import DTensor
+
+        self.root, self.name = root, name
+        self.slots: list[list[Any]] = []
+        for prefix, holder in root.named_modules():
+            for key, value in holder._parameters.items():
+                if isinstance(value, DTensor) and _alias(value) is not None:
+                    self.slots.append([holder._parameters, key, value, getattr(value, _ALIAS),
+                                       holder.__dict__.setdefault(_SWAPPED, {}),
+                                       f"{prefix}.{key}".lstrip("."), holder])
+
+    def holders(self) -> list[tuple[nn.Module, str]]:
+        """``(holder module, parameter name)`` of every slot."""
+        return [(slot[6], slot[1]) for slot in self.slots]
+
+    def swap_in(self) -> list[tuple[Any, str, Any, dict[str, Any]]]:
+        """Put each slot's view in place; what to put back, as ``(params, key, param,
+        swapped_of)``."""
+        swapped = []
+        for slot in self.slots:
+            params, key, param, made, swapped_of, _fqn, _holder = slot
+            if params[key] is param and param.requires_grad \
+                    and getattr(param, _ALIAS, None) is made \
+                    and made[0] is param._local_tensor:
+                params[key] = made[1]
+            else:
+                param = self._resolve(slot, params[key])
+                if param is None:
+                    continue
+            swapped_of[key] = param
+            swapped.append((params, key, param, swapped_of))
+        return swapped
+
+    def _resolve(self, slot: list[Any], value: Any) -> Any:
+        """The slow path of :meth:`swap_in` for one slot: swap ``value``'s view in and
+        return ``value`` (the slot re-recorded when it has an alias), None when ``value`` is
+        no DTensor (a parent's hook swapped it already); refuse a DTensor hpcodegen did not
+        make."""
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(value, DTensor):
+            return None
+        if getattr(value, _SPEC, None) is None:
+            self._refuse(slot[5])
+        params, key = slot[0], slot[1]
+        params[key] = _view(value)
+        made = getattr(value, _ALIAS, None)
+        if made is not None and made[1] is params[key]:
+            slot[2], slot[3] = value, made
+        return value
+
+    def _refuse(self, fqn: str) -> None:
+        from hpcodegen.errors import PlanError, error
+
+        where = f"{self.name}.{fqn}".lstrip(".")
+        module = self.name or type(self.root).__name__
+        raise PlanError([error(
+            "runtime.sharded_after_compile", where,
+            f"parameter {where} of module {module!r} was replaced after compile_parallelized "
+            "by a DTensor hpcodegen did not make (FSDP2's fully_shard applied after "
+            "compiling?): the compiled call would compute on a wrong shard",
+            expected="fully_shard applied before compile_parallelized",
+            hint="apply fully_shard (FSDP2) first, then compile_parallelized; see "
+                 "docs/own-loop.md \"torch.compile\"")])

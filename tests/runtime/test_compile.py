@@ -89,3 +89,29 @@ def test_compile_scope_is_checked() -> None:
         compile_parallelized(model, "everything")
     with pytest.raises(ValueError, match="ModuleList"):
         compile_parallelized(nn.Linear(2, 2), "layers")
+
+
+def test_fully_shard_after_compile_parallelized_is_refused_naming_the_module(fake_world) -> None:
+    """FSDP2 applied after compiling replaces the parameters the compiled call swaps: the
+    next call is refused (a PlanError naming the layer and the parameter), not run on FSDP's
+    dp shard."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import hpcodegen
+    from hpcodegen.errors import PlanError
+    from hpcodegen.hf import load_transformers_config, read_hf_config
+    from hpcodegen.runtime.compile import compile_parallelized
+
+    config, _ = read_hf_config(REPO / "examples" / "configs" / "llama")
+    fake_world(4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    art = hpcodegen.Artifact.load(REPO / "examples" / "llama_tp2",
+                                  load_transformers_config(config))
+    model = art.parallelize(art.build_model(device="cpu"), mesh)
+    compile_parallelized(model, "layers", backend="eager")
+    fully_shard(model.model.layers[0], mesh=mesh["dp"])
+    with pytest.raises(PlanError, match=r"model\.layers\.0\.[\w.]+weight.*fully_shard") as err:
+        model(input_ids=torch.zeros((1, 4), dtype=torch.long))
+    assert err.value.findings[0].code == "runtime.sharded_after_compile"
