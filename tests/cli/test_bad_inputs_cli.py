@@ -1,21 +1,21 @@
-"""Bad inputs through the real ``hpcodegen`` processes: the documented exit code, a message
+"""Bad inputs through the ``hpcodegen`` entry point: the documented exit code, a message
 naming the culprit, and never a Python traceback.
 
 The in-process tests of each verb check the findings in detail; this one runs every case as
-the user would (a console script, a fresh interpreter), a few at a time, and only cases that
-stop before torch or transformers load, so the whole batch stays within a few seconds.
+the user types it, through the function the console script calls (:mod:`inproc`: its exit
+code is the process's; an exception escaping it fails the test with its traceback), one
+after the other, and only cases that stop before torch or transformers load. The console
+script as a process, for each exit code and a usage error, is test_cli_conventions.py's.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import inproc
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,19 +103,13 @@ def _cases(p: dict[str, Path]) -> list[tuple[list[str], int, str]]:
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("hpcodegen")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpcodegen"]
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "1000"}
-    env.pop("HPCODEGEN_DEBUG", None)
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, env=env)
+    return inproc.run(*args, cwd=REPO, columns=1000)
 
 
 @pytest.mark.timeout(400)
 def test_bad_inputs_exit_codes_messages_and_no_traceback(tmp_path: Path) -> None:
     cases = _cases(_inputs(tmp_path))
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        runs = list(pool.map(_run, [args for args, _, _ in cases]))
+    runs = [_run(args) for args, _, _ in cases]
     problems = []
     for (args, code, needle), run in zip(cases, runs, strict=True):
         text = run.stdout + run.stderr

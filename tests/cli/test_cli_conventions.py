@@ -1,5 +1,11 @@
 """CLI conventions every verb follows (docs/cli.md, docs/json.md): -h, -q/-v, one JSON
-envelope (Click usage errors too), COLUMNS folding, a closed pipe, completion, progress."""
+envelope (Click usage errors too), COLUMNS folding, a closed pipe, completion, progress.
+
+Output and exit codes are read from the entry point run in this process (``inproc``: no
+torch import per command); the installed console script runs as a process where the
+process is the point: one command per exit code and usage-error kind, a closed pipe, a
+terminal, shell completion.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import inproc
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,12 +48,15 @@ def cli(*args: str | Path, columns: int = 80, **kw) -> subprocess.CompletedProce
                           timeout=300, cwd=ROOT, env=_env(COLUMNS=str(columns)), **kw)
 
 
-def cli_many(commands: list[list[str | Path]]) -> list[subprocess.CompletedProcess[str]]:
-    """``cli`` over many command lines, two at a time (the pure ones take ~0.3 s each)."""
-    from concurrent.futures import ThreadPoolExecutor
+def here(*args: str | Path, columns: int = 80) -> subprocess.CompletedProcess[str]:
+    """``cli``'s command run in this process (:mod:`inproc`), from the checkout."""
+    return inproc.run(*args, cwd=ROOT, columns=columns)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda args: cli(*args), commands))
+
+def here_many(commands: list[list[str | Path]], columns: int = 80
+              ) -> list[subprocess.CompletedProcess[str]]:
+    """``here`` (in this process, from the checkout) over many command lines."""
+    return [here(*args, columns=columns) for args in commands]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +75,8 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory: pytest.TempPathFactory, broken: Path):
-    """Every slow command once (2 at a time): the tests below read their results."""
+    """Every slow command once: the tests below read their results. The two on a terminal
+    are processes (a pseudo-terminal is their stderr); they run while the others run here."""
     from concurrent.futures import ThreadPoolExecutor
 
     tmp = tmp_path_factory.mktemp("batch")
@@ -81,12 +92,11 @@ def batch(tmp_path_factory: pytest.TempPathFactory, broken: Path):
         "verify model piped": (["verify", EXAMPLE, "--hf-config", CONFIG], 80),
     }
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(cli, *args, columns=cols) for k, (args, cols) in jobs.items()}
         tty = pool.submit(_on_tty, ["generate", "--model", str(CONFIG), "--tp", "2", "-o",
                                     str(tmp / "t")], tmp)
         tty_verify = pool.submit(_on_tty, ["verify", str(EXAMPLE), "--hf-config", str(CONFIG)],
                                  tmp)
-        out = {k: f.result() for k, f in futures.items()}
+        out = {k: here(*args, columns=cols) for k, (args, cols) in jobs.items()}
         out["tty generate"], out["tty verify"] = tty.result(), tty_verify.result()
     return out
 
@@ -95,7 +105,7 @@ def test_short_help_and_verbosity_flags_on_every_verb() -> None:
     assert {"verify", "inspect-plan", "generate", "launch", "schema"} <= set(VERBS)
     assert cli("-h").returncode == 0
     for verb in VERBS:
-        run = cli(verb, "-h", columns=200)
+        run = here(verb, "-h", columns=200)
         assert run.returncode == 0, (verb, run.stderr)
         assert "Usage" in run.stdout
         for flag in ("--quiet", "-q", "--verbose", "-v", "--json", "-h"):
@@ -119,7 +129,10 @@ def test_json_envelope_for_every_verb_and_error(tmp_path: Path, broken: Path, ba
         "click bad type": ["generate", "--model", CONFIG, "--tp", "two", "-o", "x", "--json"],
         "click unknown verb": ["nope", "--json"],
     }
-    runs = dict(zip(commands, cli_many(list(commands.values())), strict=True))
+    #: the console script as a process: each exit code, a usage error and an unknown verb
+    processes = {"verify fail", "schema", "click unknown option", "click unknown verb"}
+    runs = {name: cli(*args) if name in processes else here(*args)
+            for name, args in commands.items()}
     runs["generate"] = batch["generate json"]
     expected = {"verify ok": ("verify", 0), "verify fail": ("verify", 1),
                 "inspect": ("inspect-plan", 0), "inspect bad mesh": ("inspect-plan", 2),
@@ -158,7 +171,7 @@ def test_lines_fold_at_80_and_never_break_a_token(tmp_path: Path, broken: Path,
                                                    batch) -> None:
     """Every line fits 80 columns, except a line that is one token too long for any line
     and a table whose words cannot fit (it widens instead of cutting a word)."""
-    runs = cli_many([
+    runs = here_many([
         ["-h"], *[[v, "-h"] for v in VERBS],
         ["verify", EXAMPLE], ["verify", EXAMPLE, "-v"], ["verify", broken],
         ["verify", broken, "--hf-config", tmp_path / "missing"],
@@ -187,7 +200,7 @@ def test_paths_and_identifiers_stay_whole_at_80(broken: Path) -> None:
              (["verify", qwen, "--hf-config", CONFIG, "--skip", "model", "-v"],
               ["verify", qwen, "--hf-config", CONFIG, "--skip", "model", "--json"]),
              (["inspect-plan", broken], ["inspect-plan", broken, "--json"])]
-    runs = cli_many([cmd for pair in pairs for cmd in pair])
+    runs = here_many([cmd for pair in pairs for cmd in pair])
     for text, doc in zip(runs[::2], runs[1::2], strict=True):
         shown = text.stdout + text.stderr
         found = json.loads(doc.stdout)
@@ -222,19 +235,19 @@ def test_shell_completion_is_on() -> None:
 
 
 def test_quiet_and_verbose(tmp_path: Path, broken: Path, batch) -> None:
-    assert cli("verify", EXAMPLE, "-q").stdout == ""
-    failing = cli("verify", EXAMPLE, broken, "-q", columns=300)
+    assert here("verify", EXAMPLE, "-q").stdout == ""
+    failing = here("verify", EXAMPLE, broken, "-q", columns=300)
     assert failing.returncode == 1 and str(EXAMPLE) not in failing.stdout
     assert "outputs" in failing.stdout
-    assert "info" in cli("verify", EXAMPLE, "-v", columns=300).stdout
-    inspect_q = cli("inspect-plan", EXAMPLE, "-q")
+    assert "info" in here("verify", EXAMPLE, "-v", columns=300).stdout
+    inspect_q = here("inspect-plan", EXAMPLE, "-q")
     assert inspect_q.returncode == 0 and inspect_q.stdout == ""
     gen_q = batch["generate -q"]
     assert gen_q.returncode == 0 and gen_q.stdout == "" and gen_q.stderr == ""
     gen_v = batch["generate -v"]
     assert "codegen_meta.json" in gen_v.stdout and "KiB" in gen_v.stdout
-    assert "$id" in cli("schema", "-v").stderr
-    dry = cli("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run", "-q")
+    assert "$id" in here("schema", "-v").stderr
+    dry = here("launch", EXAMPLE, "--nproc", "2", "--model-dir", CONFIG, "--dry-run", "-q")
     assert dry.returncode == 0
 
 

@@ -86,29 +86,17 @@ finally:
 """
 
 
-@pytest.fixture(scope="module")
-def rule_file_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An mpt tp 2 artifact: its plan comes from the package's YAML rule file."""
-    out = tmp_path_factory.mktemp("mpt") / "mpt_tp2"
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                           str(ROOT / "tests/fixtures/families/mpt"), "--tp", "2", "-o",
-                           str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert "rules/mpt.yaml" in proc.stdout + proc.stderr  # the rule file made this plan
-    return out
-
-
 def _core_only(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", CORE_ONLY, *args], capture_output=True,
                           text=True, timeout=300, cwd=ROOT)
 
 
-def test_gate_verbs_need_only_the_core_for_a_rule_file_family(rule_file_artifact: Path
+def test_gate_verbs_need_only_the_core_for_a_rule_file_family(mpt_tp2: Path
                                                                ) -> None:
     """verify and inspect-plan (the tp divisibility checks included, which once read the
     generator's YAML rules) run on a rule-file family's artifact with yaml, torch,
     transformers, safetensors and libcst unimportable, and load none of them."""
-    art = str(rule_file_artifact)
+    art = str(mpt_tp2)
     for args in (["verify", art], ["verify", art, "--json"], ["inspect-plan", art],
                  ["inspect-plan", art, "--mesh", "tp=4"], ["inspect-plan", art, "--json"],
                  ["verify", art, "--hf-config", str(ROOT / "tests/fixtures/families/mpt"),

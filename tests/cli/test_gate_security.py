@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+import inproc
 import pytest
 
 from hpcodegen.artifact.digest import bytes_digest, meta_signature
@@ -66,7 +67,10 @@ def marker_code(marker: Path) -> str:
 
 
 def verify_json(*args: Any) -> tuple[int, dict[str, Any]]:
-    run = cli("verify", *args, "--json")
+    """``verify --json``'s exit code and report, through the entry point in this process
+    (:mod:`inproc`); what must stay out of a process (an import, a run) is checked with
+    ``cli`` and the probes, in processes of their own."""
+    run = inproc.run("verify", *args, "--json", cwd=REPO)
     return run.returncode, json.loads(run.stdout)
 
 

@@ -10,13 +10,12 @@ an old artifact removes only the files generate wrote.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import inproc
 import pytest
 from hpcodegen.cli.app import app, register_verbs
 from typer.testing import CliRunner
@@ -39,10 +38,9 @@ def _codes(doc: dict) -> list[str]:
     return [f["code"] for f in doc["findings"]]
 
 
-def _cli(*args: str | Path, timeout: float = 200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcodegen", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={**os.environ, "NO_COLOR": "1"})
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The entry point with stdout and stderr kept apart, in this process (:mod:`inproc`)."""
+    return inproc.run(*args, cwd=REPO)
 
 
 INSPECT = ["inspect-plan", EXAMPLE, "--hf-config", LLAMA]

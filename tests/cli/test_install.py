@@ -119,18 +119,11 @@ def test_core_verbs_run_from_the_core_install(lane: Lane, work: Path) -> None:
 
 
 def test_core_install_gates_a_rule_file_familys_artifact(lane: Lane, work: Path,
-                                                        tmp_path: Path) -> None:
-    """An mpt tp 2 artifact (its plan from the package's YAML rule file; generated here by
-    the dev venv) passes verify and inspect-plan in the core install: no torch, no pyyaml."""
-    import subprocess
-    import sys
-
+                                                        mpt_tp2: Path) -> None:
+    """An mpt tp 2 artifact (its plan from the YAML rule file; made by the dev venv, once:
+    conftest.py) passes verify and inspect-plan in the core install: no torch, no pyyaml."""
     assert not {"torch", "pyyaml"} & set(lane.installed())
-    art = tmp_path / "mpt_tp2"
-    gen = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                          ROOT / "tests/fixtures/families/mpt", "--tp", "2", "-o", art],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert gen.returncode == 0, gen.stderr
+    art = mpt_tp2
     for args in (["verify", art], ["inspect-plan", art], ["inspect-plan", art, "--mesh", "tp=4"],
                  ["inspect-plan", art, "--json"]):
         _ok(lane.run(*args, cwd=work), args)

@@ -9,13 +9,13 @@ runtime refuses a bare meta, and inspect-plan reads one.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -35,10 +35,10 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def verify(*args: str | Path) -> tuple[int, dict[str, Any]]:
+    """The CLI's verdict, run in this process (:mod:`inproc`: the model check's torch and
+    transformers are imported once, not per run)."""
     allow = [a for p in vf.REFERENCE_TARGETS for a in ("--allow-target", p)]
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", *map(str, args),
-                           *allow, "--json"], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=300)
+    proc = inproc.run("verify", *args, *allow, "--json", cwd=REPO)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 

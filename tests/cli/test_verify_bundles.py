@@ -3,8 +3,9 @@
 The bundles (:mod:`bundle_fixtures`) replace norms, attention (a fused ``linear_qkv``) and the
 experts, in both naming generations, with ep 2, 4 and 8. Against a config that matches them
 field for field they pass every check, each replaced module reported once as info; a config
-that differs fails with a finding naming the field. The CLI runs them as a user would, several
-bundles per process (each ``--hf-config`` run imports torch once).
+that differs fails with a finding naming the field. The CLI's entry point runs them in this
+process (:mod:`inproc`), several bundles per run; inspect-plan and the torch-free pure verify
+run as processes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -36,9 +38,7 @@ def verify(*args: str | Path, trust: bool = True) -> tuple[int, dict[str, Any]]:
     """The CLI's JSON verdict; the bundles' injection targets live in ``hyper_parallel``, which
     a user of the existing system trusts explicitly (``--allow-target``, docs/security.md)."""
     allow = [a for p in vf.REFERENCE_TARGETS for a in ("--allow-target", p)] if trust else []
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", *map(str, args),
-                           *allow, "--json"], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=300)
+    proc = inproc.run("verify", *args, *allow, "--json", cwd=REPO)  # torch imported once
     return proc.returncode, json.loads(proc.stdout)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -271,12 +271,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def batch(corpus: dict[str, Path]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """One real CLI process verifying the whole corpus with --json."""
-    env = {**os.environ, "NO_COLOR": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpcodegen", "verify", *map(str, corpus.values()),
-         "--hf-config", str(CONFIG), "--json"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    """One run of the CLI's entry point (in this process, :mod:`inproc`) verifying the whole
+    corpus with --json."""
+    proc = inproc.run("verify", *corpus.values(), "--hf-config", CONFIG, "--json", cwd=REPO)
     doc = json.loads(proc.stdout)
     return proc, {a["path"]: a for a in doc["artifacts"]}
 

@@ -1,16 +1,16 @@
 """A BLT artifact against a config whose per-stack head counts tp cannot divide, through the
-real CLI: verify (its model check, and for foreign modeling code the pure config rule that
-needs no model) and inspect-plan refuse it, naming the config field and the stack, by the
-rule generate refuses it with."""
+real CLI (its entry point, in this process): verify (its model check, and for foreign
+modeling code the pure config rule that needs no model) and inspect-plan refuse it, naming
+the config field and the stack, by the rule generate refuses it with."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import inproc
 import pytest
 
 from hpcodegen.artifact.bundle import write_bundle
@@ -37,9 +37,7 @@ def blt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _verify(art: Path, config: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "verify", str(art),
-                           "--hf-config", str(config), "--json", *extra],
-                          capture_output=True, text=True, timeout=300)
+    proc = inproc.run("verify", art, "--hf-config", config, "--json", *extra)  # this process
     assert "Traceback" not in proc.stderr + proc.stdout
     (doc,) = json.loads(proc.stdout)["artifacts"]
     return proc.returncode, doc["checks"], proc.stderr
