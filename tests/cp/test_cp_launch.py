@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from launch_helpers import LLAMA_CONFIG, REPO, run_cli
+from launch_helpers import LLAMA_CONFIG, REPO, check_in_process, run_cli
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 EXAMPLE = REPO / "examples" / "llama_cp2_tp2_sp"
@@ -20,6 +21,13 @@ MAX_NORM = "0.5"
 
 def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
     """The unsharded model trained in this process as the smoke job trains it."""
+    return list(_trained(steps, max_norm))
+
+
+@cache
+def _trained(steps: int, max_norm: float) -> tuple[float, ...]:
+    """:func:`_uninterrupted_losses`, once per worker: two tests compare with the same
+    3 steps."""
     import torch
     import torch.nn.functional as F
 
@@ -38,10 +46,11 @@ def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
         torch.nn.utils.clip_grad_norm_(built.model.parameters(), max_norm)
         opt.step()
         losses.append(float(loss.detach()))
-    return losses
+    return tuple(losses)
 
 
 def _run(artifact: Path, nproc: int, *extra: str | Path):
+    check_in_process(artifact, LLAMA_CONFIG)
     run = run_cli(artifact, "--nproc", str(nproc), "--device", "cpu", "--model-dir",
                   LLAMA_CONFIG, "--max-grad-norm", MAX_NORM, "--check-parity", *extra,
                   "--json", timeout=300)
@@ -71,13 +80,14 @@ def test_cp2_tp2_trains_exactly_and_resumes_at_tp4_and_cp1(tmp_path) -> None:
         assert abs(again["ranks"][0]["losses"][0] - baseline[2]) <= 1e-5, artifact
 
 
-def _generate(out: Path, *flags: str) -> Path:
-    import subprocess
+def _generate(model_dir: Path, out: Path, **flags) -> Path:
+    """generate's own entry in this process (the CLI process boundary is not under test
+    here), then launch's model check in this process too (:func:`check_in_process`)."""
+    from hpcodegen.generate.api import GenerateArgs, run_generate
 
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                          str(LLAMA_CONFIG), "-o", str(out), *flags],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert run.returncode == 0, run.stderr
+    assert run_generate(GenerateArgs(model_dir, flags.pop("tp", 1), out, verbosity=-1,
+                                     **flags)) == 0, out
+    check_in_process(out, model_dir)
     return out
 
 
@@ -87,8 +97,7 @@ def test_ulysses_cp2_trains_exactly_and_its_checkpoint_resumes_under_allgather(t
     --check-parity --steps 2 --save``: exact; the checkpoint holds no trace of the method:
     the all-gather example (cp 2 x tp 2, sp) resumes it, and the next loss is the
     uninterrupted run's."""
-    artifact = _generate(tmp_path / "llama_ulysses", "--tp", "1", "--cp", "2",
-                         "--cp-method", "ulysses")
+    artifact = _generate(LLAMA_CONFIG, tmp_path / "llama_ulysses", cp=2, cp_method="ulysses")
     meta = json.loads((artifact / "codegen_meta.json").read_text())
     assert {r["inner_wrapper"]["_target_"] for r in meta["injections"]
             if "inner_wrapper" in r} == {"sdpa_hf_ulysses"}
@@ -108,14 +117,7 @@ def test_ulysses_launch_parity_with_a_window_and_softcapping(config: str, tmp_pa
     --check-parity --steps 2`` on a sliding window of 3 (shorter than a rank's chunk of
     the smoke batch) and on Gemma 2's attention softcapping (eager kernel): exact."""
     model_dir = REPO / "tests" / "fixtures" / "cp" / config
-    out = tmp_path / config
-    import subprocess
-
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                          str(model_dir), "--tp", "1", "--cp", "2", "--cp-method", "ulysses",
-                          "-o", str(out)], capture_output=True, text=True, cwd=REPO,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr
+    out = _generate(model_dir, tmp_path / config, cp=2, cp_method="ulysses")
     launched = run_cli(out, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
                        "--check-parity", "--steps", "2", "--json", timeout=300)
     assert launched.code == 0, launched.stdout + launched.stderr
@@ -134,14 +136,7 @@ def test_hybrid_on_two_cp_groups(tmp_path) -> None:
     """``--cp 4 --cp-method hybrid --ulysses 2`` launched on 8 ranks: dp 2 x cp 4, so two
     cp groups each make their own Ulysses and all-gather sub-groups: exact."""
     model_dir = REPO / "tests" / "fixtures" / "cp" / "llama_gqa"
-    out = tmp_path / "hybrid"
-    import subprocess
-
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                          str(model_dir), "--tp", "1", "--cp", "4", "--cp-method", "hybrid",
-                          "--ulysses", "2", "-o", str(out)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
-    assert run.returncode == 0, run.stderr
+    out = _generate(model_dir, tmp_path / "hybrid", cp=4, cp_method="hybrid", ulysses=2)
     launched = run_cli(out, "--nproc", "8", "--device", "cpu", "--model-dir", model_dir,
                        "--check-parity", "--steps", "2", "--json", timeout=500)
     assert launched.code == 0, launched.stdout + launched.stderr

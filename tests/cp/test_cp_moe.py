@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from launch_helpers import REPO, run_cli
+from launch_helpers import REPO, check_in_process, run_cli
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
 CONFIG = REPO / "tests" / "fixtures" / "configs" / "qwen3_moe"
@@ -31,6 +31,7 @@ def _artifact(tmp_path: Path, **kwargs) -> Path:
 
 
 def _launch(artifact: Path, nproc: int) -> dict:
+    check_in_process(artifact, CONFIG)  # the launch reads the verdict: no model-check child
     run = run_cli(artifact, "--nproc", str(nproc), "--device", "cpu", "--model-dir", CONFIG,
                   "--check-parity", "--steps", "3", "--json", timeout=500)
     assert run.code == 0, run.stdout + run.stderr

@@ -1,4 +1,5 @@
-"""Helpers for launch tests: run the real CLI, find leftover processes.
+"""Helpers for launch tests: run the real CLI, check an artifact before its launch in this
+process, find leftover processes.
 
 Imported by module name (tests/ directories are not packages).
 """
@@ -36,6 +37,45 @@ def run_cli(*args: str | Path, timeout: float = 300, env: dict | None = None) ->
                           capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env={**os.environ, **(env or {})})
     return CliRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def check_in_process(artifact: Path, model_dir: Path) -> list[dict]:
+    """Run launch's pre-start model check (verify ``--only model``, what its child runs) in
+    this test process and record the pass in the suite's verdict cache, so the launch of
+    ``artifact`` that follows reads the verdict instead of starting the child.
+
+    Why: the child is a fresh process importing torch and transformers (about 7 s of CPU);
+    a test that has just generated the artifact in-process has them loaded already. The
+    check itself still runs on the exact bytes the launch will read (the verdict is keyed
+    by them), so a failing artifact still fails, here. Tests of the child itself
+    (``test_model_check_prestart.py``, ``test_check_cache.py``) do not use this. Returns
+    the recorded warnings; an AssertionError names the artifact when the check fails.
+    """
+    import io
+
+    from hpcodegen.artifact.load import resolve_meta_path
+    from hpcodegen.launch.launcher.check_cache import (
+        cache_dir,
+        load_verdict,
+        store_verdict,
+        verdict_inputs,
+    )
+    from hpcodegen.verify import run_verify
+
+    config_path = Path(model_dir) / "config.json"
+    cache = cache_dir()
+    assert cache is not None, "the suite's verdict cache is off: nothing to record"
+    inputs = verdict_inputs(resolve_meta_path(artifact), config_path)
+    recorded = load_verdict(cache, inputs)
+    if recorded is not None:  # these bytes were checked earlier in this run
+        return recorded
+    out = io.StringIO()
+    code = run_verify([artifact], hf_config=config_path, only=("model",), output="json",
+                      stdout=out, stderr=out)
+    assert code == 0, f"model check of {artifact} failed (exit {code}): {out.getvalue()[-3000:]}"
+    warnings = [f for f in json.loads(out.getvalue())["findings"] if f["severity"] != "info"]
+    assert store_verdict(cache, inputs, warnings) is not None, cache
+    return warnings
 
 
 def leftover(pid_dir: Path | None, extra: list[int] = (), within: float = 30.0) -> list[int]:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_helpers import LLAMA_CONFIG, run_cli
+from launch_helpers import LLAMA_CONFIG, check_in_process, run_cli
 
 pytestmark = pytest.mark.gloo
 
@@ -29,6 +29,7 @@ def huge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (base / "cfg").mkdir()
     (base / "cfg" / "config.json").write_text(json.dumps(config))
     assert run_generate(GenerateArgs(base / "cfg", 2, base / "art", verbosity=-1)) == 0
+    check_in_process(base / "art", base / "cfg")  # the launch reads the verdict: no child
     return base / "art", base / "cfg"
 
 

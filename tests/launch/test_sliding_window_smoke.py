@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_helpers import run_cli
+from launch_helpers import check_in_process, run_cli
 
 pytestmark = pytest.mark.gloo
 
@@ -45,6 +45,7 @@ def _artifact(base: Path, model_type: str, cls: str, extra: dict) -> tuple[Path,
     (base / "cfg").mkdir(parents=True)
     (base / "cfg" / "config.json").write_text(json.dumps(config))
     assert run_generate(GenerateArgs(base / "cfg", 2, base / "art", verbosity=-1)) == 0
+    check_in_process(base / "art", base / "cfg")  # the launch reads the verdict: no child
     return base / "art", base / "cfg", window
 
 
@@ -85,6 +86,7 @@ def test_activations_that_cannot_fit_are_refused_before_the_build(tmp_path: Path
     (tmp_path / "cfg" / "config.json").write_text(json.dumps(config))
     assert run_generate(GenerateArgs(tmp_path / "cfg", 2, tmp_path / "art",
                                      verbosity=-1)) == 0
+    check_in_process(tmp_path / "art", tmp_path / "cfg")  # the launch reads the verdict
     run = run_cli(tmp_path / "art", "--nproc", "2", "--device", "cpu", "--model-dir",
                   tmp_path / "cfg", "--check-parity", "--json", timeout=300)
     assert run.code == 2, run.stdout[-3000:] + run.stderr[-3000:]
