@@ -137,7 +137,7 @@ def _gloo_worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int,
         world.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # session: module fixtures run their cases on it too
 def gloo(_gloo_worlds: dict[int, Any], tmp_path_factory: pytest.TempPathFactory
          ) -> Callable[..., list[Any]]:
     """``gloo(world, fn, *args)``: ``fn(*args)`` on ``world`` real gloo ranks, the per-rank

@@ -1,11 +1,27 @@
-"""What the pipeline launch tests share: the tiny configs, the CLI, a pipelined artifact at
-pp 2, a JSON launch, and the verdict of an exact ``--check-parity`` rank."""
+"""What the pipeline launch tests share: the tiny configs, the CLI (in this process, or as
+a subprocess where the launch path is what a test checks), a pipelined artifact at pp 2, a
+JSON launch, the launch's rank job on the session's gloo worlds, and the verdict of an
+exact ``--check-parity`` rank.
+
+Each launch feature (``--check-parity --steps``, FSDP over dp with ``--max-grad-norm``,
+``--compile``, ``--save``, ``--resume``, pp x cp, loss parallelism, DualPipeV, the memory
+refusal) keeps at least one real ``hpcodegen launch`` (torchrun, one process per rank, the
+launcher's model check and verdict). The other cases run the same rank job
+(:func:`hpcodegen.launch.rank.smoke.run`, with the environment the launcher would give it,
+:func:`hpcodegen.launch.launcher.command.job_environment`) on the session's kept gloo
+ranks (:func:`gloo_launch`): same code, same numbers, without a torchrun, a launcher and N
+fresh interpreters importing torch per case. Each case keeps its own result: a case that
+fails names itself.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +33,30 @@ HPC = [sys.executable, "-m", "hpcodegen"]
 _GENERATED: dict[tuple[str, ...], Path] = {}
 
 
+def hpc(*args: str) -> tuple[int, str]:
+    """``hpcodegen ARGS`` run in this process (the CLI's own ``main``): its exit code and
+    stdout. The verbs are the same code as in a subprocess without the interpreter start
+    and the torch import that each subprocess pays again."""
+    from hpcodegen.cli.app import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, out.getvalue()
+
+
+def generate(out: Path, config: str | Path, *flags: str) -> Path:
+    """``generate --model CONFIG -o OUT FLAGS`` in this process; fails naming its output."""
+    model = CONFIGS / config if isinstance(config, str) else config
+    code, text = hpc("generate", "--model", model, "-o", out, *flags)
+    assert code == 0, f"generate {flags} -> {code}:\n{text[-2000:]}"
+    return out
+
+
 def generated(tmp_path: Path, name: str, *flags: str) -> Path:
     """``generate FLAGS`` into ``tmp_path/name``: a copy of the one run per distinct flags
     in this process. Generating is deterministic (the copy is byte for byte what a fresh
@@ -25,8 +65,8 @@ def generated(tmp_path: Path, name: str, *flags: str) -> Path:
     test gets its own copy to write into."""
     if flags not in _GENERATED:  # kept beside the tests' own dirs, in pytest's basetemp
         store = tmp_path.parent / "generated_pp" / str(len(_GENERATED))
-        subprocess.run([*HPC, "generate", *flags, "-o", str(store / name)], check=True,
-                       capture_output=True, timeout=300)
+        code, text = hpc("generate", *flags, "-o", store / name)
+        assert code == 0, f"generate {flags} -> {code}:\n{text[-2000:]}"
         _GENERATED[flags] = store / name
     out = tmp_path / name
     shutil.copytree(_GENERATED[flags], out, ignore=shutil.ignore_patterns("__pycache__"))
@@ -42,10 +82,54 @@ def generate_pp(tmp_path: Path, config: str, tp: int, schedule: str) -> Path:
 
 def launch_json(art: Path, config: str, nproc: int, *extra: str,
                 timeout: int = 500) -> subprocess.CompletedProcess:
-    """``launch ART --nproc N --model-dir configs/<config> --json EXTRA...``."""
+    """``launch ART --nproc N --model-dir configs/<config> --json EXTRA...``: a real launch
+    (CLI, model check, torchrun, one process per rank)."""
     return subprocess.run([*HPC, "launch", str(art), "--nproc", str(nproc), "--model-dir",
                            str(CONFIGS / config), "--json", *extra],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def rank_env(art: Path, config: str | Path, nproc: int, *, steps: int = 0,
+             check_parity: bool = False, save: Path | None = None,
+             resume: Path | None = None, max_grad_norm: float | None = None
+             ) -> dict[str, str]:
+    """The ``HPCODEGEN_*`` environment ``launch ART --nproc N --model-dir CONFIG`` gives
+    each rank (the launcher's own :func:`job_environment`, after the options' own check),
+    for :func:`gloo_launch`; ``config`` is a name under ``configs/`` or a directory."""
+    from hpcodegen.launch import env
+    from hpcodegen.launch.launcher.command import job_environment
+    from hpcodegen.launch.launcher.options import LaunchOptions
+
+    model = CONFIGS / config if isinstance(config, str) else Path(config)
+    opts = LaunchOptions(artifact=Path(art), nproc=nproc, device="cpu", model_dir=model,
+                         steps=steps, check_parity=check_parity, save=save, resume=resume,
+                         max_grad_norm=max_grad_norm, json=True)
+    opts.check()
+    out = job_environment(opts, run_dir=Path(art), device="cpu")
+    del out[env.RUN_DIR]  # the gloo ranks keep their record in memory and return it
+    return out
+
+
+def gloo_launch(gloo: Callable[..., list[Any]], nproc: int,
+                cases: Mapping[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """Each case's rank job (``{name: rank_env(...)}``) on ``nproc`` kept gloo ranks, one
+    after the other in one call: ``{name: {"mesh": {...}, "ranks": [record, ...]}}``, the
+    shape of ``launch --json``'s document."""
+    from pp_workers import smoke_cases
+
+    per_rank = gloo(nproc, smoke_cases, list(cases.items()))
+    return {name: {"mesh": per_rank[0][name]["mesh"],
+                   "ranks": [r[name]["record"] for r in per_rank]} for name in cases}
+
+
+def ok_doc(docs: Mapping[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    """Case ``name``'s document when every rank ended ``ok`` (what exit 0 of a launch
+    means); else fail naming the case and each rank's status and error."""
+    doc = docs[name]
+    bad = [(r["rank"], r["status"], r["phase"], r["error"]) for r in doc["ranks"]
+           if r["status"] != "ok"]
+    assert not bad, f"case {name}: ranks not ok: {bad}"
+    return doc
 
 
 def assert_rank_exact(rank: dict[str, Any], steps: int) -> None:

@@ -83,3 +83,50 @@ def pp_parity_cases(cases: list[tuple[str, str, str, int, int]]) -> dict[str, An
             out[name] = {"error": "".join(traceback.format_exception(exc))[-2500:]}
         dist.barrier()
     return out
+
+
+def smoke_cases(cases: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
+    """``{name: {"mesh", "record"}}``: launch's rank job
+    (:func:`hpcodegen.launch.rank.smoke.run`) for each ``(name, HPCODEGEN_* environment)``
+    on this kept gloo rank, as torchrun would run it (its ``RANK``/``LOCAL_RANK``/
+    ``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` set; the process group is the world's). A case that
+    raises is recorded as the worker would (``error``) and the next one runs."""
+    import os
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    from hpcodegen.launch import env
+    from hpcodegen.launch.rank import smoke
+    from hpcodegen.launch.rank.artifact import rank_artifact
+    from hpcodegen.launch.rank.mesh import resolve_mesh_layout
+    from hpcodegen.launch.rank.reporter import RankReporter
+    from hpcodegen.launch.results import RankRecord
+
+    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1 for each of several ranks
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {}
+    for name, job_env in cases:
+        before = dict(os.environ)
+        for key in env.ALL:
+            os.environ.pop(key, None)
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank),
+                           "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                           **job_env})
+        reporter = RankReporter(None, RankRecord(rank=rank, local_rank=rank,
+                                                 world_size=world, device="cpu"))
+        try:
+            smoke.run(reporter)
+        except Exception as exc:
+            traceback.print_exc()
+            reporter.fail_with(exc)
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
+        plan = rank_artifact(job_env[env.ARTIFACT]).loaded.plan
+        layout = resolve_mesh_layout(plan, world)
+        out[name] = {"mesh": dict(zip(layout.names, layout.sizes, strict=True)),
+                     "record": reporter.record.to_json()}
+        dist.barrier()
+    return out

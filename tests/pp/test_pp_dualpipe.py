@@ -3,44 +3,64 @@ order (its overlapped ``F B`` pairs as their two halves, whole and split backwar
 verify passes it, and ``launch --nproc 2 --check-parity --steps 2`` is exact against the
 unsharded model (loss, logits, every gradient, two AdamW steps' losses, the p2p ops as
 frozen) for a dense family and for the family with embeddings tied to the head, whose two
-copies land on the V's first and last stage, both on rank 0."""
+copies land on the V's first and last stage, both on rank 0.
+
+The dense family's launch is a real one; the tied family's runs launch's rank job on the
+session's gloo ranks (``pp_launching.gloo_launch``)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
+from typing import Any
 
 import pytest
-from pp_launching import CONFIGS, HPC, assert_rank_exact, launch_json
+from pp_launching import (
+    assert_rank_exact,
+    generate,
+    gloo_launch,
+    hpc,
+    launch_json,
+    ok_doc,
+    rank_env,
+)
+
+CASES = [("llama4", 4), ("gemma2_tied4", 5)]
+REAL = CASES[0]
 
 
-def _generate(tmp_path: Path, config: str, microbatches: int) -> Path:
-    out = tmp_path / f"{config}_dualpipev_m{microbatches}"
-    proc = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(out),
-                           "--tp", "1", "--pp", "2", "--pp-schedule", "DualPipeV",
-                           "--microbatches", str(microbatches)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+@pytest.fixture(scope="module")
+def runs(gloo, tmp_path_factory) -> dict[str, Any]:
+    """Each case's artifact and verify verdict; the gloo case's run, by config."""
+    d = tmp_path_factory.mktemp("pp_dualpipe")
+    out: dict[str, Any] = {}
+    for config, microbatches in CASES:
+        art = generate(d / f"{config}_dualpipev_m{microbatches}", config, "--tp", "1", "--pp",
+                       "2", "--pp-schedule", "DualPipeV", "--microbatches", str(microbatches))
+        out[f"art:{config}"], out[f"verify:{config}"] = art, hpc("verify", art)
+        if (config, microbatches) != REAL:
+            out |= gloo_launch(gloo, 2, {config: rank_env(art, config, 2, check_parity=True,
+                                                          steps=2)})
     return out
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(("config", "microbatches"), [("llama4", 4), ("gemma2_tied4", 5)])
-def test_dualpipev_launch_check_parity_and_steps(tmp_path, config, microbatches):
-    art = _generate(tmp_path, config, microbatches)
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(("config", "microbatches"), CASES)
+def test_dualpipev_launch_check_parity_and_steps(runs, config, microbatches):
+    art = runs[f"art:{config}"]
     pipe = json.loads((art / "codegen_meta.json").read_text())["pipeline"]
     assert pipe["schedule"] == "DualPipeV" and pipe["style"] == "v"
     assert [s["rank"] for s in pipe["stages"]] == [0, 1, 1, 0]
     kinds = {a.rstrip("0123456789")[1:] for acts in pipe["actions"].values() for a in acts}
     assert {"F", "B", "I", "W"} <= kinds  # whole and split backwards both run
-    check = subprocess.run([*HPC, "verify", str(art)], capture_output=True, text=True,
-                           timeout=300)
-    assert check.returncode == 0, check.stdout + check.stderr
+    code, text = runs[f"verify:{config}"]
+    assert code == 0, text
 
-    proc = launch_json(art, config, 2, "--check-parity", "--steps", "2")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = json.loads(proc.stdout)["ranks"]
+    if (config, microbatches) == REAL:
+        proc = launch_json(art, config, 2, "--check-parity", "--steps", "2")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        ranks = json.loads(proc.stdout)["ranks"]
+    else:
+        ranks = ok_doc(runs, config)["ranks"]
     assert len(ranks) == 2
     for rank in ranks:
         assert_rank_exact(rank, 2)

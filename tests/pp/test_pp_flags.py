@@ -2,29 +2,55 @@
 ``--max-grad-norm`` clips by the whole model's norm (each stage's owned parameters' norm
 over tp and, under FSDP, dp, combined over pp, a tied embedding counted once), so the
 clipped gradients, the norm of every step and the losses of the clipped steps equal
-torch's on the reference; ``--compile`` runs each stage's layers compiled, exactly."""
+torch's on the reference; ``--compile`` runs each stage's layers compiled, exactly.
+
+The dp 2 case of ``--max-grad-norm`` (FSDP over dp too) and ``--compile`` are real
+launches; the other clip cases run launch's rank job on the session's gloo ranks
+(``pp_launching.gloo_launch``), once for the module (``clipped``)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from pp_launching import generate, gloo_launch, ok_doc, rank_env
 from pp_launching import generate_pp as _generate
 from pp_launching import launch_json as _launch
 
+CLIP = 0.05  # a max norm far below the gradients' norm: every step is clipped
+#: the clip cases on gloo ranks (the dp 2 one is the real launch)
+GLOO_CLIP = [("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved1F1B")]
 
-@pytest.mark.timeout(900)
+
+@pytest.fixture(scope="module")
+def clipped(gloo, tmp_path_factory) -> dict[str, Any]:
+    """``--check-parity --steps 2 --max-grad-norm CLIP`` of each :data:`GLOO_CLIP` case."""
+    d = tmp_path_factory.mktemp("pp_flags")
+    out: dict[str, Any] = {}
+    for config, tp, dp, schedule in GLOO_CLIP:
+        art = generate(d / f"{config}_{schedule}_tp{tp}", config, "--tp", str(tp), "--pp", "2",
+                       "--pp-schedule", schedule, "--microbatches", "4")
+        nproc = 2 * tp * dp
+        out |= gloo_launch(gloo, nproc, {f"{config}-{tp}-{dp}-{schedule}": rank_env(
+            art, config, nproc, check_parity=True, steps=2, max_grad_norm=CLIP)})
+    return out
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("config", "tp", "dp", "schedule"), [
     ("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved1F1B"),
     ("llama4", 1, 2, "1F1B")])  # dp 2: FSDP over each stage's dp ranks
 def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
-        tmp_path, config, tp, dp, schedule):
-    art = _generate(tmp_path, config, tp, schedule)
-    # a max norm far below the gradients' norm: every step is clipped
-    proc = _launch(art, config, 2 * tp * dp, "--check-parity", "--steps", "2",
-                   "--max-grad-norm", "0.05")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = json.loads(proc.stdout)["ranks"]
+        tmp_path, clipped, config, tp, dp, schedule):
+    if (config, tp, dp, schedule) in GLOO_CLIP:
+        ranks = ok_doc(clipped, f"{config}-{tp}-{dp}-{schedule}")["ranks"]
+    else:  # the real launch of the flag, FSDP over dp included
+        art = _generate(tmp_path, config, tp, schedule)
+        proc = _launch(art, config, 2 * tp * dp, "--check-parity", "--steps", "2",
+                       "--max-grad-norm", str(CLIP))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        ranks = json.loads(proc.stdout)["ranks"]
     assert len(ranks) == 2 * tp * dp
     assert all(r["parity"]["fsdp_dp"] == dp for r in ranks)
     for rank in ranks:
@@ -33,7 +59,7 @@ def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
         assert parity["grad_norm_max_diff"] <= 1e-5, parity
         norms, ref_norms = parity["grad_norms"], parity["ref_grad_norms"]
         assert len(norms) == 3  # the parity step and two training steps
-        assert all(n > 0.05 for n in ref_norms), ref_norms  # clipping was active
+        assert all(n > CLIP for n in ref_norms), ref_norms  # clipping was active
         for norm, ref in zip(norms, ref_norms, strict=True):
             assert abs(norm - ref) <= 1e-5 * max(1.0, ref), (norms, ref_norms)
         assert len(rank["losses"]) == 2

@@ -9,51 +9,64 @@ unsharded model resumed from the same checkpoint). The losses of a run are the u
 model's at any mesh: the pipeline's four rows (2 microbatches x dp 2) are the two-row smoke
 batch repeated, whose mean loss and gradients are the two rows', so one uninterrupted
 ``tp 2`` run is the reference.
+
+The ``tp 2`` resume of the round trip is a real launch (``--resume`` and ``--save``
+through the launcher and torchrun); the other runs are launch's rank job on the session's
+gloo ranks (``pp_launching.gloo_launch``), all once for the module (``runs``).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
+from typing import Any
 
 import pytest
-from pp_launching import CONFIGS, HPC, assert_rank_exact
+from pp_launching import CONFIGS, assert_rank_exact, generate, gloo_launch, ok_doc, rank_env
 from pp_launching import launch_json as _launch
 
 
-def _generate(out: Path, *flags: str, config: str = "llama4") -> Path:
-    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o",
-                          str(out), *flags], capture_output=True, text=True, timeout=300)
-    assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
+def _losses(doc: dict) -> list[float]:
+    return doc["ranks"][0]["losses"]
+
+
+@pytest.fixture(scope="module")
+def runs(gloo, tmp_path_factory) -> dict[str, Any]:
+    """Every run of the module, by name (``third``: the real launch's process)."""
+    d = tmp_path_factory.mktemp("pp_fsdp_save")
+    pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
+    tp = generate(d / "tp", "llama4", "--tp", "2")
+    cp = generate(d / "cp", "llama4", "--tp", "1", "--cp", "2", "--pp", "2",
+                  "--microbatches", "2")
+    gemma = generate(d / "gemma", "gemma2_tied4", "--tp", "1", "--pp", "2",
+                     "--microbatches", "2")
+    a, b = d / "a", d / "b"
+    out: dict[str, Any] = {"a": a}
+    out |= gloo_launch(gloo, 2, {
+        "straight": rank_env(tp, "llama4", 2, steps=4),
+        "held:llama4": rank_env(pp, "llama4", 2, check_parity=True, steps=1),
+        "held:gemma2_tied4": rank_env(gemma, "gemma2_tied4", 2, check_parity=True, steps=1)})
+    out |= gloo_launch(gloo, 4, {"saved": rank_env(pp, "llama4", 4, steps=2, save=a)})
+    out["third"] = _launch(tp, "llama4", 2, "--steps", "1", "--resume", str(a), "--save",
+                           str(b), timeout=600)
+    out |= gloo_launch(gloo, 4, {"back": rank_env(pp, "llama4", 4, steps=1, resume=b,
+                                                  check_parity=True)})
+    out |= gloo_launch(gloo, 8, {"cp": rank_env(cp, "llama4", 8, check_parity=True, steps=1)})
     return out
 
 
-def _doc(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
-def _losses(proc: subprocess.CompletedProcess) -> list[float]:
-    return _doc(proc)["ranks"][0]["losses"]
-
-
-@pytest.mark.timeout(1200)
-def test_a_pp2_dp2_fsdp_checkpoint_resumes_exactly_at_tp2_and_back(tmp_path):
-    pp = _generate(tmp_path / "pp", "--tp", "1", "--pp", "2", "--microbatches", "2")
-    tp = _generate(tmp_path / "tp", "--tp", "2")
-    straight = _losses(_launch(tp, "llama4", 2, "--steps", "4", timeout=600))
-    saved = _doc(_launch(pp, "llama4", 4, "--steps", "2", "--save", str(tmp_path / "a"),
-                         timeout=600))
+@pytest.mark.timeout(1800)
+def test_a_pp2_dp2_fsdp_checkpoint_resumes_exactly_at_tp2_and_back(runs):
+    straight = _losses(ok_doc(runs, "straight"))
+    saved = ok_doc(runs, "saved")
     assert (saved["mesh"]["pp"], saved["mesh"]["dp"]) == (2, 2)
     assert saved["ranks"][0]["losses"] == pytest.approx(straight[:2], abs=1e-5)
-    record = json.loads((tmp_path / "a" / "hpcodegen_checkpoint.json").read_text())
+    record = json.loads((runs["a"] / "hpcodegen_checkpoint.json").read_text())
     assert record["step"] == 2
-    third = _losses(_launch(tp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "a"),
-                            "--save", str(tmp_path / "b"), timeout=600))
+    proc = runs["third"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    third = json.loads(proc.stdout)["ranks"][0]["losses"]
     assert third[0] == pytest.approx(straight[2], abs=1e-5)
-    back = _doc(_launch(pp, "llama4", 4, "--steps", "1", "--resume", str(tmp_path / "b"),
-                        "--check-parity", timeout=600))
+    back = ok_doc(runs, "back")
     assert (back["mesh"]["pp"], back["mesh"]["dp"]) == (2, 2)
     for rank in back["ranks"]:
         assert rank["parity"]["fsdp_dp"] == 2
@@ -73,16 +86,14 @@ def _param_bytes(config: str) -> tuple[int, int]:
     return sum(p.numel() * 4 for p in model.parameters()), tied
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("config", ["llama4", "gemma2_tied4"])
-def test_each_pp_rank_builds_only_its_stages_parameters_and_stays_exact(tmp_path, config):
+def test_each_pp_rank_builds_only_its_stages_parameters_and_stays_exact(runs, config):
     """Each pp rank materialises only its stages' parameters (the rest stay on meta): the
     bytes held over the two ranks add up to the whole model (Gemma-2's embedding, tied to
     the head on the other stage, held by both), each rank holds less, and parity is exact
     (the seeded init sliced to the stages is the reference's)."""
-    art = _generate(tmp_path / "pp", "--tp", "1", "--pp", "2", "--microbatches", "2",
-                    config=config)
-    doc = _doc(_launch(art, config, 2, "--check-parity", "--steps", "1", timeout=600))
+    doc = ok_doc(runs, f"held:{config}")
     full, tied = _param_bytes(config)
     held = [rank["local_param_bytes"] for rank in doc["ranks"]]
     for rank in doc["ranks"]:
@@ -91,15 +102,13 @@ def test_each_pp_rank_builds_only_its_stages_parameters_and_stays_exact(tmp_path
     assert sum(held) == full + tied, (held, full, tied)
 
 
-@pytest.mark.timeout(1200)
-def test_pp2_cp2_with_fsdp_over_dp2_on_eight_ranks_is_exact(tmp_path):
+@pytest.mark.timeout(1800)
+def test_pp2_cp2_with_fsdp_over_dp2_on_eight_ranks_is_exact(runs):
     """``generate --pp 2 --cp 2`` launched on 8 ranks: a ``pp 2 x dp 2 x cp 2`` mesh, each
     stage FSDP2-sharded over its dp ranks, each dp rank its rows, each cp rank its
     positions of them; the loss, the logits, every gradient (reduce-scattered over dp,
     summed over cp) and an AdamW step equal the unsharded model's."""
-    art = _generate(tmp_path / "pp", "--tp", "1", "--cp", "2", "--pp", "2",
-                    "--microbatches", "2")
-    doc = _doc(_launch(art, "llama4", 8, "--check-parity", "--steps", "1", timeout=900))
+    doc = ok_doc(runs, "cp")
     assert (doc["mesh"]["pp"], doc["mesh"]["dp"], doc["mesh"]["cp"]) == (2, 2, 2)
     ranks = doc["ranks"]
     assert len(ranks) == 8

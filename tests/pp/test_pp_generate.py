@@ -5,21 +5,18 @@ composed yet is refused with the flag that asked for it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-
-CONFIGS = Path(__file__).parent / "configs"
-HPC = [sys.executable, "-m", "hpcodegen"]
+from pp_launching import CONFIGS, hpc
 
 
 def _gen(tmp_path, *flags, config="llama4"):
+    """``generate`` in this process (the CLI's ``main``): its exit code and stdout, as a
+    finished process's ``returncode`` and ``stdout``."""
     out = tmp_path / "art"
-    proc = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(out),
-                           *flags], capture_output=True, text=True, timeout=300)
-    return proc, out
+    code, text = hpc("generate", "--model", CONFIGS / config, "-o", out, *flags)
+    return SimpleNamespace(returncode=code, stdout=text, stderr=""), out
 
 
 def test_generate_pp_writes_a_verified_pipeline(tmp_path):
@@ -35,13 +32,11 @@ def test_generate_pp_writes_a_verified_pipeline(tmp_path):
     assert pipe["loss"] == {"reduction": "sum", "normalizer": "global_valid_tokens",
                             "scale_grads": False}
     assert all(s["params_per_rank"] < s["params"] for s in pipe["stages"])
-    check = subprocess.run([*HPC, "verify", str(out), "--hf-config", str(CONFIGS / "llama4")],
-                           capture_output=True, text=True, timeout=300)
-    assert check.returncode == 0, check.stdout + check.stderr
-    again = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o", str(out),
-                            "--tp", "2", "--pp", "2", "--microbatches", "4", "--check"],
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout + again.stderr
+    code, text = hpc("verify", out, "--hf-config", CONFIGS / "llama4")
+    assert code == 0, text
+    code, text = hpc("generate", "--model", CONFIGS / "llama4", "-o", out, "--tp", "2",
+                     "--pp", "2", "--microbatches", "4", "--check")
+    assert code == 0, text
 
 
 def test_a_layout_places_the_layers_as_asked(tmp_path):
@@ -82,11 +77,10 @@ def test_verify_model_checks_the_units_and_the_replicated_rotary(tmp_path):
     order = meta["pipeline"]["module_order"]
     order[0], order[1] = order[1], order[0]
     meta_file.write_text(json.dumps(meta))
-    check = subprocess.run([*HPC, "verify", str(out), "--only", "model", "--json",
-                            "--hf-config", str(CONFIGS / "llama4")],
-                           capture_output=True, text=True, timeout=300)
-    assert check.returncode == 1
-    doc = json.loads(check.stdout)
+    code, text = hpc("verify", out, "--only", "model", "--json", "--hf-config",
+                     CONFIGS / "llama4")
+    assert code == 1
+    doc = json.loads(text)
     found = {f["code"]: f["path"] for a in doc["artifacts"] for c in a["checks"].values()
              for f in c["findings"]}
     assert found["model.pp_replicated"] == "/pipeline/replicated_modules"

@@ -3,27 +3,81 @@ mesh, ``--check-parity --steps 2`` exact against the unsharded model (loss, logi
 owned gradient, the losses of two AdamW steps) and the p2p ops as frozen; Qwen3-MoE at
 pp 2 x tp 2 x ep 2 on 8 ranks too; a checkpoint saved at pp 2 resumes exactly at tp 2 and
 back; a world the frozen sizes do not divide is a usage error before any process
-starts."""
+starts.
+
+One real launch per launch feature here (``--check-parity --steps`` of llama4 at pp 2, the
+``--save`` of the round trip); every other case runs launch's rank job on the session's
+gloo ranks (``pp_launching.gloo_launch``), all of them once for the module (``runs``), each
+test reading its own case."""
 
 from __future__ import annotations
 
 import json
-import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
-from pp_launching import CONFIGS, HPC, assert_rank_exact
+from pp_launching import (
+    CONFIGS,
+    assert_rank_exact,
+    generate,
+    gloo_launch,
+    hpc,
+    ok_doc,
+    rank_env,
+)
 from pp_launching import generate_pp as _generate
 from pp_launching import launch_json as _launch
 
 
-@pytest.mark.timeout(900)
+def _pp(out: Path, config: str, tp: int, schedule: str) -> Path:
+    return generate(out, config, "--tp", str(tp), "--pp", "2", "--pp-schedule", schedule,
+                    "--microbatches", "4")
+
+
+@pytest.fixture(scope="module")
+def runs(gloo, tmp_path_factory) -> dict[str, Any]:
+    """Every gloo case of the module, by name; ``chain`` holds the round trip's paths and
+    the real ``--save`` launch between its gloo legs."""
+    d = tmp_path_factory.mktemp("pp_launch")
+    gemma = _pp(d / "gemma", "gemma2_tied4", 2, "Interleaved1F1B")
+    llama = _pp(d / "llama", "llama4", 1, "1F1B")
+    moe = generate(d / "moe", "qwen3_moe4", "--tp", "2", "--pp", "2", "--ep", "2")
+    out: dict[str, Any] = {"moe_art": moe, "moe_verify": hpc("verify", moe)}
+    pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
+    tp = generate(d / "tp", "llama4", "--tp", "2")
+    a, b, hf = d / "a", d / "b", d / "hf"
+    out |= gloo_launch(gloo, 2, {"straight": rank_env(pp, "llama4", 2, steps=4)})
+    out["saved"] = _launch(pp, "llama4", 2, "--steps", "2", "--save", str(a))
+    out |= gloo_launch(gloo, 2, {"third": rank_env(tp, "llama4", 2, steps=1, resume=a,
+                                                   save=b)})
+    out["exported"] = hpc("export", a, "-o", hf)
+    out |= gloo_launch(gloo, 2, {"from_export": rank_env(tp, hf, 2, steps=1),
+                                 "back": rank_env(pp, "llama4", 2, steps=1, resume=b)})
+    parity = {"check_parity": True, "steps": 2}
+    out |= gloo_launch(gloo, 4, {
+        "gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 4, **parity),
+        "fsdp:llama4-1-1F1B": rank_env(llama, "llama4", 4, **parity)})
+    out |= gloo_launch(gloo, 8, {
+        "moe": rank_env(moe, "qwen3_moe4", 8, **parity),
+        "fsdp:gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 8, **parity)})
+    return out
+
+
+def _real(proc) -> dict:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("config", "tp", "schedule"), [
     ("llama4", 1, "1F1B"), ("gemma2_tied4", 2, "Interleaved1F1B")])
-def test_launch_check_parity_and_steps(tmp_path, config, tp, schedule):
-    art = _generate(tmp_path, config, tp, schedule)
-    proc = _launch(art, config, 2 * tp, "--check-parity", "--steps", "2")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+def test_launch_check_parity_and_steps(tmp_path, runs, config, tp, schedule):
+    if config == "llama4":  # the real launch of the feature
+        art = _generate(tmp_path, config, tp, schedule)
+        doc = _real(_launch(art, config, 2 * tp, "--check-parity", "--steps", "2"))
+    else:
+        doc = ok_doc(runs, f"{config}-{tp}-{schedule}")
     ranks = doc["ranks"]
     assert len(ranks) == 2 * tp
     for rank in ranks:
@@ -31,32 +85,29 @@ def test_launch_check_parity_and_steps(tmp_path, config, tp, schedule):
     assert any(r["parity"].get("logits_max_diff") is not None for r in ranks)
 
 
+def _usage_error(art: Path, nproc: int) -> tuple[int, str]:
+    """``launch ART --nproc N --json`` in this process: refused before any process starts."""
+    return hpc("launch", art, "--nproc", str(nproc), "--model-dir", CONFIGS / "llama4",
+               "--json")
+
+
 @pytest.mark.timeout(400)
 def test_a_pipeline_on_a_world_it_does_not_divide_is_a_usage_error(tmp_path):
     art = _generate(tmp_path, "llama4", 1, "1F1B")
-    proc = _launch(art, "llama4", 3)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "is not a multiple of the artifact's frozen mesh" in proc.stdout
+    code, out = _usage_error(art, 3)
+    assert code == 2, out
+    assert "is not a multiple of the artifact's frozen mesh" in out
 
 
-@pytest.mark.timeout(900)
-def test_qwen3_moe_pp2_tp2_ep2_on_eight_ranks_is_exact(tmp_path):
+@pytest.mark.timeout(1800)
+def test_qwen3_moe_pp2_tp2_ep2_on_eight_ranks_is_exact(runs):
     """Qwen3-MoE ``--pp 2 --tp 2 --ep 2`` on a ``pp 2 x dp 2 (ep 2) x tp 2`` mesh: each
     stage's experts are split over the ep ranks carved from its dp ranks, the pipeline's
     p2p runs over pp; loss, logits and every gradient equal the unsharded model's."""
-    out = tmp_path / "moe"
-    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "qwen3_moe4"), "-o",
-                          str(out), "--tp", "2", "--pp", "2", "--ep", "2"],
-                         capture_output=True, text=True, timeout=300)
-    assert gen.returncode == 0, gen.stdout + gen.stderr
-    meta = json.loads((out / "codegen_meta.json").read_text())
+    meta = json.loads((runs["moe_art"] / "codegen_meta.json").read_text())
     assert meta["parallel_dims"]["ep_size"] == 2 and meta["pipeline"]["pp_size"] == 2
-    check = subprocess.run([*HPC, "verify", str(out)], capture_output=True, text=True,
-                           timeout=300)
-    assert check.returncode == 0, check.stdout + check.stderr
-    proc = _launch(out, "qwen3_moe4", 8, "--check-parity", "--steps", "2")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    assert runs["moe_verify"][0] == 0, runs["moe_verify"][1]
+    doc = ok_doc(runs, "moe")
     assert doc["mesh"] == {"pp": 2, "dp": 2, "tp": 2}
     ranks = doc["ranks"]
     assert len(ranks) == 8
@@ -71,58 +122,37 @@ def test_qwen3_moe_pp2_tp2_ep2_on_eight_ranks_is_exact(tmp_path):
     assert len(last) == 4 and all(r["parity"]["logits_max_diff"] <= 1e-5 for r in last)
 
 
-def _losses(proc: subprocess.CompletedProcess) -> list[float]:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout)["ranks"][0]["losses"]
-
-
-@pytest.mark.timeout(900)
-def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(tmp_path):
-    """Four steps at pp 2 against two steps at pp 2, saved, and the third at tp 2 (no
-    pipeline) from the checkpoint, saved again; that first checkpoint exported to HF holds
-    the trained weights (a tp 2 run from the export starts at the third step's loss); the
-    tp 2 checkpoint resumed at pp 2 gives the fourth step's loss. One chain of runs checks
-    both directions (pp -> tp and tp -> pp); a separate tp 2 run from scratch to make the
-    tp 2 checkpoint would check nothing more."""
-    pp = tmp_path / "pp"
-    subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o", str(pp),
-                    "--tp", "1", "--pp", "2", "--microbatches", "2"], check=True,
-                   capture_output=True, timeout=300)
-    tp = tmp_path / "tp"
-    subprocess.run([*HPC, "generate", "--model", str(CONFIGS / "llama4"), "-o", str(tp),
-                    "--tp", "2"], check=True, capture_output=True, timeout=300)
-    straight = _losses(_launch(pp, "llama4", 2, "--steps", "4"))
-    _losses(_launch(pp, "llama4", 2, "--steps", "2", "--save", str(tmp_path / "a")))
-    third = _losses(_launch(tp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "a"),
-                            "--save", str(tmp_path / "b")))
+@pytest.mark.timeout(1800)
+def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(runs):
+    """Four steps at pp 2 against two steps at pp 2, saved (a real launch), and the third
+    at tp 2 (no pipeline) from the checkpoint, saved again; that first checkpoint exported
+    to HF holds the trained weights (a tp 2 run from the export starts at the third step's
+    loss); the tp 2 checkpoint resumed at pp 2 gives the fourth step's loss. One chain of
+    runs checks both directions (pp -> tp and tp -> pp); a separate tp 2 run from scratch
+    to make the tp 2 checkpoint would check nothing more."""
+    straight = ok_doc(runs, "straight")["ranks"][0]["losses"]
+    _real(runs["saved"])
+    third = ok_doc(runs, "third")["ranks"][0]["losses"]
     assert third[0] == pytest.approx(straight[2], abs=1e-5)
-    hf = tmp_path / "hf"  # the pipeline's checkpoint exported to HF: the trained weights
-    exported = subprocess.run([*HPC, "export", str(tmp_path / "a"), "-o", str(hf)],
-                              capture_output=True, text=True, timeout=300)
-    assert exported.returncode == 0, exported.stdout + exported.stderr
-    proc = subprocess.run([*HPC, "launch", str(tp), "--nproc", "2", "--model-dir", str(hf),
-                           "--json", "--steps", "1"], capture_output=True, text=True,
-                          timeout=500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(proc.stdout)["ranks"][0]["losses"][0] == pytest.approx(straight[2],
-                                                                             abs=1e-5)
-    back = _losses(_launch(pp, "llama4", 2, "--steps", "1", "--resume", str(tmp_path / "b")))
+    code, text = runs["exported"]  # the pipeline's checkpoint exported to HF
+    assert code == 0, text
+    exported = ok_doc(runs, "from_export")["ranks"][0]["losses"]
+    assert exported[0] == pytest.approx(straight[2], abs=1e-5)
+    back = ok_doc(runs, "back")["ranks"][0]["losses"]
     assert back[0] == pytest.approx(straight[3], abs=1e-5)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("config", "tp", "schedule"), [
     ("llama4", 1, "1F1B"), ("gemma2_tied4", 2, "Interleaved1F1B")])
-def test_fsdp_over_dp_with_pp_is_exact(tmp_path, config, tp, schedule):
+def test_fsdp_over_dp_with_pp_is_exact(runs, config, tp, schedule):
     """``pp 2 x dp 2 (x tp)``: each stage FSDP2-sharded over its dp ranks, each dp rank
     its rows of the global batch; the gradients reduced over dp once per step (one
     reduce-scatter per sharded unit, after the last microbatch), summed: the loss, the
     logits of the rank's rows, every gradient (Gemma-2's embedding tied across stages
-    too) and two AdamW steps equal the unsharded model's."""
-    art = _generate(tmp_path, config, tp, schedule)
-    proc = _launch(art, config, 4 * tp, "--check-parity", "--steps", "2")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    too) and two AdamW steps equal the unsharded model's. (Its real launch:
+    ``test_pp_flags.py``'s ``--max-grad-norm`` at dp 2.)"""
+    doc = ok_doc(runs, f"fsdp:{config}-{tp}-{schedule}")
     assert doc["mesh"] == {"pp": 2, "dp": 2, "tp": tp} if tp > 1 else {"pp": 2, "dp": 2}
     for rank in doc["ranks"]:
         parity = rank["parity"]
@@ -138,6 +168,6 @@ def test_fsdp_over_dp_with_pp_is_exact(tmp_path, config, tp, schedule):
 @pytest.mark.timeout(400)
 def test_a_zero_bubble_pipeline_on_a_dp_world_is_a_usage_error(tmp_path):
     art = _generate(tmp_path, "llama4", 1, "ZBVZeroBubble")
-    proc = _launch(art, "llama4", 4)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "the split backward differentiates the sharded ones" in proc.stdout
+    code, out = _usage_error(art, 4)
+    assert code == 2, out
+    assert "the split backward differentiates the sharded ones" in out

@@ -12,51 +12,72 @@ Then pp x cp x sp on 8 ranks (``generate --pp 2 --cp 2 --tp 2 --sp``, with and w
 from __future__ import annotations
 
 import json
-import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
-from pp_launching import CONFIGS, HPC, assert_rank_exact, launch_json
+from pp_launching import (
+    CONFIGS,
+    assert_rank_exact,
+    generate,
+    gloo_launch,
+    hpc,
+    launch_json,
+    ok_doc,
+    rank_env,
+)
 
 BATCH, SEQ = 8, 16
 
 
-def _generate(tmp_path, config: str, schedule: str, *extra: str):
-    art = tmp_path / "art"
-    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(art),
-                          "--tp", "2", "--pp", "2", "--pp-schedule", schedule,
-                          "--microbatches", "4", "--loss-parallel", *extra],
-                         capture_output=True, text=True, timeout=300)
-    assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
-    return art
+def _generate(out: Path, config: str, schedule: str, *extra: str) -> Path:
+    return generate(out, config, "--tp", "2", "--pp", "2", "--pp-schedule", schedule,
+                    "--microbatches", "4", "--loss-parallel", *extra)
 
 
-def _exact_ranks(art, config: str, nproc: int) -> list[dict]:
-    """``launch --check-parity --steps 2`` on ``nproc`` ranks: every rank's report, each
+def _exact(ranks: list[dict], nproc: int) -> list[dict]:
+    """Every rank's report of ``launch --check-parity --steps 2`` on ``nproc`` ranks, each
     exact (:func:`assert_rank_exact`)."""
-    proc = launch_json(art, config, nproc, "--check-parity", "--steps", "2", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = json.loads(proc.stdout)["ranks"]
     assert len(ranks) == nproc
     for rank in ranks:
         assert_rank_exact(rank, 2)
     return ranks
 
 
-@pytest.mark.timeout(900)
+@pytest.fixture(scope="module")
+def lp(gloo, tmp_path_factory) -> dict[str, Any]:
+    """The pp 2 x tp 2 loss-parallel artifacts and their verify verdicts, by config; the
+    Gemma-2 one's launch on the session's gloo ranks (the Llama one is a real launch)."""
+    d = tmp_path_factory.mktemp("pp_lp")
+    out: dict[str, Any] = {}
+    for config, schedule in (("llama4", "1F1B"), ("gemma2_tied4", "Interleaved1F1B")):
+        art = _generate(d / config, config, schedule)
+        out[f"art:{config}"] = art
+        out[f"verify:{config}"] = hpc("verify", art, "--hf-config", CONFIGS / config)
+    out |= gloo_launch(gloo, 4, {"gemma2_tied4": rank_env(
+        out["art:gemma2_tied4"], "gemma2_tied4", 4, check_parity=True, steps=2)})
+    return out
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("config", "schedule"), [("llama4", "1F1B"),
                                                   ("gemma2_tied4", "Interleaved1F1B")])
-def test_pp2_tp2_loss_parallel_is_exact(tmp_path, config, schedule):
-    art = _generate(tmp_path, config, schedule)
+def test_pp2_tp2_loss_parallel_is_exact(lp, config, schedule):
+    art = lp[f"art:{config}"]
     meta = json.loads((art / "codegen_meta.json").read_text())
     assert meta["parallel_dims"]["loss_parallel"] is True
     assert meta["param_plan"]["lm_head"]["out_dst"] == {"output": {"tp": "S(-1)"}}
     if config == "gemma2_tied4":
         assert meta["pipeline"]["tied_across_stages"], meta["pipeline"]
-    ver = subprocess.run([*HPC, "verify", str(art), "--hf-config", str(CONFIGS / config)],
-                         capture_output=True, text=True, timeout=300)
-    assert ver.returncode == 0, ver.stdout[-3000:] + ver.stderr[-2000:]
+    code, text = lp[f"verify:{config}"]
+    assert code == 0, text[-3000:]
 
-    ranks = _exact_ranks(art, config, 4)
+    if config == "llama4":  # the real launch of loss parallelism with pp
+        proc = launch_json(art, config, 4, "--check-parity", "--steps", "2", timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        ranks = _exact(json.loads(proc.stdout)["ranks"], 4)
+    else:
+        ranks = _exact(ok_doc(lp, config)["ranks"], 4)
     for rank in ranks:
         assert rank["parity"]["loss_parallel"] is True, rank["parity"]
     logits = [r["parity"]["logits_max_diff"] for r in ranks
@@ -64,14 +85,12 @@ def test_pp2_tp2_loss_parallel_is_exact(tmp_path, config, schedule):
     assert len(logits) == 2 and max(logits) <= 1e-5, logits  # the last stage's 2 tp ranks
 
 
-def test_inspect_lists_the_loss_all_reduces_on_the_last_stage(tmp_path):
-    art = _generate(tmp_path, "llama4", "1F1B")
-    proc = subprocess.run([*HPC, "inspect-plan", str(art), "--json", "--hf-config",
-                           str(CONFIGS / "llama4"), "--batch", str(BATCH), "--seq", str(SEQ),
-                           "--dtype", "fp32"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
+def test_inspect_lists_the_loss_all_reduces_on_the_last_stage(lp):
+    code, text = hpc("inspect-plan", lp["art:llama4"], "--json", "--hf-config",
+                     CONFIGS / "llama4", "--batch", str(BATCH), "--seq", str(SEQ),
+                     "--dtype", "fp32")
+    assert code == 0, text[-2000:]
+    doc = json.loads(text)
     stages = doc["pipeline"]["stages"]
     assert [s["collectives"] for s in stages[:-1]] == [[]]
     (lp,) = stages[-1]["collectives"]
@@ -83,40 +102,38 @@ def test_inspect_lists_the_loss_all_reduces_on_the_last_stage(tmp_path):
         4 * lp["bytes_per_microbatch"]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("config", "schedule", "layout", "loss_parallel"), [
     # the suite runs the case composing the most; the other is opt-in (-m world8)
     pytest.param("llama4", "1F1B", "headtail", False, marks=pytest.mark.world8),
     ("qwen3_4", "Interleaved1F1B", "contiguous", True)])
-def test_pp2_cp2_tp2_sp_is_exact_on_eight_ranks(tmp_path, config, schedule, layout,
+def test_pp2_cp2_tp2_sp_is_exact_on_eight_ranks(gloo, tmp_path, config, schedule, layout,
                                                 loss_parallel):
     """pp x cp x sp: a stage receives hidden states sharded over cp and over tp (its cp
     shard's sequence, cut again by sequence parallelism), rebuilds its cp batch view for the
     whole cp shard, and the run equals the unsharded model; each send carries
-    1/(cp x tp) of a microbatch's hidden states, as inspect-plan predicts."""
+    1/(cp x tp) of a microbatch's hidden states, as inspect-plan predicts. (The rank job
+    on the session's gloo ranks; the real launches of pp x cp and of loss parallelism are
+    ``test_pp_cp_launch.py``'s and the Llama case above.)"""
     from hpcodegen.launch.rank.model import SEQ_LEN
 
-    art = tmp_path / "art"
-    gen = subprocess.run([*HPC, "generate", "--model", str(CONFIGS / config), "-o", str(art),
-                          "--tp", "2", "--sp", "--cp", "2", "--cp-layout", layout,
-                          "--pp", "2", "--pp-schedule", schedule, "--microbatches", "4",
-                          *(["--loss-parallel"] if loss_parallel else [])],
-                         capture_output=True, text=True, timeout=300)
-    assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
+    art = generate(tmp_path / "art", config, "--tp", "2", "--sp", "--cp", "2", "--cp-layout",
+                   layout, "--pp", "2", "--pp-schedule", schedule, "--microbatches", "4",
+                   *(["--loss-parallel"] if loss_parallel else []))
     meta = json.loads((art / "codegen_meta.json").read_text())
     assert meta["pipeline"]["boundary"]["placements"] == {"tp": "S(1)", "cp": "S(1)"}
-    ver = subprocess.run([*HPC, "verify", str(art)], capture_output=True, text=True,
-                         timeout=300)
-    assert ver.returncode == 0, ver.stdout[-2000:]
-    insp = subprocess.run([*HPC, "inspect-plan", str(art), "--json", "--hf-config",
-                           str(CONFIGS / config), "--batch", "4", "--seq", str(SEQ_LEN),
-                           "--dtype", "fp32"], capture_output=True, text=True, timeout=300)
-    assert insp.returncode == 0, insp.stdout[-2000:] + insp.stderr[-2000:]
-    predicted = json.loads(insp.stdout)["pipeline"]["stages"][0][
+    code, text = hpc("verify", art)
+    assert code == 0, text[-2000:]
+    code, text = hpc("inspect-plan", art, "--json", "--hf-config", CONFIGS / config,
+                     "--batch", "4", "--seq", str(SEQ_LEN), "--dtype", "fp32")
+    assert code == 0, text[-2000:]
+    predicted = json.loads(text)["pipeline"]["stages"][0][
         "p2p_forward_bytes_per_microbatch"]
     assert predicted == 1 * SEQ_LEN * 64 * 4 // 4  # one row, hidden 64, fp32, / (cp x tp)
 
-    ranks = _exact_ranks(art, config, 8)
+    docs = gloo_launch(gloo, 8, {config: rank_env(art, config, 8, check_parity=True,
+                                                  steps=2)})
+    ranks = _exact(ok_doc(docs, config)["ranks"], 8)
     for rank in ranks:
         p2p = rank["parity"]["p2p"]
         assert p2p["bytes_sent"] == predicted * p2p["measured"]["isend"], p2p
