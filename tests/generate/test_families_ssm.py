@@ -88,10 +88,11 @@ def test_mamba2_projections_split_scan_replicated(tp: int) -> None:
 
 
 def test_uneven_packed_projection_is_refused() -> None:
-    """9 heads of 16 on hidden 72: in_proj has 2*144 + 2*2*16 + 9 = 361 rows, which no
-    config field names; torch would shard it unevenly and the gather could not run."""
-    with pytest.raises(PlanError, match=r"in_proj.weight.*size 361 over tp_size = 2"):
-        plan_of("mamba2", 2, hidden_size=72, num_heads=9)
+    """9 heads of 16 on hidden 72, one group: in_proj has 2*144 + 2*1*16 + 9 = 329 rows,
+    which no config field names; torch would shard it unevenly and the gather could not
+    run. (The config runs unsharded: 9 heads over 2 groups would not.)"""
+    with pytest.raises(PlanError, match=r"in_proj.weight.*size 329 over tp_size = 2"):
+        plan_of("mamba2", 2, hidden_size=72, num_heads=9, n_groups=1)
 
 
 def test_rwkv_time_and_channel_mixing_split_by_channels() -> None:
@@ -124,3 +125,13 @@ def test_recurrent_gemma_rg_lru_by_heads_and_mqa_attention_whole() -> None:
     gqa = plan_of("recurrent_gemma_gqa")["model.layers.2.temporal_block"]
     assert gqa["params"]["k_proj.weight"] == {"tp": "S(0)"}
     assert gqa["params"]["o_proj.weight"] == {"tp": "S(1)"}
+
+
+def test_a_config_whose_forward_does_not_run_says_why_nothing_is_seeded() -> None:
+    """9 heads over 2 groups: transformers' own forward fails (repeat_interleave), so the
+    seeds read from the traced forward are missing; generate says so instead of a silently
+    replicated plan."""
+    notes: list[str] = []
+    plan = plan_of("mamba2", 2, notes, hidden_size=72, num_heads=9)
+    assert plan["backbone.layers.0.mixer"]["params"]["in_proj.weight"] == {"tp": "R"}
+    assert any("does not run on meta tensors" in n for n in notes), notes

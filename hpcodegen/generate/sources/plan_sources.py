@@ -90,6 +90,10 @@ def plan_sources(model: Any, sp: bool, recipe: Sequence[Mapping[str, Any]] | Non
     seeds = fused.settle(model, assignments, seeds)
     assignments.update(seeds)
     if notes is not None:
+        if seeding and flow is None:
+            notes.append("structural seeds: the model's forward does not run on meta "
+                         "tensors, so no block is matched by the order of its calls (MLPs "
+                         "by shape, projections split one by one); those stay replicated")
         notes.extend(seeds_note(model, seeds, paired.notes()) + fused.notes())
     layouts = megatron_layouts(model, assignments,
                                overridden | shipped_modules | paired.uncalled, flow_of)
