@@ -41,7 +41,9 @@ def _pp(out: Path, config: str, tp: int, schedule: str) -> Path:
 @pytest.fixture(scope="module")
 def runs(gloo, tmp_path_factory) -> dict[str, Any]:
     """Every gloo case of the module, by name (the round trip's legs in order: each reads
-    the checkpoint the one before saved)."""
+    the checkpoint the one before saved). The calls go 8, 2, 4 ranks: the world the module
+    before leaves (``test_pp_fsdp_save.py``: 8) is reused, and the one left (4) is the
+    next module's (``test_pp_loss_parallel.py``), one world being alive at a time."""
     d = tmp_path_factory.mktemp("pp_launch")
     gemma = _pp(d / "gemma", "gemma2_tied4", 2, "Interleaved1F1B")
     llama = _pp(d / "llama", "llama4", 1, "1F1B")
@@ -50,6 +52,10 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
     pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
     tp = generate(d / "tp", "llama4", "--tp", "2")
     a, b, hf = d / "a", d / "b", d / "hf"
+    parity = {"check_parity": True, "steps": 2}
+    out |= gloo_launch(gloo, 8, {
+        "moe": rank_env(moe, "qwen3_moe4", 8, **parity),
+        "fsdp:gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 8, **parity)})
     out |= gloo_launch(gloo, 2, {"straight": rank_env(pp, "llama4", 2, steps=4),
                                  "saved": rank_env(pp, "llama4", 2, steps=2, save=a)})
     out |= gloo_launch(gloo, 2, {"third": rank_env(tp, "llama4", 2, steps=1, resume=a,
@@ -57,13 +63,9 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
     out["exported"] = hpc("export", a, "-o", hf)
     out |= gloo_launch(gloo, 2, {"from_export": rank_env(tp, hf, 2, steps=1),
                                  "back": rank_env(pp, "llama4", 2, steps=1, resume=b)})
-    parity = {"check_parity": True, "steps": 2}
     out |= gloo_launch(gloo, 4, {
         "gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 4, **parity),
         "fsdp:llama4-1-1F1B": rank_env(llama, "llama4", 4, **parity)})
-    out |= gloo_launch(gloo, 8, {
-        "moe": rank_env(moe, "qwen3_moe4", 8, **parity),
-        "fsdp:gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 8, **parity)})
     return out
 
 
