@@ -3,7 +3,9 @@ an honest reader almost nothing, but claims work without end (a chunk list share
 the pickle memo by every key, a step item nested through one shared list, a 1 TiB file,
 a 2^30-row embedding). Each is refused with an exit-2 finding after work bounded by
 the limits of :mod:`hpcodegen.checkpoint.metadata` and :mod:`hpcodegen.checkpoint.dcp_safe`
-(counted here, never timed); a generous pytest timeout catches a hang.
+(counted here, never timed); a generous pytest timeout catches a hang. The CLI runs
+(export, launch's pre-start refusal) go through its entry point in this process
+(``tests/cli/inproc.py``): the same code and exit codes without a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import pytest
 
 from hpcodegen.checkpoint.record import RECORD_NAME, file_sha256, write_record
 from hpcodegen.errors import InputError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from inproc import run as cli  # the CLI's entry point, in this process
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.filterwarnings("ignore::UserWarning")]
 REPO = Path(__file__).resolve().parents[2]
@@ -76,9 +81,7 @@ def _codes(exc: InputError) -> list[str]:
 
 
 def _export_cli(ckpt: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcodegen", "export", str(ckpt), "-o",
-                           str(out), "--json"], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
+    return cli("export", ckpt, "-o", out, "--json", cwd=REPO)
 
 
 def _shared_chunks_metadata(n_keys: int, n_chunks: int):
@@ -282,11 +285,9 @@ def test_launch_resume_refuses_the_shared_chunk_metadata_before_any_rank(genuine
     (ckpt / ".metadata").write_bytes(pickle.dumps(_shared_chunks_metadata(
         200, md_mod.MAX_CHUNKS)))
     _rehash(ckpt)
-    proc = subprocess.run([sys.executable, "-m", "hpcodegen", "launch",
-                           str(REPO / "examples" / "llama_tp2"), "--nproc", "2",
-                           "--model-dir", str(LLAMA), "--resume", str(ckpt), "--steps", "1",
-                           "--timeout", "300", "--log-dir", str(tmp_path / "logs"), "--json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=400)
+    proc = cli("launch", REPO / "examples" / "llama_tp2", "--nproc", "2", "--model-dir",
+               LLAMA, "--resume", ckpt, "--steps", "1", "--timeout", "300", "--log-dir",
+               tmp_path / "logs", "--json", cwd=REPO)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 2, doc
     assert [f["code"] for f in doc["findings"]] == ["checkpoint.limit"]

@@ -1,5 +1,6 @@
 """``hpcodegen export``: a DCP checkpoint back to config.json + safetensors (in-process,
-one-process DCP; the multi-rank save is tested in tests/launch/test_checkpoints.py)."""
+one-process DCP; the multi-rank save is tested in tests/launch/test_checkpoints.py). The
+CLI's refusals run through its entry point in this process (``tests/cli/inproc.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from hpcodegen.checkpoint.record import write_record
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from inproc import run as cli  # the CLI's entry point, in this process
 
 pytestmark = [pytest.mark.timeout(400),
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -39,8 +43,7 @@ def _checkpoint(tmp_path, *, tie: bool = False):
 
 
 def _export(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcodegen", "export", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    return cli("export", *args, cwd=REPO)
 
 
 @pytest.mark.parametrize("tie", [False, True])

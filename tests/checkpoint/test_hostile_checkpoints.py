@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,9 @@ import pytest
 
 from hpcodegen.checkpoint.record import RECORD_NAME, file_sha256, write_record
 from hpcodegen.errors import InputError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from inproc import run as cli  # the CLI's entry point, in this process
 
 pytestmark = [pytest.mark.timeout(400),
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -222,9 +224,7 @@ def test_export_cli_reports_a_damaged_checkpoint_as_json_and_keeps_others_files(
     partial = tmp_path / ".hf.partial"  # someone else's: export must not delete it
     partial.mkdir()
     (partial / "keep").write_text("mine")
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "export", str(ckpt), "-o",
-                          str(tmp_path / "hf"), "--json"], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    run = cli("export", ckpt, "-o", tmp_path / "hf", "--json", cwd=REPO)  # in this process
     doc = json.loads(run.stdout)
     assert run.returncode == 2 and doc["exit_code"] == 2 and doc["verb"] == "export"
     assert [f["code"] for f in doc["findings"]] == ["checkpoint.corrupted"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -13,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from hpcodegen.errors import PlanError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from inproc import run as cli  # the CLI's entry point, in this process
 
 pytestmark = pytest.mark.timeout(450)
 REPO = Path(__file__).resolve().parents[2]
@@ -100,10 +102,8 @@ def test_a_weights_file_that_is_not_regular_is_refused_before_any_rank(tmp_path,
     watcher = threading.Thread(target=watch, daemon=True) if kind != "directory" else None
     if watcher is not None:
         watcher.start()
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "launch", str(EXAMPLE),
-                          "--nproc", "2", "--device", "cpu", "--model-dir", str(model_dir),
-                          "--json", "--timeout", "300"], capture_output=True, text=True,
-                         cwd=REPO, timeout=400)
+    run = cli("launch", EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
+              "--json", "--timeout", "300", cwd=REPO)  # its pre-start check, in this process
     doc = json.loads(run.stdout)
     assert run.returncode == 2 and doc["status"] == "error", run.stderr
     assert [f["code"] for f in doc["findings"]] == ["launch.weights_unreadable"]

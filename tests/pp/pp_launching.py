@@ -3,15 +3,17 @@ a subprocess where the launch path is what a test checks), a pipelined artifact 
 JSON launch, the launch's rank job on the session's gloo worlds, and the verdict of an
 exact ``--check-parity`` rank.
 
-Each launch feature (``--check-parity --steps``, FSDP over dp with ``--max-grad-norm``,
-``--compile``, ``--save``, ``--resume``, pp x cp, loss parallelism, DualPipeV, the memory
-refusal) keeps at least one real ``hpcodegen launch`` (torchrun, one process per rank, the
-launcher's model check and verdict). The other cases run the same rank job
-(:func:`hpcodegen.launch.rank.smoke.run`, with the environment the launcher would give it,
-:func:`hpcodegen.launch.launcher.command.job_environment`) on the session's kept gloo
-ranks (:func:`gloo_launch`): same code, same numbers, without a torchrun, a launcher and N
-fresh interpreters importing torch per case. Each case keeps its own result: a case that
-fails names itself.
+A real ``hpcodegen launch`` (torchrun, one process per rank, the launcher's model check and
+verdict) stays where launching is what a test checks: ``--check-parity --steps`` of a
+pipeline (with ``--compile``: one launch, :func:`shared_launch`, read by both tests),
+``--resume`` and ``--save`` through the launcher (``test_pp_fsdp_save.py``) and the memory
+refusal's exit 2 (``test_pp_memory.py``). The numerics of every other feature (FSDP over
+dp, ``--max-grad-norm``, pp x cp, loss parallelism, DualPipeV, MoE, saving at pp) run the
+same rank job (:func:`hpcodegen.launch.rank.smoke.run`, with the environment the launcher
+would give it, :func:`hpcodegen.launch.launcher.command.job_environment`) on the session's
+kept gloo ranks (:func:`gloo_launch`): same code, same numbers, without a torchrun, a
+launcher and N fresh interpreters importing torch per case. Each case keeps its own
+result: a case that fails names itself.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ HPC = [sys.executable, "-m", "hpcodegen"]
 
 #: artifacts generated in this process, by their generate flags (see :func:`generated`)
 _GENERATED: dict[tuple[str, ...], Path] = {}
+#: the flags of the real ``--check-parity --steps`` launch of llama4 at pp 2: the tests of
+#: both features read it (``test_pp_launch.py``, ``test_pp_flags.py``)
+REAL_PARITY = ("--check-parity", "--steps", "2", "--compile")
+#: real launches made in this process, by their arguments (see :func:`shared_launch`)
+_LAUNCHED: dict[tuple[str, ...], subprocess.CompletedProcess] = {}
 
 
 def hpc(*args: str) -> tuple[int, str]:
@@ -87,6 +94,19 @@ def launch_json(art: Path, config: str, nproc: int, *extra: str,
     return subprocess.run([*HPC, "launch", str(art), "--nproc", str(nproc), "--model-dir",
                            str(CONFIGS / config), "--json", *extra],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def shared_launch(tmp_path: Path, config: str, tp: int, schedule: str, nproc: int,
+                  *extra: str) -> subprocess.CompletedProcess:
+    """:func:`launch_json` of :func:`generate_pp`'s artifact, run once per distinct
+    arguments in this process: tests that check different fields of the same launch (the
+    exact ``--check-parity`` ranks, the stages compiled by ``--compile``) read one real
+    torchrun instead of paying one each."""
+    key = (config, str(tp), schedule, str(nproc), *extra)
+    if key not in _LAUNCHED:
+        art = generate_pp(tmp_path, config, tp, schedule)
+        _LAUNCHED[key] = launch_json(art, config, nproc, *extra)
+    return _LAUNCHED[key]
 
 
 def rank_env(art: Path, config: str | Path, nproc: int, *, steps: int = 0,

@@ -4,8 +4,9 @@ over tp and, under FSDP, dp, combined over pp, a tied embedding counted once), s
 clipped gradients, the norm of every step and the losses of the clipped steps equal
 torch's on the reference; ``--compile`` runs each stage's layers compiled, exactly.
 
-The dp 2 case of ``--max-grad-norm`` (FSDP over dp too) and ``--compile`` are real
-launches; the other clip cases run launch's rank job on the session's gloo ranks
+``--compile`` reads the real launch of ``test_pp_launch.py``'s ``--check-parity --steps``
+test (``pp_launching.shared_launch``: one torchrun for both); the clip cases, FSDP over
+dp 2 included, run launch's rank job on the session's gloo ranks
 (``pp_launching.gloo_launch``), once for the module (``clipped``)."""
 
 from __future__ import annotations
@@ -14,43 +15,37 @@ import json
 from typing import Any
 
 import pytest
-from pp_launching import generate, gloo_launch, ok_doc, rank_env
-from pp_launching import generate_pp as _generate
-from pp_launching import launch_json as _launch
+from pp_launching import REAL_PARITY, generate, gloo_launch, ok_doc, rank_env, shared_launch
 
 CLIP = 0.05  # a max norm far below the gradients' norm: every step is clipped
-#: the clip cases on gloo ranks (the dp 2 one is the real launch)
-GLOO_CLIP = [("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved1F1B")]
+#: the clip cases, each on ``2 x tp x dp`` gloo ranks (dp 2: FSDP over each stage's dp ranks)
+CLIP_CASES = [("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved1F1B"),
+              ("llama4", 1, 2, "1F1B")]
 
 
 @pytest.fixture(scope="module")
 def clipped(gloo, tmp_path_factory) -> dict[str, Any]:
-    """``--check-parity --steps 2 --max-grad-norm CLIP`` of each :data:`GLOO_CLIP` case."""
+    """``--check-parity --steps 2 --max-grad-norm CLIP`` of each :data:`CLIP_CASES` case,
+    the cases of one world size in one call."""
     d = tmp_path_factory.mktemp("pp_flags")
-    out: dict[str, Any] = {}
-    for config, tp, dp, schedule in GLOO_CLIP:
+    by_world: dict[int, dict[str, dict[str, str]]] = {}
+    for config, tp, dp, schedule in CLIP_CASES:
         art = generate(d / f"{config}_{schedule}_tp{tp}", config, "--tp", str(tp), "--pp", "2",
                        "--pp-schedule", schedule, "--microbatches", "4")
         nproc = 2 * tp * dp
-        out |= gloo_launch(gloo, nproc, {f"{config}-{tp}-{dp}-{schedule}": rank_env(
-            art, config, nproc, check_parity=True, steps=2, max_grad_norm=CLIP)})
+        by_world.setdefault(nproc, {})[f"{config}-{tp}-{dp}-{schedule}"] = rank_env(
+            art, config, nproc, check_parity=True, steps=2, max_grad_norm=CLIP)
+    out: dict[str, Any] = {}
+    for nproc, cases in sorted(by_world.items()):
+        out |= gloo_launch(gloo, nproc, cases)
     return out
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize(("config", "tp", "dp", "schedule"), [
-    ("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved1F1B"),
-    ("llama4", 1, 2, "1F1B")])  # dp 2: FSDP over each stage's dp ranks
+@pytest.mark.parametrize(("config", "tp", "dp", "schedule"), CLIP_CASES)
 def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
-        tmp_path, clipped, config, tp, dp, schedule):
-    if (config, tp, dp, schedule) in GLOO_CLIP:
-        ranks = ok_doc(clipped, f"{config}-{tp}-{dp}-{schedule}")["ranks"]
-    else:  # the real launch of the flag, FSDP over dp included
-        art = _generate(tmp_path, config, tp, schedule)
-        proc = _launch(art, config, 2 * tp * dp, "--check-parity", "--steps", "2",
-                       "--max-grad-norm", str(CLIP))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        ranks = json.loads(proc.stdout)["ranks"]
+        clipped, config, tp, dp, schedule):
+    ranks = ok_doc(clipped, f"{config}-{tp}-{dp}-{schedule}")["ranks"]
     assert len(ranks) == 2 * tp * dp
     assert all(r["parity"]["fsdp_dp"] == dp for r in ranks)
     for rank in ranks:
@@ -68,9 +63,9 @@ def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
 @pytest.mark.timeout(900)
 def test_compile_layers_with_a_pipeline_is_exact_on_two_ranks(tmp_path):
     """``--compile``: each stage's decoder layers compiled; loss, logits, every
-    gradient and two AdamW steps equal the unsharded (eager) model's."""
-    art = _generate(tmp_path, "llama4", 1, "1F1B")
-    proc = _launch(art, "llama4", 2, "--check-parity", "--steps", "2", "--compile")
+    gradient and two AdamW steps equal the unsharded (eager) model's. (The real launch
+    that ``test_pp_launch.py``'s ``--check-parity --steps`` test reads too.)"""
+    proc = shared_launch(tmp_path, "llama4", 1, "1F1B", 2, *REAL_PARITY)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = json.loads(proc.stdout)["ranks"]
     assert len(ranks) == 2

@@ -31,7 +31,10 @@ def _losses(doc: dict) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(gloo, tmp_path_factory) -> dict[str, Any]:
-    """Every run of the module, by name (``third``: the real launch's process)."""
+    """Every run of the module, by name (``third``: the real launch's process). The gloo
+    calls go 4, 4, 2, 8 ranks: the world the module before leaves (``test_pp_flags.py``:
+    4) is reused, and the one left (8) is the next module's first (``test_pp_launch.py``),
+    so no world is started twice for nothing (one world is alive at a time)."""
     d = tmp_path_factory.mktemp("pp_fsdp_save")
     pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
     tp = generate(d / "tp", "llama4", "--tp", "2")
@@ -41,15 +44,15 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
                      "--microbatches", "2")
     a, b = d / "a", d / "b"
     out: dict[str, Any] = {"a": a}
-    out |= gloo_launch(gloo, 2, {
-        "straight": rank_env(tp, "llama4", 2, steps=4),
-        "held:llama4": rank_env(pp, "llama4", 2, check_parity=True, steps=1),
-        "held:gemma2_tied4": rank_env(gemma, "gemma2_tied4", 2, check_parity=True, steps=1)})
     out |= gloo_launch(gloo, 4, {"saved": rank_env(pp, "llama4", 4, steps=2, save=a)})
     out["third"] = _launch(tp, "llama4", 2, "--steps", "1", "--resume", str(a), "--save",
                            str(b), timeout=600)
     out |= gloo_launch(gloo, 4, {"back": rank_env(pp, "llama4", 4, steps=1, resume=b,
                                                   check_parity=True)})
+    out |= gloo_launch(gloo, 2, {
+        "straight": rank_env(tp, "llama4", 2, steps=4),
+        "held:llama4": rank_env(pp, "llama4", 2, check_parity=True, steps=1),
+        "held:gemma2_tied4": rank_env(gemma, "gemma2_tied4", 2, check_parity=True, steps=1)})
     out |= gloo_launch(gloo, 8, {"cp": rank_env(cp, "llama4", 8, check_parity=True, steps=1)})
     return out
 

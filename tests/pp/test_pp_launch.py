@@ -5,10 +5,12 @@ pp 2 x tp 2 x ep 2 on 8 ranks too; a checkpoint saved at pp 2 resumes exactly at
 back; a world the frozen sizes do not divide is a usage error before any process
 starts.
 
-One real launch per launch feature here (``--check-parity --steps`` of llama4 at pp 2, the
-``--save`` of the round trip); every other case runs launch's rank job on the session's
-gloo ranks (``pp_launching.gloo_launch``), all of them once for the module (``runs``), each
-test reading its own case."""
+One real launch here: ``--check-parity --steps 2`` of llama4 at pp 2 (with ``--compile``,
+the launch ``test_pp_flags.py``'s compile test reads too: ``pp_launching.shared_launch``);
+the real ``--save``/``--resume`` through the launcher is ``test_pp_fsdp_save.py``'s. Every
+other case, the round trip's ``--save`` at pp 2 included, runs launch's rank job on the
+session's gloo ranks (``pp_launching.gloo_launch``), all of them once for the module
+(``runs``), each test reading its own case."""
 
 from __future__ import annotations
 
@@ -19,15 +21,16 @@ from typing import Any
 import pytest
 from pp_launching import (
     CONFIGS,
+    REAL_PARITY,
     assert_rank_exact,
     generate,
     gloo_launch,
     hpc,
     ok_doc,
     rank_env,
+    shared_launch,
 )
 from pp_launching import generate_pp as _generate
-from pp_launching import launch_json as _launch
 
 
 def _pp(out: Path, config: str, tp: int, schedule: str) -> Path:
@@ -37,8 +40,10 @@ def _pp(out: Path, config: str, tp: int, schedule: str) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(gloo, tmp_path_factory) -> dict[str, Any]:
-    """Every gloo case of the module, by name; ``chain`` holds the round trip's paths and
-    the real ``--save`` launch between its gloo legs."""
+    """Every gloo case of the module, by name (the round trip's legs in order: each reads
+    the checkpoint the one before saved). The calls go 8, 2, 4 ranks: the world the module
+    before leaves (``test_pp_fsdp_save.py``: 8) is reused, and the one left (4) is the
+    next module's (``test_pp_loss_parallel.py``), one world being alive at a time."""
     d = tmp_path_factory.mktemp("pp_launch")
     gemma = _pp(d / "gemma", "gemma2_tied4", 2, "Interleaved1F1B")
     llama = _pp(d / "llama", "llama4", 1, "1F1B")
@@ -47,20 +52,20 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
     pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
     tp = generate(d / "tp", "llama4", "--tp", "2")
     a, b, hf = d / "a", d / "b", d / "hf"
-    out |= gloo_launch(gloo, 2, {"straight": rank_env(pp, "llama4", 2, steps=4)})
-    out["saved"] = _launch(pp, "llama4", 2, "--steps", "2", "--save", str(a))
+    parity = {"check_parity": True, "steps": 2}
+    out |= gloo_launch(gloo, 8, {
+        "moe": rank_env(moe, "qwen3_moe4", 8, **parity),
+        "fsdp:gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 8, **parity)})
+    out |= gloo_launch(gloo, 2, {"straight": rank_env(pp, "llama4", 2, steps=4),
+                                 "saved": rank_env(pp, "llama4", 2, steps=2, save=a)})
     out |= gloo_launch(gloo, 2, {"third": rank_env(tp, "llama4", 2, steps=1, resume=a,
                                                    save=b)})
     out["exported"] = hpc("export", a, "-o", hf)
     out |= gloo_launch(gloo, 2, {"from_export": rank_env(tp, hf, 2, steps=1),
                                  "back": rank_env(pp, "llama4", 2, steps=1, resume=b)})
-    parity = {"check_parity": True, "steps": 2}
     out |= gloo_launch(gloo, 4, {
         "gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 4, **parity),
         "fsdp:llama4-1-1F1B": rank_env(llama, "llama4", 4, **parity)})
-    out |= gloo_launch(gloo, 8, {
-        "moe": rank_env(moe, "qwen3_moe4", 8, **parity),
-        "fsdp:gemma2_tied4-2-Interleaved1F1B": rank_env(gemma, "gemma2_tied4", 8, **parity)})
     return out
 
 
@@ -73,9 +78,8 @@ def _real(proc) -> dict:
 @pytest.mark.parametrize(("config", "tp", "schedule"), [
     ("llama4", 1, "1F1B"), ("gemma2_tied4", 2, "Interleaved1F1B")])
 def test_launch_check_parity_and_steps(tmp_path, runs, config, tp, schedule):
-    if config == "llama4":  # the real launch of the feature
-        art = _generate(tmp_path, config, tp, schedule)
-        doc = _real(_launch(art, config, 2 * tp, "--check-parity", "--steps", "2"))
+    if config == "llama4":  # the real launch of the feature (stages compiled, too)
+        doc = _real(shared_launch(tmp_path, config, tp, schedule, 2 * tp, *REAL_PARITY))
     else:
         doc = ok_doc(runs, f"{config}-{tp}-{schedule}")
     ranks = doc["ranks"]
@@ -124,14 +128,15 @@ def test_qwen3_moe_pp2_tp2_ep2_on_eight_ranks_is_exact(runs):
 
 @pytest.mark.timeout(1800)
 def test_a_checkpoint_saved_at_pp2_resumes_exactly_at_tp2_and_back(runs):
-    """Four steps at pp 2 against two steps at pp 2, saved (a real launch), and the third
+    """Four steps at pp 2 against two steps at pp 2, saved, and the third
     at tp 2 (no pipeline) from the checkpoint, saved again; that first checkpoint exported
     to HF holds the trained weights (a tp 2 run from the export starts at the third step's
     loss); the tp 2 checkpoint resumed at pp 2 gives the fourth step's loss. One chain of
     runs checks both directions (pp -> tp and tp -> pp); a separate tp 2 run from scratch
     to make the tp 2 checkpoint would check nothing more."""
     straight = ok_doc(runs, "straight")["ranks"][0]["losses"]
-    _real(runs["saved"])
+    saved = ok_doc(runs, "saved")["ranks"][0]["losses"]
+    assert saved == pytest.approx(straight[:2], abs=1e-5)
     third = ok_doc(runs, "third")["ranks"][0]["losses"]
     assert third[0] == pytest.approx(straight[2], abs=1e-5)
     code, text = runs["exported"]  # the pipeline's checkpoint exported to HF
@@ -150,8 +155,7 @@ def test_fsdp_over_dp_with_pp_is_exact(runs, config, tp, schedule):
     its rows of the global batch; the gradients reduced over dp once per step (one
     reduce-scatter per sharded unit, after the last microbatch), summed: the loss, the
     logits of the rank's rows, every gradient (Gemma-2's embedding tied across stages
-    too) and two AdamW steps equal the unsharded model's. (Its real launch:
-    ``test_pp_flags.py``'s ``--max-grad-norm`` at dp 2.)"""
+    too) and two AdamW steps equal the unsharded model's."""
     doc = ok_doc(runs, f"fsdp:{config}-{tp}-{schedule}")
     assert doc["mesh"] == {"pp": 2, "dp": 2, "tp": tp} if tp > 1 else {"pp": 2, "dp": 2}
     for rank in doc["ranks"]:
