@@ -1,14 +1,34 @@
 """Checkpoints on real gloo ranks: sharded load -> save -> export reproduces the input bit
 for bit; 2 steps at tp2 + 1 resumed at tp4 == 3 uninterrupted steps; clipping by the
 global norm matches the unsharded model; bf16 runs; another model's checkpoint is refused
-before start."""
+before start.
+
+``--save`` and ``--resume`` at another mesh are real launches; bf16 and the twenty steps
+with sequence parallelism run launch's rank job on the session's kept gloo ranks
+(``launch_gloo``: the same job and numbers, no torchrun and fresh interpreters per case).
+"""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from launch_gloo import gloo_launch, ok_doc, rank_env
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO, check_in_process, run_cli
+
+QWEN3_SP = REPO / "examples" / "qwen3_tp2_sp"
+QWEN3_CONFIG = REPO / "examples" / "configs" / "qwen3"
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(gloo) -> dict:
+    """This module's rank-job cases on 2 kept gloo ranks, in one call: ``launch --json``'s
+    document per case (``ok_doc`` names a failing case)."""
+    return gloo_launch(gloo, 2, {
+        "bf16": rank_env(EXAMPLE, LLAMA_CONFIG, 2, dtype="bf16", check_parity=True,
+                         steps=2),
+        "twenty_steps": rank_env(QWEN3_SP, QWEN3_CONFIG, 2, steps=20, check_parity=True),
+    })
 
 MAX_NORM = "0.5"  # below the example's gradient norms (~1.4-1.7): clipping is active
 
@@ -149,11 +169,8 @@ def test_checkpoint_options_refused(tmp_path):
 
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
-def test_bf16_runs_within_its_tolerance(tmp_path):
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--dtype", "bf16", "--check-parity", "--steps", "2", "--json", timeout=300)
-    assert run.code == 0, run.stdout + run.stderr
-    ranks = run.json()["ranks"]
+def test_bf16_runs_within_its_tolerance(gloo_runs):
+    ranks = ok_doc(gloo_runs, "bf16")["ranks"]
     config = json.loads((LLAMA_CONFIG / "config.json").read_text())
     h, i, v, n = (config[k] for k in ("hidden_size", "intermediate_size", "vocab_size",
                                       "num_hidden_layers"))
@@ -165,14 +182,10 @@ def test_bf16_runs_within_its_tolerance(tmp_path):
 
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
-def test_twenty_steps_match_at_every_step():
+def test_twenty_steps_match_at_every_step(gloo_runs):
     """Qwen3 with sequence parallelism (partial-gradient norms, q/k norms): 20 AdamW steps,
     the sharded and the unsharded losses equal at every step."""
-    run = run_cli(REPO / "examples" / "qwen3_tp2_sp", "--nproc", "2", "--device", "cpu",
-                  "--model-dir", REPO / "examples" / "configs" / "qwen3", "--steps", "20",
-                  "--check-parity", "--json", timeout=300)
-    assert run.code == 0, run.stdout + run.stderr
-    rank = run.json()["ranks"][0]
+    rank = ok_doc(gloo_runs, "twenty_steps")["ranks"][0]
     assert len(rank["losses"]) == 20
     assert rank["losses"] == pytest.approx(rank["ref_losses"], abs=1e-5)
     assert rank["losses"][-1] < rank["losses"][0] - 1.0  # it trains

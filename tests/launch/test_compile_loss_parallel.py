@@ -5,6 +5,9 @@
 * ``examples/llama_tp2_sp_lp`` (``generate --sp --loss-parallel``): inspect-plan shows no
   all_gather on the ``lm_head`` output, and the vocab-parallel cross entropy (no logits
   gather) gives the unsharded loss and gradients over two steps.
+
+``--compile`` is a real launch; the loss-parallel parity runs launch's rank job on the
+session's kept gloo ranks (``launch_gloo``: the same job and numbers, no torchrun).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import io
 import json
 
 import pytest
+from launch_gloo import gloo_launch, ok_doc, rank_env
 from launch_helpers import LLAMA_CONFIG, REPO, run_cli
 
 pytestmark = pytest.mark.gloo
@@ -35,11 +39,14 @@ def test_compile_check_parity_two_steps_sp(tmp_path):
                   "--json", "--timeout", "400", timeout=410,
                   env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    _assert_exact(run.json(), 2)
+    doc = run.json()
+    _assert_exact(doc, 2)
+    # the passing run's scratch dir is removed: it is not reported as if it were kept
+    assert doc["run_dir"] is None and doc["log_dir"] is None
 
 
 @pytest.mark.timeout(420)
-def test_loss_parallel_artifact_no_logits_gather_and_parity():
+def test_loss_parallel_artifact_no_logits_gather_and_parity(gloo):
     """The shipped ``examples/llama_tp2_sp_lp`` (``generate --sp --loss-parallel``; the
     example gate regenerates it byte for byte)."""
     from hpcodegen.inspect.options import InspectOptions
@@ -56,7 +63,6 @@ def test_loss_parallel_artifact_no_logits_gather_and_parity():
     assert head["out_ops"] == []  # the logits leave vocab-sharded: no all_gather
     assert [op["kind"] for op in head["in_ops"]] == ["all_gather"]  # sp: the sequence only
     assert doc["loss_parallel_heads"] == ["lm_head"]
-    run = run_cli(out, "--nproc", "2", "--model-dir", LLAMA_CONFIG, "--device", "cpu",
-                  "--check-parity", "--steps", "2", "--json", "--timeout", "400", timeout=410)
-    assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    _assert_exact(run.json(), 2)
+    docs = gloo_launch(gloo, 2, {"loss_parallel": rank_env(out, LLAMA_CONFIG, 2, steps=2,
+                                                           check_parity=True)})
+    _assert_exact({"status": "ok", **ok_doc(docs, "loss_parallel")}, 2)

@@ -95,8 +95,10 @@ def test_injected_fault_in_the_smoke_job(tmp_path):
 @pytest.mark.timeout(400)
 def test_hang_ends_at_timeout(tmp_path):
     """The grandchild must exist when --timeout fires: a start-up slower than the timeout
-    (a loaded machine) is run again with a longer one, until it does (6 s, then 30, 120)."""
-    for limit in ("6", "30", "120"):
+    (a loaded machine) is run again with a timeout twice as long, until it does (6 s, 12,
+    24, 48, then 120). Doubling bounds the wait by about twice the start-up it needs, where
+    a jump from 6 s to 30 s waited 36 s for a start-up of 7 s."""
+    for limit in ("6", "12", "24", "48", "120"):
         script, pids = _script(tmp_path / limit, HANG_ON_0)
         run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--timeout", limit,
                       "--json", "--log-dir", tmp_path / limit / "logs", "--", script, pids,

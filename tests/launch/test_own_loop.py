@@ -83,6 +83,12 @@ def runs(hf_dir, tmp_path_factory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def ref(hf_dir) -> dict:
+    """:func:`_reference` once for the module's tests (it does not depend on a run)."""
+    return _reference(hf_dir)
+
+
 def _reference(hf_dir: Path, steps: int = 2) -> dict:
     """transformers' unsharded model from ``hf_dir`` doing what the script does on the
     whole global batch (dp=2 x 2 rows): its eval logits, then per step the loss and the
@@ -118,10 +124,9 @@ def _close(got: list[float], want: list[float], rel: float = 1e-5) -> bool:
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 120)
-def test_own_loop_from_pretrained_matches_transformers_and_resumes(runs, hf_dir) -> None:
+def test_own_loop_from_pretrained_matches_transformers_and_resumes(runs, ref) -> None:
     import torch
 
-    ref = _reference(hf_dir)
     train, resume = runs["train"], runs["resume"]
     assert train["mesh"] == {"dp": 2, "tp": 2}
     first, last = train["tensors"]["first"], train["tensors"]["last"]
@@ -148,7 +153,7 @@ def _needs_dtensor_params(report: dict) -> None:
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 120)
-def test_own_loop_dtensor_parameters_and_torch_clip(runs, hf_dir) -> None:
+def test_own_loop_dtensor_parameters_and_torch_clip(runs, ref) -> None:
     """Sharded parameters are DTensors, and ``torch.nn.utils.clip_grad_norm_`` (what the
     script calls on DTensor parameters) gives the unsharded model's norm.
 
@@ -159,19 +164,17 @@ def test_own_loop_dtensor_parameters_and_torch_clip(runs, hf_dir) -> None:
     _needs_dtensor_params(train)
     kinds = train["param_types"]
     assert all(kinds[n] == "DTensor" for n in _frozen_sharded()), kinds
-    ref = _reference(hf_dir)
     assert _close(train["grad_norms"], ref["norms"]), (train["grad_norms"], ref["norms"])
 
 
 @pytest.mark.timeout(4 * TIMEOUT + 120)
-def test_own_loop_fsdp2_over_dp_trains_saves_and_resumes(runs, hf_dir) -> None:
+def test_own_loop_fsdp2_over_dp_trains_saves_and_resumes(runs, hf_dir, ref) -> None:
     """FSDP2 over ``mesh["dp"]`` instead of averaging gradients: the same losses and norms
     as the unsharded model, and a DCP round trip of the FSDP2-wrapped model. Skipped while
     the parameters are plain local shards (FSDP2's state dict of them is refused)."""
     import torch
 
     _needs_dtensor_params(runs["train"])
-    ref = _reference(hf_dir)
     tmp = runs["tmp"]
     _torchrun(ARTIFACT, hf_dir, "--steps", "2", "--fsdp", "--checkpoint", tmp / "fsdp_ckpt",
               "--report", tmp / "fsdp.json")

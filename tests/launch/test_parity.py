@@ -1,10 +1,17 @@
-"""The shipped llama tp=2 example on two real gloo ranks: parity with the unsharded model."""
+"""The shipped llama tp=2 example on two real gloo ranks: parity with the unsharded model.
+
+The text-mode ``--check-parity`` run is a real launch (the `make demo` command); the three
+AdamW steps run launch's rank job on the session's kept gloo ranks (``launch_gloo``), and
+what a passing ``--json`` launch reports of its scratch dir is checked on the real JSON
+launch of ``test_compile_loss_parallel.py``.
+"""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from launch_gloo import gloo_launch, ok_doc, rank_env
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
 pytestmark = pytest.mark.gloo
@@ -46,11 +53,7 @@ def test_check_parity_two_ranks(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_check_parity_with_three_steps():
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--check-parity", "--steps", "3", "--json", timeout=300)
-    assert run.code == 0, run.stdout + run.stderr
-    doc = run.json()
-    _check(doc, steps=3)
-    # the passing run's scratch dir is removed: it is not reported as if it were kept
-    assert doc["run_dir"] is None and doc["log_dir"] is None
+def test_check_parity_with_three_steps(gloo):
+    docs = gloo_launch(gloo, 2, {"three_steps": rank_env(EXAMPLE, LLAMA_CONFIG, 2, steps=3,
+                                                         check_parity=True)})
+    _check({"status": "ok", **ok_doc(docs, "three_steps")}, steps=3)

@@ -6,7 +6,11 @@ is the family's default and the max positions are left large, so only the smoke 
 (:mod:`hpcodegen.parity.lengths`) keeps the batch small: parity holds, each rank's peak
 resident memory (its own high-water mark, in its record) stays under 1 GiB, and the report
 says the window was not exercised. A second case has activations that cannot fit: refused
-with the figures before anything is built.
+with the figures before anything is built. Each family keeps its real launch (a peak RSS is
+a fresh rank process's own); the refusal (its figures, not its launching: that is
+``test_memory_refusal.py``'s real launch) runs launch's rank job on the session's kept gloo
+ranks (``launch_gloo``), and the launcher's own verdict turns their records into the exit
+code and the line.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch_gloo import gloo_launch, rank_env
 from launch_helpers import check_in_process, run_cli
 
 pytestmark = pytest.mark.gloo
@@ -77,21 +82,28 @@ WIDE_SCORES = {"hidden_size": 64, "num_attention_heads": 2**16, "num_key_value_h
 
 
 @pytest.mark.timeout(400)
-def test_activations_that_cannot_fit_are_refused_before_the_build(tmp_path: Path) -> None:
+def test_activations_that_cannot_fit_are_refused_before_the_build(tmp_path: Path,
+                                                                  gloo) -> None:
     from hpcodegen.families.tiny import tiny_config
     from hpcodegen.generate.api import GenerateArgs, run_generate
+    from hpcodegen.launch.launcher.options import LaunchOptions
+    from hpcodegen.launch.launcher.supervise import JobOutcome
+    from hpcodegen.launch.launcher.verdict import verdict
+    from hpcodegen.launch.results import RankRecord
 
     config = tiny_config("mistral", "MistralForCausalLM") | WIDE_SCORES
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "config.json").write_text(json.dumps(config))
     assert run_generate(GenerateArgs(tmp_path / "cfg", 2, tmp_path / "art",
                                      verbosity=-1)) == 0
-    check_in_process(tmp_path / "art", tmp_path / "cfg")  # the launch reads the verdict
-    run = run_cli(tmp_path / "art", "--nproc", "2", "--device", "cpu", "--model-dir",
-                  tmp_path / "cfg", "--check-parity", "--json", timeout=300)
-    assert run.code == 2, run.stdout[-3000:] + run.stderr[-3000:]
-    doc = run.json()
-    message = doc["message"]
+    check_in_process(tmp_path / "art", tmp_path / "cfg")  # what launch checks first
+    job = rank_env(tmp_path / "art", tmp_path / "cfg", 2, check_parity=True)
+    doc = gloo_launch(gloo, 2, {"wide_scores": job})["wide_scores"]
+    records = {r["rank"]: RankRecord(**r) for r in doc["ranks"]}
+    opts = LaunchOptions(artifact=tmp_path / "art", nproc=2, device="cpu",
+                         model_dir=tmp_path / "cfg", check_parity=True, json=True)
+    code, message = verdict(JobOutcome(records=records, returncode=1), opts, None, tmp_path)
+    assert code == 2, (message, doc["ranks"])
     assert message.startswith("refused before building the model: rank "), message
     assert "activations" in message and "is available (" in message, message
     need = float(message.split("rank needs about ")[1].split(" GiB")[0])
