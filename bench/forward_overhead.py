@@ -9,7 +9,7 @@ transformers' model at the local shapes with no collectives at all (the HF Pytho
 First on the fake process group (collectives return at once, so only framework overhead is
 left), then on 2 real gloo ranks, forward-only and forward+backward, medians of many calls.
 On gloo the hand-written and hpcodegen logits must match (a sanity check that the lower
-bound computes the same thing). Run: ``python bench/forward_overhead.py [--quick]``.
+bound computes the same thing). Run: ``python bench/forward_overhead.py [--quick | --smoke]``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ rank 0 of a fake process group: collectives return at once, so the clock holds o
 framework's own install work (sharding parameters, installing boundaries or hooks). Each
 install runs on a freshly built model; the model build and artifact generation are not
 timed. The claim to check: install time grows linearly with the layer count.
-Run: ``python bench/install_time.py [--quick]``.
+Run: ``python bench/install_time.py [--quick | --smoke]``.
 """
 
 from __future__ import annotations
