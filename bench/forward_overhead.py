@@ -9,7 +9,7 @@ transformers' model at the local shapes with no collectives at all (the HF Pytho
 First on the fake process group (collectives return at once, so only framework overhead is
 left), then on 2 real gloo ranks, forward-only and forward+backward, medians of many calls.
 On gloo the hand-written and hpcodegen logits must match (a sanity check that the lower
-bound computes the same thing). Run: ``python bench/forward_overhead.py [--quick]``.
+bound computes the same thing). Run: ``python bench/forward_overhead.py [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ TP = 2
 LAYERS = 4
 BATCH, SEQ = 2, 32
 CONFIG = common.tiny_llama_config(LAYERS, hidden=128, heads=4, kv_heads=2, vocab=512)
+#: ``--smoke``: the smallest model every arm runs on (one layer, short sequences), so the
+#: three ``torch.compile`` arms compile one decoder layer each, not four
+SMOKE_LAYERS, SMOKE_SEQ = 1, 8
+SMOKE_CONFIG = common.tiny_llama_config(SMOKE_LAYERS, hidden=64, heads=4, kv_heads=2, vocab=128)
 ARM_LABELS = {
     "hpcodegen": "hpcodegen runtime",
     "parallelize_module": "torch parallelize_module",
@@ -45,6 +49,19 @@ ARM_LABELS = {
 }
 #: arms timed forward-only (compiling a backward graph too would double the compile time)
 FORWARD_ONLY = ("hpcodegen_compiled", "parallelize_module_compiled", "handwritten_compiled")
+
+
+def use_smoke_size() -> None:
+    """Switch the module to the ``--smoke`` model and sequence (a check of the script, not a
+    measurement). Module-level, so every arm, the gloo ranks (which call this again after
+    their spawn re-imports the module) and the report read the same size."""
+    global LAYERS, SEQ, CONFIG
+    LAYERS, SEQ, CONFIG = SMOKE_LAYERS, SMOKE_SEQ, SMOKE_CONFIG
+    import torch._inductor.config as inductor
+
+    # the same kernels, compiled in this process: no pool of compile workers (each a fresh
+    # interpreter importing torch) for three one-layer graphs
+    inductor.compile_threads = 1
 
 
 # ----------------------------------------------------------------------------- arms
@@ -222,6 +239,8 @@ def gloo_worker(rank: int, store_path: str, artifact_dir: str | None, args: argp
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
+    if args.smoke:
+        use_smoke_size()
     store = dist.FileStore(store_path, TP)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=TP)
     try:
@@ -328,6 +347,9 @@ def print_table(title: str, timings: Timings) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (development)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script, not the figures: a 1-layer model, sequence 8, "
+                             "one warm-up call and 3 rounds (tests/bench)")
     parser.add_argument("--no-gloo", action="store_true", help="fake process group only")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave out the torch.compile arms (they take minutes to compile)")
@@ -339,6 +361,8 @@ def parse_args() -> argparse.Namespace:
     args.profiles = []
     rounds = args.rounds
     args.warmup, args.rounds = (3, 30) if args.quick else (10, 150)
+    if args.smoke:
+        args.warmup, args.rounds = 1, 3
     if rounds:  # a run that checks the script, not a measurement (tests/bench)
         args.warmup, args.rounds = 1, rounds
     return args
@@ -349,6 +373,8 @@ def main() -> int:
 
     args = parse_args()
     torch.set_num_threads(1)
+    if args.smoke:
+        use_smoke_size()
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcg-bench-") as tmp_name:
         tmp = Path(tmp_name)

@@ -5,7 +5,7 @@ rank 0 of a fake process group: collectives return at once, so the clock holds o
 framework's own install work (sharding parameters, installing boundaries or hooks). Each
 install runs on a freshly built model; the model build and artifact generation are not
 timed. The claim to check: install time grows linearly with the layer count.
-Run: ``python bench/install_time.py [--quick]``.
+Run: ``python bench/install_time.py [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import common
 
 TP = 8
 LAYER_COUNTS = (8, 32, 64)
+#: ``--smoke``: three layer counts still (the linearity line needs three), a few layers each
+SMOKE_LAYER_COUNTS = (2, 4, 8)
 
 
 def config_for(layers: int) -> dict[str, Any]:
@@ -52,14 +54,15 @@ def time_hpcodegen_install(config: dict[str, Any], mesh: Any, artifact_dir: Path
     return seconds
 
 
-def prepare_artifacts(tmp: Path, notes: list[str]) -> dict[int, Path | None]:
+def prepare_artifacts(tmp: Path, notes: list[str], counts: tuple[int, ...] = LAYER_COUNTS
+                      ) -> dict[int, Path | None]:
     """One tp=8 artifact per layer count (None, with a note, when that is not possible)."""
     missing = common.hpcodegen_runtime_missing()
     if missing is not None:
         notes.append(f"hpcodegen: skipped: {missing}")
-        return dict.fromkeys(LAYER_COUNTS)
+        return dict.fromkeys(counts)
     out: dict[int, Path | None] = {}
-    for layers in LAYER_COUNTS:
+    for layers in counts:
         config_dir = common.write_config_dir(config_for(layers), tmp / f"model{layers}")
         try:
             out[layers] = common.generate_artifact(config_dir, TP, tmp / f"artifact{layers}")
@@ -74,8 +77,9 @@ def linearity(medians: dict[int, float]) -> tuple[float, float, float]:
 
     A linear install has a constant slope, so t32 lies on the line through t8 and t64;
     t64/t8 equals 8 only when the fixed cost is nil, so it is shown next to the slope.
+    The three layer counts are ``medians``' keys (``--smoke`` measures smaller ones).
     """
-    lo, mid, hi = LAYER_COUNTS
+    lo, mid, hi = sorted(medians)
     slope = (medians[hi] - medians[lo]) / (hi - lo)
     predicted_mid = medians[lo] + slope * (mid - lo)
     return slope, medians[hi] / medians[lo], (medians[mid] - predicted_mid) / predicted_mid
@@ -92,21 +96,24 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
           "install per arm; seconds, median (and min)")
     for note in dict.fromkeys(notes):
         print(note)
+    counts = sorted(results)
     rows = [[n, _get(hpc, n, "median"), _get(hpc, n, "min"), pm[n]["median"], pm[n]["min"],
-             common.ratio(_get(hpc, n, "median"), pm[n]["median"])] for n in LAYER_COUNTS]
+             common.ratio(_get(hpc, n, "median"), pm[n]["median"])] for n in counts]
     print()
     print(common.format_table(["layers", "hpcodegen s", "(min)", "parallelize_module s",
                                "(min)", "ratio"], rows))
     print()
     for arm, by_layers in stats.items():
-        if len(by_layers) == len(LAYER_COUNTS):
+        if len(by_layers) == len(counts):
+            lo, mid, hi = counts
             slope, grow, dev = linearity({n: v["min"] for n, v in by_layers.items()})
-            print(f"{arm + ' (min):':26} {slope * 1e3:.2f} ms/layer; t64/t8 = {grow:.2f} "
-                  f"(8.00 with no fixed cost); t32 off the t8-t64 line by {dev:+.1%} "
-                  f"({linear_word(dev)})")
-    s64 = _get(hpc, 64, "median")
-    print(f"install_time: s_64_layers={'n/a' if s64 is None else f'{s64:.3f}'} "
-          f"vs_parallelize_module={common.ratio(s64, pm[64]['median'])}")
+            print(f"{arm + ' (min):':26} {slope * 1e3:.2f} ms/layer; t{hi}/t{lo} = {grow:.2f} "
+                  f"({hi / lo:.2f} with no fixed cost); t{mid} off the t{lo}-t{hi} line by "
+                  f"{dev:+.1%} ({linear_word(dev)})")
+    top = counts[-1]  # 64, or --smoke's largest
+    s_top = _get(hpc, top, "median")
+    print(f"install_time: s_{top}_layers={'n/a' if s_top is None else f'{s_top:.3f}'} "
+          f"vs_parallelize_module={common.ratio(s_top, pm[top]['median'])}")
 
 
 def _get(stats: dict[int, dict[str, float]], layers: int, key: str) -> float | None:
@@ -122,17 +129,21 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one install per cell")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script, not the figures: one install per cell on "
+                             f"{'/'.join(map(str, SMOKE_LAYER_COUNTS))}-layer models "
+                             "(tests/bench)")
     args = parser.parse_args()
-    args.repeats = 1 if args.quick else 15
+    args.repeats = 1 if args.quick or args.smoke else 15
+    counts = SMOKE_LAYER_COUNTS if args.smoke else LAYER_COUNTS
     torch.set_num_threads(1)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcg-install-") as tmp_name:
-        artifacts = prepare_artifacts(Path(tmp_name), notes)
+        artifacts = prepare_artifacts(Path(tmp_name), notes, counts)
         mesh = common.init_fake_pg(TP, rank=0)
         try:
-            time_installs(LAYER_COUNTS[0], mesh, artifacts[LAYER_COUNTS[0]], 1)  # warm-up
-            results = {n: time_installs(n, mesh, artifacts[n], args.repeats)
-                       for n in LAYER_COUNTS}
+            time_installs(counts[0], mesh, artifacts[counts[0]], 1)  # warm-up
+            results = {n: time_installs(n, mesh, artifacts[n], args.repeats) for n in counts}
         finally:
             common.destroy_pg()
     report(results, args, notes)

@@ -99,7 +99,7 @@ LAST_LINES = {
     "cp.py": r"cp: balance_headtail=\d+\.\d{3} balance_contiguous=\d+\.\d{3} "
              r"kv_bytes_vs_expanded=\d+\.\d{3} activation_bytes_cp2_vs_cp1=\d+\.\d{3} "
              r"ulysses_vs_allgather_llama8b_cp8=(?P<ulysses>\d+\.\d{3})",
-    "install_time.py": r"install_time: s_64_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
+    "install_time.py": r"install_time: s_8_layers=\d+\.\d{3} vs_parallelize_module=\d+\.\d\d",
     "forward_overhead.py": r"forward_overhead: vs_parallelize_module=\d+\.\d\d "
                            r"vs_handwritten=\d+\.\d\d vs_hf_floor=\d+\.\d\d "
                            r"vs_hf_floor_bwd=\d+\.\d\d vs_hf_tp_plan=\d+\.\d\d "
@@ -113,15 +113,17 @@ LAST_LINES = {
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("script", sorted(LAST_LINES))
 def test_benchmark_runs_and_ends_with_its_ratio_line(script: str) -> None:
-    """A --quick run exits 0, measures every arm (no ``n/a``) and ends with its line.
+    """A short run exits 0, measures every arm (no ``n/a``) and ends with its line.
 
-    Three timed rounds (``--rounds 3``): the test checks the script, not the figures, and
-    the 30 rounds of --quick were most of its time."""
-    extra = ["--no-gloo"] if script == "forward_overhead.py" else []
-    # install_time's --quick is one install per cell already; cp.py counts, it times nothing
-    if script not in ("install_time.py", "cp.py"):
-        extra.append("--rounds=3")
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", *extra],
+    The test checks the script, not the figures: three timed rounds (``--rounds 3``; the 30
+    rounds of --quick were most of its time), and ``--smoke`` where a script has one: the
+    smallest model every arm runs on (forward_overhead: 1 layer, so its three
+    ``torch.compile`` arms compile one decoder layer; install_time: 2/4/8 layers, one
+    install per cell)."""
+    extra = {"forward_overhead.py": ["--smoke", "--no-gloo"], "install_time.py": ["--smoke"],
+             "cp.py": ["--quick"],  # cp.py counts, it times nothing
+             "overhead_breakdown.py": ["--quick", "--rounds=3"]}[script]
+    proc = subprocess.run([sys.executable, str(BENCH / script), *extra],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]

@@ -3,6 +3,12 @@
 The cache is laid out by hand in a temp ``HF_HOME`` exactly as huggingface_hub writes it
 (``hub/models--org--name/{refs/main, snapshots/<commit>/config.json}``); every run has
 ``HF_HUB_OFFLINE=1``, so nothing could be downloaded even if the network were there.
+
+One real ``hpcodegen`` process proves the boundary: huggingface_hub reads ``HF_HOME`` and
+``HF_HUB_OFFLINE`` when it is imported, in a fresh interpreter, and the id resolves offline
+(``verify --hf-config``, the model check included). The other options run in this process
+(:mod:`inproc`, torch already imported) with the cache dir and offline flag huggingface_hub
+read from those variables set the same way (``hub`` fixture).
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import inproc
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,54 +48,74 @@ def hf_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli(hf_home: Path, *args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The installed console script in a fresh process: ``HF_HOME`` and the offline flag are
+    what huggingface_hub reads at its import."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     env.pop("HF_HUB_CACHE", None)
     return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
                           timeout=300, cwd=cwd, env=env)
 
 
-def test_cached_hub_id_works_offline_for_every_option(hf_home: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def hub(hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """``hpcodegen ARGS...`` in this process, as :func:`cli` would run it: huggingface_hub
+    (imported long before, by transformers) gets the cache dir and offline flag it derives
+    from ``HF_HOME=hf_home`` and ``HF_HUB_OFFLINE=1`` at import; the variables are set too."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": None}
+
+    def run(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+        return inproc.run(*args, cwd=cwd, env=env)
+    return run
+
+
+def test_cached_hub_id_works_offline_for_every_option(hf_home: Path, hub: Callable[..., Any],
+                                                      tmp_path: Path) -> None:
     verify = cli(hf_home, "verify", EXAMPLE, "--hf-config", "tiny-org/tiny-llama", "--json")
     doc = json.loads(verify.stdout)
     assert verify.returncode == 0, verify.stdout
     checks = doc["artifacts"][0]["checks"]
     assert checks["signature"]["status"] == "pass" and checks["model"]["status"] == "pass"
-    inspect = cli(hf_home, "inspect-plan", EXAMPLE, "--hf-config", "tiny-org/tiny-llama",
+    inspect = hub("inspect-plan", EXAMPLE, "--hf-config", "tiny-org/tiny-llama",
                   "--batch", "1", "--seq", "8", "--json")
     assert inspect.returncode == 0 and json.loads(inspect.stdout)["volume"]["per_forward_bytes"]
     out = tmp_path / "gen"
-    gen = cli(hf_home, "generate", "--model", "tiny-org/tiny-llama", "--tp", "2", "-o", out)
+    gen = hub("generate", "--model", "tiny-org/tiny-llama", "--tp", "2", "-o", out)
     assert gen.returncode == 0, gen.stderr
     assert "config: tiny-org/tiny-llama" in next(out.glob("modeling_*_gen_npu.py")).read_text()
     meta = json.loads((out / "codegen_meta.json").read_text())
     assert meta["generator"]["inputs"] == {"hub_id": "tiny-org/tiny-llama"}
-    check = cli(hf_home, "generate", "--check", out, cwd=tmp_path)  # the recorded hub id
+    check = hub("generate", "--check", out, cwd=tmp_path)  # the recorded hub id
     assert check.returncode == 0 and "up to date" in check.stdout, check.stderr
-    dry = cli(hf_home, "launch", EXAMPLE, "--nproc", "2", "--model-dir", "tiny-org/tiny-llama",
+    dry = hub("launch", EXAMPLE, "--nproc", "2", "--model-dir", "tiny-org/tiny-llama",
               "--dry-run", "--json")
     assert dry.returncode == 0, dry.stdout
     env = json.loads(dry.stdout)["rank_env"][0]
     assert env["HPCODEGEN_MODEL_DIR"].endswith(f"snapshots/{COMMIT}")
 
 
-def test_uncached_hub_id_says_so(hf_home: Path) -> None:
-    run = cli(hf_home, "verify", EXAMPLE, "--hf-config", "tiny-org/not-downloaded",
+def test_uncached_hub_id_says_so(hf_home: Path, hub: Callable[..., Any]) -> None:
+    run = hub("verify", EXAMPLE, "--hf-config", "tiny-org/not-downloaded",
               "--skip", "model", "--json")
     assert run.returncode == 2
     (finding,) = [f for f in json.loads(run.stdout)["findings"]
                   if f["code"] == "config.hub_not_cached"]
     assert "local Hugging Face cache" in finding["message"]
     assert str(hf_home) in finding["message"] and "hf download" in finding["hint"]
-    gen = cli(hf_home, "generate", "--model", "tiny-org/not-downloaded", "--tp", "2", "-o",
+    gen = hub("generate", "--model", "tiny-org/not-downloaded", "--tp", "2", "-o",
               "/nonexistent/x")
     assert gen.returncode == 2 and "local Hugging Face cache" in gen.stderr
 
 
-def test_an_existing_local_path_wins_over_a_hub_id(hf_home: Path, tmp_path: Path) -> None:
+def test_an_existing_local_path_wins_over_a_hub_id(hub: Callable[..., Any],
+                                                  tmp_path: Path) -> None:
     local = tmp_path / "tiny-org" / "tiny-llama"
     local.mkdir(parents=True)
     shutil.copy(CONFIG, local / "config.json")
-    run = cli(hf_home, "verify", EXAMPLE, "--hf-config", "tiny-org/tiny-llama", "--skip",
-              "model", "--json", cwd=tmp_path)
+    run = hub("verify", EXAMPLE, "--hf-config", "tiny-org/tiny-llama", "--skip", "model",
+              "--json", cwd=tmp_path)
     assert run.returncode == 0
     assert json.loads(run.stdout)["artifacts"][0]["checks"]["signature"]["status"] == "pass"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+import inproc
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -28,8 +29,16 @@ ENV = {**os.environ, "NO_COLOR": "1"}
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m hpcodegen ARGS...``: a real process, where what stays out of it (an
+    artifact's code run) is the point."""
     return subprocess.run([sys.executable, "-m", "hpcodegen", *args], capture_output=True,
                           text=True, cwd=REPO, env=ENV, timeout=timeout)
+
+
+def cli_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """``cli``'s command through the same entry point in this process (:mod:`inproc`):
+    output and exit code as a pipe reads them, without an interpreter start per case."""
+    return inproc.run(*args, cwd=REPO)
 
 
 def verify_json(paths: list[Path], **kw: Any) -> tuple[int, dict[str, Any]]:
@@ -160,7 +169,7 @@ def test_text_report_names_check_status_and_location(tmp_path: Path) -> None:
     meta = vf.read_meta(art)
     meta["param_plan"]["lm_head"]["params"]["weight"]["xp"] = "R"
     vf.save_meta(art, meta)
-    proc = cli("verify", str(art))
+    proc = cli_here("verify", str(art))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "FAIL " + str(art) in proc.stdout
     assert "plan.unknown_axis" in proc.stdout
@@ -178,7 +187,7 @@ def test_text_report_names_check_status_and_location(tmp_path: Path) -> None:
 ], ids=["no_path", "no_path_json", "unknown_check", "junit_dir_missing", "hf_config_missing"])
 def test_usage_and_unreadable_inputs_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
     art = vf.build_fixture("llama_hp", tmp_path / "a")
-    proc = cli(*(a.format(art=art, tmp=tmp_path) for a in args))
+    proc = cli_here(*(a.format(art=art, tmp=tmp_path) for a in args))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert needle in proc.stdout + proc.stderr
