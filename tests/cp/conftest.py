@@ -13,8 +13,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "runtime"))
-CONFIGS = HERE.parent / "fixtures" / "cp"
-REPO = HERE.parents[1]
+
+from cp_paths import CONFIGS  # noqa: E402  (tests/cp on the path first)
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, REPO
+from cp_paths import CONFIGS, REPO
+
+sys.path.insert(0, str(REPO / "tests" / "cli"))
+import inproc  # the CLI's own main in this process (tests/cli/inproc.py)
 
 from hpcodegen.errors import PlanError, UsageError
 
@@ -91,10 +93,9 @@ def test_cli_generates_verifies_and_inspects(tmp_path) -> None:
     from hpcodegen.verify import run_verify
 
     out = tmp_path / "art"
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                          str(CONFIGS / "mistral_swa"), "--tp", "2", "--cp", "2",
-                          "--cp-layout", "contiguous", "-o", str(out)],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    run = inproc.run("generate", "--model",
+                     str(CONFIGS / "mistral_swa"), "--tp", "2", "--cp", "2",
+                     "--cp-layout", "contiguous", "-o", out)
     assert run.returncode == 0, run.stderr
     assert _meta(out)["parallel_dims"]["cp_layout"] == "contiguous"
     assert run_verify([out], hf_config=CONFIGS / "mistral_swa", stdout=io.StringIO()) == 0

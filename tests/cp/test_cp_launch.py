@@ -1,6 +1,15 @@
-"""``hpcodegen launch`` of a cp artifact on real gloo ranks: parity and training steps at
-cp 2 x tp 2 with sequence parallelism, a checkpoint saved there resumed exactly at tp 4
-and at cp 1 (the sequence is not in a checkpoint: parameters are replicated over cp)."""
+"""``hpcodegen launch`` of a cp artifact: parity and training steps at cp 2 x tp 2 with
+sequence parallelism, a checkpoint saved there resumed exactly at tp 4 and at cp 1 (the
+sequence is not in a checkpoint: parameters are replicated over cp); Ulysses trained,
+saved and resumed under all-gather; Ulysses on a sliding window and on softcapping.
+
+One real launch (torchrun, one process per rank, the launcher's report) is what is about
+launching a cp artifact: the example at cp 2 x tp 2, ``--max-grad-norm``, ``--save``. Every
+other case runs launch's own rank job with the environment the launcher gives a rank
+(``tests/pp/pp_launching.py``: :func:`rank_env`, :func:`gloo_launch`) on the session's
+real gloo ranks, against the unsharded model (``--check-parity``), each case reported and
+failed under its own name. The module fixture :func:`runs` runs them all once; each test
+reads its cases."""
 
 from __future__ import annotations
 
@@ -8,15 +17,19 @@ import json
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pp"))
 from launch_helpers import LLAMA_CONFIG, REPO, check_in_process, run_cli
+from pp_launching import gloo_launch, ok_doc, rank_env
 
-pytestmark = [pytest.mark.gloo, pytest.mark.slow]
+pytestmark = [pytest.mark.gloo, pytest.mark.slow, pytest.mark.timeout(900)]
 EXAMPLE = REPO / "examples" / "llama_cp2_tp2_sp"
-MAX_NORM = "0.5"
+MAX_NORM = 0.5
+WINDOWED = ("mistral_swa", "gemma2_softcap")
 
 
 def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
@@ -49,85 +62,104 @@ def _trained(steps: int, max_norm: float) -> tuple[float, ...]:
     return tuple(losses)
 
 
-def _run(artifact: Path, nproc: int, *extra: str | Path):
-    check_in_process(artifact, LLAMA_CONFIG)
-    run = run_cli(artifact, "--nproc", str(nproc), "--device", "cpu", "--model-dir",
-                  LLAMA_CONFIG, "--max-grad-norm", MAX_NORM, "--check-parity", *extra,
-                  "--json", timeout=300)
-    assert run.code == 0, run.stdout + run.stderr
-    doc = run.json()
-    for rank in doc["ranks"]:
-        assert rank["status"] == "ok"
-        assert rank["parity"]["logits_max_diff"] <= 1e-5
-        assert rank["parity"]["grad_max_diff"] <= 1e-5
-        assert rank["parity"]["loss_max_diff"] <= 1e-5
-        assert rank["parity"]["grad_norm_max_diff"] <= 1e-5
-    return doc
-
-
-@pytest.mark.timeout(600)
-def test_cp2_tp2_trains_exactly_and_resumes_at_tp4_and_cp1(tmp_path) -> None:
-    ckpt = tmp_path / "ckpt"
-    first = _run(EXAMPLE, 4, "--steps", "2", "--save", ckpt)
-    assert first["mesh"] == {"dp": 1, "cp": 2, "tp": 2}
-    record = json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())
-    assert record["mesh"] == {"dp": 1, "cp": 2, "tp": 2} and record["shard_mesh"] == {"tp": 2}
-    baseline = _uninterrupted_losses(3, float(MAX_NORM))
-    assert first["ranks"][0]["losses"] == pytest.approx(baseline[:2], abs=1e-5)
-    for artifact, nproc in ((REPO / "examples" / "llama_tp4", 4),
-                            (REPO / "examples" / "llama_tp2_sp", 2)):
-        again = _run(artifact, nproc, "--steps", "1", "--resume", ckpt)
-        assert abs(again["ranks"][0]["losses"][0] - baseline[2]) <= 1e-5, artifact
-
-
 def _generate(model_dir: Path, out: Path, **flags) -> Path:
     """generate's own entry in this process (the CLI process boundary is not under test
-    here), then launch's model check in this process too (:func:`check_in_process`)."""
+    here)."""
     from hpcodegen.generate.api import GenerateArgs, run_generate
 
     assert run_generate(GenerateArgs(model_dir, flags.pop("tp", 1), out, verbosity=-1,
                                      **flags)) == 0, out
-    check_in_process(out, model_dir)
     return out
 
 
-@pytest.mark.timeout(600)
-def test_ulysses_cp2_trains_exactly_and_its_checkpoint_resumes_under_allgather(tmp_path) -> None:
-    """``generate --tp 1 --cp 2 --cp-method ulysses`` then ``launch --nproc 2
-    --check-parity --steps 2 --save``: exact; the checkpoint holds no trace of the method:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, gloo) -> dict[str, Any]:
+    """Every launch of the module, once: ``saved`` (the real launch, its ``CliRun``) and
+    each gloo case's document by name (the shape of ``launch --json``)."""
+    root = tmp_path_factory.mktemp("cp_launch")
+    saved, held = root / "ckpt_cp2_tp2", root / "ckpt_ulysses"
+    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no child
+    out: dict[str, Any] = {"saved": run_cli(
+        EXAMPLE, "--nproc", "4", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+        "--max-grad-norm", str(MAX_NORM), "--check-parity", "--steps", "2", "--save", saved,
+        "--json", timeout=300), "saved_dir": saved}
+    ulysses = _generate(LLAMA_CONFIG, root / "llama_ulysses", cp=2, cp_method="ulysses")
+    out["ulysses_dir"] = ulysses
+    clipped = {"check_parity": True, "max_grad_norm": MAX_NORM}
+    windowed = {f"window:{config}": rank_env(
+        _generate(REPO / "tests" / "fixtures" / "cp" / config, root / config, cp=2,
+                  cp_method="ulysses"),
+        REPO / "tests" / "fixtures" / "cp" / config, 2, check_parity=True, steps=2)
+        for config in WINDOWED}
+    out |= gloo_launch(gloo, 2, {
+        "ulysses:save": rank_env(ulysses, LLAMA_CONFIG, 2, steps=2, save=held, **clipped),
+        "cp1:resume": rank_env(REPO / "examples" / "llama_tp2_sp", LLAMA_CONFIG, 2, steps=1,
+                               resume=saved, **clipped),
+        **windowed})
+    out |= gloo_launch(gloo, 4, {
+        "tp4:resume": rank_env(REPO / "examples" / "llama_tp4", LLAMA_CONFIG, 4, steps=1,
+                               resume=saved, **clipped),
+        "allgather:resume": rank_env(EXAMPLE, LLAMA_CONFIG, 4, steps=1, resume=held,
+                                     **clipped)})
+    return out
+
+
+def _exact(doc: dict[str, Any], name: str, *, clipped: bool = True) -> dict[str, Any]:
+    """Every rank ok and within 1e-5 of the unsharded model (logits, gradients, losses;
+    with ``--max-grad-norm`` the global norm too); fails naming the case."""
+    for rank in doc["ranks"]:
+        assert rank["status"] == "ok", (name, rank)
+        parity = rank["parity"]
+        assert parity["logits_max_diff"] <= 1e-5, (name, parity)
+        assert parity["grad_max_diff"] <= 1e-5, (name, parity)
+        assert parity["loss_max_diff"] <= 1e-5, (name, parity)
+        if clipped:
+            assert parity["grad_norm_max_diff"] <= 1e-5, (name, parity)
+    return doc
+
+
+def test_cp2_tp2_trains_exactly_and_resumes_at_tp4_and_cp1(runs) -> None:
+    real = runs["saved"]
+    assert real.code == 0, real.stdout + real.stderr
+    first = _exact(real.json(), "saved (real launch)")
+    assert first["mesh"] == {"dp": 1, "cp": 2, "tp": 2}
+    record = json.loads((runs["saved_dir"] / "hpcodegen_checkpoint.json").read_text())
+    assert record["mesh"] == {"dp": 1, "cp": 2, "tp": 2} and record["shard_mesh"] == {"tp": 2}
+    baseline = _uninterrupted_losses(3, MAX_NORM)
+    assert first["ranks"][0]["losses"] == pytest.approx(baseline[:2], abs=1e-5)
+    for name, mesh in (("tp4:resume", {"dp": 1, "tp": 4}),
+                       ("cp1:resume", {"dp": 1, "tp": 2})):
+        again = _exact(ok_doc(runs, name), name)
+        assert again["mesh"] == mesh, name
+        assert abs(again["ranks"][0]["losses"][0] - baseline[2]) <= 1e-5, name
+
+
+def test_ulysses_cp2_trains_exactly_and_its_checkpoint_resumes_under_allgather(runs) -> None:
+    """``generate --tp 1 --cp 2 --cp-method ulysses`` then its rank job on 2 ranks,
+    ``--check-parity --steps 2 --save``: exact; the checkpoint holds no trace of the method:
     the all-gather example (cp 2 x tp 2, sp) resumes it, and the next loss is the
     uninterrupted run's."""
-    artifact = _generate(LLAMA_CONFIG, tmp_path / "llama_ulysses", cp=2, cp_method="ulysses")
-    meta = json.loads((artifact / "codegen_meta.json").read_text())
+    meta = json.loads((runs["ulysses_dir"] / "codegen_meta.json").read_text())
     assert {r["inner_wrapper"]["_target_"] for r in meta["injections"]
             if "inner_wrapper" in r} == {"sdpa_hf_ulysses"}
-    ckpt = tmp_path / "ckpt"
-    first = _run(artifact, 2, "--steps", "2", "--save", ckpt)
+    first = _exact(ok_doc(runs, "ulysses:save"), "ulysses:save")
     assert first["mesh"] == {"dp": 1, "cp": 2, "tp": 1}
-    baseline = _uninterrupted_losses(3, float(MAX_NORM))
+    baseline = _uninterrupted_losses(3, MAX_NORM)
     assert first["ranks"][0]["losses"] == pytest.approx(baseline[:2], abs=1e-5)
-    again = _run(EXAMPLE, 4, "--steps", "1", "--resume", ckpt)
+    again = _exact(ok_doc(runs, "allgather:resume"), "allgather:resume")
+    assert again["mesh"] == {"dp": 1, "cp": 2, "tp": 2}
     assert abs(again["ranks"][0]["losses"][0] - baseline[2]) <= 1e-5
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("config", ["mistral_swa", "gemma2_softcap"])
-def test_ulysses_launch_parity_with_a_window_and_softcapping(config: str, tmp_path) -> None:
-    """``generate --tp 1 --cp 2 --cp-method ulysses`` then ``launch --nproc 2
-    --check-parity --steps 2`` on a sliding window of 3 (shorter than a rank's chunk of
+@pytest.mark.parametrize("config", WINDOWED)
+def test_ulysses_launch_parity_with_a_window_and_softcapping(config: str, runs) -> None:
+    """``generate --tp 1 --cp 2 --cp-method ulysses`` then its rank job on 2 ranks,
+    ``--check-parity --steps 2``, on a sliding window of 3 (shorter than a rank's chunk of
     the smoke batch) and on Gemma 2's attention softcapping (eager kernel): exact."""
-    model_dir = REPO / "tests" / "fixtures" / "cp" / config
-    out = _generate(model_dir, tmp_path / config, cp=2, cp_method="ulysses")
-    launched = run_cli(out, "--nproc", "2", "--device", "cpu", "--model-dir", model_dir,
-                       "--check-parity", "--steps", "2", "--json", timeout=300)
-    assert launched.code == 0, launched.stdout + launched.stderr
-    doc = launched.json()
+    name = f"window:{config}"
+    doc = _exact(ok_doc(runs, name), name, clipped=False)
     assert doc["mesh"] == {"dp": 1, "cp": 2, "tp": 1}
-    for rank in doc["ranks"]:
-        assert rank["status"] == "ok"
-        assert rank["parity"]["logits_max_diff"] <= 1e-5
-        assert rank["parity"]["grad_max_diff"] <= 1e-5
-        assert rank["parity"]["loss_max_diff"] <= 1e-5
+    assert all(len(rank["losses"]) == 2 for rank in doc["ranks"]), name
 
 
 @pytest.mark.world8
@@ -137,6 +169,7 @@ def test_hybrid_on_two_cp_groups(tmp_path) -> None:
     cp groups each make their own Ulysses and all-gather sub-groups: exact."""
     model_dir = REPO / "tests" / "fixtures" / "cp" / "llama_gqa"
     out = _generate(model_dir, tmp_path / "hybrid", cp=4, cp_method="hybrid", ulysses=2)
+    check_in_process(out, model_dir)
     launched = run_cli(out, "--nproc", "8", "--device", "cpu", "--model-dir", model_dir,
                        "--check-parity", "--steps", "2", "--json", timeout=500)
     assert launched.code == 0, launched.stdout + launched.stderr

@@ -13,7 +13,7 @@ alternating sliding/full layers; both layouts; padding (left and right), packed 
 from __future__ import annotations
 
 import pytest
-from conftest import CONFIGS
+from cp_paths import CONFIGS
 from cp_workers import assert_cp_parity, cp_suite
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from cp_paths import REPO
 
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.placement import REPLICATE, Shard

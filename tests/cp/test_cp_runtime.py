@@ -9,7 +9,7 @@ import copy
 from collections import Counter
 
 import pytest
-from conftest import CONFIGS, REPO
+from cp_paths import CONFIGS, REPO
 
 from hpcodegen.errors import PlanError
 

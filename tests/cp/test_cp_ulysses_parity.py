@@ -13,7 +13,7 @@ padding, packed documents, a length the layout does not divide.
 from __future__ import annotations
 
 import pytest
-from conftest import CONFIGS
+from cp_paths import CONFIGS
 from cp_workers import assert_cp_parity, cp_parity_cases
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]

@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, REPO
+from cp_paths import CONFIGS, REPO
+
+sys.path.insert(0, str(REPO / "tests" / "cli"))
+import inproc  # the CLI's own main in this process (tests/cli/inproc.py)
 
 from hpcodegen.checks.cp import check_cp
 from hpcodegen.errors import PlanError, UsageError
@@ -206,10 +209,9 @@ def test_cli_generates_verifies_and_inspects_the_all_to_alls(tmp_path: Path) -> 
     from hpcodegen.verify import run_verify
 
     out = tmp_path / "art"
-    run = subprocess.run([sys.executable, "-m", "hpcodegen", "generate", "--model",
-                          str(CONFIGS / "mistral_swa"), "--tp", "1", "--cp", "4",
-                          "--cp-method", "hybrid", "--ulysses", "2", "-o", str(out)],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    run = inproc.run("generate", "--model",
+                     str(CONFIGS / "mistral_swa"), "--tp", "1", "--cp", "4",
+                     "--cp-method", "hybrid", "--ulysses", "2", "-o", out)
     assert run.returncode == 0, run.stderr
     assert run_verify([out], hf_config=CONFIGS / "mistral_swa", stdout=io.StringIO()) == 0
     text = io.StringIO()

@@ -6,7 +6,7 @@ all_to_alls on cp included; the kernel gets a head shard of the group's whole se
 from __future__ import annotations
 
 import pytest
-from conftest import CONFIGS
+from cp_paths import CONFIGS
 from test_cp_runtime import _counted, _model, _predicted
 
 from hpcodegen.errors import PlanError

@@ -3,6 +3,8 @@
 Logits and every gradient (router, experts, shared experts) within 1e-5, the global gradient
 norm (``hpcodegen.checkpoint.clip``) within fp32 rounding and the clipped gradients, and the
 losses of a few AdamW steps; several artifacts per spawn to pay the process start-up once.
+The 2-rank tests run first, then the 4-rank one: each change of world size starts fresh
+ranks, which import the model code again.
 """
 
 from __future__ import annotations
@@ -61,21 +63,21 @@ def test_tp2_and_ep2_alone_match_unsharded(tmp_path: Path, gloo) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path, gloo) -> None:
-    cases = [(*_artifact(tmp_path, m, 2, 2), 2) for m in TP2_EP2]
-    results = gloo(4, parity_cases, cases)
-    for rank in results:
-        _check(rank)
-
-
-@pytest.mark.timeout(400)
 def test_biased_experts_ep2_match_unsharded(tmp_path: Path, gloo) -> None:
     """GPT-OSS: per-expert biases (``gate_up_proj_bias``, ``down_proj_bias``, made non-zero
     by the worker) and the clamped, interleaved gate/up activation, split over ep 2 (each
     bias travels with its expert, so it is added once). Its tp 2 (down_proj_bias applied by
-    tp rank 0 only) and tp 2 x ep 2 runs are in the tests above."""
+    tp rank 0 only) and tp 2 x ep 2 runs are in this module's other two tests."""
     cases = [(*_artifact(tmp_path, "gpt_oss", 1, 2), 2)]
     results = gloo(2, parity_cases, cases)
     for rank in results:
         _check(rank)
     assert set(results[0]) == {c[0] for c in cases}
+
+
+@pytest.mark.timeout(400)
+def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path, gloo) -> None:
+    cases = [(*_artifact(tmp_path, m, 2, 2), 2) for m in TP2_EP2]
+    results = gloo(4, parity_cases, cases)
+    for rank in results:
+        _check(rank)
