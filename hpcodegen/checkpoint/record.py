@@ -187,11 +187,35 @@ def check_same_model(record: Mapping[str, Any], config: Mapping[str, Any],
                                 hint="resume with the config the checkpoint was saved with")])
 
 
+def creation_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why the directory ``path`` (new or existing) could not be created or written into,
+    or None: its nearest existing ancestor must be a directory in which this user can
+    create an entry. Probed by creating one (an empty temporary directory, removed), not
+    by ``os.access``: root passes ``access()`` on a read-only mount or ``/proc``. One rule
+    for every output directory a command is refused on before it starts (``launch --save``
+    and ``--log-dir``, ``export -o``)."""
+    path = Path(os.path.abspath(path))
+    try:
+        ancestor = path.parent  # staged in a sibling and renamed: the parent must be writable
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            return f"{ancestor} is not a directory"
+        if any(len(os.fsencode(part)) > 255 for part in path.parts):
+            return "a name is longer than 255 bytes"
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".hpcodegen-probe-", dir=ancestor))
+        except OSError as exc:
+            return f"nothing can be created in {ancestor} ({exc.strerror or exc})"
+    except OSError as exc:
+        return f"unusable path: {exc.strerror or exc}"
+    return None
+
+
 def check_target(directory: str | os.PathLike[str]) -> None:
     """Refuse to write to ``directory`` (UsageError, exit 2) unless it is new or an empty
-    directory and can be created: its nearest existing ancestor is a directory this user
-    may write to (``launch --save`` is refused before training, ``export -o`` before the
-    checkpoint is read)."""
+    directory and can be created (:func:`creation_problem`): ``launch --save`` is refused
+    before training, ``export -o`` before the checkpoint is read."""
     path = Path(os.path.abspath(directory))
     try:
         exists = path.exists()
@@ -200,20 +224,7 @@ def check_target(directory: str | os.PathLike[str]) -> None:
                                     "exists and is not an empty directory",
                                     hint="write to a new or empty directory (nothing is "
                                          "overwritten)")])
-        # the files are staged in a sibling and renamed: the parent must be writable
-        ancestor = path.parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        problem = None
-        if not ancestor.is_dir():
-            problem = f"{ancestor} is not a directory"
-        elif any(len(os.fsencode(part)) > 255 for part in path.parts):
-            problem = "a name is longer than 255 bytes"
-        else:  # a probe, not os.access: root passes access() on a read-only mount or /proc
-            try:
-                os.rmdir(tempfile.mkdtemp(prefix=".hpcodegen-probe-", dir=ancestor))
-            except OSError as exc:
-                problem = f"nothing can be created in {ancestor} ({exc.strerror or exc})"
+        problem = creation_problem(path)
     except OSError as exc:
         problem = f"unusable path: {exc.strerror or exc}"
     if problem is not None:

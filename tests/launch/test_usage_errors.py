@@ -8,6 +8,8 @@ import shutil
 
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
 
+from hpcodegen.launch.launcher.check_cache import CACHE_ENV
+
 
 def test_impossible_world_size(tmp_path):
     logs = tmp_path / "logs"
@@ -83,10 +85,18 @@ def test_log_dir_that_cannot_be_created(tmp_path):
     if os.geteuid() != 0:
         ro.chmod(0o500)
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--log-dir", logs, "--json")
+                  "--log-dir", logs, "--json",
+                  env={"PYTHONPROFILEIMPORTTIME": "1", CACHE_ENV: str(tmp_path / "verdicts")})
     assert run.code == 2 and "--log-dir: cannot create" in run.stderr
     assert run.json()["findings"][0]["code"] == "launch.log_dir"
     assert "Traceback" not in run.stderr
+    # refused with the other options, before the model check (its child would have recorded
+    # its pass in this fresh verdict cache) and torchrun, without importing torch (python's
+    # own import log, not a clock)
+    verdicts = tmp_path / "verdicts"
+    assert not verdicts.exists() or not any(verdicts.iterdir()), list(verdicts.iterdir())
+    assert not re.search(r"\|\s+(torch|transformers)(\.|$)", run.stderr, re.M)
+    assert "import time:" in run.stderr  # the log is there to read
 
 
 def test_json_refusal_is_one_json_document(tmp_path):

@@ -114,11 +114,7 @@ class LaunchOptions:
             problems.append(error("launch.compile", "--compile-scope",
                                   f"--compile-scope {self.compile!r}",
                                   expected=" or ".join(COMPILE_MODES)))
-        if self.log_dir is not None and Path(self.log_dir).exists() \
-                and not Path(self.log_dir).is_dir():
-            problems.append(error("launch.log_dir", "--log-dir",
-                                  f"{self.log_dir} exists and is not a directory",
-                                  expected="a directory (created when missing)"))
+        problems += self._log_dir_problems()
         if self.script and (self.steps or self.check_parity):
             problems.append(error("launch.script_options", "--steps/--check-parity",
                                   "--steps and --check-parity drive the built-in smoke job, "
@@ -128,6 +124,24 @@ class LaunchOptions:
                                   file=self.script[0]))
         if problems:
             raise UsageError(problems)
+
+    def _log_dir_problems(self) -> list:
+        """--log-dir: a directory, or one that can be created. Checked with the other
+        options, before the model check's child and torchrun start: a log directory that
+        cannot be made would otherwise be found only after them (``run._run_dir``)."""
+        if self.log_dir is None:
+            return []
+        if Path(self.log_dir).exists() and not Path(self.log_dir).is_dir():
+            return [error("launch.log_dir", "--log-dir",
+                          f"{self.log_dir} exists and is not a directory",
+                          expected="a directory (created when missing)")]
+        from hpcodegen.checkpoint.record import creation_problem
+
+        results = Path(self.log_dir) / "results"  # what the launcher creates first in it
+        problem = creation_problem(results)
+        if problem is None:
+            return []
+        return [error("launch.log_dir", "--log-dir", f"cannot create {results}: {problem}")]
 
     def _checkpoint_problems(self) -> list:
         """--dtype, --save, --resume and --max-grad-norm (the checkpoint itself is read
