@@ -6,11 +6,15 @@ is the family's default and the max positions are left large, so only the smoke 
 (:mod:`hpcodegen.parity.lengths`) keeps the batch small: parity holds, each rank's peak
 resident memory (its own high-water mark, in its record) stays under 1 GiB, and the report
 says the window was not exercised. A second case has activations that cannot fit: refused
-with the figures before anything is built. Each family keeps its real launch (a peak RSS is
-a fresh rank process's own); the refusal (its figures, not its launching: that is
-``test_memory_refusal.py``'s real launch) runs launch's rank job on the session's kept gloo
-ranks (``launch_gloo``), and the launcher's own verdict turns their records into the exit
-code and the line.
+with the figures before anything is built.
+
+One family (mistral) runs through a real launch: the launcher's path, and a fresh rank
+process's own peak. The other families run launch's rank job on the session's kept gloo
+ranks (``launch_gloo``), in one call: same job, same figures checked, each rank's peak
+reset before its case (``fresh_peak_cases``) so it is the case's own on top of the imports
+a launched rank holds too, never below a fresh rank's figure. The refusal (its figures,
+not its launching: that is ``test_memory_refusal.py``'s real launch) runs there too, and
+the launcher's own verdict turns its records into the exit code and the line.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_gloo import gloo_launch, rank_env
+from launch_gloo import fresh_peak_cases, gloo_launch, rank_env
 from launch_helpers import check_in_process, run_cli
 
 pytestmark = pytest.mark.gloo
@@ -50,28 +54,53 @@ def _artifact(base: Path, model_type: str, cls: str, extra: dict) -> tuple[Path,
     (base / "cfg").mkdir(parents=True)
     (base / "cfg" / "config.json").write_text(json.dumps(config))
     assert run_generate(GenerateArgs(base / "cfg", 2, base / "art", verbosity=-1)) == 0
-    check_in_process(base / "art", base / "cfg")  # the launch reads the verdict: no child
+    check_in_process(base / "art", base / "cfg")  # what launch checks first (its verdict read)
     return base / "art", base / "cfg", window
 
 
+def _assert_small_batch(case: str, doc: dict, window: int) -> None:
+    """A ``--check-parity`` document of a default-window family: exact, the batch bounded
+    and said so, each rank's peak under 1 GiB; a failure names the case."""
+    for rank in doc["ranks"]:
+        assert rank["status"] == "ok", (case, rank["status"], rank["error"])
+        assert rank["parity"]["logits_max_diff"] <= 1e-5, (case, rank["parity"])
+        assert rank["parity"]["grad_max_diff"] <= 1e-5, (case, rank["parity"])
+        batch = rank["batch"]
+        assert batch["window"] == window and batch["length"] <= 512, (case, batch)
+        assert batch["window_exercised"] is False and str(window) in batch["note"], \
+            (case, batch)
+        assert 0 < rank["peak_rss_bytes"] < GIB, (case, rank["peak_rss_bytes"],
+                                                  rank.get("rss_at_start_bytes"))
+
+
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(("model_type", "cls", "extra"), FAMILIES,
-                         ids=[f[0] for f in FAMILIES])
-def test_a_default_window_keeps_the_smoke_batch_small(tmp_path: Path, model_type: str,
-                                                      cls: str, extra: dict) -> None:
+def test_a_default_window_keeps_the_smoke_batch_small_through_launch(tmp_path: Path) -> None:
+    model_type, cls, extra = FAMILIES[0]
     artifact, config, window = _artifact(tmp_path, model_type, cls, extra)
     run = run_cli(artifact, "--nproc", "2", "--device", "cpu", "--model-dir", config,
                   "--check-parity", "--json", timeout=300)
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    doc = run.json()
-    for rank in doc["ranks"]:
-        assert rank["status"] == "ok"
-        assert rank["parity"]["logits_max_diff"] <= 1e-5
-        assert rank["parity"]["grad_max_diff"] <= 1e-5
-        batch = rank["batch"]
-        assert batch["window"] == window and batch["length"] <= 512
-        assert batch["window_exercised"] is False and str(window) in batch["note"]
-        assert 0 < rank["peak_rss_bytes"] < GIB, (model_type, rank["peak_rss_bytes"])
+    _assert_small_batch(model_type, run.json(), window)
+
+
+@pytest.fixture(scope="module")
+def on_gloo(gloo, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, int]]:
+    """The other families' ``--check-parity`` rank jobs on 2 kept gloo ranks, in one call:
+    ``{model_type: (document, window)}``."""
+    jobs, windows = {}, {}
+    for model_type, cls, extra in FAMILIES[1:]:
+        artifact, config, windows[model_type] = _artifact(
+            tmp_path_factory.mktemp(model_type), model_type, cls, extra)
+        jobs[model_type] = rank_env(artifact, config, 2, check_parity=True)
+    docs = gloo_launch(gloo, 2, jobs, worker=fresh_peak_cases)
+    return {name: (docs[name], windows[name]) for name in jobs}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("model_type", [f[0] for f in FAMILIES[1:]])
+def test_a_default_window_keeps_the_smoke_batch_small(on_gloo: dict, model_type: str) -> None:
+    doc, window = on_gloo[model_type]
+    _assert_small_batch(model_type, doc, window)
 
 
 #: small parameters (about 130 million: half a GiB), attention scores of terabytes: 65536

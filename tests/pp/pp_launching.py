@@ -23,9 +23,13 @@ import io
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import launching
+from launching import gloo_launch, ok_doc
+
+__all__ = ["gloo_launch", "ok_doc"]  # re-exported: tests/pp and tests/cp import them here
 
 CONFIGS = Path(__file__).parent / "configs"
 HPC = [sys.executable, "-m", "hpcodegen"]
@@ -113,43 +117,11 @@ def rank_env(art: Path, config: str | Path, nproc: int, *, steps: int = 0,
              check_parity: bool = False, save: Path | None = None,
              resume: Path | None = None, max_grad_norm: float | None = None
              ) -> dict[str, str]:
-    """The ``HPCODEGEN_*`` environment ``launch ART --nproc N --model-dir CONFIG`` gives
-    each rank (the launcher's own :func:`job_environment`, after the options' own check),
-    for :func:`gloo_launch`; ``config`` is a name under ``configs/`` or a directory."""
-    from hpcodegen.launch import env
-    from hpcodegen.launch.launcher.command import job_environment
-    from hpcodegen.launch.launcher.options import LaunchOptions
-
+    """:func:`launching.rank_env` (the ``HPCODEGEN_*`` environment the launcher gives each
+    rank) with ``config`` a name under ``configs/`` or a directory."""
     model = CONFIGS / config if isinstance(config, str) else Path(config)
-    opts = LaunchOptions(artifact=Path(art), nproc=nproc, device="cpu", model_dir=model,
-                         steps=steps, check_parity=check_parity, save=save, resume=resume,
-                         max_grad_norm=max_grad_norm, json=True)
-    opts.check()
-    out = job_environment(opts, run_dir=Path(art), device="cpu")
-    del out[env.RUN_DIR]  # the gloo ranks keep their record in memory and return it
-    return out
-
-
-def gloo_launch(gloo: Callable[..., list[Any]], nproc: int,
-                cases: Mapping[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
-    """Each case's rank job (``{name: rank_env(...)}``) on ``nproc`` kept gloo ranks, one
-    after the other in one call: ``{name: {"mesh": {...}, "ranks": [record, ...]}}``, the
-    shape of ``launch --json``'s document."""
-    from pp_workers import smoke_cases
-
-    per_rank = gloo(nproc, smoke_cases, list(cases.items()))
-    return {name: {"mesh": per_rank[0][name]["mesh"],
-                   "ranks": [r[name]["record"] for r in per_rank]} for name in cases}
-
-
-def ok_doc(docs: Mapping[str, dict[str, Any]], name: str) -> dict[str, Any]:
-    """Case ``name``'s document when every rank ended ``ok`` (what exit 0 of a launch
-    means); else fail naming the case and each rank's status and error."""
-    doc = docs[name]
-    bad = [(r["rank"], r["status"], r["phase"], r["error"]) for r in doc["ranks"]
-           if r["status"] != "ok"]
-    assert not bad, f"case {name}: ranks not ok: {bad}"
-    return doc
+    return launching.rank_env(art, model, nproc, steps=steps, check_parity=check_parity,
+                              save=save, resume=resume, max_grad_norm=max_grad_norm)
 
 
 def assert_rank_exact(rank: dict[str, Any], steps: int) -> None:
