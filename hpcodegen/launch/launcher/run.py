@@ -63,10 +63,13 @@ def _prepare(opts: LaunchOptions, began: float) -> tuple[MeshLayout, str, Launch
                              allowed_targets=opts.allow_target)
     layout = resolve_mesh_layout(meta.plan, opts.min_world_size())
     if opts.resume is not None:  # a damaged or another model's checkpoint: refused here
-        from hpcodegen.checkpoint.integrity import open_checkpoint
         from hpcodegen.checkpoint.record import check_same_model, read_record
 
         check_same_model(read_record(opts.resume, checked=False), config or {}, opts.resume)
+        # imported only now: it reads DCP's metadata (torch), which a record of another
+        # model or no record at all never needs
+        from hpcodegen.checkpoint.integrity import open_checkpoint
+
         open_checkpoint(opts.resume, digests="none")  # the ranks share hashing the files
     device = resolve_device(opts.device, opts.nproc)
     if config is not None and not opts.dry_run:  # last: the only check that takes seconds
