@@ -10,7 +10,11 @@ visited in file order and the output depends only on the inputs, so it is byte-r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import ast
+import io
+import itertools
+import tokenize
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -167,6 +171,155 @@ def _add_runtime_import(module: cst.Module) -> cst.Module:
     return module.with_changes(body=body)
 
 
+def _banner_header(banner: Sequence[str]) -> list[cst.EmptyLine]:
+    """The banner's comment lines and the blank line under them (the module's new header)."""
+    header = [cst.EmptyLine(comment=cst.Comment(f"# {line}".rstrip())) for line in banner]
+    return [*header, cst.EmptyLine(indent=False)]
+
+
+def _emit_whole(source_text: str, package: str, rewriter: _RewriteClasses,
+                banner: Sequence[str]) -> str:
+    """The whole-module transform: parse, visit every node twice, render every node. The
+    fallback for a source the spliced path does not take (see :func:`_emit_spliced`)."""
+    module = cst.parse_module(source_text)
+    module = module.visit(_AbsoluteImports(package))
+    module = _add_runtime_import(module)
+    module = module.visit(rewriter)
+    return module.with_changes(header=[*_banner_header(banner), *module.header]).code
+
+
+_COMPOUND = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _statements(stmt: ast.AST) -> Iterator[ast.AST]:
+    """``stmt`` and every statement nested in its blocks (expressions are not entered: a
+    class or an import is a statement)."""
+    yield stmt
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        children = getattr(stmt, field, None)
+        if isinstance(children, list):
+            for child in children:
+                yield from _statements(child)
+
+
+def _touched(stmt: ast.stmt, plans: Mapping[str, ClassPlan]) -> tuple[bool, bool]:
+    """Could :class:`_AbsoluteImports` (a relative import) and :class:`_RewriteClasses` (a
+    planned class) change ``stmt``? At any depth: a superset of what they change, so a
+    statement neither visits keeps its bytes."""
+    relative = planned = False
+    for s in _statements(stmt):
+        relative = relative or (isinstance(s, ast.ImportFrom) and bool(s.level))
+        planned = planned or (isinstance(s, ast.ClassDef) and s.name in plans)
+    return relative, planned
+
+
+@dataclass(frozen=True)
+class _Region:
+    """Lines ``first..last`` (1-based, whole top-level statements) that a transformer visits:
+    ``relative`` (a relative import inside) and ``planned`` (a planned class inside)."""
+
+    first: int
+    last: int
+    relative: bool
+    planned: bool
+
+    def merge(self, other: _Region) -> _Region:
+        """One region over both (statements that share a line)."""
+        return _Region(self.first, max(self.last, other.last), self.relative or other.relative,
+                       self.planned or other.planned)
+
+
+def _first_indent(source_text: str) -> str | None:
+    """The module's default indent as libcst detects it (the first INDENT token), or None
+    when the source has no indented block."""
+    tokens = tokenize.generate_tokens(io.StringIO(source_text).readline)
+    return next((t.string for t in tokens if t.type == tokenize.INDENT), None)
+
+
+def _emit_spliced(source_text: str, tree: ast.Module, package: str,
+                  rewriter: _RewriteClasses, banner: Sequence[str]) -> str | None:
+    """The whole-module transform's text, computed on the few top-level statements it changes.
+
+    :mod:`ast` (C speed) finds the top-level statements either transformer could change;
+    libcst parses, transforms and renders only their text, and every other byte is the
+    source's (libcst round-trips untouched text exactly, so the whole-module transform keeps
+    those bytes too). A compound statement's span runs to the next top-level statement, so
+    the trailing comments libcst gives to its last block (the footer of ``forward``'s body,
+    which the rewrite keeps on ``_forward_impl``) move with it. The runtime import goes after
+    the end of the last top-level import line before the first def/class, as
+    :func:`_add_runtime_import` places it.
+
+    Returns None (the caller runs :func:`_emit_whole`) where the two could differ: other than
+    ``\n`` newlines, no trailing newline, a byte-order mark, no top-level import before the
+    first def/class, or a segment whose detected indent is not the module's.
+    """
+    if ("\r" in source_text or "\x0c" in source_text or source_text.startswith("\ufeff")
+            or not source_text.endswith("\n")):
+        return None
+    body = tree.body
+    firsts = [min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", ()))])
+              for s in body]
+    # the insertion point: the end line of the last top-level import's logical line
+    insert_after = None
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, _COMPOUND):
+            break
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            insert_after = i
+    if insert_after is None:
+        return None
+    line_ends = list(itertools.accumulate(len(line) + 1 for line in source_text.split("\n")))
+    line_ends[-1] -= 1  # the text after the last "\n" is empty
+    count = len(body)
+
+    def end_line(i: int) -> int:
+        """Last line of statement ``i``'s logical line (``a; b`` share it), or, for a
+        compound statement, the line before the next top-level statement."""
+        end = body[i].end_lineno or body[i].lineno
+        while i + 1 < count and firsts[i + 1] <= end:
+            i += 1
+            end = max(end, body[i].end_lineno or body[i].lineno)
+        if hasattr(body[i], "body"):
+            end = firsts[i + 1] - 1 if i + 1 < count else len(line_ends) - 1
+        return end
+
+    import_end = end_line(insert_after)
+    regions: list[_Region] = []
+    for i, stmt in enumerate(body):
+        relative, planned = _touched(stmt, rewriter.plans)
+        if not (relative or planned):
+            continue
+        region = _Region(firsts[i], end_line(i), relative, planned)
+        if regions and region.first <= regions[-1].last:
+            region = regions.pop().merge(region)
+        regions.append(region)
+    indent = _first_indent(source_text) if regions else None
+    absolute = _AbsoluteImports(package)
+    pieces = [cst.Module(body=[], header=_banner_header(banner)).code]
+    at = line_ends[import_end - 1]  # the runtime import goes here (never inside a region)
+    done = 0  # the source offset written so far
+    for region in [*regions, None]:
+        start = (len(source_text) if region is None
+                 else line_ends[region.first - 2] if region.first > 1 else 0)
+        if done <= at <= start:
+            pieces += [source_text[done:at], RUNTIME_IMPORT]
+            done, at = at, -1
+        if region is None:
+            break
+        stop = line_ends[region.last - 1]
+        segment = cst.parse_module(source_text[start:stop])
+        if indent is not None and segment.default_indent != indent:
+            return None
+        if region.relative:
+            segment = segment.visit(absolute)
+        if region.planned:
+            segment = segment.visit(rewriter)
+        pieces += [source_text[done:start], segment.code]
+        done = stop
+    pieces.append(source_text[done:])
+    return "".join(pieces)
+
+
 def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassPlan],
                   banner: Sequence[str]) -> tuple[str, dict[str, str]]:
     """Generate the modeling module.
@@ -180,12 +333,13 @@ def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassP
     Returns:
         ``(generated text, {class name: emitted form})`` for the classes rewritten.
     """
-    forwards = class_forwards(source_text)  # the gates read the original forwards (ast)
-    module = cst.parse_module(source_text)
-    module = module.visit(_AbsoluteImports(module_name.rsplit(".", 1)[0]))
-    module = _add_runtime_import(module)
-    rewriter = _RewriteClasses(plans, forwards, dispatching_classes(source_text))
-    module = module.visit(rewriter)
-    header = [cst.EmptyLine(comment=cst.Comment(f"# {line}".rstrip())) for line in banner]
-    module = module.with_changes(header=[*header, cst.EmptyLine(indent=False), *module.header])
-    return module.code, dict(rewriter.done)
+    tree = ast.parse(source_text)
+    forwards = class_forwards(tree)  # the gates read the original forwards (ast)
+    dispatching = dispatching_classes(tree)
+    package = module_name.rsplit(".", 1)[0]
+    rewriter = _RewriteClasses(plans, forwards, dispatching)
+    text = _emit_spliced(source_text, tree, package, rewriter, banner)
+    if text is None:
+        rewriter = _RewriteClasses(plans, forwards, dispatching)
+        text = _emit_whole(source_text, package, rewriter, banner)
+    return text, dict(rewriter.done)
