@@ -60,7 +60,8 @@ def _check(text: str, module_name: str, plans: dict[str, ClassPlan], spliced: bo
     want = _whole(text, module_name, plans, banner)
     tree = ast.parse(text)
     rewriter = emit._RewriteClasses(plans, class_forwards(tree), dispatching_classes(tree))
-    got = emit._emit_spliced(text, tree, module_name.rsplit(".", 1)[0], rewriter, banner)
+    got = emit._emit_spliced(text, emit._read_source(text), module_name.rsplit(".", 1)[0],
+                             rewriter, banner)
     if spliced:
         assert (got, dict(rewriter.done)) == want
     else:
