@@ -141,6 +141,34 @@ def test_stress_source_matches_whole_module_transform() -> None:
                                                                       plans, [])
 
 
+EDGES = {
+    "indented comments after a column-0 one": (
+        "import os\n\n\nclass A:\n    def forward(self, x):\n        return x\n# col0\n"
+        "        # indented again\n\n    # class level after a blank\nclass B:\n"
+        "    def forward(self, x):\n        return x\n"),
+    "the same at the end of the file": (
+        "from .a import b\nclass A:\n    def forward(self, x):\n        return x\n# col0\n"
+        "        # indented again\n"),
+    "whitespace-only lines under forward": (
+        "import os\n\n\nclass A:\n    def forward(self, x):\n        return x\n        \n"
+        "    \n\nclass B:\n    pass\n"),
+    "async forward, a nested class with its own forward": (
+        "from . import m\nclass A:\n    class Inner:\n        def forward(self, y):\n"
+        "            return y\n    async def forward(self, x):\n        return x\n\n\nx = 1\n"),
+    "imports sharing lines, the last one relative": (
+        "import a; from .b import c\nfrom .d import (e,\n  f); import g\nclass A:\n"
+        "    def forward(self, x):\n        return x\n"),
+    "decorators apart, comments between": (
+        "import os\n\n@a\n# c\n\n@b\nclass A:\n    \"\"\"d\"\"\"\n"
+        "    def forward(self, x):\n        return x\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_edge_sources_match_whole_module_transform(name: str) -> None:
+    _check(EDGES[name], "pkg.sub.mod", _plans(EDGES[name]), spliced=True)
+
+
 @pytest.mark.parametrize("name,text", [
     ("no import before the first def", "def f():\n    pass\n\n\nclass A:\n"
                                        "    def forward(self, x):\n        return x\n"),
