@@ -72,10 +72,17 @@ def forward_signature(func: FunctionNode) -> ForwardSignature:
     )
 
 
-def class_forwards(source_text: str) -> dict[str, ForwardSignature]:
-    """Top-level class name -> the signature of the ``forward`` it defines (source text)."""
+def _module(source: str | ast.Module) -> ast.Module:
+    """The parsed module: a caller that already parsed the text (the emitter) passes its
+    tree so one generate parses the modeling file with :mod:`ast` once."""
+    return source if isinstance(source, ast.Module) else ast.parse(source)
+
+
+def class_forwards(source: str | ast.Module) -> dict[str, ForwardSignature]:
+    """Top-level class name -> the signature of the ``forward`` it defines (source text or
+    its parsed tree)."""
     out: dict[str, ForwardSignature] = {}
-    for node in ast.parse(source_text).body:
+    for node in _module(source).body:
         if not isinstance(node, ast.ClassDef):
             continue
         for stmt in node.body:
@@ -113,9 +120,10 @@ def instance_wrapped(form: str, cls: ast.ClassDef | None) -> bool:
     return cls is None or form == "region" or dispatching_class(cls)
 
 
-def dispatching_classes(source_text: str) -> set[str]:
-    """Top-level classes of ``source_text`` whose forward a decorator dispatches."""
-    return {node.name for node in ast.parse(source_text).body
+def dispatching_classes(source: str | ast.Module) -> set[str]:
+    """Top-level classes of ``source`` (text or parsed tree) whose forward a decorator
+    dispatches."""
+    return {node.name for node in _module(source).body
             if isinstance(node, ast.ClassDef) and dispatching_class(node)}
 
 

@@ -6,12 +6,24 @@ defaults imported once; every non-identity boundary class defined in the file re
 signature and decorators performing the transitions, class attributes that make the class
 run exactly like the original until the runtime binds real ops); a banner on top. Classes are
 visited in file order and the output depends only on the inputs, so it is byte-reproducible.
+
+The transformers run on the few top-level statements they change (the planned classes, the
+relative imports: located with :mod:`ast`), the other bytes spliced from the source as they
+are (:func:`_emit_spliced`): the text the whole-module transform (:func:`_emit_whole`, the
+fallback) writes, at a fraction of its cost (a modeling file is ~15k libcst nodes; a generate
+rewrites a handful of classes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import ast
+import functools
+import io
+import itertools
+import tokenize
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import libcst as cst
 
@@ -167,6 +179,181 @@ def _add_runtime_import(module: cst.Module) -> cst.Module:
     return module.with_changes(body=body)
 
 
+def _banner_header(banner: Sequence[str]) -> list[cst.EmptyLine]:
+    """The banner's comment lines and the blank line under them (the module's new header)."""
+    header = [cst.EmptyLine(comment=cst.Comment(f"# {line}".rstrip())) for line in banner]
+    return [*header, cst.EmptyLine(indent=False)]
+
+
+def _emit_whole(source_text: str, package: str, rewriter: _RewriteClasses,
+                banner: Sequence[str]) -> str:
+    """The whole-module transform: parse, visit every node twice, render every node. The
+    fallback for a source the spliced path does not take (see :func:`_emit_spliced`)."""
+    module = cst.parse_module(source_text)
+    module = module.visit(_AbsoluteImports(package))
+    module = _add_runtime_import(module)
+    module = module.visit(rewriter)
+    return module.with_changes(header=[*_banner_header(banner), *module.header]).code
+
+
+_COMPOUND = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _statements(stmt: ast.AST) -> Iterator[ast.AST]:
+    """``stmt`` and every statement nested in its blocks (expressions are not entered: a
+    class or an import is a statement)."""
+    yield stmt
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        children = getattr(stmt, field, None)
+        if isinstance(children, list):
+            for child in children:
+                yield from _statements(child)
+
+
+@dataclass(frozen=True)
+class _Statement:
+    """One top-level statement as the splice needs it.
+
+    Attributes:
+        first: its first line (1-based; a decorator's when decorated).
+        last: the last line of its logical line (``a; b`` share one) or, for a compound
+            statement, the line before the next top-level statement: libcst gives the
+            comments under a block to that block (the footer of ``forward``'s body, which the
+            rewrite keeps on ``_forward_impl``), so they must move with the statement.
+        relative: a relative import inside (at any depth): :class:`_AbsoluteImports` visits it.
+        classes: the names of the classes inside (at any depth): :class:`_RewriteClasses`
+            visits it when one is planned (a superset of what it rewrites: the rest is left).
+    """
+
+    first: int
+    last: int
+    relative: bool
+    classes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What the emitter reads from a modeling file, independent of the plans (memoized per
+    text: generating several layouts of one family in a process reads its file once).
+
+    ``statements`` is None where the splice could differ from the whole-module transform
+    (:func:`_emit_spliced` then declines): other than ``\n`` newlines, no trailing newline,
+    a form feed or byte-order mark, or no top-level import before the first def/class.
+    """
+
+    forwards: Mapping[str, ForwardSignature]
+    dispatching: frozenset[str]
+    statements: tuple[_Statement, ...] | None
+    #: offset just past each line (index 0: line 1)
+    line_ends: tuple[int, ...]
+    #: the runtime import's offset: the end of the last top-level import's logical line
+    import_at: int
+    #: the module's default indent as libcst detects it (the first INDENT token)
+    indent: str | None
+
+
+@functools.lru_cache(maxsize=16)
+def _read_source(source_text: str) -> _Source:
+    """Parse ``source_text`` with :mod:`ast` once: the forwards the gates read, the
+    dispatching classes and the spans of the top-level statements."""
+    tree = ast.parse(source_text)
+    forwards = MappingProxyType(class_forwards(tree))  # the gates read the original forwards
+    dispatching = frozenset(dispatching_classes(tree))
+    if ("\r" in source_text or "\x0c" in source_text or source_text.startswith("\ufeff")
+            or not source_text.endswith("\n")):
+        return _Source(forwards, dispatching, None, (), -1, None)
+    body = tree.body
+    line_ends = tuple(itertools.accumulate(len(line) + 1 for line in source_text.split("\n")))
+    line_ends = (*line_ends[:-1], len(source_text))  # nothing after the last "\n"
+    firsts = [min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", ()))])
+              for s in body]
+
+    def last_line(i: int) -> int:
+        end = body[i].end_lineno or body[i].lineno
+        while i + 1 < len(body) and firsts[i + 1] <= end:
+            i += 1
+            end = max(end, body[i].end_lineno or body[i].lineno)
+        if hasattr(body[i], "body"):
+            end = firsts[i + 1] - 1 if i + 1 < len(body) else len(line_ends) - 1
+        return end
+
+    statements = []
+    for i, stmt in enumerate(body):
+        nested = list(_statements(stmt))
+        statements.append(_Statement(
+            firsts[i], last_line(i),
+            any(isinstance(s, ast.ImportFrom) and s.level for s in nested),
+            frozenset(s.name for s in nested if isinstance(s, ast.ClassDef))))
+    imports = [i for i, stmt in enumerate(itertools.takewhile(
+        lambda s: not isinstance(s, _COMPOUND), body)) if isinstance(stmt, (ast.Import,
+                                                                           ast.ImportFrom))]
+    if not imports:
+        return _Source(forwards, dispatching, None, line_ends, -1, None)
+    tokens = tokenize.generate_tokens(io.StringIO(source_text).readline)
+    indent = next((t.string for t in tokens if t.type == tokenize.INDENT), None)
+    return _Source(forwards, dispatching, tuple(statements), line_ends,
+                   line_ends[last_line(imports[-1]) - 1], indent)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_segment(text: str) -> cst.Module:
+    """libcst's tree of some whole top-level statements (immutable: safe to share between
+    generates of one family in a process; ~35 kB retained per statement, ~20 a family)."""
+    return cst.parse_module(text)
+
+
+def _emit_spliced(source_text: str, source: _Source, package: str,
+                  rewriter: _RewriteClasses, banner: Sequence[str]) -> str | None:
+    """The whole-module transform's text, computed on the few top-level statements it changes.
+
+    The statements either transformer could change (:class:`_Statement`) are parsed,
+    transformed and rendered by libcst; every other byte is the source's (libcst round-trips
+    untouched text exactly, so the whole-module transform keeps those bytes too). The runtime
+    import goes where :func:`_add_runtime_import` puts it: after the last top-level import
+    line before the first def/class. Returns None (the caller runs :func:`_emit_whole`) where
+    the two could differ (see :class:`_Source`, and a segment whose detected indent is not
+    the module's: libcst indents new blocks by the module's).
+    """
+    if source.statements is None:
+        return None
+    regions: list[_Statement] = []
+    for stmt in source.statements:
+        planned = not stmt.classes.isdisjoint(rewriter.plans)
+        if not (stmt.relative or planned):
+            continue
+        stmt = _Statement(stmt.first, stmt.last, stmt.relative,
+                          stmt.classes if planned else frozenset())
+        if regions and stmt.first <= regions[-1].last:  # statements sharing a line
+            prev = regions.pop()
+            stmt = _Statement(prev.first, max(prev.last, stmt.last),
+                              prev.relative or stmt.relative, prev.classes | stmt.classes)
+        regions.append(stmt)
+    absolute = _AbsoluteImports(package)
+    ends = source.line_ends
+    pieces = [cst.Module(body=[], header=_banner_header(banner)).code]
+    at = source.import_at  # never inside a region: it ends a top-level logical line
+    done = 0  # the source offset written so far
+    for region in [*regions, None]:
+        start = (len(source_text) if region is None
+                 else ends[region.first - 2] if region.first > 1 else 0)
+        if done <= at <= start:
+            pieces += [source_text[done:at], RUNTIME_IMPORT]
+            done, at = at, -1
+        if region is None:
+            break
+        segment = _parse_segment(source_text[start:ends[region.last - 1]])
+        if source.indent is not None and segment.default_indent != source.indent:
+            return None
+        if region.relative:
+            segment = segment.visit(absolute)
+        if region.classes:
+            segment = segment.visit(rewriter)
+        pieces += [source_text[done:start], segment.code]
+        done = ends[region.last - 1]
+    pieces.append(source_text[done:])
+    return "".join(pieces)
+
+
 def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassPlan],
                   banner: Sequence[str]) -> tuple[str, dict[str, str]]:
     """Generate the modeling module.
@@ -180,12 +367,11 @@ def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassP
     Returns:
         ``(generated text, {class name: emitted form})`` for the classes rewritten.
     """
-    forwards = class_forwards(source_text)  # the gates read the original forwards (ast)
-    module = cst.parse_module(source_text)
-    module = module.visit(_AbsoluteImports(module_name.rsplit(".", 1)[0]))
-    module = _add_runtime_import(module)
-    rewriter = _RewriteClasses(plans, forwards, dispatching_classes(source_text))
-    module = module.visit(rewriter)
-    header = [cst.EmptyLine(comment=cst.Comment(f"# {line}".rstrip())) for line in banner]
-    module = module.with_changes(header=[*header, cst.EmptyLine(indent=False), *module.header])
-    return module.code, dict(rewriter.done)
+    source = _read_source(source_text)
+    package = module_name.rsplit(".", 1)[0]
+    rewriter = _RewriteClasses(plans, source.forwards, set(source.dispatching))
+    text = _emit_spliced(source_text, source, package, rewriter, banner)
+    if text is None:
+        rewriter = _RewriteClasses(plans, source.forwards, set(source.dispatching))
+        text = _emit_whole(source_text, package, rewriter, banner)
+    return text, dict(rewriter.done)
