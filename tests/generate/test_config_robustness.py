@@ -14,9 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import GenerateArgs, build_bundle, run_generate
+from hpcodegen.generate.api import GenerateArgs, run_generate
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import GenerateArgs, build_bundle, run_generate
+from hpcodegen.generate.api import GenerateArgs, run_generate
 from hpcodegen.generate.sources.package_rules import PackageRules, _holds, package_rules
 from hpcodegen.hf import read_hf_config
 
