@@ -10,7 +10,8 @@ No test can alter another's result: the files come back in a fresh dict (the val
 ``bytes``), the notes and warnings are replayed into the caller's lists (findings are frozen
 dataclasses). A build that raises is not kept: each such call runs again, so every refusal
 a test asserts is its own. Arguments that are not JSON (a test passing an object) bypass
-the memo.
+the memo. A test that patches what the build reads (``monkeypatch``) calls the real
+build instead: the key does not see the patch.
 """
 
 from __future__ import annotations
