@@ -203,9 +203,9 @@ def test_sp_slices_a_per_token_embedding_after_computing_it_whole() -> None:
 
 def test_package_rules_and_recipe_enter_the_input_digest() -> None:
     config, _ = read_hf_config(FAMILIES / "gpt2")
-    a = json.loads(build_bundle(config, 2, False, None, "x")["codegen_meta.json"])
+    a = json.loads(build_bundle(config, 2, False, None, "gpt2")["codegen_meta.json"])
     recipe = [{"match": "lm_head", "params": {"weight": {"tp": "S(0)"}}}]
-    b = json.loads(build_bundle(config, 2, False, recipe, "x")["codegen_meta.json"])
+    b = json.loads(build_bundle(config, 2, False, recipe, "gpt2")["codegen_meta.json"])
     assert a["yaml_sha256"] != b["yaml_sha256"]
 
 
