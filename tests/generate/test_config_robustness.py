@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import GenerateArgs, build_bundle, run_generate
+from hpcodegen.generate import api
+from hpcodegen.generate.api import GenerateArgs, run_generate
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow
@@ -25,8 +28,8 @@ FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 
 
 def meta_of(config: dict, tp: int = 2, sp: bool = False,
-            notes: list[str] | None = None) -> dict:
-    files = build_bundle(config, tp, sp, None, "t", notes=notes)
+            notes: list[str] | None = None, build: Callable[..., dict] = build_bundle) -> dict:
+    files = build(config, tp, sp, None, "t", notes=notes)
     return json.loads(files["codegen_meta.json"])
 
 
@@ -69,18 +72,16 @@ def test_hf_rules_matching_no_module_are_a_note_not_a_failure(tmp_path: Path) ->
     config = family("qwen3_5")
     text = config["text_config"]
     text["layer_types"] = ["linear_attention"] * text["num_hidden_layers"]
-    notes: list[str] = []
-    plan = meta_of(config, notes=notes)["param_plan"]
-    assert plan["model.layers.0.linear_attn.out_proj"]["params"]["weight"] == {"tp": "S(0)"}
-    assert not any(".self_attn" in fqn for fqn in plan)
-    (note,) = [n for n in notes if "match no module" in n]
-    assert "model.layers.*.self_attn.q_proj" in note
     code, out, err = generate_cli(tmp_path, config)
     assert code == 0, err
     assert "model.layers.*.self_attn.o_proj" in out and "skipped" in out
+    plan = json.loads((tmp_path / "out" / "codegen_meta.json").read_text())["param_plan"]
+    assert plan["model.layers.0.linear_attn.out_proj"]["params"]["weight"] == {"tp": "S(0)"}
+    assert not any(".self_attn" in fqn for fqn in plan)
     code, out, _ = generate_cli(tmp_path, config, "--json")
-    doc = json.loads(out)
-    assert code == 0 and any("match no module" in n for n in doc["notes"])
+    doc = json.loads(out)  # the notes build_bundle gave generate
+    (note,) = [n for n in doc["notes"] if "match no module" in n]
+    assert code == 0 and "model.layers.*.self_attn.q_proj" in note
     assert doc["package_rules"] == []
 
 
@@ -139,15 +140,15 @@ def test_tied_parameters_get_the_sharded_placement(tmp_path: Path) -> None:
     from hpcodegen.verify import run_verify
 
     config = family("bert")
-    meta = meta_of(config)
+    code, _, err = generate_cli(tmp_path, config)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "out" / "codegen_meta.json").read_text())
     pairs = meta["tied_pairs"]
     assert ["cls.predictions.bias", "cls.predictions.decoder.bias"] in pairs
     plan = meta["param_plan"]
     assert plan["cls.predictions"]["params"]["bias"] == \
         plan["cls.predictions.decoder"]["params"]["bias"] == {"tp": "S(0)"}
     assert plan["bert.embeddings.word_embeddings"]["params"]["weight"] == {"tp": "S(0)"}
-    code, _, err = generate_cli(tmp_path, config)
-    assert code == 0, err
     out, err = io.StringIO(), io.StringIO()
     assert run_verify([tmp_path / "out"], hf_config=tmp_path / "model", stdout=out,
                       stderr=err) == 0, out.getvalue() + err.getvalue()
@@ -229,12 +230,12 @@ def test_a_tied_embedding_alias_becomes_a_vocab_parallel_boundary(tmp_path: Path
     from hpcodegen.verify import run_verify
 
     config = family("prophetnet")
-    plan = meta_of(config)["param_plan"]
+    code, _, err = generate_cli(tmp_path, config)
+    assert code == 0, err
+    plan = json.loads((tmp_path / "out" / "codegen_meta.json").read_text())["param_plan"]
     outer, inner = plan["prophetnet.word_embeddings"], plan["prophetnet.decoder.word_embeddings"]
     assert outer["params"] == inner["params"] == {"weight": {"tp": "S(0)"}}
     assert outer["out_src"] == inner["out_src"] == {"output": {"tp": "P(sum)"}}
-    code, _, err = generate_cli(tmp_path, config)
-    assert code == 0, err
     out, err2 = io.StringIO(), io.StringIO()
     assert run_verify([tmp_path / "out"], hf_config=tmp_path / "model", stdout=out,
                       stderr=err2) == 0, out.getvalue()
@@ -248,7 +249,8 @@ def test_output_heads_in_a_module_list_are_replicated_not_refused(
     import hpcodegen.generate.sources.plan_sources as sources
 
     monkeypatch.setattr(sources, "package_rules", lambda *a, **k: None)
-    plan = meta_of(family("musicgen"))["param_plan"]
+    # the real build, not the shared one: what it answers under the patch is this test's
+    plan = meta_of(family("musicgen"), build=api.build_bundle)["param_plan"]
     assert "lm_heads" not in plan or not plan["lm_heads"].get("is_boundary")
     heads = {f"{fqn}.{rel}": named for fqn, entry in plan.items() if fqn.startswith("lm_heads")
              for rel, named in entry["params"].items()}

@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import GenerateArgs, build_bundle, run_generate
+from hpcodegen.generate.api import GenerateArgs, run_generate
 from hpcodegen.generate.sources.package_rules import PackageRules, _holds, package_rules
 from hpcodegen.hf import read_hf_config
 
@@ -202,9 +203,9 @@ def test_sp_slices_a_per_token_embedding_after_computing_it_whole() -> None:
 
 def test_package_rules_and_recipe_enter_the_input_digest() -> None:
     config, _ = read_hf_config(FAMILIES / "gpt2")
-    a = json.loads(build_bundle(config, 2, False, None, "x")["codegen_meta.json"])
+    a = json.loads(build_bundle(config, 2, False, None, "gpt2")["codegen_meta.json"])
     recipe = [{"match": "lm_head", "params": {"weight": {"tp": "S(0)"}}}]
-    b = json.loads(build_bundle(config, 2, False, recipe, "x")["codegen_meta.json"])
+    b = json.loads(build_bundle(config, 2, False, recipe, "gpt2")["codegen_meta.json"])
     assert a["yaml_sha256"] != b["yaml_sha256"]
 
 

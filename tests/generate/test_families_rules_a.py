@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import build_bundle
 from hpcodegen.generate.sources.package_rules import package_rules
 from hpcodegen.hf import read_hf_config
 

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import build_bundle
 from hpcodegen.generate.sources.package_rules import (
     PackageRules,
     package_rules,

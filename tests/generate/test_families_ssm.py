@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+from bundle_memo import build_bundle
 
 from hpcodegen.errors import PlanError
-from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow

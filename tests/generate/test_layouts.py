@@ -14,7 +14,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "moe"))
 
-from hpcodegen.generate.api import build_bundle
+from bundle_memo import build_bundle
+
 from hpcodegen.hf import read_hf_config
 
 pytestmark = pytest.mark.slow

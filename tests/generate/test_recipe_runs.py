@@ -71,8 +71,11 @@ def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Pat
         return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
                               timeout=400, cwd=tmp_path)
 
-    verify = cli("verify", art, "--hf-config", LLAMA)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    from hpcodegen.verify import run_verify  # in process: the CLI's own run is tests/cli's
+
+    out, err = io.StringIO(), io.StringIO()
+    assert run_verify([art], hf_config=LLAMA, stdout=out, stderr=err) == 0, \
+        out.getvalue() + err.getvalue()
     run = cli("launch", art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA,
               "--check-parity", "--json", "--timeout", "300")
     doc = json.loads(run.stdout)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +30,35 @@ pytestmark = pytest.mark.slow
 FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"]
 
 
-def _generate(root: Path, model_type: str, tp: int, ep: int = 1) -> tuple[Path, Path, dict]:
-    model = write_model_dir(root / "models" / model_type, model_type)
-    out = root / f"{model_type}_tp{tp}_ep{ep}"
-    assert generate_artifact(GenerateArgs(model, tp, out, ep=ep)) == 0
-    return out, model, json.loads((out / "codegen_meta.json").read_text())
+Generated = Callable[..., tuple[Path, Path, dict]]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    """``generated(model_type, tp, ep=1)``: (artifact dir, model dir, a fresh copy of its
+    meta). Each (model_type, tp, ep) is generated once for the module (several tests read
+    the same artifact; none writes to it): the same command on the same inputs."""
+    root = tmp_path_factory.mktemp("moe_plan")
+    done: set[tuple[str, int, int]] = set()
+
+    def generate(model_type: str, tp: int, ep: int = 1) -> tuple[Path, Path, dict]:
+        model = root / "models" / model_type
+        out = root / f"{model_type}_tp{tp}_ep{ep}"
+        if (model_type, tp, ep) not in done:
+            if not model.exists():
+                write_model_dir(model, model_type)
+            assert generate_artifact(GenerateArgs(model, tp, out, ep=ep)) == 0
+            done.add((model_type, tp, ep))
+        return out, model, json.loads((out / "codegen_meta.json").read_text())
+    return generate
 
 
 @pytest.mark.timeout(400)
-def test_families_generate_at_tp2_and_verify(tmp_path: Path) -> None:
+def test_families_generate_at_tp2_and_verify(generated: Generated) -> None:
     from hpcodegen.verify import run_verify
 
     for family in FAMILIES:
-        out, model, meta = _generate(tmp_path, family, 2)
+        out, model, meta = generated(family, 2)
         plan = meta["param_plan"]
         experts = {f: e for f, e in plan.items() if f.endswith("mlp.experts")}
         assert experts, family
@@ -60,8 +77,8 @@ def test_families_generate_at_tp2_and_verify(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
-    _, _, meta = _generate(tmp_path, "qwen3_moe", 2, ep=2)
+def test_ep_meta_is_written_like_the_existing_system(generated: Generated) -> None:
+    _, _, meta = generated("qwen3_moe", 2, ep=2)
     assert meta["parallel_dims"]["ep_size"] == 2
     assert meta["mesh_dim_names"] == ["tp"]  # ep is routed to the expert mesh
     entry = meta["param_plan"]["model.layers.0.mlp.experts"]
@@ -78,7 +95,8 @@ def test_ep_meta_is_written_like_the_existing_system(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_biased_experts_split_over_tp_with_the_output_bias_applied_once(tmp_path: Path) -> None:
+def test_biased_experts_split_over_tp_with_the_output_bias_applied_once(
+        generated: Generated) -> None:
     """GPT-OSS's experts carry per-expert biases: over tp, gate_up [E, H, 2I] and its bias
     split on the interleaved (gate, up) columns, down [E, I, H] on I, and down_proj_bias
     whole, applied by tp rank 0 only (its gradient partial); over ep every parameter,
@@ -88,7 +106,7 @@ def test_biased_experts_split_over_tp_with_the_output_bias_applied_once(tmp_path
     tp_split = {"gate_up_proj": "S(2)", "gate_up_proj_bias": "S(1)", "down_proj": "S(1)",
                 "down_proj_bias": "R"}
     for tp, ep in ((2, 1), (2, 2), (1, 2)):
-        out, model, meta = _generate(tmp_path, "gpt_oss", tp, ep)
+        out, model, meta = generated("gpt_oss", tp, ep)
         entry = meta["param_plan"]["model.layers.1.mlp.experts"]
         extra = {"ep": "S(0)"} if ep > 1 else {}
         assert entry["params"] == {n: {"tp": p, **extra} for n, p in tp_split.items()}
@@ -157,7 +175,7 @@ def _counted(mode) -> Counter:
 @pytest.mark.timeout(400)
 @pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
 @pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
-def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
+def test_all_to_all_counts_match_prediction(generated: Generated, fake_world) -> None:
     import torch
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -168,7 +186,7 @@ def test_all_to_all_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
-    arts = [_generate(tmp_path, m, 2, ep=2) for m in ("qwen3_moe", "deepseek_v3", "gpt_oss")]
+    arts = [generated(m, 2, ep=2) for m in ("qwen3_moe", "deepseek_v3", "gpt_oss")]
     fake_world(4)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
@@ -235,22 +253,22 @@ def test_full_size_shapes_generate_and_predict_bytes(tmp_path: Path, name: str) 
 
 
 @pytest.mark.timeout(400)
-def test_runtime_gate_accepts_the_models_own_config_object(tmp_path: Path) -> None:
+def test_runtime_gate_accepts_the_models_own_config_object(generated: Generated) -> None:
     """``hf_config=model.config``: its to_dict() adds defaults and aliases the config.json
     never wrote (num_local_experts, attention_bias); the gate compares recorded fields."""
     from hpcodegen.hf import load_transformers_config
     from hpcodegen.runtime.api import load_verified_meta
 
-    out, model, _ = _generate(tmp_path, "qwen3_moe", 2)
+    out, model, _ = generated("qwen3_moe", 2)
     config = json.loads((model / "config.json").read_text())
     load_verified_meta(out, load_transformers_config(config))
     with pytest.raises(PlanError, match="num_experts: artifact 4, config 8"):
         load_verified_meta(out, load_transformers_config({**config, "num_experts": 8}))
 
 
-def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
+def test_inkling_plan_is_exact_by_construction(generated: Generated) -> None:
     """The general rules Inkling needs (its tp 2 parity runs in test_moe_parity)."""
-    _, _, meta = _generate(tmp_path, "inkling_text", 2)
+    _, _, meta = generated("inkling_text", 2)
     plan = meta["param_plan"]
     # the embedding normalises inside its forward: kept whole, not vocab-parallel
     assert plan["model.embed_tokens"] == {"is_boundary": False, "params": {"weight": {"tp": "R"}}}
@@ -262,7 +280,7 @@ def test_inkling_plan_is_exact_by_construction(tmp_path: Path) -> None:
     assert shared["in_src"] == {"hidden_states": {"tp": "R"}, "gammas": {"tp": "R"}}
 
 
-def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
+def test_tp_rank0_params_must_name_planned_parameters(generated: Generated) -> None:
     """verify's plan check reads ``tp_rank0_params`` like the other per-parameter lists."""
     from hpcodegen.checks.plan_refs import _entry_param_lists, planned_params
     from hpcodegen.plan.codec import entry_from_json, plan_from_meta
@@ -273,7 +291,7 @@ def test_tp_rank0_params_must_name_planned_parameters(tmp_path: Path) -> None:
         decoded = DecodedMeta(plan_from_meta(meta, refused=refused), tuple(refused))
         return list(_entry_param_lists(decoded, planned_params(decoded.plan.param_plan)))
 
-    _, _, meta = _generate(tmp_path, "gpt_oss", 2)
+    _, _, meta = generated("gpt_oss", 2)
     entry = meta["param_plan"]["model.layers.0.mlp.experts"]
     assert not findings()
     # another generator may omit the derived partial list: the gradient is still synced
