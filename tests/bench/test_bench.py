@@ -118,8 +118,9 @@ def test_benchmark_runs_and_ends_with_its_ratio_line(script: str) -> None:
     The test checks the script, not the figures: three timed rounds (``--rounds 3``; the 30
     rounds of --quick were most of its time), and ``--smoke`` where a script has one: the
     smallest model every arm runs on (forward_overhead: 1 layer, so its three
-    ``torch.compile`` arms compile one decoder layer; install_time: 2/4/8 layers, one
-    install per cell)."""
+    ``torch.compile`` arms trace one decoder layer, and only the hpcodegen arm, the one its
+    ``compiled_vs_handwritten`` figure reads, runs inductor, the two yardsticks dynamo's
+    ``eager`` backend; install_time: 2/4/8 layers, one install per cell)."""
     extra = {"forward_overhead.py": ["--smoke", "--no-gloo"], "install_time.py": ["--smoke"],
              "cp.py": ["--quick"],  # cp.py counts, it times nothing
              "overhead_breakdown.py": ["--quick", "--rounds=3"]}[script]

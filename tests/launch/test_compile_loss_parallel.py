@@ -6,8 +6,11 @@
   all_gather on the ``lm_head`` output, and the vocab-parallel cross entropy (no logits
   gather) gives the unsharded loss and gradients over two steps.
 
-``--compile`` is a real launch; the loss-parallel parity runs launch's rank job on the
-session's kept gloo ranks (``launch_gloo``: the same job and numbers, no torchrun).
+``--compile`` is a real launch (its pre-start model check is run in this process first,
+``check_in_process``: the launch reads the verdict instead of starting the child, which
+imports torch and transformers again; the check itself still judges the same bytes); the
+loss-parallel parity runs launch's rank job on the session's kept gloo ranks
+(``launch_gloo``: the same job and numbers, no torchrun).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 
 import pytest
 from launch_gloo import gloo_launch, ok_doc, rank_env
-from launch_helpers import LLAMA_CONFIG, REPO, run_cli
+from launch_helpers import LLAMA_CONFIG, REPO, check_in_process, run_cli
 
 pytestmark = pytest.mark.gloo
 
@@ -34,6 +37,7 @@ def _assert_exact(doc: dict, steps: int) -> None:
 
 @pytest.mark.timeout(420)
 def test_compile_check_parity_two_steps_sp(tmp_path):
+    check_in_process(REPO / "examples" / "llama_tp2_sp", LLAMA_CONFIG)  # the launch reads it
     run = run_cli(REPO / "examples" / "llama_tp2_sp", "--nproc", "2", "--model-dir",
                   LLAMA_CONFIG, "--device", "cpu", "--compile", "--check-parity", "--steps", "2",
                   "--json", "--timeout", "400", timeout=410,

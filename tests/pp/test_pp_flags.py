@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from pp_launching import REAL_PARITY, generate, gloo_launch, ok_doc, rank_env, shared_launch
+from pp_launching import REAL_PARITY, generate_pp, gloo_launch, ok_doc, rank_env, shared_launch
 
 CLIP = 0.05  # a max norm far below the gradients' norm: every step is clipped
 #: the clip cases, each on ``2 x tp x dp`` gloo ranks (dp 2: FSDP over each stage's dp ranks)
@@ -26,12 +26,12 @@ CLIP_CASES = [("gemma2_tied4", 1, 1, "1F1B"), ("llama_bias4", 2, 1, "Interleaved
 @pytest.fixture(scope="module")
 def clipped(gloo, tmp_path_factory) -> dict[str, Any]:
     """``--check-parity --steps 2 --max-grad-norm CLIP`` of each :data:`CLIP_CASES` case,
-    the cases of one world size in one call."""
+    the cases of one world size in one call. The artifacts are ``generate_pp``'s (one
+    generate per distinct flags in this process: llama4's is the ``--compile`` launch's too)."""
     d = tmp_path_factory.mktemp("pp_flags")
     by_world: dict[int, dict[str, dict[str, str]]] = {}
     for config, tp, dp, schedule in CLIP_CASES:
-        art = generate(d / f"{config}_{schedule}_tp{tp}", config, "--tp", str(tp), "--pp", "2",
-                       "--pp-schedule", schedule, "--microbatches", "4")
+        art = generate_pp(d, config, tp, schedule)
         nproc = 2 * tp * dp
         by_world.setdefault(nproc, {})[f"{config}-{tp}-{dp}-{schedule}"] = rank_env(
             art, config, nproc, check_parity=True, steps=2, max_grad_norm=CLIP)

@@ -24,9 +24,18 @@ def _counting_backend(dtensor_inputs: list[int]) -> Any:
     return backend
 
 
+def guarded_dtensor_lines(trees: list[str]) -> list[str]:
+    """The lines of dynamo's guard trees that guard a DTensor or a view hook's object
+    (what ``views_outside`` keeps out of every compiled frame's guards)."""
+    return [line.strip() for tree in trees for line in tree.splitlines()
+            if "DTensor" in line or "_hp_local_view" in line]
+
+
 def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, Any]:
-    """Two compiled training steps on a 1-D tp mesh against the unsharded eager model."""
+    """Two compiled training steps on a 1-D tp mesh against the unsharded eager model; the
+    guard trees dynamo builds meanwhile, read for DTensor guards."""
     import torch
+    import torch._dynamo.guards as dynamo_guards
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -47,9 +56,34 @@ def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, 
         return full_logits(model(input_ids=ids, use_cache=False).logits, model, plan,
                            installed.active)
 
+    out: dict[str, Any] = {"logits": [], "grad": [], "norm": [], "step": []}
+    trees: list[str] = []
+    # dynamo's own hook for tests: called with each new guard manager (this rank's process
+    # is kept for the session: the hook is removed below)
+    dynamo_guards.guard_manager_testing_hook_fn = lambda gm, _scope, _b: trees.append(str(gm))
+    try:
+        _steps(gen, ref, logits_of, ids, labels, out)
+    finally:
+        dynamo_guards.guard_manager_testing_hook_fn = None
+    out["guard_trees"] = len(trees)
+    out["guarded"] = guarded_dtensor_lines(trees)[:5]
+    out["grads_dtensor"] = all(isinstance(p.grad, DTensor) for p in gen.parameters())
+    out["params_dtensor"] = all(isinstance(p, DTensor) for p in gen.parameters())
+    with torch.no_grad():
+        after = logits_of(gen)
+    out["restored"] = dcp_round_trip(gen, checkpoint_dir, logits_of, after)
+    out["dtensor_inputs"] = dtensor_inputs
+    return out
+
+
+def _steps(gen: Any, ref: Any, logits_of: Any, ids: Any, labels: Any,
+           out: dict[str, Any]) -> None:
+    """Two AdamW steps of both models, each step's differences appended to ``out``."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR, eps=EPS)
     opt = torch.optim.AdamW(gen.parameters(), lr=LR, eps=EPS)
-    out: dict[str, Any] = {"logits": [], "grad": [], "norm": [], "step": []}
     for _ in range(2):  # the second step: the optimizer's update is what the graph reads
         opt_ref.zero_grad()
         opt.zero_grad()
@@ -66,9 +100,3 @@ def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, 
         opt_ref.step()
         opt.step()
         out["step"].append(_params_diff(gen, ref))
-    out["params_dtensor"] = all(isinstance(p, DTensor) for p in gen.parameters())
-    with torch.no_grad():
-        after = logits_of(gen)
-    out["restored"] = dcp_round_trip(gen, checkpoint_dir, logits_of, after)
-    out["dtensor_inputs"] = dtensor_inputs
-    return out
