@@ -6,8 +6,10 @@ at the JSON pointer of the edited declaration.
 The edits are found from the meta itself (no family's module names are written here), so the
 same rules hold for any family: a column/row split flipped, a partial gradient dropped,
 ``tp_rank0_params`` dropped, a boundary's output placement changed, ``ep_size`` changed.
-Generation runs once per family for the module; verify runs in this process (torch and
-transformers load once).
+Each kind of edit is tried once per kind of entry: entries of one class declared alike (a
+layer's norms and the final norm) are judged by the same forward under the same placements.
+Generation runs once per family and worker (``conftest.family_artifacts``, shared with
+test_gate_propagation); verify runs in this process (torch and transformers load once).
 """
 
 from __future__ import annotations
