@@ -498,30 +498,38 @@ def check_model(ctx: CheckContext) -> Iterator[Finding]:
                     *_wrapper_args(ctx.plan, modules, replaced)]
         if declared(ctx.plan):
             advance("watching the logits after the head (loss_parallel)")
-        # last: its meta forward switches the model to eager attention and stubs experts
+        # last: its meta forward (loss_parallel declared only) switches the model to eager
+        # attention and stubs experts; the checks above only read the model
         findings += model_findings(model, ctx.plan, "model", is_hpcodegen_meta(ctx.meta))
         advance("deriving placements and gradients by propagation (fake process group)")
         findings += derivation_findings(
             ctx.plan, config, is_hpcodegen_meta(ctx.meta),
             sizes=ctx.sizes() if ctx.live_sizes is not None else None,
             replaced={fqn: f"replaced by {o.target} (module_overrides)"
-                      for fqn, o in replaced.items()})
+                      for fqn, o in replaced.items()},
+            model=None if declared(ctx.plan) else model)
     yield from findings
 
 
 def derivation_findings(plan: Any, config: Mapping[str, Any], ours: bool,
                         sizes: Mapping[str, int] | None = None,
-                        replaced: Mapping[str, str] | None = None) -> list[Finding]:
+                        replaced: Mapping[str, str] | None = None,
+                        model: Any = None) -> list[Finding]:
     """The plan run symbolically on a fresh meta model (:mod:`hpcodegen.derive`), compared
     with what it declares (:mod:`hpcodegen.checks.derived`); the one derivation verify,
-    generate and the runtime's install check share."""
+    generate and the runtime's install check share.
+
+    ``model``: that meta model, when the caller built it from ``config`` and nothing has
+    run it yet (the model check, whose structure checks only read it: a second build is a
+    good part of a verify); it is consumed. None: built here."""
     from hpcodegen.checks.derived import derived_findings
     from hpcodegen.derive.propagate import derive
     from hpcodegen.hf import build_meta_model
 
-    try:
-        model = build_meta_model(dict(config))
-    except Exception as exc:  # the model check above reported the build already
-        return [info("derive.skipped", "", f"not derived: the model cannot be built "
-                     f"({type(exc).__name__})")]
+    if model is None:
+        try:
+            model = build_meta_model(dict(config))
+        except Exception as exc:  # the model check above reported the build already
+            return [info("derive.skipped", "", f"not derived: the model cannot be built "
+                         f"({type(exc).__name__})")]
     return derived_findings(plan, derive(model, plan, sizes, replaced), ours)

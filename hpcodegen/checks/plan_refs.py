@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hpcodegen.checks.context import CheckContext, pointer
-from hpcodegen.checks.files import escapes, modeling_files
 from hpcodegen.checks.forms import classified
+from hpcodegen.checks.source import read_modeling_tree
 from hpcodegen.errors import Finding, error, warning
 from hpcodegen.placement import Partial, Shard, StridedShard
 from hpcodegen.plan.decode import DecodedMeta, Refusal, entry_json
@@ -30,25 +30,18 @@ from hpcodegen.plan.overrides import read_overrides
 from hpcodegen.plan.types import NamedPlacement, Plan, PlanEntry
 from hpcodegen.plan.vocab import vocab_parallel_findings
 
-MAX_SCAN_BYTES = 32 * 1024 * 1024
-
 
 def file_classes(ctx: CheckContext) -> set[str] | None:
     """Names of the top-level classes the modeling file defines (read with ``ast``, never
-    imported); None when it cannot be read (the source check reports why)."""
+    imported); None when it cannot be read (the source check reports why). The tree is the
+    source check's own parse (:func:`hpcodegen.checks.source.read_modeling_tree`, made once
+    per artifact), so both checks judge the same bytes by one reading rule."""
     if ctx.loaded.bare:  # a meta alone: its folder is not read
         return None
     if "file_classes" not in ctx.cache:
-        found = modeling_files(ctx.artifact_dir)
-        names: set[str] | None = None
-        if len(found) == 1 and not escapes(ctx.artifact_dir, found[0]):
-            try:
-                if found[0].stat().st_size <= MAX_SCAN_BYTES:
-                    tree = ast.parse(found[0].read_bytes().decode("utf-8"))
-                    names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
-            except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
-                names = None
-        ctx.cache["file_classes"] = names
+        tree, _, _ = read_modeling_tree(ctx)
+        ctx.cache["file_classes"] = (None if tree is None else
+                                     {n.name for n in tree.body if isinstance(n, ast.ClassDef)})
     return ctx.cache["file_classes"]
 
 

@@ -49,7 +49,19 @@ _BIAS_HOOKS = ("_hp_deferred_bias", "_hyper_deferred_bias")
 def read_modeling_tree(ctx: CheckContext
                        ) -> tuple[ast.Module | None, Path | None, list[Finding]]:
     """The parsed modeling file (never imported), or None and the findings saying why
-    (None and none for a bare meta: its folder is never read)."""
+    (None and none for a bare meta: its folder is never read).
+
+    Parsed once per artifact (kept in ``ctx.cache``): the source, plan and model checks
+    all read this tree, and parsing a generated file is a good part of a check's time. The
+    checks only read the tree, never change it."""
+    if "modeling_tree" not in ctx.cache:
+        ctx.cache["modeling_tree"] = _parse_modeling_file(ctx)
+    tree, path, problems = ctx.cache["modeling_tree"]
+    return tree, path, list(problems)
+
+
+def _parse_modeling_file(ctx: CheckContext
+                         ) -> tuple[ast.Module | None, Path | None, list[Finding]]:
     if ctx.loaded.bare:
         return None, None, []
     found = modeling_files(ctx.artifact_dir)

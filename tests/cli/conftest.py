@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import inproc
 import pytest
+from gate_cases import generate_families
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,3 +23,15 @@ def mpt_tp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert gen.returncode == 0, gen.stderr
     assert "rules/mpt.yaml" in gen.stdout + gen.stderr  # the rule file made this plan
     return out
+
+
+@pytest.fixture(scope="session")
+def family_artifacts(tmp_path_factory: pytest.TempPathFactory
+                     ) -> Callable[[Mapping[str, tuple[Any, ...]]], dict[str, tuple[Path, Path]]]:
+    """:func:`gate_cases.generate_families` with one memo for the session: the gate's
+    family modules ask for some of the same (config, flags), generated once per worker."""
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def families(wanted: Mapping[str, tuple[Any, ...]]) -> dict[str, tuple[Path, Path]]:
+        return generate_families(tmp_path_factory.mktemp("families"), wanted, made)
+    return families

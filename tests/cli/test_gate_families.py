@@ -6,8 +6,10 @@ at the JSON pointer of the edited declaration.
 The edits are found from the meta itself (no family's module names are written here), so the
 same rules hold for any family: a column/row split flipped, a partial gradient dropped,
 ``tp_rank0_params`` dropped, a boundary's output placement changed, ``ep_size`` changed.
-Generation runs once per family for the module; verify runs in this process (torch and
-transformers load once).
+Each kind of edit is tried once per kind of entry: entries of one class declared alike (a
+layer's norms and the final norm) are judged by the same forward under the same placements.
+Generation runs once per family and worker (``conftest.family_artifacts``, shared with
+test_gate_propagation); verify runs in this process (torch and transformers load once).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Any
 
 import pytest
 from gate_cases import cli_json as _cli
-from gate_cases import generate_families
 
 from hpcodegen.artifact.digest import meta_signature
 
@@ -49,9 +50,11 @@ Edit = Callable[[dict], None]
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """{family: (config dir, artifact dir)}, generated once for the module."""
-    return generate_families(tmp_path_factory.mktemp("families"), FAMILIES)
+def generated(family_artifacts: Callable[[dict], dict[str, tuple[Path, Path]]]
+              ) -> dict[str, tuple[Path, Path]]:
+    """{family: (config dir, artifact dir)}, generated once per worker (a family another
+    module generated already is reused: ``conftest.family_artifacts``)."""
+    return family_artifacts(FAMILIES)
 
 
 def _errors(doc: dict) -> list[dict]:
@@ -89,13 +92,25 @@ def _injected(meta: dict) -> set[str]:
     return {r["match"] for r in meta.get("injections") or () if isinstance(r.get("match"), str)}
 
 
+def _declared_alike(meta: dict, fqn: str) -> str:
+    """What the edits of an entry depend on: its boundary class, its declaration and
+    whether an injection replaces its compute. Entries that agree on all three (the
+    decoder layer's norms, the final norm, OLMoE's q and k norms) are one kind: the
+    derivation judges each by the same class's forward under the same placements."""
+    return json.dumps([(meta.get("boundary_classes") or {}).get(fqn),
+                       meta["param_plan"][fqn], fqn in _injected(meta)], sort_keys=True)
+
+
 def _mutations(meta: dict) -> Iterator[tuple[str, Edit, tuple[str, ...]]]:
     """(label, edit, JSON pointer prefixes an error must name): every plan edit that trains
-    wrong or cannot run, derived from the meta (one of a kind per entry of the first layer)."""
+    wrong or cannot run, derived from the meta (one of a kind per entry of the first layer,
+    once per kind of entry: :func:`_declared_alike`)."""
     plan = meta["param_plan"]
+    kinds: set[str] = set()
     for fqn, entry in plan.items():
-        if not _first_layer(fqn):
+        if not _first_layer(fqn) or _declared_alike(meta, fqn) in kinds:
             continue
+        kinds.add(_declared_alike(meta, fqn))
         at = f"/param_plan/{fqn}"
         params = entry.get("params") or {}
         # flip a column split to a row split and back (the first of each in the entry)

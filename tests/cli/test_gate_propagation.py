@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from gate_cases import cli_json as _cli
-from gate_cases import generate_families
 
 from hpcodegen.artifact.digest import meta_signature
 
@@ -37,9 +36,11 @@ FAMILIES = {
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """{family: (config dir, artifact dir)}"""
-    return generate_families(tmp_path_factory.mktemp("gen"), FAMILIES)
+def generated(family_artifacts: Callable[[dict], dict[str, tuple[Path, Path]]]
+              ) -> dict[str, tuple[Path, Path]]:
+    """{family: (config dir, artifact dir)}, generated once per worker (a family another
+    module generated already is reused: ``conftest.family_artifacts``)."""
+    return family_artifacts(FAMILIES)
 
 
 def _edited(tmp: Path, src: Path, edit: Callable[[dict], None]) -> Path:
