@@ -17,10 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from moe_configs import write_model_dir
 from moe_workers import parity_cases
-
-from hpcodegen.generate.api import GenerateArgs, generate_artifact
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -29,10 +26,10 @@ TP2 = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "gpt_oss", "llama4_te
 TP2_EP2 = ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"]
 
 
-def _artifact(root: Path, model_type: str, tp: int, ep: int) -> tuple[str, str, str]:
-    model = write_model_dir(root / "models" / model_type, model_type)
-    out = root / f"{model_type}_tp{tp}_ep{ep}"
-    assert generate_artifact(GenerateArgs(model, tp, out, ep=ep)) == 0
+def _artifact(moe_artifact, model_type: str, tp: int, ep: int) -> tuple[str, str, str]:
+    """The session's artifact (tests/moe/conftest.py; test_moe_sp.py reads qwen3_moe's
+    tp 2 x ep 2 one too)."""
+    out, model = moe_artifact(model_type, tp, ep=ep)
     return f"{model_type} tp{tp} ep{ep}", str(out), str(model)
 
 
@@ -53,9 +50,9 @@ def _check(results: dict) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_tp2_and_ep2_alone_match_unsharded(tmp_path: Path, gloo) -> None:
-    cases = [(*_artifact(tmp_path, m, 2, 1), 0) for m in TP2]
-    cases.append((*_artifact(tmp_path, "qwen3_moe", 1, 2), 2))
+def test_tp2_and_ep2_alone_match_unsharded(moe_artifact, gloo) -> None:
+    cases = [(*_artifact(moe_artifact, m, 2, 1), 0) for m in TP2]
+    cases.append((*_artifact(moe_artifact, "qwen3_moe", 1, 2), 2))
     results = gloo(2, parity_cases, cases)
     for rank in results:
         _check(rank)
@@ -63,12 +60,12 @@ def test_tp2_and_ep2_alone_match_unsharded(tmp_path: Path, gloo) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_biased_experts_ep2_match_unsharded(tmp_path: Path, gloo) -> None:
+def test_biased_experts_ep2_match_unsharded(moe_artifact, gloo) -> None:
     """GPT-OSS: per-expert biases (``gate_up_proj_bias``, ``down_proj_bias``, made non-zero
     by the worker) and the clamped, interleaved gate/up activation, split over ep 2 (each
     bias travels with its expert, so it is added once). Its tp 2 (down_proj_bias applied by
     tp rank 0 only) and tp 2 x ep 2 runs are in this module's other two tests."""
-    cases = [(*_artifact(tmp_path, "gpt_oss", 1, 2), 2)]
+    cases = [(*_artifact(moe_artifact, "gpt_oss", 1, 2), 2)]
     results = gloo(2, parity_cases, cases)
     for rank in results:
         _check(rank)
@@ -76,8 +73,8 @@ def test_biased_experts_ep2_match_unsharded(tmp_path: Path, gloo) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path, gloo) -> None:
-    cases = [(*_artifact(tmp_path, m, 2, 2), 2) for m in TP2_EP2]
+def test_tp2_x_ep2_matches_unsharded_on_4_ranks(moe_artifact, gloo) -> None:
+    cases = [(*_artifact(moe_artifact, m, 2, 2), 2) for m in TP2_EP2]
     results = gloo(4, parity_cases, cases)
     for rank in results:
         _check(rank)

@@ -30,21 +30,21 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 
 
-def _generate(root: Path, model_type: str, tp: int, ep: int = 1,
+def _generate(moe_artifact, model_type: str, tp: int, ep: int = 1,
               sp: bool = True) -> tuple[Path, Path, dict]:
-    model = write_model_dir(root / "models" / model_type, model_type)
-    out = root / f"{model_type}_tp{tp}_ep{ep}{'_sp' if sp else ''}"
-    assert generate_artifact(GenerateArgs(model, tp, out, sp=sp, ep=ep)) == 0
+    """The session's artifact (tests/moe/conftest.py: generated once, shared by the plan,
+    count and parity checks) and its meta."""
+    out, model = moe_artifact(model_type, tp, ep=ep, sp=sp)
     return out, model, json.loads((out / "codegen_meta.json").read_text())
 
 
 @pytest.mark.timeout(400)
-def test_sp_plans_route_the_rank_slice(tmp_path: Path) -> None:
+def test_sp_plans_route_the_rank_slice(moe_artifact) -> None:
     from hpcodegen.verify import run_verify
 
     rows = {"tp": "S(0)"}
     for family in ("qwen3_moe", "qwen2_moe", "gpt_oss"):
-        out, model, meta = _generate(tmp_path, family, 2)
+        out, model, meta = _generate(moe_artifact, family, 2)
         plan = meta["param_plan"]
         experts = plan["model.layers.0.mlp.experts"]
         assert all(v == rows for v in experts["in_src"].values()), family
@@ -57,7 +57,7 @@ def test_sp_plans_route_the_rank_slice(tmp_path: Path) -> None:
         assert router["partial_grad_params"] == sorted(router["params"]), family
         assert meta["parallel_dims"]["sequence_parallel"] is True
         assert run_verify([str(out)], hf_config=str(model)) == 0, family
-    out, model, meta = _generate(tmp_path, "qwen3_moe", 2, ep=2)
+    out, model, meta = _generate(moe_artifact, "qwen3_moe", 2, ep=2)
     experts = meta["param_plan"]["model.layers.0.mlp.experts"]
     assert experts["in_src"] == experts["in_dst"] and experts["out_src"] == experts["out_dst"]
     assert experts["out_dst"] == {"output": rows}
@@ -104,7 +104,7 @@ def _predicted(meta: dict) -> tuple[Counter, Counter]:
 @pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
 @pytest.mark.filterwarnings("ignore:For backward hooks:UserWarning")
 @pytest.mark.parametrize("world, ep, family", [(2, 1, "qwen3_moe"), (4, 2, "gpt_oss")])
-def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: int,
+def test_sp_counts_match_prediction(moe_artifact, fake_world, world: int, ep: int,
                                     family: str) -> None:
     import torch
     from torch.distributed.tensor.debug import CommDebugMode
@@ -115,7 +115,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
     from hpcodegen.runtime import MeshContext, parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
-    arts = [_generate(tmp_path, family, 2, ep=ep)]
+    arts = [_generate(moe_artifact, family, 2, ep=ep)]
     fake_world(world)
     for out, model_dir, meta in arts:
         config = json.loads((model_dir / "config.json").read_text())
@@ -138,7 +138,7 @@ def test_sp_counts_match_prediction(tmp_path: Path, fake_world, world: int, ep: 
 
 
 @pytest.mark.timeout(400)
-def test_sp_expert_all_to_all_moves_a_tp_th(tmp_path: Path) -> None:
+def test_sp_expert_all_to_all_moves_a_tp_th(moe_artifact) -> None:
     """inspect-plan: with --sp each tp rank dispatches its slice (1/tp of the tokens)."""
     from hpcodegen.inspect.options import InspectOptions
     from hpcodegen.inspect.run import run_inspect
@@ -150,8 +150,8 @@ def test_sp_expert_all_to_all_moves_a_tp_th(tmp_path: Path) -> None:
         rows = json.loads(buf.getvalue())["volume"]["by_collective"]
         return sum(r["bytes"] for r in rows if r["axis"] == "ep")
 
-    plain, model, _ = _generate(tmp_path, "qwen3_moe", 2, ep=2, sp=False)
-    sliced, _, _ = _generate(tmp_path, "qwen3_moe", 2, ep=2)
+    plain, model, _ = _generate(moe_artifact, "qwen3_moe", 2, ep=2, sp=False)
+    sliced, _, _ = _generate(moe_artifact, "qwen3_moe", 2, ep=2)
     payload = 2 * 64 * 2 * 64 * 2 / 2  # tokens x top-k x hidden x bf16, half leaves (ep 2)
     counts = 4 * 8 / 2
     moe = 2
@@ -159,12 +159,12 @@ def test_sp_expert_all_to_all_moves_a_tp_th(tmp_path: Path) -> None:
     assert ep_bytes(sliced, model) == moe * (counts + 4 * payload / 2)
 
 
-def _parity(root: Path, families: list[str], tp: int, ep: int, world: int, gloo) -> None:
+def _parity(moe_artifact, families: list[str], tp: int, ep: int, world: int, gloo) -> None:
     from moe_workers import parity_cases
 
     cases = []
     for family in families:
-        out, model, _ = _generate(root, family, tp, ep=ep)
+        out, model, _ = _generate(moe_artifact, family, tp, ep=ep)
         cases.append((f"{family} tp{tp} ep{ep}", str(out), str(model), 2))
     for rank in gloo(world, parity_cases, cases):
         for name, r in rank.items():
@@ -175,10 +175,10 @@ def _parity(root: Path, families: list[str], tp: int, ep: int, world: int, gloo)
 
 
 @pytest.mark.timeout(400)
-def test_sp_tp2_x_ep2_matches_unsharded_on_4_ranks(tmp_path: Path, gloo) -> None:
-    _parity(tmp_path, ["qwen3_moe", "gpt_oss"], 2, 2, 4, gloo)
+def test_sp_tp2_x_ep2_matches_unsharded_on_4_ranks(moe_artifact, gloo) -> None:
+    _parity(moe_artifact, ["qwen3_moe", "gpt_oss"], 2, 2, 4, gloo)
 
 
 @pytest.mark.timeout(400)
-def test_sp_tp2_matches_unsharded(tmp_path: Path, gloo) -> None:
-    _parity(tmp_path, ["qwen3_moe", "qwen2_moe", "gpt_oss"], 2, 1, 2, gloo)
+def test_sp_tp2_matches_unsharded(moe_artifact, gloo) -> None:
+    _parity(moe_artifact, ["qwen3_moe", "qwen2_moe", "gpt_oss"], 2, 1, 2, gloo)

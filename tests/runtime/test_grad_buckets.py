@@ -23,12 +23,21 @@ ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-5
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One root for the module's artifacts: :func:`_llama` generates each depth once (the
+    16-layer one is counted by one test and accumulated on gloo ranks by the other)."""
+    return tmp_path_factory.mktemp("grad_buckets")
+
+
 def _llama(root: Path, layers: int) -> tuple[Path, Path]:
-    config = json.loads((ROOT / "examples/configs/llama/config.json").read_text())
     model = root / f"llama{layers}"
+    out = root / f"llama{layers}_tp2_sp"
+    if out.exists():
+        return out, model
+    config = json.loads((ROOT / "examples/configs/llama/config.json").read_text())
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
-    out = root / f"llama{layers}_tp2_sp"
     assert generate_artifact(GenerateArgs(model, 2, out, sp=True)) == 0
     return out, model
 
@@ -65,9 +74,9 @@ def _backward_all_reduces(out: Path, model_dir: Path) -> tuple[int, int, int]:
 
 @pytest.mark.timeout(400)
 @pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
-def test_sixteen_layers_sync_in_one_collective(tmp_path: Path, fake_world) -> None:
-    small = _llama(tmp_path, 2)
-    deep = _llama(tmp_path, 16)
+def test_sixteen_layers_sync_in_one_collective(shared: Path, fake_world) -> None:
+    small = _llama(shared, 2)
+    deep = _llama(shared, 16)
     fake_world(2)
     ran2, predicted2, params2 = _backward_all_reduces(*small)
     ran16, predicted16, params16 = _backward_all_reduces(*deep)
@@ -77,10 +86,10 @@ def test_sixteen_layers_sync_in_one_collective(tmp_path: Path, fake_world) -> No
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_sixteen_layers_accumulate_exactly(tmp_path: Path, gloo) -> None:
+def test_sixteen_layers_accumulate_exactly(shared: Path, gloo) -> None:
     from grad_workers import accumulate_case
 
-    out, model = _llama(tmp_path, 16)
+    out, model = _llama(shared, 16)
     results = gloo(2, accumulate_case, str(out), str(model))
     for r in results:
         assert not r["odd"], r

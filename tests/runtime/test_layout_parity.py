@@ -66,9 +66,16 @@ def _artifact(root: Path, name: str, sp: bool) -> tuple[str, str]:
     return str(out), str(model)
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One root for the module's artifacts: :func:`_artifact` generates each once (OLMo-2's
+    is counted by one test and checked on gloo ranks by the next)."""
+    return tmp_path_factory.mktemp("layouts")
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.filterwarnings("ignore:.*backward hook:UserWarning")
-def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
+def test_layout_counts_match_prediction(shared: Path, fake_world) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
@@ -79,7 +86,7 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
     from hpcodegen.runtime import parallelize_from_generated
     from hpcodegen.runtime.loader import generated_model_class, import_generated_module
 
-    arts = [_artifact(tmp_path, "olmo2", True)]
+    arts = [_artifact(shared, "olmo2", True)]
     fake_world(2)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     for out, model_dir in arts:
@@ -102,10 +109,10 @@ def test_layout_counts_match_prediction(tmp_path: Path, fake_world) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_layouts_match_unsharded(tmp_path: Path, gloo) -> None:
+def test_layouts_match_unsharded(shared: Path, gloo) -> None:
     from moe_workers import parity_cases
 
-    cases = [(f"{name} sp={sp}", *_artifact(tmp_path, name, sp), 2) for name, sp in CASES]
+    cases = [(f"{name} sp={sp}", *_artifact(shared, name, sp), 2) for name, sp in CASES]
     for rank in gloo(2, parity_cases, cases):
         for name, r in rank.items():
             assert not r["odd"], (name, r["odd"])
