@@ -50,7 +50,8 @@ class RankRecord:
         traceback: for a user script, the tail of the script's own traceback.
         weights: where the model's weights came from (safetensors files or a seeded init).
         local_param_bytes: bytes of the parameters this rank holds after sharding.
-        forward_ms: wall time of one sharded forward.
+        forward_ms: wall time of one sharded forward (under ``--compile`` a warm one of the
+            graph the job runs: compile time is not in it).
         parity: ``{"logits_max_diff", "grad_max_diff", "worst_grad", "tolerance", ...}``.
         losses: per-step losses; ``ref_losses`` the unsharded model's with --check-parity.
         batch: the smoke batch: ``{"rows", "length", "window", "cap", "window_exercised",

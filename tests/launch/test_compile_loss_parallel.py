@@ -45,6 +45,8 @@ def test_compile_check_parity_two_steps_sp(tmp_path):
     assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
     doc = run.json()
     _assert_exact(doc, 2)
+    # a warm forward of the job's own compiled graph is timed (no extra no-grad compile)
+    assert all(rank["forward_ms"] > 0 for rank in doc["ranks"]), doc["ranks"]
     # the passing run's scratch dir is removed: it is not reported as if it were kept
     assert doc["run_dir"] is None and doc["log_dir"] is None
 

@@ -78,11 +78,21 @@ def vocab_size_of(hf_config: Any) -> int | None:
     return vocab
 
 
-def _timed_forward(model: Any, ids: Any, device: Any, active: Any) -> float:
+def _timed_forward(model: Any, ids: Any, device: Any, active: Any, *, compiled: bool = False,
+                   warm: bool = True) -> float:
+    """Milliseconds of one sharded forward of the smoke batch.
+
+    Eager: one no-grad forward. Compiled (``--compile``): a no-grad forward would compile an
+    inference graph the job never runs again (seconds of CPU per rank) and time that
+    compile, so the forward runs in the job's own grad mode, reusing the graph its training
+    forward compiled; ``warm=False`` (nothing ran that graph yet) runs it once untimed first.
+    """
     import torch
 
     kwargs, _ = model_inputs(model, _inputs(model, ids), active)
-    with torch.no_grad():
+    with torch.set_grad_enabled(compiled):
+        if compiled and not warm:
+            model(**kwargs)
         _sync(device)
         start = time.perf_counter()
         model(**kwargs)
@@ -251,8 +261,9 @@ def run(reporter: RankReporter) -> None:
     reporter.update(batch={"rows": BATCH_SIZE, **shape.to_json()})
     batch = synthetic_batch(vocab_size_of(built.hf_config), ctx.world_size, seed, ctx.device,
                             length=shape.length)
-    reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device,
-                                              built.active))
+    if not scope:
+        reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device,
+                                                  built.active))
     parity: dict[str, Any] | None = None
     if ref is not None:
         reporter.update(phase="parity")
@@ -274,6 +285,10 @@ def run(reporter: RankReporter) -> None:
                 parity["grad_norms"] = norms[0]
                 parity["grad_norm_max_diff"] = _nan_max(
                     [abs(a - b) / max(1.0, abs(b)) for a, b in zip(*norms, strict=True)])
+    if scope:  # after the job's own forwards compiled its graph (see _timed_forward)
+        reporter.update(forward_ms=_timed_forward(built.model, batch[0], ctx.device,
+                                                  built.active, compiled=True,
+                                                  warm=parity is not None or steps > 0))
     if save_dir:
         from hpcodegen.checkpoint.dcp_io import save
 
