@@ -12,6 +12,7 @@ kept, with the model source line that made it).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,43 @@ _HERE = str(Path(__file__).resolve().parent)
 
 
 def tensors(value: Any) -> list[Any]:
-    """The tensors in a nest of tuples, lists and dicts."""
-    import torch
-    from torch.utils._pytree import tree_flatten
+    """The tensors in a nest of tuples, lists and dicts, in torch's pytree order.
 
-    return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+    Asked of every aten op's operands and results by each watcher of a trace: plain
+    tuples, lists, dicts and scalars are walked here, and only what torch's pytree
+    knows more about (a named tuple, a ``ModelOutput``) goes through ``tree_flatten``,
+    which reads the same leaves at several times the cost."""
+    import torch
+
+    found: list[Any] = []
+    _collect(value, found, torch.Tensor, _scalars())
+    return found
+
+
+@functools.cache
+def _scalars() -> tuple[type, ...]:
+    """Leaves that are never a tensor nor hold one: the aten arguments besides tensors."""
+    import torch
+
+    return (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
+            torch.layout, torch.memory_format)
+
+
+def _collect(value: Any, found: list[Any], tensor: type, scalars: tuple[type, ...]) -> None:
+    """Append the tensors in ``value`` to ``found`` (:func:`tensors`)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        for item in value:
+            _collect(item, found, tensor, scalars)
+    elif kind is dict:
+        for item in value.values():
+            _collect(item, found, tensor, scalars)
+    elif isinstance(value, tensor):
+        found.append(value)
+    elif not isinstance(value, scalars):
+        from torch.utils._pytree import tree_flatten
+
+        found.extend(x for x in tree_flatten(value)[0] if isinstance(x, tensor))
 
 
 def is_pointwise(op: Any) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 from typing import Any
 
 from hpcodegen.errors import PlanError, error
@@ -66,10 +67,20 @@ def head_count_attrs(module: Any) -> list[str]:
 
 def forward_source(module: Any) -> str:
     """The source of ``type(module).forward`` and of the methods it calls on ``self``
-    (transitively), "" when unavailable."""
+    (transitively), "" when unavailable.
+
+    Read once per class (:data:`_SOURCES`): every module of a model's stack shares its
+    class, and the passes of one generate ask for each module's source many times
+    (finding and reading the source was a tenth of a build). A hit is checked against the
+    methods it was read from, so a class whose method was since replaced is read again."""
     cls = type(module)
+    hit = _SOURCES.get(cls)
+    if hit is not None and all(_method(cls, name) is (ref() if ref else None)
+                               for name, ref in hit[0]):
+        return hit[1]
     seen: set[str] = set()
     texts: list[str] = []
+    read: list[tuple[str, Any]] = []
     todo = ["forward"]
     while todo:
         name = todo.pop()
@@ -77,6 +88,8 @@ def forward_source(module: Any) -> str:
             continue
         seen.add(name)
         fn = getattr(cls, name, None)
+        method = _method(cls, name)
+        read.append((name, weakref.ref(method) if method is not None else None))
         try:
             text = inspect.getsource(fn) if callable(fn) else ""
         except (OSError, TypeError):
@@ -85,7 +98,24 @@ def forward_source(module: Any) -> str:
         # methods only: submodules (``self.q_proj(x)``) are instance attributes
         todo.extend(m for m in re.findall(r"self\.(\w+)\(", text)
                     if callable(getattr(cls, m, None)))
-    return "\n".join(texts)
+    source = "\n".join(texts)
+    _SOURCES[cls] = (tuple(read), source)
+    return source
+
+
+def _method(cls: type, name: str) -> Any:
+    """The function ``cls.<name>`` runs (a classmethod's, not a fresh bound method), or
+    None: what a cached :func:`forward_source` is checked against. Functions only (they
+    take weak references); anything else is None."""
+    fn = getattr(cls, name, None)
+    fn = getattr(fn, "__func__", fn)
+    return fn if inspect.isfunction(fn) else None
+
+
+#: class -> ((method name, weak reference to the function read or None), ...) and the
+#: source :func:`forward_source` read from them; weak: a class made by a test goes away
+_SOURCES: weakref.WeakKeyDictionary[type, tuple[tuple[tuple[str, Any], ...], str]] = \
+    weakref.WeakKeyDictionary()
 
 
 #: a projection's output cut into equal blocks on the last dim (a fused gate|up)

@@ -34,6 +34,7 @@ block rule to modules an HF plan leaves unnamed (by name only, as it always has)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -110,13 +111,20 @@ def self_calls_on_params(source: str) -> list[tuple[str, str, int]]:
     order per function; [] when the source does not parse. The one walk both the input
     readers (:func:`input_readers`) and an attention's read inputs
     (:func:`~hpcodegen.generate.seeds.attention_seeds.forward_inputs_read`) are taken from."""
+    return list(_self_calls(source))
+
+
+@functools.lru_cache(maxsize=256)
+def _self_calls(source: str) -> tuple[tuple[str, str, int], ...]:
+    """:func:`self_calls_on_params`, parsed once per source text: the blocks of a stack
+    share one class, and the seeds ask for each block's readers several times."""
     import ast
     import textwrap
 
     try:
         tree = ast.parse(textwrap.dedent(source))
     except SyntaxError:
-        return []
+        return ()
     found: list[tuple[str, str, int]] = []
     for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
         params = [a.arg for a in fn.args.args[1:]]
@@ -127,7 +135,7 @@ def self_calls_on_params(source: str) -> list[tuple[str, str, int]]:
                     and node.args and isinstance(node.args[0], ast.Name) \
                     and node.args[0].id in params:
                 found.append((func.attr, node.args[0].id, params.index(node.args[0].id)))
-    return found
+    return tuple(found)
 
 
 def input_readers(source: str) -> set[str]:
