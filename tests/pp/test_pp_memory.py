@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 sys.path.insert(0, str(Path(__file__).parent))
-from pp_launching import generate, gloo_launch, ok_doc, rank_env
+from pp_launching import generate, generate_pp, gloo_launch, ok_doc, rank_env
 from test_check_pipeline import pp_meta
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -120,7 +120,8 @@ def test_a_pipeline_that_cannot_fit_is_refused_before_it_is_built(gloo, tmp_path
 @pytest.mark.gloo
 @pytest.mark.timeout(600)
 def test_a_tiny_pipeline_passes_the_check(gloo, tmp_path):
-    """The rank job on the session's gloo ranks, as the refusal above."""
-    art = _generate(CONFIGS / "llama4", tmp_path / "art")
+    """The rank job on the session's gloo ranks, as the refusal above (the artifact is
+    ``test_pp_launch.py``'s, generated once per process)."""
+    art = generate_pp(tmp_path, "llama4", 1, "1F1B")
     doc = ok_doc(gloo_launch(gloo, 2, {"tiny": rank_env(art, "llama4", 2, steps=1)}), "tiny")
     assert all(r["status"] == "ok" and r["local_param_bytes"] for r in doc["ranks"])
