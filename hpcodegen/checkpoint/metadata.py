@@ -214,6 +214,13 @@ def _chunks(key: str, size: tuple[int, ...], chunks: Any,
     memo = (id(chunks), size)
     if memo in budget.checked:
         return budget.checked[memo]
+    # another list of the same shared chunk objects: each was checked, and the sequence
+    # found to tile this size, when the first was; one id per chunk, no walk in Python
+    same = (size, tuple(map(id, chunks)))
+    rebuilt = budget.covered.get(same)
+    if rebuilt is not None:
+        budget.checked[memo] = rebuilt
+        return rebuilt
     boxes = []
     for chunk in chunks:
         if not isinstance(chunk, ChunkStorageMetadata):
@@ -228,14 +235,10 @@ def _chunks(key: str, size: tuple[int, ...], chunks: Any,
                                  f"{size}")
             box = budget.boxes[id(chunk), size] = (offsets, sizes)
         boxes.append(box)
-    same = (size, tuple(map(id, chunks)))  # another list of the same shared chunk objects
-    rebuilt = budget.covered.get(same)
-    if rebuilt is None:
-        check_exact_cover(key, size, boxes)
-        rebuilt = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s))
-                   for o, s in boxes]
-        budget.covered[same] = rebuilt
-    budget.checked[memo] = rebuilt
+    check_exact_cover(key, size, boxes)
+    rebuilt = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s))
+               for o, s in boxes]
+    budget.covered[same] = budget.checked[memo] = rebuilt
     return rebuilt
 
 

@@ -5,15 +5,16 @@ exact ``--check-parity`` rank.
 
 A real ``hpcodegen launch`` (torchrun, one process per rank, the launcher's model check and
 verdict) stays where launching is what a test checks: ``--check-parity --steps`` of a
-pipeline (with ``--compile``: one launch, :func:`shared_launch`, read by both tests),
-``--resume`` and ``--save`` through the launcher (``test_pp_fsdp_save.py``) and the memory
-refusal's exit 2 (``test_pp_memory.py``). The numerics of every other feature (FSDP over
-dp, ``--max-grad-norm``, pp x cp, loss parallelism, DualPipeV, MoE, saving at pp) run the
-same rank job (:func:`hpcodegen.launch.rank.smoke.run`, with the environment the launcher
-would give it, :func:`hpcodegen.launch.launcher.command.job_environment`) on the session's
-kept gloo ranks (:func:`gloo_launch`): same code, same numbers, without a torchrun, a
-launcher and N fresh interpreters importing torch per case. Each case keeps its own
-result: a case that fails names itself.
+pipeline (with ``--compile``: one launch, :func:`shared_launch`, read by both tests);
+``--save``/``--resume`` and the memory refusal's exit 2 through the launcher are
+``tests/launch``'s. The numerics of every other feature (FSDP over dp, ``--max-grad-norm``,
+pp x cp, loss parallelism, DualPipeV, MoE, saving and resuming at pp, the pipeline's memory
+refusal) run the same rank job (:func:`hpcodegen.launch.rank.smoke.run`, with the
+environment the launcher would give it,
+:func:`hpcodegen.launch.launcher.command.job_environment`) on the session's kept gloo ranks
+(:func:`gloo_launch`): same code, same numbers, without a torchrun, a launcher and N fresh
+interpreters importing torch per case. Each case keeps its own result: a case that fails
+names itself.
 """
 
 from __future__ import annotations

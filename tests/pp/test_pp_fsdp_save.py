@@ -2,7 +2,8 @@
 
 A checkpoint saved at ``pp 2 x dp 2`` (each stage's parameters and AdamW state sharded
 over its dp ranks, each written by its owners as the DTensor it is) resumes at ``tp 2``
-(no pipeline, no FSDP) and gives the third step's loss of an uninterrupted run; that
+(no pipeline, no FSDP: ``dp 2 x tp 2`` on the same four ranks, each dp rank a replica of
+the two-row smoke batch) and gives the third step's loss of an uninterrupted run; that
 ``tp 2`` checkpoint, saved again, resumes into ``pp 2 x dp 2`` and gives the fourth step's
 loss, with parity (loss, logits and every gradient of the resumed pipeline against the
 unsharded model resumed from the same checkpoint). The losses of a run are the unsharded
@@ -10,9 +11,12 @@ model's at any mesh: the pipeline's four rows (2 microbatches x dp 2) are the tw
 batch repeated, whose mean loss and gradients are the two rows', so one uninterrupted
 ``tp 2`` run is the reference.
 
-The ``tp 2`` resume of the round trip is a real launch (``--resume`` and ``--save``
-through the launcher and torchrun); the other runs are launch's rank job on the session's
-gloo ranks (``pp_launching.gloo_launch``), all once for the module (``runs``).
+Every run is launch's rank job on the session's gloo ranks (``pp_launching.gloo_launch``),
+all once for the module (``runs``): ``--save`` and ``--resume`` through the launcher and
+torchrun are ``tests/launch/test_checkpoints.py``'s real launches, and the launcher's
+pre-start checks of this module's pipeline checkpoint (its record, the model, DCP's
+metadata) run as ``launch --dry-run`` in the test process; the subject here is the
+checkpoint of a pipeline with FSDP, whose numbers are the rank job's either way.
 """
 
 from __future__ import annotations
@@ -21,8 +25,15 @@ import json
 from typing import Any
 
 import pytest
-from pp_launching import CONFIGS, assert_rank_exact, generate, gloo_launch, ok_doc, rank_env
-from pp_launching import launch_json as _launch
+from pp_launching import (
+    CONFIGS,
+    assert_rank_exact,
+    generate,
+    gloo_launch,
+    hpc,
+    ok_doc,
+    rank_env,
+)
 
 
 def _losses(doc: dict) -> list[float]:
@@ -31,10 +42,11 @@ def _losses(doc: dict) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(gloo, tmp_path_factory) -> dict[str, Any]:
-    """Every run of the module, by name (``third``: the real launch's process). The gloo
-    calls go 4, 4, 2, 8 ranks: the world the module before leaves (``test_pp_flags.py``:
-    4) is reused, and the one left (8) is the next module's first (``test_pp_launch.py``),
-    so no world is started twice for nothing (one world is alive at a time)."""
+    """Every run of the module, by name. The gloo calls go 4, 4, 4, 2, 8 ranks: the world
+    the module before leaves (``test_pp_flags.py``: 4) is reused, and the one left (8) is
+    the next module's first (``test_pp_launch.py``), so no world is started twice for
+    nothing (one world is alive at a time); the ``tp 2`` resume runs on the four ranks of
+    the pipeline's world (``dp 2 x tp 2``) for that reason."""
     d = tmp_path_factory.mktemp("pp_fsdp_save")
     pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
     tp = generate(d / "tp", "llama4", "--tp", "2")
@@ -43,10 +55,15 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
     gemma = generate(d / "gemma", "gemma2_tied4", "--tp", "1", "--pp", "2",
                      "--microbatches", "2")
     a, b = d / "a", d / "b"
-    out: dict[str, Any] = {"a": a}
+    out: dict[str, Any] = {"a": a, "b": b}
     out |= gloo_launch(gloo, 4, {"saved": rank_env(pp, "llama4", 4, steps=2, save=a)})
-    out["third"] = _launch(tp, "llama4", 2, "--steps", "1", "--resume", str(a), "--save",
-                           str(b), timeout=600)
+    # the launcher's pre-start checks of the pipeline's FSDP checkpoint (record, model,
+    # DCP metadata), in this process: --dry-run starts nothing
+    out["prestart"] = hpc("launch", tp, "--nproc", "4", "--device", "cpu", "--model-dir",
+                          CONFIGS / "llama4", "--steps", "1", "--resume", a, "--save", b,
+                          "--dry-run", "--json")
+    out |= gloo_launch(gloo, 4, {"third": rank_env(tp, "llama4", 4, steps=1, resume=a,
+                                                   save=b)})
     out |= gloo_launch(gloo, 4, {"back": rank_env(pp, "llama4", 4, steps=1, resume=b,
                                                   check_parity=True)})
     out |= gloo_launch(gloo, 2, {
@@ -65,10 +82,14 @@ def test_a_pp2_dp2_fsdp_checkpoint_resumes_exactly_at_tp2_and_back(runs):
     assert saved["ranks"][0]["losses"] == pytest.approx(straight[:2], abs=1e-5)
     record = json.loads((runs["a"] / "hpcodegen_checkpoint.json").read_text())
     assert record["step"] == 2
-    proc = runs["third"]
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    third = json.loads(proc.stdout)["ranks"][0]["losses"]
-    assert third[0] == pytest.approx(straight[2], abs=1e-5)
+    code, text = runs["prestart"]
+    assert code == 0, text[-3000:]
+    third = ok_doc(runs, "third")
+    assert third["mesh"] == {"dp": 2, "tp": 2}, third["mesh"]
+    assert third["ranks"][0]["weights"] == f"checkpoint {runs['a']} (step 2)"
+    assert third["ranks"][0]["losses"][0] == pytest.approx(straight[2], abs=1e-5)
+    record = json.loads((runs["b"] / "hpcodegen_checkpoint.json").read_text())
+    assert (record["step"], record["mesh"]) == (3, {"dp": 2, "tp": 2}), record
     back = ok_doc(runs, "back")
     assert (back["mesh"]["pp"], back["mesh"]["dp"]) == (2, 2)
     for rank in back["ranks"]:

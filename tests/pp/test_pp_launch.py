@@ -7,9 +7,9 @@ starts.
 
 One real launch here: ``--check-parity --steps 2`` of llama4 at pp 2 (with ``--compile``,
 the launch ``test_pp_flags.py``'s compile test reads too: ``pp_launching.shared_launch``);
-the real ``--save``/``--resume`` through the launcher is ``test_pp_fsdp_save.py``'s. Every
-other case, the round trip's ``--save`` at pp 2 included, runs launch's rank job on the
-session's gloo ranks (``pp_launching.gloo_launch``), all of them once for the module
+the real ``--save``/``--resume`` through the launcher is ``tests/launch/test_checkpoints.py``'s.
+Every other case, the round trip's ``--save`` at pp 2 included, runs launch's rank job on
+the session's gloo ranks (``pp_launching.gloo_launch``), all of them once for the module
 (``runs``), each test reading its own case."""
 
 from __future__ import annotations

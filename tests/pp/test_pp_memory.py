@@ -14,11 +14,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 sys.path.insert(0, str(Path(__file__).parent))
-from pp_launching import generate, gloo_launch, ok_doc, rank_env
+from pp_launching import generate, generate_pp, gloo_launch, ok_doc, rank_env
 from test_check_pipeline import pp_meta
 
 CONFIGS = Path(__file__).parent / "configs"
-HPC = [sys.executable, "-m", "hpcodegen"]
 #: a Llama far larger than any machine this runs on (refused whatever the machine)
 HUGE = {"hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 4,
         "num_attention_heads": 128, "num_key_value_heads": 8, "head_dim": 128,
@@ -96,35 +95,33 @@ def _generate(config_dir: Path, out: Path) -> Path:
                     "--microbatches", "4")
 
 
-def _launch(art: Path, config_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*HPC, "launch", str(art), "--nproc", "2", "--device", "cpu",
-                           "--model-dir", str(config_dir), "--json", *extra],
-                          capture_output=True, text=True, timeout=500)
-
-
 @pytest.mark.gloo
 @pytest.mark.timeout(600)
-def test_a_pipeline_that_cannot_fit_is_refused_before_it_is_built(tmp_path):
+def test_a_pipeline_that_cannot_fit_is_refused_before_it_is_built(gloo, tmp_path):
+    """The rank job on the session's gloo ranks: every rank refuses (the ranks agree) with
+    the pipeline's figures, and nothing is built. The launcher's exit 2 and its line
+    ``refused before building the model: rank N cannot fit: <these figures>`` are a real
+    launch's in ``tests/launch/test_memory_refusal.py``."""
     config = json.loads((CONFIGS / "llama4" / "config.json").read_text()) | HUGE
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "config.json").write_text(json.dumps(config))
     art = _generate(tmp_path / "cfg", tmp_path / "art")
-    proc = _launch(art, tmp_path / "cfg", "--steps", "1")
-    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
-    message = doc["message"]
-    assert message.startswith("refused before building the model: rank "), message
-    assert "parameters held" in message and "AdamW state" in message, message
-    assert "activations in flight" in message and "is available (" in message, message
+    doc = gloo_launch(gloo, 2, {"huge": rank_env(art, tmp_path / "cfg", 2, steps=1)})["huge"]
     statuses = sorted(r["status"] for r in doc["ranks"])
-    assert "refused" in statuses and set(statuses) <= {"refused", "ended"}
-    assert all(r["local_param_bytes"] is None for r in doc["ranks"])  # nothing was built
+    assert "refused" in statuses and set(statuses) <= {"refused", "ended"}, doc["ranks"]
+    for rank in doc["ranks"]:
+        assert rank["local_param_bytes"] is None, rank  # nothing was built
+        if rank["status"] == "refused":
+            message = rank["error"]
+            assert "parameters held" in message and "AdamW state" in message, message
+            assert "activations in flight" in message and "is available (" in message, message
 
 
 @pytest.mark.gloo
 @pytest.mark.timeout(600)
 def test_a_tiny_pipeline_passes_the_check(gloo, tmp_path):
-    """The rank job on the session's gloo ranks (the refusal above is the real launch)."""
-    art = _generate(CONFIGS / "llama4", tmp_path / "art")
+    """The rank job on the session's gloo ranks, as the refusal above (the artifact is
+    ``test_pp_launch.py``'s, generated once per process)."""
+    art = generate_pp(tmp_path, "llama4", 1, "1F1B")
     doc = ok_doc(gloo_launch(gloo, 2, {"tiny": rank_env(art, "llama4", 2, steps=1)}), "tiny")
     assert all(r["status"] == "ok" and r["local_param_bytes"] for r in doc["ranks"])
