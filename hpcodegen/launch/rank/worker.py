@@ -61,10 +61,18 @@ def _run_script(argv: Sequence[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def _shutdown() -> None:
-    """Destroy the process group if this rank made one (torch only if already loaded)."""
+def _shutdown(ok: bool) -> None:
+    """Destroy the process group if this rank made one (torch only if already loaded).
+
+    After a job that ended well, every rank first waits for the others (a barrier): a rank
+    that closes its gloo sockets while a peer still reads the tail of the last collective
+    makes that peer abort in native code ("terminate called without an active exception",
+    SIGABRT after its result was recorded; seen under load). After a failure no rank waits:
+    the peers may never come, and torchrun ends the job anyway."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        if ok:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -92,7 +100,7 @@ def run_rank(argv: Sequence[str], reporter: RankReporter) -> int:
         return 1
     finally:
         try:
-            _shutdown()
+            _shutdown(reporter.record.status == "ok")
         except Exception:  # teardown must not mask the job outcome
             traceback.print_exc()
     return 0 if reporter.record.status == "ok" else 1
