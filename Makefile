@@ -10,6 +10,10 @@ EXAMPLE ?= examples/llama_tp2
 # keeps at most one gloo world and runs one torchrun job at a time); work stealing, with the
 # multi-process modules collected first (tests/conftest.py), ends both workers on short tests
 # --durations=20 prints the slowest tests: the figures of docs/testing.md's table
+# Bytecode is written for the test run even where the machine sets PYTHONDONTWRITEBYTECODE:
+# the suite starts ~200 interpreters (ranks, launchers, CLI runs) that import hpcodegen, and
+# each compiled its modules from source again (~0.15 s of CPU each). Artifacts never get a
+# __pycache__: the runtime's loader compiles the checked bytes itself and writes none.
 TEST_WORKERS ?= 2
 
 .PHONY: venv test demo lint examples check-examples bench gpu clean
@@ -24,7 +28,7 @@ venv: $(STAMP)
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20
 
 demo: venv
 	$(BIN)/hpcodegen verify $(EXAMPLE) --hf-config examples/configs/llama
