@@ -11,7 +11,7 @@ this file's own launch.
 from __future__ import annotations
 
 import pytest
-from launch_helpers import LLAMA_CONFIG, REPO, run_cli
+from launch_helpers import LLAMA_CONFIG, REPO, check_in_process, run_cli
 
 LOAD = """
 import sys, torch
@@ -54,6 +54,7 @@ def test_dcp_of_model_state_dict_saved_at_tp2_loads_at_tp4(tmp_path, user_script
     assert first.code == 0, first.stdout + first.stderr
     load = tmp_path / "load.py"
     load.write_text(LOAD)
+    check_in_process(REPO / "examples" / "llama_tp4", LLAMA_CONFIG)  # no check child
     second = run_cli(REPO / "examples" / "llama_tp4", "--nproc", "4", "--device", "cpu",
                      "--model-dir", LLAMA_CONFIG, "--", load, user_script_run.dcp,
                      user_script_run.full, timeout=300)

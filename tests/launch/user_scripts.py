@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, CliRun, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, CliRun, check_in_process, run_cli
 
 #: argv: SAFETENSORS CKPT DCP_DIR FULL_PT [script args...]; the first part is
 #: test_user_script.py's, the second (after "torch's own tools") test_torch_dcp.py's
@@ -127,6 +127,8 @@ def launch_user_script(tmp: Path) -> UserScriptRun:
     shutil.copytree(LLAMA_CONFIG, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     save_file(_llama_state(config), str(model_dir / "model.safetensors"))
+    # launch's pre-start model check in this process (its verdict cached), not in a child
+    check_in_process(EXAMPLE, model_dir)
     script = tmp / "train.py"
     script.write_text(SCRIPT)
     dcp, full = tmp / "dcp", tmp / "full.pt"
