@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # Both create .venv idempotently. torch is pinned in its own pip call first, so pip never
 # resolves an unpinned torch (that would fetch a multi-GB CUDA build).
+# pip itself comes first, at constraints.txt's version (tests/cli/install_lane.py: the
+# install lanes' resolves cost half the CPU with it).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -20,6 +22,7 @@ TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt pip
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,runtime]'
 	touch $(STAMP)

@@ -7,10 +7,16 @@ would: the core alone (``verify``, ``inspect-plan``, ``schema``; no torch), then
 ``launch --nproc 2 --check-parity``, ``export``). The tests of one lane run in file order, the
 core's before the runtime is installed. Every verb runs from a temp dir with the venv's own
 console script, so nothing of the checkout is importable.
+
+verify's model check (torch and transformers imported, the plan derived: ~6 s of CPU) runs
+once per lane: in the launch's pre-start child (``hpcodegen verify --only model`` with the
+venv's python), whose pass lands in a verdict cache of the lane's own; the lane's
+``verify --hf-config`` skips it and checks the signature.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -164,14 +170,17 @@ def generated(runtime: Lane, work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def launched(runtime: Lane, generated: Path, work: Path) -> tuple[dict, Path]:
-    """One launch: parity with the unsharded model, one AdamW step, a DCP checkpoint."""
-    ckpt = work / "ckpt"
+def launched(runtime: Lane, generated: Path, work: Path) -> tuple[dict, Path, Path]:
+    """One launch: its model check, parity with the unsharded model, one AdamW step, a DCP
+    checkpoint. Its verdict cache is a fresh directory of the lane's (``HPCODEGEN_CHECK_CACHE``):
+    no pass recorded elsewhere can stand in for the check, and the one it records is read."""
+    ckpt, verdicts = work / "ckpt", work / "check-cache"
     proc = runtime.run("launch", generated, "--nproc", "2", "--model-dir", CONFIG,
                        "--check-parity", "--steps", "1", "--save", ckpt, "--json",
-                       "--timeout", "400", cwd=work, timeout=500)
+                       "--timeout", "400", cwd=work, timeout=500,
+                       env={"HPCODEGEN_CHECK_CACHE": str(verdicts)})
     _ok(proc, "launch")
-    return json.loads(proc.stdout), ckpt
+    return json.loads(proc.stdout), ckpt, verdicts
 
 
 def test_generate_writes_an_artifact_for_the_installed_transformers(
@@ -181,14 +190,33 @@ def test_generate_writes_an_artifact_for_the_installed_transformers(
     assert meta["source"]["transformers_version"] == version
     assert any("S(" in json.dumps(entry) for fqn, entry in meta["param_plan"].items()
                if ".layers.0." in fqn)  # a decoder layer is split
-    proc = runtime.run("verify", generated, "--hf-config", CONFIG, "--json", cwd=work)
+    # the model check runs once per lane, in the launch (test_launch_ran_the_model_check...)
+    proc = runtime.run("verify", generated, "--hf-config", CONFIG, "--skip", "model", "--json",
+                       cwd=work)
     _ok(proc, "verify --hf-config")
     checks = json.loads(proc.stdout)["artifacts"][0]["checks"]
-    assert checks["model"]["status"] == "pass" and checks["signature"]["status"] == "pass"
+    assert checks["signature"]["status"] == "pass" and "model" not in checks
 
 
-def test_launch_two_ranks_checks_parity(launched: tuple[dict, Path]) -> None:
-    doc, _ = launched
+def test_launch_ran_the_model_check_in_the_venv(runtime: Lane, generated: Path,
+                                                launched: tuple[dict, Path, Path]) -> None:
+    """The launch's pre-start model check ran with the lane's torch and transformers on
+    this artifact and passed with no warning: its record, the only one in the lane's
+    fresh verdict cache (a failed check refuses the launch and records nothing)."""
+    _, _, verdicts = launched
+    records = [json.loads(p.read_text()) for p in sorted(verdicts.glob("*.json"))]
+    assert len(records) == 1, records
+    (record,) = records
+    meta = hashlib.sha256((generated / "codegen_meta.json").read_bytes()).hexdigest()
+    installed = runtime.installed()
+    assert record["verdict"] == "pass" and record["warnings"] == [], record
+    assert record["inputs"]["meta"] == meta, (record["inputs"], meta)
+    assert record["inputs"]["transformers"] == installed["transformers"], record["inputs"]
+    assert record["inputs"]["torch"] == installed["torch"], record["inputs"]
+
+
+def test_launch_two_ranks_checks_parity(launched: tuple[dict, Path, Path]) -> None:
+    doc, _, _ = launched
     assert doc["status"] == "ok" and [r["rank"] for r in doc["ranks"]] == [0, 1]
     for rank in doc["ranks"]:
         assert rank["status"] == "ok" and rank["parity"]["mismatched_params"] == []
@@ -197,9 +225,9 @@ def test_launch_two_ranks_checks_parity(launched: tuple[dict, Path]) -> None:
         assert len(rank["losses"]) == 1
 
 
-def test_export_writes_an_hf_dir(runtime: Lane, launched: tuple[dict, Path],
+def test_export_writes_an_hf_dir(runtime: Lane, launched: tuple[dict, Path, Path],
                                  work: Path) -> None:
-    _, ckpt = launched
+    _, ckpt, _ = launched
     out = work / "hf"
     _ok(runtime.run("export", ckpt, "-o", out, cwd=work), "export")
     config = json.loads((out / "config.json").read_text())
