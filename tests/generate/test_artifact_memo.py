@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 GPT2 = FAMILIES / "gpt2"
-PHI3 = FAMILIES / "phi3"  # runs with --sp
+PHI3 = FAMILIES / "phi3"  # generates with --sp
 
 
 @pytest.fixture
@@ -56,15 +56,18 @@ def test_a_shared_build_equals_its_own_and_is_a_fresh_copy_each_time(fresh_memo:
 
 def test_a_build_kept_by_another_worker_is_read_from_the_run_directory(
         fresh_memo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config, _ = read_hf_config(PHI3)
+    """Its warnings too (BLOOM's slow_but_exact splits no layer: generate warns)."""
+    config, _ = read_hf_config(FAMILIES / "bloom")
+    config.update(slow_but_exact=True, pretraining_tp=2)
     warned: list = []
-    built = artifact_memo.build_bundle(config, 2, True, None, "phi3", warnings=warned)
+    built = artifact_memo.build_bundle(config, 2, False, None, "bloom", warnings=warned)
     assert len(list(fresh_memo.glob("*.pickle"))) == 1
     monkeypatch.setattr(artifact_memo, "_BUILT", {})  # another process: nothing in memory
     warned_again: list = []
-    read = artifact_memo.build_bundle(config, 2, True, None, "phi3", warnings=warned_again)
+    read = artifact_memo.build_bundle(config, 2, False, None, "bloom", warnings=warned_again)
     assert _answers(2) == ["built", "run"]
     assert read == built and warned_again == warned
+    assert [w.code for w in warned] == ["generate.no_layer_split"]
 
 
 def test_a_refused_build_is_not_kept(fresh_memo: Path) -> None:
