@@ -25,6 +25,10 @@ and the first launch of each artifact still runs the check. A test that needs th
 itself sets ``HPCODEGEN_CHECK_CACHE=off`` for its launch or calls ``run_model_check``
 without a cache. A ``HPCODEGEN_CHECK_CACHE`` already set (``off``) is kept.
 
+Generated artifacts come from one suite-wide memo (:mod:`artifact_memo`): a build with
+the same arguments is paid once per run, its directory (``HPCODEGEN_TEST_ARTIFACTS``) made
+and removed here like the verdict cache's.
+
 Order: the modules whose tests carry an explicit ``timeout`` mark (the suite's rule puts
 one on every test that waits on a subprocess: launches, CLI runs, gloo worlds) run first,
 the longest mark first, each module kept whole (its module fixtures are built once); the
@@ -43,24 +47,29 @@ from functools import cache
 from typing import Any
 
 import pytest
+from artifact_memo import DIR_ENV as ARTIFACT_MEMO_DIR
 
 os.environ["COLUMNS"] = "400"
 
 #: the model check's verdict cache (hpcodegen.launch.launcher.check_cache.CACHE_ENV)
 CHECK_CACHE_ENV = "HPCODEGEN_CHECK_CACHE"
-_made_check_cache: list[str] = []
+#: the run-wide directories this process made (removed at its end)
+_made_dirs: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One verdict cache per run: made by the process that starts first (the xdist
-    controller, before it spawns the workers, or the only process), removed by it."""
-    if CHECK_CACHE_ENV not in os.environ:
-        os.environ[CHECK_CACHE_ENV] = tempfile.mkdtemp(prefix="hpcodegen-check-cache-")
-        _made_check_cache.append(os.environ[CHECK_CACHE_ENV])
+    """One verdict cache and one artifact memo directory (:mod:`artifact_memo`) per run:
+    made by the process that starts first (the xdist controller, before it spawns the
+    workers, or the only process), removed by it."""
+    for env, prefix in ((CHECK_CACHE_ENV, "hpcodegen-check-cache-"),
+                        (ARTIFACT_MEMO_DIR, "hpcodegen-test-artifacts-")):
+        if env not in os.environ:
+            os.environ[env] = tempfile.mkdtemp(prefix=prefix)
+            _made_dirs.append(os.environ[env])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for path in _made_check_cache:
+    for path in _made_dirs:
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -28,10 +28,8 @@ def mpt_tp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def family_artifacts(tmp_path_factory: pytest.TempPathFactory
                      ) -> Callable[[Mapping[str, tuple[Any, ...]]], dict[str, tuple[Path, Path]]]:
-    """:func:`gate_cases.generate_families` with one memo for the session: the gate's
-    family modules ask for some of the same (config, flags), generated once per worker."""
-    made: dict[str, tuple[Path, Path]] = {}
-
+    """:func:`gate_cases.generate_families` under a fresh folder each call (the builds are
+    shared run-wide by :mod:`artifact_memo`)."""
     def families(wanted: Mapping[str, tuple[Any, ...]]) -> dict[str, tuple[Path, Path]]:
-        return generate_families(tmp_path_factory.mktemp("families"), wanted, made)
+        return generate_families(tmp_path_factory.mktemp("families"), wanted)
     return families

@@ -8,8 +8,8 @@ same rules hold for any family: a column/row split flipped, a partial gradient d
 ``tp_rank0_params`` dropped, a boundary's output placement changed, ``ep_size`` changed.
 Each kind of edit is tried once per kind of entry: entries of one class declared alike (a
 layer's norms and the final norm) are judged by the same forward under the same placements.
-Generation runs once per family and worker (``conftest.family_artifacts``, shared with
-test_gate_propagation); verify runs in this process (torch and transformers load once).
+Generation runs once per family and run (``conftest.family_artifacts``: :mod:`artifact_memo`,
+shared with test_gate_propagation); verify runs in this process (torch and transformers load once).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ Edit = Callable[[dict], None]
 @pytest.fixture(scope="module")
 def generated(family_artifacts: Callable[[dict], dict[str, tuple[Path, Path]]]
               ) -> dict[str, tuple[Path, Path]]:
-    """{family: (config dir, artifact dir)}, generated once per worker (a family another
+    """{family: (config dir, artifact dir)}, each built once per run (a family another
     module generated already is reused: ``conftest.family_artifacts``)."""
     return family_artifacts(FAMILIES)
 

@@ -38,7 +38,7 @@ FAMILIES = {
 @pytest.fixture(scope="module")
 def generated(family_artifacts: Callable[[dict], dict[str, tuple[Path, Path]]]
               ) -> dict[str, tuple[Path, Path]]:
-    """{family: (config dir, artifact dir)}, generated once per worker (a family another
+    """{family: (config dir, artifact dir)}, each built once per run (a family another
     module generated already is reused: ``conftest.family_artifacts``)."""
     return family_artifacts(FAMILIES)
 

@@ -22,7 +22,8 @@ def _meta(artifact: Path) -> dict:
 
 
 def _bundle(config_dir: Path, **kwargs) -> dict:
-    from hpcodegen.generate.api import build_bundle
+    from artifact_memo import build_bundle  # one build per distinct arguments and run
+
     from hpcodegen.hf import read_hf_config
 
     config, _ = read_hf_config(config_dir)

@@ -26,14 +26,13 @@ CONFIG = REPO / "tests" / "fixtures" / "configs" / "qwen3_moe"
 
 
 def _artifact(out: Path, **kwargs) -> Path:
-    from hpcodegen.artifact.bundle import write_bundle
-    from hpcodegen.generate.api import build_bundle
+    from artifact_memo import write_artifact
+
     from hpcodegen.hf import read_hf_config
 
     config, _ = read_hf_config(CONFIG)
-    write_bundle(out, build_bundle(config, kwargs.pop("tp"), kwargs.pop("sp"), None,
-                                   "qwen3_moe", **kwargs))
-    return out
+    return write_artifact(out, config, kwargs.pop("tp"), kwargs.pop("sp"), "qwen3_moe",
+                          **kwargs)
 
 
 def _exact(doc: dict, nproc: int, name: str) -> dict:

@@ -32,7 +32,7 @@ from hpcodegen.plan.cp import (
 
 
 def _bundle(config: dict, **kwargs) -> dict:
-    from hpcodegen.generate.api import build_bundle
+    from artifact_memo import build_bundle  # one build per distinct arguments and run
 
     rendered = build_bundle(config, kwargs.pop("tp", 1), kwargs.pop("sp", False), None,
                             "cfg", **kwargs)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bundle_memo import build_bundle
+from artifact_memo import build_bundle
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate import api

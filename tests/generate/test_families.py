@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bundle_memo import build_bundle
+from artifact_memo import build_bundle
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.api import GenerateArgs, run_generate

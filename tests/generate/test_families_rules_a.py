@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bundle_memo import build_bundle
+from artifact_memo import build_bundle
 
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.sources.package_rules import package_rules

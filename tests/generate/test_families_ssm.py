@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bundle_memo import build_bundle
+from artifact_memo import build_bundle
 
 from hpcodegen.errors import PlanError
 from hpcodegen.hf import read_hf_config

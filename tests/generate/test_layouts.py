@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "moe"))
 
-from bundle_memo import build_bundle
+from artifact_memo import build_bundle
 
 from hpcodegen.hf import read_hf_config
 

@@ -34,21 +34,12 @@ Generated = Callable[..., tuple[Path, Path, dict]]
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+def generated(moe_artifact: Callable[..., tuple[Path, Path]]) -> Generated:
     """``generated(model_type, tp, ep=1)``: (artifact dir, model dir, a fresh copy of its
-    meta). Each (model_type, tp, ep) is generated once for the module (several tests read
-    the same artifact; none writes to it): the same command on the same inputs."""
-    root = tmp_path_factory.mktemp("moe_plan")
-    done: set[tuple[str, int, int]] = set()
-
+    meta), from ``conftest.moe_artifact`` (each built once per run: several tests here and
+    in the parity files read the same artifact)."""
     def generate(model_type: str, tp: int, ep: int = 1) -> tuple[Path, Path, dict]:
-        model = root / "models" / model_type
-        out = root / f"{model_type}_tp{tp}_ep{ep}"
-        if (model_type, tp, ep) not in done:
-            if not model.exists():
-                write_model_dir(model, model_type)
-            assert generate_artifact(GenerateArgs(model, tp, out, ep=ep)) == 0
-            done.add((model_type, tp, ep))
+        out, model = moe_artifact(model_type, tp, ep=ep)
         return out, model, json.loads((out / "codegen_meta.json").read_text())
     return generate
 

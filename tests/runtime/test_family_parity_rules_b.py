@@ -23,9 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from artifact_memo import build_bundle  # one build per distinct arguments and run
 from family_workers import assert_parity, parity_models
 
-from hpcodegen.generate.api import build_bundle
 from hpcodegen.hf import read_hf_config
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
