@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
 EXE = Path(sys.executable).with_name("hpcodegen")
 
+sys.path.insert(0, str(REPO / "tests" / "launch"))
+from launch_helpers import check_in_process  # noqa: E402  (tests/launch, by module name)
+
 #: the recipe docs/generate.md shows
 DOCUMENTED = '''- match: "model.layers.*.self_attn"
   injections: {inner_wrapper: sdpa_hf}
@@ -76,6 +79,7 @@ def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Pat
     out, err = io.StringIO(), io.StringIO()
     assert run_verify([art], hf_config=LLAMA, stdout=out, stderr=err) == 0, \
         out.getvalue() + err.getvalue()
+    check_in_process(art, LLAMA)  # launch's model check, here: the launch reads its verdict
     run = cli("launch", art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA,
               "--check-parity", "--json", "--timeout", "300")
     doc = json.loads(run.stdout)

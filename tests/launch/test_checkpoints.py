@@ -133,6 +133,7 @@ def test_save_at_tp2_resume_at_tp4_matches_uninterrupted(tmp_path, gloo):
     assert first["mesh"] == {"dp": 2, "tp": 2}, first["mesh"]
     assert json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())["mesh"] == {
         "dp": 2, "tp": 2}
+    check_in_process(REPO / "examples" / "llama_tp4", LLAMA_CONFIG)  # no check child
     second = run_cli(REPO / "examples" / "llama_tp4", "--nproc", "4", "--device", "cpu",
                      "--model-dir", LLAMA_CONFIG, "--steps", "1", "--max-grad-norm", MAX_NORM,
                      "--check-parity", "--resume", ckpt, "--json", timeout=300)

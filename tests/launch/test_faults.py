@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, leftover, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, check_in_process, leftover, run_cli
 
 RAISE_ON_1 = """
 import os, pathlib, sys, time
@@ -79,6 +79,7 @@ def test_raising_rank_ends_the_job(tmp_path):
 def test_injected_fault_in_the_smoke_job(tmp_path):
     """HPCODEGEN_FAULT=raise:1: rank 1 raises at start-up while rank 0 builds the model
     (and would then wait in its first collective for gloo's 30-minute timeout)."""
+    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no check child
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--json", "--log-dir", tmp_path / "logs",
                   env={"HPCODEGEN_FAULT": "raise:1"}, timeout=300)

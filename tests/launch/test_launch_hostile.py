@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, leftover, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, check_in_process, leftover, run_cli
 
 from hpcodegen.launch.launcher.options import LaunchOptions
 from hpcodegen.launch.launcher.supervise import JobOutcome
@@ -50,6 +50,7 @@ def test_the_report_claims_every_process_ended_only_when_true(tmp_path) -> None:
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
 def test_a_parity_failure_is_reported_from_the_ranks_record(tmp_path) -> None:
+    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no check child
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--check-parity", "--tolerance", "1e-30", "--json", timeout=300)
     doc = run.json()

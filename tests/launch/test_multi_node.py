@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO, check_in_process
 
 
 def _free_port() -> int:
@@ -20,6 +20,9 @@ def _free_port() -> int:
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
 def test_two_nodes_one_rank_each(tmp_path):
+    # both launchers read this verdict: no model-check child per node (two at once, each
+    # importing torch, when the bytes were not checked earlier in the run)
+    check_in_process(EXAMPLE, LLAMA_CONFIG)
     port = str(_free_port())
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "hpcodegen", "launch", str(EXAMPLE), "--nproc", "1",

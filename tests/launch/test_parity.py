@@ -12,7 +12,7 @@ import json
 
 import pytest
 from launch_gloo import gloo_launch, ok_doc, rank_env
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, check_in_process, run_cli
 
 pytestmark = pytest.mark.gloo
 
@@ -38,6 +38,7 @@ def _check(doc: dict, steps: int) -> None:
 @pytest.mark.timeout(400)
 def test_check_parity_two_ranks(tmp_path):
     """Text mode (the `make demo` command); the numbers come from the kept result files."""
+    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no check child
     run = run_cli(EXAMPLE, "--nproc", "2", "--model-dir", LLAMA_CONFIG, "--check-parity",
                   "--log-dir", tmp_path, timeout=300)
     assert run.code == 0, run.stdout + run.stderr

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, check_in_process, run_cli
 
 #: What torchrun prints on a failure; none of it may reach the console.
 TORCHRUN_NOISE = re.compile(r"ChildFailedError|SignalException|torch\.distributed\.elastic|"
@@ -70,6 +70,7 @@ def test_rank_ending_without_a_record_is_named_from_torchrun(tmp_path, how, said
 
 @pytest.mark.timeout(400)
 def test_smoke_job_rank_killed_is_named(tmp_path):
+    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no check child
     run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   env={"HPCODEGEN_FAULT": "kill:1"})
     assert run.code == 1

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from launch_helpers import LLAMA_CONFIG, REPO, run_cli
+from launch_helpers import LLAMA_CONFIG, REPO, check_in_process, run_cli
 
 pytestmark = [pytest.mark.gloo, pytest.mark.world8]
 
 
 @pytest.mark.timeout(420)
 def test_llama_tp4_on_eight_ranks_dp2():
+    check_in_process(REPO / "examples" / "llama_tp4", LLAMA_CONFIG)  # no check child
     run = run_cli(REPO / "examples" / "llama_tp4", "--nproc", "8", "--device", "cpu",
                   "--model-dir", LLAMA_CONFIG, "--check-parity", "--steps", "2", "--json",
                   timeout=400)

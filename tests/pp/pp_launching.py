@@ -30,6 +30,9 @@ from typing import Any
 import launching
 from launching import gloo_launch, ok_doc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+from launch_helpers import check_in_process  # tests/launch, imported by module name
+
 __all__ = ["gloo_launch", "ok_doc"]  # re-exported: tests/pp and tests/cp import them here
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -95,7 +98,10 @@ def generate_pp(tmp_path: Path, config: str, tp: int, schedule: str) -> Path:
 def launch_json(art: Path, config: str, nproc: int, *extra: str,
                 timeout: int = 500) -> subprocess.CompletedProcess:
     """``launch ART --nproc N --model-dir configs/<config> --json EXTRA...``: a real launch
-    (CLI, model check, torchrun, one process per rank)."""
+    (CLI, torchrun, one process per rank). Its model check runs first in this process
+    (:func:`launch_helpers.check_in_process`: the artifact was generated here, torch is
+    loaded), and the launch reads that verdict instead of starting the check's child."""
+    check_in_process(art, CONFIGS / config)
     return subprocess.run([*HPC, "launch", str(art), "--nproc", str(nproc), "--model-dir",
                            str(CONFIGS / config), "--json", *extra],
                           capture_output=True, text=True, timeout=timeout)
