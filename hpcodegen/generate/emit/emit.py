@@ -359,7 +359,7 @@ def _banner_code(banner: Sequence[str]) -> str:
     return cst.Module(body=[], header=_banner_header(banner)).code
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def _spliced_after_banner(source_text: str, package: str,
                           plans: tuple[tuple[str, ClassPlan], ...]
                           ) -> tuple[str, tuple[tuple[str, str], ...]] | None:

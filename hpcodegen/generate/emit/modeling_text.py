@@ -50,7 +50,7 @@ def _comment_head(text: str) -> int:
     return at
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def _defined_classes(text: str) -> frozenset[str]:
     """Memoized per text: generate reads the classes of one transformers file for every
     layout it generates of that family in a process (an :mod:`ast` parse each), and those
