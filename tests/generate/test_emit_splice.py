@@ -16,6 +16,7 @@ import pytest
 from hpcodegen.errors import PlanError
 from hpcodegen.generate.emit import emit
 from hpcodegen.generate.emit.emit import ClassPlan, emit_modeling
+from hpcodegen.generate.emit.modeling_text import defined_classes
 from hpcodegen.plan.classify import classify_boundary
 from hpcodegen.plan.codec import entry_from_json
 from hpcodegen.plan.lowering import class_forwards, dispatching_classes
@@ -206,3 +207,32 @@ def test_digest_families_match_whole_module_transform(family: str) -> None:
     text = (Path(spec.origin).parent / "models" / family / f"modeling_{family}.py").read_text(
         encoding="utf-8")
     _check(text, module_name, _plans(text), spliced=True)
+
+
+def test_remembered_splice_takes_each_banner() -> None:
+    """The splice after the banner is remembered per source and plans: a second generate
+    with another banner (another config or signature) still writes the whole transform's
+    text under its own banner, and a changed plan is not served the first one's text."""
+    plans = _plans(STRESS, extra=("Hidden",))
+    for banner in (["config: a", "signature: 1"], ["config: b", "", "signature: 2  "], []):
+        assert emit_modeling(STRESS, "pkg.sub.mod", plans, banner) == _whole(
+            STRESS, "pkg.sub.mod", plans, banner), banner
+    fewer = dict(list(plans.items())[1:])
+    assert emit_modeling(STRESS, "pkg.sub.mod", fewer, ["x"]) == _whole(
+        STRESS, "pkg.sub.mod", fewer, ["x"])
+
+
+@pytest.mark.parametrize("banner", [["config: a", "", "signature: 1"], ["config: é"],
+                                    ["tab\there"], []])
+def test_defined_classes_past_a_banner(banner: list[str]) -> None:
+    """The classes of a generated module are those ``ast`` reads in its whole text, banner
+    included, whether its reading skips the banner or not (a non-ASCII or tab line)."""
+    text, _ = emit_modeling(STRESS, "pkg.sub.mod", _plans(STRESS), banner)
+    want = {n.name for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
+    assert want and defined_classes(text) == want
+
+
+def test_defined_classes_reports_syntax_errors_at_the_files_lines() -> None:
+    with pytest.raises(SyntaxError) as caught:
+        defined_classes("# banner\n\n# more\nclass (:\n")
+    assert caught.value.lineno == 4

@@ -330,7 +330,7 @@ def _emit_spliced(source_text: str, source: _Source, package: str,
         regions.append(stmt)
     absolute = _AbsoluteImports(package)
     ends = source.line_ends
-    pieces = [cst.Module(body=[], header=_banner_header(banner)).code]
+    pieces = [_banner_code(banner)]
     at = source.import_at  # never inside a region: it ends a top-level logical line
     done = 0  # the source offset written so far
     for region in [*regions, None]:
@@ -354,6 +354,32 @@ def _emit_spliced(source_text: str, source: _Source, package: str,
     return "".join(pieces)
 
 
+def _banner_code(banner: Sequence[str]) -> str:
+    """The text the spliced module starts with: the banner and the blank line under it."""
+    return cst.Module(body=[], header=_banner_header(banner)).code
+
+
+@functools.lru_cache(maxsize=64)
+def _spliced_after_banner(source_text: str, package: str,
+                          plans: tuple[tuple[str, ClassPlan], ...]
+                          ) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """:func:`_emit_spliced`'s text after the banner, and the forms it emitted; None where
+    it declines.
+
+    Memoized: everything after the banner is a function of the source, its package and the
+    class plans alone (the banner names the config and the signature, so it is the one part
+    that changes from layout to layout), and generate emits one transformers file with the
+    same class forms for every tp, sp or recipe variant it generates of a family in a
+    process (~0.1 s of libcst each). Errors (PlanError) are raised, never kept."""
+    source = _read_source(source_text)
+    rewriter = _RewriteClasses(dict(plans), source.forwards, set(source.dispatching))
+    text = _emit_spliced(source_text, source, package, rewriter, ())
+    if text is None:
+        return None
+    head = _banner_code(())
+    return text[len(head):], tuple(rewriter.done.items())
+
+
 def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassPlan],
                   banner: Sequence[str]) -> tuple[str, dict[str, str]]:
     """Generate the modeling module.
@@ -369,9 +395,15 @@ def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassP
     """
     source = _read_source(source_text)
     package = module_name.rsplit(".", 1)[0]
+    key = tuple(sorted(plans.items()))
+    splice = _spliced_after_banner
+    try:
+        hash(key)
+    except TypeError:  # a plan that cannot be hashed (not one the classifier makes)
+        splice = _spliced_after_banner.__wrapped__
+    spliced = splice(source_text, package, key)
+    if spliced is not None:
+        return _banner_code(banner) + spliced[0], dict(spliced[1])
     rewriter = _RewriteClasses(plans, source.forwards, set(source.dispatching))
-    text = _emit_spliced(source_text, source, package, rewriter, banner)
-    if text is None:
-        rewriter = _RewriteClasses(plans, source.forwards, set(source.dispatching))
-        text = _emit_whole(source_text, package, rewriter, banner)
+    text = _emit_whole(source_text, package, rewriter, banner)
     return text, dict(rewriter.done)
