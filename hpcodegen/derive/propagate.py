@@ -515,41 +515,12 @@ class _Run:
         handlers.update(rules)
         CURRENT.append(self)
         try:
-            with _one_fake_mode():
-                yield
+            yield
         finally:
             CURRENT.remove(self)
             OpDispatcher.redistribute_local_args = original
             for op in rules:
                 handlers.pop(op, None)
-
-
-@contextmanager
-def _one_fake_mode() -> Iterator[None]:
-    """One fake tensor mode for every output shape DTensor's sharding propagation computes
-    in the run, instead of a new one per op it has not seen (its cache is keyed on the mesh
-    and shapes, so each model of another size misses it op by op).
-
-    Why: outside a trace, ``ShardingPropagator`` runs each new op once on fake tensors to
-    learn its output's shape, stride and dtype, in a ``FakeTensorMode()`` it makes for that
-    op; making one records the whole Python stack (``traceback.extract_stack``, deep inside a
-    model's forward), which was about a quarter of that step. A mode keeps no state one op's
-    shapes could leak into another's (its dispatch cache is torch's process-wide one, keyed
-    on the inputs), so the shapes are the same; only the construction is shared. A torch
-    whose propagator makes its mode otherwise is left as it is."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.tensor import _sharding_prop
-
-    made = getattr(_sharding_prop, "FakeTensorMode", None)
-    if made is not FakeTensorMode:
-        yield
-        return
-    shared = FakeTensorMode()
-    _sharding_prop.FakeTensorMode = lambda: shared  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        _sharding_prop.FakeTensorMode = made  # type: ignore[attr-defined]
 
 
 def _narrowing(spec: Any, want: Any) -> bool:

@@ -93,21 +93,3 @@ def test_end_world_without_a_group_is_a_no_op() -> None:
 def test_live_axes_keep_the_split_ones_in_order() -> None:
     assert live_axes({"tp": 2, "dp": 1, "cp": 4}, ("cp",)) == {"cp": 4, "tp": 2}
     assert live_axes({"tp": 1}) == {}
-
-
-def test_one_fake_mode_serves_the_propagator_and_is_taken_back() -> None:
-    """A derivation's sharding propagation gets one fake tensor mode for all its shape runs
-    (:func:`hpcodegen.derive.propagate._one_fake_mode`); torch's own constructor is back
-    after it, on exit and on error, so nothing outside a derivation shares that mode."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.tensor import _sharding_prop
-
-    from hpcodegen.derive.propagate import _one_fake_mode
-
-    with _one_fake_mode():
-        first = _sharding_prop.FakeTensorMode()
-        assert isinstance(first, FakeTensorMode) and _sharding_prop.FakeTensorMode() is first
-    assert _sharding_prop.FakeTensorMode is FakeTensorMode
-    with pytest.raises(RuntimeError, match="inside"), _one_fake_mode():
-        raise RuntimeError("inside")
-    assert _sharding_prop.FakeTensorMode is FakeTensorMode
