@@ -393,17 +393,12 @@ def emit_modeling(source_text: str, module_name: str, plans: Mapping[str, ClassP
     Returns:
         ``(generated text, {class name: emitted form})`` for the classes rewritten.
     """
-    source = _read_source(source_text)
     package = module_name.rsplit(".", 1)[0]
-    key = tuple(sorted(plans.items()))
-    splice = _spliced_after_banner
-    try:
-        hash(key)
-    except TypeError:  # a plan that cannot be hashed (not one the classifier makes)
-        splice = _spliced_after_banner.__wrapped__
-    spliced = splice(source_text, package, key)
+    # class plans are frozen dataclasses of tuples (hashable): the memo's key
+    spliced = _spliced_after_banner(source_text, package, tuple(sorted(plans.items())))
     if spliced is not None:
         return _banner_code(banner) + spliced[0], dict(spliced[1])
+    source = _read_source(source_text)
     rewriter = _RewriteClasses(plans, source.forwards, set(source.dispatching))
     text = _emit_whole(source_text, package, rewriter, banner)
     return text, dict(rewriter.done)
