@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, CliRun, run_cli
 
 from hpcodegen.artifact.digest import meta_signature
+from hpcodegen.errors import HpcodegenError
 from hpcodegen.launch.launcher.check_cache import CACHE_ENV
 from hpcodegen.launch.launcher.deadline import PreStartTimeout
 from hpcodegen.launch.launcher.model_check import cached_model_check, run_model_check
@@ -47,7 +48,7 @@ class PassThenRefusal:
     cache: Path
     logs: Path
     before_pass: list | None  # the cache's answer before the pass: None, nothing recorded
-    passed: list  # the child's warnings on the example's bytes
+    passed: list | HpcodegenError  # the child's warnings on the example's bytes (or why not)
     after_pass: list | None  # the cache's answer after it: the pass, recorded
     without_cache: list | None  # no cache: None, always checked
     after_change: list | None  # the cache's answer for the changed meta: None
@@ -73,7 +74,10 @@ def pass_then_refusal(tmp_path_factory: pytest.TempPathFactory) -> PassThenRefus
     config.parent.mkdir()
     shutil.copyfile(CONFIG, config)
     before_pass = cached_model_check(art, config, (), cache)
-    passed = run_model_check(art, config, timeout=300, cache=cache)
+    try:  # a refusal of the good bytes fails the pass's own test, by name
+        passed: list | HpcodegenError = run_model_check(art, config, timeout=300, cache=cache)
+    except HpcodegenError as exc:
+        passed = exc
     after_pass = cached_model_check(art, config, (), cache)
     without_cache = cached_model_check(art, config, (), None)
     _row_split_head(art)
