@@ -1,5 +1,5 @@
-"""Helpers for launch tests: run the real CLI, check an artifact before its launch in this
-process, find leftover processes.
+"""Helpers for launch tests: run the real CLI (in a fresh process, or in this one for
+refusals), check an artifact before its launch in this process, find leftover processes.
 
 Imported by module name (tests/ directories are not packages).
 """
@@ -37,6 +37,23 @@ def run_cli(*args: str | Path, timeout: float = 300, env: dict | None = None) ->
                           capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env={**os.environ, **(env or {})})
     return CliRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_here(*args: str | Path, env: dict | None = None) -> CliRun:
+    """``hpcodegen launch ARGS`` in this process, through the console script's entry point
+    (``tests/cli/inproc.py``: its exit code, stdout and stderr as a pipe would give them).
+
+    For requests refused before any process starts, where the launcher's own process is
+    not what is checked: a fresh interpreter costs about 0.2 s of CPU per refusal. A test
+    that reads python's import log of the refusal (torch left unimported) keeps
+    :func:`run_cli`: only a fresh process has one."""
+    cli = str(Path(__file__).resolve().parents[1] / "cli")
+    if cli not in sys.path:
+        sys.path.insert(0, cli)
+    from inproc import run
+
+    done = run("launch", *args, cwd=REPO, env=env)
+    return CliRun(done.returncode, done.stdout, done.stderr)
 
 
 def check_in_process(artifact: Path, model_dir: Path) -> list[dict]:

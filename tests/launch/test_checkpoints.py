@@ -16,7 +16,7 @@ import re
 
 import pytest
 from launch_gloo import gloo_launch, ok_doc, rank_env
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO, check_in_process, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO, check_in_process, run_cli, run_here
 
 QWEN3_SP = REPO / "examples" / "qwen3_tp2_sp"
 QWEN3_CONFIG = REPO / "examples" / "configs" / "qwen3"
@@ -176,8 +176,8 @@ def test_resume_of_another_model_is_refused_before_start(tmp_path):
     # import log, not a clock)
     assert not re.search(r"\|\s+(torch|transformers)(\.|$)", run.stderr, re.M)
     assert "import time:" in run.stderr  # the log is there to read
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--resume", tmp_path)
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                   "--resume", tmp_path)
     assert run.code == 2 and "not an hpcodegen checkpoint" in run.stderr
 
 
@@ -186,7 +186,7 @@ def test_checkpoint_options_refused(tmp_path):
     (tmp_path / "full" / "x").write_text("")
     for args, text in ((["--dtype", "fp8"], "--dtype"), (["--max-grad-norm", "0"], "> 0"),
                        (["--save", tmp_path / "full"], "not an empty directory")):
-        run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir",
+        run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir",
                       LLAMA_CONFIG, *args)
         assert run.code == 2 and text in run.stderr, run.stderr
 
