@@ -43,9 +43,9 @@ def run_here(*args: str | Path, env: dict | None = None) -> CliRun:
     """``hpcodegen launch ARGS`` in this process, through the console script's entry point
     (``tests/cli/inproc.py``: its exit code, stdout and stderr as a pipe would give them).
 
-    For requests refused before any process starts, where the launcher's own process is
-    not what is checked: a fresh interpreter costs about 0.2 s of CPU per refusal. A test
-    that reads python's import log of the refusal (torch left unimported) keeps
+    For requests that start no process (refused before start, or ``--dry-run``), where the
+    launcher's own process is not what is checked: a fresh interpreter costs about 0.2 s of
+    CPU per run. A test that reads python's import log (torch left unimported) keeps
     :func:`run_cli`: only a fresh process has one."""
     cli = str(Path(__file__).resolve().parents[1] / "cli")
     if cli not in sys.path:
