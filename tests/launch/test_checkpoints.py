@@ -3,10 +3,11 @@ for bit; 2 steps at tp2 + 1 resumed at tp4 == 3 uninterrupted steps; clipping by
 global norm matches the unsharded model; bf16 runs; another model's checkpoint is refused
 before start.
 
-``--save`` and ``--resume`` at another mesh are real launches (one each, 2 ranks each); the
-save that the resume reads, its resume at tp 4, bf16 and the twenty steps with sequence
-parallelism run launch's rank job on the session's kept gloo ranks (``launch_gloo``: the
-same job and numbers, no torchrun and fresh interpreters per case).
+``--save`` and ``--resume`` at another mesh are real launches (one each, 2 ranks each; the
+``--save`` is the session's two-node launch, ``two_nodes``, which ``test_multi_node.py``
+reads too); the save that the resume reads, its resume at tp 4, bf16 and the twenty steps
+with sequence parallelism run launch's rank job on the session's kept gloo ranks
+(``launch_gloo``: the same job and numbers, no torchrun and fresh interpreters per case).
 """
 
 from __future__ import annotations
@@ -35,20 +36,6 @@ def gloo_runs(gloo) -> dict:
 MAX_NORM = "0.5"  # below the example's gradient norms (~1.4-1.7): clipping is active
 
 
-def _hf_sharded_model_dir(tmp_path):
-    """The example llama saved by transformers itself: several shards plus an index."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(11)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(LLAMA_CONFIG))
-    out = tmp_path / "hf_in"
-    model.save_pretrained(out, max_shard_size="200KB")
-    assert (out / "model.safetensors.index.json").is_file()
-    assert len(list(out.glob("*.safetensors"))) >= 3
-    return out
-
-
 def _tensors(directory):
     from safetensors.torch import load_file
 
@@ -60,19 +47,21 @@ def _tensors(directory):
 
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
-def test_sharded_load_save_export_is_bit_exact(tmp_path):
+def test_sharded_load_save_export_is_bit_exact(two_nodes, tmp_path):
+    """The example's 2 ranks load transformers' sharded safetensors, save DCP, and export
+    gives back the input bit for bit. The ranks are the session's two-node launch
+    (``two_nodes``, :func:`launch_helpers.launch_two_nodes`: a real launch with ``--save``,
+    one rank per node, read by ``test_multi_node.py`` too)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from hpcodegen.checkpoint.export import export_hf
 
-    source = _hf_sharded_model_dir(tmp_path)
-    check_in_process(EXAMPLE, source)  # its config.json is transformers' own: new bytes
-    ckpt, out = tmp_path / "ckpt", tmp_path / "hf_out"
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", source,
-                  "--check-parity", "--save", ckpt, "--json", timeout=300)
-    assert run.code == 0, run.stdout + run.stderr
-    ranks = run.json()["ranks"]
+    source, ckpt, out = two_nodes.source, two_nodes.ckpt, tmp_path / "hf_out"
+    for node, run in enumerate(two_nodes.runs):
+        assert run.code == 0, (node, run.stdout + run.stderr)
+    ranks = [r for run in two_nodes.runs for r in run.json()["ranks"]]
+    assert [r["rank"] for r in ranks] == [0, 1]
     assert all(r["weights"].endswith("safetensors file(s)") for r in ranks)
     assert all(r["parity"]["logits_max_diff"] <= 1e-5 for r in ranks)  # shards == full load
     record = json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())
