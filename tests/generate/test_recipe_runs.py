@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launching import gloo_launch, ok_doc, rank_env  # tests/, by module name
 
 from hpcodegen.errors import InputError
 from hpcodegen.generate.api import GenerateArgs, run_generate
@@ -17,10 +16,6 @@ from hpcodegen.generate.sources.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "configs" / "llama"
-EXE = Path(sys.executable).with_name("hpcodegen")
-
-sys.path.insert(0, str(REPO / "tests" / "launch"))
-from launch_helpers import check_in_process  # noqa: E402  (tests/launch, by module name)
 
 #: the recipe docs/generate.md shows
 DOCUMENTED = '''- match: "model.layers.*.self_attn"
@@ -62,7 +57,15 @@ def test_unregistered_injection_target_is_refused_before_writing(tmp_path: Path)
 
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
-def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Path) -> None:
+def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Path,
+                                                                   gloo) -> None:
+    """Generate, verify (every check, the model check included) and launch's rank job with
+    ``--check-parity`` on 2 kept gloo ranks (``tests/launching.py``: the environment
+    ``launch --nproc 2 --model-dir LLAMA --check-parity`` gives each rank): what is checked
+    is that the injected attention runs and matches the unsharded model, not the launching
+    (a real ``hpcodegen launch`` is tests/launch's, and the installed console script's is
+    tests/cli/test_install.py's), so no launcher, torchrun and two fresh ranks importing
+    torch and transformers."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(DOCUMENTED)
     art = tmp_path / "art"
@@ -70,18 +73,14 @@ def test_documented_sdpa_hf_recipe_generates_verifies_and_launches(tmp_path: Pat
     meta = json.loads((art / "codegen_meta.json").read_text())
     assert {i["inner_wrapper"] for i in meta["injections"]} == {"sdpa_hf"}
 
-    def cli(*args: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
-                              timeout=400, cwd=tmp_path)
-
     from hpcodegen.verify import run_verify  # in process: the CLI's own run is tests/cli's
 
     out, err = io.StringIO(), io.StringIO()
     assert run_verify([art], hf_config=LLAMA, stdout=out, stderr=err) == 0, \
         out.getvalue() + err.getvalue()
-    check_in_process(art, LLAMA)  # launch's model check, here: the launch reads its verdict
-    run = cli("launch", art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA,
-              "--check-parity", "--json", "--timeout", "300")
-    doc = json.loads(run.stdout)
-    assert run.returncode == 0 and doc["status"] == "ok", doc["message"]
-    assert all(r["status"] == "ok" for r in doc["ranks"])
+    docs = gloo_launch(gloo, 2, {"sdpa_hf": rank_env(art, LLAMA, 2, check_parity=True)})
+    ranks = ok_doc(docs, "sdpa_hf")["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank["parity"]["logits_max_diff"] <= 1e-5, rank["parity"]
+        assert rank["parity"]["grad_max_diff"] <= 1e-5, rank["parity"]

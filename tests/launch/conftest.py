@@ -13,3 +13,13 @@ def user_script_run(tmp_path_factory: pytest.TempPathFactory):
     from user_scripts import launch_user_script
 
     return launch_user_script(tmp_path_factory.mktemp("user_script"))
+
+
+@pytest.fixture(scope="session")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory):
+    """The two-node ``--check-parity --save`` launch from transformers' sharded weights
+    that ``test_multi_node.py`` and ``test_checkpoints.py`` both read
+    (:func:`launch_helpers.launch_two_nodes`): paid once per session (per xdist worker)."""
+    from launch_helpers import launch_two_nodes
+
+    return launch_two_nodes(tmp_path_factory.mktemp("two_nodes"))

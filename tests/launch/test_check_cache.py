@@ -2,8 +2,10 @@
 
 Every input of the key (meta, generated modules, config, --allow-target, the package's own
 files) is changed one at a time and must miss; a damaged or foreign record must miss; a
-refusal is never recorded; and a launch of an artifact whose meta changed by one byte after
-a pass was recorded runs the check again and is refused by it.
+refusal is never recorded. The end to end case (a launch of an artifact whose meta changed
+after a pass was recorded runs the check again and is refused by it) is
+``test_model_check_prestart.py``'s: it reads the same two model-check children as that
+module's pass and refusal tests.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG
 
-from hpcodegen.artifact.digest import meta_signature
 from hpcodegen.launch.launcher import check_cache
 from hpcodegen.launch.launcher.check_cache import (
     CACHE_ENV,
@@ -29,7 +28,6 @@ from hpcodegen.launch.launcher.check_cache import (
     store_verdict,
     verdict_inputs,
 )
-from hpcodegen.launch.launcher.model_check import cached_model_check, run_model_check
 
 CONFIG = LLAMA_CONFIG / "config.json"
 WARNING = {"code": "model.note", "severity": "warning", "path": "lm_head", "file": None,
@@ -46,15 +44,6 @@ def _artifact(tmp: Path) -> tuple[Path, Path]:
 
 def _inputs(art: Path, config: Path, allow: tuple[str, ...] = ()) -> dict:
     return verdict_inputs(art / "codegen_meta.json", config, allow)
-
-
-def _row_split_head(art: Path) -> None:
-    """lm_head split on its input dim, the signature kept consistent: only the model
-    check's derivation refuses it."""
-    meta = json.loads((art / "codegen_meta.json").read_text())
-    meta["param_plan"]["lm_head"]["params"]["weight"]["tp"] = "S(1)"
-    meta["signature"] = meta_signature(meta)
-    (art / "codegen_meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def test_cache_dir_follows_the_environment(tmp_path) -> None:
@@ -119,26 +108,3 @@ def test_the_package_digest_covers_its_files_and_imports_no_torch() -> None:
                          timeout=300, check=True).stdout.split()
     assert out[1:] == ["False", "False"]
     assert out[0] == check_cache.package_digest() and len(out[0]) == 64
-
-
-@pytest.mark.timeout(400)
-def test_a_meta_changed_after_its_pass_was_recorded_is_checked_again_and_refused(
-        tmp_path) -> None:
-    """Two model-check children in all: the pass that is recorded, and the launch of the
-    changed meta, whose check runs again and refuses it (nothing recorded, no rank)."""
-    art, config = _artifact(tmp_path)
-    cache = tmp_path / "cache"
-    assert cached_model_check(art, config, (), cache) is None
-    assert run_model_check(art, config, timeout=300, cache=cache) == []
-    assert cached_model_check(art, config, (), cache) == []  # recorded: the next launch skips
-    assert cached_model_check(art, config, (), None) is None  # no cache: always checked
-    _row_split_head(art)
-    assert cached_model_check(art, config, (), cache) is None
-    run = run_cli(art, "--nproc", "2", "--device", "cpu", "--model-dir", config.parent,
-                  "--json", timeout=300, env={CACHE_ENV: str(cache)})
-    assert run.code == 1, (run.stdout, run.stderr)
-    doc = run.json()
-    assert "model.leaf_output" in {f["code"] for f in doc["findings"]}, doc
-    assert doc.get("pids") in (None, [])
-    assert cached_model_check(art, config, (), cache) is None  # a refusal is not recorded
-    assert len(list(cache.glob("*.json"))) == 1

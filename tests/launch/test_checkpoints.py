@@ -3,10 +3,11 @@ for bit; 2 steps at tp2 + 1 resumed at tp4 == 3 uninterrupted steps; clipping by
 global norm matches the unsharded model; bf16 runs; another model's checkpoint is refused
 before start.
 
-``--save`` and ``--resume`` at another mesh are real launches (one each); the save that
-the resume reads, bf16 and the twenty steps with sequence parallelism run launch's rank job
-on the session's kept gloo ranks (``launch_gloo``: the same job and numbers, no torchrun
-and fresh interpreters per case).
+``--save`` and ``--resume`` at another mesh are real launches (one each, 2 ranks each; the
+``--save`` is the session's two-node launch, ``two_nodes``, which ``test_multi_node.py``
+reads too); the save that the resume reads, its resume at tp 4, bf16 and the twenty steps
+with sequence parallelism run launch's rank job on the session's kept gloo ranks
+(``launch_gloo``: the same job and numbers, no torchrun and fresh interpreters per case).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 
 import pytest
 from launch_gloo import gloo_launch, ok_doc, rank_env
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO, check_in_process, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, REPO, check_in_process, run_cli, run_here
 
 QWEN3_SP = REPO / "examples" / "qwen3_tp2_sp"
 QWEN3_CONFIG = REPO / "examples" / "configs" / "qwen3"
@@ -35,20 +36,6 @@ def gloo_runs(gloo) -> dict:
 MAX_NORM = "0.5"  # below the example's gradient norms (~1.4-1.7): clipping is active
 
 
-def _hf_sharded_model_dir(tmp_path):
-    """The example llama saved by transformers itself: several shards plus an index."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(11)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(LLAMA_CONFIG))
-    out = tmp_path / "hf_in"
-    model.save_pretrained(out, max_shard_size="200KB")
-    assert (out / "model.safetensors.index.json").is_file()
-    assert len(list(out.glob("*.safetensors"))) >= 3
-    return out
-
-
 def _tensors(directory):
     from safetensors.torch import load_file
 
@@ -60,19 +47,21 @@ def _tensors(directory):
 
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
-def test_sharded_load_save_export_is_bit_exact(tmp_path):
+def test_sharded_load_save_export_is_bit_exact(two_nodes, tmp_path):
+    """The example's 2 ranks load transformers' sharded safetensors, save DCP, and export
+    gives back the input bit for bit. The ranks are the session's two-node launch
+    (``two_nodes``, :func:`launch_helpers.launch_two_nodes`: a real launch with ``--save``,
+    one rank per node, read by ``test_multi_node.py`` too)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from hpcodegen.checkpoint.export import export_hf
 
-    source = _hf_sharded_model_dir(tmp_path)
-    check_in_process(EXAMPLE, source)  # its config.json is transformers' own: new bytes
-    ckpt, out = tmp_path / "ckpt", tmp_path / "hf_out"
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", source,
-                  "--check-parity", "--save", ckpt, "--json", timeout=300)
-    assert run.code == 0, run.stdout + run.stderr
-    ranks = run.json()["ranks"]
+    source, ckpt, out = two_nodes.source, two_nodes.ckpt, tmp_path / "hf_out"
+    for node, run in enumerate(two_nodes.runs):
+        assert run.code == 0, (node, run.stdout + run.stderr)
+    ranks = [r for run in two_nodes.runs for r in run.json()["ranks"]]
+    assert [r["rank"] for r in ranks] == [0, 1]
     assert all(r["weights"].endswith("safetensors file(s)") for r in ranks)
     assert all(r["parity"]["logits_max_diff"] <= 1e-5 for r in ranks)  # shards == full load
     record = json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())
@@ -121,29 +110,42 @@ def _uninterrupted_losses(steps: int, max_norm: float) -> list[float]:
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
 def test_save_at_tp2_resume_at_tp4_matches_uninterrupted(tmp_path, gloo):
-    """Saved on dp=2 x tp=2 (DCP writes each dp replica's chunks once), resumed on tp=4.
+    """Saved on dp=2 x tp=2 (DCP writes each dp replica's chunks once), resumed on tp=4 and
+    on dp=1 x tp=2: each resume's step equals the third uninterrupted step.
 
-    The save is launch's rank job on 4 kept gloo ranks (``--save`` through a real launch is
-    ``test_sharded_load_save_export_is_bit_exact``'s); the resume is a real launch that
-    reads it."""
+    The save and the tp 4 resume are launch's rank job on 4 kept gloo ranks, in one call
+    (``--save`` through a real launch is ``test_sharded_load_save_export_is_bit_exact``'s).
+    ``--resume`` through a real launch reads the same checkpoint at another mesh and world
+    size (4 ranks -> 2): 2 ranks, not 4, since what the launch adds to the rank job (the
+    launcher's pre-start read of the checkpoint, torchrun, fresh ranks) does not depend on
+    the world size, and a 4-rank launch cost about twice the CPU of a 2-rank one."""
     ckpt = tmp_path / "ckpt"
-    job = rank_env(EXAMPLE, LLAMA_CONFIG, 4, steps=2, max_grad_norm=float(MAX_NORM),
-                   check_parity=True, save=ckpt)
-    first = ok_doc(gloo_launch(gloo, 4, {"save_dp2_tp2": job}), "save_dp2_tp2")
+    options = {"max_grad_norm": float(MAX_NORM), "check_parity": True}
+    docs = gloo_launch(gloo, 4, {
+        "save_dp2_tp2": rank_env(EXAMPLE, LLAMA_CONFIG, 4, steps=2, save=ckpt, **options),
+        "resume_tp4": rank_env(REPO / "examples" / "llama_tp4", LLAMA_CONFIG, 4, steps=1,
+                               resume=ckpt, **options)})
+    first = ok_doc(docs, "save_dp2_tp2")
     assert first["mesh"] == {"dp": 2, "tp": 2}, first["mesh"]
     assert json.loads((ckpt / "hpcodegen_checkpoint.json").read_text())["mesh"] == {
         "dp": 2, "tp": 2}
-    check_in_process(REPO / "examples" / "llama_tp4", LLAMA_CONFIG)  # no check child
-    second = run_cli(REPO / "examples" / "llama_tp4", "--nproc", "4", "--device", "cpu",
-                     "--model-dir", LLAMA_CONFIG, "--steps", "1", "--max-grad-norm", MAX_NORM,
-                     "--check-parity", "--resume", ckpt, "--json", timeout=300)
+    at_tp4 = ok_doc(docs, "resume_tp4")
+    assert at_tp4["mesh"] == {"dp": 1, "tp": 4}, at_tp4["mesh"]
+    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no check child
+    second = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                     "--steps", "1", "--max-grad-norm", MAX_NORM, "--check-parity",
+                     "--resume", ckpt, "--json", timeout=300)
     assert second.code == 0, second.stdout + second.stderr
+    assert second.json()["mesh"] == {"dp": 1, "tp": 2}, second.json()["mesh"]
     baseline = _uninterrupted_losses(3, float(MAX_NORM))
-    a, b = first["ranks"][0], second.json()["ranks"][0]
+    a = first["ranks"][0]
     assert a["losses"] == pytest.approx(baseline[:2], abs=1e-5)
-    assert abs(b["losses"][0] - baseline[2]) <= 1e-5, (b["losses"], baseline)
-    assert b["weights"] == f"checkpoint {ckpt} (step 2)"
-    for rank in (a, b):  # clipped by the global norm: the unsharded model's norm, each step
+    for name, b in (("resume_tp4", at_tp4["ranks"][0]),
+                    ("launch --resume at dp1 x tp2", second.json()["ranks"][0])):
+        assert abs(b["losses"][0] - baseline[2]) <= 1e-5, (name, b["losses"], baseline)
+        assert b["weights"] == f"checkpoint {ckpt} (step 2)", name
+    for rank in (a, at_tp4["ranks"][0], second.json()["ranks"][0]):
+        # clipped by the global norm: the unsharded model's norm, each step
         assert rank["parity"]["grad_norm_max_diff"] <= 1e-5
         assert all(n > float(MAX_NORM) for n in rank["parity"]["grad_norms"])
 
@@ -163,8 +165,8 @@ def test_resume_of_another_model_is_refused_before_start(tmp_path):
     # import log, not a clock)
     assert not re.search(r"\|\s+(torch|transformers)(\.|$)", run.stderr, re.M)
     assert "import time:" in run.stderr  # the log is there to read
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                  "--resume", tmp_path)
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                   "--resume", tmp_path)
     assert run.code == 2 and "not an hpcodegen checkpoint" in run.stderr
 
 
@@ -173,7 +175,7 @@ def test_checkpoint_options_refused(tmp_path):
     (tmp_path / "full" / "x").write_text("")
     for args, text in ((["--dtype", "fp8"], "--dtype"), (["--max-grad-norm", "0"], "> 0"),
                        (["--save", tmp_path / "full"], "not an empty directory")):
-        run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir",
+        run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir",
                       LLAMA_CONFIG, *args)
         assert run.code == 2 and text in run.stderr, run.stderr
 

@@ -1,11 +1,15 @@
-"""``--dry-run`` prints the exact torchrun command and each rank's environment."""
+"""``--dry-run`` prints the exact torchrun command and each rank's environment.
+
+The dry runs go through the console script's entry point in this process (``run_here``: a
+dry run starts no process); that the launcher imports no torch is checked in a fresh
+interpreter (``test_launcher_imports_no_torch_for_cpu``)."""
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_here
 
 from hpcodegen.launch.launcher.command import torchrun_argv
 from hpcodegen.launch.launcher.options import LaunchOptions
@@ -13,7 +17,7 @@ from hpcodegen.launch.launcher.options import LaunchOptions
 
 def test_dry_run_prints_command_and_rank_env(tmp_path):
     logs = tmp_path / "logs"
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--check-parity", "--steps", "3", "--log-dir", logs, "--dry-run")
     assert run.code == 0, run.stderr
     lines = run.stdout.splitlines()
@@ -40,7 +44,7 @@ def test_dry_run_prints_command_and_rank_env(tmp_path):
 def test_dry_run_json_with_user_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
-    run = run_cli(EXAMPLE, "--nproc", "4", "--device", "cpu", "--dry-run", "--json",
+    run = run_here(EXAMPLE, "--nproc", "4", "--device", "cpu", "--dry-run", "--json",
                   "--", script, "--lr", "0.1")
     assert run.code == 0, run.stderr
     doc = run.json()

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, check_in_process, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, check_in_process, run_cli, run_here
 
 #: What torchrun prints on a failure; none of it may reach the console.
 TORCHRUN_NOISE = re.compile(r"ChildFailedError|SignalException|torch\.distributed\.elastic|"
@@ -99,12 +99,12 @@ def test_more_cpu_ranks_than_cores_is_a_warning_with_both_numbers():
     import os
 
     cores = len(os.sched_getaffinity(0))
-    run = run_cli(EXAMPLE, "--nproc", str(cores * 16), "--device", "cpu", "--model-dir",
-                  LLAMA_CONFIG, "--dry-run")
+    run = run_here(EXAMPLE, "--nproc", str(cores * 16), "--device", "cpu", "--model-dir",
+                   LLAMA_CONFIG, "--dry-run")
     assert run.code == 0
     warning = [line for line in run.stderr.splitlines() if "warning" in line]
     assert len(warning) == 1, run.stderr
     assert f"{cores * 16} CPU ranks on {cores} core" in warning[0]
-    quiet = run_cli(EXAMPLE, "--nproc", "1", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-                    "--dry-run")
+    quiet = run_here(EXAMPLE, "--nproc", "1", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+                     "--dry-run")
     assert "warning" not in quiet.stderr

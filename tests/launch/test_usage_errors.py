@@ -1,4 +1,10 @@
-"""Requests refused before any process starts: exit 2, one clear message, nothing created."""
+"""Requests refused before any process starts: exit 2, one clear message, nothing created.
+
+The refusals run through the console script's entry point in this process (``run_here``:
+the same exit codes and messages, no fresh interpreter per refusal); the two whose point is
+that the launcher imported neither torch nor transformers read python's import log of a real
+process (``run_cli``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import os
 import re
 import shutil
 
-from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli
+from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_cli, run_here
 
 from hpcodegen.launch.launcher.check_cache import CACHE_ENV
 
@@ -26,22 +32,22 @@ def test_impossible_world_size(tmp_path):
 
 
 def test_missing_artifact_and_config(tmp_path):
-    run = run_cli(tmp_path / "nope", "--device", "cpu")
+    run = run_here(tmp_path / "nope", "--device", "cpu")
     assert run.code == 2 and "no such artifact" in run.stderr
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu")  # no config.json in the artifact
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu")  # no config.json in the artifact
     assert run.code == 2 and "no HF config found" in run.stderr
     # the message names the flag that supplies the config
     assert "--model-dir" in run.stderr and "Traceback" not in run.stderr
     # an explicit --model-dir without a config names that directory, not the flag's absence
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", tmp_path)
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", tmp_path)
     assert run.code == 2 and str(tmp_path) in run.stderr
     assert "no --model-dir was given" not in run.stderr
 
 
 def test_bad_options():
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--nnodes", "x")
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--nnodes", "x")
     assert run.code == 2 and "--nnodes" in run.stderr
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--timeout", "0")
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--timeout", "0")
     assert run.code == 2 and "--timeout" in run.stderr
 
 
@@ -52,7 +58,7 @@ def test_drifted_artifact_is_refused_before_start(tmp_path):
     modeling = next(art.glob("modeling_*_gen_npu.py"))
     modeling.write_text(modeling.read_text() + "\n# edited by hand\n")
     logs = tmp_path / "logs"
-    run = run_cli(art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+    run = run_here(art, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--log-dir", logs)
     assert run.code == 1
     assert "outputs" in run.stderr and modeling.name in run.stderr
@@ -61,7 +67,7 @@ def test_drifted_artifact_is_refused_before_start(tmp_path):
 
 def test_config_of_another_model_is_refused(tmp_path):
     qwen = LLAMA_CONFIG.parent / "qwen3"
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", qwen, "--dry-run")
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", qwen, "--dry-run")
     assert run.code == 1
     assert "artifact made for LlamaForCausalLM, config is Qwen3ForCausalLM" in run.stderr
 
@@ -70,7 +76,7 @@ def test_bad_tolerance_and_log_dir_file(tmp_path):
     """A negative or NaN tolerance, and a --log-dir that is a file: exit 2, no traceback."""
     afile = tmp_path / "afile"
     afile.write_text("x")
-    run = run_cli(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+    run = run_here(EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--tolerance", "nan", "--log-dir", afile)
     assert run.code == 2, run.stderr
     assert "--tolerance nan" in run.stderr
@@ -101,7 +107,7 @@ def test_log_dir_that_cannot_be_created(tmp_path):
 
 def test_json_refusal_is_one_json_document(tmp_path):
     """--json: a refused request still prints the documented JSON (and only it) on stdout."""
-    run = run_cli(EXAMPLE, "--nproc", "3", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+    run = run_here(EXAMPLE, "--nproc", "3", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
                   "--dry-run", "--json")
     assert run.code == 2
     doc = run.json()
