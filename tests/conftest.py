@@ -30,9 +30,10 @@ the same arguments is paid once per run, its directory (``HPCODEGEN_TEST_ARTIFAC
 and removed here like the verdict cache's.
 
 Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) is one fresh directory per run too, shared by
-every test and rank that compiles: its fixed cost (the precompiled C++ header, about 3 s of
-g++) and any kernel two compiles share are paid once per run, and no run reads an earlier
-run's kernels (the cold cost is what every run measures). A directory already set is kept.
+every test and rank that compiles: its fixed cost (the g++ build of inductor's vector-ISA
+probe, about 3 s of CPU in each fresh directory) and any kernel two compiles share are paid
+once per run, and no run reads an earlier run's kernels (the cold cost is what every run
+measures). A directory already set is kept.
 
 Order: the modules whose tests carry an explicit ``timeout`` mark (the suite's rule puts
 one on every test that waits on a subprocess: launches, CLI runs, gloo worlds) run first,

@@ -12,7 +12,8 @@ imports torch and transformers again; the check itself still judges the same byt
 loss-parallel parity runs launch's rank job on the session's kept gloo ranks
 (``launch_gloo``: the same job and numbers, no torchrun). The compile reads and writes the
 suite's one inductor cache of this run (``tests/conftest.py``: fresh per run, no kernel of
-an earlier run is read; the precompiled header is shared with the run's other compiles).
+an earlier run is read; the build of inductor's vector-ISA probe is shared with the run's
+other compiles).
 """
 
 from __future__ import annotations
