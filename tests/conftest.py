@@ -29,6 +29,12 @@ Generated artifacts come from one suite-wide memo (:mod:`artifact_memo`): a buil
 the same arguments is paid once per run, its directory (``HPCODEGEN_TEST_ARTIFACTS``) made
 and removed here like the verdict cache's.
 
+Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) is one fresh directory per run too, shared by
+every test and rank that compiles: its fixed cost (the g++ build of inductor's vector-ISA
+probe, about 3 s of CPU in each fresh directory) and any kernel two compiles share are paid
+once per run, and no run reads an earlier run's kernels (the cold cost is what every run
+measures). A directory already set is kept.
+
 Order: the modules whose tests carry an explicit ``timeout`` mark (the suite's rule puts
 one on every test that waits on a subprocess: launches, CLI runs, gloo worlds) run first,
 the longest mark first, each module kept whole (its module fixtures are built once); the
@@ -53,16 +59,19 @@ os.environ["COLUMNS"] = "400"
 
 #: the model check's verdict cache (hpcodegen.launch.launcher.check_cache.CACHE_ENV)
 CHECK_CACHE_ENV = "HPCODEGEN_CHECK_CACHE"
+#: inductor's compiled-kernel cache (torch reads it when it first compiles)
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 #: the run-wide directories this process made (removed at its end)
 _made_dirs: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One verdict cache and one artifact memo directory (:mod:`artifact_memo`) per run:
-    made by the process that starts first (the xdist controller, before it spawns the
-    workers, or the only process), removed by it."""
+    """One verdict cache, one artifact memo directory (:mod:`artifact_memo`) and one
+    inductor cache per run: made by the process that starts first (the xdist controller,
+    before it spawns the workers, or the only process), removed by it."""
     for env, prefix in ((CHECK_CACHE_ENV, "hpcodegen-check-cache-"),
-                        (ARTIFACT_MEMO_DIR, "hpcodegen-test-artifacts-")):
+                        (ARTIFACT_MEMO_DIR, "hpcodegen-test-artifacts-"),
+                        (INDUCTOR_CACHE_ENV, "hpcodegen-inductor-")):
         if env not in os.environ:
             os.environ[env] = tempfile.mkdtemp(prefix=prefix)
             _made_dirs.append(os.environ[env])

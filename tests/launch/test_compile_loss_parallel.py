@@ -10,7 +10,10 @@
 ``check_in_process``: the launch reads the verdict instead of starting the child, which
 imports torch and transformers again; the check itself still judges the same bytes); the
 loss-parallel parity runs launch's rank job on the session's kept gloo ranks
-(``launch_gloo``: the same job and numbers, no torchrun).
+(``launch_gloo``: the same job and numbers, no torchrun). The compile reads and writes the
+suite's one inductor cache of this run (``tests/conftest.py``: fresh per run, no kernel of
+an earlier run is read; the build of inductor's vector-ISA probe is shared with the run's
+other compiles).
 """
 
 from __future__ import annotations
@@ -36,12 +39,11 @@ def _assert_exact(doc: dict, steps: int) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_compile_check_parity_two_steps_sp(tmp_path):
+def test_compile_check_parity_two_steps_sp():
     check_in_process(REPO / "examples" / "llama_tp2_sp", LLAMA_CONFIG)  # the launch reads it
     run = run_cli(REPO / "examples" / "llama_tp2_sp", "--nproc", "2", "--model-dir",
                   LLAMA_CONFIG, "--device", "cpu", "--compile", "--check-parity", "--steps", "2",
-                  "--json", "--timeout", "400", timeout=410,
-                  env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+                  "--json", "--timeout", "400", timeout=410)
     assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
     doc = run.json()
     _assert_exact(doc, 2)

@@ -31,6 +31,15 @@ def guarded_dtensor_lines(trees: list[str]) -> list[str]:
             if "DTensor" in line or "_hp_local_view" in line]
 
 
+def one_decoder_layer(*models: Any) -> None:
+    """Keep the first decoder layer of each model (after the artifact parallelized them: its
+    plan names every layer's parameters). Every layer runs the same code with the same
+    boundaries, so one carries each kind the plan has; what dynamo traces and AOTAutograd
+    partitions (scope ``model``) grows with the depth."""
+    for model in models:
+        del model.model.layers[1:]
+
+
 def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, Any]:
     """Two compiled training steps on a 1-D tp mesh against the unsharded eager model; the
     guard trees dynamo builds meanwhile, read for DTensor guards."""
@@ -48,6 +57,7 @@ def compiled_tools(artifact: str, scope: str, checkpoint_dir: str) -> dict[str, 
     pair = _pair(artifact)
     installed = install(pair, mesh)
     gen, ref, plan = pair.sharded, pair.reference, pair.plan
+    one_decoder_layer(gen, ref)
     dtensor_inputs: list[int] = []
     compile_parallelized(gen, scope, backend=_counting_backend(dtensor_inputs))
     ids, labels = batch(ref.config.vocab_size)

@@ -10,6 +10,8 @@ the parameters and their gradients are DTensors again after the call. The cases 
 (forward, backward, ``torch.nn.utils.clip_grad_norm_``, AdamW) and a DCP round trip of
 ``get_model_state_dict`` that give the unsharded eager model's answers (one compile per case
 read by both checks); the other cases on the fake process group (one forward and backward).
+Each model keeps one decoder layer once parallelized (``one_decoder_layer``: every layer runs
+the same boundaries; the compile's work grows with the depth).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from compile_workers import compiled_tools, guarded_dtensor_lines
+from compile_workers import compiled_tools, guarded_dtensor_lines, one_decoder_layer
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-5
@@ -71,6 +73,7 @@ def test_compiled_graph_sees_no_dtensor(example, scope, fake_world) -> None:
     fake_world(2)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     parallelize_from_generated(model, mesh, artifact, hf_config=hf_config)
+    one_decoder_layer(model)
     ids = torch.randint(0, hf_config.vocab_size, (2, 16))
     trees, dtensor_inputs = _compiled_guards(model, scope, ids)
     assert trees and dtensor_inputs, "nothing was compiled"
