@@ -14,6 +14,10 @@ AdamW, gradient clipping, data parallelism over ``dp`` (FSDP2 with ``--fsdp``, e
 averaging the gradients), and a ``torch.distributed.checkpoint`` save that ``--resume``
 loads again, at any mesh.
 
+Where the caller has already started ``torch.distributed`` (a program that runs this
+file's ``main`` in its own ranks), the script trains on that process group and leaves it
+running; otherwise it starts the gloo group from torchrun's variables and ends it.
+
 ``--report FILE`` writes what happened as JSON on rank 0 (losses, gradient norms, the
 evaluation logits' path) for the test that runs this very file
 (tests/launch/test_own_loop.py).
@@ -96,7 +100,9 @@ def eval_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    owned = not dist.is_initialized()  # else the caller's group: used, left running
+    if owned:
+        dist.init_process_group("gloo")
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
@@ -150,7 +156,8 @@ def main() -> None:
         report["logits"] = str(out.with_suffix(".pt"))
         out.write_text(json.dumps(report, indent=2))
     dist.barrier()
-    dist.destroy_process_group()
+    if owned:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

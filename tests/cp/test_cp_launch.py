@@ -4,12 +4,15 @@ sequence is not in a checkpoint: parameters are replicated over cp); Ulysses tra
 saved and resumed under all-gather; Ulysses on a sliding window and on softcapping.
 
 One real launch (torchrun, one process per rank, the launcher's report) is what is about
-launching a cp artifact: the example at cp 2 x tp 2, ``--max-grad-norm``, ``--save``. Every
-other case runs launch's own rank job with the environment the launcher gives a rank
-(``tests/pp/pp_launching.py``: :func:`rank_env`, :func:`gloo_launch`) on the session's
-real gloo ranks, against the unsharded model (``--check-parity``), each case reported and
-failed under its own name. The module fixture :func:`runs` runs them all once; each test
-reads its cases."""
+launching a cp artifact: the Ulysses artifact at cp 2 on 2 ranks, ``--max-grad-norm
+--check-parity --steps 2 --save`` (the smaller world of the module's save -> resume pairs:
+its checkpoint is resumed under all-gather at cp 2 x tp 2 on 4 ranks). Every other case,
+the example's own cp 2 x tp 2 save included, runs launch's own rank job with the
+environment the launcher gives a rank (``tests/pp/pp_launching.py``: :func:`rank_env`,
+:func:`gloo_launch`) on the session's real gloo ranks, against the unsharded model
+(``--check-parity``), each case reported and failed under its own name: the same job and
+numbers as a launch, without two more fresh rank interpreters. The module fixture
+:func:`runs` runs them all once; each test reads its cases."""
 
 from __future__ import annotations
 
@@ -74,33 +77,35 @@ def _generate(model_dir: Path, out: Path, **flags) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, gloo) -> dict[str, Any]:
-    """Every launch of the module, once: ``saved`` (the real launch, its ``CliRun``) and
-    each gloo case's document by name (the shape of ``launch --json``)."""
+    """Every launch of the module, once: ``held`` (the real launch of the Ulysses artifact,
+    its ``CliRun``) and each gloo case's document by name (the shape of ``launch --json``).
+    The 4-rank calls come first (the example's save, then the two resumes that read a
+    checkpoint: one of that save, one of the real launch's), then the 2-rank ones."""
     root = tmp_path_factory.mktemp("cp_launch")
     saved, held = root / "ckpt_cp2_tp2", root / "ckpt_ulysses"
-    check_in_process(EXAMPLE, LLAMA_CONFIG)  # the launch reads the verdict: no child
-    out: dict[str, Any] = {"saved": run_cli(
-        EXAMPLE, "--nproc", "4", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
-        "--max-grad-norm", str(MAX_NORM), "--check-parity", "--steps", "2", "--save", saved,
-        "--json", timeout=300), "saved_dir": saved}
     ulysses = _generate(LLAMA_CONFIG, root / "llama_ulysses", cp=2, cp_method="ulysses")
-    out["ulysses_dir"] = ulysses
+    check_in_process(ulysses, LLAMA_CONFIG)  # the launch reads the verdict: no child
+    out: dict[str, Any] = {"held": run_cli(
+        ulysses, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG,
+        "--max-grad-norm", str(MAX_NORM), "--check-parity", "--steps", "2", "--save", held,
+        "--json", timeout=300), "saved_dir": saved, "ulysses_dir": ulysses}
     clipped = {"check_parity": True, "max_grad_norm": MAX_NORM}
+    out |= gloo_launch(gloo, 4, {
+        "saved": rank_env(EXAMPLE, LLAMA_CONFIG, 4, steps=2, save=saved, **clipped)})
+    out |= gloo_launch(gloo, 4, {
+        "tp4:resume": rank_env(REPO / "examples" / "llama_tp4", LLAMA_CONFIG, 4, steps=1,
+                               resume=saved, **clipped),
+        "allgather:resume": rank_env(EXAMPLE, LLAMA_CONFIG, 4, steps=1, resume=held,
+                                     **clipped)})
     windowed = {f"window:{config}": rank_env(
         _generate(REPO / "tests" / "fixtures" / "cp" / config, root / config, cp=2,
                   cp_method="ulysses"),
         REPO / "tests" / "fixtures" / "cp" / config, 2, check_parity=True, steps=2)
         for config in WINDOWED}
     out |= gloo_launch(gloo, 2, {
-        "ulysses:save": rank_env(ulysses, LLAMA_CONFIG, 2, steps=2, save=held, **clipped),
         "cp1:resume": rank_env(REPO / "examples" / "llama_tp2_sp", LLAMA_CONFIG, 2, steps=1,
                                resume=saved, **clipped),
         **windowed})
-    out |= gloo_launch(gloo, 4, {
-        "tp4:resume": rank_env(REPO / "examples" / "llama_tp4", LLAMA_CONFIG, 4, steps=1,
-                               resume=saved, **clipped),
-        "allgather:resume": rank_env(EXAMPLE, LLAMA_CONFIG, 4, steps=1, resume=held,
-                                     **clipped)})
     return out
 
 
@@ -119,9 +124,10 @@ def _exact(doc: dict[str, Any], name: str, *, clipped: bool = True) -> dict[str,
 
 
 def test_cp2_tp2_trains_exactly_and_resumes_at_tp4_and_cp1(runs) -> None:
-    real = runs["saved"]
-    assert real.code == 0, real.stdout + real.stderr
-    first = _exact(real.json(), "saved (real launch)")
+    """The example (cp 2 x tp 2, sp) on 4 ranks, ``--max-grad-norm --check-parity --steps 2
+    --save``: exact, its checkpoint recorded at that mesh with parameters sharded over tp
+    only; resumed at tp 4 and at cp 1, the next loss is the uninterrupted run's."""
+    first = _exact(ok_doc(runs, "saved"), "saved")
     assert first["mesh"] == {"dp": 1, "cp": 2, "tp": 2}
     record = json.loads((runs["saved_dir"] / "hpcodegen_checkpoint.json").read_text())
     assert record["mesh"] == {"dp": 1, "cp": 2, "tp": 2} and record["shard_mesh"] == {"tp": 2}
@@ -135,14 +141,16 @@ def test_cp2_tp2_trains_exactly_and_resumes_at_tp4_and_cp1(runs) -> None:
 
 
 def test_ulysses_cp2_trains_exactly_and_its_checkpoint_resumes_under_allgather(runs) -> None:
-    """``generate --tp 1 --cp 2 --cp-method ulysses`` then its rank job on 2 ranks,
-    ``--check-parity --steps 2 --save``: exact; the checkpoint holds no trace of the method:
-    the all-gather example (cp 2 x tp 2, sp) resumes it, and the next loss is the
-    uninterrupted run's."""
+    """``generate --tp 1 --cp 2 --cp-method ulysses`` then the module's real launch of it on
+    2 ranks, ``--max-grad-norm --check-parity --steps 2 --save``: exit 0 and exact; the
+    checkpoint holds no trace of the method: the all-gather example (cp 2 x tp 2, sp)
+    resumes it, and the next loss is the uninterrupted run's."""
     meta = json.loads((runs["ulysses_dir"] / "codegen_meta.json").read_text())
     assert {r["inner_wrapper"]["_target_"] for r in meta["injections"]
             if "inner_wrapper" in r} == {"sdpa_hf_ulysses"}
-    first = _exact(ok_doc(runs, "ulysses:save"), "ulysses:save")
+    real = runs["held"]
+    assert real.code == 0, real.stdout + real.stderr
+    first = _exact(real.json(), "held (real launch)")
     assert first["mesh"] == {"dp": 1, "cp": 2, "tp": 1}
     baseline = _uninterrupted_losses(3, MAX_NORM)
     assert first["ranks"][0]["losses"] == pytest.approx(baseline[:2], abs=1e-5)

@@ -3,14 +3,19 @@ launcher, the user's own ``init_device_mesh("cpu", (2, 2), ("dp", "tp"))`` and
 ``Artifact.load(art).from_pretrained(hf_dir, mesh=mesh)`` on a tiny llama that
 ``save_pretrained`` wrote. The script run is examples/own_loop/train.py itself.
 
-Two runs of it, each leg's promise checked once: FSDP2 over dp trains two steps from the
-pretrained weights and saves (DCP); a fresh run without FSDP2 resumes from that save
-(resharded from FSDP2's dp x tp shards onto tp alone), trains two more steps averaging the
-gradients over dp, and saves again. Measured against transformers' unsharded model: the
-pretrained logits, and every step's loss and global gradient norm, the resumed run's from
-the unsharded model holding the first run's checkpoint; each checkpoint, loaded into the
-unsharded model in this process, gives its run's trained logits. Parameters are DTensors,
-so ``torch.nn.utils.clip_grad_norm_`` (what the script calls) sees the whole model.
+Two runs of it on a dp2 x tp2 mesh, each leg's promise checked once: FSDP2 over dp trains
+two steps from the pretrained weights and saves (DCP), a plain 4-rank torchrun of the file;
+a fresh run without FSDP2 resumes from that save (resharded from FSDP2's dp x tp shards onto
+tp alone), trains two more steps averaging the gradients over dp, and saves again. The
+resumed run is the same file run as ``__main__`` in 4 other processes, the session's kept
+gloo ranks (``user_scripts.script_on_rank``; the script trains on a process group its caller
+started): none of them saved, so what they hold comes from the checkpoint's files, without a
+second torchrun and four fresh interpreters importing torch. Measured against transformers'
+unsharded model: the pretrained logits, and every step's loss and global gradient norm, the
+resumed run's from the unsharded model holding the first run's checkpoint; each checkpoint,
+loaded into the unsharded model in this process, gives its run's trained logits. Parameters
+are DTensors, so ``torch.nn.utils.clip_grad_norm_`` (what the script calls) sees the whole
+model.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ ARTIFACT = REPO / "examples" / "llama_tp2"
 CONFIG = REPO / "examples" / "configs" / "llama"
 #: a hard bound per torchrun job (4 gloo ranks on a loaded 2-core machine)
 TIMEOUT = 420
-#: the module's runs (two torchruns) plus the references, for each test that may start them
+#: the module's runs (a torchrun, then the resumed run on gloo ranks) plus the references,
+#: for each test that may start them
 RUNS_TIMEOUT = 2 * TIMEOUT + 120
 
 
@@ -72,18 +78,32 @@ def hf_dir(tmp_path_factory) -> Path:
     return out
 
 
+def _on_gloo_ranks(gloo, name: str, *args: str | Path) -> None:
+    """The script run as ``__main__`` with ``args`` on 4 of the session's kept gloo ranks
+    (:func:`user_scripts.script_on_rank`), on their process group; a failure names the run
+    ``name`` and carries the failing rank's traceback."""
+    from user_scripts import script_on_rank
+
+    try:
+        gloo(4, script_on_rank, {}, [str(SCRIPT), *map(str, args)])
+    except RuntimeError as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+
+
 @pytest.fixture(scope="module")
-def runs(hf_dir, tmp_path_factory) -> dict:
-    """The script's two runs, one after the other: ``fsdp`` (FSDP2 over dp, two steps from
-    the pretrained weights, then a DCP save) and ``resumed`` (a fresh run without FSDP2:
-    ``--resume`` from that save, two more steps, a save of its own)."""
+def runs(hf_dir, tmp_path_factory, gloo) -> dict:
+    """The script's two runs, one after the other: ``fsdp`` (a plain torchrun: FSDP2 over
+    dp, two steps from the pretrained weights, then a DCP save) and ``resumed`` (a fresh run
+    without FSDP2 in 4 processes that did not save: ``--resume`` from that save, two more
+    steps, a save of its own)."""
     import torch
 
     tmp = tmp_path_factory.mktemp("own_loop")
     _torchrun("fsdp", ARTIFACT, hf_dir, "--fsdp", "--steps", "2",
               "--checkpoint", tmp / "fsdp_ckpt", "--report", tmp / "fsdp.json")
-    _torchrun("resumed", ARTIFACT, hf_dir, "--steps", "2", "--resume", tmp / "fsdp_ckpt",
-              "--checkpoint", tmp / "ckpt", "--report", tmp / "resumed.json")
+    _on_gloo_ranks(gloo, "resumed", ARTIFACT, hf_dir, "--steps", "2", "--resume",
+                   tmp / "fsdp_ckpt", "--checkpoint", tmp / "ckpt", "--report",
+                   tmp / "resumed.json")
     out = {}
     for name, ckpt in (("fsdp", "fsdp_ckpt"), ("resumed", "ckpt")):
         report = json.loads((tmp / f"{name}.json").read_text())
@@ -169,6 +189,7 @@ def test_own_loop_from_pretrained_matches_transformers_and_resumes(runs, ref) ->
 
     fsdp, resumed = runs["fsdp"], runs["resumed"]
     assert fsdp["mesh"] == resumed["mesh"] == {"dp": 2, "tp": 2}
+    assert fsdp["world"] == resumed["world"] == 4
     first = fsdp["tensors"]["first"]
     # the pretrained weights, sharded over tp by each rank's own reads: transformers' logits
     want = ref["pretrained"]["logits"]

@@ -3,15 +3,21 @@
 (every parameter and AdamW state equal to the saved model's), and
 ``torch.nn.utils.clip_grad_norm_`` on the DTensor parameters giving hpcodegen's exact norm.
 
-The tp 2 save is the second part of ``user_scripts.SCRIPT``, run by the launch
-``test_user_script.py`` shares (the session fixture ``user_script_run``); the tp 4 load is
-this file's own launch.
+The tp 2 save is the second part of ``user_scripts.SCRIPT``, run by the real launch
+``test_user_script.py`` shares (the session fixture ``user_script_run``: launching a user
+script is that test's subject). The tp 4 load, whose subject is what DCP and the AdamW state
+give at another world size, runs the same script a launched rank would run, with the
+environment ``launch llama_tp4 --nproc 4 -- load.py`` gives each rank, on 4 of the
+session's kept gloo ranks (``user_scripts.script_on_rank``): the larger world of the pair
+without a launcher, a torchrun and four fresh interpreters importing torch.
 """
 
 from __future__ import annotations
 
 import pytest
-from launch_helpers import LLAMA_CONFIG, REPO, check_in_process, run_cli
+from launch_gloo import rank_env
+from launch_helpers import LLAMA_CONFIG, REPO
+from user_scripts import script_on_rank
 
 LOAD = """
 import sys, torch
@@ -49,14 +55,14 @@ print(f"equal: {checked} parameters, all DTensors", flush=True)
 
 @pytest.mark.gloo
 @pytest.mark.timeout(400)
-def test_dcp_of_model_state_dict_saved_at_tp2_loads_at_tp4(tmp_path, user_script_run):
+def test_dcp_of_model_state_dict_saved_at_tp2_loads_at_tp4(tmp_path, gloo, user_script_run):
     first = user_script_run.run
     assert first.code == 0, first.stdout + first.stderr
     load = tmp_path / "load.py"
     load.write_text(LOAD)
-    check_in_process(REPO / "examples" / "llama_tp4", LLAMA_CONFIG)  # no check child
-    second = run_cli(REPO / "examples" / "llama_tp4", "--nproc", "4", "--device", "cpu",
-                     "--model-dir", LLAMA_CONFIG, "--", load, user_script_run.dcp,
-                     user_script_run.full, timeout=300)
-    assert second.code == 0, second.stdout + second.stderr
-    assert (second.stdout + second.stderr).count("equal: 21 parameters, all DTensors") == 4
+    tp4 = REPO / "examples" / "llama_tp4"
+    job = rank_env(tp4, LLAMA_CONFIG, 4, script=(str(load),))
+    printed = gloo(4, script_on_rank, job,
+                   [str(load), str(user_script_run.dcp), str(user_script_run.full)])
+    assert [p["stdout"].count("equal: 21 parameters, all DTensors") for p in printed] == \
+        [1, 1, 1, 1], printed

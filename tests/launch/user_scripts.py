@@ -4,7 +4,10 @@ files' tp 2 parts in one script (setup() from safetensors, clipping, save and re
 torch's own DCP of ``model.state_dict()`` and the AdamW state), instead of a launch each.
 
 Imported by module name (tests/ directories are not packages); the run itself is the
-session fixture ``user_script_run`` (tests/launch/conftest.py).
+session fixture ``user_script_run`` (tests/launch/conftest.py). :func:`script_on_rank` runs a
+user script as a launched rank runs it, on the session's kept gloo ranks (the tp 4 load of
+``test_torch_dcp.py``: the larger world of the save -> load pair, whose real launch is the
+tp 2 one here).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, CliRun, check_in_process, run_cli
 
@@ -109,7 +113,6 @@ def _llama_state(config: dict) -> dict:
     return {name: torch.randn(shape, generator=gen) * 0.02 for name, shape in shapes.items()}
 
 
-
 @dataclass
 class UserScriptRun:
     """The launch and the files its script wrote."""
@@ -136,3 +139,42 @@ def launch_user_script(tmp: Path) -> UserScriptRun:
                   "--json", "--", script, model_dir / "model.safetensors", tmp / "ckpt",
                   dcp, full, "--lr", "3e-4", timeout=300)
     return UserScriptRun(run, dcp, full)
+
+
+def script_on_rank(job_env: dict[str, str], argv: list[str]) -> dict[str, Any]:
+    """``argv`` (a user script and its arguments) run as a launched rank runs it
+    (:mod:`hpcodegen.launch.rank.worker`: ``__main__``, its own ``sys.argv``, the
+    launcher's ``HPCODEGEN_*`` environment ``job_env`` and torchrun's rank variables) on
+    this kept gloo rank; returns what the script printed. A script that raises fails the
+    gloo call naming the rank, with its traceback (the world is then ended, as a failed
+    launch ends its ranks). Not the worker's ``run_rank`` itself: it ends the process group,
+    which the kept ranks keep for the next job."""
+    import contextlib
+    import io
+    import os
+    import runpy
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from hpcodegen.launch import env
+
+    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1 for each of several ranks
+    rank, world = dist.get_rank(), dist.get_world_size()
+    before, argv_before = dict(os.environ), sys.argv
+    for key in env.ALL:
+        os.environ.pop(key, None)
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), **job_env})
+    out = io.StringIO()
+    try:
+        sys.argv = [str(a) for a in argv]
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        sys.argv = argv_before
+        os.environ.clear()
+        os.environ.update(before)
+    dist.barrier()
+    return {"stdout": out.getvalue()}
