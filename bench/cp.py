@@ -217,13 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"causal work per rank, max/mean at sequence {seq}:")
     print(common.format_table(["cp", "headtail", "contiguous"],
                               [[cp, per_ht[cp], per_c[cp]] for cp in CPS]))
+    from hpcodegen.derive.world import end_world
+
     with tempfile.TemporaryDirectory() as tmp:
-        kv_ratio, ours, expanded = kv_bytes_ratio(Path(tmp) / "kv")
-        print(f"K/V gathered per forward: {ours} bytes at 8 kv heads; {expanded} expanded "
-              "to 32 query heads")
-        act_ratio, one, two = activation_ratio(Path(tmp) / "act", 128 if args.quick else 2048,
-                                               2 if args.quick else 8)
-        print(f"saved for backward, one rank: cp1 {one} bytes, cp2 {two} bytes")
+        try:
+            kv_ratio, ours, expanded = kv_bytes_ratio(Path(tmp) / "kv")
+            print(f"K/V gathered per forward: {ours} bytes at 8 kv heads; {expanded} "
+                  "expanded to 32 query heads")
+            act_ratio, one, two = activation_ratio(Path(tmp) / "act",
+                                                   128 if args.quick else 2048,
+                                                   2 if args.quick else 8)
+            print(f"saved for backward, one rank: cp1 {one} bytes, cp2 {two} bytes")
+        finally:  # the fake group of the last cp arm (main may run in a caller's process)
+            end_world()
         per_layer = layer_bytes_by_method(Path(tmp) / "methods",
                                           layers=2 if args.quick else None)
         print("Llama-3.1-8B attention layer at cp 8, seq 8192, bf16, per rank forward + "
