@@ -21,6 +21,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,19 @@ def use_smoke_size() -> None:
     global LAYERS, SEQ, CONFIG, COMPILE_BACKEND
     LAYERS, SEQ, CONFIG = SMOKE_LAYERS, SMOKE_SEQ, SMOKE_CONFIG
     COMPILE_BACKEND = "eager"
+
+
+@contextmanager
+def smoke_size() -> Iterator[None]:
+    """:func:`use_smoke_size` for a ``with`` block, the module's sizes put back after: for a
+    caller whose process goes on (``overhead_breakdown.py``'s ``main`` in a test)."""
+    global LAYERS, SEQ, CONFIG, COMPILE_BACKEND
+    saved = LAYERS, SEQ, CONFIG, COMPILE_BACKEND
+    use_smoke_size()
+    try:
+        yield
+    finally:
+        LAYERS, SEQ, CONFIG, COMPILE_BACKEND = saved
 
 
 # ----------------------------------------------------------------------------- arms

@@ -110,14 +110,15 @@ LAST_LINES = {
 }
 
 
-#: each script's smoke arguments, and whether it runs in a fresh interpreter. cp.py and
-#: install_time.py run their ``main`` in the test's process (``bench_main``: no second
-#: interpreter start and torch import, about half of each run's CPU). forward_overhead.py
-#: runs as users run it, and must: its compiled arms leave dynamo's cache entries on
-#: transformers' code objects, which later compiles in this worker would count against
-#: their recompile limits; overhead_breakdown.py sets forward_overhead's module-level sizes
+#: each script's smoke arguments, and whether it runs in a fresh interpreter. cp.py,
+#: install_time.py and overhead_breakdown.py run their ``main`` in the test's process
+#: (``bench_main``: no second interpreter start and torch import, about half of each run's
+#: CPU; overhead_breakdown puts forward_overhead's smoke sizes back, ``fo.smoke_size``).
+#: forward_overhead.py runs as users run it, and must: its compiled arms leave dynamo's
+#: cache entries on transformers' code objects, which later compiles in this worker would
+#: count against their recompile limits
 SMOKE_RUNS = {"forward_overhead.py": (["--smoke", "--no-gloo"], "subprocess"),
-              "overhead_breakdown.py": (["--smoke"], "subprocess"),
+              "overhead_breakdown.py": (["--smoke"], "in process"),
               "install_time.py": (["--smoke"], "in process"),
               "cp.py": (["--quick"], "in process")}  # cp.py counts, it times nothing
 
@@ -137,9 +138,13 @@ def test_benchmark_runs_and_ends_with_its_ratio_line(
     runtime is checked by ``launch --compile`` on gloo ranks); install_time 2/4/8 layers,
     one install per cell, no warm-up; cp.py sequences of 256 and 128, 2-layer models, one
     thread. Where it runs: :data:`SMOKE_RUNS`."""
+    import forward_overhead as fo
+
     argv, where = SMOKE_RUNS[script]
+    sizes = fo.LAYERS, fo.SEQ, fo.CONFIG, fo.COMPILE_BACKEND
     if where == "in process":
         code, out, err = bench_main.run_main(script, argv), *capsys.readouterr()
+        assert sizes == (fo.LAYERS, fo.SEQ, fo.CONFIG, fo.COMPILE_BACKEND)  # put back
     else:
         proc = subprocess.run([sys.executable, str(BENCH / script), *argv],
                               capture_output=True, text=True, timeout=300)
