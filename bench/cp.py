@@ -13,13 +13,13 @@ Three measurements of hpcodegen's CP runtime, each against its alternative in on
    system's order: expand, then gather).
 3. **activation bytes**: bytes the autograd graph saves for the backward on one rank during
    a forward (``saved_tensors_hooks``, each storage counted once) at cp 2 over cp 1, same
-   model (8 layers, hidden 512, 8 heads, 2 kv heads), same tp (1), same global batch. Both
-   arms run on torch's fake process group (one process; collectives return shaped
-   tensors), so only the sharding differs. Every per-token activation halves; what a cp
-   rank keeps beyond that is its mask rows (one ``S/cp x S`` tensor per forward, shared by
-   the layers) and each layer's gathered K/V (the whole sequence at the kv-head count), so
-   the ratio is ``0.5 + (mask + K/V) / activations``: it falls toward 0.5 as the layers
-   widen or deepen.
+   model (8 layers, hidden 512, 8 heads, 2 kv heads; ``--quick``: 2 layers), same tp (1),
+   same global batch. Both arms run on torch's fake process group (one process;
+   collectives return shaped tensors), so only the sharding differs. Every per-token
+   activation halves; what a cp rank keeps beyond that is its mask rows (one ``S/cp x S``
+   tensor per forward, shared by the layers) and each layer's gathered K/V (the whole
+   sequence at the kv-head count), so the ratio is ``0.5 + (mask + K/V) / activations``: it
+   falls toward 0.5 as the layers widen or deepen.
 
 Run: ``python bench/cp.py [--quick]``; the last line is ``cp: balance_headtail=...
 balance_contiguous=... kv_bytes_vs_expanded=... activation_bytes_cp2_vs_cp1=...
@@ -80,7 +80,8 @@ def _parallel(config: dict[str, Any], cp: int, work: Path) -> tuple[Any, Any]:
     from hpcodegen.launch.rank.model import model_class
     from hpcodegen.runtime import parallelize_from_generated
 
-    artifact = work / f"cp{cp}"
+    # cp 1 runs the cp 2 artifact's classes unsharded: one artifact serves both arms
+    artifact = work / f"cp{max(cp, 2)}"
     if not artifact.exists():
         write_bundle(artifact, build_bundle(config, 1, False, None, "bench", cp=max(cp, 2)))
     from hpcodegen.hf import load_transformers_config
@@ -142,10 +143,10 @@ def saved_bytes(model: Any, ids: Any) -> int:
     return sum(storages.values())
 
 
-def activation_ratio(work: Path, seq: int) -> tuple[float, int, int]:
+def activation_ratio(work: Path, seq: int, layers: int = 8) -> tuple[float, int, int]:
     import torch
 
-    config = common.tiny_llama_config(8, hidden=512, heads=8, kv_heads=2, vocab=256)
+    config = common.tiny_llama_config(layers, hidden=512, heads=8, kv_heads=2, vocab=256)
     config["max_position_embeddings"] = seq
     ids = torch.randint(0, 256, (1, seq), generator=torch.Generator().manual_seed(0))
     one = saved_bytes(_parallel(config, 1, work)[0], ids)
@@ -156,10 +157,15 @@ def activation_ratio(work: Path, seq: int) -> tuple[float, int, int]:
 LLAMA_8B = Path(__file__).resolve().parent / "configs" / "llama-3.1-8b"
 
 
-def layer_bytes_by_method(work: Path, cp: int = 8, seq: int = 8192) -> dict[str, float]:
+def layer_bytes_by_method(work: Path, cp: int = 8, seq: int = 8192,
+                          layers: int | None = None) -> dict[str, float]:
     """inspect-plan's predicted bytes per rank of one Llama-3.1-8B attention layer (forward
     and backward, bf16, batch 1), for artifacts generated with ``--cp-method allgather``
-    and ``ulysses`` at cp ``cp`` (the generated plans, priced by the tool itself)."""
+    and ``ulysses`` at cp ``cp`` (the generated plans, priced by the tool itself).
+
+    ``layers``: the model cut to that many decoder layers (``--quick``). The figure is per
+    layer (the layers' bytes over their count), so the depth leaves it as it is; the
+    generate and predict of all 32 layers were a third of the quick run's CPU."""
     import io
     import json
 
@@ -170,13 +176,17 @@ def layer_bytes_by_method(work: Path, cp: int = 8, seq: int = 8192) -> dict[str,
     from hpcodegen.inspect.run import run_inspect
 
     config, _ = read_hf_config(LLAMA_8B)
+    config_dir = LLAMA_8B
+    if layers is not None:
+        config = {**config, "num_hidden_layers": layers}
+        config_dir = common.write_config_dir(config, work / "config")
     out: dict[str, float] = {}
     for method in ("allgather", "ulysses"):
         artifact = work / method
         write_bundle(artifact, build_bundle(config, 1, False, None, "bench", cp=cp,
                                             cp_method=method))
         text = io.StringIO()
-        code = run_inspect(InspectOptions(path=str(artifact), hf_config=str(LLAMA_8B),
+        code = run_inspect(InspectOptions(path=str(artifact), hf_config=str(config_dir),
                                           batch=1, seq=seq, dtype="bf16", as_json=True),
                            out=text, err=io.StringIO())
         if code != 0:
@@ -192,21 +202,36 @@ def layer_bytes_by_method(work: Path, cp: int = 8, seq: int = 8192) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: short sequences (the figures are indicative)")
+                        help="smoke run: short sequences, 2-layer models (the activation "
+                             "figure is indicative)")
     args = parser.parse_args(argv)
     seq = 256 if args.quick else 8192
+    if args.quick:
+        import torch
+
+        # one intra-op thread: at these sizes a second OpenMP thread has no work to share and
+        # only spins, which on a busy machine cost more CPU than the run itself
+        torch.set_num_threads(1)
     headtail, per_ht = balance(seq, "headtail")
     contiguous, per_c = balance(seq, "contiguous")
     print(f"causal work per rank, max/mean at sequence {seq}:")
     print(common.format_table(["cp", "headtail", "contiguous"],
                               [[cp, per_ht[cp], per_c[cp]] for cp in CPS]))
+    from hpcodegen.derive.world import end_world
+
     with tempfile.TemporaryDirectory() as tmp:
-        kv_ratio, ours, expanded = kv_bytes_ratio(Path(tmp) / "kv")
-        print(f"K/V gathered per forward: {ours} bytes at 8 kv heads; {expanded} expanded "
-              "to 32 query heads")
-        act_ratio, one, two = activation_ratio(Path(tmp) / "act", 128 if args.quick else 2048)
-        print(f"saved for backward, one rank: cp1 {one} bytes, cp2 {two} bytes")
-        per_layer = layer_bytes_by_method(Path(tmp) / "methods")
+        try:
+            kv_ratio, ours, expanded = kv_bytes_ratio(Path(tmp) / "kv")
+            print(f"K/V gathered per forward: {ours} bytes at 8 kv heads; {expanded} "
+                  "expanded to 32 query heads")
+            act_ratio, one, two = activation_ratio(Path(tmp) / "act",
+                                                   128 if args.quick else 2048,
+                                                   2 if args.quick else 8)
+            print(f"saved for backward, one rank: cp1 {one} bytes, cp2 {two} bytes")
+        finally:  # the fake group of the last cp arm (main may run in a caller's process)
+            end_world()
+        per_layer = layer_bytes_by_method(Path(tmp) / "methods",
+                                          layers=2 if args.quick else None)
         print("Llama-3.1-8B attention layer at cp 8, seq 8192, bf16, per rank forward + "
               f"backward: all-gather {per_layer['allgather']:.0f} bytes, Ulysses "
               f"{per_layer['ulysses']:.0f} bytes (rule cp/(g+1) = 8/5)")

@@ -21,6 +21,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,8 @@ LAYERS = 4
 BATCH, SEQ = 2, 32
 CONFIG = common.tiny_llama_config(LAYERS, hidden=128, heads=4, kv_heads=2, vocab=512)
 #: ``--smoke``: the smallest model every arm runs on (one layer, short sequences), so the
-#: three ``torch.compile`` arms trace one decoder layer each, not four (and only hpcodegen's
-#: is compiled by inductor: :data:`YARDSTICK_BACKEND`)
+#: three ``torch.compile`` arms trace one decoder layer each, not four (on dynamo's
+#: ``eager`` backend: :data:`COMPILE_BACKEND`)
 SMOKE_LAYERS, SMOKE_SEQ = 1, 8
 SMOKE_CONFIG = common.tiny_llama_config(SMOKE_LAYERS, hidden=64, heads=4, kv_heads=2, vocab=128)
 ARM_LABELS = {
@@ -50,26 +52,36 @@ ARM_LABELS = {
 }
 #: arms timed forward-only (compiling a backward graph too would double the compile time)
 FORWARD_ONLY = ("hpcodegen_compiled", "parallelize_module_compiled", "handwritten_compiled")
-#: the ``torch.compile`` backend of the two compiled yardsticks (parallelize_module and
-#: hand-written); None: torch's default, inductor. ``--smoke`` sets dynamo's ``eager``
-#: backend (the same capture, no C++ codegen and compiler runs): the script's code for those
-#: arms still runs, and the one inductor compile left is hpcodegen's own, the arm of the
-#: ``compiled_vs_handwritten`` figure
-YARDSTICK_BACKEND: str | None = None
+#: the ``torch.compile`` backend of the three compiled arms; None: torch's default,
+#: inductor. ``--smoke`` sets dynamo's ``eager`` backend: the same capture and the same
+#: calls of this script (``compile_parallelized`` with its options, ``Module.compile``,
+#: ``torch.compile``, the failure note), no C++ codegen and compiler runs. A cold inductor
+#: compile of hpcodegen's arm was two thirds of the smoke run's CPU; inductor on hpcodegen's
+#: model is checked where it is the point (``launch --compile`` on gloo ranks,
+#: tests/launch/test_compile_loss_parallel.py)
+COMPILE_BACKEND: str | None = None
 
 
 def use_smoke_size() -> None:
     """Switch the module to the ``--smoke`` model and sequence (a check of the script, not a
     measurement). Module-level, so every arm, the gloo ranks (which call this again after
     their spawn re-imports the module) and the report read the same size."""
-    global LAYERS, SEQ, CONFIG, YARDSTICK_BACKEND
+    global LAYERS, SEQ, CONFIG, COMPILE_BACKEND
     LAYERS, SEQ, CONFIG = SMOKE_LAYERS, SMOKE_SEQ, SMOKE_CONFIG
-    YARDSTICK_BACKEND = "eager"
-    import torch._inductor.config as inductor
+    COMPILE_BACKEND = "eager"
 
-    # the same kernels, compiled in this process: no pool of compile workers (each a fresh
-    # interpreter importing torch) for three one-layer graphs
-    inductor.compile_threads = 1
+
+@contextmanager
+def smoke_size() -> Iterator[None]:
+    """:func:`use_smoke_size` for a ``with`` block, the module's sizes put back after: for a
+    caller whose process goes on (``overhead_breakdown.py``'s ``main`` in a test)."""
+    global LAYERS, SEQ, CONFIG, COMPILE_BACKEND
+    saved = LAYERS, SEQ, CONFIG, COMPILE_BACKEND
+    use_smoke_size()
+    try:
+        yield
+    finally:
+        LAYERS, SEQ, CONFIG, COMPILE_BACKEND = saved
 
 
 # ----------------------------------------------------------------------------- arms
@@ -116,12 +128,12 @@ def build_compiled_arms(arms: dict[str, Any], mesh: Any, artifact_dir: Path | No
     """Fresh copies of the three TP arms, each under ``torch.compile`` (whole model)."""
     import torch
 
+    options = {"backend": COMPILE_BACKEND} if COMPILE_BACKEND else {}
     if "hpcodegen" in arms and artifact_dir is not None:
         from hpcodegen.runtime.compile import compile_parallelized
 
         model = common.build_hpcodegen_model(CONFIG, mesh, artifact_dir)
-        arms["hpcodegen_compiled"] = compile_parallelized(model, "model")
-    options = {"backend": YARDSTICK_BACKEND} if YARDSTICK_BACKEND else {}
+        arms["hpcodegen_compiled"] = compile_parallelized(model, "model", **options)
     model = common.apply_torch_tp(common.build_model(CONFIG), mesh, LAYERS)
     model.compile(**options)
     arms["parallelize_module_compiled"] = model
@@ -139,11 +151,11 @@ def build_compiled_arms(arms: dict[str, Any], mesh: Any, artifact_dir: Path | No
             notes.append(f"{name}: skipped: torch.compile failed: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}")
             del arms[name]
-    notes.append("compiled arms: torch.compile of the whole model (inductor), forward only")
-    if YARDSTICK_BACKEND:
-        notes.append(f"--smoke: the parallelize_module and hand-written compiled arms use the "
-                     f"{YARDSTICK_BACKEND!r} backend (no inductor): their times are not "
-                     "comparable")
+    notes.append(f"compiled arms: torch.compile of the whole model "
+                 f"({COMPILE_BACKEND or 'inductor'}), forward only")
+    if COMPILE_BACKEND:
+        notes.append(f"--smoke: the compiled arms use the {COMPILE_BACKEND!r} backend (no "
+                     "inductor): their times are not comparable")
 
 
 def local_shape_model() -> Any:
@@ -362,7 +374,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="few iterations (development)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script, not the figures: a 1-layer model, sequence 8, "
-                             "one warm-up call and 3 rounds (tests/bench)")
+                             "compiled on dynamo's eager backend, one round (tests/bench)")
     parser.add_argument("--no-gloo", action="store_true", help="fake process group only")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave out the torch.compile arms (they take minutes to compile)")
@@ -374,8 +386,8 @@ def parse_args() -> argparse.Namespace:
     args.profiles = []
     rounds = args.rounds
     args.warmup, args.rounds = (3, 30) if args.quick else (10, 150)
-    if args.smoke:
-        args.warmup, args.rounds = 1, 3
+    if args.smoke:  # every arm timed once (after interleaved_timings' untimed settle call)
+        args.warmup, args.rounds = 0, 1
     if rounds:  # a run that checks the script, not a measurement (tests/bench)
         args.warmup, args.rounds = 1, rounds
     return args

@@ -40,10 +40,15 @@ EXAMPLES = common.REPO / "examples"
 #: Llama-3-8B's decoder layer (config.json of meta-llama/Meta-Llama-3-8B)
 LLAMA3_8B_LAYER = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336,
                    "vocab": 8192, "layers": 1}
-#: --smoke: two examples (plain and loss parallel) and a small layer
+#: --smoke: two examples (plain and loss parallel) and the smallest layer tp 8 splits (8
+#: heads of 8; the examples' width): a check of the script's code, not a measurement. On a
+#: CPU every bf16 matmul is emulated, so the layer's size was most of the smoke's time
 SMOKE_EXAMPLES = ["llama_tp2", "llama_tp2_sp_lp"]
-SMOKE_LAYER = {"hidden": 256, "heads": 8, "kv_heads": 8, "intermediate": 512, "vocab": 512,
+SMOKE_LAYER = {"hidden": 64, "heads": 8, "kv_heads": 8, "intermediate": 128, "vocab": 128,
                "layers": 1}
+#: --smoke: each arm timed once per mode after one untimed call (interleaved_timings'
+#: settle), at sequence 8; the ratio column still reads every arm
+SMOKE_ROUNDS, SMOKE_SEQ = 1, 8
 LAYER_TP = 8
 ARMS = ("hpcodegen", "handwritten", "parallelize_module")
 
@@ -258,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     names = SMOKE_EXAMPLES if args.smoke else None
     dtype = torch.bfloat16
     device = args.device
+    if device == "cpu":
+        # one intra-op thread, as the CPU benchmarks (forward_overhead.py, install_time.py):
+        # at these shapes a second OpenMP thread only spins, and on a busy machine its wait
+        # made each bf16 call ~100x slower (measured: 224 ms against 1.7 ms a forward)
+        torch.set_num_threads(1)
     where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     print(f"# bench/gpu.py on {where}; {common.machine_note()}")
     tp1 = examples_at_tp1(device, dtype, names)
@@ -269,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                                "backward collectives", "wrong params"], step))
     dims = SMOKE_LAYER if args.smoke else LLAMA3_8B_LAYER
     compiled = args.compile or not args.smoke
-    rounds, warmup = (3, 1) if args.smoke else ((10, 3) if args.quick else (30, 5))
+    rounds, warmup = (SMOKE_ROUNDS, 0) if args.smoke else ((10, 3) if args.quick else (30, 5))
     rows, notes = time_layer(dims, device, dtype, compiled, rounds, warmup,
-                             seq=32 if args.smoke else 4096)
+                             seq=SMOKE_SEQ if args.smoke else 4096)
     print(f"\n## 3. one Llama-3-8B-shaped layer at tp {LAYER_TP} local shapes "
           f"({dims}), bf16, fake group; ms per call; ratio over hand-written")
     print(common.format_table(["mode", "arm", "median ms", "min ms", "ratio"], rows))

@@ -92,8 +92,8 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
     hpc, pm = stats["hpcodegen"], stats["parallelize_module"]
     print(f"model: Llama, hidden 64, 8 heads / 8 kv heads, fp32, tp={TP} on the fake "
           f"process group (rank 0 of 8); {common.machine_note()}")
-    print(f"{args.repeats} installs per cell, each on a fresh model, after one warm-up "
-          "install per arm; seconds, median (and min)")
+    print(f"{args.repeats} installs per cell, each on a fresh model, after "
+          f"{'no' if args.smoke else 'one'} warm-up install per arm; seconds, median (and min)")
     for note in dict.fromkeys(notes):
         print(note)
     counts = sorted(results)
@@ -124,16 +124,16 @@ def linear_word(deviation: float) -> str:
     return "linear" if abs(deviation) <= 0.20 else "NOT linear"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one install per cell")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script, not the figures: one install per cell on "
-                             f"{'/'.join(map(str, SMOKE_LAYER_COUNTS))}-layer models "
-                             "(tests/bench)")
-    args = parser.parse_args()
+                             f"{'/'.join(map(str, SMOKE_LAYER_COUNTS))}-layer models, no "
+                             "warm-up install (tests/bench)")
+    args = parser.parse_args(argv)
     args.repeats = 1 if args.quick or args.smoke else 15
     counts = SMOKE_LAYER_COUNTS if args.smoke else LAYER_COUNTS
     torch.set_num_threads(1)
@@ -142,7 +142,8 @@ def main() -> int:
         artifacts = prepare_artifacts(Path(tmp_name), notes, counts)
         mesh = common.init_fake_pg(TP, rank=0)
         try:
-            time_installs(counts[0], mesh, artifacts[counts[0]], 1)  # warm-up
+            if not args.smoke:  # a warm-up install per arm (a smoke run times nothing)
+                time_installs(counts[0], mesh, artifacts[counts[0]], 1)
             results = {n: time_installs(n, mesh, artifacts[n], args.repeats) for n in counts}
         finally:
             common.destroy_pg()

@@ -17,7 +17,9 @@ two rows is what the replaced piece costs. Ratios are medians of per-round ratio
 (``common.paired_ratio``). The embedding's masked lookup and the logits
 gather (wrapped boundaries) stay as they are in every row.
 
-Run: ``python bench/overhead_breakdown.py [--quick]``. Last line:
+Run: ``python bench/overhead_breakdown.py [--quick | --smoke]`` (``--smoke``: a check of the
+script, not the figures: ``forward_overhead.py``'s smoke model, one layer at sequence 8, and
+one timed round). Last line:
 ``overhead_breakdown: hpcodegen=... f_node_only=... no_f=... no_f_g_clone=... no_f_no_g=...``
 (forward+backward over the floor).
 """
@@ -25,6 +27,7 @@ Run: ``python bench/overhead_breakdown.py [--quick]``. Last line:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -79,18 +82,30 @@ def build_variant(name: str, mesh: Any, artifact: Path) -> Any:
     return model
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (development)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script, not the figures: a 1-layer model, sequence 8, "
+                             "one round (tests/bench)")
     parser.add_argument("--rounds", type=int, metavar="N",
                         help="timed rounds (default 200, --quick 30; one warm-up call)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warmup, rounds = (3, 30) if args.quick else (10, 200)
+    if args.smoke:  # every variant timed once (after interleaved_timings' untimed settle call)
+        warmup, rounds = 0, 1
     if args.rounds:  # a run that checks the script, not a measurement (tests/bench)
         warmup, rounds = 1, args.rounds
     torch.set_num_threads(1)
+    with fo.smoke_size() if args.smoke else contextlib.nullcontext():
+        return run(warmup, rounds)
+
+
+def run(warmup: int, rounds: int) -> int:
+    """Time every variant and the floor at forward_overhead's current size; print the
+    report."""
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcg-breakdown-") as tmp:
         artifact = fo.prepare_artifact(Path(tmp), notes)
@@ -121,7 +136,6 @@ def main() -> int:
     print("overhead_breakdown: " + " ".join(
         f"{name}={common.paired_ratio(both[name], both['hf_local'])}" for name in VARIANTS))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
