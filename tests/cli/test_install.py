@@ -12,12 +12,11 @@ through the function that script calls in one interpreter (``Lane.run_many``; th
 usage error stay script processes).
 
 Both lanes run every verb, the heavy ones included. The newest lane must (a new release
-breaks any verb). The floor lane's ``launch`` and ``export`` are no repeat of it either:
-they are the only runs of ``[runtime]``'s floors past generate and the model check (the
-module generated from transformers 4.57's source, executed on 2 gloo ranks against 4.57's
-unsharded model; psutil 5.9.4 in the launcher's process-tree cleanup; safetensors 0.4.3
-writing the export), so dropping them (~27 CPU-s) would leave those floors declared but not
-run.
+can break any verb). The floor lane's ``launch`` and ``export`` repeat nothing either: they
+are the only runs of ``[runtime]``'s floors past generate and the model check (the module
+generated from transformers 4.57's source, run on 2 gloo ranks against 4.57's unsharded
+model; psutil 5.9.4 where the launcher checks that no rank outlived the job; safetensors
+0.4.3 writing the export). Without them (~27 CPU-s) those floors would be declared, not run.
 
 verify's model check (torch and transformers imported, the plan derived: ~6 s of CPU) runs
 once per lane: in the launch's pre-start child (``hpcodegen verify --only model`` with the
