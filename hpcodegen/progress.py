@@ -63,7 +63,9 @@ def steps(title: str, total: int) -> Iterator[Callable[[str], None]]:
         started = [False]
 
         def advance(description: str) -> None:
-            progress.update(task, description=description, advance=1 if started[0] else 0)
+            # drawn now, not at the next 10 Hz refresh: a step shorter than 0.1 s is shown too
+            progress.update(task, description=description, advance=1 if started[0] else 0,
+                            refresh=True)
             started[0] = True
 
         yield advance

@@ -6,7 +6,17 @@ would: the core alone (``verify``, ``inspect-plan``, ``schema``; no torch), then
 (Hub ids from the local cache), then torch 2.13.0 first and ``[runtime]`` (``generate``,
 ``launch --nproc 2 --check-parity``, ``export``). The tests of one lane run in file order, the
 core's before the runtime is installed. Every verb runs from a temp dir with the venv's own
-console script, so nothing of the checkout is importable.
+python, so nothing of the checkout is importable: as the console script's process, or, for
+the light core commands whose subject is the verb's output with these versions, several
+through the function that script calls in one interpreter (``Lane.run_many``; the gate and a
+usage error stay script processes).
+
+Both lanes run every verb, the heavy ones included. The newest lane must (a new release
+can break any verb). The floor lane's ``launch`` and ``export`` repeat nothing either: they
+are the only runs of ``[runtime]``'s floors past generate and the model check (the module
+generated from transformers 4.57's source, run on 2 gloo ranks against 4.57's unsharded
+model; psutil 5.9.4 where the launcher checks that no rank outlived the job; safetensors
+0.4.3 writing the export). Without them (~27 CPU-s) those floors would be declared, not run.
 
 verify's model check (torch and transformers imported, the plan derived: ~6 s of CPU) runs
 once per lane: in the launch's pre-start child (``hpcodegen verify --only model`` with the
@@ -109,30 +119,43 @@ def test_core_install_pulls_no_torch(lane: Lane) -> None:
 
 
 def test_core_verbs_run_from_the_core_install(lane: Lane, work: Path) -> None:
-    for args in (["verify", EXAMPLE], ["inspect-plan", EXAMPLE], ["--help"], ["verify", "--help"],
-                 ["verify", EXAMPLE, "--hf-config", CONFIG, "--skip", "model"],
-                 ["inspect-plan", EXAMPLE, "--mesh", "tp=4"], ["--version"]):
-        _ok(lane.run(*args, cwd=work), args)
-    schema = lane.run("schema", cwd=work)
-    _ok(schema)
-    assert json.loads(schema.stdout)["type"] == "object"
+    """The installed console script runs the gate (``verify``, exit 0) and a typer usage
+    error (exit 2, as JSON) as processes; the other commands, whose subject is what the verbs
+    print and return with these versions, run through the function that script calls, all in
+    one interpreter of the lane's python (``Lane.run_many``: one start, not nine)."""
+    _ok(lane.run("verify", EXAMPLE, cwd=work), "verify")
     usage = lane.run("verify", EXAMPLE, "--bogus", "--json", cwd=work)  # typer's usage error
     assert usage.returncode == 2 and json.loads(usage.stdout)["findings"][0]["code"] == "cli.usage"
-    missing = lane.run("generate", "--model", CONFIG, "--tp", "2", "-o", work / "o", cwd=work)
-    assert missing.returncode == 2 and "hpcodegen[runtime]" in missing.stderr
-    launch = lane.run("launch", EXAMPLE, "--nproc", "2", "--json", cwd=work)
-    assert launch.returncode == 2 and "hpcodegen[runtime]" in launch.stdout
+    runs = lane.run_many({
+        "inspect-plan": ["inspect-plan", EXAMPLE], "--help": ["--help"],
+        "verify --help": ["verify", "--help"],
+        "verify --hf-config": ["verify", EXAMPLE, "--hf-config", CONFIG, "--skip", "model"],
+        "inspect-plan --mesh": ["inspect-plan", EXAMPLE, "--mesh", "tp=4"],
+        "--version": ["--version"], "schema": ["schema"],
+        "generate": ["generate", "--model", CONFIG, "--tp", "2", "-o", work / "o"],
+        "launch": ["launch", EXAMPLE, "--nproc", "2", "--json"]}, cwd=work)
+    for name in ("inspect-plan", "--help", "verify --help", "verify --hf-config",
+                 "inspect-plan --mesh", "--version", "schema"):
+        _ok(runs[name], name)
+    assert json.loads(runs["schema"].stdout)["type"] == "object"
+    missing = runs["generate"]
+    assert missing.returncode == 2 and "hpcodegen[runtime]" in missing.stderr, missing
+    launch = runs["launch"]
+    assert launch.returncode == 2 and "hpcodegen[runtime]" in launch.stdout, launch
 
 
 def test_core_install_gates_a_rule_file_familys_artifact(lane: Lane, work: Path,
                                                         mpt_tp2: Path) -> None:
     """An mpt tp 2 artifact (its plan from the YAML rule file; made by the dev venv, once:
-    conftest.py) passes verify and inspect-plan in the core install: no torch, no pyyaml."""
+    conftest.py) passes verify and inspect-plan in the core install: no torch, no pyyaml
+    (the four commands in one interpreter of the lane's python: ``Lane.run_many``)."""
     assert not {"torch", "pyyaml"} & set(lane.installed())
     art = mpt_tp2
-    for args in (["verify", art], ["inspect-plan", art], ["inspect-plan", art, "--mesh", "tp=4"],
-                 ["inspect-plan", art, "--json"]):
-        _ok(lane.run(*args, cwd=work), args)
+    runs = lane.run_many({"verify": ["verify", art], "inspect-plan": ["inspect-plan", art],
+                          "inspect-plan --mesh": ["inspect-plan", art, "--mesh", "tp=4"],
+                          "inspect-plan --json": ["inspect-plan", art, "--json"]}, cwd=work)
+    for name, run in runs.items():
+        _ok(run, name)
 
 
 def test_hub_extra_reads_a_hub_id_from_the_local_cache(lane: Lane, work: Path) -> None:
