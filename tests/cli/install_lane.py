@@ -73,7 +73,7 @@ with open(sys.argv[3], "w") as out:
 
 def _isolation() -> list[str]:
     """``--no-build-isolation`` when the dev venv's setuptools meets ``[build-system]``'s
-    ``setuptools>=69`` (it builds the same bytes: setuptools >= 70.1 writes wheels itself),
+    ``setuptools>=77`` (it builds the same bytes: it writes wheels itself),
     so pip does not install a setuptools into a scratch env first (~4 s of CPU); else
     pip's isolated build."""
     try:
@@ -81,7 +81,7 @@ def _isolation() -> list[str]:
     except importlib.metadata.PackageNotFoundError:
         return []
     major, minor = (int(p) for p in re.findall(r"\d+", version)[:2])
-    return ["--no-build-isolation"] if (major, minor) >= (70, 1) else []
+    return ["--no-build-isolation"] if (major, minor) >= (77, 0) else []
 
 
 def build_wheel(out: Path, scratch: Path) -> Path:
