@@ -118,6 +118,13 @@ def _rowwise_strided(op_call: Any, args: tuple, kwargs: dict) -> Any:
     from torch.distributed.tensor.placement_types import _StridedShard
     from torch.utils import _pytree as pytree
 
+    if not any(isinstance(t, DTensor) and any(isinstance(p, _StridedShard)
+                                              for p in t.placements)
+               for t in (*args, *kwargs.values())):
+        # the common case (every matmul of a dense model): no strided operand at the top
+        # level, where these ops take their tensors; DTensor's own rule, without
+        # flattening the call
+        return _default(op_call, args, kwargs)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     dtensors = [t for t in leaves if isinstance(t, DTensor)]
     strided = {(i, p.dim): p for t in dtensors

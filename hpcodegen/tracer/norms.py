@@ -15,7 +15,10 @@ one-dim ``weight`` it holds itself, no child holding parameters):
 
 A module whose forward takes a second argument (a gated norm's ``gate``, mixed into what
 it normalises) or does not run on one tensor alone is not one. Each module is traced
-once (the verdict is kept per module object); torch is imported inside the functions only.
+once (the verdict is kept per module object), and modules built alike share one trace
+(:func:`_likeness`): a model's layers repeat the same few norms, and a process that builds
+a model more than once (generate, then verify's model check) asks of the same classes
+again; torch is imported inside the functions only.
 """
 
 from __future__ import annotations
@@ -34,15 +37,54 @@ FUSED = frozenset({"aten.native_layer_norm", "aten.layer_norm", "aten.rms_norm",
 BATCH, SEQ = 2, 3
 
 _VERDICTS: WeakKeyDictionary[Any, bool] = WeakKeyDictionary()
+#: verdict per :func:`_likeness` key: one trace for all the modules built alike
+_ALIKE: dict[tuple, bool] = {}
+#: attribute values a likeness key takes as they are
+_PLAIN = (bool, int, float, str, type(None))
 
 
 def is_norm(module: Any) -> bool:
     """Whether ``module`` normalises its input over the last dim with a weight of that
-    width (module docstring); traced once per module."""
+    width (module docstring); traced once per module, or once for all modules alike."""
     verdict = _VERDICTS.get(module)
     if verdict is None:
-        verdict = _VERDICTS[module] = _traced(module)
+        key = _likeness(module)
+        verdict = _ALIKE.get(key) if key is not None else None
+        if verdict is None:
+            verdict = _traced(module)
+            if key is not None:
+                _ALIKE[key] = verdict
+        _VERDICTS[module] = verdict
     return verdict
+
+
+def _likeness(module: Any) -> tuple | None:
+    """Everything :func:`_traced` reads of ``module``, as a hashable key: its class and the
+    class's ``forward``, each plain attribute (``eps``, a ``(1 + weight)`` offset flag, a
+    ``normalized_shape`` tuple) and each parameter's and buffer's shape, dtype, device and
+    kind. Two modules with one key run the same code on the same inputs, so one trace
+    answers both. None (trace this one alone) when the module holds anything a key cannot
+    compare: a child, a forward or hook of its own, any attribute of another type."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        return None
+    parts: list[Any] = [type(module), getattr(type(module), "forward", None)]
+    for name, value in sorted(vars(module).items()):
+        if name in ("_parameters", "_buffers"):
+            parts.append((name, tuple(
+                (k, None) if t is None else
+                (k, type(t), tuple(t.shape), t.dtype, t.device.type, t.requires_grad)
+                for k, t in value.items())))
+        elif isinstance(value, _PLAIN):
+            parts.append((name, value))
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, _PLAIN) for v in value):
+            parts.append((name, type(value), tuple(value)))
+        elif isinstance(value, (dict, set)) and not value:
+            parts.append((name, type(value)))  # no child, no hook, no marker
+        else:
+            return None
+    return tuple(parts)
 
 
 def _argument(op: Any, args: tuple, kwargs: Mapping[str, Any], name: str) -> Any:

@@ -33,6 +33,10 @@ def fqn_matches(glob: str, fqn: str) -> bool:
     """True when module ``fqn`` matches ``glob`` (``""`` only matches the root)."""
     pattern = glob.split(".") if glob else []
     parts = fqn.split(".") if fqn else []
+    if len(pattern) != len(parts) and "**" not in pattern:
+        # each segment of a glob without ``**`` matches exactly one segment: an HF plan's
+        # rules are checked against every module of the model, most of them other depths
+        return False
     return _match(pattern, parts)
 
 
