@@ -15,8 +15,8 @@ Each verify of an edit is a derivation (the model's forward and backward on fake
 most of the module's time), so edits of entries that cannot judge one another (not nested,
 not of one class, not tied: :func:`_apart`) share one edited meta (:func:`_groups`). The
 shared run stands for its edits only when it names each at its own entry and every
-``derive.*`` error lies in (or below) an edited entry; otherwise each edit of the group is
-verified alone (:func:`_refused`), and a missed edit is always reported by its own label.
+``derive.*`` error lies in (or below) an edited entry; otherwise its halves are verified
+so, down to one edit alone (:func:`_refused`); a missed edit is reported by its own label.
 """
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ def _refused(cfg: Path, tmp: Path, src: Path, meta: dict, group: list[Mutation]
     the group. Its run stands for each edit only when it is unambiguous: exit 1, each edit
     named at its own entry by an error other than ``derive.input`` (the placement that
     arrives at an entry is its producer's doing), and every ``derive.*`` error in or below
-    an edited entry (none spilled over to an entry nobody edited); otherwise each edit of
-    the group is verified alone, as a lone edit always is."""
+    an edited entry (none spilled over to an entry nobody edited); otherwise each half of
+    the group is verified so, down to one edit alone, judged as a lone edit always is."""
     def apply_all(m: dict) -> None:
         for _, edit, _ in group:
             edit(m)
@@ -252,7 +252,9 @@ def _refused(cfg: Path, tmp: Path, src: Path, meta: dict, group: list[Mutation]
             for p in derived)
         if clear:
             return []
-        return [miss for one in group for miss in _refused(cfg, tmp, src, meta, [one])]
+        half = len(group) // 2
+        return [miss for part in (group[:half], group[half:])
+                for miss in _refused(cfg, tmp, src, meta, part)]
     (label, _, where), = group
     if code != 1 or not _named(doc, where):
         return [(label, code, [(f["code"], f["path"]) for f in _errors(doc)])]
@@ -264,7 +266,7 @@ def test_the_generated_plan_passes_and_every_wrong_edit_is_refused(
         family, generated, tmp_path) -> None:
     """Each edit is refused at its own pointer; edits of distinct, unnested entries share
     one derivation (:func:`_groups`, :func:`_refused`: a run that cannot tell which edit
-    an error belongs to is redone one edit at a time), about a third of the runs."""
+    an error belongs to is redone by halves, down to one edit), about a third of the runs."""
     cfg, src = generated[family]
     code, doc = _cli("verify", "--strict", "--hf-config", cfg, src)
     assert code == 0, (family, _errors(doc))
