@@ -1,9 +1,10 @@
 """The bad-input corpus: each case breaks one rule of a good artifact and pins the exit code,
 the check that fails and the exact JSON pointer (or FQN / file) it reports.
 
-Every case runs twice: in-process through ``run_verify`` (its exit code) and, batched, through
-one real ``python -m hpcodegen verify ... --json`` process whose per-artifact JSON must say the
-same; that process must never print a traceback.
+Every case runs twice: alone through ``run_verify`` (its own exit code) and, batched, through
+one ``hpcodegen verify ... --json`` run of the console script's entry point in this process
+(:mod:`inproc`: the real Click parsing, envelope and exit code) whose per-artifact JSON must
+say the same; that run must never print a traceback.
 """
 
 from __future__ import annotations
