@@ -14,8 +14,11 @@ tests that count collectives or check shapes and placements without real ranks. 
 parity runs on real gloo ranks: ``gloo(world, fn, *args)`` runs ``fn`` on every rank of a
 world kept for the session (``hpcodegen.parity.ranks.GlooWorld``: the process start and
 the imports are paid once per world size, not once per test; a rank that fails or a test
-that times out ends that world and the next test starts a fresh one). Every such test
-keeps its hard ``timeout`` mark.
+that times out ends that world and the next test starts a fresh one). Worlds of several
+sizes stay alive together up to ``KEPT_RANKS`` ranks (a 2-rank and a 4-rank world: the
+modules of a run alternate between them, and a fresh world's ranks import the model code
+again); a larger world closes the others first. Every such test keeps its hard ``timeout``
+mark.
 
 launch's pre-start model check keeps its passing verdicts in a cache keyed by the bytes it
 judged (:mod:`hpcodegen.launch.launcher.check_cache`). The suite points that cache at one
@@ -146,9 +149,16 @@ def fake_world() -> Iterator[Callable[..., None]]:
     end_world()
 
 
+#: ranks the kept gloo worlds of one test process may hold alive together: a 2-rank and a
+#: 4-rank world stay up side by side (modules alternate between them; each fresh rank
+#: imports the model code again, about 2 s of CPU), an 8-rank world runs alone
+KEPT_RANKS = 8
+
+
 @pytest.fixture(scope="session")
 def _gloo_worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Any]]:
-    """The kept gloo worlds by size (one alive at a time), ended with the session."""
+    """The kept gloo worlds by size (at most :data:`KEPT_RANKS` ranks alive together),
+    ended with the session."""
     worlds: dict[int, Any] = {}
     yield worlds
     for world in worlds.values():
@@ -162,12 +172,22 @@ def gloo(_gloo_worlds: dict[int, Any], tmp_path_factory: pytest.TempPathFactory
     results (JSON-able) in rank order. ``fn`` must be importable (a module-level function)."""
     from hpcodegen.parity.ranks import GlooWorld
 
+    open_sizes: set[int] = set()  # the worlds whose ranks are alive
+
     def run(world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        for size, other in _gloo_worlds.items():
-            if size != world:
-                other.close()  # one world's processes alive at a time (memory)
+        others = open_sizes - {world}
+        if world + sum(others) > KEPT_RANKS:  # memory: close the others first
+            for size in others:
+                _gloo_worlds[size].close()
+            open_sizes.difference_update(others)
         if world not in _gloo_worlds:
             _gloo_worlds[world] = GlooWorld(world, tmp_path_factory.mktemp(f"gloo{world}"))
-        return _gloo_worlds[world].run(fn, *args)
+        try:
+            result = _gloo_worlds[world].run(fn, *args)
+        except BaseException:
+            open_sizes.discard(world)  # the world ended itself (a failed rank, a timeout)
+            raise
+        open_sizes.add(world)
+        return result
 
     return run

@@ -3,8 +3,9 @@
 Logits and every gradient (router, experts, shared experts) within 1e-5, the global gradient
 norm (``hpcodegen.checkpoint.clip``) within fp32 rounding and the clipped gradients, and the
 losses of a few AdamW steps; several artifacts per spawn to pay the process start-up once.
-The 2-rank tests run first, then the 4-rank one: each change of world size starts fresh
-ranks, which import the model code again.
+The 2-rank tests run first, then the 4-rank one: a fresh world's ranks import the model code
+again, and the session keeps a 2-rank and a 4-rank world alive side by side
+(``tests/conftest.py``, ``KEPT_RANKS``), so each starts once.
 """
 
 from __future__ import annotations

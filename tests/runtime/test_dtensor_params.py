@@ -9,8 +9,9 @@ Also one AdamW step on the 2-D mesh (dp 2 x tp 2, 4 gloo ranks) with ``fully_sha
 dp: the SP artifact runs the partial-gradient all-reduces of the norms under FSDP2, the bias
 artifact the deferred rowwise biases; loss (averaged over dp), gradients before the step and
 parameters after it equal a single-process step on the whole batch. The 4-rank tests follow
-the 2-rank ones in one module: each change of world size starts fresh ranks that import the
-model code again."""
+the 2-rank ones in one module: a fresh world's ranks import the model code again, and the
+session keeps a 2-rank and a 4-rank world alive side by side (``tests/conftest.py``,
+``KEPT_RANKS``), so each starts once."""
 
 from __future__ import annotations
 

@@ -28,6 +28,10 @@ TOL = 1e-5
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 TP2 = ["qwen3_5", "llama4", "emu3", "granite_swa", "minicpm3", "gemma3n_text", "bert",
        "prophetnet", "bigbird_pegasus", "cohere_compass_text"]
+#: the families tests/generate/test_config_robustness.py plans from the same config at tp 2
+#: (its ``meta_of``, label "t"): labelled alike, each is one build per run
+#: (:mod:`artifact_memo`; the label changes no numbers); the others by their family
+ROBUSTNESS_LABEL = {"qwen3_5", "llama4", "emu3", "granite_swa", "minicpm3", "gemma3n_text"}
 
 
 def _artifact(root: Path, family: str) -> tuple[str, str, str]:
@@ -35,7 +39,8 @@ def _artifact(root: Path, family: str) -> tuple[str, str, str]:
 
     config, _ = read_hf_config(FAMILIES / family)
     name = f"{family}_tp2"
-    write_bundle(root / name, build_bundle(config, 2, False, None, family))
+    label = "t" if family in ROBUSTNESS_LABEL else family
+    write_bundle(root / name, build_bundle(config, 2, False, None, label))
     return name, str(root / name), str(FAMILIES / family)
 
 

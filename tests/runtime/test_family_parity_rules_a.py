@@ -16,7 +16,9 @@ over MoshiLinear-wrapped projections, packed gate|up, a replicated odd embedding
 state in and out of each layer; with biases; transformers 5.23 cannot initialise the
 fused weight_mode's weights itself, so that variant is checked by generate only).
 Logits and every gradient within 1e-5 of the unsharded model, and gradients large enough
-for that to mean something.
+for that to mean something. Each artifact is labelled by its family fixture (the label
+changes no numbers), so a config and flags that tests/generate also plans, or that two
+entries here share (xlstm and xlstm_cache), are built once per run (:mod:`artifact_memo`).
 """
 
 from __future__ import annotations
@@ -74,7 +76,10 @@ def _artifact(root: Path, name: str, family: str, overrides: dict) -> tuple[str,
     config_dir.mkdir()
     (config_dir / "config.json").write_text(json.dumps(config))
     sp = name.endswith("_sp")
-    write_bundle(root / name, build_bundle(config, 2, sp, None, name))
+    # labelled by the family, as tests/generate's plans are: the same config and flags are
+    # then one build per run (xlstm_cache is xlstm's build; stablelm_qk_layernorm,
+    # diffllama_kv2, lfm2, xlstm_bias are tests/generate/test_families_rules_a.py's)
+    write_bundle(root / name, build_bundle(config, 2, sp, None, family))
     return name, str(root / name), str(config_dir)
 
 

@@ -25,12 +25,18 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One root for the module's artifacts: :func:`_llama` generates each depth once (the
-    16-layer one is counted by one test and accumulated on gloo ranks by the other)."""
+    """One root for the module's artifact: :func:`_llama` generates the 16-layer one once
+    (counted by one test and accumulated on gloo ranks by the other)."""
     return tmp_path_factory.mktemp("grad_buckets")
 
 
 def _llama(root: Path, layers: int) -> tuple[Path, Path]:
+    """(artifact, model dir) of the example Llama at ``layers`` deep, tp 2 with --sp: the
+    2-layer one is the committed example (``examples/llama_tp2_sp``, which
+    tests/generate/test_byte_identity.py keeps equal to generate's output), so only the
+    16-layer one is generated."""
+    if layers == 2:
+        return ROOT / "examples/llama_tp2_sp", ROOT / "examples/configs/llama"
     model = root / f"llama{layers}"
     out = root / f"llama{layers}_tp2_sp"
     if out.exists():

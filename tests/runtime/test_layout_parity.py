@@ -3,7 +3,11 @@ AdamW losses), one case per rule: DeepSeek-V3's MLA split without HF rules (--sp
 fused q|k|v and gate|up split per block, OLMo-2's heads split with its whole-width q/k
 norms summing their squares over tp, Phi-3.5-MoE's unplanned attention, Llama-4's
 unrouted experts reduced with their block, Gemma-3's vision tower (with images); and
-inspect-plan's counts equal CommDebugMode's for the split norms."""
+inspect-plan's counts equal CommDebugMode's for the split norms.
+
+The artifacts come from the suite's memo (:mod:`artifact_memo`), labelled by model type as
+tests/generate/test_layouts.py labels its plans of the same configs (DeepSeek-V3 and OLMo-2
+with --sp, Llama-4): one build per run serves both modules."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "moe"))
 
-from hpcodegen.generate.api import GenerateArgs, generate_artifact
+from artifact_memo import write_artifact  # one build per distinct arguments and run
+
 from hpcodegen.hf import read_hf_config
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]
@@ -61,14 +66,15 @@ def _artifact(root: Path, name: str, sp: bool) -> tuple[str, str]:
     if not model.exists():
         _model(root, name, _config(name))
     out = root / f"{name}_sp{int(sp)}"
-    if not out.exists():
-        assert generate_artifact(GenerateArgs(model, 2, out, sp=sp)) == 0
+    if not out.exists():  # labelled as tests/generate/test_layouts.py's plans: shared builds
+        config = json.loads((model / "config.json").read_text())
+        write_artifact(out, config, 2, sp, config["model_type"])
     return str(out), str(model)
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One root for the module's artifacts: :func:`_artifact` generates each once (OLMo-2's
+    """One root for the module's artifacts: :func:`_artifact` writes each once (OLMo-2's
     is counted by one test and checked on gloo ranks by the next)."""
     return tmp_path_factory.mktemp("layouts")
 
@@ -138,8 +144,7 @@ def test_vision_tower_split_matches_unsharded_with_images(tmp_path: Path, gloo) 
         "mm_tokens_per_image": 4, "image_token_index": 290, "boi_token_index": 291,
         "eoi_token_index": 292}
     model = _model(tmp_path, "gemma3", config)
-    out = tmp_path / "gemma3_tp2"
-    assert generate_artifact(GenerateArgs(model, 2, out)) == 0
+    out = write_artifact(tmp_path / "gemma3_tp2", config, 2, False, "gemma3")
     meta = json.loads((out / "codegen_meta.json").read_text())
     attn = meta["param_plan"]["model.vision_tower.encoder.layers.0.self_attn"]
     assert attn["params"]["q_proj.weight"] == {"tp": "S(0)"}
