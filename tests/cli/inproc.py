@@ -20,6 +20,7 @@ import os
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TextIO
 
 
 @contextlib.contextmanager
@@ -42,11 +43,14 @@ def _environ(env: Mapping[str, str | None]) -> Iterator[None]:
 
 
 def run(*args: str | Path, cwd: Path | None = None, columns: int | None = None,
-        env: Mapping[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+        env: Mapping[str, str | None] | None = None,
+        stderr: TextIO | None = None) -> subprocess.CompletedProcess[str]:
     """``hpcodegen ARGS...`` here: a ``CompletedProcess`` as ``subprocess.run`` would give.
 
     ``NO_COLOR=1`` and ``HPCODEGEN_DEBUG`` unset (a traceback would be a bug the tests look
-    for, not one they allow); ``columns`` sets ``COLUMNS`` (the suite's 400 otherwise).
+    for, not one they allow); ``columns`` sets ``COLUMNS`` (the suite's 400 otherwise);
+    ``stderr``, a stream the CLI writes its stderr to instead of a captured pipe (a
+    terminal's: the result's ``stderr`` is then empty).
     """
     from hpcodegen.cli.app import main
 
@@ -55,7 +59,7 @@ def run(*args: str | Path, cwd: Path | None = None, columns: int | None = None,
     if columns is not None:
         full["COLUMNS"] = str(columns)
     full.update(env or {})
-    out, err = io.StringIO(), io.StringIO()
+    out, err = io.StringIO(), stderr if stderr is not None else io.StringIO()
     here = os.getcwd()
     code: int | str | None = 0
     try:
@@ -73,4 +77,4 @@ def run(*args: str | Path, cwd: Path | None = None, columns: int | None = None,
             err.write(f"{code}\n")
         code = 0 if code is None else 1
     return subprocess.CompletedProcess(["hpcodegen", *argv], code, out.getvalue(),
-                                       err.getvalue())
+                                       err.getvalue() if stderr is None else "")

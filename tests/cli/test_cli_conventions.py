@@ -10,8 +10,6 @@ progress decision is the CLI's isatty check either way), shell completion.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import pty
@@ -282,36 +280,24 @@ def _on_tty(args: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def _here_on_tty(args: list[str], cwd: Path) -> tuple[int, str]:
-    """``_on_tty``'s run through the console script's function in this process: stderr is
-    the slave end of a fresh pseudo-terminal (a terminal device: the CLI's own isatty check
-    decides), the environment ``_on_tty``'s; progress is switched off after, so no later
-    in-process run writes to the closed terminal."""
-    from hpcodegen.cli.app import main
-
+    """``_on_tty``'s run through the console script's function in this process
+    (:func:`inproc.run`): stderr is the slave end of a fresh pseudo-terminal (a terminal
+    device: the CLI's own isatty check decides), the environment ``_on_tty``'s; progress is
+    switched off after, so no later in-process run writes to the closed terminal."""
     from hpcodegen import progress
 
     master, slave = pty.openpty()
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(master, chunks), daemon=True)
     reader.start()
-    code: int | str | None = 0
-    here_dir = os.getcwd()
-    env = {"TERM": "xterm", "COLUMNS": "100", "NO_COLOR": "1", "HPCODEGEN_DEBUG": None}
     with open(slave, "w", encoding="utf-8") as tty:
         try:
-            with inproc._environ(env), contextlib.redirect_stdout(io.StringIO()), \
-                    contextlib.redirect_stderr(tty):
-                os.chdir(cwd)
-                try:
-                    main(args)
-                except SystemExit as exc:
-                    code = exc.code
+            code = inproc.run(*args, cwd=cwd, columns=100, env={"TERM": "xterm"},
+                              stderr=tty).returncode
         finally:
-            os.chdir(here_dir)
             progress.disable()
     reader.join(timeout=300)
     os.close(master)
-    assert isinstance(code, int), code
     return code, b"".join(chunks).decode("utf-8", "replace")
 
 
