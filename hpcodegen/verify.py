@@ -308,14 +308,22 @@ def check_meta(loaded: LoadedMeta, checks: Sequence[str] = RUNTIME_CHECKS, *,
         refuse_bare(loaded)
     trusted = trusted_prefixes(allowed_targets)
     ctx = CheckContext(loaded, dict(hf_config) if hf_config is not None else None,
-                       allowed_targets=trusted)
+                       cache=dict(loaded.memo), allowed_targets=trusted)
     results = run_checks(ctx, names)
+    loaded.memo.update((k, ctx.cache[k]) for k in _OF_THE_BYTES if k in ctx.cache)
     errors = [f for r in results.values() for f in r.findings if f.severity is Severity.ERROR]
     if errors:
         raise PlanError(errors)
     if loaded.plan is not None:
         return loaded
     return replace(loaded, plan=_typed_plan(ctx))
+
+
+#: The :attr:`CheckContext.cache` entries that depend on the meta's bytes alone (not on the
+#: config, ``--allow-target``, ``--mesh`` nor the files beside the meta, which may change
+#: between two runs): what a later :func:`check_meta` on the same loaded meta may reuse.
+_OF_THE_BYTES: tuple[str, ...] = ("entry_keys", "schema", "decoded", "plan", "plan_left_out",
+                                  "forms")
 
 
 def refuse_bare(loaded: LoadedMeta) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,10 @@ class LoadedMeta:
             builds it); None for a meta that was only read.
         bare: a meta file given alone (:func:`is_bare_meta`): the checks read the meta only,
             never the directory around it, and the runtime refuses it (no code to run).
+        memo: what the checks derived from ``data`` alone (schema findings, the decoded
+            plan), kept by :func:`hpcodegen.verify.check_meta` so a second check run on
+            these same bytes (the runtime's config check after its load checks) reuses it
+            instead of recomputing it; never compared, never keyed by path.
     """
 
     data: dict[str, Any]
@@ -50,6 +54,7 @@ class LoadedMeta:
     duplicate_keys: tuple[str, ...] = ()
     plan: Plan | None = None
     bare: bool = False
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def is_bare_meta(path: str | os.PathLike[str]) -> bool:

@@ -76,7 +76,9 @@ def check_config(loaded: LoadedMeta, hf_config: Any) -> LoadedMeta:
 
     Refuse another architecture (``architectures[0]`` vs ``source.architecture``), then run
     verify's ``signature`` check against the config (the same architecture in another
-    shape is refused too). ``hf_config`` None: nothing to compare, ``loaded`` as is.
+    shape is refused too). ``hf_config`` None: nothing to compare, ``loaded`` as is. The
+    signature check reads the schema verdict the load's checks left in ``loaded.memo``
+    (the same bytes), so a load with a config judges the schema once.
 
     Raises:
         PlanError: (exit 1) another model, naming the one the artifact expects.
