@@ -211,15 +211,15 @@ def test_full_size_shapes_generate_and_predict_bytes(tmp_path: Path, name: str) 
     """Meta device only; the dispatch bytes per rank are tokens x top-k x hidden x 2 (bf16)
     per payload all_to_all, and E x 8 for the counts, per MoE layer, times (ep-1)/ep: what
     leaves the rank under balanced routing. Every shape is the full model's; the depth is
-    cut to 12 MoE layers (after DeepSeek-V3's 3 dense ones: layer indices of two digits
-    still), as the bytes are a sum over layers and the meta build's time grows with them."""
+    cut to 11 layers, the fewest whose indices reach two digits (8 MoE layers after
+    DeepSeek-V3's 3 dense ones, 11 for Qwen3), as the bytes are a sum over layers and the
+    generate's meta builds and derivation grow with each layer."""
     import io
 
     from hpcodegen.inspect.options import InspectOptions
     from hpcodegen.inspect.run import run_inspect
 
-    config = {**FULL_SIZE[name],
-              "num_hidden_layers": 12 + FULL_SIZE[name].get("first_k_dense_replace", 0)}
+    config = {**FULL_SIZE[name], "num_hidden_layers": 11}
     model = tmp_path / name
     model.mkdir()
     (model / "config.json").write_text(json.dumps(config))
