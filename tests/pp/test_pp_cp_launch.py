@@ -29,7 +29,10 @@ def _generate(out: Path, config: str, schedule: str, layout: str, tp: int) -> Pa
 
 @pytest.fixture(scope="module")
 def runs(gloo, tmp_path_factory) -> dict[str, Any]:
-    """Each case's artifact, verify verdict and run, by case name."""
+    """Each case's artifact, verify verdict and run, by case name. The 8-rank world runs
+    first, then the 4-rank one, which stays alive beside the next modules' 2-rank world
+    (``test_pp_dualpipe.py``, ``test_pp_flags.py``: 2 then 4 ranks): 4 then 8 would close
+    the 4-rank world only for ``test_pp_flags.py`` to start it again."""
     d = tmp_path_factory.mktemp("pp_cp_launch")
     out: dict[str, Any] = {}
     by_world: dict[int, dict[str, dict[str, str]]] = {}
@@ -40,7 +43,7 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
         nproc = 4 * case[3]
         by_world.setdefault(nproc, {})[name] = rank_env(art, case[0], nproc,
                                                         check_parity=True, steps=2)
-    for nproc, cases in sorted(by_world.items()):
+    for nproc, cases in sorted(by_world.items(), reverse=True):  # 8 first: see above
         out |= gloo_launch(gloo, nproc, cases)
     return out
 

@@ -42,11 +42,11 @@ def _losses(doc: dict) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(gloo, tmp_path_factory) -> dict[str, Any]:
-    """Every run of the module, by name. The gloo calls go 4, 4, 4, 2, 8 ranks: the world
-    the module before leaves (``test_pp_flags.py``: 4) is reused, and the one left (8) is
-    the next module's first (``test_pp_launch.py``), so no world is started twice for
-    nothing (one world is alive at a time); the ``tp 2`` resume runs on the four ranks of
-    the pipeline's world (``dp 2 x tp 2``) for that reason."""
+    """Every run of the module, by name. The gloo calls go 4, 4, 4, 2, 8 ranks: the worlds
+    the modules before leave alive (``test_pp_flags.py``: 2 and 4) are reused, and the one
+    left (8) is the next module's first (``test_pp_launch.py``), so no world is started
+    twice for nothing (an 8-rank world runs alone); the ``tp 2`` resume runs on the four
+    ranks of the pipeline's world (``dp 2 x tp 2``) for that reason."""
     d = tmp_path_factory.mktemp("pp_fsdp_save")
     pp = generate(d / "pp", "llama4", "--tp", "1", "--pp", "2", "--microbatches", "2")
     tp = generate(d / "tp", "llama4", "--tp", "2")

@@ -43,7 +43,9 @@ def runs(gloo, tmp_path_factory) -> dict[str, Any]:
     """Every gloo case of the module, by name (the round trip's legs in order: each reads
     the checkpoint the one before saved). The calls go 8, 2, 4 ranks: the world the module
     before leaves (``test_pp_fsdp_save.py``: 8) is reused, and the one left (4) is the
-    next module's (``test_pp_loss_parallel.py``), one world being alive at a time."""
+    next module's (``test_pp_loss_parallel.py``). The artifacts are ``pp_launching``'s
+    per-process copies: the llama4 pipeline and tp 2 ones are ``test_pp_fsdp_save.py``'s
+    and ``test_pp_flags.py``'s too, generated once."""
     d = tmp_path_factory.mktemp("pp_launch")
     gemma = _pp(d / "gemma", "gemma2_tied4", 2, "Interleaved1F1B")
     llama = _pp(d / "llama", "llama4", 1, "1F1B")
