@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpcodegen.errors import UsageError
-from hpcodegen.launch.rank.device import resolve_device
+from hpcodegen.launch.rank.device import built_without_gpu, resolve_device
 
 
 @pytest.fixture
@@ -110,3 +110,26 @@ def test_missing_device_is_a_usage_error(no_cuda, monkeypatch):
 def test_unknown_kind():
     with pytest.raises(UsageError, match="unknown device 'tpu'"):
         resolve_device("tpu")
+
+
+@pytest.mark.parametrize(("text", "no_gpu"), [
+    (b"__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\nhip: Optional[str] = None\n",
+     True),
+    (b"cuda = None\nhip = None\n", True),
+    (b"cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", False),
+    (b"cuda: Optional[str] = None\nhip: Optional[str] = '6.4.0'\n", False),
+    (b"cuda = None\n", False),  # hip not recorded: not proof
+    (b"cuda = _detect()\nhip = None\n", False),
+    (b"cuda = None\nhip = None\ncuda = '12.8'\n", False),  # the last assignment counts
+    (b"cuda = (\n", False),
+])
+def test_a_torch_build_without_cuda_or_rocm_is_read_from_its_version_file(text, no_gpu):
+    """``--device auto``'s launcher skips importing torch only on this proof."""
+    assert built_without_gpu(text) is no_gpu
+
+
+def test_this_torch_build_is_read_as_torch_itself_says():
+    from pathlib import Path
+
+    source = (Path(torch.__file__).parent / "version.py").read_bytes()
+    assert built_without_gpu(source) is (torch.version.cuda is None and torch.version.hip is None)

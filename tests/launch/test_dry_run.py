@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
 from launch_helpers import EXAMPLE, LLAMA_CONFIG, run_here
 
 from hpcodegen.launch.launcher.command import torchrun_argv
@@ -73,18 +74,26 @@ def test_multi_node_options_pass_through():
 
 
 def test_launcher_imports_no_torch_for_cpu():
-    """Every pre-start check is pure: refusals come back in well under a second."""
+    """Every pre-start check is pure: refusals come back in well under a second. With
+    ``--device auto`` too, where the installed torch is a build without CUDA or ROCm (this
+    machine's): its ``version.py`` says so, and no CUDA device can be there to find."""
     import subprocess
     import sys
 
+    import torch
+
+    if torch.version.cuda or torch.version.hip:
+        pytest.skip("a CUDA or ROCm build of torch: --device auto asks torch itself")
     code = (
         "import sys\n"
         "from pathlib import Path\n"
         "from hpcodegen.launch.launcher.options import LaunchOptions\n"
         "from hpcodegen.launch.launcher.run import run_launch\n"
-        f"opts = LaunchOptions(artifact=Path({str(EXAMPLE)!r}), nproc=2, device='cpu',\n"
-        f"                     model_dir=Path({str(LLAMA_CONFIG)!r}), dry_run=True, json=True)\n"
-        "assert run_launch(opts) == 0\n"
+        "for device in ('cpu', 'auto'):\n"
+        f"    opts = LaunchOptions(artifact=Path({str(EXAMPLE)!r}), nproc=2, device=device,\n"
+        f"                         model_dir=Path({str(LLAMA_CONFIG)!r}), dry_run=True,\n"
+        "                         json=True)\n"
+        "    assert run_launch(opts) == 0\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
