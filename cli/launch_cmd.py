@@ -53,6 +53,9 @@ def launch(
     compile_scope: str = typer.Option("layers", "--compile-scope", metavar="layers|model",
                                       help="With --compile: each decoder layer or the whole "
                                            "model."),
+    compile_backend: Optional[str] = typer.Option(
+        None, "--compile-backend", metavar="NAME",
+        help="With --compile: torch.compile's backend (default inductor)."),
     timeout: Optional[float] = typer.Option(None, "--timeout",
                                             help="End the whole job after S seconds."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir",
@@ -81,7 +84,7 @@ def launch(
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, master_addr=master_addr,
         master_port=master_port, device=device, model_dir=model_dir, steps=steps,
         check_parity=check_parity, tolerance=tolerance, seed=seed, timeout=timeout,
-        compile=compile_scope if compile_on else None,
+        compile=compile_scope if compile_on else None, compile_backend=compile_backend,
         log_dir=log_dir, dry_run=dry_run, json=json_out, script=tuple(script or ()),
         allow_target=tuple(allow_target), verbosity=verbosity(quiet, verbose),
         dtype=dtype, save=save, resume=resume, max_grad_norm=max_grad_norm)

@@ -38,6 +38,9 @@ MAX_GRAD_NORM = "HPCODEGEN_MAX_GRAD_NORM"
 COMPILE = "HPCODEGEN_COMPILE"
 """``layers`` or ``model``: ``torch.compile`` each decoder layer or the whole model
 (:mod:`hpcodegen.launch.compile`); empty: eager."""
+COMPILE_BACKEND = "HPCODEGEN_COMPILE_BACKEND"
+"""``torch.compile``'s backend with ``HPCODEGEN_COMPILE`` (``launch --compile-backend``);
+empty: torch's default, inductor."""
 LOSS_PARALLEL = "HPCODEGEN_LOSS_PARALLEL"
 """``1``: the smoke job's loss is vocab-parallel on the sharded logits (set from the
 artifact's ``parallel_dims.loss_parallel``; documented for user scripts)."""
@@ -48,8 +51,8 @@ ALLOW_TARGETS = "HPCODEGEN_ALLOW_TARGETS"
 
 #: Every variable above, in the order ``--dry-run`` prints them.
 ALL: tuple[str, ...] = (ARTIFACT, MODEL_DIR, RUN_DIR, DEVICE, STEPS, CHECK_PARITY, SEED,
-                        TOLERANCE, COMPILE, DTYPE, SAVE, RESUME, MAX_GRAD_NORM, FAULT,
-                        ALLOW_TARGETS)
+                        TOLERANCE, COMPILE, COMPILE_BACKEND, DTYPE, SAVE, RESUME,
+                        MAX_GRAD_NORM, FAULT, ALLOW_TARGETS)
 
 
 def get(name: str, default: str = "") -> str:
@@ -60,6 +63,13 @@ def get(name: str, default: str = "") -> str:
 def allowed_targets() -> tuple[str, ...]:
     """The ``--allow-target`` prefixes the launcher passed (``HPCODEGEN_ALLOW_TARGETS``)."""
     return tuple(p for p in get(ALLOW_TARGETS).split(",") if p)
+
+
+def compile_options() -> dict[str, str]:
+    """``torch.compile``'s keyword options a launch asked for: ``backend`` when
+    ``--compile-backend`` named one (else none: torch's default)."""
+    backend = get(COMPILE_BACKEND)
+    return {"backend": backend} if backend else {}
 
 
 def get_int(name: str, default: int) -> int:

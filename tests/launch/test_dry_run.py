@@ -99,3 +99,25 @@ def test_launcher_imports_no_torch_for_cpu():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_compile_backend_reaches_every_rank_and_is_checked_before_start():
+    """``--compile-backend NAME`` is torch.compile's ``backend`` on every rank (the job's
+    ``HPCODEGEN_COMPILE_BACKEND``); a name torch does not resolve here, or the option
+    without ``--compile``, is refused before anything starts."""
+    base = (EXAMPLE, "--nproc", "2", "--device", "cpu", "--model-dir", LLAMA_CONFIG)
+    run = run_here(*base, "--compile", "--compile-backend", "aot_eager", "--dry-run", "--json")
+    assert run.code == 0, run.stderr
+    envs = run.json()["rank_env"]
+    assert [(e["HPCODEGEN_COMPILE"], e["HPCODEGEN_COMPILE_BACKEND"]) for e in envs] == [
+        ("layers", "aot_eager")] * 2
+    run = run_here(*base, "--compile", "--dry-run", "--json")  # torch's default: not set
+    assert run.code == 0 and "HPCODEGEN_COMPILE_BACKEND" not in run.json()["rank_env"][0]
+    run = run_here(*base, "--compile", "--compile-backend", "no_such_backend", "--dry-run")
+    assert run.code == 2, run.stderr
+    assert "torch.compile has no backend 'no_such_backend'" in run.stderr
+    assert "aot_eager" in run.stderr and "inductor" in run.stderr  # what it could be
+    run = run_here(*base, "--compile-backend", "aot_eager", "--dry-run")
+    assert run.code == 2 and "add --compile" in run.stderr, run.stderr
+    run = run_here(*base, "--compile", "--compile-backend", "a b;c", "--dry-run")
+    assert run.code == 2 and "a torch.compile backend name" in run.stderr, run.stderr

@@ -42,8 +42,12 @@ HPC = [sys.executable, "-m", "hpcodegen"]
 #: artifacts generated in this process, by their generate flags (see :func:`generated`)
 _GENERATED: dict[tuple[str, ...], Path] = {}
 #: the flags of the real ``--check-parity --steps`` launch of llama4 at pp 2: the tests of
-#: both features read it (``test_pp_launch.py``, ``test_pp_flags.py``)
-REAL_PARITY = ("--check-parity", "--steps", "2", "--compile")
+#: both features read it (``test_pp_launch.py``, ``test_pp_flags.py``). Its stages' layers
+#: compile with dynamo and AOTAutograd, run without inductor's codegen (``aot_eager``):
+#: what a pipeline adds to ``--compile`` is the tracing of each stage's layers and their
+#: backward through the schedule; inductor's kernels (about 20 g++ builds, ~25 CPU-s cold)
+#: are the real launch of ``tests/launch/test_compile_loss_parallel.py``'s
+REAL_PARITY = ("--check-parity", "--steps", "2", "--compile", "--compile-backend", "aot_eager")
 #: real launches made in this process, by their arguments (see :func:`shared_launch`)
 _LAUNCHED: dict[tuple[str, ...], subprocess.CompletedProcess] = {}
 

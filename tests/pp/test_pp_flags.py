@@ -62,9 +62,11 @@ def test_max_grad_norm_with_a_pipeline_is_torchs_clip_on_the_unsharded_model(
 
 @pytest.mark.timeout(900)
 def test_compile_layers_with_a_pipeline_is_exact_on_two_ranks(tmp_path):
-    """``--compile``: each stage's decoder layers compiled; loss, logits, every
-    gradient and two AdamW steps equal the unsharded (eager) model's. (The real launch
-    that ``test_pp_launch.py``'s ``--check-parity --steps`` test reads too.)"""
+    """``--compile`` (``--compile-backend aot_eager``: dynamo and AOTAutograd, no
+    inductor codegen; ``pp_launching.REAL_PARITY``): each stage's decoder layers compiled;
+    loss, logits, every gradient and two AdamW steps equal the unsharded (eager) model's.
+    (The real launch that ``test_pp_launch.py``'s ``--check-parity --steps`` test reads
+    too.)"""
     proc = shared_launch(tmp_path, "llama4", 1, "1F1B", 2, *REAL_PARITY)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = json.loads(proc.stdout)["ranks"]

@@ -73,6 +73,8 @@ def job_environment(opts: LaunchOptions, *, run_dir: Path, device: str) -> dict[
         out[env.MAX_GRAD_NORM] = repr(opts.max_grad_norm)
     if opts.compile:
         out[env.COMPILE] = opts.compile
+        if opts.compile_backend:
+            out[env.COMPILE_BACKEND] = opts.compile_backend
     if opts.model_dir is not None:
         out[env.MODEL_DIR] = str(Path(opts.model_dir).resolve())
     if opts.allow_target:

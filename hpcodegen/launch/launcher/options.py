@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from hpcodegen.errors import UsageError, error
 DEFAULT_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 5e-3}
 #: what ``--compile`` accepts: per decoder layer (torchtitan's default) or the whole model
 COMPILE_MODES = ("layers", "model")
+#: what a ``--compile-backend`` name may look like (torch's registry is asked before start)
+_BACKEND_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,8 @@ class LaunchOptions:
         seed: model init and batch seed.
         compile: ``torch.compile`` the parallelized model: ``layers`` (each decoder layer)
             or ``model`` (the whole model); None: eager.
+        compile_backend: ``torch.compile``'s ``backend`` with ``compile`` (None: torch's
+            default, inductor); checked against torch's registry before any rank starts.
         timeout: seconds before the whole job is ended (None: no limit).
         log_dir: keep per-rank logs and result files here.
         dry_run: print the torchrun command and environments, run nothing.
@@ -64,6 +69,7 @@ class LaunchOptions:
     tolerance: float | None = None
     seed: int = 0
     compile: str | None = None
+    compile_backend: str | None = None
     timeout: float | None = None
     log_dir: Path | None = None
     dry_run: bool = False
@@ -114,6 +120,16 @@ class LaunchOptions:
             problems.append(error("launch.compile", "--compile-scope",
                                   f"--compile-scope {self.compile!r}",
                                   expected=" or ".join(COMPILE_MODES)))
+        if self.compile_backend is not None and self.compile is None:
+            problems.append(error("launch.compile_backend", "--compile-backend",
+                                  "--compile-backend names the backend of --compile, which "
+                                  "was not given", hint="add --compile"))
+        elif self.compile_backend is not None and not _BACKEND_NAME.fullmatch(
+                self.compile_backend):
+            problems.append(error("launch.compile_backend", "--compile-backend",
+                                  f"--compile-backend {self.compile_backend!r}",
+                                  expected="a torch.compile backend name (inductor, aot_eager, "
+                                           "...: torch._dynamo.list_backends())"))
         problems += self._log_dir_problems()
         if self.script and (self.steps or self.check_parity):
             problems.append(error("launch.script_options", "--steps/--check-parity",

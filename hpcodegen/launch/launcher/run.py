@@ -71,6 +71,8 @@ def _prepare(opts: LaunchOptions, began: float) -> tuple[MeshLayout, str, Launch
         from hpcodegen.checkpoint.integrity import open_checkpoint
 
         open_checkpoint(opts.resume, digests="none")  # the ranks share hashing the files
+    if opts.compile_backend is not None:
+        _check_compile_backend(opts.compile_backend)
     device = resolve_device(opts.device, opts.nproc)
     if config is not None and not opts.dry_run:  # last: the only check that takes seconds
         _model_check(opts, meta.artifact_dir, config_path, began)
@@ -82,6 +84,26 @@ def _prepare(opts: LaunchOptions, began: float) -> tuple[MeshLayout, str, Launch
     opts = replace(opts, artifact=meta.artifact_dir,
                    model_dir=Path(model_dir) if model_dir is not None else None)
     return layout, device.kind, opts
+
+
+def _check_compile_backend(name: str) -> None:
+    """A named ``--compile-backend`` must be one ``torch.compile`` resolves here (dynamo's
+    registry, plugins' ``torch_dynamo_backends`` entry points included): refused before any
+    rank starts instead of failing every rank at its first compiled call. Only a named
+    backend pays for importing dynamo in the launcher."""
+    from torch._dynamo import list_backends
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        lookup_backend(name)
+    except InvalidBackend:
+        # torch's production backends, then the eager/AOT ones it tags "debug" (dynamo's
+        # minifier and test-only entries left out)
+        known = [*sorted(list_backends()), "aot_eager", "eager"]
+        raise UsageError([error("launch.compile_backend", "--compile-backend",
+                                f"torch.compile has no backend {name!r} here",
+                                expected=f"one of: {', '.join(known)}")]) from None
 
 
 def _model_check(opts: LaunchOptions, artifact: Path, config_path: Path, began: float) -> None:

@@ -119,7 +119,7 @@ def setup(*, artifact: str | os.PathLike[str] | None = None,
     if scope:  # launch --compile: the script gets the model compiled, as the smoke job does
         from hpcodegen.runtime.compile import compile_parallelized
 
-        compile_parallelized(built.model, scope)
+        compile_parallelized(built.model, scope, **env.compile_options())
     reporter.update(phase="running", weights=built.weights,
                     local_param_bytes=local_param_bytes(built.model))
     return Setup(built.model, MeshContext(device_mesh=ctx.mesh), built.layout, built.config,

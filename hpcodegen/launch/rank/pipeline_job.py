@@ -189,7 +189,7 @@ def _compile(model: Any, scope: str | None) -> None:
                            "stage's decoder layers compiled)")
     from hpcodegen.runtime.compile import compile_parallelized
 
-    compile_parallelized(model, scope)
+    compile_parallelized(model, scope, **env.compile_options())
 
 
 def _clip(runner: Any, ref: Any, max_norm: float | None) -> tuple[float, float] | None:

@@ -248,7 +248,7 @@ def run(reporter: RankReporter) -> None:
     if scope:
         from hpcodegen.runtime.compile import compile_parallelized
 
-        compile_parallelized(built.model, scope)
+        compile_parallelized(built.model, scope, **env.compile_options())
     ref = None
     if parity_on:
         ref = build_model(directory, ctx.meta.artifact_dir, seed, ctx.device, dtype)
