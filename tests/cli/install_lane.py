@@ -12,17 +12,21 @@ torch is the user's own build, installed first (the README's rule). The lane doe
 hard-linking the files pip installed for ``torch==2.13.0`` in the dev venv (its ``RECORD``)
 into the lane's site-packages, the same bytes pip would unpack from the same wheel, in ~1 s
 instead of ~25 s; pip then sees torch installed and resolves its dependencies like any
-other. The venvs are made ``--without-pip`` and filled by the dev venv's pip
-(``--python``), with ``--no-compile``: the verbs compile only what they import. That pip is
-constraints.txt's (``make venv`` installs it first): an unconstrained resolve reads every
-wheel of every release of rpds-py, pydantic-core, numpy, tokenizers... (~25,000 links for
-the core alone), and pip 23.2 (Python 3.11's ensurepip) matched each against its ~1000
-supported tags one hash at a time: twice the CPU of pip 26 for the same resolution.
+other. The bytecode the dev venv's runs wrote for those modules so far is linked beside them
+(``make venv`` installs without it: each process writes what it imports), so a lane compiles
+only the torch modules nothing imported before it. The venvs are made ``--without-pip`` and
+filled by the dev venv's pip (``--python``), with ``--no-compile``: the verbs compile only
+what they import. That pip is constraints.txt's (``make venv`` installs it first): an
+unconstrained resolve reads every wheel of every release of rpds-py, pydantic-core, numpy,
+tokenizers... (~25,000 links for the core alone), and pip 23.2 (Python 3.11's ensurepip)
+matched each against its ~1000 supported tags one hash at a time: twice the CPU of pip 26
+for the same resolution.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -122,6 +126,17 @@ def floors(wheel: Path) -> dict[str, dict[str, str]]:
     return found
 
 
+def _link(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link of ``src`` (a copy on another file system)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        pass
+    except OSError:  # another file system
+        shutil.copy2(src, dst)
+
+
 @dataclass
 class Lane:
     """One fresh venv, filled step by step as a user would: the core, then an extra."""
@@ -179,12 +194,11 @@ class Lane:
             src = src_root / rel
             if rel.parts[0] == ".." or not src.is_file():  # console scripts: not used here
                 continue
-            dst = site / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, dst)
-            except OSError:  # another file system
-                shutil.copy2(src, dst)
+            _link(src, site / rel)
+            if src.suffix == ".py":  # its bytecode, where the dev venv's runs wrote it
+                cached = Path(importlib.util.cache_from_source(str(src)))
+                if cached.is_file():
+                    _link(cached, Path(importlib.util.cache_from_source(str(site / rel))))
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
         """Bytecode written (the venv was installed without it), nothing from the dev venv
