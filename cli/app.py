@@ -16,6 +16,8 @@ from typing import Any
 
 import typer
 
+from hpcodegen.gc_pause import own_process
+
 app = typer.Typer(
     name="hpcodegen",
     help=(
@@ -183,6 +185,7 @@ def usage_error_type() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point; exits with the verb's code."""
+    own_process()  # a verb that builds a model imports torch's stack once: hpcodegen.gc_pause
     register_verbs()
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -436,6 +436,9 @@ def build_meta_model(config: Mapping[str, Any], model_cls: type | None = None) -
         config: the HF config as a dict.
         model_cls: the class to instantiate; default ``architectures[0]`` from transformers.
     """
+    from hpcodegen.gc_pause import MODEL_STACK, import_paused
+
+    import_paused(*MODEL_STACK)  # the collector paused: hpcodegen.gc_pause
     import torch
 
     hf_config = load_transformers_config(config)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcodegen.gc_pause import MODEL_STACK
+
 
 def result_path(out_dir: str | Path, rank: int) -> Path:
     """Where rank ``rank`` leaves its result."""
@@ -48,8 +50,7 @@ def run_rank(rank: int, world: int, init_method: str, out_dir: str, fn: Callable
 #: a rank's imports: preloaded, a second world of the same process started in 0.4 s where
 #: it took 23 s with the three top-level packages alone (2 ranks, loaded 2-core box). None
 #: of them starts a thread, so forking the server stays safe.
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "transformers",
-           "transformers.modeling_utils"]
+PRELOAD = list(MODEL_STACK)
 
 
 def _context() -> Any:

@@ -45,6 +45,10 @@ def _write(run_dir: Path, payload: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from hpcodegen.gc_pause import import_paused, own_process
+
+    own_process()
+    import_paused("torch.distributed.run")  # the collector paused: hpcodegen.gc_pause
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpcodegen.gc_pause import MODEL_STACK, import_paused, own_process
 from hpcodegen.launch import env
 from hpcodegen.launch.rank.reporter import RankReporter, from_environment
 
@@ -86,6 +87,7 @@ def run_rank(argv: Sequence[str], reporter: RankReporter) -> int:
             _run_script(argv)
             reporter.finish()
         else:
+            import_paused(*MODEL_STACK)  # the collector paused: hpcodegen.gc_pause
             from hpcodegen.launch.rank import smoke
 
             smoke.run(reporter)
@@ -107,6 +109,7 @@ def run_rank(argv: Sequence[str], reporter: RankReporter) -> int:
 
 
 def main() -> None:
+    own_process()
     sys.exit(run_rank(sys.argv[1:], from_environment()))
 
 

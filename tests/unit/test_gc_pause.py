@@ -1,0 +1,32 @@
+"""hpcodegen.gc_pause: imports with the collector paused, frozen only in our own processes.
+
+Each case runs in a fresh interpreter (``gc.freeze`` cannot be undone for the objects it
+moved, and the test process's own imports are long done)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import gc, sys
+from hpcodegen.gc_pause import import_paused, own_process
+if sys.argv[1] == "own":
+    own_process()
+import_paused("sys", "gc")  # imported already: nothing to freeze
+before = gc.get_freeze_count()
+import_paused("xml.dom.minidom", "email.mime.text")
+print(before, gc.get_freeze_count(), gc.isenabled(), "xml.dom.minidom" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("who", "frozen"), [("own", True), ("library", False)])
+def test_fresh_imports_freeze_only_in_our_own_processes(who, frozen):
+    out = subprocess.run([sys.executable, "-c", _PROBE, who], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after, enabled, imported = out.stdout.split()
+    assert before == "0" and imported == "True" and enabled == "True"  # the collector is back
+    assert (int(after) > 0) is frozen, out.stdout
