@@ -25,7 +25,7 @@ print(before, gc.get_freeze_count(), gc.isenabled(), "xml.dom.minidom" in sys.mo
 @pytest.mark.parametrize(("who", "frozen"), [("own", True), ("library", False)])
 def test_fresh_imports_freeze_only_in_our_own_processes(who, frozen):
     out = subprocess.run([sys.executable, "-c", _PROBE, who], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     before, after, enabled, imported = out.stdout.split()
     assert before == "0" and imported == "True" and enabled == "True"  # the collector is back
