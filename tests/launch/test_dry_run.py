@@ -121,3 +121,14 @@ def test_compile_backend_reaches_every_rank_and_is_checked_before_start():
     assert run.code == 2 and "add --compile" in run.stderr, run.stderr
     run = run_here(*base, "--compile", "--compile-backend", "a b;c", "--dry-run")
     assert run.code == 2 and "a torch.compile backend name" in run.stderr, run.stderr
+
+
+def test_a_rank_reads_the_compile_backend_from_its_environment(monkeypatch):
+    """What every rank's compile passes to ``torch.compile`` (the smoke job, a pipeline's
+    stages and a user script's ``hpcodegen.launch.setup()`` alike)."""
+    from hpcodegen.launch import env
+
+    monkeypatch.delenv(env.COMPILE_BACKEND, raising=False)
+    assert env.compile_options() == {}
+    monkeypatch.setenv(env.COMPILE_BACKEND, "aot_eager")
+    assert env.compile_options() == {"backend": "aot_eager"}
