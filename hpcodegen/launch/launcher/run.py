@@ -98,9 +98,9 @@ def _check_compile_backend(name: str) -> None:
     try:
         lookup_backend(name)
     except InvalidBackend:
-        # torch's production backends, then the eager/AOT ones it tags "debug" (dynamo's
+        # torch's production backends and the eager/AOT ones it tags "debug" (dynamo's
         # minifier and test-only entries left out)
-        known = [*sorted(list_backends()), "aot_eager", "eager"]
+        known = sorted({*list_backends(), "aot_eager", "eager"})
         raise UsageError([error("launch.compile_backend", "--compile-backend",
                                 f"torch.compile has no backend {name!r} here",
                                 expected=f"one of: {', '.join(known)}")]) from None
