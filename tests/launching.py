@@ -50,7 +50,6 @@ def smoke_cases(cases: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
     import os
     import traceback
 
-    import torch
     import torch.distributed as dist
 
     from hpcodegen.launch import env
@@ -60,7 +59,6 @@ def smoke_cases(cases: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
     from hpcodegen.launch.rank.reporter import RankReporter
     from hpcodegen.launch.results import RankRecord
 
-    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1 for each of several ranks
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict[str, Any] = {}
     for name, job_env in cases:

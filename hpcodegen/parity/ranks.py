@@ -32,7 +32,7 @@ def run_rank(rank: int, world: int, init_method: str, out_dir: str, fn: Callable
     """Spawn target: init gloo, run ``fn(*args)``, write its JSON result for this rank."""
     import torch.distributed as dist
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _one_thread()
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init_method)
     try:
         result = fn(*args)
@@ -42,6 +42,18 @@ def run_rank(rank: int, world: int, init_method: str, out_dir: str, fn: Callable
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _one_thread() -> None:
+    """One intra-op thread per rank, as torchrun's ``OMP_NUM_THREADS=1`` gives each of its
+    ranks: the ranks share the machine's cores. Set on torch itself: a rank forked from the
+    fork server inherits a torch whose OpenMP runtime read the environment when the server
+    imported it (``OMP_NUM_THREADS`` set here would come too late: 2 threads per rank on a
+    2-core machine, each rank's parallel regions spinning against the others)."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what the rank's own children inherit
+    torch.set_num_threads(1)
 
 
 #: what the rank processes' parent imports once: every rank is then a fork of it, so a
@@ -165,7 +177,7 @@ def _serve(rank: int, world: int, init_method: str, jobs: Any, results: Any) -> 
 
     import torch.distributed as dist
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _one_thread()
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init_method)
     try:
         while (job := _next_job(jobs)) is not None:

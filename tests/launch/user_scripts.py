@@ -155,12 +155,10 @@ def script_on_rank(job_env: dict[str, str], argv: list[str]) -> dict[str, Any]:
     import runpy
     import sys
 
-    import torch
     import torch.distributed as dist
 
     from hpcodegen.launch import env
 
-    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1 for each of several ranks
     rank, world = dist.get_rank(), dist.get_world_size()
     before, argv_before = dict(os.environ), sys.argv
     for key in env.ALL:
