@@ -9,11 +9,11 @@ point group ``hpcodegen.special_handlers``. An unknown name is a PlanError namin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from torch import nn
 
+from hpcodegen.entry_points import entry_point_group
 from hpcodegen.errors import PlanError, error, pointer
 from hpcodegen.plan.types import Plan
 from hpcodegen.runtime.grad_sync import install_grad_allreduce
@@ -37,7 +37,7 @@ BUILTIN_HANDLERS: dict[str, Handler] = {
 def handler_registry() -> dict[str, Handler]:
     """Built-ins, then entry points (an entry point may not shadow a built-in)."""
     registry = dict(BUILTIN_HANDLERS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in entry_point_group(ENTRY_POINT_GROUP):
         registry.setdefault(ep.name, ep.load())
     return registry
 
