@@ -185,36 +185,39 @@ def layer_arms(dims: dict, device: str, dtype: Any, compiled: bool) -> tuple[dic
                                       kv_heads=dims["kv_heads"],
                                       intermediate=dims["intermediate"], vocab=dims["vocab"])
     config["max_position_embeddings"] = 8192
-    work = Path(tempfile.mkdtemp(prefix="hpcodegen-gpu-bench-"))
-    artifact = common.generate_artifact(common.write_config_dir(config, work / "cfg"),
-                                        LAYER_TP, work / "art")
-    mesh = fake_group(LAYER_TP, device)
+    # the artifact is read while the arms are built (its classes compiled from its bytes, its
+    # plan installed); its directory is removed once they are
+    with tempfile.TemporaryDirectory(prefix="hpcodegen-gpu-bench-") as tmp:
+        work = Path(tmp)
+        artifact = common.generate_artifact(common.write_config_dir(config, work / "cfg"),
+                                            LAYER_TP, work / "art")
+        mesh = fake_group(LAYER_TP, device)
 
-    def build(name: str) -> Any:
-        if name == "hpcodegen":
-            model = common.build_model(config, model_cls=common.generated_model_class(artifact))
-            from hpcodegen.runtime import parallelize_from_generated
+        def build(name: str) -> Any:
+            if name == "hpcodegen":
+                model = common.build_model(config, model_cls=common.generated_model_class(artifact))
+                from hpcodegen.runtime import parallelize_from_generated
 
-            parallelize_from_generated(model.to(device, dtype), mesh, artifact)
-            return model
-        if name == "handwritten":
-            return HandwrittenLlama(common.build_model(config).to(device, dtype), mesh)
-        return common.apply_torch_tp(common.build_model(config).to(device, dtype), mesh,
-                                     dims["layers"])
+                parallelize_from_generated(model.to(device, dtype), mesh, artifact)
+                return model
+            if name == "handwritten":
+                return HandwrittenLlama(common.build_model(config).to(device, dtype), mesh)
+            return common.apply_torch_tp(common.build_model(config).to(device, dtype), mesh,
+                                         dims["layers"])
 
-    arms = {name: build(name) for name in ARMS}
-    if compiled:
-        for name in ARMS:
-            arm = build(name)
-            if isinstance(arm, HandwrittenLlama):
-                arm.forward = torch.compile(arm.forward)
-            elif name == "hpcodegen":
-                from hpcodegen.runtime.compile import compile_parallelized
+        arms = {name: build(name) for name in ARMS}
+        if compiled:
+            for name in ARMS:
+                arm = build(name)
+                if isinstance(arm, HandwrittenLlama):
+                    arm.forward = torch.compile(arm.forward)
+                elif name == "hpcodegen":
+                    from hpcodegen.runtime.compile import compile_parallelized
 
-                arm = compile_parallelized(arm, "model")
-            else:
-                arm.compile()
-            arms[f"{name} compiled"] = arm
+                    arm = compile_parallelized(arm, "model")
+                else:
+                    arm.compile()
+                arms[f"{name} compiled"] = arm
     return arms, config
 
 
