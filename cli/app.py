@@ -185,7 +185,8 @@ def usage_error_type() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point; exits with the verb's code."""
-    own_process()  # a verb that builds a model imports torch's stack once: hpcodegen.gc_pause
+    if argv is None:  # the console script or ``python -m hpcodegen``: the process is ours;
+        own_process()  # a caller's own process (argv given) keeps its heap: hpcodegen.gc_pause
     register_verbs()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
